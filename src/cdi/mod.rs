@@ -1,0 +1,1 @@
+//! (node agent; being built under issue 2)

@@ -1,0 +1,6 @@
+//! One module per subcommand: each has `Args` (clap) and `run(args) -> anyhow::Result<()>`.
+
+pub mod layout;
+pub mod node;
+pub mod plan;
+pub mod simulate;

@@ -1,0 +1,17 @@
+//! Tessera: one GPU fleet shared by training and inference on Kubernetes.
+//!
+//! The library holds every subsystem; the `tessera` binary (`src/main.rs`) only parses
+//! flags and calls in. Pure decision logic (`partition`, `placement`, `quota`) never
+//! imports tonic or kube: the gRPC and Kubernetes shells translate types and call it.
+//!
+//! Data path for a kubelet request: `main` → `cmd::node` → [`deviceplugin::supervisor`]
+//! (one gRPC server per resource) → [`deviceplugin::server`] → the pure
+//! [`partition`] advertisement and [`cdi`] spec writer.
+
+pub mod cdi;
+pub mod deviceplugin;
+pub mod gpu;
+pub mod partition;
+pub mod placement;
+pub mod quota;
+pub mod sim;

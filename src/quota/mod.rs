@@ -1,0 +1,1 @@
+//! Quota admission with Kueue semantics (issue 4).

@@ -1,0 +1,1 @@
+//! Fleet simulator on public cluster traces (issue 6).
