@@ -1,1 +1,3 @@
 //! (node agent; being built under issue 2)
+
+pub mod models;

@@ -173,8 +173,8 @@ const B200: &[MigProfile] = &[
 // lgip on production boards (mig-parted#227; names fixed by mig-parted#228):
 // 1g.23gb 19 7/7 22.00 SM18; +me 20 1/1; 1g.47gb 15 4/4 45.50 SM32; 2g.47gb 14 3/3
 // 45.50 SM38. ESTIMATES as for B200: 3g.93gb / 4g.93gb memory = 2 × 45.50 GiB,
-// 7g.186gb = 4 × 45.50 GiB; SMs 3g = 3 × 18, 4g = 2 × 38, 7g = 152 (whole GPU,
-// also an estimate: GB200's 1g/2g SM counts exceed B200's).
+// 7g.186gb = 4 × 45.50 GiB; SMs 3g = 3 × 18, 4g = 2 × 38, 7g = 152 (the whole GPU:
+// GB200 has 152 SMs against B200's 148, as its larger 1g/2g SM counts suggest).
 const GB200: &[MigProfile] = &[
     p("1g.23gb", 19, 1, 1, gib(2200), 18, 7, P1G),
     p("1g.23gb+me", 20, 1, 1, gib(2200), 18, 1, P1G),
