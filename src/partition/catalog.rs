@@ -124,6 +124,14 @@ pub enum LayoutError {
         "{model}: no valid placement for {profiles}: the profiles' allowed start slots overlap in every arrangement"
     )]
     NoValidPlacement { model: String, profiles: String },
+    #[error(
+        "{model}: existing instance {profile} at slot {start} is not a valid placement or overlaps another"
+    )]
+    InvalidExisting {
+        model: String,
+        profile: String,
+        start: u8,
+    },
     #[error("{model} has no named MIG layout {layout:?}; valid layouts: {valid}")]
     UnknownLayout {
         model: String,
@@ -207,11 +215,41 @@ impl ModelCatalog {
     /// (most constrained profile first), so a layout that fits in any order is never
     /// refused. The result is in the order of `profiles`; an error names the reason.
     pub fn place(&self, profiles: &[&str]) -> Result<Vec<Placement>> {
+        self.place_around(&[], profiles)
+    }
+
+    /// Like [`ModelCatalog::place`] on a GPU that already holds `existing` instances,
+    /// which keep their slots: a layout change adds instances without moving the ones
+    /// that did not change. Budgets count the existing instances too. Returns the
+    /// placements of `profiles` only, in their order.
+    pub fn place_around(
+        &self,
+        existing: &[Placement],
+        profiles: &[&str],
+    ) -> Result<Vec<Placement>> {
         let resolved = profiles
             .iter()
             .map(|name| self.profile(name).ok_or_else(|| self.unknown_profile(name)))
             .collect::<Result<Vec<_>>>()?;
-        self.check_budget(&resolved)?;
+        let mut used = 0u32;
+        let mut all: Vec<&'static MigProfile> = Vec::with_capacity(existing.len() + resolved.len());
+        for placed in existing {
+            let Some(profile) = self.profile(placed.profile.name) else {
+                return Err(self.unknown_profile(placed.profile.name));
+            };
+            let mask = self.slot_mask(profile, placed.start);
+            if !profile.placements.contains(&placed.start) || mask.is_none_or(|m| used & m != 0) {
+                return Err(LayoutError::InvalidExisting {
+                    model: self.model.to_string(),
+                    profile: profile.name.to_string(),
+                    start: placed.start,
+                });
+            }
+            used |= mask.unwrap_or(0);
+            all.push(profile);
+        }
+        all.extend(resolved.iter().copied());
+        self.check_budget(&all)?;
 
         let mut order: Vec<usize> = (0..resolved.len()).collect();
         order.sort_by_key(|&i| {
@@ -219,7 +257,7 @@ impl ModelCatalog {
             (p.placements.len(), std::cmp::Reverse(p.size), p.name)
         });
         let mut starts = vec![0u8; resolved.len()];
-        if self.search(&resolved, &order, 0, 0, &mut starts) {
+        if self.search(&resolved, &order, 0, used, &mut starts) {
             Ok(resolved
                 .iter()
                 .zip(starts)
@@ -228,7 +266,7 @@ impl ModelCatalog {
         } else {
             Err(LayoutError::NoValidPlacement {
                 model: self.model.to_string(),
-                profiles: describe(&resolved),
+                profiles: describe(&all),
             })
         }
     }
@@ -349,11 +387,9 @@ impl ModelCatalog {
             _ => 0,
         };
         for &start in profile.placements.iter().filter(|&&s| s >= min_start) {
-            let end = u32::from(start) + u32::from(profile.size);
-            if end > u32::from(self.total_slots) {
+            let Some(mask) = self.slot_mask(profile, start) else {
                 continue;
-            }
-            let mask = ((1u32 << profile.size) - 1) << start;
+            };
             if used & mask != 0 {
                 continue;
             }
@@ -363,6 +399,14 @@ impl ModelCatalog {
             }
         }
         false
+    }
+
+    /// Bit mask of the slots an instance of `profile` starting at `start` occupies;
+    /// `None` when it would run past the last slot.
+    fn slot_mask(&self, profile: &MigProfile, start: u8) -> Option<u32> {
+        let end = u32::from(start) + u32::from(profile.size);
+        (end <= u32::from(self.total_slots) && end < 32)
+            .then(|| ((1u32 << profile.size) - 1) << start)
     }
 
     fn unknown_profile(&self, name: &str) -> LayoutError {

@@ -499,3 +499,130 @@ proptest! {
         }
     }
 }
+
+// ------------------------------------------------------------------ incremental placement
+
+#[test]
+fn place_around_keeps_existing_instances_in_place() {
+    let m = model("H100-80GB");
+    // A 3g at 0:4 is already there; two 2g instances fit only at 4 (and 6 is 1 slot).
+    let existing = m.place(&["3g.40gb"]).expect("fits");
+    assert_eq!(existing[0].start, 0);
+    let added = m
+        .place_around(&existing, &["2g.20gb", "1g.10gb"])
+        .expect("fits beside the 3g");
+    assert_eq!(starts(&added), [("2g.20gb", 4), ("1g.10gb", 6)]);
+    // A second 2g no longer fits with the 3g pinned at 0, although the same four
+    // profiles fit on an empty GPU (3g at 4): pinned instances are never moved.
+    assert!(m.place(&["3g.40gb", "2g.20gb", "2g.20gb"]).is_ok());
+    assert_eq!(
+        m.place_around(&existing, &["2g.20gb", "2g.20gb"]),
+        Err(LayoutError::NoValidPlacement {
+            model: "H100-80GB".into(),
+            profiles: "1x 3g.40gb + 2x 2g.20gb".into(),
+        })
+    );
+    // 4g's only start slot (0) is taken by the pinned 3g.
+    assert!(matches!(
+        m.place_around(&existing, &["4g.40gb"]),
+        Err(LayoutError::NoValidPlacement { .. })
+    ));
+    // Budgets include the existing instances.
+    assert!(matches!(
+        m.place_around(&existing, &["3g.40gb", "1g.10gb"]),
+        Err(LayoutError::OutOfMemorySlices { requested: 9, .. })
+    ));
+    assert!(matches!(
+        m.place_around(&existing, &["3g.40gb", "3g.40gb"]),
+        Err(LayoutError::TooManyInstances {
+            requested: 3,
+            max: 2,
+            ..
+        })
+    ));
+}
+
+#[test]
+fn place_around_rejects_impossible_existing_instances() {
+    let m = model("A100-80GB");
+    let three_g = m.profile("3g.40gb").expect("profile");
+    let bad_start = [Placement {
+        profile: three_g,
+        start: 2,
+    }];
+    assert_eq!(
+        m.place_around(&bad_start, &[]),
+        Err(LayoutError::InvalidExisting {
+            model: "A100-80GB".into(),
+            profile: "3g.40gb".into(),
+            start: 2
+        })
+    );
+    let one_g = m.profile("1g.10gb").expect("profile");
+    let overlapping = [
+        Placement {
+            profile: three_g,
+            start: 0,
+        },
+        Placement {
+            profile: one_g,
+            start: 3,
+        },
+    ];
+    assert!(matches!(
+        m.place_around(&overlapping, &[]),
+        Err(LayoutError::InvalidExisting { start: 3, .. })
+    ));
+    // A profile from another model's table is refused by name.
+    let other = model("A100-40GB").profile("1g.5gb").expect("profile");
+    assert!(matches!(
+        m.place_around(
+            &[Placement {
+                profile: other,
+                start: 0
+            }],
+            &[]
+        ),
+        Err(LayoutError::UnknownProfile { .. })
+    ));
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn place_around_never_moves_or_overlaps_existing(
+        model_idx in 0usize..8,
+        first in proptest::collection::vec(0usize..16, 0..5),
+        second in proptest::collection::vec(0usize..16, 0..5),
+    ) {
+        let m = &all_models()[model_idx % all_models().len()];
+        let pick = |v: &[usize]| -> Vec<&'static str> {
+            v.iter().map(|i| m.profiles[i % m.profiles.len()].name).collect()
+        };
+        let Ok(existing) = m.place(&pick(&first)) else {
+            return Ok(());
+        };
+        let mut fixed = 0u32;
+        for p in &existing {
+            fixed |= ((1u32 << p.profile.size) - 1) << p.start;
+        }
+        match m.place_around(&existing, &pick(&second)) {
+            Ok(added) => {
+                let mut used = fixed;
+                for p in &added {
+                    prop_assert!(p.profile.placements.contains(&p.start));
+                    let mask = ((1u32 << p.profile.size) - 1) << p.start;
+                    prop_assert_eq!(used & mask, 0);
+                    used |= mask;
+                }
+            }
+            Err(LayoutError::NoValidPlacement { .. }) => {
+                let resolved: Vec<&'static MigProfile> =
+                    pick(&second).iter().filter_map(|n| m.profile(n)).collect();
+                prop_assert!(!brute_force_fits(m, &resolved, fixed));
+            }
+            Err(_) => {}
+        }
+    }
+}
