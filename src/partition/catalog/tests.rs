@@ -626,3 +626,43 @@ proptest! {
         }
     }
 }
+
+// ------------------------------------------------------------------ docs stay in sync
+
+/// One row of the profile table in `docs/mig-catalog.md`.
+fn doc_row(m: &ModelCatalog, p: &MigProfile) -> String {
+    let starts: Vec<String> = p.placements.iter().map(u8::to_string).collect();
+    format!(
+        "| {} | {} | {} | {} | {}/{} | {} | {} | {} | {{{}}}:{} |",
+        m.model,
+        p.name,
+        p.gi_profile_id,
+        p.compute_slices,
+        p.memory_slices,
+        m.total_slots,
+        p.memory_mib,
+        p.sm_count,
+        p.max_instances,
+        starts.join(","),
+        p.size
+    )
+}
+
+#[test]
+fn docs_table_matches_the_catalog() {
+    let doc = include_str!("../../../docs/mig-catalog.md");
+    let mut missing = Vec::new();
+    for m in all_models() {
+        for p in m.profiles {
+            let row = doc_row(m, p);
+            if !doc.contains(&row) {
+                missing.push(row);
+            }
+        }
+    }
+    assert!(
+        missing.is_empty(),
+        "docs/mig-catalog.md is out of date; expected rows:\n{}",
+        missing.join("\n")
+    );
+}
