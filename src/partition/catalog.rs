@@ -1,7 +1,7 @@
 //! MIG catalog: the real MIG profiles and placement rules of each MIG-capable GPU model,
 //! and the validation that places a list of profiles on one GPU or says exactly why not.
 //!
-//! The per-model data lives in [`tables`] (one table per model, with its sources); this
+//! The per-model data lives in `catalog/tables.rs` (one table per model, with its sources); this
 //! file holds the types and the model-independent logic. There is no branch per model:
 //! a GPU is a row of `total_slots` memory-slice slots, each profile occupies `size`
 //! consecutive slots starting at one of its `placements`, and a layout fits when every
