@@ -232,20 +232,22 @@ impl ModelCatalog {
             .map(|name| self.profile(name).ok_or_else(|| self.unknown_profile(name)))
             .collect::<Result<Vec<_>>>()?;
         let mut used = 0u32;
-        let mut all: Vec<&'static MigProfile> = Vec::with_capacity(existing.len() + resolved.len());
+        let mut all = Vec::with_capacity(existing.len() + resolved.len());
         for placed in existing {
             let Some(profile) = self.profile(placed.profile.name) else {
                 return Err(self.unknown_profile(placed.profile.name));
             };
-            let mask = self.slot_mask(profile, placed.start);
-            if !profile.placements.contains(&placed.start) || mask.is_none_or(|m| used & m != 0) {
+            let free = self
+                .slot_mask(profile, placed.start)
+                .filter(|mask| used & mask == 0 && profile.placements.contains(&placed.start));
+            let Some(mask) = free else {
                 return Err(LayoutError::InvalidExisting {
                     model: self.model.to_string(),
                     profile: profile.name.to_string(),
                     start: placed.start,
                 });
-            }
-            used |= mask.unwrap_or(0);
+            };
+            used |= mask;
             all.push(profile);
         }
         all.extend(resolved.iter().copied());
