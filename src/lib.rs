@@ -8,10 +8,12 @@
 //! (one gRPC server per resource) → [`deviceplugin::server`] → the pure
 //! [`partition`] advertisement and [`cdi`] spec writer.
 
+pub mod agent;
 pub mod cdi;
 pub mod deviceplugin;
 pub mod gpu;
 pub mod partition;
 pub mod placement;
+pub mod proto;
 pub mod quota;
 pub mod sim;

@@ -1,1 +1,200 @@
-//! (node agent; being built under issue 2)
+//! CDI (Container Device Interface) specs for the devices this node advertises.
+//!
+//! One spec file per node under `--cdi-root` (kind `tessera.io/gpu`): a device per GPU
+//! (named by its UUID) and per MIG device (named by its MIG UUID), each with the device
+//! nodes it needs, plus the control nodes every GPU container needs. The kubelet passes
+//! the fully qualified names (`tessera.io/gpu=GPU-…`) from Allocate's `cdi_devices` to
+//! the runtime, which applies the edits. Files are replaced atomically (write to a
+//! temporary file, fsync, rename) so a runtime never reads half a spec.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+use crate::gpu::Inventory;
+
+/// The CDI kind (`vendor/class`) of Tessera's devices.
+pub const CDI_KIND: &str = "tessera.io/gpu";
+/// The oldest CDI spec version that has every field we write.
+pub const CDI_VERSION: &str = "0.5.0";
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("cannot write CDI spec {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot encode CDI spec: {0}")]
+    Encode(#[from] serde_json::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Spec {
+    pub cdi_version: String,
+    pub kind: String,
+    pub devices: Vec<CdiDevice>,
+    #[serde(default, skip_serializing_if = "ContainerEdits::is_empty")]
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CdiDevice {
+    pub name: String,
+    pub container_edits: ContainerEdits,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ContainerEdits {
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub env: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub device_nodes: Vec<DeviceNode>,
+}
+
+impl ContainerEdits {
+    pub fn is_empty(&self) -> bool {
+        self.env.is_empty() && self.device_nodes.is_empty()
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNode {
+    pub path: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub host_path: Option<String>,
+}
+
+impl DeviceNode {
+    fn at(path: String) -> Self {
+        Self {
+            path,
+            host_path: None,
+        }
+    }
+}
+
+/// Fully qualified CDI name of a device (`tessera.io/gpu=<uuid>`).
+pub fn qualified_name(device: &str) -> String {
+    format!("{CDI_KIND}={device}")
+}
+
+/// The spec for every GPU and MIG device in the inventory. `dev_root` is where the host's
+/// `/dev` is visible to the agent (device paths in the container stay `/dev/...`).
+pub fn node_spec(inventory: &Inventory, dev_root: &str) -> Spec {
+    let host = |p: &str| {
+        let root = dev_root.trim_end_matches('/');
+        (!root.is_empty() && root != "/dev").then(|| format!("{root}{}", &p[4..]))
+    };
+    let node = |p: String| DeviceNode {
+        host_path: host(&p),
+        path: p,
+    };
+    let mut devices = Vec::new();
+    for gpu in &inventory.gpus {
+        let gpu_node = node(format!("/dev/nvidia{}", gpu.minor));
+        devices.push(CdiDevice {
+            name: gpu.uuid.clone(),
+            container_edits: ContainerEdits {
+                env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid)],
+                device_nodes: vec![gpu_node.clone()],
+            },
+        });
+        for mig in &gpu.mig_devices {
+            devices.push(CdiDevice {
+                name: mig.uuid.clone(),
+                container_edits: ContainerEdits {
+                    env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", mig.uuid)],
+                    device_nodes: vec![gpu_node.clone()],
+                },
+            });
+        }
+    }
+    let control = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+    Spec {
+        cdi_version: CDI_VERSION.to_string(),
+        kind: CDI_KIND.to_string(),
+        devices,
+        container_edits: ContainerEdits {
+            env: Vec::new(),
+            device_nodes: control
+                .iter()
+                .map(|p| DeviceNode::at(p.to_string()))
+                .map(|mut n| {
+                    n.host_path = host(&n.path);
+                    n
+                })
+                .collect(),
+        },
+    }
+}
+
+/// Write `spec` as `<root>/<file_stem>.json`, atomically; returns the path.
+pub fn write_spec(root: &Path, file_stem: &str, spec: &Spec) -> Result<PathBuf> {
+    let path = root.join(format!("{file_stem}.json"));
+    let err = |source| Error::Write {
+        path: path.clone(),
+        source,
+    };
+    std::fs::create_dir_all(root).map_err(err)?;
+    let body = serde_json::to_vec_pretty(spec)?;
+    let tmp = root.join(format!(".{file_stem}.json.tmp"));
+    let mut f = std::fs::File::create(&tmp).map_err(err)?;
+    f.write_all(&body).map_err(err)?;
+    f.sync_all().map_err(err)?;
+    drop(f);
+    std::fs::rename(&tmp, &path).map_err(err)?;
+    Ok(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::fake::FakeBackend;
+    use crate::gpu::GpuBackend;
+
+    #[test]
+    fn spec_names_every_gpu_and_is_written_atomically() {
+        let inv = FakeBackend::from_spec("2xA100-80GB")
+            .unwrap()
+            .inventory()
+            .unwrap();
+        let spec = node_spec(&inv, "/dev");
+        assert_eq!(spec.kind, CDI_KIND);
+        assert_eq!(spec.devices.len(), 2);
+        assert_eq!(
+            spec.devices[1].container_edits.device_nodes[0].path,
+            "/dev/nvidia1"
+        );
+        assert_eq!(
+            spec.devices[1].container_edits.device_nodes[0].host_path,
+            None
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = write_spec(dir.path(), "tessera.io-gpu", &spec).unwrap();
+        let back: Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(back, spec);
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+            .collect();
+        assert_eq!(names, vec!["tessera.io-gpu.json"], "no temporary file left");
+    }
+
+    #[test]
+    fn host_dev_root_is_mapped() {
+        let inv = FakeBackend::from_spec("1xL4").unwrap().inventory().unwrap();
+        let spec = node_spec(&inv, "/host/dev");
+        let n = &spec.devices[0].container_edits.device_nodes[0];
+        assert_eq!(n.path, "/dev/nvidia0");
+        assert_eq!(n.host_path.as_deref(), Some("/host/dev/nvidia0"));
+    }
+}

@@ -1,0 +1,290 @@
+//! The node agent: inventory → layout → advertisement, kept current.
+//!
+//! ```text
+//! GpuBackend ─inventory─▶ plan ─MIG layouts─▶ backend.apply_mig_layout ─▶ advertise
+//!      │                   ▲                                                  │
+//!      │ health events     │ config file changed / SIGHUP                     ▼
+//!      └──▶ HealthTracker ─┴──────────────▶ publish Snapshot ──▶ device-plugin supervisor
+//! ```
+//!
+//! A config that fails to parse, names an unknown config, or does not fit the GPUs is
+//! rejected as a whole: the error (naming the field) is logged and recorded, and the last
+//! good config stays in force. If the very first config is bad, nothing is advertised
+//! until a good one arrives (advertising a default instead could hand out whole GPUs the
+//! operator meant to partition).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use notify::{RecursiveMode, Watcher};
+use tokio::sync::{mpsc, watch};
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::cdi;
+use crate::deviceplugin::allocate::AllocateSettings;
+use crate::deviceplugin::preferred::Topology;
+use crate::deviceplugin::snapshot::{SharedSnapshot, Snapshot};
+use crate::deviceplugin::supervisor::{self, SupervisorConfig};
+use crate::gpu::health::HealthTracker;
+use crate::gpu::{GpuBackend, Inventory};
+use crate::partition::config::{self, NodeConfig};
+use crate::partition::layout::{self, Advertisement, NodePlan};
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Gpu(#[from] crate::gpu::Error),
+    #[error(transparent)]
+    Config(#[from] config::ConfigError),
+    #[error(transparent)]
+    Layout(#[from] layout::LayoutError),
+    #[error(transparent)]
+    Cdi(#[from] cdi::Error),
+    #[error(transparent)]
+    DevicePlugin(#[from] crate::deviceplugin::Error),
+    #[error("cannot watch {path}: {reason}")]
+    Watch { path: String, reason: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Where rejected configs are reported besides the log (an Event on the Node in a
+/// cluster; tests record them).
+pub trait EventRecorder: Send + Sync {
+    fn config_rejected(&self, message: &str);
+}
+
+/// Logs only (no cluster).
+pub struct LogRecorder;
+
+impl EventRecorder for LogRecorder {
+    fn config_rejected(&self, message: &str) {
+        error!(%message, "config rejected; the last good config stays in force");
+    }
+}
+
+/// The agent's settings (from flags).
+#[derive(Debug, Clone)]
+pub struct AgentOptions {
+    pub kubelet_dir: PathBuf,
+    pub cdi_root: PathBuf,
+    /// Config file, or directory of named configs (a mounted ConfigMap).
+    pub config_path: Option<PathBuf>,
+    /// The node's `tessera.io/config` label value.
+    pub config_name: Option<String>,
+    /// Where `/dev` of the host is visible (for CDI host paths).
+    pub dev_root: String,
+    pub allocate: AllocateSettings,
+}
+
+/// The CDI spec file name (without `.json`) for this node's devices.
+pub const CDI_SPEC_STEM: &str = "tessera.io-gpu";
+
+/// Build what the node advertises for `config`: plan, apply MIG layouts, advertise.
+/// Returns the post-MIG inventory, the plan and the advertisement.
+pub fn build(
+    backend: &dyn GpuBackend,
+    config: &NodeConfig,
+) -> Result<(Inventory, NodePlan, Advertisement)> {
+    let inventory = backend.inventory()?;
+    let plan = layout::plan(&inventory, config)?;
+    for (uuid, placements) in plan.mig_layouts() {
+        let wanted: Vec<(String, u8)> = placements.to_vec();
+        let current: Vec<(String, u8)> = inventory
+            .gpu(uuid)
+            .map(|g| {
+                g.mig_devices
+                    .iter()
+                    .map(|m| (m.profile.clone(), m.start))
+                    .collect()
+            })
+            .unwrap_or_default();
+        let mut sorted_wanted = wanted.clone();
+        sorted_wanted.sort_by_key(|(_, s)| *s);
+        if current != sorted_wanted {
+            info!(gpu = %uuid, layout = ?wanted, "applying MIG layout");
+            backend.apply_mig_layout(uuid, &wanted)?;
+        }
+    }
+    let inventory = backend.inventory()?;
+    let advertisement = layout::advertise(&inventory, config, &plan)?;
+    Ok((inventory, plan, advertisement))
+}
+
+/// The running agent's state.
+struct Agent {
+    backend: Arc<dyn GpuBackend>,
+    opts: AgentOptions,
+    recorder: Arc<dyn EventRecorder>,
+    health: HealthTracker,
+    current: Option<NodeConfig>,
+    snapshot: Snapshot,
+    tx: watch::Sender<SharedSnapshot>,
+}
+
+impl Agent {
+    /// Load, validate and apply the config; on any error keep the last good one.
+    fn reload(&mut self) {
+        match self.try_reload() {
+            Ok(true) => {}
+            Ok(false) => info!("config unchanged"),
+            Err(e) => self.recorder.config_rejected(&e.to_string()),
+        }
+    }
+
+    fn try_reload(&mut self) -> Result<bool> {
+        let config = match &self.opts.config_path {
+            Some(path) => config::load(path)?
+                .select(self.opts.config_name.as_deref())?
+                .clone(),
+            None => NodeConfig::builtin_default(),
+        };
+        if self.current.as_ref() == Some(&config) {
+            return Ok(false);
+        }
+        let (inventory, _plan, advertisement) = build(self.backend.as_ref(), &config)?;
+        cdi::write_spec(
+            &self.opts.cdi_root,
+            CDI_SPEC_STEM,
+            &cdi::node_spec(&inventory, &self.opts.dev_root),
+        )?;
+        self.health.set_policy(config.health.clone());
+        self.snapshot.advertisement = advertisement;
+        self.snapshot.allocation = config.allocation.clone();
+        self.snapshot.topology = Topology::from_inventory(&inventory);
+        info!(config = %config.name, resources = ?self.snapshot.resource_names(), "config applied");
+        self.current = Some(config);
+        self.publish();
+        Ok(true)
+    }
+
+    fn on_health(&mut self, event: crate::gpu::HealthEvent) {
+        let uuid = event.gpu_uuid().to_string();
+        if let Some(h) = self.health.apply(&event) {
+            match &h {
+                crate::gpu::health::Health::Healthy => {
+                    info!(gpu = %uuid, "GPU healthy again");
+                    self.snapshot.unhealthy.remove(&uuid);
+                }
+                crate::gpu::health::Health::Unhealthy { reason } => {
+                    warn!(gpu = %uuid, %reason, "GPU unhealthy");
+                    self.snapshot.unhealthy.insert(uuid, reason.clone());
+                }
+            }
+            self.publish();
+        }
+    }
+
+    fn publish(&mut self) {
+        self.snapshot.generation += 1;
+        self.tx.send_replace(Arc::new(self.snapshot.clone()));
+    }
+}
+
+/// Run the agent until `cancel` fires. Reloads on config file changes and on `reload`
+/// messages (SIGHUP).
+pub async fn run(
+    backend: Arc<dyn GpuBackend>,
+    opts: AgentOptions,
+    recorder: Arc<dyn EventRecorder>,
+    mut reload_rx: mpsc::UnboundedReceiver<()>,
+    cancel: CancellationToken,
+) -> Result<()> {
+    let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+    let mut agent = Agent {
+        backend: backend.clone(),
+        opts: opts.clone(),
+        recorder,
+        health: HealthTracker::default(),
+        current: None,
+        snapshot: Snapshot::default(),
+        tx,
+    };
+    agent.reload();
+
+    let (health_tx, mut health_rx) = mpsc::unbounded_channel();
+    backend.watch_health(health_tx)?;
+
+    let (file_tx, mut file_rx) = mpsc::unbounded_channel();
+    let _watcher = match &opts.config_path {
+        Some(path) => Some(watch_config(path, file_tx)?),
+        None => None,
+    };
+
+    let sup_cfg = SupervisorConfig {
+        plugin_dir: opts.kubelet_dir.join("device-plugins"),
+        settings: Arc::new(opts.allocate.clone()),
+    };
+    let sup_cancel = cancel.child_token();
+    let mut supervisor = tokio::spawn(supervisor::run(sup_cfg, rx, sup_cancel.clone()));
+
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            Some(event) = health_rx.recv() => agent.on_health(event),
+            Some(()) = file_rx.recv() => {
+                // Editors and the kubelet's ConfigMap updates write in several steps.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                while file_rx.try_recv().is_ok() {}
+                info!("config changed on disk; reloading");
+                agent.reload();
+            }
+            Some(()) = reload_rx.recv() => {
+                info!("SIGHUP; reloading config");
+                agent.reload();
+            }
+            result = &mut supervisor => {
+                return match result {
+                    Ok(r) => r.map_err(Error::from),
+                    Err(e) => Err(Error::Watch { path: "supervisor".into(), reason: e.to_string() }),
+                };
+            }
+        }
+    }
+    sup_cancel.cancel();
+    match supervisor.await {
+        Ok(r) => r?,
+        Err(e) => warn!(error = %e, "supervisor task failed"),
+    }
+    Ok(())
+}
+
+/// Watch the config file's directory (a mounted ConfigMap swaps a `..data` symlink, so the
+/// file itself is never written in place).
+fn watch_config(
+    path: &std::path::Path,
+    tx: mpsc::UnboundedSender<()>,
+) -> Result<notify::RecommendedWatcher> {
+    let dir = if path.is_dir() {
+        path.to_path_buf()
+    } else {
+        path.parent()
+            .map(|p| {
+                if p.as_os_str().is_empty() {
+                    std::path::Path::new(".")
+                } else {
+                    p
+                }
+            })
+            .unwrap_or(std::path::Path::new("."))
+            .to_path_buf()
+    };
+    let werr = |e: notify::Error| Error::Watch {
+        path: dir.display().to_string(),
+        reason: e.to_string(),
+    };
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if let Ok(e) = event {
+            if !matches!(e.kind, notify::EventKind::Access(_)) {
+                let _ = tx.send(());
+            }
+        }
+    })
+    .map_err(werr)?;
+    watcher
+        .watch(&dir, RecursiveMode::NonRecursive)
+        .map_err(werr)?;
+    Ok(watcher)
+}

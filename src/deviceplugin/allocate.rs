@@ -1,0 +1,350 @@
+//! Allocate, as a pure function: requested device IDs in, what the container gets out.
+//!
+//! Every device is checked (known, healthy, not twice); then the container gets
+//! `NVIDIA_VISIBLE_DEVICES` and the CDI names of the GPUs/MIG devices behind the IDs, and
+//! for vGPU slices the shim contract of design.md: `LD_PRELOAD` (or an `/etc/ld.so.preload`
+//! mount) of `libtessera_cuda.so`, `CUDA_DEVICE_MEMORY_LIMIT_<i>`, `CUDA_DEVICE_SM_LIMIT_<i>`
+//! and `CUDA_DEVICE_MEMORY_SHARED_CACHE` in a per-container accounting directory.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use crate::cdi;
+use crate::partition::layout::{Device, Share};
+
+use super::snapshot::Snapshot;
+use super::{Error, Result};
+
+/// How the shim is injected into vGPU containers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum PreloadMode {
+    /// `LD_PRELOAD=<container lib path>`.
+    #[default]
+    Env,
+    /// Mount a file listing the library at `/etc/ld.so.preload` (cannot be unset by the
+    /// application's environment).
+    File,
+}
+
+/// Node-level settings Allocate needs (from the agent's flags).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocateSettings {
+    /// Add `cdi_devices` to responses.
+    pub cdi: bool,
+    /// Host path of `libtessera_cuda.so`.
+    pub shim_host_path: PathBuf,
+    /// Where the container sees it.
+    pub shim_container_path: String,
+    pub preload: PreloadMode,
+    /// Host directory holding per-container accounting directories.
+    pub vgpu_state_dir: PathBuf,
+    /// Host path of a file containing `shim_container_path` (for [`PreloadMode::File`]).
+    pub preload_file_host_path: PathBuf,
+}
+
+impl AllocateSettings {
+    pub fn with_state_dir(state_dir: impl Into<PathBuf>) -> Self {
+        let state_dir = state_dir.into();
+        Self {
+            cdi: true,
+            shim_host_path: state_dir.join("lib/libtessera_cuda.so"),
+            shim_container_path: "/usr/local/tessera/lib/libtessera_cuda.so".into(),
+            preload: PreloadMode::Env,
+            preload_file_host_path: state_dir.join("lib/ld.so.preload"),
+            vgpu_state_dir: state_dir.join("vgpu"),
+        }
+    }
+}
+
+/// Where the accounting directory is mounted in the container.
+pub const CONTAINER_CACHE_DIR: &str = "/var/run/tessera";
+
+/// A host-path mount.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mount {
+    pub container_path: String,
+    pub host_path: String,
+    pub read_only: bool,
+}
+
+/// What one container gets.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct ContainerAllocation {
+    pub envs: BTreeMap<String, String>,
+    pub mounts: Vec<Mount>,
+    pub cdi_devices: Vec<String>,
+    pub annotations: BTreeMap<String, String>,
+    /// Host directory to create before answering (vGPU accounting), if any.
+    pub create_dir: Option<PathBuf>,
+}
+
+/// Decide the allocation of `ids` from `resource` for one container. `alloc_id` names the
+/// accounting directory of vGPU containers and must be unique per container.
+pub fn allocate_container(
+    snapshot: &Snapshot,
+    resource: &str,
+    ids: &[String],
+    settings: &AllocateSettings,
+    alloc_id: &str,
+) -> Result<ContainerAllocation> {
+    let res = snapshot
+        .resource(resource)
+        .ok_or_else(|| Error::UnknownResource {
+            resource: resource.to_string(),
+        })?;
+    if ids.is_empty() {
+        return Err(Error::InvalidRequest(format!(
+            "resource {resource}: container request names no devices"
+        )));
+    }
+    let mut devices: Vec<&Device> = Vec::with_capacity(ids.len());
+    for id in ids {
+        let device =
+            res.devices
+                .iter()
+                .find(|d| &d.id == id)
+                .ok_or_else(|| Error::UnknownDevice {
+                    resource: resource.to_string(),
+                    id: id.clone(),
+                })?;
+        if devices.iter().any(|d| d.id == *id) {
+            return Err(Error::DuplicateDevice {
+                resource: resource.to_string(),
+                id: id.clone(),
+            });
+        }
+        if let Some(reason) = snapshot.unhealthy_reason(device) {
+            return Err(Error::UnhealthyDevice {
+                resource: resource.to_string(),
+                id: id.clone(),
+                reason: reason.to_string(),
+            });
+        }
+        devices.push(device);
+    }
+    let shared = devices
+        .iter()
+        .any(|d| matches!(d.share, Share::Replica { .. } | Share::Vgpu { .. }));
+    if shared && res.fail_requests_greater_than_one && devices.len() > 1 {
+        return Err(Error::RequestRefused {
+            resource: resource.to_string(),
+            count: devices.len(),
+            reason: "the maximum request size for shared resources is 1 \
+                     (failRequestsGreaterThanOne)"
+                .into(),
+        });
+    }
+
+    // Units (GPU or MIG device) in first-requested order; vGPU limits summed per unit.
+    let mut units: Vec<(&str, Option<(u64, u32)>)> = Vec::new();
+    for d in &devices {
+        let slice = match d.share {
+            Share::Vgpu {
+                memory_mib, cores, ..
+            } => Some((memory_mib, cores)),
+            _ => None,
+        };
+        match units.iter_mut().find(|(u, _)| *u == d.unit()) {
+            Some((_, acc)) => {
+                if shared && snapshot.allocation.distinct_gpus {
+                    return Err(Error::RequestRefused {
+                        resource: resource.to_string(),
+                        count: devices.len(),
+                        reason: format!(
+                            "two shares of {} in one container, but distinctGpus is set",
+                            d.unit()
+                        ),
+                    });
+                }
+                if let (Some((m, c)), Some((m2, c2))) = (acc.as_mut(), slice) {
+                    *m += m2;
+                    *c = (*c + c2).min(100);
+                }
+            }
+            None => units.push((d.unit(), slice)),
+        }
+    }
+
+    let mut out = ContainerAllocation::default();
+    let visible: Vec<&str> = units.iter().map(|(u, _)| *u).collect();
+    out.envs
+        .insert("NVIDIA_VISIBLE_DEVICES".into(), visible.join(","));
+    if settings.cdi {
+        out.cdi_devices = visible.iter().map(|u| cdi::qualified_name(u)).collect();
+    }
+    if units.iter().any(|(_, s)| s.is_some()) {
+        add_shim_contract(&mut out, &units, settings, alloc_id);
+    }
+    Ok(out)
+}
+
+fn add_shim_contract(
+    out: &mut ContainerAllocation,
+    units: &[(&str, Option<(u64, u32)>)],
+    settings: &AllocateSettings,
+    alloc_id: &str,
+) {
+    for (i, (_, slice)) in units.iter().enumerate() {
+        if let Some((memory_mib, cores)) = slice {
+            out.envs.insert(
+                format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"),
+                format!("{memory_mib}m"),
+            );
+            out.envs
+                .insert(format!("CUDA_DEVICE_SM_LIMIT_{i}"), cores.to_string());
+        }
+    }
+    let host_dir = settings.vgpu_state_dir.join(alloc_id);
+    out.envs.insert(
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
+        format!("{CONTAINER_CACHE_DIR}/cuda.cache"),
+    );
+    out.mounts.push(Mount {
+        container_path: CONTAINER_CACHE_DIR.into(),
+        host_path: host_dir.display().to_string(),
+        read_only: false,
+    });
+    out.mounts.push(Mount {
+        container_path: settings.shim_container_path.clone(),
+        host_path: settings.shim_host_path.display().to_string(),
+        read_only: true,
+    });
+    match settings.preload {
+        PreloadMode::Env => {
+            out.envs
+                .insert("LD_PRELOAD".into(), settings.shim_container_path.clone());
+        }
+        PreloadMode::File => out.mounts.push(Mount {
+            container_path: "/etc/ld.so.preload".into(),
+            host_path: settings.preload_file_host_path.display().to_string(),
+            read_only: true,
+        }),
+    }
+    out.annotations
+        .insert("tessera.io/vgpu-allocation".into(), alloc_id.to_string());
+    out.create_dir = Some(host_dir);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::{fake::FakeBackend, GpuBackend};
+    use crate::partition::{config, layout};
+
+    fn snapshot(spec: &str, yaml: &str) -> Snapshot {
+        let inv = FakeBackend::from_spec(spec).unwrap().inventory().unwrap();
+        let cfg = config::parse_config("t", yaml).unwrap();
+        let plan = layout::plan(&inv, &cfg).unwrap();
+        Snapshot {
+            generation: 1,
+            advertisement: layout::advertise(&inv, &cfg, &plan).unwrap(),
+            unhealthy: Default::default(),
+            allocation: cfg.allocation.clone(),
+            topology: Default::default(),
+        }
+    }
+
+    fn ids(s: &Snapshot, resource: &str, n: usize) -> Vec<String> {
+        s.resource(resource).unwrap().devices[..n]
+            .iter()
+            .map(|d| d.id.clone())
+            .collect()
+    }
+
+    fn settings() -> AllocateSettings {
+        AllocateSettings::with_state_dir("/var/lib/tessera")
+    }
+
+    #[test]
+    fn whole_gpus_get_visible_devices_and_cdi_names() {
+        let s = snapshot("2xA100-80GB", "version: v1");
+        let req = ids(&s, "nvidia.com/gpu", 2);
+        let a = allocate_container(&s, "nvidia.com/gpu", &req, &settings(), "x").unwrap();
+        assert_eq!(a.envs["NVIDIA_VISIBLE_DEVICES"], req.join(","));
+        assert_eq!(a.cdi_devices[0], format!("tessera.io/gpu={}", req[0]));
+        assert!(a.mounts.is_empty());
+        assert!(!a.envs.contains_key("LD_PRELOAD"));
+    }
+
+    #[test]
+    fn unknown_unhealthy_and_duplicate_ids_are_refused() {
+        let mut s = snapshot("2xA100-80GB", "version: v1");
+        let req = ids(&s, "nvidia.com/gpu", 1);
+        let e = allocate_container(&s, "nvidia.com/gpu", &["GPU-nope".into()], &settings(), "x");
+        assert!(matches!(e, Err(Error::UnknownDevice { .. })), "{e:?}");
+        let dup = vec![req[0].clone(), req[0].clone()];
+        let e = allocate_container(&s, "nvidia.com/gpu", &dup, &settings(), "x");
+        assert!(matches!(e, Err(Error::DuplicateDevice { .. })), "{e:?}");
+        s.unhealthy.insert(req[0].clone(), "XID 79".into());
+        let e = allocate_container(&s, "nvidia.com/gpu", &req, &settings(), "x").unwrap_err();
+        assert!(e.to_string().contains("XID 79"), "{e}");
+        let status: tonic::Status = e.into();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+        let e = allocate_container(&s, "nvidia.com/other", &req, &settings(), "x");
+        assert!(matches!(e, Err(Error::UnknownResource { .. })));
+    }
+
+    #[test]
+    fn vgpu_slices_get_the_shim_contract() {
+        let s = snapshot(
+            "1xH100-80GB",
+            "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { count: 4, memory: 10g, cores: 25 } } ] }",
+        );
+        let req = ids(&s, "nvidia.com/vgpu", 1);
+        let a = allocate_container(&s, "nvidia.com/vgpu", &req, &settings(), "a1").unwrap();
+        assert_eq!(a.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "10240m");
+        assert_eq!(a.envs["CUDA_DEVICE_SM_LIMIT_0"], "25");
+        assert_eq!(
+            a.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"],
+            "/var/run/tessera/cuda.cache"
+        );
+        assert_eq!(
+            a.envs["LD_PRELOAD"],
+            "/usr/local/tessera/lib/libtessera_cuda.so"
+        );
+        assert_eq!(
+            a.create_dir,
+            Some(PathBuf::from("/var/lib/tessera/vgpu/a1"))
+        );
+        assert!(a
+            .mounts
+            .iter()
+            .any(|m| m.container_path == CONTAINER_CACHE_DIR && !m.read_only));
+
+        // Two slices of the same GPU in one container: limits add up.
+        let two = ids(&s, "nvidia.com/vgpu", 2);
+        let mut file_mode = settings();
+        file_mode.preload = PreloadMode::File;
+        let a = allocate_container(&s, "nvidia.com/vgpu", &two, &file_mode, "a2").unwrap();
+        assert_eq!(a.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "20480m");
+        assert_eq!(a.envs["CUDA_DEVICE_SM_LIMIT_0"], "50");
+        assert!(!a.envs.contains_key("LD_PRELOAD"));
+        assert!(a
+            .mounts
+            .iter()
+            .any(|m| m.container_path == "/etc/ld.so.preload"));
+    }
+
+    #[test]
+    fn sharing_options_are_enforced() {
+        let s = snapshot(
+            "2xA100-80GB",
+            "sharing: { timeSlicing: { failRequestsGreaterThanOne: true, resources: [ { name: nvidia.com/gpu, replicas: 4 } ] } }",
+        );
+        let req = ids(&s, "nvidia.com/gpu", 2);
+        let e = allocate_container(&s, "nvidia.com/gpu", &req, &settings(), "x").unwrap_err();
+        assert!(e.to_string().contains("failRequestsGreaterThanOne"), "{e}");
+
+        let s = snapshot(
+            "2xA100-80GB",
+            "sharing: { timeSlicing: { resources: [ { name: nvidia.com/gpu, replicas: 4 } ] } }\ntessera: { allocation: { distinctGpus: true } }",
+        );
+        let same_gpu = ids(&s, "nvidia.com/gpu", 2);
+        let e = allocate_container(&s, "nvidia.com/gpu", &same_gpu, &settings(), "x").unwrap_err();
+        assert!(e.to_string().contains("distinctGpus"), "{e}");
+        let devs = &s.resource("nvidia.com/gpu").unwrap().devices;
+        let spread = vec![devs[0].id.clone(), devs[4].id.clone()];
+        let a = allocate_container(&s, "nvidia.com/gpu", &spread, &settings(), "x").unwrap();
+        assert_eq!(a.envs["NVIDIA_VISIBLE_DEVICES"].split(',').count(), 2);
+    }
+}

@@ -1,0 +1,476 @@
+//! The `fake` backend: GPUs described by a spec string (`8xH100-80GB`, `2xA100-80GB,1xL4`)
+//! or an inventory YAML, so the agent runs on any Linux machine.
+//!
+//! What it models, as the real driver does: stable UUIDs per GPU (derived from the
+//! node-local index and model, so restarts see the same IDs); NUMA placement and NVLink
+//! (NVSwitch-style all-to-all for NVLink models given by spec string); MIG mode with the
+//! real profile tables (layouts are validated by the catalog, existing MIG devices keep
+//! their UUIDs when a layout changes around them); health events (XIDs, ECC, recovery)
+//! either scripted in the YAML with delays or injected by tests through [`FakeBackend::inject`].
+//!
+//! ```yaml
+//! driverVersion: "570.124.06"
+//! cudaVersion: "12.8"
+//! gpus:
+//!   - { model: A100-80GB, count: 2, numa: 0, nvlink: all, migEnabled: true, mig: [3g.40gb, 3g.40gb] }
+//!   - { model: L4, numa: 1 }
+//! healthEvents:
+//!   - { afterMs: 2000, gpu: 0, xid: 79 }
+//!   - { afterMs: 5000, gpu: 0, recovered: true }
+//! ```
+
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::models::{self, GpuModel};
+use super::{
+    DriverInfo, Error, GpuBackend, GpuInfo, HealthEvent, HealthSender, Inventory, MigDeviceInfo,
+    Result,
+};
+use crate::partition::catalog;
+
+/// In-memory GPUs.
+pub struct FakeBackend {
+    inventory: Mutex<Inventory>,
+    watchers: Mutex<Vec<HealthSender>>,
+    scripted: Vec<ScriptedEvent>,
+}
+
+#[derive(Debug, Clone)]
+struct ScriptedEvent {
+    after: Duration,
+    event: HealthEvent,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawInventory {
+    driver_version: Option<String>,
+    cuda_version: Option<String>,
+    gpus: Vec<RawGpu>,
+    #[serde(default)]
+    health_events: Vec<RawEvent>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawGpu {
+    model: String,
+    #[serde(default = "one")]
+    count: u32,
+    numa: Option<u32>,
+    uuid: Option<String>,
+    /// `all` (NVSwitch: every other NVLink GPU of the node) or a list of GPU indices.
+    nvlink: Option<serde_yaml::Value>,
+    #[serde(default)]
+    mig_enabled: bool,
+    #[serde(default)]
+    mig: Vec<String>,
+}
+
+fn one() -> u32 {
+    1
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawEvent {
+    #[serde(default)]
+    after_ms: u64,
+    gpu: u32,
+    xid: Option<u64>,
+    ecc: Option<u64>,
+    #[serde(default)]
+    recovered: bool,
+}
+
+impl FakeBackend {
+    /// `--fake-gpus`: a spec string, or the path of an inventory YAML file.
+    pub fn from_arg(arg: &str) -> Result<Self> {
+        let path = Path::new(arg);
+        if arg.ends_with(".yaml") || arg.ends_with(".yml") || path.is_file() {
+            let text = std::fs::read_to_string(path).map_err(|e| Error::FakeInventory {
+                path: arg.to_string(),
+                reason: e.to_string(),
+            })?;
+            Self::from_yaml(&text).map_err(|e| match e {
+                Error::FakeSpec(reason) => Error::FakeInventory {
+                    path: arg.to_string(),
+                    reason,
+                },
+                other => other,
+            })
+        } else {
+            Self::from_spec(arg)
+        }
+    }
+
+    /// `8xH100-80GB` or `2xA100-80GB,1xL4`. NVLink models are connected all-to-all
+    /// (NVSwitch); the first half of the GPUs is on NUMA node 0, the rest on node 1.
+    pub fn from_spec(spec: &str) -> Result<Self> {
+        let parsed = models::parse_fake_spec(spec).map_err(|e| Error::FakeSpec(e.to_string()))?;
+        let total: u32 = parsed.iter().map(|(n, _)| *n).sum();
+        let mut gpus = Vec::new();
+        let mut links = Vec::new();
+        for (count, model) in parsed {
+            for _ in 0..count {
+                let index = gpus.len() as u32;
+                let numa = if total > 1 && index >= total.div_ceil(2) {
+                    1
+                } else {
+                    0
+                };
+                gpus.push(make_gpu(index, model, Some(numa), None));
+                links.push(model.nvlink_links);
+            }
+        }
+        connect_all_nvlink(&mut gpus, &links);
+        Ok(Self::new(default_driver(), gpus, Vec::new()))
+    }
+
+    /// An inventory YAML (see the module docs).
+    pub fn from_yaml(text: &str) -> Result<Self> {
+        let de = serde_yaml::Deserializer::from_str(text);
+        let raw: RawInventory = serde_path_to_error::deserialize(de)
+            .map_err(|e| Error::FakeSpec(format!("{}: {}", e.path(), e.inner())))?;
+        let mut gpus: Vec<GpuInfo> = Vec::new();
+        let mut nvlink_specs = Vec::new();
+        let mut mig_layouts = Vec::new();
+        for (i, g) in raw.gpus.iter().enumerate() {
+            let model = models::find_model(&g.model).ok_or_else(|| {
+                Error::FakeSpec(format!("gpus[{i}].model: unknown GPU model {:?}", g.model))
+            })?;
+            if g.count == 0 {
+                return Err(Error::FakeSpec(format!("gpus[{i}].count: must be > 0")));
+            }
+            if g.uuid.is_some() && g.count != 1 {
+                return Err(Error::FakeSpec(format!(
+                    "gpus[{i}].uuid: only valid with count 1"
+                )));
+            }
+            if (g.mig_enabled || !g.mig.is_empty()) && !model.mig_capable {
+                return Err(Error::FakeSpec(format!(
+                    "gpus[{i}]: {} does not support MIG",
+                    model.short_name
+                )));
+            }
+            for _ in 0..g.count {
+                let index = gpus.len() as u32;
+                let mut gpu = make_gpu(index, model, g.numa, g.uuid.clone());
+                gpu.mig_enabled = g.mig_enabled || !g.mig.is_empty();
+                gpus.push(gpu);
+                nvlink_specs.push((i, g.nvlink.clone(), model.nvlink_links));
+                mig_layouts.push((i, g.mig.clone()));
+            }
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for g in &gpus {
+            if !seen.insert(g.uuid.clone()) {
+                return Err(Error::FakeSpec(format!("duplicate GPU UUID {}", g.uuid)));
+            }
+        }
+        wire_nvlink(&mut gpus, &nvlink_specs)?;
+        for (index, (rule, profiles)) in mig_layouts.iter().enumerate() {
+            if profiles.is_empty() {
+                continue;
+            }
+            let layout = place_profiles(&gpus[index], profiles)
+                .map_err(|e| Error::FakeSpec(format!("gpus[{rule}].mig: {e}")))?;
+            gpus[index].mig_devices = build_mig_devices(&gpus[index], &layout, &[]);
+        }
+        let mut scripted = Vec::new();
+        for (i, e) in raw.health_events.iter().enumerate() {
+            let gpu = gpus.get(e.gpu as usize).ok_or_else(|| {
+                Error::FakeSpec(format!(
+                    "healthEvents[{i}].gpu: no GPU with index {}",
+                    e.gpu
+                ))
+            })?;
+            let gpu_uuid = gpu.uuid.clone();
+            let event = match (e.xid, e.ecc, e.recovered) {
+                (Some(xid), None, false) => HealthEvent::Xid { gpu_uuid, xid },
+                (None, Some(count), false) => HealthEvent::EccUncorrectable { gpu_uuid, count },
+                (None, None, true) => HealthEvent::Recovered { gpu_uuid },
+                _ => {
+                    return Err(Error::FakeSpec(format!(
+                        "healthEvents[{i}]: set exactly one of xid, ecc, recovered"
+                    )))
+                }
+            };
+            scripted.push(ScriptedEvent {
+                after: Duration::from_millis(e.after_ms),
+                event,
+            });
+        }
+        let driver = DriverInfo {
+            driver_version: raw
+                .driver_version
+                .unwrap_or_else(|| default_driver().driver_version),
+            cuda_version: raw
+                .cuda_version
+                .unwrap_or_else(|| default_driver().cuda_version),
+        };
+        Ok(Self::new(driver, gpus, scripted))
+    }
+
+    fn new(driver: DriverInfo, gpus: Vec<GpuInfo>, scripted: Vec<ScriptedEvent>) -> Self {
+        Self {
+            inventory: Mutex::new(Inventory { driver, gpus }),
+            watchers: Mutex::new(Vec::new()),
+            scripted,
+        }
+    }
+
+    /// Deliver a health event to every watcher now (tests, chaos drills).
+    pub fn inject(&self, event: HealthEvent) {
+        let mut watchers = lock(&self.watchers);
+        watchers.retain(|tx| tx.send(event.clone()).is_ok());
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding these locks cannot leave the data half-updated (every
+    // critical section is a single assignment), so a poisoned lock is still usable.
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+impl GpuBackend for FakeBackend {
+    fn name(&self) -> &'static str {
+        "fake"
+    }
+
+    fn inventory(&self) -> Result<Inventory> {
+        Ok(lock(&self.inventory).clone())
+    }
+
+    fn watch_health(&self, tx: HealthSender) -> Result<()> {
+        for s in self.scripted.clone() {
+            let tx = tx.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(s.after);
+                let _ = tx.send(s.event);
+            });
+        }
+        lock(&self.watchers).push(tx);
+        Ok(())
+    }
+
+    fn apply_mig_layout(
+        &self,
+        gpu_uuid: &str,
+        layout: &[(String, u8)],
+    ) -> Result<Vec<MigDeviceInfo>> {
+        let mut inv = lock(&self.inventory);
+        let gpu = inv
+            .gpus
+            .iter_mut()
+            .find(|g| g.uuid == gpu_uuid)
+            .ok_or_else(|| Error::UnknownGpu(gpu_uuid.to_string()))?;
+        if !gpu.mig_capable {
+            return Err(Error::Mig {
+                gpu: gpu_uuid.to_string(),
+                reason: "does not support MIG".into(),
+            });
+        }
+        // Validate like the driver would: the placements must be legal together.
+        let model =
+            catalog::lookup(&gpu.product_name, gpu.memory_mib).ok_or_else(|| Error::Mig {
+                gpu: gpu_uuid.to_string(),
+                reason: "no MIG profile table".into(),
+            })?;
+        check_placements(model, layout).map_err(|reason| Error::Mig {
+            gpu: gpu_uuid.to_string(),
+            reason,
+        })?;
+        let devices = build_mig_devices(gpu, layout, &gpu.mig_devices);
+        gpu.mig_enabled = true;
+        gpu.mig_devices = devices.clone();
+        Ok(devices)
+    }
+}
+
+fn default_driver() -> DriverInfo {
+    DriverInfo {
+        driver_version: "570.124.06".into(),
+        cuda_version: "12.8".into(),
+    }
+}
+
+fn make_gpu(index: u32, model: &GpuModel, numa: Option<u32>, uuid: Option<String>) -> GpuInfo {
+    GpuInfo {
+        index,
+        uuid: uuid.unwrap_or_else(|| fake_uuid("GPU", &format!("{}/{index}", model.short_name))),
+        minor: index,
+        product_name: model.product_name.to_string(),
+        memory_mib: model.memory_mib,
+        sm_count: model.sm_count,
+        compute_capability: model.compute_capability,
+        architecture: model.architecture.to_string(),
+        pci_bus_id: format!("0000:{:02X}:00.0", 0x18 + index * 0x10),
+        numa_node: numa,
+        nvlink_peers: Vec::new(),
+        mig_capable: model.mig_capable,
+        mig_enabled: false,
+        mig_devices: Vec::new(),
+    }
+}
+
+/// Deterministic UUID-shaped ID from a seed (FNV-1a, twice, for 128 bits).
+pub fn fake_uuid(prefix: &str, seed: &str) -> String {
+    let fnv = |salt: u64| {
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ salt;
+        for b in seed.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        h
+    };
+    let (a, b) = (fnv(0), fnv(0x9e37_79b9_7f4a_7c15));
+    format!(
+        "{prefix}-{:08x}-{:04x}-{:04x}-{:04x}-{:012x}",
+        a >> 32,
+        (a >> 16) & 0xffff,
+        a & 0xffff,
+        b >> 48,
+        b & 0xffff_ffff_ffff
+    )
+}
+
+/// NVSwitch-style wiring: every GPU with `links[i] > 0` reaches every other such GPU,
+/// its links spread evenly over the peers.
+fn connect_all_nvlink(gpus: &mut [GpuInfo], links: &[u32]) {
+    let linked: Vec<usize> = (0..gpus.len()).filter(|i| links[*i] > 0).collect();
+    for &i in &linked {
+        let peers: Vec<String> = linked
+            .iter()
+            .filter(|j| **j != i)
+            .map(|j| gpus[*j].uuid.clone())
+            .collect();
+        let per_peer = if peers.is_empty() {
+            0
+        } else {
+            (links[i] as usize / peers.len()).max(1)
+        };
+        gpus[i].nvlink_peers = peers
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(p.clone(), per_peer))
+            .collect();
+    }
+}
+
+type NvlinkSpec = (usize, Option<serde_yaml::Value>, u32);
+
+fn wire_nvlink(gpus: &mut [GpuInfo], specs: &[NvlinkSpec]) -> Result<()> {
+    use serde_yaml::Value;
+    let all: Vec<u32> = specs
+        .iter()
+        .map(|(_, s, links)| match s {
+            Some(Value::String(v)) if v == "all" => (*links).max(1),
+            _ => 0,
+        })
+        .collect();
+    connect_all_nvlink(gpus, &all);
+    for (index, (rule, spec, _)) in specs.iter().enumerate() {
+        match spec {
+            None => {}
+            Some(Value::String(s)) if s == "all" => {}
+            Some(Value::Sequence(peers)) => {
+                let mut uuids = Vec::new();
+                for p in peers {
+                    let peer = p
+                        .as_u64()
+                        .and_then(|p| gpus.get(p as usize))
+                        .filter(|g| g.index as usize != index)
+                        .ok_or_else(|| {
+                            Error::FakeSpec(format!(
+                                "gpus[{rule}].nvlink: {p:?} is not another GPU's index"
+                            ))
+                        })?;
+                    uuids.push(peer.uuid.clone());
+                }
+                gpus[index].nvlink_peers = uuids;
+            }
+            Some(other) => {
+                return Err(Error::FakeSpec(format!(
+                    "gpus[{rule}].nvlink: {other:?} is not \"all\" or a list of GPU indices"
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+fn place_profiles(gpu: &GpuInfo, profiles: &[String]) -> Result<Vec<(String, u8)>, String> {
+    let model = catalog::lookup(&gpu.product_name, gpu.memory_mib)
+        .ok_or_else(|| format!("{} has no MIG profile table", gpu.product_name))?;
+    let refs: Vec<&str> = profiles.iter().map(String::as_str).collect();
+    let placed = model.place(&refs).map_err(|e| e.to_string())?;
+    Ok(placed
+        .into_iter()
+        .map(|p| (p.profile.name.to_string(), p.start))
+        .collect())
+}
+
+/// Check a layout of explicit placements: known profiles, legal start slots, no overlap.
+fn check_placements(model: &catalog::ModelCatalog, layout: &[(String, u8)]) -> Result<(), String> {
+    let mut used = vec![false; model.total_slots as usize];
+    for (name, start) in layout {
+        let p = model
+            .profile(name)
+            .ok_or_else(|| format!("{} has no MIG profile {name}", model.model))?;
+        if !p.placements.contains(start) {
+            return Err(format!(
+                "{name} cannot start at slot {start} (valid: {:?})",
+                p.placements
+            ));
+        }
+        for slot in *start..start + p.size {
+            let cell = used
+                .get_mut(slot as usize)
+                .ok_or_else(|| format!("{name}@{start} runs past the last slot"))?;
+            if *cell {
+                return Err(format!("{name}@{start} overlaps another MIG device"));
+            }
+            *cell = true;
+        }
+    }
+    Ok(())
+}
+
+/// MIG devices for `layout`, reusing the UUIDs and instance IDs of `existing` devices with
+/// the same profile and start slot (the driver does not touch instances that stay).
+fn build_mig_devices(
+    gpu: &GpuInfo,
+    layout: &[(String, u8)],
+    existing: &[MigDeviceInfo],
+) -> Vec<MigDeviceInfo> {
+    let model = catalog::lookup(&gpu.product_name, gpu.memory_mib);
+    let mut next_gi = existing.iter().map(|d| d.gi_id).max().unwrap_or(0) + 1;
+    let mut out = Vec::new();
+    for (name, start) in layout {
+        if let Some(d) = existing
+            .iter()
+            .find(|d| d.profile == *name && d.start == *start)
+        {
+            out.push(d.clone());
+            continue;
+        }
+        let profile = model.and_then(|m| m.profile(name));
+        out.push(MigDeviceInfo {
+            uuid: fake_uuid("MIG", &format!("{}/{name}@{start}", gpu.uuid)),
+            profile: name.clone(),
+            gi_id: next_gi,
+            ci_id: 0,
+            start: *start,
+            size: profile.map(|p| p.size).unwrap_or(1),
+            memory_mib: profile.map(|p| p.memory_mib).unwrap_or(0),
+            sm_count: profile.map(|p| p.sm_count).unwrap_or(0),
+        });
+        next_gi += 1;
+    }
+    out.sort_by_key(|d| d.start);
+    out
+}

@@ -1,0 +1,1072 @@
+//! The node layout config: one ConfigMap, several named configs, one picked per node.
+//!
+//! Each named config is an NVIDIA device-plugin config file (`version: v1`, `flags`,
+//! `resources`, `sharing.timeSlicing`), accepted unchanged, optionally extended with a
+//! `tessera:` section of per-GPU rules. [`parse_config`] turns the YAML into a validated
+//! [`NodeConfig`]; every error names the config and the field, e.g.
+//! `config "mixed": tessera.gpus[1].vgpu.slices[0].cores: 130 is not a percentage (1-100)`.
+//!
+//! ```yaml
+//! version: v1
+//! flags: { migStrategy: mixed }
+//! sharing:
+//!   timeSlicing:
+//!     resources: [{ name: nvidia.com/gpu, replicas: 4 }]
+//! tessera:
+//!   gpus:
+//!     - match: { index: [0] }
+//!       mode: mig
+//!       mig: { layout: all-1g.10gb }
+//!     - match: { model: H100-80GB }
+//!       mode: vgpu
+//!       vgpu: { count: 4, memory: 20g, cores: 25 }
+//! ```
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::gpu::health::{HealthPolicy, DEFAULT_IGNORED_XIDS};
+
+/// Name of the config used when the node has no `tessera.io/config` label.
+pub const DEFAULT_CONFIG_NAME: &str = "default";
+/// Node label that selects a named config.
+pub const CONFIG_LABEL: &str = "tessera.io/config";
+
+/// A config error: the config's name, the field path, and what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("config {config:?}: {field}: {reason}")]
+pub struct ConfigError {
+    pub config: String,
+    pub field: String,
+    pub reason: String,
+}
+
+impl ConfigError {
+    fn new(config: &str, field: impl Into<String>, reason: impl Into<String>) -> Self {
+        Self {
+            config: config.to_string(),
+            field: field.into(),
+            reason: reason.into(),
+        }
+    }
+}
+
+pub type Result<T, E = ConfigError> = std::result::Result<T, E>;
+
+// ---------------------------------------------------------------------------------------
+// Raw (serde) form. NVIDIA's fields that Tessera does not use are accepted and ignored.
+// ---------------------------------------------------------------------------------------
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawConfig {
+    version: Option<String>,
+    #[serde(default)]
+    flags: RawFlags,
+    #[serde(default)]
+    resources: Option<serde_yaml::Value>,
+    #[serde(default)]
+    sharing: RawSharing,
+    #[serde(default)]
+    imex: Option<serde_yaml::Value>,
+    #[serde(default)]
+    tessera: RawTessera,
+}
+
+/// NVIDIA's `flags`. Only `migStrategy` matters to Tessera; the rest is accepted so that
+/// NVIDIA config files load unchanged.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+#[allow(dead_code)]
+struct RawFlags {
+    mig_strategy: Option<String>,
+    fail_on_init_error: Option<bool>,
+    restart_on_device_unhealthy: Option<bool>,
+    nvidia_driver_root: Option<String>,
+    nvidia_dev_root: Option<String>,
+    mps_root: Option<String>,
+    #[serde(rename = "gdsEnabled")]
+    gds_enabled: Option<bool>,
+    #[serde(rename = "mofedEnabled")]
+    mofed_enabled: Option<bool>,
+    #[serde(rename = "useNodeFeatureAPI")]
+    use_node_feature_api: Option<bool>,
+    device_discovery_strategy: Option<String>,
+    plugin: Option<serde_yaml::Value>,
+    gfd: Option<serde_yaml::Value>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawSharing {
+    time_slicing: Option<RawReplicated>,
+    mps: Option<RawReplicated>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawReplicated {
+    #[serde(default)]
+    strategy: Option<String>,
+    #[serde(default)]
+    rename_by_default: bool,
+    #[serde(default)]
+    fail_requests_greater_than_one: bool,
+    #[serde(default)]
+    resources: Vec<RawReplicaResource>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawReplicaResource {
+    name: String,
+    #[serde(default)]
+    rename: Option<String>,
+    #[serde(default)]
+    devices: Option<serde_yaml::Value>,
+    replicas: i64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawTessera {
+    resource_prefix: Option<String>,
+    #[serde(default)]
+    gpus: Vec<RawGpuRule>,
+    #[serde(default)]
+    health: RawHealth,
+    #[serde(default)]
+    allocation: RawAllocation,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawGpuRule {
+    #[serde(rename = "match")]
+    selector: RawSelector,
+    mode: String,
+    mig: Option<RawMig>,
+    timeslice: Option<RawTimeslice>,
+    vgpu: Option<RawVgpu>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawSelector {
+    All(String),
+    Fields(RawSelectorFields),
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSelectorFields {
+    index: Option<Vec<u32>>,
+    uuid: Option<Vec<String>>,
+    model: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMig {
+    layout: Option<String>,
+    profiles: Option<Vec<String>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawTimeslice {
+    replicas: i64,
+    #[serde(default)]
+    rename: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawVgpu {
+    /// Resource name for the slices (default `<prefix>/vgpu`).
+    resource: Option<String>,
+    /// Uniform slices: `count` slices of `memory` and `cores` each.
+    count: Option<i64>,
+    memory: Option<serde_yaml::Value>,
+    cores: Option<i64>,
+    /// Or an explicit list of slices.
+    slices: Option<Vec<RawSlice>>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSlice {
+    memory: serde_yaml::Value,
+    cores: i64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawHealth {
+    ignored_xids: Option<Vec<u64>>,
+    /// Added to the default ignored set instead of replacing it.
+    additional_ignored_xids: Option<Vec<u64>>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawAllocation {
+    replica_strategy: Option<String>,
+    distinct_gpus: Option<bool>,
+}
+
+// ---------------------------------------------------------------------------------------
+// Validated form.
+// ---------------------------------------------------------------------------------------
+
+/// NVIDIA's `flags.migStrategy`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MigStrategy {
+    /// MIG devices are not advertised; GPUs are advertised whole.
+    #[default]
+    None,
+    /// Every GPU has MIG on with one profile; advertised as `<prefix>/gpu`.
+    Single,
+    /// Each MIG profile is its own resource `<prefix>/mig-<profile>`.
+    Mixed,
+}
+
+/// Which GPUs a time-slicing entry replicates (NVIDIA's `devices:` union).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReplicaDevices {
+    All,
+    /// The first `n` GPUs by index.
+    Count(u32),
+    /// GPU indices, MIG indices (`gpu:mig`), or GPU/MIG UUIDs.
+    List(Vec<String>),
+}
+
+/// One `sharing.timeSlicing.resources[]` entry.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReplicaRule {
+    /// Full resource name, e.g. `nvidia.com/gpu` or `nvidia.com/mig-1g.10gb`.
+    pub name: String,
+    /// Advertise the replicas under this name instead.
+    pub rename: Option<String>,
+    pub devices: ReplicaDevices,
+    pub replicas: u32,
+}
+
+/// `sharing.timeSlicing` (and `sharing.mps`, which Tessera advertises the same way).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TimeSlicing {
+    pub rename_by_default: bool,
+    pub fail_requests_greater_than_one: bool,
+    pub resources: Vec<ReplicaRule>,
+}
+
+/// Which GPUs a Tessera rule applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuSelector {
+    All,
+    Index(BTreeSet<u32>),
+    Uuid(BTreeSet<String>),
+    /// A model short name (`A100-80GB`) or a substring of the NVML product name.
+    Model(String),
+}
+
+/// How a MIG layout is given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum MigLayout {
+    /// `all-1g.10gb`, `all-balanced`, `balanced`.
+    Named(String),
+    /// An explicit list of profiles (placed by the catalog).
+    Profiles(Vec<String>),
+}
+
+/// One fixed vGPU slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct VgpuSlice {
+    pub memory_mib: u64,
+    /// Percent of the GPU's SMs.
+    pub cores: u32,
+}
+
+/// What a GPU is cut into.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GpuMode {
+    Whole,
+    Mig(MigLayout),
+    TimeSlice {
+        replicas: u32,
+        rename: Option<String>,
+    },
+    Vgpu {
+        resource: Option<String>,
+        slices: Vec<VgpuSlice>,
+    },
+}
+
+/// A per-GPU rule; the first rule whose selector matches a GPU decides its mode.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GpuRule {
+    pub selector: GpuSelector,
+    pub mode: GpuMode,
+}
+
+/// How GetPreferredAllocation spreads replicas and slices over physical GPUs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReplicaStrategy {
+    /// Fill the GPU that already has the fewest free replicas (bin packing).
+    #[default]
+    Packed,
+    /// Spread over the GPUs with the most free replicas.
+    Distributed,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct AllocationPolicy {
+    pub replica_strategy: ReplicaStrategy,
+    /// A multi-replica request never gets two replicas of one physical GPU.
+    pub distinct_gpus: bool,
+}
+
+/// One validated named config.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeConfig {
+    pub name: String,
+    pub mig_strategy: MigStrategy,
+    pub resource_prefix: String,
+    pub time_slicing: TimeSlicing,
+    pub gpu_rules: Vec<GpuRule>,
+    pub health: HealthPolicy,
+    pub allocation: AllocationPolicy,
+}
+
+impl NodeConfig {
+    /// The config used when none is given: every GPU whole, `nvidia.com` names.
+    pub fn builtin_default() -> Self {
+        Self {
+            name: DEFAULT_CONFIG_NAME.to_string(),
+            mig_strategy: MigStrategy::None,
+            resource_prefix: "nvidia.com".to_string(),
+            time_slicing: TimeSlicing::default(),
+            gpu_rules: Vec::new(),
+            health: HealthPolicy::default(),
+            allocation: AllocationPolicy::default(),
+        }
+    }
+
+    /// `<prefix>/<suffix>`.
+    pub fn resource(&self, suffix: &str) -> String {
+        format!("{}/{}", self.resource_prefix, suffix)
+    }
+}
+
+/// All named configs of the ConfigMap.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigSet {
+    pub configs: BTreeMap<String, NodeConfig>,
+}
+
+impl ConfigSet {
+    /// Pick the config named by the node label, or `default`. A label naming a config that
+    /// does not exist is an error (the caller keeps the last good config).
+    pub fn select(&self, label: Option<&str>) -> Result<&NodeConfig> {
+        let name = label.unwrap_or(DEFAULT_CONFIG_NAME);
+        self.configs.get(name).ok_or_else(|| {
+            let known: Vec<&str> = self.configs.keys().map(String::as_str).collect();
+            ConfigError::new(
+                name,
+                CONFIG_LABEL,
+                format!(
+                    "no config with this name; known configs: {}",
+                    known.join(", ")
+                ),
+            )
+        })
+    }
+}
+
+/// Load a config source: a directory (a mounted ConfigMap: one file per named config,
+/// the file name without `.yaml`/`.yml` is the config name; dotfiles are skipped), or a
+/// single file, which is the `default` config.
+pub fn load(path: &Path) -> Result<ConfigSet> {
+    let source = path.display().to_string();
+    let io_err = |e: std::io::Error| ConfigError::new(&source, "(file)", e.to_string());
+    let mut configs = BTreeMap::new();
+    if path.is_dir() {
+        let mut entries: Vec<_> = std::fs::read_dir(path)
+            .map_err(io_err)?
+            .filter_map(|e| e.ok())
+            .collect();
+        entries.sort_by_key(|e| e.file_name());
+        for entry in entries {
+            let file_name = entry.file_name().to_string_lossy().to_string();
+            if file_name.starts_with('.') || !entry.path().is_file() {
+                continue;
+            }
+            let name = file_name
+                .trim_end_matches(".yaml")
+                .trim_end_matches(".yml")
+                .to_string();
+            let text = std::fs::read_to_string(entry.path()).map_err(io_err)?;
+            configs.insert(name.clone(), parse_config(&name, &text)?);
+        }
+        if configs.is_empty() {
+            return Err(ConfigError::new(
+                &source,
+                "(directory)",
+                "holds no config files",
+            ));
+        }
+    } else {
+        let text = std::fs::read_to_string(path).map_err(io_err)?;
+        configs.insert(
+            DEFAULT_CONFIG_NAME.to_string(),
+            parse_config(DEFAULT_CONFIG_NAME, &text)?,
+        );
+    }
+    Ok(ConfigSet { configs })
+}
+
+/// Parse and validate one named config.
+pub fn parse_config(name: &str, yaml: &str) -> Result<NodeConfig> {
+    let de = serde_yaml::Deserializer::from_str(yaml);
+    let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
+        let path = e.path().to_string();
+        let field = if path == "." {
+            "(document)".into()
+        } else {
+            path
+        };
+        ConfigError::new(name, field, e.into_inner().to_string())
+    })?;
+    validate(name, raw)
+}
+
+fn validate(name: &str, raw: RawConfig) -> Result<NodeConfig> {
+    let err = |field: String, reason: String| ConfigError::new(name, field, reason);
+    if let Some(v) = &raw.version {
+        if v != "v1" {
+            return Err(err(
+                "version".into(),
+                format!("{v:?} is not supported (use v1)"),
+            ));
+        }
+    }
+    let mig_strategy = match raw.flags.mig_strategy.as_deref() {
+        None | Some("none") => MigStrategy::None,
+        Some("single") => MigStrategy::Single,
+        Some("mixed") => MigStrategy::Mixed,
+        Some(other) => {
+            return Err(err(
+                "flags.migStrategy".into(),
+                format!("{other:?} is not one of none, single, mixed"),
+            ))
+        }
+    };
+    let resource_prefix = raw
+        .tessera
+        .resource_prefix
+        .unwrap_or_else(|| "nvidia.com".to_string());
+    if !is_dns_subdomain(&resource_prefix) {
+        return Err(err(
+            "tessera.resourcePrefix".into(),
+            format!("{resource_prefix:?} is not a DNS subdomain"),
+        ));
+    }
+
+    // NVIDIA treats MPS like time-slicing for advertising; Tessera advertises both as
+    // replicas (MPS daemons are not managed by Tessera).
+    let (sharing_field, replicated) = match (raw.sharing.time_slicing, raw.sharing.mps) {
+        (Some(_), Some(_)) => {
+            return Err(err(
+                "sharing".into(),
+                "timeSlicing and mps cannot both be set".into(),
+            ))
+        }
+        (Some(ts), None) => ("sharing.timeSlicing", Some(ts)),
+        (None, Some(mps)) => ("sharing.mps", Some(mps)),
+        (None, None) => ("sharing.timeSlicing", None),
+    };
+    let time_slicing = match replicated {
+        None => TimeSlicing::default(),
+        Some(r) => validate_replicated(name, sharing_field, r, &resource_prefix)?,
+    };
+
+    let mut gpu_rules = Vec::with_capacity(raw.tessera.gpus.len());
+    for (i, rule) in raw.tessera.gpus.into_iter().enumerate() {
+        gpu_rules.push(validate_rule(name, &format!("tessera.gpus[{i}]"), rule)?);
+    }
+
+    let mut health = HealthPolicy::default();
+    if let Some(list) = raw.tessera.health.ignored_xids {
+        health.ignored_xids = list.into_iter().collect();
+    }
+    if let Some(extra) = raw.tessera.health.additional_ignored_xids {
+        health.ignored_xids.extend(extra);
+    }
+    debug_assert!(DEFAULT_IGNORED_XIDS.len() == 6);
+
+    let replica_strategy = match raw.tessera.allocation.replica_strategy.as_deref() {
+        None | Some("packed") => ReplicaStrategy::Packed,
+        Some("distributed") => ReplicaStrategy::Distributed,
+        Some(other) => {
+            return Err(err(
+                "tessera.allocation.replicaStrategy".into(),
+                format!("{other:?} is not one of packed, distributed"),
+            ))
+        }
+    };
+    let _ = (raw.resources, raw.imex, raw.flags.plugin, raw.flags.gfd);
+    Ok(NodeConfig {
+        name: name.to_string(),
+        mig_strategy,
+        resource_prefix,
+        time_slicing,
+        gpu_rules,
+        health,
+        allocation: AllocationPolicy {
+            replica_strategy,
+            distinct_gpus: raw.tessera.allocation.distinct_gpus.unwrap_or(false),
+        },
+    })
+}
+
+fn validate_replicated(
+    name: &str,
+    field: &str,
+    raw: RawReplicated,
+    prefix: &str,
+) -> Result<TimeSlicing> {
+    let err = |f: String, reason: String| ConfigError::new(name, f, reason);
+    if let Some(s) = raw.strategy.as_deref().filter(|s| !s.is_empty()) {
+        return Err(err(
+            format!("{field}.strategy"),
+            format!("unknown time-slicing strategy {s:?}"),
+        ));
+    }
+    if raw.resources.is_empty() {
+        return Err(err(
+            format!("{field}.resources"),
+            "no resources specified".into(),
+        ));
+    }
+    let mut resources = Vec::new();
+    let mut seen = BTreeSet::new();
+    for (i, r) in raw.resources.into_iter().enumerate() {
+        let f = format!("{field}.resources[{i}]");
+        if !r.name.starts_with(&format!("{prefix}/")) {
+            return Err(err(
+                format!("{f}.name"),
+                format!(
+                    "{:?} must start with the resource prefix {prefix:?}",
+                    r.name
+                ),
+            ));
+        }
+        let suffix = &r.name[prefix.len() + 1..];
+        if suffix != "gpu" && !suffix.starts_with("mig-") {
+            return Err(err(
+                format!("{f}.name"),
+                format!(
+                    "{:?} is neither {prefix}/gpu nor a {prefix}/mig-<profile> resource",
+                    r.name
+                ),
+            ));
+        }
+        if !seen.insert(r.name.clone()) {
+            return Err(err(
+                format!("{f}.name"),
+                format!("{:?} is listed twice", r.name),
+            ));
+        }
+        if r.replicas <= 0 || r.replicas > 1024 {
+            return Err(err(
+                format!("{f}.replicas"),
+                format!("{} is not in 1..=1024", r.replicas),
+            ));
+        }
+        let devices = parse_replica_devices(r.devices.as_ref())
+            .map_err(|reason| err(format!("{f}.devices"), reason))?;
+        if let Some(rename) = &r.rename {
+            if !is_resource_name(rename) {
+                return Err(err(
+                    format!("{f}.rename"),
+                    format!("{rename:?} is not a valid extended resource name"),
+                ));
+            }
+        }
+        resources.push(ReplicaRule {
+            name: r.name,
+            rename: r.rename,
+            devices,
+            replicas: r.replicas as u32,
+        });
+    }
+    Ok(TimeSlicing {
+        rename_by_default: raw.rename_by_default,
+        fail_requests_greater_than_one: raw.fail_requests_greater_than_one,
+        resources,
+    })
+}
+
+fn parse_replica_devices(v: Option<&serde_yaml::Value>) -> Result<ReplicaDevices, String> {
+    use serde_yaml::Value;
+    match v {
+        None => Ok(ReplicaDevices::All),
+        Some(Value::String(s)) if s == "all" => Ok(ReplicaDevices::All),
+        Some(Value::String(s)) => Err(format!("{s:?}: the only valid string is \"all\"")),
+        Some(Value::Number(n)) => match n.as_u64() {
+            Some(c) if c > 0 && c <= u32::MAX as u64 => Ok(ReplicaDevices::Count(c as u32)),
+            _ => Err(format!("{n}: a count of devices must be > 0")),
+        },
+        Some(Value::Sequence(items)) => {
+            let mut out = Vec::new();
+            for (i, item) in items.iter().enumerate() {
+                let s = match item {
+                    Value::Number(n) if n.as_u64().is_some() => n.to_string(),
+                    Value::String(s) if is_device_ref(s) => s.clone(),
+                    other => return Err(format!(
+                        "[{i}] {other:?} is not a GPU index, MIG index (gpu:mig) or GPU/MIG UUID"
+                    )),
+                };
+                out.push(s);
+            }
+            Ok(ReplicaDevices::List(out))
+        }
+        Some(other) => Err(format!("{other:?} is not \"all\", a count, or a list")),
+    }
+}
+
+fn is_device_ref(s: &str) -> bool {
+    let is_num = |x: &str| !x.is_empty() && x.chars().all(|c| c.is_ascii_digit());
+    is_num(s)
+        || s.split_once(':')
+            .is_some_and(|(a, b)| is_num(a) && is_num(b))
+        || s.starts_with("GPU-")
+        || s.starts_with("MIG-")
+}
+
+fn validate_rule(name: &str, field: &str, rule: RawGpuRule) -> Result<GpuRule> {
+    let err = |f: &str, reason: String| ConfigError::new(name, format!("{field}.{f}"), reason);
+    let selector = match rule.selector {
+        RawSelector::All(s) if s == "all" || s == "*" => GpuSelector::All,
+        RawSelector::All(s) => {
+            return Err(err(
+                "match",
+                format!("{s:?}: use \"all\" or one of index, uuid, model"),
+            ))
+        }
+        RawSelector::Fields(f) => match (f.index, f.uuid, f.model) {
+            (Some(i), None, None) if !i.is_empty() => GpuSelector::Index(i.into_iter().collect()),
+            (None, Some(u), None) if !u.is_empty() => GpuSelector::Uuid(u.into_iter().collect()),
+            (None, None, Some(m)) if !m.is_empty() => GpuSelector::Model(m),
+            _ => {
+                return Err(err(
+                    "match",
+                    "set exactly one of index, uuid, model (non-empty)".into(),
+                ))
+            }
+        },
+    };
+    let unused = |present: bool, key: &str, mode: &str| -> Result<()> {
+        if present {
+            Err(err(
+                key,
+                format!("is only valid with mode {key}, not {mode}"),
+            ))
+        } else {
+            Ok(())
+        }
+    };
+    let mode = match rule.mode.as_str() {
+        "whole" => {
+            unused(rule.mig.is_some(), "mig", "whole")?;
+            unused(rule.timeslice.is_some(), "timeslice", "whole")?;
+            unused(rule.vgpu.is_some(), "vgpu", "whole")?;
+            GpuMode::Whole
+        }
+        "mig" => {
+            unused(rule.timeslice.is_some(), "timeslice", "mig")?;
+            unused(rule.vgpu.is_some(), "vgpu", "mig")?;
+            let mig = rule
+                .mig
+                .ok_or_else(|| err("mig", "mode mig needs mig.layout or mig.profiles".into()))?;
+            match (mig.layout, mig.profiles) {
+                (Some(l), None) if !l.is_empty() => GpuMode::Mig(MigLayout::Named(l)),
+                (None, Some(p)) if !p.is_empty() => GpuMode::Mig(MigLayout::Profiles(p)),
+                _ => {
+                    return Err(err(
+                        "mig",
+                        "set exactly one of layout, profiles (non-empty)".into(),
+                    ))
+                }
+            }
+        }
+        "timeslice" => {
+            unused(rule.mig.is_some(), "mig", "timeslice")?;
+            unused(rule.vgpu.is_some(), "vgpu", "timeslice")?;
+            let ts = rule.timeslice.ok_or_else(|| {
+                err(
+                    "timeslice",
+                    "mode timeslice needs timeslice.replicas".into(),
+                )
+            })?;
+            if ts.replicas <= 0 || ts.replicas > 1024 {
+                return Err(err(
+                    "timeslice.replicas",
+                    format!("{} is not in 1..=1024", ts.replicas),
+                ));
+            }
+            if let Some(r) = &ts.rename {
+                if !is_resource_name(r) {
+                    return Err(err(
+                        "timeslice.rename",
+                        format!("{r:?} is not a valid extended resource name"),
+                    ));
+                }
+            }
+            GpuMode::TimeSlice {
+                replicas: ts.replicas as u32,
+                rename: ts.rename,
+            }
+        }
+        "vgpu" => {
+            unused(rule.mig.is_some(), "mig", "vgpu")?;
+            unused(rule.timeslice.is_some(), "timeslice", "vgpu")?;
+            let v = rule.vgpu.ok_or_else(|| {
+                err(
+                    "vgpu",
+                    "mode vgpu needs vgpu.count+memory+cores or vgpu.slices".into(),
+                )
+            })?;
+            validate_vgpu(name, &format!("{field}.vgpu"), v)?
+        }
+        other => {
+            return Err(err(
+                "mode",
+                format!("{other:?} is not one of whole, mig, timeslice, vgpu"),
+            ))
+        }
+    };
+    Ok(GpuRule { selector, mode })
+}
+
+fn validate_vgpu(name: &str, field: &str, v: RawVgpu) -> Result<GpuMode> {
+    let err = |f: String, reason: String| ConfigError::new(name, f, reason);
+    if let Some(r) = &v.resource {
+        if !is_resource_name(r) {
+            return Err(err(
+                format!("{field}.resource"),
+                format!("{r:?} is not a valid extended resource name"),
+            ));
+        }
+    }
+    let check_cores = |f: String, cores: i64| -> Result<u32> {
+        if (1..=100).contains(&cores) {
+            Ok(cores as u32)
+        } else {
+            Err(err(f, format!("{cores} is not a percentage (1-100)")))
+        }
+    };
+    let slices = match (v.count, v.slices) {
+        (Some(count), None) => {
+            if !(1..=64).contains(&count) {
+                return Err(err(
+                    format!("{field}.count"),
+                    format!("{count} is not in 1..=64"),
+                ));
+            }
+            let memory = v
+                .memory
+                .as_ref()
+                .ok_or_else(|| err(format!("{field}.memory"), "required with count".into()))?;
+            let memory_mib = parse_memory(memory).map_err(|r| err(format!("{field}.memory"), r))?;
+            let cores = v
+                .cores
+                .ok_or_else(|| err(format!("{field}.cores"), "required with count".into()))?;
+            let cores = check_cores(format!("{field}.cores"), cores)?;
+            vec![VgpuSlice { memory_mib, cores }; count as usize]
+        }
+        (None, Some(list)) if !list.is_empty() => {
+            if v.memory.is_some() || v.cores.is_some() {
+                return Err(err(
+                    field.to_string(),
+                    "memory/cores go inside each slice when slices is set".into(),
+                ));
+            }
+            let mut out = Vec::new();
+            for (i, s) in list.into_iter().enumerate() {
+                let memory_mib = parse_memory(&s.memory)
+                    .map_err(|r| err(format!("{field}.slices[{i}].memory"), r))?;
+                let cores = check_cores(format!("{field}.slices[{i}].cores"), s.cores)?;
+                out.push(VgpuSlice { memory_mib, cores });
+            }
+            out
+        }
+        _ => {
+            return Err(err(
+                field.to_string(),
+                "set exactly one of count (with memory and cores) or slices".into(),
+            ))
+        }
+    };
+    Ok(GpuMode::Vgpu {
+        resource: v.resource,
+        slices,
+    })
+}
+
+/// Memory sizes: a number is MiB; strings take `m`/`mi`/`mib`, `g`/`gi`/`gib` suffixes
+/// (binary units, as HAMi's `10240m` and `10g`).
+pub fn parse_memory(v: &serde_yaml::Value) -> Result<u64, String> {
+    let bad = |s: &str| format!("{s:?} is not a memory size (e.g. 10240, \"10240m\", \"10g\")");
+    let mib = match v {
+        serde_yaml::Value::Number(n) => n.as_u64().ok_or_else(|| bad(&n.to_string()))?,
+        serde_yaml::Value::String(s) => {
+            let t = s.trim().to_ascii_lowercase();
+            let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+            let (num, unit) = t.split_at(digits_end);
+            let n: u64 = num.parse().map_err(|_| bad(s))?;
+            match unit.trim() {
+                "" | "m" | "mi" | "mib" => n,
+                "g" | "gi" | "gib" => n.checked_mul(1024).ok_or_else(|| bad(s))?,
+                _ => return Err(bad(s)),
+            }
+        }
+        other => return Err(format!("{other:?} is not a memory size")),
+    };
+    if mib == 0 {
+        return Err("memory must be > 0".into());
+    }
+    Ok(mib)
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.split('.').all(|label| {
+            !label.is_empty()
+                && label.len() <= 63
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+                && !label.starts_with('-')
+                && !label.ends_with('-')
+        })
+}
+
+/// `<dns-subdomain>/<name>` where name is at most 63 chars of `[A-Za-z0-9._-]`.
+pub fn is_resource_name(s: &str) -> bool {
+    match s.split_once('/') {
+        Some((prefix, name)) => {
+            is_dns_subdomain(prefix)
+                && !name.is_empty()
+                && name.len() <= 63
+                && name
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-'))
+                && name.starts_with(|c: char| c.is_ascii_alphanumeric())
+                && name.ends_with(|c: char| c.is_ascii_alphanumeric())
+        }
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(yaml: &str) -> Result<NodeConfig> {
+        parse_config("t", yaml)
+    }
+
+    #[test]
+    fn nvidia_time_slicing_file_is_accepted_unchanged() {
+        let cfg = parse(
+            r#"
+version: v1
+flags:
+  migStrategy: none
+  failOnInitError: true
+  nvidiaDriverRoot: /
+  plugin:
+    passDeviceSpecs: false
+    deviceListStrategy: [envvar]
+    deviceIDStrategy: uuid
+  gfd:
+    oneshot: false
+sharing:
+  timeSlicing:
+    renameByDefault: true
+    failRequestsGreaterThanOne: true
+    resources:
+    - name: nvidia.com/gpu
+      replicas: 10
+      devices: [0, "1", "GPU-8d3e2c0b-1111-2222-3333-444455556666"]
+"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.mig_strategy, MigStrategy::None);
+        assert!(cfg.time_slicing.rename_by_default);
+        assert!(cfg.time_slicing.fail_requests_greater_than_one);
+        let r = &cfg.time_slicing.resources[0];
+        assert_eq!(r.replicas, 10);
+        assert_eq!(
+            r.devices,
+            ReplicaDevices::List(vec![
+                "0".into(),
+                "1".into(),
+                "GPU-8d3e2c0b-1111-2222-3333-444455556666".into()
+            ])
+        );
+    }
+
+    #[test]
+    fn tessera_rules_are_parsed() {
+        let cfg = parse(
+            r#"
+version: v1
+flags: { migStrategy: mixed }
+tessera:
+  gpus:
+  - match: { index: [0, 1] }
+    mode: mig
+    mig: { layout: all-1g.10gb }
+  - match: { model: H100-80GB }
+    mode: vgpu
+    vgpu: { count: 4, memory: 20g, cores: 25 }
+  - match: all
+    mode: timeslice
+    timeslice: { replicas: 4, rename: nvidia.com/gpu.shared }
+  health: { additionalIgnoredXids: [94] }
+  allocation: { replicaStrategy: distributed, distinctGpus: true }
+"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.gpu_rules.len(), 3);
+        assert_eq!(
+            cfg.gpu_rules[1].mode,
+            GpuMode::Vgpu {
+                resource: None,
+                slices: vec![
+                    VgpuSlice {
+                        memory_mib: 20480,
+                        cores: 25
+                    };
+                    4
+                ]
+            }
+        );
+        assert!(cfg.health.ignored_xids.contains(&94));
+        assert!(cfg.health.ignored_xids.contains(&13));
+        assert_eq!(
+            cfg.allocation.replica_strategy,
+            ReplicaStrategy::Distributed
+        );
+        assert!(cfg.allocation.distinct_gpus);
+    }
+
+    #[test]
+    fn errors_name_the_field() {
+        let cases: &[(&str, &str, &str)] = &[
+            ("flags: { migStrategy: weird }", "flags.migStrategy", "weird"),
+            ("version: v2", "version", "v2"),
+            ("flags: { bogus: 1 }", "flags.bogus", "unknown field `bogus`"),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { slices: [ { memory: 10g, cores: 130 } ] } } ] }",
+                "tessera.gpus[0].vgpu.slices[0].cores",
+                "130 is not a percentage",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { count: 2, memory: 10x, cores: 10 } } ] }",
+                "tessera.gpus[0].vgpu.memory",
+                "not a memory size",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: fancy } ] }",
+                "tessera.gpus[0].mode",
+                "fancy",
+            ),
+            (
+                "tessera: { gpus: [ { match: { index: [0], model: A30 }, mode: whole } ] }",
+                "tessera.gpus[0].match",
+                "exactly one",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: whole, mig: { layout: x } } ] }",
+                "tessera.gpus[0].mig",
+                "only valid with mode mig",
+            ),
+            (
+                "sharing: { timeSlicing: { resources: [ { name: nvidia.com/gpu, replicas: 0 } ] } }",
+                "sharing.timeSlicing.resources[0].replicas",
+                "1..=1024",
+            ),
+            (
+                "sharing: { timeSlicing: { resources: [ { name: other.com/gpu, replicas: 2 } ] } }",
+                "sharing.timeSlicing.resources[0].name",
+                "prefix",
+            ),
+            (
+                "sharing: { timeSlicing: { resources: [ { name: nvidia.com/gpu, replicas: 2, devices: some } ] } }",
+                "sharing.timeSlicing.resources[0].devices",
+                "only valid string",
+            ),
+            ("sharing: { timeSlicing: { resources: [] } }", "sharing.timeSlicing.resources", "no resources"),
+            ("tessera: { resourcePrefix: Bad_Prefix }", "tessera.resourcePrefix", "DNS"),
+        ];
+        for (yaml, field, reason) in cases {
+            let e = parse(yaml).expect_err(yaml);
+            assert_eq!(&e.field, field, "{yaml}: {e}");
+            assert!(e.reason.contains(reason), "{yaml}: {e}");
+            assert!(e.to_string().starts_with("config \"t\": "), "{e}");
+        }
+    }
+
+    #[test]
+    fn memory_sizes() {
+        use serde_yaml::Value;
+        let ok = [
+            ("10240", 10240),
+            ("10240m", 10240),
+            ("10g", 10240),
+            ("2Gi", 2048),
+        ];
+        for (s, mib) in ok {
+            assert_eq!(parse_memory(&Value::String(s.into())), Ok(mib), "{s}");
+        }
+        assert_eq!(parse_memory(&Value::Number(512.into())), Ok(512));
+        for bad in ["", "g", "10t", "-1g", "0"] {
+            assert!(parse_memory(&Value::String(bad.into())).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn config_set_selects_by_label() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("default"), "version: v1\n").unwrap();
+        std::fs::write(
+            dir.path().join("mig.yaml"),
+            "flags: { migStrategy: mixed }\n",
+        )
+        .unwrap();
+        std::fs::write(dir.path().join(".hidden"), "garbage: [").unwrap();
+        let set = load(dir.path()).unwrap();
+        assert_eq!(set.select(None).unwrap().name, "default");
+        assert_eq!(
+            set.select(Some("mig")).unwrap().mig_strategy,
+            MigStrategy::Mixed
+        );
+        let e = set.select(Some("nope")).unwrap_err();
+        assert!(e.reason.contains("known configs: default, mig"), "{e}");
+    }
+
+    #[test]
+    fn resource_names() {
+        assert!(is_resource_name("nvidia.com/gpu.shared"));
+        assert!(is_resource_name("nvidia.com/mig-1g.10gb"));
+        assert!(!is_resource_name("gpu"));
+        assert!(!is_resource_name("nvidia.com/"));
+        assert!(!is_resource_name("nvidia.com/-x"));
+    }
+}
