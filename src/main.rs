@@ -1,5 +1,7 @@
 //! The `tessera` binary: flag parsing, logging setup, and one short function per subcommand.
 
+use std::process::ExitCode;
+
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 
@@ -28,25 +30,38 @@ enum Command {
     Plan(cmd::plan::Args),
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     let cli = Cli::parse();
-    init_tracing();
-    match cli.command {
+    // Daemons log at info; the one-shot tools only warn unless asked.
+    let default_level = match cli.command {
+        Command::Node(_) => "info",
+        _ => "warn",
+    };
+    init_tracing(default_level);
+    let result: Result<()> = match cli.command {
         Command::Node(args) => cmd::node::run(args),
         Command::Layout(args) => cmd::layout::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::Plan(args) => cmd::plan::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            // The whole cause chain on one line, no backtrace: these are user errors.
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
     }
 }
 
-/// Logs go to stderr; `RUST_LOG` (or `TESSERA_LOG`) sets the filter, `info` by default.
-fn init_tracing() {
+/// Logs go to stderr; `RUST_LOG` (or `TESSERA_LOG`) sets the filter.
+fn init_tracing(default_level: &str) {
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("RUST_LOG")
         .or_else(|_| std::env::var("TESSERA_LOG"))
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::new("info"));
+        .unwrap_or_else(|| EnvFilter::new(default_level));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

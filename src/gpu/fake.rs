@@ -216,6 +216,12 @@ impl FakeBackend {
         Ok(Self::new(driver, gpus, scripted))
     }
 
+    /// An in-memory copy of a real inventory: `tessera layout` previews MIG layouts on it
+    /// without touching the hardware.
+    pub fn from_inventory(inventory: Inventory) -> Self {
+        Self::new(inventory.driver, inventory.gpus, Vec::new())
+    }
+
     fn new(driver: DriverInfo, gpus: Vec<GpuInfo>, scripted: Vec<ScriptedEvent>) -> Self {
         Self {
             inventory: Mutex::new(Inventory { driver, gpus }),

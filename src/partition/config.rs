@@ -625,9 +625,11 @@ fn parse_replica_devices(v: Option<&serde_yaml::Value>) -> Result<ReplicaDevices
                 let s = match item {
                     Value::Number(n) if n.as_u64().is_some() => n.to_string(),
                     Value::String(s) if is_device_ref(s) => s.clone(),
-                    other => return Err(format!(
+                    other => {
+                        return Err(format!(
                         "[{i}] {other:?} is not a GPU index, MIG index (gpu:mig) or GPU/MIG UUID"
-                    )),
+                    ))
+                    }
                 };
                 out.push(s);
             }

@@ -1,0 +1,227 @@
+//! The device-plugin flow end to end over real unix sockets: registration, ListAndWatch,
+//! Allocate, GetPreferredAllocation, kubelet restarts and shutdown.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use support::agent::AgentBuilder;
+use support::kubelet::Kubelet;
+use tessera::proto::deviceplugin as pb;
+
+const MIXED: &str = r#"
+version: v1
+flags: { migStrategy: mixed }
+tessera:
+  gpus:
+  - match: { index: [0] }
+    mode: mig
+    mig: { layout: all-1g.10gb }
+  - match: { index: [1] }
+    mode: timeslice
+    timeslice: { replicas: 4 }
+"#;
+
+const WAIT: Duration = Duration::from_secs(5);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serves_every_resource_to_the_kubelet() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let agent = AgentBuilder::new("2xA100-80GB")
+        .config(MIXED)
+        .root(tmp.path().to_path_buf())
+        .start();
+
+    let mig = kubelet.devices("nvidia.com/mig-1g.10gb").await;
+    assert_eq!(mig.len(), 7);
+    assert!(mig.iter().all(|d| d.health == "Healthy"));
+    assert!(mig.iter().all(|d| d.id.starts_with("MIG-")));
+    assert_eq!(mig[0].topology.as_ref().unwrap().nodes[0].id, 0);
+    let gpu = kubelet.devices("nvidia.com/gpu").await;
+    assert_eq!(gpu.len(), 4, "GPU 1 as 4 replicas");
+    assert!(gpu
+        .iter()
+        .all(|d| d.id.ends_with(&format!("::{}", &d.id[d.id.len() - 1..]))));
+    let st = kubelet.state("nvidia.com/gpu").unwrap();
+    assert!(st.options.unwrap().get_preferred_allocation_available);
+    assert_eq!(kubelet.resources().len(), 2);
+
+    // Allocate a MIG device: visible device, CDI name, and the CDI spec that defines it.
+    let mut client = kubelet.client("nvidia.com/mig-1g.10gb").await;
+    let resp = client
+        .allocate(pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest {
+                devices_ids: vec![mig[3].id.clone()],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let c = &resp.container_responses[0];
+    assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], mig[3].id);
+    assert_eq!(
+        c.cdi_devices[0].name,
+        format!("tessera.io/gpu={}", mig[3].id)
+    );
+    let spec = std::fs::read_to_string(agent.cdi_root.join("tessera.io-gpu.json")).unwrap();
+    let spec: serde_json::Value = serde_json::from_str(&spec).unwrap();
+    assert_eq!(spec["kind"], "tessera.io/gpu");
+    assert!(spec["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|d| d["name"] == mig[3].id.as_str()));
+
+    // Unknown IDs are refused with a clear error, nothing allocated.
+    let err = client
+        .allocate(pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest {
+                devices_ids: vec!["MIG-nope".into()],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert!(
+        err.message().contains("unknown device \"MIG-nope\""),
+        "{}",
+        err.message()
+    );
+
+    // Preferred allocation of replicas.
+    let mut client = kubelet.client("nvidia.com/gpu").await;
+    let ids: Vec<String> = gpu.iter().map(|d| d.id.clone()).collect();
+    let pref = client
+        .get_preferred_allocation(pb::PreferredAllocationRequest {
+            container_requests: vec![pb::ContainerPreferredAllocationRequest {
+                available_device_i_ds: ids.clone(),
+                must_include_device_i_ds: vec![ids[2].clone()],
+                allocation_size: 2,
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let chosen = &pref.container_responses[0].device_i_ds;
+    assert_eq!(chosen.len(), 2);
+    assert_eq!(chosen[0], ids[2]);
+    let bad = client
+        .get_preferred_allocation(pb::PreferredAllocationRequest {
+            container_requests: vec![pb::ContainerPreferredAllocationRequest {
+                available_device_i_ds: ids.clone(),
+                must_include_device_i_ds: vec![],
+                allocation_size: -1,
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(bad.code(), tonic::Code::InvalidArgument);
+
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn vgpu_allocation_prepares_the_accounting_dir() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let agent = AgentBuilder::new("1xH100-80GB")
+        .config("tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { count: 4, memory: 16g, cores: 25 } } ] }")
+        .root(tmp.path().to_path_buf())
+        .start();
+    let devs = kubelet.devices("nvidia.com/vgpu").await;
+    assert!(agent.events.0.lock().unwrap().is_empty());
+    assert_eq!(devs.len(), 4);
+    let mut client = kubelet.client("nvidia.com/vgpu").await;
+    let resp = client
+        .allocate(pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest {
+                devices_ids: vec![devs[0].id.clone()],
+            }],
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let c = &resp.container_responses[0];
+    assert_eq!(c.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "16384m");
+    assert_eq!(c.envs["CUDA_DEVICE_SM_LIMIT_0"], "25");
+    let cache = c
+        .mounts
+        .iter()
+        .find(|m| m.container_path == "/var/run/tessera")
+        .unwrap();
+    assert!(cache
+        .host_path
+        .starts_with(agent.state_dir.to_str().unwrap()));
+    assert!(
+        std::path::Path::new(&cache.host_path).is_dir(),
+        "accounting dir created"
+    );
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registers_when_the_kubelet_comes_up_later() {
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = AgentBuilder::new("2xA100-80GB")
+        .root(tmp.path().to_path_buf())
+        .start();
+    // The agent serves before any kubelet exists.
+    let deadline = Instant::now() + WAIT;
+    while agent.sockets().is_empty() {
+        assert!(Instant::now() < deadline, "no socket");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let kubelet = Kubelet::start(&agent.plugin_dir).await;
+    assert_eq!(kubelet.devices("nvidia.com/gpu").await.len(), 2);
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kubelet_restart_re_registers_everything() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let agent = AgentBuilder::new("2xA100-80GB")
+        .config(MIXED)
+        .root(tmp.path().to_path_buf())
+        .start();
+    kubelet.devices("nvidia.com/gpu").await;
+    kubelet.devices("nvidia.com/mig-1g.10gb").await;
+
+    for round in 0..3 {
+        let t0 = Instant::now();
+        kubelet.restart().await;
+        kubelet
+            .wait_until(WAIT, "re-registration", |m| {
+                m.len() == 2 && m.values().all(|s| !s.lists.is_empty())
+            })
+            .await;
+        let took = t0.elapsed();
+        // The benchmark measures this precisely; here only guard against polling loops.
+        assert!(took < Duration::from_secs(2), "round {round}: {took:?}");
+        assert_eq!(agent.sockets().len(), 2);
+        assert_eq!(kubelet.devices("nvidia.com/gpu").await.len(), 4);
+    }
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_leaves_no_sockets_and_ends_streams() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let agent = AgentBuilder::new("2xA100-80GB")
+        .root(tmp.path().to_path_buf())
+        .start();
+    kubelet.devices("nvidia.com/gpu").await;
+    let plugin_dir = agent.plugin_dir.clone();
+    agent.shutdown().await;
+    let left: Vec<_> = std::fs::read_dir(&plugin_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .filter(|n| n.starts_with("tessera-"))
+        .collect();
+    assert!(left.is_empty(), "orphaned sockets: {left:?}");
+    kubelet
+        .wait_until(WAIT, "stream end", |m| m["nvidia.com/gpu"].stream_ended)
+        .await;
+}

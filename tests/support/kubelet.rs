@@ -1,0 +1,288 @@
+//! A kubelet emulator for the device-plugin API, over real unix sockets.
+//!
+//! Behaviours modelled on the kubelet's device manager:
+//! - serves `v1beta1.Registration` on `<dir>/kubelet.sock`; refuses versions other than
+//!   `v1beta1` and resource names that are not extended resource names
+//!   (`<domain>/<name>`, not `kubernetes.io/…`);
+//! - on Register, dials the plugin's endpoint (`<dir>/<endpoint>`) back, calls
+//!   `GetDevicePluginOptions`, and keeps a `ListAndWatch` stream open, recording every list;
+//!   a second registration of a resource replaces the first endpoint;
+//! - `restart()` is what a kubelet restart does to the directory: the old socket goes away,
+//!   every other socket file in the directory is deleted, and `kubelet.sock` is created anew.
+
+#![allow(dead_code)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use tessera::deviceplugin::registration::connect_unix;
+use tessera::proto::deviceplugin as pb;
+use tessera::proto::deviceplugin::device_plugin_client::DevicePluginClient;
+use tessera::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
+use tokio::net::UnixListener;
+use tokio::sync::Notify;
+use tokio_stream::wrappers::UnixListenerStream;
+use tokio_stream::StreamExt;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+/// What the emulator knows about one registered resource.
+#[derive(Debug, Clone, Default)]
+pub struct ResourceState {
+    pub endpoint: String,
+    pub options: Option<pb::DevicePluginOptions>,
+    /// Every ListAndWatch message received, in order.
+    pub lists: Vec<Vec<pb::Device>>,
+    pub registrations: u32,
+    pub registered_at: Option<Instant>,
+    /// The ListAndWatch stream ended (plugin went away).
+    pub stream_ended: bool,
+    /// Which registration the stream belongs to (older streams' events are ignored).
+    pub epoch: u64,
+}
+
+#[derive(Default)]
+struct Shared {
+    epochs: std::sync::atomic::AtomicU64,
+    resources: Mutex<BTreeMap<String, ResourceState>>,
+    changed: Notify,
+}
+
+/// The emulated kubelet.
+pub struct Kubelet {
+    pub dir: PathBuf,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+}
+
+struct RegistrationService {
+    dir: PathBuf,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+}
+
+fn is_extended_resource_name(name: &str) -> bool {
+    match name.split_once('/') {
+        Some((domain, rest)) => {
+            !domain.is_empty()
+                && !rest.is_empty()
+                && !domain.ends_with("kubernetes.io")
+                && rest.len() <= 63
+                && rest
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+        }
+        None => false,
+    }
+}
+
+#[tonic::async_trait]
+impl Registration for RegistrationService {
+    async fn register(
+        &self,
+        request: Request<pb::RegisterRequest>,
+    ) -> Result<Response<pb::Empty>, Status> {
+        let req = request.into_inner();
+        if req.version != "v1beta1" {
+            return Err(Status::invalid_argument(format!(
+                "unsupported device plugin API version {:?}",
+                req.version
+            )));
+        }
+        if !is_extended_resource_name(&req.resource_name) {
+            return Err(Status::invalid_argument(format!(
+                "invalid extended resource name {:?}",
+                req.resource_name
+            )));
+        }
+        let epoch = self
+            .shared
+            .epochs
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst)
+            + 1;
+        {
+            let mut map = self.shared.resources.lock().unwrap();
+            let st = map.entry(req.resource_name.clone()).or_default();
+            st.endpoint = req.endpoint.clone();
+            st.options = req.options.clone();
+            st.registrations += 1;
+            st.registered_at = Some(Instant::now());
+            st.stream_ended = false;
+            st.epoch = epoch;
+        }
+        self.shared.changed.notify_waiters();
+        // Like the kubelet: dial back asynchronously, after answering Register.
+        let socket = self.dir.join(&req.endpoint);
+        let shared = self.shared.clone();
+        let stop = self.stop.clone();
+        let resource = req.resource_name;
+        tokio::spawn(async move {
+            let _ = watch_plugin(socket, resource, epoch, shared, stop).await;
+        });
+        Ok(Response::new(pb::Empty {}))
+    }
+}
+
+async fn watch_plugin(
+    socket: PathBuf,
+    resource: String,
+    epoch: u64,
+    shared: Arc<Shared>,
+    stop: CancellationToken,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let channel = connect_unix(&socket, Duration::from_secs(2)).await?;
+    let mut client = DevicePluginClient::new(channel);
+    client.get_device_plugin_options(pb::Empty {}).await?;
+    let mut stream = client.list_and_watch(pb::Empty {}).await?.into_inner();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            msg = stream.next() => match msg {
+                Some(Ok(list)) => {
+                    let mut map = shared.resources.lock().unwrap();
+                    if let Some(st) = map.get_mut(&resource).filter(|s| s.epoch == epoch) {
+                        st.lists.push(list.devices);
+                    }
+                    drop(map);
+                    shared.changed.notify_waiters();
+                }
+                _ => break,
+            }
+        }
+    }
+    if let Some(st) = shared
+        .resources
+        .lock()
+        .unwrap()
+        .get_mut(&resource)
+        .filter(|s| s.epoch == epoch)
+    {
+        st.stream_ended = true;
+    }
+    shared.changed.notify_waiters();
+    Ok(())
+}
+
+impl Kubelet {
+    /// Start serving on `<dir>/kubelet.sock`.
+    pub async fn start(dir: &Path) -> Kubelet {
+        std::fs::create_dir_all(dir).unwrap();
+        let shared = Arc::new(Shared::default());
+        let stop = CancellationToken::new();
+        serve(dir, shared.clone(), stop.clone());
+        Kubelet {
+            dir: dir.to_path_buf(),
+            shared,
+            stop,
+        }
+    }
+
+    /// What a kubelet restart does: stop, wipe the plugin sockets, come back.
+    pub async fn restart(&mut self) {
+        self.stop.cancel();
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        for entry in std::fs::read_dir(&self.dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir()
+                || path
+                    .file_name()
+                    .is_some_and(|n| n == "kubelet_internal_checkpoint")
+            {
+                continue;
+            }
+            let _ = std::fs::remove_file(path);
+        }
+        // A fresh kubelet knows no plugins.
+        self.shared.resources.lock().unwrap().clear();
+        self.stop = CancellationToken::new();
+        serve(&self.dir, self.shared.clone(), self.stop.clone());
+    }
+
+    pub fn stop(&self) {
+        self.stop.cancel();
+    }
+
+    pub fn state(&self, resource: &str) -> Option<ResourceState> {
+        self.shared.resources.lock().unwrap().get(resource).cloned()
+    }
+
+    pub fn resources(&self) -> Vec<String> {
+        self.shared
+            .resources
+            .lock()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
+    }
+
+    /// Wait until `cond` holds over the resource map, or panic after `timeout`.
+    pub async fn wait_until<F>(&self, timeout: Duration, what: &str, cond: F)
+    where
+        F: Fn(&BTreeMap<String, ResourceState>) -> bool,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let notified = self.shared.changed.notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+            if cond(&self.shared.resources.lock().unwrap()) {
+                return;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                panic!(
+                    "timed out after {timeout:?} waiting for {what}; state: {:#?}",
+                    self.shared.resources.lock().unwrap()
+                );
+            }
+            let _ = tokio::time::timeout(left.min(Duration::from_millis(50)), notified).await;
+        }
+    }
+
+    /// The latest device list of a resource, once it has one.
+    pub async fn devices(&self, resource: &str) -> Vec<pb::Device> {
+        self.wait_until(
+            Duration::from_secs(5),
+            &format!("devices of {resource}"),
+            |m| m.get(resource).is_some_and(|s| !s.lists.is_empty()),
+        )
+        .await;
+        self.state(resource).unwrap().lists.last().unwrap().clone()
+    }
+
+    /// A client for a registered resource's plugin (as the kubelet uses for Allocate).
+    pub async fn client(&self, resource: &str) -> DevicePluginClient<tonic::transport::Channel> {
+        let endpoint = self.state(resource).expect("registered").endpoint;
+        let channel = connect_unix(&self.dir.join(endpoint), Duration::from_secs(2))
+            .await
+            .unwrap();
+        DevicePluginClient::new(channel)
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+fn serve(dir: &Path, shared: Arc<Shared>, stop: CancellationToken) {
+    let socket = dir.join("kubelet.sock");
+    let _ = std::fs::remove_file(&socket);
+    let listener = UnixListener::bind(&socket).unwrap();
+    let service = RegistrationService {
+        dir: dir.to_path_buf(),
+        shared,
+        stop: stop.clone(),
+    };
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(RegistrationServer::new(service))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.cancelled())
+            .await;
+        let _ = std::fs::remove_file(socket);
+    });
+}

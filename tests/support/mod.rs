@@ -1,0 +1,4 @@
+//! Test doubles shared by the integration tests.
+
+pub mod agent;
+pub mod kubelet;
