@@ -106,7 +106,7 @@ impl Registration for RegistrationService {
             let mut map = self.shared.resources.lock().unwrap();
             let st = map.entry(req.resource_name.clone()).or_default();
             st.endpoint = req.endpoint.clone();
-            st.options = req.options.clone();
+            st.options = req.options;
             st.registrations += 1;
             st.registered_at = Some(Instant::now());
             st.stream_ended = false;
@@ -233,10 +233,8 @@ impl Kubelet {
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {
-                panic!(
-                    "timed out after {timeout:?} waiting for {what}; state: {:#?}",
-                    self.shared.resources.lock().unwrap()
-                );
+                let state = self.shared.resources.lock().unwrap().clone();
+                panic!("timed out after {timeout:?} waiting for {what}; state: {state:#?}");
             }
             let _ = tokio::time::timeout(left.min(Duration::from_millis(50)), notified).await;
         }
