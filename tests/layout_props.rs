@@ -10,7 +10,14 @@ use tessera::gpu::fake::FakeBackend;
 use tessera::partition::config::parse_config;
 use tessera::partition::layout::{GpuPlan, Share, Target};
 
-const MODELS: &[&str] = &["A100-80GB", "A100-40GB", "H100-80GB", "A30", "L4", "H200-141GB"];
+const MODELS: &[&str] = &[
+    "A100-80GB",
+    "A100-40GB",
+    "H100-80GB",
+    "A30",
+    "L4",
+    "H200-141GB",
+];
 
 fn rule() -> impl Strategy<Value = String> {
     let selector = prop_oneof![
@@ -20,20 +27,31 @@ fn rule() -> impl Strategy<Value = String> {
     ];
     let mode = prop_oneof![
         Just("mode: whole".to_string()),
-        prop::sample::select(vec!["all-1g.10gb", "all-balanced", "all-3g.40gb", "all-1g.5gb", "all-2g.20gb"])
-            .prop_map(|l| format!("mode: mig, mig: {{ layout: {l} }}")),
+        prop::sample::select(vec![
+            "all-1g.10gb",
+            "all-balanced",
+            "all-3g.40gb",
+            "all-1g.5gb",
+            "all-2g.20gb"
+        ])
+        .prop_map(|l| format!("mode: mig, mig: {{ layout: {l} }}")),
         prop::collection::vec(
-            prop::sample::select(vec!["1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "1g.20gb", "7g.80gb"]),
+            prop::sample::select(vec![
+                "1g.10gb", "2g.20gb", "3g.40gb", "4g.40gb", "1g.20gb", "7g.80gb"
+            ]),
             1..4
         )
         .prop_map(|p| format!("mode: mig, mig: {{ profiles: [{}] }}", p.join(", "))),
         (1u32..6, any::<bool>()).prop_map(|(r, rename)| if rename {
-            format!("mode: timeslice, timeslice: {{ replicas: {r}, rename: nvidia.com/gpu.shared }}")
+            format!(
+                "mode: timeslice, timeslice: {{ replicas: {r}, rename: nvidia.com/gpu.shared }}"
+            )
         } else {
             format!("mode: timeslice, timeslice: {{ replicas: {r} }}")
         }),
-        (1u32..5, 1u32..24, 1u32..40)
-            .prop_map(|(n, g, c)| format!("mode: vgpu, vgpu: {{ count: {n}, memory: {g}g, cores: {c} }}")),
+        (1u32..5, 1u32..24, 1u32..40).prop_map(|(n, g, c)| format!(
+            "mode: vgpu, vgpu: {{ count: {n}, memory: {g}g, cores: {c} }}"
+        )),
     ];
     (selector, mode).prop_map(|(s, m)| format!("  - {{ match: {s}, {m} }}"))
 }
@@ -134,11 +152,16 @@ fn generated_cases_mostly_build() {
     for _ in 0..total {
         let spec = gpus().new_tree(&mut runner).unwrap().current();
         let yaml = config().new_tree(&mut runner).unwrap().current();
-        let Ok(cfg) = parse_config("p", &yaml) else { continue };
+        let Ok(cfg) = parse_config("p", &yaml) else {
+            continue;
+        };
         let backend = FakeBackend::from_spec(&spec).unwrap();
         if agent::build(&backend, &cfg).is_ok() {
             built += 1;
         }
     }
-    assert!(built * 100 / total >= 30, "only {built}/{total} generated cases build");
+    assert!(
+        built * 100 / total >= 30,
+        "only {built}/{total} generated cases build"
+    );
 }

@@ -23,7 +23,13 @@ async fn binary_registers_and_exits_cleanly_on_sigterm() {
     )
     .unwrap();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["node", "--gpu-backend", "fake", "--fake-gpus", "2xA100-80GB"])
+        .args([
+            "node",
+            "--gpu-backend",
+            "fake",
+            "--fake-gpus",
+            "2xA100-80GB",
+        ])
         .arg("--kubelet-dir")
         .arg(&kubelet_dir)
         .arg("--cdi-root")
@@ -104,11 +110,22 @@ fn layout_command_reports_invalid_layouts() {
     )
     .unwrap();
     let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["layout", "--fake-gpus", "2xA100-80GB", "-o", "json", "--config"])
+        .args([
+            "layout",
+            "--fake-gpus",
+            "2xA100-80GB",
+            "-o",
+            "json",
+            "--config",
+        ])
         .arg(&cfg)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let doc: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     let resources = doc["resources"].as_array().unwrap();
     let mig = resources
@@ -116,6 +133,13 @@ fn layout_command_reports_invalid_layouts() {
         .find(|r| r["name"] == "nvidia.com/mig-1g.10gb")
         .unwrap();
     assert_eq!(mig["devices"].as_array().unwrap().len(), 7);
-    let whole = resources.iter().find(|r| r["name"] == "nvidia.com/gpu").unwrap();
-    assert_eq!(whole["devices"].as_array().unwrap().len(), 1, "GPU 0 stays whole");
+    let whole = resources
+        .iter()
+        .find(|r| r["name"] == "nvidia.com/gpu")
+        .unwrap();
+    assert_eq!(
+        whole["devices"].as_array().unwrap().len(),
+        1,
+        "GPU 0 stays whole"
+    );
 }

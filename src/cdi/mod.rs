@@ -5,7 +5,8 @@
 //! nodes it needs, plus the control nodes every GPU container needs. The kubelet passes
 //! the fully qualified names (`tessera.io/gpu=GPU-…`) from Allocate's `cdi_devices` to
 //! the runtime, which applies the edits. Files are replaced atomically (write to a
-//! temporary file, fsync, rename) so a runtime never reads half a spec.
+//! temporary file, rename) so a runtime never reads half a spec. There is no fsync: the
+//! spec is regenerated from the inventory at every start, so a crash can lose nothing.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -149,7 +150,6 @@ pub fn write_spec(root: &Path, file_stem: &str, spec: &Spec) -> Result<PathBuf> 
     let tmp = root.join(format!(".{file_stem}.json.tmp"));
     let mut f = std::fs::File::create(&tmp).map_err(err)?;
     f.write_all(&body).map_err(err)?;
-    f.sync_all().map_err(err)?;
     drop(f);
     std::fs::rename(&tmp, &path).map_err(err)?;
     Ok(path)
