@@ -1,1 +1,156 @@
-//! (node agent; being built under issue 2)
+//! GPU inventory: what GPUs a node has, behind one [`GpuBackend`] trait with two
+//! backends — [`nvml`] (the real driver, loaded at run time) and [`fake`] (any Linux box).
+//!
+//! The inventory is plain data; the health classification lives in [`health`] as a pure
+//! state machine fed by the backend's [`HealthEvent`]s.
+
+// pub mod fake; (the lead's fake backend; not on this branch)
+pub mod health;
+pub mod nvml;
+
+use serde::Serialize;
+
+/// Errors of the inventory backends.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("NVML is not available: {0} (is the NVIDIA driver installed and libnvidia-ml.so.1 on the library path?)")]
+    NvmlUnavailable(String),
+    #[error("NVML call {call} failed for GPU {gpu}: {reason}")]
+    Nvml {
+        call: &'static str,
+        gpu: String,
+        reason: String,
+    },
+    #[error("invalid fake GPU spec: {0}")]
+    FakeSpec(String),
+    #[error("cannot read fake inventory {path}: {reason}")]
+    FakeInventory { path: String, reason: String },
+    #[error("GPU {gpu}: {reason}")]
+    Mig { gpu: String, reason: String },
+    #[error("unknown GPU {0}")]
+    UnknownGpu(String),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One physical GPU as the node sees it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuInfo {
+    pub index: u32,
+    /// `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`, stable across reboots.
+    pub uuid: String,
+    /// Minor number of `/dev/nvidia<minor>`.
+    pub minor: u32,
+    /// As NVML reports it, e.g. `NVIDIA A100-SXM4-80GB`.
+    pub product_name: String,
+    pub memory_mib: u64,
+    pub sm_count: u32,
+    pub compute_capability: (u32, u32),
+    pub architecture: String,
+    /// `0000:3B:00.0` form.
+    pub pci_bus_id: String,
+    pub numa_node: Option<u32>,
+    /// UUIDs of GPUs reachable over NVLink, one entry per active link.
+    pub nvlink_peers: Vec<String>,
+    pub mig_capable: bool,
+    pub mig_enabled: bool,
+    /// MIG devices that exist now (empty when MIG is off).
+    pub mig_devices: Vec<MigDeviceInfo>,
+}
+
+impl GpuInfo {
+    /// Number of NVLink links between `self` and `other` (0: PCIe only).
+    pub fn nvlinks_to(&self, other: &GpuInfo) -> usize {
+        self.nvlink_peers
+            .iter()
+            .filter(|p| **p == other.uuid)
+            .count()
+    }
+}
+
+/// One MIG device (a GPU instance with one compute instance spanning it).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigDeviceInfo {
+    /// `MIG-xxxxxxxx-...`.
+    pub uuid: String,
+    /// Profile name, e.g. `1g.10gb`.
+    pub profile: String,
+    pub gi_id: u32,
+    pub ci_id: u32,
+    /// First memory slot of the placement.
+    pub start: u8,
+    pub size: u8,
+    pub memory_mib: u64,
+    pub sm_count: u32,
+}
+
+/// Driver-wide facts.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+#[serde(rename_all = "camelCase")]
+pub struct DriverInfo {
+    pub driver_version: String,
+    /// e.g. `12.8`.
+    pub cuda_version: String,
+}
+
+/// Everything the backend found.
+#[derive(Debug, Clone, PartialEq, Serialize, Default)]
+pub struct Inventory {
+    pub driver: DriverInfo,
+    pub gpus: Vec<GpuInfo>,
+}
+
+impl Inventory {
+    pub fn gpu(&self, uuid: &str) -> Option<&GpuInfo> {
+        self.gpus.iter().find(|g| g.uuid == uuid)
+    }
+}
+
+/// A raw health signal from the driver. Classification (which XIDs matter, when a GPU is
+/// healthy again) is [`health::HealthTracker`]'s job, not the backend's.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HealthEvent {
+    /// An XID error reported for a GPU (or one of its MIG devices).
+    Xid { gpu_uuid: String, xid: u64 },
+    /// Uncorrectable (double-bit) ECC errors were counted.
+    EccUncorrectable { gpu_uuid: String, count: u64 },
+    /// The backend's probe found the GPU responsive and error-free again (after a reset or
+    /// when the condition cleared).
+    Recovered { gpu_uuid: String },
+}
+
+impl HealthEvent {
+    pub fn gpu_uuid(&self) -> &str {
+        match self {
+            HealthEvent::Xid { gpu_uuid, .. }
+            | HealthEvent::EccUncorrectable { gpu_uuid, .. }
+            | HealthEvent::Recovered { gpu_uuid } => gpu_uuid,
+        }
+    }
+}
+
+/// Sink for health events; backends push from their own thread or task.
+pub type HealthSender = tokio::sync::mpsc::UnboundedSender<HealthEvent>;
+
+/// The one seam between Tessera and the GPU driver.
+pub trait GpuBackend: Send + Sync {
+    /// `nvml` or `fake`.
+    fn name(&self) -> &'static str;
+
+    /// The current inventory (GPUs, MIG devices, driver versions).
+    fn inventory(&self) -> Result<Inventory>;
+
+    /// Start delivering health events to `tx` until it is closed.
+    fn watch_health(&self, tx: HealthSender) -> Result<()>;
+
+    /// Make the GPU's MIG devices exactly `layout` (profile name + start slot each),
+    /// enabling MIG mode if needed, and return the resulting devices. Devices already in
+    /// place are kept (same UUID); only the difference is destroyed or created.
+    fn apply_mig_layout(
+        &self,
+        gpu_uuid: &str,
+        layout: &[(String, u8)],
+    ) -> Result<Vec<MigDeviceInfo>>;
+}
