@@ -231,7 +231,11 @@ fn to_health_events(
             Signal::DoubleBitEcc => HealthEvent::EccUncorrectable {
                 gpu_uuid: gpu_uuid.clone(),
                 count: dev
-                    .total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                    .nvml()
+                    .device_by_uuid(gpu_uuid.as_str())
+                    .and_then(|gpu| {
+                        gpu.total_ecc_errors(MemoryError::Uncorrected, EccCounter::Volatile)
+                    })
                     .unwrap_or(1)
                     .max(1),
             },

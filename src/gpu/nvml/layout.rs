@@ -22,6 +22,9 @@ use crate::gpu::{Error, MigDeviceInfo, Result};
 use super::mig::{list_mig_devices, ProfileTable};
 use super::nvml_err;
 
+/// `NVML_ERROR_INSUFFICIENT_RESOURCES`, which `nvml-wrapper` has no variant for.
+const INSUFFICIENT_RESOURCES: u32 = 23;
+
 /// Compute instances inside an existing GPU instance.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CiState {
@@ -300,7 +303,7 @@ pub fn apply(nvml: &Nvml, gpu_uuid: &str, layout: &[(String, u8)]) -> Result<Vec
             ));
         };
         let gi = raw::create_gpu_instance(&dev, p.id, *start, size).map_err(|e| match e {
-            NvmlError::InsufficientSize(_) | NvmlError::InUse => mig_err(
+            NvmlError::UnexpectedVariant(INSUFFICIENT_RESOURCES) | NvmlError::InUse => mig_err(
                 gpu,
                 format!("{name} at slot {start} overlaps an existing MIG instance"),
             ),
