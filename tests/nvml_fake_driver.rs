@@ -246,6 +246,20 @@ async fn health_events_and_recovery() {
         "needs 3 clean probes"
     );
 
+    // An XID reported on a MIG device handle names the physical GPU.
+    fake.event("migxid 0 43");
+    assert_eq!(
+        next(&mut rx).await,
+        HealthEvent::Xid {
+            gpu_uuid: A.into(),
+            xid: 43
+        }
+    );
+    assert_eq!(
+        next(&mut rx).await,
+        HealthEvent::Recovered { gpu_uuid: A.into() }
+    );
+
     fake.event("dbe 1");
     assert_eq!(
         next(&mut rx).await,

@@ -13,7 +13,8 @@
  * Files next to the library (found with dladdr) steer it:
  *   fake_nvml.conf  "mig_needs_reset" -> enabling MIG mode stays pending (reset needed)
  *   events          one command per line, consumed in order by nvmlEventSetWait_v2:
- *                   "xid <gpu> <xid>", "dbe <gpu>" (events), "remap <gpu> <0|1>" (row
+ *                   "xid <gpu> <xid>", "migxid <gpu> <xid>" (on its first MIG device),
+ *                   "dbe <gpu>" (events), "remap <gpu> <0|1>" (row
  *                   remapping pending), "lost <gpu> <0|1>" (GPU fell off the bus)
  */
 #define _GNU_SOURCE
@@ -549,6 +550,13 @@ nvmlReturn_t nvmlEventSetWait_v2(event_set_t *set, event_data_t *data, unsigned 
             memset(data, 0, sizeof *data);
             data->device = &H[gpu];
             if (strcmp(cmd, "xid") == 0) {
+                data->eventType = 8;
+                data->eventData = v;
+            } else if (strcmp(cmd, "migxid") == 0) {
+                /* Reported on the GPU's first MIG device handle. */
+                void *mig = NULL;
+                if (nvmlDeviceGetMigDeviceHandleByIndex(&H[gpu], 0, &mig) != OK) continue;
+                data->device = mig;
                 data->eventType = 8;
                 data->eventData = v;
             } else if (strcmp(cmd, "dbe") == 0) {

@@ -115,10 +115,11 @@ fn gpu_info(dev: &Device<'_>, index: u32, sysfs_root: &Path) -> Result<GpuInfo> 
     })
 }
 
-/// `nvmlDeviceGetAttributes` on the whole GPU; where that is NotSupported (older
-/// drivers answer it only for MIG devices) the product-name table of
-/// [`sm_count_fallback`]; 0 with a warning for a GPU neither knows. With MIG enabled
-/// the full-GPU attribute query is not meaningful, so the table is used directly.
+/// SM count of the whole GPU. MIG off: `nvmlDeviceGetAttributes`, and where that is
+/// NotSupported (older drivers answer it only for MIG devices) the product-name table
+/// of [`sm_count_fallback`]. MIG on: the attributes of the parent are not the whole
+/// GPU's, so the table comes first and the attributes only for models it lacks. 0 with
+/// a warning for a GPU neither knows.
 fn sm_count(
     dev: &Device<'_>,
     uuid: &str,
@@ -126,14 +127,21 @@ fn sm_count(
     cc: (u32, u32),
     mig_enabled: bool,
 ) -> u32 {
-    if !mig_enabled {
-        match dev.attributes() {
-            Ok(a) if a.multiprocessor_count > 0 => return a.multiprocessor_count,
-            Ok(_) | Err(NvmlError::NotSupported) => {}
-            Err(e) => tracing::debug!(gpu = uuid, error = %e, "nvmlDeviceGetAttributes failed"),
+    let from_table = || sm_count_fallback(product_name, cc);
+    let from_nvml = || match dev.attributes() {
+        Ok(a) if a.multiprocessor_count > 0 => Some(a.multiprocessor_count),
+        Ok(_) | Err(NvmlError::NotSupported) => None,
+        Err(e) => {
+            tracing::debug!(gpu = uuid, error = %e, "nvmlDeviceGetAttributes failed");
+            None
         }
-    }
-    sm_count_fallback(product_name, cc).unwrap_or_else(|| {
+    };
+    let found = if mig_enabled {
+        from_table().or_else(from_nvml)
+    } else {
+        from_nvml().or_else(from_table)
+    };
+    found.unwrap_or_else(|| {
         tracing::warn!(
             gpu = uuid,
             product_name,
