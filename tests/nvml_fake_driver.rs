@@ -120,6 +120,17 @@ fn inventory_reads_every_field() {
 }
 
 #[test]
+fn a_broken_gpu_is_left_out_and_the_others_still_reported() {
+    let fake = FakeDriver::build("broken_name 1\n");
+    let inv = fake.backend().inventory().unwrap();
+    let uuids: Vec<&str> = inv.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    assert_eq!(uuids, vec![A, L4]);
+    // Peers are resolved among the GPUs that are reported: B's links are gone, the
+    // switch link has no reported partner left.
+    assert!(inv.gpu(A).unwrap().nvlink_peers.is_empty());
+}
+
+#[test]
 fn mig_layout_keeps_what_fits_and_creates_the_rest() {
     let fake = FakeDriver::build("");
     let backend = fake.backend();

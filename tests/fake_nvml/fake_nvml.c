@@ -12,6 +12,7 @@
  *
  * Files next to the library (found with dladdr) steer it:
  *   fake_nvml.conf  "mig_needs_reset" -> enabling MIG mode stays pending (reset needed)
+ *                   "broken_name <gpu>" -> nvmlDeviceGetName fails (GPU lost) for it
  *   events          one command per line, consumed in order by nvmlEventSetWait_v2:
  *                   "xid <gpu> <xid>", "migxid <gpu> <xid>" (on its first MIG device),
  *                   "dbe <gpu>" (events), "remap <gpu> <0|1>" (row
@@ -122,6 +123,7 @@ typedef struct {
 static gpu_t G[NGPU];
 static dev_t_ H[NGPU];
 static int mig_needs_reset;
+static int broken_name = -1;
 static char dir[4096];
 
 static void init_state(void) {
@@ -153,10 +155,12 @@ static void init_state(void) {
     snprintf(path, sizeof path, "%s/fake_nvml.conf", dir);
     FILE *f = fopen(path, "r");
     mig_needs_reset = 0;
+    broken_name = -1;
     if (f) {
         char line[256];
         while (fgets(line, sizeof line, f))
             if (strncmp(line, "mig_needs_reset", 15) == 0) mig_needs_reset = 1;
+            else if (strncmp(line, "broken_name ", 12) == 0) broken_name = atoi(line + 12);
         fclose(f);
     }
 }
@@ -227,7 +231,10 @@ nvmlReturn_t nvmlDeviceGetUUID(void *d, char *out, unsigned len) {
     }
     return copy_str(out, len, gpu_of(d)->uuid);
 }
-nvmlReturn_t nvmlDeviceGetName(void *d, char *out, unsigned len) { return copy_str(out, len, gpu_of(d)->name); }
+nvmlReturn_t nvmlDeviceGetName(void *d, char *out, unsigned len) {
+    if (((dev_t_ *)d)->gpu == broken_name) return GPU_LOST;
+    return copy_str(out, len, gpu_of(d)->name);
+}
 nvmlReturn_t nvmlDeviceGetMinorNumber(void *d, unsigned *m) { *m = gpu_of(d)->minor; return OK; }
 nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *d, memory_v2_t *m) {
     gpu_t *g = gpu_of(d);

@@ -82,7 +82,7 @@ const SM_TABLE: &[(&str, (u32, u32), u32)] = &[
     ("T4", (7, 5), 40),
 ];
 
-/// SM count from [`SM_TABLE`], or `None` for a GPU the table does not know.
+/// SM count from the table above (`SM_TABLE`), or `None` for a GPU the table does not know.
 pub fn sm_count_fallback(product_name: &str, cc: (u32, u32)) -> Option<u32> {
     SM_TABLE
         .iter()

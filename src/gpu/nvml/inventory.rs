@@ -2,8 +2,9 @@
 //! SMs, compute capability, architecture, PCI bus ID, NUMA node, MIG state and MIG
 //! devices, then NVLink peers across all GPUs (see [`super::topology`]).
 //!
-//! Identity and memory calls are required (an error fails the inventory); the rest
-//! degrade: NotSupported means "no such feature" and falls back as documented per field.
+//! Identity and memory calls are required: a GPU where one fails is left out of the
+//! inventory with an error log (the others are still reported); the rest degrade:
+//! NotSupported means "no such feature" and falls back as documented per field.
 
 use std::path::Path;
 
@@ -44,9 +45,14 @@ pub fn read(nvml: &Nvml, sysfs_root: &Path) -> Result<Inventory> {
             "nvmlDeviceGetHandleByIndex",
             format!("index {index}"),
         ))?;
-        let gpu = gpu_info(&dev, index, sysfs_root)?;
-        surveys.push(survey(&dev, &gpu.uuid, &gpu.pci_bus_id));
-        gpus.push(gpu);
+        // One broken GPU must not hide the others: it is left out, loudly.
+        match gpu_info(&dev, index, sysfs_root) {
+            Ok(gpu) => {
+                surveys.push(survey(&dev, &gpu.uuid, &gpu.pci_bus_id));
+                gpus.push(gpu);
+            }
+            Err(e) => tracing::error!(index, error = %e, "GPU left out of the inventory"),
+        }
     }
     attach_peers(&mut gpus, &surveys);
     Ok(Inventory { driver, gpus })
