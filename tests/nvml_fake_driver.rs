@@ -1,0 +1,312 @@
+//! The NVML backend against a stand-in `libnvidia-ml.so.1` (tests/fake_nvml/fake_nvml.c,
+//! compiled here with the system C compiler, which every Rust toolchain on Linux has as
+//! its linker). This drives the real NVML glue — symbol loading, struct layouts,
+//! versioned structs, MIG instance calls, the event thread — without a GPU. The model
+//! (three GPUs, MIG state, NVLink, events) is described at the top of the C file.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use tessera::gpu::nvml::probe::ProbeConfig;
+use tessera::gpu::nvml::NvmlBackend;
+use tessera::gpu::{Error, GpuBackend, HealthEvent};
+
+const A: &str = "GPU-11111111-1111-1111-1111-111111111111";
+const B: &str = "GPU-22222222-2222-2222-2222-222222222222";
+const L4: &str = "GPU-33333333-3333-3333-3333-333333333333";
+
+/// A fresh copy of the fake driver (own path, so own state) in its own directory.
+struct FakeDriver {
+    dir: tempfile::TempDir,
+}
+
+impl FakeDriver {
+    fn build(conf: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake_nvml/fake_nvml.c");
+        let cc = std::env::var("CC").unwrap_or_else(|_| "cc".into());
+        let out = Command::new(&cc)
+            .args(["-shared", "-fPIC", "-O0", "-Wall", "-o"])
+            .arg(dir.path().join("libnvidia-ml.so.1"))
+            .arg(&src)
+            .arg("-ldl")
+            .output()
+            .unwrap_or_else(|e| panic!("cannot run the C compiler {cc}: {e}"));
+        assert!(
+            out.status.success(),
+            "building the fake NVML failed:\n{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::write(dir.path().join("fake_nvml.conf"), conf).unwrap();
+        // A sysfs tree for the NUMA fallback of the L4 (NVML has no NUMA id for it).
+        let numa = dir.path().join("sys/bus/pci/devices/0000:3b:00.0");
+        std::fs::create_dir_all(&numa).unwrap();
+        std::fs::write(numa.join("numa_node"), "1\n").unwrap();
+        Self { dir }
+    }
+
+    fn lib(&self) -> PathBuf {
+        self.dir.path().join("libnvidia-ml.so.1")
+    }
+
+    fn backend(&self) -> NvmlBackend {
+        NvmlBackend::new(Some(self.lib().as_os_str()))
+            .unwrap()
+            .with_sysfs_root(self.dir.path().join("sys"))
+            .with_probe_config(ProbeConfig {
+                interval: Duration::from_millis(30),
+                clean_needed: 3,
+            })
+    }
+
+    fn event(&self, line: &str) {
+        use std::io::Write;
+        let mut f = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("events"))
+            .unwrap();
+        writeln!(f, "{line}").unwrap();
+    }
+}
+
+fn layout(items: &[(&str, u8)]) -> Vec<(String, u8)> {
+    items.iter().map(|(p, s)| (p.to_string(), *s)).collect()
+}
+
+#[test]
+fn inventory_reads_every_field() {
+    let fake = FakeDriver::build("");
+    let inv = fake.backend().inventory().unwrap();
+    assert_eq!(inv.driver.driver_version, "570.86.15");
+    assert_eq!(inv.driver.cuda_version, "12.8");
+    assert_eq!(inv.gpus.len(), 3);
+
+    let a = inv.gpu(A).unwrap();
+    assert_eq!((a.index, a.minor), (0, 0));
+    assert_eq!(a.product_name, "NVIDIA A100-SXM4-80GB");
+    assert_eq!(a.memory_mib, 81920);
+    assert_eq!(a.compute_capability, (8, 0));
+    assert_eq!(a.architecture, "Ampere");
+    assert_eq!(a.pci_bus_id, "0000:07:00.0");
+    assert_eq!(a.numa_node, Some(0));
+    assert_eq!(a.sm_count, 108, "MIG on: SMs from the table");
+    assert!(a.mig_capable && a.mig_enabled);
+    // Two direct links to B, plus B shares the NVSwitch link.
+    assert_eq!(a.nvlink_peers, vec![B, B, B]);
+    assert_eq!(a.nvlinks_to(inv.gpu(B).unwrap()), 3);
+    // The 1g.10gb at slot 4 has no compute instance: not a MIG device.
+    assert_eq!(a.mig_devices.len(), 1);
+    let m = &a.mig_devices[0];
+    assert_eq!(m.uuid, "MIG-00000001-0000-0000-0000-000000000001");
+    assert_eq!(m.profile, "3g.40gb");
+    assert_eq!((m.gi_id, m.ci_id, m.start, m.size), (1, 0, 0, 4));
+    assert_eq!((m.memory_mib, m.sm_count), (40192, 42));
+
+    let b = inv.gpu(B).unwrap();
+    assert_eq!(b.numa_node, Some(1));
+    assert_eq!(b.sm_count, 108, "MIG off: SMs from nvmlDeviceGetAttributes");
+    assert!(b.mig_capable && !b.mig_enabled && b.mig_devices.is_empty());
+    assert_eq!(b.nvlink_peers, vec![A, A, A]);
+
+    let l4 = inv.gpu(L4).unwrap();
+    assert_eq!(l4.architecture, "Ada");
+    assert_eq!(l4.pci_bus_id, "0000:3B:00.0");
+    assert_eq!(l4.numa_node, Some(1), "sysfs fallback");
+    assert_eq!(l4.sm_count, 58, "attributes NotSupported: table fallback");
+    assert!(!l4.mig_capable && !l4.mig_enabled);
+    assert!(l4.nvlink_peers.is_empty());
+}
+
+#[test]
+fn a_broken_gpu_is_left_out_and_the_others_still_reported() {
+    let fake = FakeDriver::build("broken_name 1\n");
+    let inv = fake.backend().inventory().unwrap();
+    let uuids: Vec<&str> = inv.gpus.iter().map(|g| g.uuid.as_str()).collect();
+    assert_eq!(uuids, vec![A, L4]);
+    // Peers are resolved among the GPUs that are reported: B's links are gone, the
+    // switch link has no reported partner left.
+    assert!(inv.gpu(A).unwrap().nvlink_peers.is_empty());
+}
+
+#[test]
+fn mig_layout_keeps_what_fits_and_creates_the_rest() {
+    let fake = FakeDriver::build("");
+    let backend = fake.backend();
+    let before = backend
+        .inventory()
+        .unwrap()
+        .gpu(A)
+        .unwrap()
+        .mig_devices
+        .clone();
+    let want = layout(&[
+        ("3g.40gb", 0),
+        ("1g.10gb", 4),
+        ("1g.10gb+me", 5),
+        ("1g.10gb", 6),
+    ]);
+    let made = backend.apply_mig_layout(A, &want).unwrap();
+    let got: Vec<(String, u8)> = made.iter().map(|m| (m.profile.clone(), m.start)).collect();
+    assert_eq!(got, want);
+    assert_eq!(made[0], before[0], "the 3g.40gb was kept, same UUID");
+    assert_eq!(
+        made[1].gi_id, 2,
+        "the 1g.10gb at 4 got its compute instance"
+    );
+    // Idempotent.
+    assert_eq!(backend.apply_mig_layout(A, &want).unwrap(), made);
+    // Re-partition: everything different is replaced.
+    let want = layout(&[("7g.80gb", 0)]);
+    let made = backend.apply_mig_layout(A, &want).unwrap();
+    assert_eq!(made.len(), 1);
+    assert_eq!((made[0].profile.as_str(), made[0].size), ("7g.80gb", 8));
+    // The inventory sees the same devices.
+    let inv = backend.inventory().unwrap();
+    assert_eq!(inv.gpu(A).unwrap().mig_devices, made);
+    // Empty layout: no MIG devices, MIG mode stays on.
+    assert!(backend.apply_mig_layout(A, &[]).unwrap().is_empty());
+    assert!(backend.inventory().unwrap().gpu(A).unwrap().mig_enabled);
+}
+
+#[test]
+fn mig_layout_enables_mig_mode() {
+    let fake = FakeDriver::build("");
+    let backend = fake.backend();
+    let made = backend
+        .apply_mig_layout(B, &layout(&[("2g.20gb", 0), ("2g.20gb", 2)]))
+        .unwrap();
+    assert_eq!(made.len(), 2);
+    assert!(made.iter().all(|m| m.profile == "2g.20gb" && m.size == 2));
+    assert!(backend.inventory().unwrap().gpu(B).unwrap().mig_enabled);
+}
+
+#[test]
+fn mig_layout_errors_are_specific() {
+    let fake = FakeDriver::build("mig_needs_reset\n");
+    let backend = fake.backend();
+    let reason = |r: Result<_, Error>| match r {
+        Err(e) => e.to_string(),
+        Ok(v) => panic!("expected an error, got {v:?}"),
+    };
+    let e = reason(backend.apply_mig_layout(B, &layout(&[("1g.10gb", 0)])));
+    assert!(
+        e.contains("pending a GPU reset") && e.contains("nvidia-smi -r -i 1"),
+        "{e}"
+    );
+    let e = reason(backend.apply_mig_layout(L4, &layout(&[("1g.10gb", 0)])));
+    assert!(e.contains("does not support MIG"), "{e}");
+    let e = reason(backend.apply_mig_layout("GPU-nope", &layout(&[("1g.10gb", 0)])));
+    assert!(e.contains("unknown GPU GPU-nope"), "{e}");
+    let e = reason(backend.apply_mig_layout(A, &layout(&[("1g.11gb", 0)])));
+    assert!(
+        e.contains("unknown MIG profile 1g.11gb") && e.contains("3g.40gb"),
+        "{e}"
+    );
+    let e = reason(backend.apply_mig_layout(A, &layout(&[("3g.40gb", 2)])));
+    assert!(
+        e.contains("3g.40gb cannot start at slot 2; valid starts: 0, 4"),
+        "{e}"
+    );
+    let e = reason(backend.apply_mig_layout(A, &layout(&[("1g.10gb", 0), ("1g.10gb", 0)])));
+    assert!(e.contains("more than once"), "{e}");
+    // Overlaps are the catalog's job to refuse; the driver's refusal still reads well.
+    let e = reason(backend.apply_mig_layout(A, &layout(&[("4g.40gb", 0), ("3g.40gb", 0)])));
+    assert!(e.contains("overlaps an existing MIG instance"), "{e}");
+}
+
+async fn next(rx: &mut tokio::sync::mpsc::UnboundedReceiver<HealthEvent>) -> HealthEvent {
+    tokio::time::timeout(Duration::from_secs(5), rx.recv())
+        .await
+        .expect("no health event within 5 s")
+        .expect("health channel closed")
+}
+
+#[tokio::test]
+async fn health_events_and_recovery() {
+    let fake = FakeDriver::build("");
+    let backend = fake.backend();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    backend.watch_health(tx).unwrap();
+    // The L4 supports no events: skipped, its lines are ignored.
+    fake.event("xid 2 79");
+    fake.event("remap 0 1");
+    fake.event("xid 0 79");
+    assert_eq!(
+        next(&mut rx).await,
+        HealthEvent::Xid {
+            gpu_uuid: A.into(),
+            xid: 79
+        }
+    );
+    // Row remapping pending: probes are dirty, no recovery yet.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(
+        rx.try_recv().is_err(),
+        "recovered while a remap was pending"
+    );
+    fake.event("remap 0 0");
+    let t0 = std::time::Instant::now();
+    assert_eq!(
+        next(&mut rx).await,
+        HealthEvent::Recovered { gpu_uuid: A.into() }
+    );
+    assert!(
+        t0.elapsed() >= Duration::from_millis(60),
+        "needs 3 clean probes"
+    );
+
+    // An XID reported on a MIG device handle names the physical GPU.
+    fake.event("migxid 0 43");
+    assert_eq!(
+        next(&mut rx).await,
+        HealthEvent::Xid {
+            gpu_uuid: A.into(),
+            xid: 43
+        }
+    );
+    assert_eq!(
+        next(&mut rx).await,
+        HealthEvent::Recovered { gpu_uuid: A.into() }
+    );
+
+    fake.event("dbe 1");
+    assert_eq!(
+        next(&mut rx).await,
+        HealthEvent::EccUncorrectable {
+            gpu_uuid: B.into(),
+            count: 1
+        }
+    );
+    assert_eq!(
+        next(&mut rx).await,
+        HealthEvent::Recovered { gpu_uuid: B.into() }
+    );
+    drop(rx); // the thread exits once it sees the closed channel
+}
+
+#[test]
+fn a_lost_gpu_is_not_probed_clean() {
+    let fake = FakeDriver::build("");
+    let backend = fake.backend();
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    backend.watch_health(tx).unwrap();
+    fake.event("lost 0 1");
+    fake.event("xid 0 79");
+    let deadline = std::time::Instant::now() + Duration::from_millis(400);
+    let mut seen = Vec::new();
+    while std::time::Instant::now() < deadline {
+        if let Ok(ev) = rx.try_recv() {
+            seen.push(ev);
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        seen,
+        vec![HealthEvent::Xid {
+            gpu_uuid: A.into(),
+            xid: 79
+        }]
+    );
+}
