@@ -20,3 +20,15 @@ fn example_configmap_layouts_are_valid() {
         }
     }
 }
+
+#[test]
+fn example_layout_files_are_valid() {
+    for entry in std::fs::read_dir("daemonset/examples").unwrap() {
+        let path = entry.unwrap().path();
+        let text = std::fs::read_to_string(&path).unwrap();
+        let cfg =
+            parse_config("example", &text).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+        let backend = FakeBackend::from_spec("4xA100-80GB").unwrap();
+        agent::build(&backend, &cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    }
+}

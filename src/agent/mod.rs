@@ -22,6 +22,8 @@ use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
+pub mod cluster;
+
 use crate::cdi;
 use crate::deviceplugin::allocate::AllocateSettings;
 use crate::deviceplugin::preferred::Topology;
@@ -183,15 +185,34 @@ impl Agent {
     }
 }
 
-/// Run the agent until `cancel` fires. Reloads on config file changes and on `reload`
-/// messages (SIGHUP).
+/// What besides files can make the agent reload.
+pub struct Triggers {
+    /// SIGHUP.
+    pub reload: mpsc::UnboundedReceiver<()>,
+    /// The node's `tessera.io/config` label, when running in a cluster.
+    pub config_label: Option<watch::Receiver<Option<String>>>,
+}
+
+/// Run the agent until `cancel` fires. Reloads on config file changes, SIGHUP, and
+/// changes of the node's config label.
 pub async fn run(
     backend: Arc<dyn GpuBackend>,
     opts: AgentOptions,
     recorder: Arc<dyn EventRecorder>,
-    mut reload_rx: mpsc::UnboundedReceiver<()>,
+    triggers: Triggers,
     cancel: CancellationToken,
 ) -> Result<()> {
+    let Triggers {
+        reload: mut reload_rx,
+        config_label,
+    } = triggers;
+    let mut opts = opts;
+    let mut label_rx = config_label;
+    if let Some(rx) = label_rx.as_mut() {
+        if let Some(name) = rx.borrow_and_update().clone() {
+            opts.config_name = Some(name);
+        }
+    }
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
     let mut agent = Agent {
         backend: backend.clone(),
@@ -233,6 +254,15 @@ pub async fn run(
             }
             Some(()) = reload_rx.recv() => {
                 info!("SIGHUP; reloading config");
+                agent.reload();
+            }
+            Ok(()) = async { match label_rx.as_mut() {
+                Some(rx) => rx.changed().await,
+                None => std::future::pending().await,
+            } } => {
+                let name = label_rx.as_mut().and_then(|rx| rx.borrow_and_update().clone());
+                info!(config = ?name, "node label {} changed; reloading", config::CONFIG_LABEL);
+                agent.opts.config_name = name;
                 agent.reload();
             }
             result = &mut supervisor => {

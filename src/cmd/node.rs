@@ -8,7 +8,8 @@ use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
 use tracing::info;
 
-use tessera::agent::{self, AgentOptions, LogRecorder};
+use tessera::agent::cluster::{watch_config_label, KubeEventRecorder};
+use tessera::agent::{self, AgentOptions, EventRecorder, LogRecorder};
 use tessera::deviceplugin::allocate::{AllocateSettings, PreloadMode};
 use tessera::gpu::GpuBackend;
 
@@ -55,6 +56,42 @@ pub struct Args {
     /// Do not put CDI device names in Allocate responses (runtimes without CDI).
     #[arg(long)]
     pub no_cdi: bool,
+    /// Run without the API server even in a cluster (no node label, no Events).
+    #[arg(long)]
+    pub standalone: bool,
+}
+
+type Hooks = (
+    Arc<dyn EventRecorder>,
+    Option<tokio::sync::watch::Receiver<Option<String>>>,
+);
+
+/// In a cluster (a kubeconfig or in-cluster service account and `--node-name`): watch the
+/// node's `tessera.io/config` label and record Events on the node. `--config-name` wins
+/// over the label. Without a cluster: logs only.
+async fn cluster_hooks(args: &Args, cancel: &CancellationToken) -> Hooks {
+    let standalone: Hooks = (Arc::new(LogRecorder), None);
+    if args.standalone {
+        return standalone;
+    }
+    let Some(node) = args.node_name.clone() else {
+        return standalone;
+    };
+    let client = match kube::Client::try_default().await {
+        Ok(c) => c,
+        Err(e) => {
+            tracing::warn!(error = %e, "no Kubernetes API access; running standalone");
+            return standalone;
+        }
+    };
+    let recorder: Arc<dyn EventRecorder> =
+        Arc::new(KubeEventRecorder::new(client.clone(), node.clone()));
+    if args.config_name.is_some() {
+        return (recorder, None);
+    }
+    let (tx, rx) = tokio::sync::watch::channel(None);
+    tokio::spawn(watch_config_label(client, node, tx, cancel.clone()));
+    (recorder, Some(rx))
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -115,14 +152,12 @@ async fn run_async(args: Args) -> Result<()> {
             cancel.cancel();
         })
     };
-    let result = agent::run(
-        backend,
-        opts,
-        Arc::new(LogRecorder),
-        reload_rx,
-        cancel.clone(),
-    )
-    .await;
+    let (recorder, config_label) = cluster_hooks(&args, &cancel).await;
+    let triggers = agent::Triggers {
+        reload: reload_rx,
+        config_label,
+    };
+    let result = agent::run(backend, opts, recorder, triggers, cancel.clone()).await;
     cancel.cancel();
     signals.abort();
     result.context("node agent")

@@ -41,6 +41,10 @@ pub struct AgentBuilder {
     pub config: Option<String>,
     pub config_name: Option<String>,
     pub root: Option<PathBuf>,
+    pub label: Option<tokio::sync::watch::Receiver<Option<String>>>,
+    pub named: Vec<(String, String)>,
+    /// Replaces the recording double (e.g. with the Kubernetes Event recorder).
+    pub recorder: Option<Arc<dyn EventRecorder>>,
 }
 
 impl AgentBuilder {
@@ -50,12 +54,29 @@ impl AgentBuilder {
             config: None,
             config_name: None,
             root: None,
+            label: None,
+            named: Vec::new(),
+            recorder: None,
         }
     }
 
     /// The default config file's content.
     pub fn config(mut self, yaml: &str) -> Self {
         self.config = Some(yaml.to_string());
+        self
+    }
+
+    /// Configs are a directory of named files; the node label picks one.
+    pub fn named_configs(
+        mut self,
+        configs: &[(&str, &str)],
+        label: tokio::sync::watch::Receiver<Option<String>>,
+    ) -> Self {
+        self.named = configs
+            .iter()
+            .map(|(n, y)| (n.to_string(), y.to_string()))
+            .collect();
+        self.label = Some(label);
         self
     }
 
@@ -86,6 +107,16 @@ impl AgentBuilder {
             std::fs::write(&p, yaml).unwrap();
             p
         });
+        let config_path = if self.named.is_empty() {
+            config_path
+        } else {
+            let dir = root.join("layouts");
+            std::fs::create_dir_all(&dir).unwrap();
+            for (name, yaml) in &self.named {
+                std::fs::write(dir.join(name), yaml).unwrap();
+            }
+            Some(dir)
+        };
         let backend = Arc::new(FakeBackend::from_arg(&self.gpus).unwrap());
         let events = Arc::new(Events::default());
         let (reload, reload_rx) = mpsc::unbounded_channel();
@@ -101,8 +132,11 @@ impl AgentBuilder {
         let task = tokio::spawn(agent::run(
             backend.clone(),
             opts,
-            events.clone(),
-            reload_rx,
+            self.recorder.unwrap_or_else(|| events.clone()),
+            agent::Triggers {
+                reload: reload_rx,
+                config_label: self.label,
+            },
             cancel.clone(),
         ));
         RunningAgent {

@@ -1,4 +1,5 @@
 //! Test doubles shared by the integration tests.
 
 pub mod agent;
+pub mod apiserver;
 pub mod kubelet;
