@@ -102,7 +102,7 @@ async fn wait_all(k: &Kubelet, n: usize) {
     .await;
 }
 
-#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+#[tokio::main(flavor = "current_thread")]
 async fn main() {
     // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this as a quick
     // smoke test (one round) so the benchmark cannot rot.

@@ -95,8 +95,9 @@ async fn cluster_hooks(args: &Args, cancel: &CancellationToken) -> Hooks {
 }
 
 pub fn run(args: Args) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
+    // One thread: every task is short and I/O-bound, and a single thread avoids cross-core
+    // wake-ups on the Allocate path (measured in benches/node_agent.rs).
+    let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
