@@ -225,3 +225,46 @@ async fn shutdown_leaves_no_sockets_and_ends_streams() {
         .wait_until(WAIT, "stream end", |m| m["nvidia.com/gpu"].stream_ended)
         .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn device_ids_are_stable_across_agent_restarts() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let config = r#"
+flags: { migStrategy: mixed }
+tessera:
+  gpus:
+  - { match: { index: [0] }, mode: mig, mig: { layout: balanced } }
+  - { match: { index: [1] }, mode: vgpu, vgpu: { count: 3, memory: 10g, cores: 30 } }
+  - { match: all, mode: timeslice, timeslice: { replicas: 2, rename: nvidia.com/gpu.shared } }
+"#;
+    let ids = |lists: Vec<Vec<pb::Device>>| -> Vec<String> {
+        let mut v: Vec<String> = lists.into_iter().flatten().map(|d| d.id).collect();
+        v.sort();
+        v
+    };
+    let mut seen = Vec::new();
+    for _ in 0..2 {
+        let agent = AgentBuilder::new("3xH100-80GB")
+            .config(config)
+            .root(tmp.path().to_path_buf())
+            .start();
+        let mut lists = Vec::new();
+        for r in [
+            "nvidia.com/mig-1g.10gb",
+            "nvidia.com/vgpu",
+            "nvidia.com/gpu.shared",
+        ] {
+            lists.push(kubelet.devices(r).await);
+        }
+        seen.push(ids(lists));
+        agent.shutdown().await;
+        kubelet
+            .wait_until(WAIT, "streams closed", |m| {
+                m.values().all(|s| s.stream_ended)
+            })
+            .await;
+    }
+    assert!(!seen[0].is_empty());
+    assert_eq!(seen[0], seen[1], "device IDs changed across a restart");
+}

@@ -38,13 +38,24 @@ async fn binary_registers_and_exits_cleanly_on_sigterm() {
         .arg(tmp.path().join("state"))
         .arg("--config")
         .arg(&config)
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
     assert_eq!(kubelet.devices("nvidia.com/gpu").await.len(), 4);
     assert!(tmp.path().join("cdi/tessera.io-gpu.json").is_file());
+
+    // SIGHUP reloads in place: the process stays up and keeps serving.
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGHUP).unwrap();
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "SIGHUP must not stop the agent"
+    );
+    let st = kubelet.state("nvidia.com/gpu").unwrap();
+    assert!(!st.stream_ended);
+    assert_eq!(st.registrations, 1);
 
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     let deadline = Instant::now() + Duration::from_secs(5);
@@ -56,6 +67,9 @@ async fn binary_registers_and_exits_cleanly_on_sigterm() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     assert!(status.success(), "exit status {status}");
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert!(log.contains("SIGHUP; reloading config"), "{log}");
     let left: Vec<_> = std::fs::read_dir(kubelet_dir.join("device-plugins"))
         .unwrap()
         .map(|e| e.unwrap().file_name().to_string_lossy().to_string())

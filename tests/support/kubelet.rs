@@ -111,6 +111,8 @@ impl Registration for RegistrationService {
             st.registered_at = Some(Instant::now());
             st.stream_ended = false;
             st.epoch = epoch;
+            // A new registration starts a new endpoint: its devices come from its own stream.
+            st.lists.clear();
         }
         self.shared.changed.notify_waiters();
         // Like the kubelet: dial back asynchronously, after answering Register.
@@ -132,26 +134,8 @@ async fn watch_plugin(
     shared: Arc<Shared>,
     stop: CancellationToken,
 ) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
-    let channel = connect_unix(&socket, Duration::from_secs(2)).await?;
-    let mut client = DevicePluginClient::new(channel);
-    client.get_device_plugin_options(pb::Empty {}).await?;
-    let mut stream = client.list_and_watch(pb::Empty {}).await?.into_inner();
-    loop {
-        tokio::select! {
-            _ = stop.cancelled() => break,
-            msg = stream.next() => match msg {
-                Some(Ok(list)) => {
-                    let mut map = shared.resources.lock().unwrap();
-                    if let Some(st) = map.get_mut(&resource).filter(|s| s.epoch == epoch) {
-                        st.lists.push(list.devices);
-                    }
-                    drop(map);
-                    shared.changed.notify_waiters();
-                }
-                _ => break,
-            }
-        }
-    }
+    let result = stream_devices(socket, &resource, epoch, &shared, stop).await;
+    // Whether the dial failed or the stream ended, this endpoint is gone.
     if let Some(st) = shared
         .resources
         .lock()
@@ -162,6 +146,36 @@ async fn watch_plugin(
         st.stream_ended = true;
     }
     shared.changed.notify_waiters();
+    result
+}
+
+async fn stream_devices(
+    socket: PathBuf,
+    resource: &str,
+    epoch: u64,
+    shared: &Shared,
+    stop: CancellationToken,
+) -> Result<(), Box<dyn std::error::Error + Send + Sync>> {
+    let channel = connect_unix(&socket, Duration::from_secs(2)).await?;
+    let mut client = DevicePluginClient::new(channel);
+    client.get_device_plugin_options(pb::Empty {}).await?;
+    let mut stream = client.list_and_watch(pb::Empty {}).await?.into_inner();
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => break,
+            msg = stream.next() => match msg {
+                Some(Ok(list)) => {
+                    let mut map = shared.resources.lock().unwrap();
+                    if let Some(st) = map.get_mut(resource).filter(|s| s.epoch == epoch) {
+                        st.lists.push(list.devices);
+                    }
+                    drop(map);
+                    shared.changed.notify_waiters();
+                }
+                _ => break,
+            }
+        }
+    }
     Ok(())
 }
 
