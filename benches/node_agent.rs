@@ -16,8 +16,46 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use kubelet::Kubelet;
 use tessera::proto::deviceplugin as pb;
+use tessera::proto::deviceplugin::device_plugin_client::DevicePluginClient;
+
+/// A lean gRPC client: one HTTP/2 connection, no request buffer task in between (tonic's
+/// `Channel` adds a `tower::Buffer` hop). Used for both the measured RPCs and the baseline.
+#[derive(Clone)]
+struct H2(hyper::client::conn::http2::SendRequest<tonic::body::Body>);
+
+type H2Future = Pin<
+    Box<dyn Future<Output = Result<http::Response<hyper::body::Incoming>, hyper::Error>> + Send>,
+>;
+
+impl tower::Service<http::Request<tonic::body::Body>> for H2 {
+    type Response = http::Response<hyper::body::Incoming>;
+    type Error = hyper::Error;
+    type Future = H2Future;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), hyper::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<tonic::body::Body>) -> H2Future {
+        Box::pin(self.0.send_request(req))
+    }
+}
+
+async fn lean_client(socket: &Path) -> DevicePluginClient<H2> {
+    let io = TokioIo::new(tokio::net::UnixStream::connect(socket).await.unwrap());
+    let (send, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    DevicePluginClient::with_origin(H2(send), "http://localhost".parse().unwrap())
+}
 
 /// 8 GPUs in four modes: MIG, time-sliced (renamed), vGPU slices, whole.
 const MIXED_8: &str = r#"
@@ -120,7 +158,8 @@ async fn main() {
     wait_all(&kubelet, 1).await;
     let devices = kubelet.devices("nvidia.com/gpu").await;
     assert_eq!(devices.len(), 8 * 48);
-    let mut client = kubelet.client("nvidia.com/gpu").await;
+    let endpoint = kubelet.state("nvidia.com/gpu").unwrap().endpoint;
+    let mut client = lean_client(&tmp.path().join("kubelet/device-plugins").join(endpoint)).await;
     let (mut empty, mut alloc, mut law) = (Vec::new(), Vec::new(), Vec::new());
     for i in 0..(rounds * 250) {
         let t = Instant::now();

@@ -5,7 +5,8 @@
 //!                                          └─▶ bind + serve + Register new ones
 //! kubelet.sock created (inotify) ──▶ the kubelet restarted and deleted our sockets:
 //!                                    re-bind + Register every resource
-//! Register failed ──▶ retry with backoff (1 s … 30 s) until it succeeds
+//! Register failed ──▶ retry with backoff (10 ms … 30 s) until it succeeds (the first
+//!                    attempts race the kubelet's listen() right after kubelet.sock appears)
 //! cancel ──▶ stop all servers (each removes its socket) and return
 //! ```
 
@@ -60,7 +61,8 @@ pub async fn run(
     let _watcher = watch_kubelet_socket(&cfg.plugin_dir, kubelet_tx)?;
 
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
-    let mut backoff = Duration::from_secs(1);
+    const FIRST_RETRY: Duration = Duration::from_millis(10);
+    let mut backoff = FIRST_RETRY;
     let initial = snapshots.borrow_and_update().resource_names();
     reconcile(&cfg, &snapshots, &mut running, &initial, false).await;
     loop {
@@ -83,11 +85,15 @@ pub async fn run(
                 info!("kubelet.sock re-created: the kubelet restarted; re-registering");
                 let names = snapshots.borrow().resource_names();
                 reconcile(&cfg, &snapshots, &mut running, &names, true).await;
-                backoff = Duration::from_secs(1);
+                backoff = FIRST_RETRY;
             }
             _ = retry, if needs_retry => {
                 register_pending(&cfg, &mut running).await;
-                backoff = (backoff * 2).min(Duration::from_secs(30));
+                backoff = if running.values().all(|r| r.registered) {
+                    FIRST_RETRY
+                } else {
+                    (backoff * 2).min(Duration::from_secs(30))
+                };
             }
         }
     }
