@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod cdi;
 pub mod deviceplugin;
+pub mod dra;
 pub mod gpu;
 pub mod partition;
 pub mod placement;

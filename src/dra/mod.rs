@@ -1,0 +1,5 @@
+//! The DRA driver `gpu.tessera.io` (issue 5): ResourceSlices for whole GPUs, MIG
+//! partitions and vGPU capacity. (Registration, the kubelet plugin and claim preparation
+//! come in further modules.)
+
+pub mod slices;
