@@ -382,9 +382,14 @@ impl Cluster {
     }
 }
 
-/// The GPU-affinity tag of a demand: pods with the same GPU shape share a tag.
+/// The GPU-affinity tag of a demand, as GPU clustering groups tasks: every GPU-sharing
+/// task shares one tag; whole-GPU tasks are tagged by their GPU count.
 pub fn affinity_tag(d: &Demand) -> u32 {
-    (u32::from(d.gpu_count) << 16) | u32::from(d.gpu_milli)
+    if d.is_shared() {
+        u32::MAX
+    } else {
+        u32::from(d.gpu_count)
+    }
 }
 
 #[cfg(test)]

@@ -72,6 +72,39 @@ impl Workload {
     }
 }
 
+impl Workload {
+    /// The most popular shapes covering `coverage` of the tasks, shares renormalised.
+    pub fn popular(&self, coverage: f64) -> Self {
+        let mut kept = Vec::new();
+        let mut cum = 0.0;
+        for t in &self.pods {
+            if cum >= coverage - 1e-12 {
+                break;
+            }
+            cum += t.freq;
+            kept.push(t.clone());
+        }
+        Self { pods: kept }.reweighted(|_| 1.0)
+    }
+
+    /// Shares multiplied by `weight(shape)` and renormalised to sum to 1.
+    pub fn reweighted(&self, weight: impl Fn(&TargetPod) -> f64) -> Self {
+        let mut pods: Vec<TargetPod> = self
+            .pods
+            .iter()
+            .map(|t| TargetPod {
+                freq: t.freq * weight(t),
+                ..t.clone()
+            })
+            .collect();
+        let sum: f64 = pods.iter().map(|t| t.freq).sum();
+        if sum > 0.0 {
+            pods.iter_mut().for_each(|t| t.freq /= sum);
+        }
+        Self { pods }
+    }
+}
+
 /// Expected fragmented GPU milli of a node with this free capacity, for `workload`.
 pub fn frag_milli(model: u8, cpu_left: u32, gpus: &[GpuFree], workload: &Workload) -> f64 {
     let total: u32 = gpus.iter().map(|g| u32::from(g.milli)).sum();

@@ -3,7 +3,9 @@
 //! GPU packing and Best-fit. Scores are integers in 0..=100 like Kubernetes score
 //! plugins, so equal scores tie and the tie is broken at random.
 
-use super::{place_by_class, resolve, Pick, Policy, PolicyKind, Verdict, VerdictCache};
+use super::{
+    place_by_class, resolve, Best, Pick, Policy, PolicyKind, TieBreak, Verdict, VerdictCache,
+};
 use crate::placement::cluster::{affinity_tag, Cluster, NodeClass};
 use crate::placement::rng::SplitMix64;
 use crate::placement::types::{Demand, Placement, MILLI};
@@ -54,9 +56,19 @@ impl Policy for RandomFit {
 
 /// Dot-product (Tetris): prefers the node whose free (CPU, GPU) vector has the smallest
 /// dot product with the request, both normalised by the largest node.
-#[derive(Default)]
 pub struct DotProduct {
+    ties: TieBreak,
     cache: VerdictCache,
+}
+
+impl DotProduct {
+    /// A fresh instance with this tie-breaking rule.
+    pub fn new(ties: TieBreak) -> Self {
+        Self {
+            ties,
+            cache: VerdictCache::default(),
+        }
+    }
 }
 
 impl Policy for DotProduct {
@@ -65,7 +77,7 @@ impl Policy for DotProduct {
     }
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
-        place_by_class(cluster, d, rng, &mut self.cache, |c, d| {
+        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |c, d| {
             let dot = f64::from(c.cpu_left) / MAX_SPEC_CPU * f64::from(d.cpu_milli) / MAX_SPEC_CPU
                 + f64::from(c.gpu_milli_left()) / MAX_SPEC_GPU * d.total_milli() as f64
                     / MAX_SPEC_GPU;
@@ -79,9 +91,19 @@ impl Policy for DotProduct {
 }
 
 /// GPU packing: prefer GPUs already shared, then partly used nodes, then empty nodes.
-#[derive(Default)]
 pub struct GpuPacking {
+    ties: TieBreak,
     cache: VerdictCache,
+}
+
+impl GpuPacking {
+    /// A fresh instance with this tie-breaking rule.
+    pub fn new(ties: TieBreak) -> Self {
+        Self {
+            ties,
+            cache: VerdictCache::default(),
+        }
+    }
 }
 
 fn packing_score(c: &NodeClass, d: &Demand) -> i64 {
@@ -117,7 +139,7 @@ impl Policy for GpuPacking {
     }
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
-        place_by_class(cluster, d, rng, &mut self.cache, |c, d| {
+        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |c, d| {
             let score = if d.gpu_count == 0 {
                 0
             } else {
@@ -132,9 +154,19 @@ impl Policy for GpuPacking {
 }
 
 /// Best-fit: the node with the least free CPU and GPU left after placing (equal weights).
-#[derive(Default)]
 pub struct BestFit {
+    ties: TieBreak,
     cache: VerdictCache,
+}
+
+impl BestFit {
+    /// A fresh instance with this tie-breaking rule.
+    pub fn new(ties: TieBreak) -> Self {
+        Self {
+            ties,
+            cache: VerdictCache::default(),
+        }
+    }
 }
 
 impl Policy for BestFit {
@@ -143,7 +175,7 @@ impl Policy for BestFit {
     }
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
-        place_by_class(cluster, d, rng, &mut self.cache, |c, d| {
+        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |c, d| {
             let left = f64::from(c.cpu_left - d.cpu_milli) / MAX_SPEC_CPU * 0.5
                 + (f64::from(c.gpu_milli_left()) - d.total_milli() as f64) / MAX_SPEC_GPU * 0.5;
             let score = ((1.0 - left) * MAX_SCORE as f64) as i64;
@@ -156,7 +188,9 @@ impl Policy for BestFit {
 }
 
 /// GPU clustering: keep pods of the same GPU shape together, then prefer fuller nodes.
-pub struct GpuClustering;
+pub struct GpuClustering {
+    pub ties: TieBreak,
+}
 
 impl Policy for GpuClustering {
     fn kind(&self) -> PolicyKind {
@@ -165,8 +199,7 @@ impl Policy for GpuClustering {
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
         let tag = affinity_tag(d);
-        let mut best: Option<(i64, usize)> = None;
-        let mut ties = 0u64;
+        let mut best = Best::new(self.ties);
         for i in 0..cluster.len() {
             if !cluster.fits(i, d) {
                 continue;
@@ -186,21 +219,9 @@ impl Policy for GpuClustering {
                 };
                 fill + MAX_SCORE / 4 * tier
             };
-            match best {
-                Some((s, _)) if score < s => {}
-                Some((s, _)) if score == s => {
-                    ties += 1;
-                    if rng.below(ties) == 0 {
-                        best = Some((score, i));
-                    }
-                }
-                _ => {
-                    ties = 1;
-                    best = Some((score, i));
-                }
-            }
+            best.offer(score as f64, i, (), rng);
         }
-        let (_, node) = best?;
+        let (_, node, ()) = best.best?;
         resolve(cluster, node, d, Pick::Default)
     }
 }

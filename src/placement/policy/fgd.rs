@@ -8,7 +8,7 @@
 
 use super::{
     after_default, after_value, candidate_values, place_by_class, Pick, Policy, PolicyKind,
-    Verdict, VerdictCache,
+    TieBreak, Verdict, VerdictCache,
 };
 use crate::placement::cluster::{Cluster, NodeClass};
 use crate::placement::frag::{frag_milli, Workload};
@@ -18,14 +18,16 @@ use crate::placement::types::{Demand, Placement};
 /// The FGD policy.
 pub struct Fgd {
     workload: Workload,
+    ties: TieBreak,
     cache: VerdictCache,
 }
 
 impl Fgd {
     /// FGD against this target workload.
-    pub fn new(workload: Workload) -> Self {
+    pub fn new(workload: Workload, ties: TieBreak) -> Self {
         Self {
             workload,
+            ties,
             cache: VerdictCache::default(),
         }
     }
@@ -76,7 +78,7 @@ impl Policy for Fgd {
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
         let w = &self.workload;
-        place_by_class(cluster, d, rng, &mut self.cache, |c, d| {
+        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |c, d| {
             Some(fgd_verdict(c, d, w))
         })
     }

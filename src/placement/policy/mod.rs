@@ -9,16 +9,50 @@ mod baselines;
 mod fgd;
 mod tessera;
 
-use std::collections::HashMap;
-
 use serde::Serialize;
 
 use super::cluster::{Cluster, NodeClass};
 use super::error::{Error, Result};
 use super::frag::Workload;
-use super::hash::FxBuild;
 use super::rng::SplitMix64;
 use super::types::{Demand, GpuFree, Placement};
+
+/// How equally scored nodes are ordered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TieBreak {
+    /// The first node in node-list order wins. This is what reproduces the FGD authors'
+    /// published numbers (their simulator effectively takes the first best node).
+    #[default]
+    First,
+    /// A uniformly random best node (the stock Kubernetes `selectHost`).
+    Random,
+}
+
+impl TieBreak {
+    /// Parses `first` or `random`.
+    pub fn parse(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "first" => Ok(TieBreak::First),
+            "random" => Ok(TieBreak::Random),
+            _ => Err(Error::InvalidRequest {
+                field: "ties",
+                reason: format!("`{s}` is not `first` or `random`"),
+            }),
+        }
+    }
+}
+
+/// What a policy is built from.
+#[derive(Debug, Clone, Default)]
+pub struct PolicyContext {
+    /// FGD's target workload: the popular task shapes covering 95% of tasks.
+    pub target: Workload,
+    /// Every task shape of the workload with its share (coverage 1.0).
+    pub shapes: Workload,
+    /// Tie-breaking between equally scored nodes.
+    pub ties: TieBreak,
+}
 
 /// A placement policy. `place` does not change the cluster; the caller applies the result.
 pub trait Policy: Send {
@@ -98,16 +132,17 @@ impl PolicyKind {
         })
     }
 
-    /// A fresh policy instance; `workload` is the target workload FGD and Tessera use.
-    pub fn build(self, workload: &Workload) -> Box<dyn Policy> {
+    /// A fresh policy instance.
+    pub fn build(self, ctx: &PolicyContext) -> Box<dyn Policy> {
+        let ties = ctx.ties;
         match self {
             PolicyKind::Random => Box::new(baselines::RandomFit),
-            PolicyKind::DotProduct => Box::new(baselines::DotProduct::default()),
-            PolicyKind::GpuClustering => Box::new(baselines::GpuClustering),
-            PolicyKind::GpuPacking => Box::new(baselines::GpuPacking::default()),
-            PolicyKind::BestFit => Box::new(baselines::BestFit::default()),
-            PolicyKind::Fgd => Box::new(fgd::Fgd::new(workload.clone())),
-            PolicyKind::Tessera => Box::new(tessera::Tessera::new(workload.clone())),
+            PolicyKind::DotProduct => Box::new(baselines::DotProduct::new(ties)),
+            PolicyKind::GpuClustering => Box::new(baselines::GpuClustering { ties }),
+            PolicyKind::GpuPacking => Box::new(baselines::GpuPacking::new(ties)),
+            PolicyKind::BestFit => Box::new(baselines::BestFit::new(ties)),
+            PolicyKind::Fgd => Box::new(fgd::Fgd::new(ctx.target.clone(), ties)),
+            PolicyKind::Tessera => Box::new(tessera::Tessera::new(ctx)),
         }
     }
 }
@@ -134,39 +169,107 @@ struct Verdict {
     pick: Pick,
 }
 
-/// Per-(class, demand) memo of verdicts. Class ids never change meaning, so entries stay
-/// valid for the cluster's lifetime.
+/// Memo of verdicts per node and demand. A row is valid while its node stays in the
+/// class it was computed for (same class, same verdict), so a placement only invalidates
+/// the one node it changed. Lookups are plain array reads: no hashing on the hot path.
 #[derive(Default)]
 struct VerdictCache {
-    map: HashMap<u64, Option<Verdict>, FxBuild>,
+    rows: Vec<Row>,
+}
+
+struct Row {
+    class: u32,
+    slots: Vec<Slot>,
+}
+
+#[derive(Clone, Copy)]
+enum Slot {
+    Unknown,
+    Infeasible,
+    Known(Verdict),
 }
 
 impl VerdictCache {
     fn get_or(
         &mut self,
+        node: usize,
         class: u32,
         d: &Demand,
         f: impl FnOnce() -> Option<Verdict>,
     ) -> Option<Verdict> {
-        let key = (u64::from(class) << 32) | u64::from(d.id);
-        *self.map.entry(key).or_insert_with(f)
+        if self.rows.len() <= node {
+            self.rows.resize_with(node + 1, || Row {
+                class: u32::MAX,
+                slots: Vec::new(),
+            });
+        }
+        let row = &mut self.rows[node];
+        if row.class != class {
+            row.class = class;
+            row.slots.iter_mut().for_each(|s| *s = Slot::Unknown);
+        }
+        let id = d.id as usize;
+        if row.slots.len() <= id {
+            row.slots.resize(id + 1, Slot::Unknown);
+        }
+        match row.slots[id] {
+            Slot::Known(v) => Some(v),
+            Slot::Infeasible => None,
+            Slot::Unknown => {
+                let v = f();
+                row.slots[id] = v.map_or(Slot::Infeasible, Slot::Known);
+                v
+            }
+        }
     }
 }
 
-/// Scores all feasible nodes with a class-level scorer (memoised) and returns the best,
-/// ties broken uniformly at random.
+/// Keeps the best (score, node) seen so far under a tie-breaking rule.
+struct Best<T> {
+    ties: TieBreak,
+    best: Option<(f64, usize, T)>,
+    count: u64,
+}
+
+impl<T> Best<T> {
+    fn new(ties: TieBreak) -> Self {
+        Self {
+            ties,
+            best: None,
+            count: 0,
+        }
+    }
+
+    fn offer(&mut self, score: f64, node: usize, extra: T, rng: &mut SplitMix64) {
+        match &self.best {
+            Some((s, _, _)) if score < *s => {}
+            Some((s, _, _)) if score == *s => {
+                self.count += 1;
+                if self.ties == TieBreak::Random && rng.below(self.count) == 0 {
+                    self.best = Some((score, node, extra));
+                }
+            }
+            _ => {
+                self.count = 1;
+                self.best = Some((score, node, extra));
+            }
+        }
+    }
+}
+
+/// Scores all feasible nodes with a class-level scorer (memoised) and returns the best.
 fn place_by_class(
     cluster: &Cluster,
     d: &Demand,
     rng: &mut SplitMix64,
+    ties: TieBreak,
     cache: &mut VerdictCache,
     mut scorer: impl FnMut(&NodeClass, &Demand) -> Option<Verdict>,
 ) -> Option<Placement> {
-    let mut best: Option<(f64, usize, Pick)> = None;
-    let mut ties = 0u64;
+    let mut best = Best::new(ties);
     for i in 0..cluster.len() {
         let cid = cluster.class_id(i);
-        let Some(v) = cache.get_or(cid, d, || {
+        let Some(v) = cache.get_or(i, cid, d, || {
             let class = cluster.class(cid);
             if class.fits(d) {
                 scorer(class, d)
@@ -176,21 +279,9 @@ fn place_by_class(
         }) else {
             continue;
         };
-        match best {
-            Some((s, _, _)) if v.score < s => {}
-            Some((s, _, _)) if v.score == s => {
-                ties += 1;
-                if rng.below(ties) == 0 {
-                    best = Some((v.score, i, v.pick));
-                }
-            }
-            _ => {
-                ties = 1;
-                best = Some((v.score, i, v.pick));
-            }
-        }
+        best.offer(v.score, i, v.pick, rng);
     }
-    let (_, node, pick) = best?;
+    let (_, node, pick) = best.best?;
     resolve(cluster, node, d, pick)
 }
 

@@ -28,7 +28,12 @@ fn place(
     seed: u64,
 ) -> Option<Placement> {
     let d = c.demand(r).unwrap();
-    kind.build(w).place(c, &d, &mut SplitMix64::new(seed))
+    let ctx = PolicyContext {
+        target: w.clone(),
+        shapes: w.clone(),
+        ties: TieBreak::Random,
+    };
+    kind.build(&ctx).place(c, &d, &mut SplitMix64::new(seed))
 }
 
 #[test]
