@@ -15,7 +15,7 @@ use tessera::sim::protocol::{Prepared, DEFAULT_COVERAGE, DEFAULT_INFLATION};
 use tessera::sim::reference::PaperResults;
 use tessera::sim::report::{self, TraceInfo};
 use tessera::sim::runner::{self, FIRST_SEED};
-use tessera::sim::{plot, trace};
+use tessera::sim::{bound, plot, trace};
 
 const BUNDLED_NODES: &str =
     include_str!("../../data/alibaba-gpu-v2023/openb_node_list_gpu_node.csv");
@@ -144,6 +144,7 @@ fn simulate(
         nodes: nodes.len(),
         gpus: 0,
         pods: pods.len(),
+        packing_reference_pct: None,
     };
     let prepared = Prepared::new(
         nodes,
@@ -152,8 +153,14 @@ fn simulate(
         DEFAULT_COVERAGE,
         TieBreak::parse(&flags.ties)?,
     )?;
+    let reference = seeds
+        .iter()
+        .map(|&s| bound::packing_reference_pct(&prepared, s))
+        .sum::<f64>()
+        / seeds.len() as f64;
     let info = TraceInfo {
         gpus: prepared.cluster.total_gpu_milli() / 1000,
+        packing_reference_pct: Some(reference),
         ..info
     };
     let threads = flags

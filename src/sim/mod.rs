@@ -8,6 +8,7 @@
 //!             reference::PaperResults (the authors' published numbers)
 //! ```
 
+pub mod bound;
 mod error;
 pub mod plot;
 pub mod protocol;

@@ -19,6 +19,8 @@ pub struct TraceInfo {
     pub nodes: usize,
     pub gpus: u64,
     pub pods: usize,
+    /// Mean over seeds of [`super::bound::packing_reference_pct`].
+    pub packing_reference_pct: Option<f64>,
 }
 
 /// The comparison table, one line per policy plus a `paper` line under each policy the
@@ -99,6 +101,12 @@ pub fn table(
             info.gpus
         );
     }
+    if let Some(b) = info.packing_reference_pct {
+        let _ = writeln!(
+            out,
+            "Offline packing reference at 100% arrived: {b:.2}% (GPU-sharing pods packed best-fit-decreasing with hindsight, CPU ignored; see docs/simulate.md)."
+        );
+    }
     if paper.is_some() {
         let _ = writeln!(out, "`paper` rows: the FGD authors' published means for this trace (their simulator, their seeds).");
     }
@@ -129,6 +137,8 @@ struct JsonReport<'a> {
     nodes: usize,
     gpus: u64,
     pods: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    packing_reference_pct: Option<f64>,
     policies: Vec<JsonPolicy>,
 }
 
@@ -164,6 +174,7 @@ pub fn json(
         nodes: info.nodes,
         gpus: info.gpus,
         pods: info.pods,
+        packing_reference_pct: info.packing_reference_pct.map(round),
         policies,
     };
     serde_json::to_value(report).unwrap_or(serde_json::Value::Null)
