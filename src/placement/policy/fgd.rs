@@ -7,8 +7,8 @@
 //! take GPUs the default way.
 
 use super::{
-    after_default, after_value, candidate_values, place_by_class, Pick, Policy, PolicyKind,
-    TieBreak, Verdict, VerdictCache,
+    after_default, after_value, candidate_values, place_by_class, ClassMemo, Pick, Policy,
+    PolicyKind, TieBreak, Verdict, VerdictCache,
 };
 use crate::placement::cluster::{Cluster, NodeClass};
 use crate::placement::frag::{frag_milli, Workload};
@@ -20,6 +20,7 @@ pub struct Fgd {
     workload: Workload,
     ties: TieBreak,
     cache: VerdictCache,
+    frag: ClassMemo,
 }
 
 impl Fgd {
@@ -29,6 +30,7 @@ impl Fgd {
             workload,
             ties,
             cache: VerdictCache::default(),
+            frag: ClassMemo::default(),
         }
     }
 }
@@ -41,9 +43,8 @@ fn score(before: f64, after: f64) -> f64 {
     ((sigmoid((before - after) / 1000.0) * 100.0) as i64) as f64
 }
 
-/// FGD's verdict for one node class (shared with Tessera's policy for its base term).
-pub(super) fn fgd_verdict(c: &NodeClass, d: &Demand, w: &Workload) -> Verdict {
-    let before = frag_milli(c.model, c.cpu_left, &c.gpus, w);
+/// FGD's verdict for one node class whose current fragmentation is `before`.
+fn fgd_verdict(c: &NodeClass, d: &Demand, w: &Workload, before: f64) -> Verdict {
     let cpu_after = c.cpu_left - d.cpu_milli;
     if d.is_shared() {
         let mut best: Option<Verdict> = None;
@@ -78,8 +79,10 @@ impl Policy for Fgd {
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
         let w = &self.workload;
-        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |c, d| {
-            Some(fgd_verdict(c, d, w))
+        let memo = &mut self.frag;
+        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |cid, c, d| {
+            let before = memo.get_or(cid, || frag_milli(c.model, c.cpu_left, &c.gpus, w));
+            Some(fgd_verdict(c, d, w, before))
         })
     }
 }

@@ -224,6 +224,25 @@ impl VerdictCache {
     }
 }
 
+/// Memo of a per-class quantity (e.g. a node state's fragmentation), indexed by class id.
+#[derive(Default)]
+struct ClassMemo {
+    values: Vec<f64>,
+}
+
+impl ClassMemo {
+    fn get_or(&mut self, class: u32, f: impl FnOnce() -> f64) -> f64 {
+        let i = class as usize;
+        if self.values.len() <= i {
+            self.values.resize(i + 1, f64::NAN);
+        }
+        if self.values[i].is_nan() {
+            self.values[i] = f();
+        }
+        self.values[i]
+    }
+}
+
 /// Keeps the best (score, node) seen so far under a tie-breaking rule.
 struct Best<T> {
     ties: TieBreak,
@@ -264,7 +283,7 @@ fn place_by_class(
     rng: &mut SplitMix64,
     ties: TieBreak,
     cache: &mut VerdictCache,
-    mut scorer: impl FnMut(&NodeClass, &Demand) -> Option<Verdict>,
+    mut scorer: impl FnMut(u32, &NodeClass, &Demand) -> Option<Verdict>,
 ) -> Option<Placement> {
     let mut best = Best::new(ties);
     for i in 0..cluster.len() {
@@ -272,7 +291,7 @@ fn place_by_class(
         let Some(v) = cache.get_or(i, cid, d, || {
             let class = cluster.class(cid);
             if class.fits(d) {
-                scorer(class, d)
+                scorer(cid, class, d)
             } else {
                 None
             }

@@ -19,8 +19,8 @@
 //! decision on the 1,213-node cluster is one pass of array reads (see `benches/placement.rs`).
 
 use super::{
-    after_default, after_value, candidate_values, place_by_class, Pick, Policy, PolicyContext,
-    PolicyKind, TieBreak, Verdict, VerdictCache,
+    after_default, after_value, candidate_values, place_by_class, ClassMemo, Pick, Policy,
+    PolicyContext, PolicyKind, TieBreak, Verdict, VerdictCache,
 };
 use crate::placement::cluster::{Cluster, NodeClass};
 use crate::placement::frag::{frag_milli, Workload};
@@ -54,6 +54,8 @@ pub struct Tessera {
     params: TesseraParams,
     ties: TieBreak,
     cache: VerdictCache,
+    /// Current fragmentation + stranded GPU per node class.
+    before: ClassMemo,
 }
 
 impl Tessera {
@@ -80,6 +82,7 @@ impl Tessera {
             params,
             ties: ctx.ties,
             cache: VerdictCache::default(),
+            before: ClassMemo::default(),
         }
     }
 }
@@ -92,10 +95,21 @@ fn stranded(cpu_left: u32, gpu_left: u32, r: f64) -> f64 {
     (f64::from(gpu_left) - f64::from(cpu_left) / r).max(0.0)
 }
 
-/// Tessera's verdict for one node class: higher is better.
-fn verdict(c: &NodeClass, d: &Demand, w: &Workload, p: &TesseraParams, r: f64) -> Verdict {
-    let before = frag_milli(c.model, c.cpu_left, &c.gpus, w)
-        + p.strand_weight * stranded(c.cpu_left, c.gpu_milli_left(), r);
+/// What a node state costs: expected fragmented plus stranded GPU milli.
+fn cost(c: &NodeClass, w: &Workload, p: &TesseraParams, r: f64) -> f64 {
+    frag_milli(c.model, c.cpu_left, &c.gpus, w)
+        + p.strand_weight * stranded(c.cpu_left, c.gpu_milli_left(), r)
+}
+
+/// Tessera's verdict for one node class whose current cost is `before`: higher is better.
+fn verdict(
+    c: &NodeClass,
+    d: &Demand,
+    w: &Workload,
+    p: &TesseraParams,
+    r: f64,
+    before: f64,
+) -> Verdict {
     let cpu_after = c.cpu_left - d.cpu_milli;
     let value = |gpus: &[GpuFree]| {
         let left: u32 = gpus.iter().map(|g| u32::from(g.milli)).sum();
@@ -133,8 +147,10 @@ impl Policy for Tessera {
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
         let (w, p, r) = (&self.workload, &self.params, self.cpu_per_milli);
-        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |c, d| {
-            Some(verdict(c, d, w, p, r))
+        let memo = &mut self.before;
+        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |cid, c, d| {
+            let before = memo.get_or(cid, || cost(c, w, p, r));
+            Some(verdict(c, d, w, p, r, before))
         })
     }
 }
