@@ -9,7 +9,7 @@ use super::reference::PaperResults;
 use super::runner::PolicySummary;
 use crate::placement::PolicyKind;
 
-const W: f64 = 1100.0;
+const W: f64 = 1180.0;
 const H: f64 = 480.0;
 
 fn color(k: PolicyKind) -> &'static str {

@@ -12,7 +12,12 @@
 //!    fragment, but FGD only sees it when a whole shape stops fitting. Tessera adds a
 //!    smooth term: the GPU milli a node cannot feed with the CPU it has left, at the
 //!    workload's CPU-per-GPU ratio, and charges each placement its change.
-//! 3. **Exact scores.** The fragmentation change is used as a real number, not squashed
+//! 3. **Scarce GPU models.** When some tasks may only run on some GPU models, a task
+//!    without constraint that lands on such a model takes capacity the constrained tasks
+//!    have nowhere else to find. Tessera charges unconstrained tasks, per milli, the
+//!    model's *pressure*: the constrained GPU demand that may use the model (split over
+//!    the models each task allows) relative to the model's share of capacity.
+//! 4. **Exact scores.** The fragmentation change is used as a real number, not squashed
 //!    into FGD's 0–100 integer score.
 //!
 //! Decisions are memoised per (node state, demand) like every class-based policy, so a
@@ -34,6 +39,8 @@ pub struct TesseraParams {
     pub gpu_weight: f64,
     /// Weight of the stranded-GPU term (milli of stranded GPU per milli of fragment).
     pub strand_weight: f64,
+    /// Weight of the model-pressure term (milli per milli of unconstrained demand).
+    pub model_weight: f64,
 }
 
 impl Default for TesseraParams {
@@ -42,6 +49,7 @@ impl Default for TesseraParams {
         Self {
             gpu_weight: 1.0,
             strand_weight: 1.0,
+            model_weight: 0.3,
         }
     }
 }
@@ -56,6 +64,49 @@ pub struct Tessera {
     cache: VerdictCache,
     /// Current fragmentation + stranded GPU per node class.
     before: ClassMemo,
+    /// Per GPU model: share of the model's capacity that model-constrained tasks need,
+    /// computed on first use from the cluster.
+    pressure: Option<Vec<f64>>,
+}
+
+/// Per model id: the GPU demand of model-constrained shapes that may use it (split evenly
+/// over the models each allows), relative to the model's share of capacity.
+fn model_pressure(cluster: &Cluster, shapes: &Workload) -> Vec<f64> {
+    let n = cluster.models().len();
+    let mut cap = vec![0.0f64; n];
+    for i in 0..cluster.len() {
+        let c = cluster.class(cluster.class_id(i));
+        if usize::from(c.model) < n {
+            cap[usize::from(c.model)] += c.gpus.len() as f64;
+        }
+    }
+    let total_cap: f64 = cap.iter().sum();
+    let mut demand = vec![0.0f64; n];
+    let mut total_demand = 0.0;
+    for t in &shapes.pods {
+        let g = t.freq * f64::from(t.gpu_count) * f64::from(t.gpu_milli);
+        total_demand += g;
+        if let Some(mask) = t.models {
+            let allowed = mask.count_ones().max(1) as f64;
+            for (m, d) in demand.iter_mut().enumerate() {
+                if (mask >> m) & 1 == 1 {
+                    *d += g / allowed;
+                }
+            }
+        }
+    }
+    if total_demand <= 0.0 || total_cap <= 0.0 {
+        return vec![0.0; n];
+    }
+    (0..n)
+        .map(|m| {
+            if cap[m] > 0.0 {
+                (demand[m] / total_demand) / (cap[m] / total_cap)
+            } else {
+                0.0
+            }
+        })
+        .collect()
 }
 
 impl Tessera {
@@ -83,6 +134,7 @@ impl Tessera {
             ties: ctx.ties,
             cache: VerdictCache::default(),
             before: ClassMemo::default(),
+            pressure: None,
         }
     }
 }
@@ -147,10 +199,18 @@ impl Policy for Tessera {
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
         let (w, p, r) = (&self.workload, &self.params, self.cpu_per_milli);
+        let pressure = self
+            .pressure
+            .get_or_insert_with(|| model_pressure(cluster, w));
         let memo = &mut self.before;
         place_by_class(cluster, d, rng, self.ties, &mut self.cache, |cid, c, d| {
             let before = memo.get_or(cid, || cost(c, w, p, r));
-            Some(verdict(c, d, w, p, r, before))
+            let mut v = verdict(c, d, w, p, r, before);
+            if d.models.is_none() {
+                let mp = pressure.get(usize::from(c.model)).copied().unwrap_or(0.0);
+                v.score -= p.model_weight * mp * d.total_milli() as f64;
+            }
+            Some(v)
         })
     }
 }
@@ -168,6 +228,35 @@ mod tests {
         assert_eq!(stranded(104_000, 2000, r), 0.0);
         assert_eq!(stranded(0, 0, r), 0.0);
         assert_eq!(stranded(0, 1000, 0.0), 0.0);
+    }
+
+    #[test]
+    fn unconstrained_tasks_avoid_models_that_constrained_tasks_need() {
+        // Half the workload may only use T4; the other half runs anywhere. Both nodes are
+        // empty; an unconstrained task should leave the T4 node to the T4-only tasks.
+        let specs = vec![
+            NodeSpec::new("t4", 64_000, 1 << 20, 2, "T4"),
+            NodeSpec::new("v100", 64_000, 1 << 20, 2, "V100"),
+        ];
+        let mut c = Cluster::new(specs).unwrap();
+        let shapes: Vec<Demand> = [
+            Request::whole(1000, 1, 1).on_models(&["T4"]),
+            Request::whole(1000, 1, 1),
+        ]
+        .iter()
+        .map(|r| c.demand(r).unwrap())
+        .collect();
+        let w = Workload::from_demands(&shapes, 1.0);
+        let p = model_pressure(&c, &w);
+        assert!(p[0] > 0.9 && p[1] == 0.0, "{p:?}");
+        let ctx = PolicyContext {
+            target: w.clone(),
+            shapes: w,
+            ties: TieBreak::First,
+        };
+        let d = c.demand(&Request::whole(1000, 1, 1)).unwrap();
+        let got = Tessera::new(&ctx).place(&c, &d, &mut SplitMix64::new(1));
+        assert_eq!(got.map(|p| p.node), Some(1));
     }
 
     #[test]
