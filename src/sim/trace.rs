@@ -152,7 +152,8 @@ pub fn parse_pod_list(text: &str, file: &str) -> Result<Vec<TracePod>> {
         t.column("memory_mib")?,
         t.column("num_gpu")?,
         t.column("gpu_milli")?,
-        t.column("gpu_spec")?,
+        // Some pod lists (e.g. `multigpu*`) have no GPU-model column: no constraints.
+        t.column("gpu_spec").ok(),
     );
     let (name, cpu, mem, num, milli, spec) = cols;
     let mut out = Vec::with_capacity(t.rows.len());
@@ -179,10 +180,11 @@ pub fn parse_pod_list(text: &str, file: &str) -> Result<Vec<TracePod>> {
                 ))
             }
         };
-        let models = if unset(row[spec]) || n == 0 {
+        let spec_field = spec.map_or("", |c| row[c]);
+        let models = if unset(spec_field) || n == 0 {
             Vec::new()
         } else {
-            row[spec]
+            spec_field
                 .split('|')
                 .map(|s| s.trim().to_string())
                 .filter(|s| !s.is_empty())
@@ -274,5 +276,10 @@ mod tests {
             parse_node_list("sn,cpu_milli,memory_mib,gpu,model\n", "n.csv"),
             Err(Error::Empty(_))
         ));
+        // The GPU-model column is optional (the multigpu lists have none).
+        let text = "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,1,2,1000\n";
+        let pods = parse_pod_list(text, "p.csv").unwrap();
+        assert_eq!(pods[0].request.gpu, GpuDemand::Whole { count: 2 });
+        assert!(pods[0].request.gpu_models.is_empty());
     }
 }
