@@ -77,7 +77,7 @@ impl Policy for DotProduct {
     }
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
-        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |_, c, d| {
+        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |_, _, c, d| {
             let dot = f64::from(c.cpu_left) / MAX_SPEC_CPU * f64::from(d.cpu_milli) / MAX_SPEC_CPU
                 + f64::from(c.gpu_milli_left()) / MAX_SPEC_GPU * d.total_milli() as f64
                     / MAX_SPEC_GPU;
@@ -139,7 +139,7 @@ impl Policy for GpuPacking {
     }
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
-        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |_, c, d| {
+        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |_, _, c, d| {
             let score = if d.gpu_count == 0 {
                 0
             } else {
@@ -175,7 +175,7 @@ impl Policy for BestFit {
     }
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
-        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |_, c, d| {
+        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |_, _, c, d| {
             let left = f64::from(c.cpu_left - d.cpu_milli) / MAX_SPEC_CPU * 0.5
                 + (f64::from(c.gpu_milli_left()) - d.total_milli() as f64) / MAX_SPEC_GPU * 0.5;
             let score = ((1.0 - left) * MAX_SCORE as f64) as i64;

@@ -80,9 +80,16 @@ impl Policy for Fgd {
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
         let w = &self.workload;
         let memo = &mut self.frag;
-        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |cid, c, d| {
-            let before = memo.get_or(cid, || frag_milli(c.model, c.cpu_left, &c.gpus, w));
-            Some(fgd_verdict(c, d, w, before))
-        })
+        place_by_class(
+            cluster,
+            d,
+            rng,
+            self.ties,
+            &mut self.cache,
+            |_, cid, c, d| {
+                let before = memo.get_or(cid, || frag_milli(c.model, c.cpu_left, &c.gpus, w));
+                Some(fgd_verdict(c, d, w, before))
+            },
+        )
     }
 }

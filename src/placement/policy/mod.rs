@@ -283,7 +283,7 @@ fn place_by_class(
     rng: &mut SplitMix64,
     ties: TieBreak,
     cache: &mut VerdictCache,
-    mut scorer: impl FnMut(u32, &NodeClass, &Demand) -> Option<Verdict>,
+    mut scorer: impl FnMut(usize, u32, &NodeClass, &Demand) -> Option<Verdict>,
 ) -> Option<Placement> {
     let mut best = Best::new(ties);
     for i in 0..cluster.len() {
@@ -291,7 +291,7 @@ fn place_by_class(
         let Some(v) = cache.get_or(i, cid, d, || {
             let class = cluster.class(cid);
             if class.fits(d) {
-                scorer(cid, class, d)
+                scorer(i, cid, class, d)
             } else {
                 None
             }

@@ -12,11 +12,11 @@
 //!    fragment, but FGD only sees it when a whole shape stops fitting. Tessera adds a
 //!    smooth term: the GPU milli a node cannot feed with the CPU it has left, at the
 //!    workload's CPU-per-GPU ratio, and charges each placement its change.
-//! 3. **Scarce GPU models.** When some tasks may only run on some GPU models, a task
-//!    without constraint that lands on such a model takes capacity the constrained tasks
-//!    have nowhere else to find. Tessera charges unconstrained tasks, per milli, the
-//!    model's *pressure*: the constrained GPU demand that may use the model (split over
-//!    the models each task allows) relative to the model's share of capacity.
+//! 3. **Contested nodes.** Some tasks can run on few nodes: those restricted to a GPU
+//!    model, or an 8-GPU task asking 120 CPUs that only the 128-CPU nodes have. A task
+//!    that could run anywhere but lands there takes capacity they cannot find elsewhere.
+//!    Tessera charges each placement, per milli, the node's *host pressure*: the summed
+//!    GPU demand per hosting GPU of every shape the node can host, relative to average.
 //! 4. **Exact scores.** The fragmentation change is used as a real number, not squashed
 //!    into FGD's 0–100 integer score.
 //!
@@ -27,8 +27,9 @@ use super::{
     after_default, after_value, candidate_values, place_by_class, ClassMemo, Pick, Policy,
     PolicyContext, PolicyKind, TieBreak, Verdict, VerdictCache,
 };
+use crate::placement::cluster::model_allowed;
 use crate::placement::cluster::{Cluster, NodeClass};
-use crate::placement::frag::{frag_milli, Workload};
+use crate::placement::frag::{frag_milli, TargetPod, Workload};
 use crate::placement::rng::SplitMix64;
 use crate::placement::types::{Demand, GpuFree, Placement, MILLI};
 
@@ -39,8 +40,8 @@ pub struct TesseraParams {
     pub gpu_weight: f64,
     /// Weight of the stranded-GPU term (milli of stranded GPU per milli of fragment).
     pub strand_weight: f64,
-    /// Weight of the model-pressure term (milli per milli of unconstrained demand).
-    pub model_weight: f64,
+    /// Weight of the host-pressure term (charge per milli placed, times the pressure).
+    pub pressure_weight: f64,
 }
 
 impl Default for TesseraParams {
@@ -49,7 +50,7 @@ impl Default for TesseraParams {
         Self {
             gpu_weight: 1.0,
             strand_weight: 1.0,
-            model_weight: 0.3,
+            pressure_weight: 0.5,
         }
     }
 }
@@ -64,49 +65,56 @@ pub struct Tessera {
     cache: VerdictCache,
     /// Current fragmentation + stranded GPU per node class.
     before: ClassMemo,
-    /// Per GPU model: share of the model's capacity that model-constrained tasks need,
-    /// computed on first use from the cluster.
+    /// Per node: host pressure (see [`host_pressure`]), computed on first use.
     pressure: Option<Vec<f64>>,
 }
 
-/// Per model id: the GPU demand of model-constrained shapes that may use it (split evenly
-/// over the models each allows), relative to the model's share of capacity.
-fn model_pressure(cluster: &Cluster, shapes: &Workload) -> Vec<f64> {
-    let n = cluster.models().len();
-    let mut cap = vec![0.0f64; n];
-    for i in 0..cluster.len() {
-        let c = cluster.class(cluster.class_id(i));
-        if usize::from(c.model) < n {
-            cap[usize::from(c.model)] += c.gpus.len() as f64;
-        }
-    }
-    let total_cap: f64 = cap.iter().sum();
-    let mut demand = vec![0.0f64; n];
+/// Per node: how contested its GPUs are. Each task shape can run on some set of nodes
+/// (by GPU model, GPU count and CPU when empty); its GPU demand per GPU of that set is its
+/// scarcity. A node's pressure is the summed scarcity of the shapes it can host, relative
+/// to the cluster-wide average, so nodes that rare or picky shapes depend on (the only
+/// models a constrained task allows, the few nodes with CPU for a big 8-GPU task) cost
+/// more to fill with tasks that could go elsewhere.
+fn host_pressure(cluster: &Cluster, shapes: &Workload) -> Vec<f64> {
+    let n = cluster.len();
+    let hosts = |t: &TargetPod, i: usize| {
+        let s = cluster.spec(i);
+        let model = cluster.class(cluster.class_id(i)).model;
+        t.gpu_count > 0
+            && s.gpu_count >= t.gpu_count
+            && s.cpu_milli >= t.cpu_milli
+            && model_allowed(model, t.models)
+    };
+    let total_cap: f64 = (0..n).map(|i| f64::from(cluster.spec(i).gpu_count)).sum();
+    let mut pressure = vec![0.0f64; n];
     let mut total_demand = 0.0;
     for t in &shapes.pods {
         let g = t.freq * f64::from(t.gpu_count) * f64::from(t.gpu_milli);
+        if g <= 0.0 {
+            continue;
+        }
         total_demand += g;
-        if let Some(mask) = t.models {
-            let allowed = mask.count_ones().max(1) as f64;
-            for (m, d) in demand.iter_mut().enumerate() {
-                if (mask >> m) & 1 == 1 {
-                    *d += g / allowed;
+        let cap: f64 = (0..n)
+            .filter(|&i| hosts(t, i))
+            .map(|i| f64::from(cluster.spec(i).gpu_count))
+            .sum();
+        if cap > 0.0 {
+            for (i, p) in pressure.iter_mut().enumerate() {
+                if hosts(t, i) {
+                    *p += g / cap;
                 }
             }
         }
     }
-    if total_demand <= 0.0 || total_cap <= 0.0 {
-        return vec![0.0; n];
+    let average = if total_cap > 0.0 {
+        total_demand / total_cap
+    } else {
+        0.0
+    };
+    if average > 0.0 {
+        pressure.iter_mut().for_each(|p| *p /= average);
     }
-    (0..n)
-        .map(|m| {
-            if cap[m] > 0.0 {
-                (demand[m] / total_demand) / (cap[m] / total_cap)
-            } else {
-                0.0
-            }
-        })
-        .collect()
+    pressure
 }
 
 impl Tessera {
@@ -201,17 +209,22 @@ impl Policy for Tessera {
         let (w, p, r) = (&self.workload, &self.params, self.cpu_per_milli);
         let pressure = self
             .pressure
-            .get_or_insert_with(|| model_pressure(cluster, w));
+            .get_or_insert_with(|| host_pressure(cluster, w));
         let memo = &mut self.before;
-        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |cid, c, d| {
-            let before = memo.get_or(cid, || cost(c, w, p, r));
-            let mut v = verdict(c, d, w, p, r, before);
-            if d.models.is_none() {
-                let mp = pressure.get(usize::from(c.model)).copied().unwrap_or(0.0);
-                v.score -= p.model_weight * mp * d.total_milli() as f64;
-            }
-            Some(v)
-        })
+        place_by_class(
+            cluster,
+            d,
+            rng,
+            self.ties,
+            &mut self.cache,
+            |node, cid, c, d| {
+                let before = memo.get_or(cid, || cost(c, w, p, r));
+                let mut v = verdict(c, d, w, p, r, before);
+                let hp = pressure.get(node).copied().unwrap_or(0.0);
+                v.score -= p.pressure_weight * hp * d.total_milli() as f64;
+                Some(v)
+            },
+        )
     }
 }
 
@@ -231,7 +244,7 @@ mod tests {
     }
 
     #[test]
-    fn unconstrained_tasks_avoid_models_that_constrained_tasks_need() {
+    fn flexible_tasks_avoid_nodes_that_constrained_tasks_need() {
         // Half the workload may only use T4; the other half runs anywhere. Both nodes are
         // empty; an unconstrained task should leave the T4 node to the T4-only tasks.
         let specs = vec![
@@ -247,14 +260,41 @@ mod tests {
         .map(|r| c.demand(r).unwrap())
         .collect();
         let w = Workload::from_demands(&shapes, 1.0);
-        let p = model_pressure(&c, &w);
-        assert!(p[0] > 0.9 && p[1] == 0.0, "{p:?}");
+        let p = host_pressure(&c, &w);
+        assert!(p[0] > p[1], "{p:?}");
         let ctx = PolicyContext {
             target: w.clone(),
             shapes: w,
             ties: TieBreak::First,
         };
         let d = c.demand(&Request::whole(1000, 1, 1)).unwrap();
+        let got = Tessera::new(&ctx).place(&c, &d, &mut SplitMix64::new(1));
+        assert_eq!(got.map(|p| p.node), Some(1));
+    }
+
+    #[test]
+    fn small_tasks_keep_off_the_only_nodes_big_tasks_fit() {
+        // An 8-GPU task asking 120 CPUs fits only the 128-CPU node; 1-GPU tasks fit both.
+        let specs = vec![
+            NodeSpec::new("big", 128_000, 1 << 20, 8, "G3"),
+            NodeSpec::new("std", 96_000, 1 << 20, 8, "G3"),
+        ];
+        let mut c = Cluster::new(specs).unwrap();
+        let shapes: Vec<Demand> = [
+            Request::whole(120_000, 1, 8),
+            Request::whole(8000, 1, 1),
+            Request::whole(8000, 1, 1),
+        ]
+        .iter()
+        .map(|r| c.demand(r).unwrap())
+        .collect();
+        let w = Workload::from_demands(&shapes, 1.0);
+        let ctx = PolicyContext {
+            target: w.clone(),
+            shapes: w,
+            ties: TieBreak::First,
+        };
+        let d = c.demand(&Request::whole(8000, 1, 1)).unwrap();
         let got = Tessera::new(&ctx).place(&c, &d, &mut SplitMix64::new(1));
         assert_eq!(got.map(|p| p.node), Some(1));
     }
