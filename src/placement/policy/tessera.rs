@@ -5,7 +5,7 @@
 //!
 //! 1. **Every task shape, weighted by GPU demand.** FGD's target workload keeps only the
 //!    popular shapes covering 95% of tasks by count, which drops all multi-GPU tasks
-//!    (each 8-GPU shape is rare by count, yet 8-GPU tasks are ~7% of the GPU demand), so
+//!    (each 8-GPU shape is rare by count, yet multi-GPU tasks are ~7% of the GPU demand), so
 //!    FGD happily breaks up whole nodes they need. Tessera keeps every shape and weights
 //!    each by `1 + gpu_weight · GPUs requested`.
 //! 2. **Stranded GPUs.** A GPU whose node has run out of CPU is lost as surely as a
