@@ -25,8 +25,9 @@ fn p99(mut v: Vec<f64>) -> f64 {
     v[v.len() * 99 / 100]
 }
 
-/// Per-decision times (µs) over a replay, and cold-decision times.
-fn measure(p: &Prepared, kind: PolicyKind) -> (Vec<f64>, Vec<f64>) {
+/// Per-decision times (µs) over a replay (at most `limit` decisions), and cold-decision
+/// times.
+fn measure(p: &Prepared, kind: PolicyKind, limit: usize) -> (Vec<f64>, Vec<f64>) {
     let mut cluster = p.cluster.clone();
     let cap = cluster.total_gpu_milli();
     let order = arrival_order(&p.demands, cap, DEFAULT_INFLATION, 42);
@@ -39,7 +40,7 @@ fn measure(p: &Prepared, kind: PolicyKind) -> (Vec<f64>, Vec<f64>) {
         let d = &p.demands[i];
         arrived += d.total_milli();
         let pct = arrived * 100 / cap;
-        if pct > 100 {
+        if pct > 100 || warm.len() >= limit {
             break;
         }
         if pct == 50 && cold.len() < 20 {
@@ -62,6 +63,9 @@ fn measure(p: &Prepared, kind: PolicyKind) -> (Vec<f64>, Vec<f64>) {
 }
 
 fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` does not: then only check
+    // that the replay runs, on a few decisions, so debug test runs stay fast.
+    let full = std::env::args().any(|a| a == "--bench");
     let nodes = trace::parse_node_list(NODES, "nodes").expect("bundled node list parses");
     let pods = trace::parse_pod_list(PODS, "pods").expect("bundled pod list parses");
     let p = Prepared::new(
@@ -72,6 +76,14 @@ fn main() {
         TieBreak::First,
     )
     .expect("cluster builds");
+    if !full {
+        for kind in [PolicyKind::BestFit, PolicyKind::Tessera] {
+            let (warm, _) = measure(&p, kind, 20);
+            assert!(!warm.is_empty(), "{kind}: no decisions timed");
+        }
+        println!("placement bench: smoke run only (use `cargo bench --bench placement`)");
+        return;
+    }
     println!(
         "placement decision time on {} nodes (default trace, seed 42, 10–100% arrived)",
         p.cluster.len()
@@ -79,7 +91,8 @@ fn main() {
     let mut medians = Vec::new();
     for kind in [PolicyKind::BestFit, PolicyKind::Fgd, PolicyKind::Tessera] {
         // Best of 3 replays: the machine is shared, so take the least disturbed one.
-        let runs: Vec<(Vec<f64>, Vec<f64>)> = (0..3).map(|_| measure(&p, kind)).collect();
+        let runs: Vec<(Vec<f64>, Vec<f64>)> =
+            (0..3).map(|_| measure(&p, kind, usize::MAX)).collect();
         let (warm, cold) = runs
             .into_iter()
             .min_by(|a, b| median(a.0.clone()).total_cmp(&median(b.0.clone())))
