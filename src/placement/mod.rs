@@ -23,7 +23,7 @@ mod types;
 
 pub use cluster::{ClassId, Cluster, NodeClass, NodeState};
 pub use error::{Error, Result};
-pub use frag::{node_frag_milli, TargetPod, Workload};
+pub use frag::{frag_milli, node_frag_milli, TargetPod, Workload};
 pub use policy::{Policy, PolicyContext, PolicyKind, TieBreak};
 pub use rng::SplitMix64;
 pub use types::{
