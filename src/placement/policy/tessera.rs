@@ -181,7 +181,8 @@ fn verdict(
         let mut best: Option<Verdict> = None;
         for v in candidate_values(c, d) {
             let s = value(&after_value(c, d, v));
-            if best.is_none_or(|b| s > b.score) {
+            // Candidates come largest-free first; on a tie keep the tighter GPU.
+            if best.is_none_or(|b| s >= b.score) {
                 best = Some(Verdict {
                     score: s,
                     pick: Pick::Value(v),
