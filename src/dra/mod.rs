@@ -2,4 +2,5 @@
 //! partitions and vGPU capacity. (Registration, the kubelet plugin and claim preparation
 //! come in further modules.)
 
+pub mod publish;
 pub mod slices;

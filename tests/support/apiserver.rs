@@ -35,6 +35,8 @@ struct Store {
     dropped: Vec<String>,
     /// Requests seen: (method, path).
     log: Vec<(String, String)>,
+    /// Every change, for watches that start from an older resourceVersion.
+    history: Vec<Change>,
 }
 
 #[derive(Clone, Debug)]
@@ -123,12 +125,14 @@ impl ApiServer {
             .or_default()
             .insert(name, object.clone())
             .is_some();
-        drop(st);
-        let _ = self.changes.send(Change {
+        let change = Change {
             collection: collection.to_string(),
             kind: if existed { "MODIFIED" } else { "ADDED" },
             object,
-        });
+        };
+        st.history.push(change.clone());
+        drop(st);
+        let _ = self.changes.send(change);
     }
 
     /// Delete an object directly (as another client — or a restarting kubelet — would).
@@ -137,15 +141,17 @@ impl ApiServer {
         st.resource_version += 1;
         let rv = st.resource_version.to_string();
         let removed = st.objects.get_mut(collection).and_then(|m| m.remove(name));
-        drop(st);
         match removed {
             Some(mut object) => {
                 object["metadata"]["resourceVersion"] = json!(rv);
-                let _ = self.changes.send(Change {
+                let change = Change {
                     collection: collection.to_string(),
                     kind: "DELETED",
                     object,
-                });
+                };
+                st.history.push(change.clone());
+                drop(st);
+                let _ = self.changes.send(change);
                 true
             }
             None => false,
@@ -158,6 +164,12 @@ impl ApiServer {
             .get(collection)
             .map(|m| m.values().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// Every request seen, as `METHOD path?query`.
+    pub fn requests(&self) -> Vec<String> {
+        let st = self.store.lock().unwrap();
+        st.log.iter().map(|(m, p)| format!("{m} {p}")).collect()
     }
 
     /// Number of write requests (POST/PUT/DELETE) seen so far.
@@ -189,11 +201,10 @@ impl ApiServer {
         let method = req.method().clone();
         let path = req.uri().path().trim_end_matches('/').to_string();
         let query = parse_query(req.uri().query().unwrap_or(""));
-        self.store
-            .lock()
-            .unwrap()
-            .log
-            .push((method.to_string(), path.clone()));
+        self.store.lock().unwrap().log.push((
+            method.to_string(),
+            format!("{path}?{}", req.uri().query().unwrap_or("")),
+        ));
         // `/…/<collection>` or `/…/<collection>/<name>`: collections end in a plural.
         let (collection, name) = split_path(&path);
         match (method, name) {
@@ -305,22 +316,39 @@ impl ApiServer {
         collection: String,
         query: BTreeMap<String, String>,
     ) -> Response<BoxBody<Bytes, Infallible>> {
-        let rx = self.changes.subscribe();
+        // Like the API server, a watch from resourceVersion R first replays every change
+        // after R. Subscribing and copying the history under one lock means no change is
+        // missed; a live change already replayed is skipped by its resourceVersion.
+        let (rx, past) = {
+            let st = self.store.lock().unwrap();
+            (self.changes.subscribe(), st.history.clone())
+        };
         let since: u64 = query
             .get("resourceVersion")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
-        let state = (rx, collection, query);
-        let stream =
-            futures::stream::unfold(state, move |(mut rx, collection, query)| async move {
+        let rv_of = |c: &Change| -> u64 {
+            c.object["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let last_past = past.last().map(rv_of).unwrap_or(0);
+        let replay: std::collections::VecDeque<Change> = past.into_iter().collect();
+        let state = (rx, collection, query, replay);
+        let stream = futures::stream::unfold(
+            state,
+            move |(mut rx, collection, query, mut replay)| async move {
                 loop {
-                    match rx.recv().await {
+                    let (live, next) = match replay.pop_front() {
+                        Some(c) => (false, Ok(c)),
+                        None => (true, rx.recv().await),
+                    };
+                    match next {
                         Ok(c) => {
-                            let rv: u64 = c.object["metadata"]["resourceVersion"]
-                                .as_str()
-                                .and_then(|v| v.parse().ok())
-                                .unwrap_or(0);
-                            if c.collection != collection
+                            let rv = rv_of(&c);
+                            if (live && rv <= last_past)
+                                || c.collection != collection
                                 || rv <= since
                                 || !selects(&c.object, &query)
                             {
@@ -332,14 +360,15 @@ impl ApiServer {
                             line.push(b'\n');
                             return Some((
                                 Ok::<_, Infallible>(Frame::data(Bytes::from(line))),
-                                (rx, collection, query),
+                                (rx, collection, query, replay),
                             ));
                         }
                         Err(broadcast::error::RecvError::Lagged(_)) => continue,
                         Err(_) => return None,
                     }
                 }
-            });
+            },
+        );
         Response::builder()
             .status(StatusCode::OK)
             .header("content-type", "application/json")
