@@ -41,7 +41,10 @@ fn device_classes_select_published_types() {
     use tessera::gpu::GpuBackend;
     use tessera::partition::layout;
     let text = std::fs::read_to_string("daemonset/dra/deviceclasses.yaml").unwrap();
-    let inv = FakeBackend::from_spec("3xA100-80GB").unwrap().inventory().unwrap();
+    let inv = FakeBackend::from_spec("3xA100-80GB")
+        .unwrap()
+        .inventory()
+        .unwrap();
     let cfg = parse_config(
         "t",
         "tessera: { gpus: [ { match: { index: [0] }, mode: mig, mig: { layout: balanced } }, \
@@ -58,9 +61,20 @@ fn device_classes_select_published_types() {
     let mut classes = 0;
     for doc in serde_yaml::Deserializer::from_str(&text) {
         let v = serde_yaml::Value::deserialize(doc).unwrap();
-        let expr = v["spec"]["selectors"][0]["cel"]["expression"].as_str().unwrap();
-        let want = expr.split("type == \"").nth(1).unwrap().split('"').next().unwrap();
-        assert!(published.contains(want), "class selects type {want}, published: {published:?}");
+        let expr = v["spec"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .unwrap();
+        let want = expr
+            .split("type == \"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert!(
+            published.contains(want),
+            "class selects type {want}, published: {published:?}"
+        );
         assert!(expr.contains("device.driver == \"gpu.tessera.io\""));
         classes += 1;
     }
