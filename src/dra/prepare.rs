@@ -359,7 +359,10 @@ mod tests {
     use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
     use kube::api::ObjectMeta;
 
-    fn claim(uid: &str, results: Vec<(&str, &str, Option<(&str, &str)>)>) -> ResourceClaim {
+    /// (pool, device, consumed (memory, cores)).
+    type Result3<'a> = (&'a str, &'a str, Option<(&'a str, &'a str)>);
+
+    fn claim(uid: &str, results: Vec<Result3<'_>>) -> ResourceClaim {
         ResourceClaim {
             metadata: ObjectMeta {
                 name: Some("c".into()),
