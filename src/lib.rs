@@ -11,7 +11,9 @@
 pub mod agent;
 pub mod cdi;
 pub mod deviceplugin;
+pub mod dra;
 pub mod gpu;
+pub mod grpc;
 pub mod partition;
 pub mod placement;
 pub mod proto;
