@@ -330,7 +330,7 @@ async fn python_grpcio_with_socket_path_authority() {
         text.contains("\"supported_versions\": [\"v1.DRAPlugin\", \"v1beta1.DRAPlugin\"]"),
         "{text}"
     );
-    assert_eq!(text.matches(NOT_IMPLEMENTED).count(), 4, "{text}");
+    assert_eq!(text.matches(NOT_IMPLEMENTED).count(), 8, "{text}");
 
     // Control: the same client against a server without the adapter is rejected.
     let dir = tempfile::tempdir().unwrap();
@@ -344,7 +344,7 @@ async fn python_grpcio_with_socket_path_authority() {
             .unwrap();
     eprintln!("python, no adapter (control):\n{text}");
     assert!(ok, "{text}");
-    assert_eq!(text.matches("StatusCode.INTERNAL").count(), 2, "{text}");
+    assert_eq!(text.matches("StatusCode.INTERNAL").count(), 4, "{text}");
     cancel.cancel();
     driver.stop().await;
 }

@@ -185,3 +185,102 @@ pub fn serve_unix_incoming(
 ) -> impl Stream<Item = io::Result<AuthorityFixingStream>> {
     UnixListenerStream::new(listener).map(|conn| conn.map(AuthorityFixingStream::server))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::grpc::rewrite::{encode_literal, write_frame_header, PREFACE};
+    use fluke_hpack::Decoder;
+    use tokio::io::{duplex, AsyncReadExt, AsyncWriteExt};
+
+    const SOCK: &str = "/var/lib/kubelet/plugins_registry/gpu.tessera.io-reg.sock";
+
+    /// Preface, then `n` requests (HEADERS with `authority`, DATA) on streams 1, 3, ...
+    fn client_bytes(authority: &[u8], n: u32) -> Vec<u8> {
+        let mut out = PREFACE.to_vec();
+        for i in 0..n {
+            let mut block = Vec::new();
+            encode_literal(b":method", b"POST", &mut block);
+            encode_literal(b":authority", authority, &mut block);
+            write_frame_header(block.len(), 0x1, 0x4, 1 + 2 * i, &mut out);
+            out.extend(block);
+            write_frame_header(3, 0x0, 0x1, 1 + 2 * i, &mut out);
+            out.extend(b"abc");
+        }
+        out
+    }
+
+    /// The `:authority` of every HEADERS frame in `bytes` (after the preface).
+    fn authorities(bytes: &[u8]) -> Vec<Vec<u8>> {
+        let mut rest = &bytes[PREFACE.len()..];
+        let mut decoder = Decoder::new();
+        let mut found = Vec::new();
+        while rest.len() >= 9 {
+            let len = (usize::from(rest[1]) << 8) | usize::from(rest[2]);
+            if rest[3] == 0x1 {
+                for (n, v) in decoder.decode(&rest[9..9 + len]).unwrap() {
+                    if n == b":authority" {
+                        found.push(v);
+                    }
+                }
+            }
+            rest = &rest[9 + len..];
+        }
+        found
+    }
+
+    #[tokio::test]
+    async fn server_side_rewrites_what_it_reads_through_tiny_reads() {
+        // A 5-byte pipe: every frame arrives split across many reads.
+        let (mut client, server) = duplex(5);
+        let input = client_bytes(SOCK.as_bytes(), 3);
+        let writer = tokio::spawn(async move {
+            client.write_all(&input).await.unwrap();
+            client.shutdown().await.unwrap();
+            client // keep the pipe open until the reader is done
+        });
+        let mut fixed = AuthorityFixingStream::server(server);
+        let mut got = Vec::new();
+        let mut buf = [0u8; 3]; // and small reads on our side too
+        loop {
+            let n = fixed.read(&mut buf).await.unwrap();
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        let _client = writer.await.unwrap();
+        assert_eq!(authorities(&got), vec![b"localhost".to_vec(); 3]);
+        assert_eq!(fixed.counts(), (3, 3));
+        // Writes (server → client) pass through untouched.
+        fixed.write_all(b"raw").await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn client_side_rewrites_what_it_writes_under_backpressure() {
+        let (client, mut server) = duplex(7);
+        let reader = tokio::spawn(async move {
+            let mut got = Vec::new();
+            server.read_to_end(&mut got).await.unwrap();
+            got
+        });
+        let mut forcing = AuthorityFixingStream::client_forcing(client, SOCK);
+        let input = client_bytes(b"localhost", 2);
+        for piece in input.chunks(11) {
+            forcing.write_all(piece).await.unwrap();
+        }
+        forcing.shutdown().await.unwrap();
+        drop(forcing);
+        let got = reader.await.unwrap();
+        assert_eq!(authorities(&got), vec![SOCK.as_bytes().to_vec(); 2]);
+    }
+
+    #[tokio::test]
+    async fn garbage_is_an_invalid_data_error() {
+        let (mut client, server) = duplex(64);
+        client.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+        let mut fixed = AuthorityFixingStream::server(server);
+        let err = fixed.read(&mut [0u8; 64]).await.unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData);
+    }
+}
