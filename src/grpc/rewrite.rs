@@ -23,6 +23,9 @@ pub const PREFACE: &[u8; 24] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 pub const MIN_MAX_FRAME_SIZE: usize = 16_384;
 /// The largest header block we buffer (gRPC metadata is a few KiB at most).
 pub const MAX_HEADER_BLOCK: usize = 1 << 20;
+/// SETTINGS_HEADER_TABLE_SIZE of the server (h2's default; tonic does not change it): the
+/// largest dynamic table the client's encoder may ask for.
+pub const SERVER_HEADER_TABLE_SIZE: usize = 4096;
 /// What replaces an `:authority` that is not a URI authority.
 pub const FALLBACK_AUTHORITY: &[u8] = b"localhost";
 
@@ -112,12 +115,14 @@ pub struct HeaderRewriter {
 
 impl HeaderRewriter {
     pub fn new(policy: AuthorityPolicy) -> Self {
+        let mut decoder = Decoder::new();
+        decoder.set_max_allowed_table_size(SERVER_HEADER_TABLE_SIZE);
         Self {
             policy,
             state: State::Preface(PREFACE.len()),
             buf: Vec::new(),
             open: None,
-            decoder: Decoder::new(),
+            decoder,
             blocks: 0,
             rewritten: 0,
         }

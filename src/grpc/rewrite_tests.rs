@@ -293,3 +293,36 @@ fn integer_encoding_matches_rfc_7541_c_1() {
     encode_integer(42, 8, 0, &mut out);
     assert_eq!(out, [10, 31, 154, 10, 42]);
 }
+
+#[test]
+fn table_size_updates_beyond_the_servers_setting_are_refused() {
+    let block = |size_update: &[u8]| {
+        let mut b = size_update.to_vec();
+        b.extend(encode(&mut Encoder::new(), &request_headers(SOCK)));
+        client_stream(&[b])
+    };
+    // 0x3f e1 1f = size update to 4096: allowed; 0x3f e1 3f = 8192: refused.
+    assert!(run(AuthorityPolicy::FixInvalid, &block(&[0x3f, 0xe1, 0x1f]), 9).is_ok());
+    let err = run(AuthorityPolicy::FixInvalid, &block(&[0x3f, 0xe1, 0x3f]), 9).unwrap_err();
+    assert!(matches!(err, Error::Hpack { stream: 1, .. }), "{err:?}");
+}
+
+proptest::proptest! {
+    /// Arbitrary header-block bytes and frame flags, in arbitrary chunks: an error at
+    /// worst, never a panic.
+    #[test]
+    fn arbitrary_header_blocks_never_panic(
+        blocks in proptest::collection::vec(
+            (proptest::collection::vec(proptest::num::u8::ANY, 0..64), proptest::num::u8::ANY),
+            1..4,
+        ),
+        chunk in 1usize..32,
+    ) {
+        let mut input = PREFACE.to_vec();
+        for (i, (payload, flags)) in blocks.iter().enumerate() {
+            let kind = if i % 2 == 0 { TYPE_HEADERS } else { TYPE_CONTINUATION };
+            input.extend(frame(kind, *flags, 1, payload));
+        }
+        let _ = run(AuthorityPolicy::FixInvalid, &input, chunk);
+    }
+}
