@@ -348,3 +348,61 @@ async fn python_grpcio_with_socket_path_authority() {
     cancel.cancel();
     driver.stop().await;
 }
+
+/// Cost of the adapter per call: median NodePrepareResources(v1, 3 claims) round trip,
+/// the three setups interleaved call by call so machine load hits them alike. Run:
+/// `cargo test --test dra_registration -- --ignored --nocapture adapter_overhead`.
+#[tokio::test]
+#[ignore = "measurement, prints numbers"]
+async fn adapter_overhead() {
+    const N: usize = 3000;
+    let dir = tempfile::tempdir().unwrap();
+    let plain = dir.path().join("plain.sock");
+    let cancel = CancellationToken::new();
+    serve_without_adapter(&plain, cancel.clone());
+    wait_for(|| plain.exists()).await;
+    let driver = Driver::start(RetryPolicy::default()).await;
+    let localhost = |p: PathBuf| async move {
+        tessera::deviceplugin::registration::connect_unix(&p, TIMEOUT)
+            .await
+            .unwrap()
+    };
+    let setups = [
+        (
+            "stock server, authority localhost (baseline)",
+            localhost(plain.clone()).await,
+        ),
+        (
+            "adapter server, authority localhost",
+            localhost(driver.paths.plugin_socket.clone()).await,
+        ),
+        (
+            "adapter server, socket-path authority (client rewrites too)",
+            kubelet_dial(&driver.paths.plugin_socket).await,
+        ),
+    ];
+    let mut samples = vec![Vec::with_capacity(N); setups.len()];
+    for round in 0..N + 100 {
+        for (i, (_, ch)) in setups.iter().enumerate() {
+            let t = std::time::Instant::now();
+            prepare_v1(ch.clone()).await.unwrap();
+            if round >= 100 {
+                samples[i].push(t.elapsed()); // the first 100 rounds warm up
+            }
+        }
+    }
+    let medians: Vec<Duration> = samples
+        .iter_mut()
+        .map(|s| {
+            s.sort();
+            s[N / 2]
+        })
+        .collect();
+    println!("median NodePrepareResources round trip, {N} calls each:");
+    for ((name, _), m) in setups.iter().zip(&medians) {
+        let ratio = m.as_secs_f64() / medians[0].as_secs_f64();
+        println!("  {name}: {m:?} ({ratio:.2}x)");
+    }
+    cancel.cancel();
+    driver.stop().await;
+}
