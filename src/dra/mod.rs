@@ -90,10 +90,15 @@ pub async fn serve<P: plugin::ClaimPreparer>(
     // Listen on dra.sock before announcing it: the kubelet dials it right after GetInfo.
     let listener = bind(&paths.plugin_socket)?;
     let socket = paths.plugin_socket.clone();
-    let plugin = plugin::serve(preparer, listener, socket, cancel.clone());
-    let registration = registration::serve(paths, retry, cancel.clone());
+    let plugin = plugin::serve(preparer, listener, socket.clone(), cancel.clone());
+    let registration = registration::serve(paths.clone(), retry, cancel.clone());
     let result = tokio::try_join!(plugin, registration).map(|_| ());
     cancel.cancel();
+    if result.is_err() {
+        // The server that did not fail was dropped mid-flight: withdraw both sockets.
+        let _ = std::fs::remove_file(&socket);
+        let _ = std::fs::remove_file(&paths.registration_socket);
+    }
     result
 }
 
