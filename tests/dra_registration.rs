@@ -11,9 +11,9 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tessera::dra::kubelet::{self as dra, DraPaths};
 use tessera::dra::plugin::{self, NotImplementedPreparer, NOT_IMPLEMENTED};
 use tessera::dra::registration::RetryPolicy;
-use tessera::dra::{self, DraPaths};
 use tessera::grpc::connect_unix_with_authority;
 use tessera::proto::dra::{v1, v1beta1};
 use tessera::proto::dra_health;

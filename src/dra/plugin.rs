@@ -23,7 +23,7 @@ use tracing::info;
 use crate::grpc::serve_unix_incoming;
 use crate::proto::{dra, dra_health};
 
-use super::{Error, Result};
+use super::kubelet::{Error, Result};
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]

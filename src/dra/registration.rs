@@ -17,7 +17,7 @@ use crate::grpc::serve_unix_incoming;
 use crate::proto::pluginregistration as pb;
 use crate::proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 
-use super::{bind, DraPaths, Error, Result, DRIVER_NAME, PLUGIN_TYPE, SUPPORTED_VERSIONS};
+use super::kubelet::{bind, DraPaths, Error, Result, DRIVER_NAME, PLUGIN_TYPE, SUPPORTED_VERSIONS};
 
 /// How fast a rejected registration is offered again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
