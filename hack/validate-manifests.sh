@@ -8,6 +8,6 @@ if ! command -v kubernetes-validate >/dev/null 2>&1; then
   python3 -m pip install --quiet kubernetes-validate
 fi
 for v in 1.34.0 1.35.0; do
-  kubernetes-validate --strict --quiet -k "$v" daemonset/node/*.yaml
+  kubernetes-validate --strict --quiet -k "$v" daemonset/node/*.yaml daemonset/dra/*.yaml
 done
 echo "manifests valid for Kubernetes 1.34 and 1.35"

@@ -14,6 +14,7 @@ pub mod deviceplugin;
 pub mod dra;
 pub mod gpu;
 pub mod grpc;
+pub mod metrics;
 pub mod partition;
 pub mod placement;
 pub mod proto;

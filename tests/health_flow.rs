@@ -86,6 +86,19 @@ async fn xid_marks_unhealthy_and_recovery_restores() {
         .unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
     assert!(err.message().contains("XID 79"), "{}", err.message());
+    let text = agent.metrics.encode();
+    assert!(
+        text.contains(r#"tessera_allocation_errors_total{resource="nvidia.com/gpu",reason="unhealthy_device"} 1"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"tessera_devices{resource="nvidia.com/gpu",health="unhealthy"} 2"#),
+        "{text}"
+    );
+    assert!(
+        text.contains(r#"tessera_health_transitions_total{to="unhealthy"} 1"#),
+        "{text}"
+    );
 
     // The condition clears: Healthy again, and allocatable.
     agent.backend.inject(HealthEvent::Recovered {
@@ -141,5 +154,43 @@ async fn scripted_events_and_configurable_ignore_list() {
         .await;
     let last = kubelet.devices("nvidia.com/gpu").await;
     assert!(last.iter().any(|d| d.id == g1 && d.health == "Healthy"));
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn metrics_are_served_over_http() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let agent = AgentBuilder::new("2xA100-80GB")
+        .root(tmp.path().to_path_buf())
+        .start();
+    kubelet.devices("nvidia.com/gpu").await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(tessera::metrics::serve(
+        listener,
+        agent.metrics.clone(),
+        cancel.clone(),
+    ));
+    // A plain HTTP/1.1 GET, as Prometheus sends it.
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut body = String::new();
+    s.read_to_string(&mut body).await.unwrap();
+    assert!(body.starts_with("HTTP/1.1 200"), "{body}");
+    assert!(
+        body.contains(r#"tessera_devices{resource="nvidia.com/gpu",health="healthy"} 2"#),
+        "{body}"
+    );
+    assert!(
+        body.contains(r#"tessera_config_reloads_total{outcome="applied"} 1"#),
+        "{body}"
+    );
+    assert!(body.trim_end().ends_with("# EOF"), "{body}");
+    cancel.cancel();
     agent.shutdown().await;
 }

@@ -1,6 +1,7 @@
 //! The shipped manifests stay in step with the code: every named layout in the example
 //! ConfigMap parses and lays out on real GPU models.
 
+use serde::Deserialize;
 use tessera::agent;
 use tessera::gpu::fake::FakeBackend;
 use tessera::partition::config::parse_config;
@@ -31,4 +32,51 @@ fn example_layout_files_are_valid() {
         let backend = FakeBackend::from_spec("4xA100-80GB").unwrap();
         agent::build(&backend, &cfg).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
     }
+}
+
+/// Each DeviceClass selects a device type the driver actually publishes.
+#[test]
+fn device_classes_select_published_types() {
+    use tessera::dra::slices::{build_slices, SliceOptions};
+    use tessera::gpu::GpuBackend;
+    use tessera::partition::layout;
+    let text = std::fs::read_to_string("daemonset/dra/deviceclasses.yaml").unwrap();
+    let inv = FakeBackend::from_spec("3xA100-80GB")
+        .unwrap()
+        .inventory()
+        .unwrap();
+    let cfg = parse_config(
+        "t",
+        "tessera: { gpus: [ { match: { index: [0] }, mode: mig, mig: { layout: balanced } }, \
+         { match: { index: [1] }, mode: vgpu, vgpu: { count: 2, memory: 10g, cores: 50 } } ] }",
+    )
+    .unwrap();
+    let plan = layout::plan(&inv, &cfg).unwrap();
+    let slices = build_slices(&inv, &plan, &SliceOptions::new("n")).unwrap();
+    let published: std::collections::BTreeSet<String> = slices
+        .iter()
+        .flat_map(|s| s.spec.devices.iter().flatten())
+        .filter_map(|d| d.attributes.as_ref()?.get("type")?.string.clone())
+        .collect();
+    let mut classes = 0;
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v = serde_yaml::Value::deserialize(doc).unwrap();
+        let expr = v["spec"]["selectors"][0]["cel"]["expression"]
+            .as_str()
+            .unwrap();
+        let want = expr
+            .split("type == \"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert!(
+            published.contains(want),
+            "class selects type {want}, published: {published:?}"
+        );
+        assert!(expr.contains("device.driver == \"gpu.tessera.io\""));
+        classes += 1;
+    }
+    assert_eq!(classes, 3);
 }

@@ -31,6 +31,7 @@ use crate::deviceplugin::snapshot::{SharedSnapshot, Snapshot};
 use crate::deviceplugin::supervisor::{self, SupervisorConfig};
 use crate::gpu::health::HealthTracker;
 use crate::gpu::{GpuBackend, Inventory};
+use crate::metrics::{DeviceLabels, HealthLabels, NodeMetrics};
 use crate::partition::config::{self, NodeConfig};
 use crate::partition::layout::{self, Advertisement, NodePlan};
 
@@ -79,6 +80,7 @@ pub struct AgentOptions {
     /// Where `/dev` of the host is visible (for CDI host paths).
     pub dev_root: String,
     pub allocate: AllocateSettings,
+    pub metrics: Arc<NodeMetrics>,
 }
 
 /// The CDI spec file name (without `.json`) for this node's devices.
@@ -129,11 +131,18 @@ struct Agent {
 impl Agent {
     /// Load, validate and apply the config; on any error keep the last good one.
     fn reload(&mut self) {
-        match self.try_reload() {
-            Ok(true) => {}
-            Ok(false) => info!("config unchanged"),
-            Err(e) => self.recorder.config_rejected(&e.to_string()),
-        }
+        let outcome = match self.try_reload() {
+            Ok(true) => "applied",
+            Ok(false) => {
+                info!("config unchanged");
+                "unchanged"
+            }
+            Err(e) => {
+                self.recorder.config_rejected(&e.to_string());
+                "rejected"
+            }
+        };
+        self.opts.metrics.reload(outcome);
     }
 
     fn try_reload(&mut self) -> Result<bool> {
@@ -165,6 +174,16 @@ impl Agent {
     fn on_health(&mut self, event: crate::gpu::HealthEvent) {
         let uuid = event.gpu_uuid().to_string();
         if let Some(h) = self.health.apply(&event) {
+            let to = if h.is_healthy() {
+                "healthy"
+            } else {
+                "unhealthy"
+            };
+            self.opts
+                .metrics
+                .health_transitions
+                .get_or_create(&HealthLabels { to: to.into() })
+                .inc();
             match &h {
                 crate::gpu::health::Health::Healthy => {
                     info!(gpu = %uuid, "GPU healthy again");
@@ -180,6 +199,23 @@ impl Agent {
     }
 
     fn publish(&mut self) {
+        let devices = &self.opts.metrics.devices;
+        devices.clear();
+        for r in &self.snapshot.advertisement.resources {
+            for d in &r.devices {
+                let health = if self.snapshot.unhealthy_reason(d).is_some() {
+                    "unhealthy"
+                } else {
+                    "healthy"
+                };
+                devices
+                    .get_or_create(&DeviceLabels {
+                        resource: r.name.clone(),
+                        health: health.into(),
+                    })
+                    .inc();
+            }
+        }
         self.snapshot.generation += 1;
         self.tx.send_replace(Arc::new(self.snapshot.clone()));
     }
@@ -237,6 +273,7 @@ pub async fn run(
     let sup_cfg = SupervisorConfig {
         plugin_dir: opts.kubelet_dir.join("device-plugins"),
         settings: Arc::new(opts.allocate.clone()),
+        metrics: opts.metrics.clone(),
     };
     let sup_cancel = cancel.child_token();
     let mut supervisor = tokio::spawn(supervisor::run(sup_cfg, rx, sup_cancel.clone()));

@@ -58,12 +58,24 @@ pub struct ContainerEdits {
     pub env: Vec<String>,
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub device_nodes: Vec<DeviceNode>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<Mount>,
 }
 
 impl ContainerEdits {
     pub fn is_empty(&self) -> bool {
-        self.env.is_empty() && self.device_nodes.is_empty()
+        self.env.is_empty() && self.device_nodes.is_empty() && self.mounts.is_empty()
     }
+}
+
+/// A bind mount (`options` as mount(8) takes them, e.g. `["ro", "bind"]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Mount {
+    pub host_path: String,
+    pub container_path: String,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub options: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -107,6 +119,7 @@ pub fn node_spec(inventory: &Inventory, dev_root: &str) -> Spec {
             container_edits: ContainerEdits {
                 env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", gpu.uuid)],
                 device_nodes: vec![gpu_node.clone()],
+                mounts: Vec::new(),
             },
         });
         for mig in &gpu.mig_devices {
@@ -115,6 +128,7 @@ pub fn node_spec(inventory: &Inventory, dev_root: &str) -> Spec {
                 container_edits: ContainerEdits {
                     env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", mig.uuid)],
                     device_nodes: vec![gpu_node.clone()],
+                    mounts: Vec::new(),
                 },
             });
         }
@@ -126,6 +140,7 @@ pub fn node_spec(inventory: &Inventory, dev_root: &str) -> Spec {
         devices,
         container_edits: ContainerEdits {
             env: Vec::new(),
+            mounts: Vec::new(),
             device_nodes: control
                 .iter()
                 .map(|p| DeviceNode::at(p.to_string()))

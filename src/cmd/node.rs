@@ -59,6 +59,9 @@ pub struct Args {
     /// Run without the API server even in a cluster (no node label, no Events).
     #[arg(long)]
     pub standalone: bool,
+    /// Serve Prometheus metrics on this address (e.g. `0.0.0.0:9465`); off when unset.
+    #[arg(long, env = "TESSERA_METRICS_ADDR")]
+    pub metrics_addr: Option<std::net::SocketAddr>,
 }
 
 type Hooks = (
@@ -117,6 +120,7 @@ fn backend(args: &Args) -> Result<Arc<dyn GpuBackend>> {
 
 async fn run_async(args: Args) -> Result<()> {
     let backend = backend(&args)?;
+    let metrics = Arc::new(tessera::metrics::NodeMetrics::new());
     let mut allocate = AllocateSettings::with_state_dir(&args.state_dir);
     allocate.preload = args.shim_preload;
     allocate.cdi = !args.no_cdi;
@@ -127,6 +131,7 @@ async fn run_async(args: Args) -> Result<()> {
         config_name: args.config_name.clone(),
         dev_root: args.dev_root.clone(),
         allocate,
+        metrics: metrics.clone(),
     };
     info!(
         backend = backend.name(),
@@ -153,6 +158,18 @@ async fn run_async(args: Args) -> Result<()> {
             cancel.cancel();
         })
     };
+    if let Some(addr) = args.metrics_addr {
+        let (metrics, cancel) = (metrics.clone(), cancel.clone());
+        // Bind now so a bad address fails the start, not a background task.
+        let listener = tokio::net::TcpListener::bind(addr)
+            .await
+            .with_context(|| format!("--metrics-addr {addr}"))?;
+        tokio::spawn(async move {
+            if let Err(e) = tessera::metrics::serve(listener, metrics, cancel).await {
+                tracing::error!(error = %e, "metrics server stopped");
+            }
+        });
+    }
     let (recorder, config_label) = cluster_hooks(&args, &cancel).await;
     let triggers = agent::Triggers {
         reload: reload_rx,

@@ -72,6 +72,25 @@ pub enum Error {
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+impl Error {
+    /// A short, bounded label for metrics.
+    pub fn metric_label(&self) -> &'static str {
+        match self {
+            Error::UnknownDevice { .. } => "unknown_device",
+            Error::UnhealthyDevice { .. } => "unhealthy_device",
+            Error::DuplicateDevice { .. } => "duplicate_device",
+            Error::RequestRefused { .. } => "request_refused",
+            Error::UnknownResource { .. } => "unknown_resource",
+            Error::InvalidRequest(_) => "invalid_request",
+            Error::Io { .. } => "io",
+            Error::KubeletUnavailable { .. } => "kubelet_unavailable",
+            Error::RegistrationRefused { .. } => "registration_refused",
+            Error::Serve { .. } => "serve",
+            Error::Cdi(_) => "cdi",
+        }
+    }
+}
+
 impl From<Error> for tonic::Status {
     fn from(e: Error) -> Self {
         use tonic::Code;

@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::{debug, info, instrument, warn};
 
+use crate::metrics::{ErrorLabels, NodeMetrics, ResourceLabels};
 use crate::proto::deviceplugin as pb;
 use crate::proto::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
 
@@ -30,6 +31,7 @@ pub struct ResourceService {
     /// Ends ListAndWatch streams when the server stops.
     stop: CancellationToken,
     allocations: AtomicU64,
+    metrics: Arc<NodeMetrics>,
 }
 
 impl ResourceService {
@@ -38,6 +40,7 @@ impl ResourceService {
         snapshots: watch::Receiver<SharedSnapshot>,
         settings: Arc<AllocateSettings>,
         stop: CancellationToken,
+        metrics: Arc<NodeMetrics>,
     ) -> Self {
         Self {
             resource: resource.into(),
@@ -45,7 +48,19 @@ impl ResourceService {
             settings,
             stop,
             allocations: AtomicU64::new(0),
+            metrics,
         }
+    }
+
+    fn refused(&self, e: Error) -> Status {
+        self.metrics
+            .allocation_errors
+            .get_or_create(&ErrorLabels {
+                resource: self.resource.clone(),
+                reason: e.metric_label().to_string(),
+            })
+            .inc();
+        e.into()
     }
 
     fn snapshot(&self) -> SharedSnapshot {
@@ -154,15 +169,22 @@ impl DevicePlugin for ResourceService {
                 &self.settings,
                 &alloc_id,
             )
-            .inspect_err(|e| warn!(error = %e, ids = ?req.devices_ids, "Allocate refused"))?;
+            .inspect_err(|e| warn!(error = %e, ids = ?req.devices_ids, "Allocate refused"))
+            .map_err(|e| self.refused(e))?;
             decided.push(a);
         }
         // All containers validated; only now touch the filesystem.
         let mut container_responses = Vec::with_capacity(decided.len());
         for a in decided {
             if let Some(dir) = &a.create_dir {
-                create_accounting_dir(dir)?;
+                create_accounting_dir(dir).map_err(|e| self.refused(e))?;
             }
+            self.metrics
+                .allocations
+                .get_or_create(&ResourceLabels {
+                    resource: self.resource.clone(),
+                })
+                .inc();
             info!(devices = %a.envs.get("NVIDIA_VISIBLE_DEVICES").map(String::as_str).unwrap_or(""), "allocated");
             container_responses.push(to_proto(a));
         }

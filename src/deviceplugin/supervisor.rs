@@ -33,6 +33,7 @@ pub struct SupervisorConfig {
     /// `<kubelet-dir>/device-plugins`.
     pub plugin_dir: PathBuf,
     pub settings: Arc<AllocateSettings>,
+    pub metrics: Arc<crate::metrics::NodeMetrics>,
 }
 
 impl SupervisorConfig {
@@ -151,6 +152,7 @@ fn start(
         snapshots.clone(),
         cfg.settings.clone(),
         stop.clone(),
+        cfg.metrics.clone(),
     );
     let task = tokio::spawn(serve(service, listener, socket, stop.clone()));
     Ok(Running {

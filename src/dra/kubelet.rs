@@ -18,7 +18,7 @@ use std::sync::Arc;
 use tokio_util::sync::CancellationToken;
 
 /// The DRA driver name.
-pub const DRIVER_NAME: &str = "gpu.tessera.io";
+pub const DRIVER_NAME: &str = super::slices::DRIVER;
 /// `PluginInfo.type` for DRA drivers.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 /// `PluginInfo.supported_versions`, most preferred first.

@@ -66,7 +66,7 @@ struct RawConfig {
     #[serde(default)]
     flags: RawFlags,
     #[serde(default)]
-    resources: Option<serde_yaml::Value>,
+    resources: RawResources,
     #[serde(default)]
     sharing: RawSharing,
     #[serde(default)]
@@ -96,6 +96,24 @@ struct RawFlags {
     device_discovery_strategy: Option<String>,
     plugin: Option<serde_yaml::Value>,
     gfd: Option<serde_yaml::Value>,
+}
+
+/// NVIDIA's `resources`: rename whole GPUs (matched by product name) and MIG devices
+/// (matched by profile) to other resource names.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawResources {
+    #[serde(default)]
+    gpus: Vec<RawPattern>,
+    #[serde(default)]
+    mig: Vec<RawPattern>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPattern {
+    pattern: String,
+    name: String,
 }
 
 #[derive(Debug, Default, Deserialize)]
@@ -328,12 +346,44 @@ pub struct AllocationPolicy {
     pub distinct_gpus: bool,
 }
 
+/// A `resources.gpus[]` / `resources.mig[]` entry: `*` globs over the product name (GPUs)
+/// or the profile (MIG), and the full resource name matching devices get.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Rename {
+    pub pattern: String,
+    pub resource: String,
+}
+
+/// `*`-glob match (the only wildcard NVIDIA's patterns use), case-sensitive.
+pub fn glob_match(pattern: &str, text: &str) -> bool {
+    let parts: Vec<&str> = pattern.split('*').collect();
+    if parts.len() == 1 {
+        return pattern == text;
+    }
+    let (first, last) = (parts[0], parts[parts.len() - 1]);
+    if !text.starts_with(first) || !text[first.len()..].ends_with(last) {
+        return false;
+    }
+    let mut rest = &text[first.len()..text.len() - last.len()];
+    for mid in &parts[1..parts.len() - 1] {
+        match rest.find(mid) {
+            Some(i) => rest = &rest[i + mid.len()..],
+            None => return false,
+        }
+    }
+    true
+}
+
 /// One validated named config.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct NodeConfig {
     pub name: String,
     pub mig_strategy: MigStrategy,
     pub resource_prefix: String,
+    /// NVIDIA `resources.gpus`: the first matching pattern names a whole GPU's resource.
+    pub gpu_renames: Vec<Rename>,
+    /// NVIDIA `resources.mig`: the first matching pattern names a MIG profile's resource.
+    pub mig_renames: Vec<Rename>,
     pub time_slicing: TimeSlicing,
     pub gpu_rules: Vec<GpuRule>,
     pub health: HealthPolicy,
@@ -347,6 +397,8 @@ impl NodeConfig {
             name: DEFAULT_CONFIG_NAME.to_string(),
             mig_strategy: MigStrategy::None,
             resource_prefix: "nvidia.com".to_string(),
+            gpu_renames: Vec::new(),
+            mig_renames: Vec::new(),
             time_slicing: TimeSlicing::default(),
             gpu_rules: Vec::new(),
             health: HealthPolicy::default(),
@@ -357,6 +409,24 @@ impl NodeConfig {
     /// `<prefix>/<suffix>`.
     pub fn resource(&self, suffix: &str) -> String {
         format!("{}/{}", self.resource_prefix, suffix)
+    }
+
+    /// The resource a whole GPU with this product name is advertised as.
+    pub fn gpu_resource(&self, product_name: &str) -> String {
+        self.gpu_renames
+            .iter()
+            .find(|r| glob_match(&r.pattern, product_name))
+            .map(|r| r.resource.clone())
+            .unwrap_or_else(|| self.resource("gpu"))
+    }
+
+    /// The resource a MIG device of this profile is advertised as (mixed strategy).
+    pub fn mig_resource(&self, profile: &str) -> String {
+        self.mig_renames
+            .iter()
+            .find(|r| glob_match(&r.pattern, profile))
+            .map(|r| r.resource.clone())
+            .unwrap_or_else(|| self.resource(&format!("mig-{profile}")))
     }
 }
 
@@ -474,6 +544,40 @@ fn validate(name: &str, raw: RawConfig) -> Result<NodeConfig> {
         ));
     }
 
+    let renames = |list: Vec<RawPattern>, field: &str| -> Result<Vec<Rename>> {
+        let mut out = Vec::new();
+        for (i, p) in list.into_iter().enumerate() {
+            let f = format!("resources.{field}[{i}]");
+            if p.pattern.is_empty() {
+                return Err(err(format!("{f}.pattern"), "must not be empty".into()));
+            }
+            // NVIDIA accepts a bare name and puts it under the prefix.
+            let resource = if p.name.contains('/') {
+                p.name.clone()
+            } else {
+                format!("{resource_prefix}/{}", p.name)
+            };
+            if !is_resource_name(&resource) {
+                return Err(err(
+                    format!("{f}.name"),
+                    format!("{:?} is not a valid extended resource name", p.name),
+                ));
+            }
+            out.push(Rename {
+                pattern: p.pattern,
+                resource,
+            });
+        }
+        Ok(out)
+    };
+    let gpu_renames = renames(raw.resources.gpus, "gpus")?;
+    let mig_renames = renames(raw.resources.mig, "mig")?;
+    let renamed: BTreeSet<String> = gpu_renames
+        .iter()
+        .chain(&mig_renames)
+        .map(|r| r.resource.clone())
+        .collect();
+
     // NVIDIA treats MPS like time-slicing for advertising; Tessera advertises both as
     // replicas (MPS daemons are not managed by Tessera).
     let (sharing_field, replicated) = match (raw.sharing.time_slicing, raw.sharing.mps) {
@@ -489,7 +593,7 @@ fn validate(name: &str, raw: RawConfig) -> Result<NodeConfig> {
     };
     let time_slicing = match replicated {
         None => TimeSlicing::default(),
-        Some(r) => validate_replicated(name, sharing_field, r, &resource_prefix)?,
+        Some(r) => validate_replicated(name, sharing_field, r, &resource_prefix, &renamed)?,
     };
 
     let mut gpu_rules = Vec::with_capacity(raw.tessera.gpus.len());
@@ -516,11 +620,13 @@ fn validate(name: &str, raw: RawConfig) -> Result<NodeConfig> {
             ))
         }
     };
-    let _ = (raw.resources, raw.imex, raw.flags.plugin, raw.flags.gfd);
+    let _ = (raw.imex, raw.flags.plugin, raw.flags.gfd);
     Ok(NodeConfig {
         name: name.to_string(),
         mig_strategy,
         resource_prefix,
+        gpu_renames,
+        mig_renames,
         time_slicing,
         gpu_rules,
         health,
@@ -536,6 +642,7 @@ fn validate_replicated(
     field: &str,
     raw: RawReplicated,
     prefix: &str,
+    renamed: &BTreeSet<String>,
 ) -> Result<TimeSlicing> {
     let err = |f: String, reason: String| ConfigError::new(name, f, reason);
     if let Some(s) = raw.strategy.as_deref().filter(|s| !s.is_empty()) {
@@ -554,7 +661,8 @@ fn validate_replicated(
     let mut seen = BTreeSet::new();
     for (i, r) in raw.resources.into_iter().enumerate() {
         let f = format!("{field}.resources[{i}]");
-        if !r.name.starts_with(&format!("{prefix}/")) {
+        let known = renamed.contains(&r.name);
+        if !known && !r.name.starts_with(&format!("{prefix}/")) {
             return Err(err(
                 format!("{f}.name"),
                 format!(
@@ -563,8 +671,8 @@ fn validate_replicated(
                 ),
             ));
         }
-        let suffix = &r.name[prefix.len() + 1..];
-        if suffix != "gpu" && !suffix.starts_with("mig-") {
+        let suffix = r.name.rsplit('/').next().unwrap_or_default();
+        if !known && suffix != "gpu" && !suffix.starts_with("mig-") {
             return Err(err(
                 format!("{f}.name"),
                 format!(
@@ -1023,6 +1131,33 @@ tessera:
             assert!(e.reason.contains(reason), "{yaml}: {e}");
             assert!(e.to_string().starts_with("config \"t\": "), "{e}");
         }
+    }
+
+    #[test]
+    fn nvidia_resource_renames() {
+        let cfg = parse(
+            r#"
+resources:
+  gpus:
+  - { pattern: "*A100*", name: a100 }
+  - { pattern: "*", name: nvidia.com/other-gpu }
+  mig:
+  - { pattern: "1g.*", name: mig-small }
+sharing:
+  timeSlicing:
+    resources: [ { name: nvidia.com/a100, replicas: 2 } ]
+"#,
+        )
+        .unwrap();
+        assert_eq!(cfg.gpu_resource("NVIDIA A100-SXM4-80GB"), "nvidia.com/a100");
+        assert_eq!(cfg.gpu_resource("NVIDIA L4"), "nvidia.com/other-gpu");
+        assert_eq!(cfg.mig_resource("1g.10gb"), "nvidia.com/mig-small");
+        assert_eq!(cfg.mig_resource("3g.40gb"), "nvidia.com/mig-3g.40gb");
+        assert_eq!(cfg.time_slicing.resources[0].name, "nvidia.com/a100");
+        let e = parse("resources: { gpus: [ { pattern: x, name: \"bad name\" } ] }").unwrap_err();
+        assert_eq!(e.field, "resources.gpus[0].name");
+        assert!(glob_match("*H100*GB", "NVIDIA H100 80GB"));
+        assert!(!glob_match("*H100*GB", "NVIDIA H100 NVL"));
     }
 
     #[test]

@@ -182,13 +182,15 @@ pub fn plan(inventory: &Inventory, config: &NodeConfig) -> Result<NodePlan> {
             .map(|r| &r.mode);
         let plan = match mode {
             Some(GpuMode::Whole) => GpuPlan::Whole {
-                replicas: nvidia_replication(config, gpu, &config.resource("gpu")),
+                replicas: nvidia_replication(config, gpu, &config.gpu_resource(&gpu.product_name)),
             },
             Some(GpuMode::Mig(layout)) => plan_mig(gpu, layout)?,
             Some(GpuMode::TimeSlice { replicas, rename }) => GpuPlan::Whole {
                 replicas: Some(Replication {
                     replicas: *replicas,
-                    resource: rename.clone().unwrap_or_else(|| config.resource("gpu")),
+                    resource: rename
+                        .clone()
+                        .unwrap_or_else(|| config.gpu_resource(&gpu.product_name)),
                 }),
             },
             Some(GpuMode::Vgpu { resource, slices }) => plan_vgpu(config, gpu, resource, slices)?,
@@ -196,7 +198,7 @@ pub fn plan(inventory: &Inventory, config: &NodeConfig) -> Result<NodePlan> {
                 GpuPlan::Mig { layout: None }
             }
             None => GpuPlan::Whole {
-                replicas: nvidia_replication(config, gpu, &config.resource("gpu")),
+                replicas: nvidia_replication(config, gpu, &config.gpu_resource(&gpu.product_name)),
             },
         };
         out.gpus.insert(gpu.uuid.clone(), plan);
@@ -334,7 +336,8 @@ pub fn advertise(
         match gpu_plan {
             GpuPlan::Whole { replicas } => {
                 let base = builder.device(gpu, Target::Gpu, gpu.uuid.clone());
-                builder.push_unit(config, &config.resource("gpu"), base, replicas.as_ref())?;
+                let resource = config.gpu_resource(&gpu.product_name);
+                builder.push_unit(config, &resource, base, replicas.as_ref())?;
             }
             GpuPlan::Mig { .. } => {
                 if !gpu.mig_enabled || gpu.mig_devices.is_empty() {
@@ -345,7 +348,7 @@ pub fn advertise(
                 for (ordinal, mig) in gpu.mig_devices.iter().enumerate() {
                     let resource = match config.mig_strategy {
                         MigStrategy::Single => config.resource("gpu"),
-                        _ => config.resource(&format!("mig-{}", mig.profile)),
+                        _ => config.mig_resource(&mig.profile),
                     };
                     let replicas = mig_replication(config, gpu, mig, ordinal, &resource);
                     let base = builder.device(gpu, mig_target(mig), mig.uuid.clone());

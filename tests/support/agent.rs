@@ -24,6 +24,7 @@ impl EventRecorder for Events {
 
 pub struct RunningAgent {
     pub backend: Arc<FakeBackend>,
+    pub metrics: Arc<tessera::metrics::NodeMetrics>,
     pub events: Arc<Events>,
     pub reload: mpsc::UnboundedSender<()>,
     pub cancel: CancellationToken,
@@ -119,6 +120,7 @@ impl AgentBuilder {
         };
         let backend = Arc::new(FakeBackend::from_arg(&self.gpus).unwrap());
         let events = Arc::new(Events::default());
+        let metrics = Arc::new(tessera::metrics::NodeMetrics::new());
         let (reload, reload_rx) = mpsc::unbounded_channel();
         let cancel = CancellationToken::new();
         let opts = AgentOptions {
@@ -128,6 +130,7 @@ impl AgentBuilder {
             config_name: self.config_name,
             dev_root: "/dev".into(),
             allocate: AllocateSettings::with_state_dir(&state_dir),
+            metrics: metrics.clone(),
         };
         let task = tokio::spawn(agent::run(
             backend.clone(),
@@ -141,6 +144,7 @@ impl AgentBuilder {
         ));
         RunningAgent {
             backend,
+            metrics,
             events,
             reload,
             cancel,

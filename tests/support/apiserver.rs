@@ -1,7 +1,14 @@
-//! A small API-server double over real HTTP/1.1 on loopback: one Node (GET and WATCH with
-//! a field selector, resourceVersion bumped on every change) and `events.k8s.io/v1`
-//! Event creation. Models: 404 for unknown objects, watch streams that send the current
-//! object's changes as newline-delimited `WatchEvent`s, and 201 Created echoing the Event.
+//! An API-server double over real HTTP/1.1 on loopback: an in-memory object store for any
+//! resource path, with the behaviours clients rely on.
+//!
+//! Modelled: GET, LIST (with `fieldSelector` equality on dotted paths, `labelSelector`
+//! equality), WATCH from a resourceVersion (newline-delimited `WatchEvent`s, ADDED /
+//! MODIFIED / DELETED), POST (with `generateName`, 409 AlreadyExists), PUT (409 Conflict on
+//! a stale `metadata.resourceVersion`), DELETE (404 NotFound); one global resourceVersion
+//! bumped on every write; `metadata.uid` and `creationTimestamp` set on create. Like an API
+//! server whose feature gates are off, it can drop fields on write ([`ApiServer::drop_field`]),
+//! so a client sees the object stored without them.
+//! Not modelled: authentication, admission, field managers / server-side apply, pagination.
 
 #![allow(dead_code)]
 
@@ -12,37 +19,50 @@ use std::sync::{Arc, Mutex};
 use bytes::Bytes;
 use http_body_util::{combinators::BoxBody, BodyExt, Full, StreamBody};
 use hyper::body::{Frame, Incoming};
-use hyper::{Request, Response, StatusCode};
+use hyper::{Method, Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use tokio::net::TcpListener;
 use tokio::sync::broadcast;
 
 #[derive(Default)]
-struct State {
-    node_name: String,
-    labels: BTreeMap<String, String>,
+struct Store {
+    /// Collection path (e.g. `/apis/resource.k8s.io/v1/resourceslices`) → name → object.
+    objects: BTreeMap<String, BTreeMap<String, Value>>,
     resource_version: u64,
-    events: Vec<Value>,
+    generated: u64,
+    /// Dotted paths (`spec.devices.*.consumesCounters`) removed from objects on write.
+    dropped: Vec<String>,
+    /// Requests seen: (method, path).
+    log: Vec<(String, String)>,
+    /// Every change, for watches that start from an older resourceVersion.
+    history: Vec<Change>,
+}
+
+#[derive(Clone, Debug)]
+struct Change {
+    collection: String,
+    kind: &'static str,
+    object: Value,
 }
 
 /// Handle to the running double.
 #[derive(Clone)]
 pub struct ApiServer {
     pub url: String,
-    state: Arc<Mutex<State>>,
-    changes: broadcast::Sender<Value>,
+    store: Arc<Mutex<Store>>,
+    changes: broadcast::Sender<Change>,
 }
 
 impl ApiServer {
-    pub async fn start(node_name: &str) -> ApiServer {
+    /// An empty store.
+    pub async fn empty() -> ApiServer {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
-        let (changes, _) = broadcast::channel(16);
+        let (changes, _) = broadcast::channel(1024);
         let server = ApiServer {
             url,
-            state: Arc::new(Mutex::new(State {
-                node_name: node_name.into(),
+            store: Arc::new(Mutex::new(Store {
                 resource_version: 1,
                 ..Default::default()
             })),
@@ -69,90 +89,395 @@ impl ApiServer {
         server
     }
 
+    /// A store holding one Node.
+    pub async fn start(node_name: &str) -> ApiServer {
+        let s = Self::empty().await;
+        s.put_object(
+            "/api/v1/nodes",
+            json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node_name, "labels": {}}}),
+        );
+        s
+    }
+
     pub fn client(&self) -> kube::Client {
         let config = kube::Config::new(self.url.parse().unwrap());
         kube::Client::try_from(config).unwrap()
     }
 
-    /// Set (or with None remove) a label on the node; watchers see a MODIFIED event.
-    pub fn set_label(&self, key: &str, value: Option<&str>) {
-        let node = {
-            let mut st = self.state.lock().unwrap();
-            match value {
-                Some(v) => st.labels.insert(key.into(), v.into()),
-                None => st.labels.remove(key),
-            };
-            st.resource_version += 1;
-            node_json(&st)
-        };
-        let _ = self
-            .changes
-            .send(json!({"type": "MODIFIED", "object": node}));
+    /// Drop a dotted field path (`*` matches every list element) from every written object.
+    pub fn drop_field(&self, path: &str) {
+        self.store.lock().unwrap().dropped.push(path.to_string());
     }
 
+    /// Create or replace an object directly (as another client would).
+    pub fn put_object(&self, collection: &str, mut object: Value) {
+        let mut st = self.store.lock().unwrap();
+        st.resource_version += 1;
+        let rv = st.resource_version.to_string();
+        let name = object["metadata"]["name"].as_str().unwrap().to_string();
+        object["metadata"]["resourceVersion"] = json!(rv);
+        if object["metadata"]["uid"].is_null() {
+            object["metadata"]["uid"] = json!(format!("uid-{name}"));
+        }
+        let existed = st
+            .objects
+            .entry(collection.to_string())
+            .or_default()
+            .insert(name, object.clone())
+            .is_some();
+        let change = Change {
+            collection: collection.to_string(),
+            kind: if existed { "MODIFIED" } else { "ADDED" },
+            object,
+        };
+        st.history.push(change.clone());
+        drop(st);
+        let _ = self.changes.send(change);
+    }
+
+    /// Delete an object directly (as another client — or a restarting kubelet — would).
+    pub fn delete_object(&self, collection: &str, name: &str) -> bool {
+        let mut st = self.store.lock().unwrap();
+        st.resource_version += 1;
+        let rv = st.resource_version.to_string();
+        let removed = st.objects.get_mut(collection).and_then(|m| m.remove(name));
+        match removed {
+            Some(mut object) => {
+                object["metadata"]["resourceVersion"] = json!(rv);
+                let change = Change {
+                    collection: collection.to_string(),
+                    kind: "DELETED",
+                    object,
+                };
+                st.history.push(change.clone());
+                drop(st);
+                let _ = self.changes.send(change);
+                true
+            }
+            None => false,
+        }
+    }
+
+    pub fn objects(&self, collection: &str) -> Vec<Value> {
+        let st = self.store.lock().unwrap();
+        st.objects
+            .get(collection)
+            .map(|m| m.values().cloned().collect())
+            .unwrap_or_default()
+    }
+
+    /// Every request seen, as `METHOD path?query`.
+    pub fn requests(&self) -> Vec<String> {
+        let st = self.store.lock().unwrap();
+        st.log.iter().map(|(m, p)| format!("{m} {p}")).collect()
+    }
+
+    /// Number of write requests (POST/PUT/DELETE) seen so far.
+    pub fn writes(&self) -> usize {
+        let st = self.store.lock().unwrap();
+        st.log.iter().filter(|(m, _)| m != "GET").count()
+    }
+
+    /// Set (or with None remove) a label on the (only) node.
+    pub fn set_label(&self, key: &str, value: Option<&str>) {
+        let mut node = self.objects("/api/v1/nodes").remove(0);
+        match value {
+            Some(v) => node["metadata"]["labels"][key] = json!(v),
+            None => {
+                if let Some(l) = node["metadata"]["labels"].as_object_mut() {
+                    l.remove(key);
+                }
+            }
+        }
+        self.put_object("/api/v1/nodes", node);
+    }
+
+    /// Events created in namespace `default`.
     pub fn events(&self) -> Vec<Value> {
-        self.state.lock().unwrap().events.clone()
+        self.objects("/apis/events.k8s.io/v1/namespaces/default/events")
     }
 
     async fn handle(&self, req: Request<Incoming>) -> Response<BoxBody<Bytes, Infallible>> {
-        let path = req.uri().path().to_string();
-        let query = req.uri().query().unwrap_or("").to_string();
-        let node_name = self.state.lock().unwrap().node_name.clone();
-        match (req.method().as_str(), path.as_str()) {
-            ("GET", p) if p == format!("/api/v1/nodes/{node_name}") => {
-                let node = node_json(&self.state.lock().unwrap());
-                json_response(StatusCode::OK, node)
+        let method = req.method().clone();
+        let path = req.uri().path().trim_end_matches('/').to_string();
+        let query = parse_query(req.uri().query().unwrap_or(""));
+        self.store.lock().unwrap().log.push((
+            method.to_string(),
+            format!("{path}?{}", req.uri().query().unwrap_or("")),
+        ));
+        // `/…/<collection>` or `/…/<collection>/<name>`: collections end in a plural.
+        let (collection, name) = split_path(&path);
+        match (method, name) {
+            (Method::GET, Some(name)) => match self.get(&collection, &name) {
+                Some(o) => json_response(StatusCode::OK, o),
+                None => not_found(&name),
+            },
+            (Method::GET, None) if query.get("watch").is_some_and(|w| w == "true" || w == "1") => {
+                self.watch(collection, query)
             }
-            ("GET", "/api/v1/nodes") if query.contains("watch=true") => {
-                if !query.contains(&format!("metadata.name%3D{node_name}"))
-                    && !query.contains(&format!("metadata.name={node_name}"))
-                {
-                    return json_response(StatusCode::BAD_REQUEST, status("field selector"));
-                }
-                let rx = self.changes.subscribe();
-                let stream = futures::stream::unfold(rx, |mut rx| async move {
-                    match rx.recv().await {
-                        Ok(v) => {
-                            let mut line = serde_json::to_vec(&v).unwrap();
-                            line.push(b'\n');
-                            Some((Ok::<_, Infallible>(Frame::data(Bytes::from(line))), rx))
-                        }
-                        Err(_) => None,
-                    }
-                });
-                Response::builder()
-                    .status(StatusCode::OK)
-                    .header("content-type", "application/json")
-                    .body(BodyExt::boxed(StreamBody::new(stream)))
-                    .unwrap()
+            (Method::GET, None) => {
+                let st = self.store.lock().unwrap();
+                let items: Vec<Value> = st
+                    .objects
+                    .get(&collection)
+                    .map(|m| m.values().filter(|o| selects(o, &query)).cloned().collect())
+                    .unwrap_or_default();
+                let rv = st.resource_version.to_string();
+                json_response(
+                    StatusCode::OK,
+                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": items}),
+                )
             }
-            ("POST", "/apis/events.k8s.io/v1/namespaces/default/events") => {
+            (Method::POST, None) => {
                 let body = req.into_body().collect().await.unwrap().to_bytes();
-                let mut event: Value = serde_json::from_slice(&body).unwrap();
-                event["metadata"]["name"] = json!("generated-1");
-                self.state.lock().unwrap().events.push(event.clone());
-                json_response(StatusCode::CREATED, event)
+                let Ok(mut object) = serde_json::from_slice::<Value>(&body) else {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+                };
+                let name = match object["metadata"]["name"].as_str() {
+                    Some(n) => n.to_string(),
+                    None => {
+                        let prefix = object["metadata"]["generateName"]
+                            .as_str()
+                            .unwrap_or("obj-");
+                        let mut st = self.store.lock().unwrap();
+                        st.generated += 1;
+                        format!("{prefix}{:05}", st.generated)
+                    }
+                };
+                if self.get(&collection, &name).is_some() {
+                    return status(
+                        StatusCode::CONFLICT,
+                        "AlreadyExists",
+                        &format!("{name} already exists"),
+                    );
+                }
+                object["metadata"]["name"] = json!(name);
+                object["metadata"]["uid"] = json!(format!("uid-{name}"));
+                object["metadata"]["creationTimestamp"] = json!("2026-11-29T00:00:00Z");
+                self.drop_configured(&mut object);
+                self.put_object(&collection, object);
+                json_response(StatusCode::CREATED, self.get(&collection, &name).unwrap())
             }
-            _ => json_response(StatusCode::NOT_FOUND, status("not found")),
+            (Method::PUT, Some(name)) => {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let Ok(mut object) = serde_json::from_slice::<Value>(&body) else {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+                };
+                let Some(current) = self.get(&collection, &name) else {
+                    return not_found(&name);
+                };
+                let sent_rv = object["metadata"]["resourceVersion"].as_str().unwrap_or("");
+                if !sent_rv.is_empty() && sent_rv != current["metadata"]["resourceVersion"] {
+                    return status(
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        "the object has been modified",
+                    );
+                }
+                object["metadata"]["uid"] = current["metadata"]["uid"].clone();
+                self.drop_configured(&mut object);
+                self.put_object(&collection, object);
+                json_response(StatusCode::OK, self.get(&collection, &name).unwrap())
+            }
+            (Method::DELETE, Some(name)) => {
+                let current = self.get(&collection, &name);
+                if self.delete_object(&collection, &name) {
+                    json_response(StatusCode::OK, current.unwrap_or(Value::Null))
+                } else {
+                    not_found(&name)
+                }
+            }
+            _ => status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "not supported by the double",
+            ),
+        }
+    }
+
+    fn get(&self, collection: &str, name: &str) -> Option<Value> {
+        let st = self.store.lock().unwrap();
+        st.objects
+            .get(collection)
+            .and_then(|m| m.get(name))
+            .cloned()
+    }
+
+    fn drop_configured(&self, object: &mut Value) {
+        let dropped = self.store.lock().unwrap().dropped.clone();
+        for path in dropped {
+            let parts: Vec<&str> = path.split('.').collect();
+            remove_path(object, &parts);
+        }
+    }
+
+    fn watch(
+        &self,
+        collection: String,
+        query: BTreeMap<String, String>,
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        // Like the API server, a watch from resourceVersion R first replays every change
+        // after R. Subscribing and copying the history under one lock means no change is
+        // missed; a live change already replayed is skipped by its resourceVersion.
+        let (rx, past) = {
+            let st = self.store.lock().unwrap();
+            (self.changes.subscribe(), st.history.clone())
+        };
+        let since: u64 = query
+            .get("resourceVersion")
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let rv_of = |c: &Change| -> u64 {
+            c.object["metadata"]["resourceVersion"]
+                .as_str()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        let last_past = past.last().map(rv_of).unwrap_or(0);
+        let replay: std::collections::VecDeque<Change> = past.into_iter().collect();
+        let state = (rx, collection, query, replay);
+        let stream = futures::stream::unfold(
+            state,
+            move |(mut rx, collection, query, mut replay)| async move {
+                loop {
+                    let (live, next) = match replay.pop_front() {
+                        Some(c) => (false, Ok(c)),
+                        None => (true, rx.recv().await),
+                    };
+                    match next {
+                        Ok(c) => {
+                            let rv = rv_of(&c);
+                            if (live && rv <= last_past)
+                                || c.collection != collection
+                                || rv <= since
+                                || !selects(&c.object, &query)
+                            {
+                                continue;
+                            }
+                            let mut line =
+                                serde_json::to_vec(&json!({"type": c.kind, "object": c.object}))
+                                    .unwrap();
+                            line.push(b'\n');
+                            return Some((
+                                Ok::<_, Infallible>(Frame::data(Bytes::from(line))),
+                                (rx, collection, query, replay),
+                            ));
+                        }
+                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                        Err(_) => return None,
+                    }
+                }
+            },
+        );
+        Response::builder()
+            .status(StatusCode::OK)
+            .header("content-type", "application/json")
+            .body(BodyExt::boxed(StreamBody::new(stream)))
+            .unwrap()
+    }
+}
+
+fn split_path(path: &str) -> (String, Option<String>) {
+    let segments: Vec<&str> = path.split('/').filter(|s| !s.is_empty()).collect();
+    // /api/v1/<res>[/<name>], /api/v1/namespaces/<ns>/<res>[/<name>],
+    // /apis/<g>/<v>/<res>[/<name>], /apis/<g>/<v>/namespaces/<ns>/<res>[/<name>]
+    let base = if segments.first() == Some(&"api") {
+        2
+    } else {
+        3
+    };
+    let namespaced = segments.get(base) == Some(&"namespaces") && segments.len() > base + 2;
+    let coll_len = if namespaced { base + 3 } else { base + 1 };
+    let collection = format!("/{}", segments[..coll_len.min(segments.len())].join("/"));
+    let name = segments.get(coll_len).map(|s| s.to_string());
+    (collection, name)
+}
+
+fn parse_query(q: &str) -> BTreeMap<String, String> {
+    q.split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), percent_decode(v)))
+        .collect()
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16) {
+                out.push(b);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(if bytes[i] == b'+' { b' ' } else { bytes[i] });
+        i += 1;
+    }
+    String::from_utf8_lossy(&out).to_string()
+}
+
+/// `fieldSelector=a.b=x,c=y` and `labelSelector=k=v` equality terms.
+fn selects(object: &Value, query: &BTreeMap<String, String>) -> bool {
+    let fields = query.get("fieldSelector").map(String::as_str).unwrap_or("");
+    let labels = query.get("labelSelector").map(String::as_str).unwrap_or("");
+    let field_ok = fields.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let Some((path, want)) = term.split_once('=') else {
+            return false;
+        };
+        let mut v = object;
+        for p in path.split('.') {
+            v = &v[p];
+        }
+        v.as_str() == Some(want.trim_start_matches('='))
+    });
+    let label_ok = labels.split(',').filter(|t| !t.is_empty()).all(|term| {
+        let Some((k, want)) = term.split_once('=') else {
+            return false;
+        };
+        object["metadata"]["labels"][k].as_str() == Some(want)
+    });
+    field_ok && label_ok
+}
+
+fn remove_path(v: &mut Value, parts: &[&str]) {
+    match parts {
+        [] => {}
+        [last] => {
+            if let Some(o) = v.as_object_mut() {
+                o.remove(*last);
+            }
+        }
+        ["*", rest @ ..] => {
+            if let Some(a) = v.as_array_mut() {
+                for item in a {
+                    remove_path(item, rest);
+                }
+            }
+        }
+        [first, rest @ ..] => {
+            if let Some(next) = v.get_mut(*first) {
+                remove_path(next, rest);
+            }
         }
     }
 }
 
-fn node_json(st: &State) -> Value {
-    json!({
-        "apiVersion": "v1",
-        "kind": "Node",
-        "metadata": {
-            "name": st.node_name,
-            "uid": "1f5c-node",
-            "resourceVersion": st.resource_version.to_string(),
-            "labels": st.labels,
-        }
-    })
+fn not_found(name: &str) -> Response<BoxBody<Bytes, Infallible>> {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        &format!("{name} not found"),
+    )
 }
 
-fn status(message: &str) -> Value {
-    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "message": message, "code": 404})
+fn status(code: StatusCode, reason: &str, message: &str) -> Response<BoxBody<Bytes, Infallible>> {
+    json_response(
+        code,
+        json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": reason,
+               "message": message, "code": code.as_u16()}),
+    )
 }
 
 fn json_response(code: StatusCode, v: Value) -> Response<BoxBody<Bytes, Infallible>> {

@@ -3,3 +3,4 @@
 pub mod agent;
 pub mod apiserver;
 pub mod kubelet;
+pub mod schema;

@@ -1,0 +1,503 @@
+//! NodePrepareResources, as a pure decision: an allocated ResourceClaim in, the devices,
+//! MIG instances to create, and the claim's CDI spec out. The kubelet-plugin shell fetches
+//! the claim, calls [`plan_claim`], records the plan in the checkpoint (phase `Started`),
+//! performs the side effects, writes the CDI spec and marks the claim `Completed`.
+//!
+//! One CDI spec per claim (`tessera.io-claim-<uid>.json`): each device carries only its
+//! device nodes; the claim-wide edits carry the environment for all of the claim's devices
+//! at once (`NVIDIA_VISIBLE_DEVICES` in allocation order, and for vGPU the shim contract
+//! with `CUDA_DEVICE_MEMORY_LIMIT_<i>`/`CUDA_DEVICE_SM_LIMIT_<i>` by that order), so a
+//! multi-device claim never ends up with one device's variables overwriting another's.
+
+use std::collections::BTreeMap;
+
+use k8s_openapi::api::resource::v1::ResourceClaim;
+
+use crate::cdi::{self, CdiDevice, ContainerEdits, DeviceNode, Mount, Spec};
+use crate::deviceplugin::allocate::{AllocateSettings, PreloadMode, CONTAINER_CACHE_DIR};
+use crate::gpu::Inventory;
+use crate::partition::catalog;
+
+use super::checkpoint::CreatedMig;
+use super::slices::DRIVER;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PrepareError {
+    #[error("claim {claim} is not allocated")]
+    NotAllocated { claim: String },
+    #[error("claim {claim}: UID {got} does not match the kubelet's {want} (claim was recreated)")]
+    UidMismatch {
+        claim: String,
+        got: String,
+        want: String,
+    },
+    #[error("claim {claim}: device {device} is in pool {pool}, not this node's ({node})")]
+    WrongNode {
+        claim: String,
+        device: String,
+        pool: String,
+        node: String,
+    },
+    #[error("claim {claim}: unknown device {device}")]
+    UnknownDevice { claim: String, device: String },
+    #[error("claim {claim}: device {device}: {reason}")]
+    InvalidCapacity {
+        claim: String,
+        device: String,
+        reason: String,
+    },
+}
+
+/// What a published device name stands for (see [`super::slices`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DeviceKind {
+    Whole {
+        gpu: u32,
+    },
+    Mig {
+        gpu: u32,
+        profile_label: String,
+        start: u8,
+    },
+    Vgpu {
+        gpu: u32,
+    },
+}
+
+/// Parse `gpu-3`, `gpu-0-mig-1g-10gb-4`, `gpu-2-vgpu`.
+pub fn parse_device_name(name: &str) -> Option<DeviceKind> {
+    let rest = name.strip_prefix("gpu-")?;
+    let (index, tail) = match rest.split_once('-') {
+        Some((i, t)) => (i, Some(t)),
+        None => (rest, None),
+    };
+    let gpu: u32 = index.parse().ok()?;
+    match tail {
+        None => Some(DeviceKind::Whole { gpu }),
+        Some("vgpu") => Some(DeviceKind::Vgpu { gpu }),
+        Some(t) => {
+            let t = t.strip_prefix("mig-")?;
+            let (label, start) = t.rsplit_once('-')?;
+            Some(DeviceKind::Mig {
+                gpu,
+                profile_label: label.to_string(),
+                start: start.parse().ok()?,
+            })
+        }
+    }
+}
+
+/// A Kubernetes quantity in MiB (`16Gi`, `16384Mi`, `17179869184`, `16G`).
+pub fn quantity_mib(q: &str) -> Option<u64> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(q.len());
+    let (num, unit) = q.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let bytes = match unit {
+        "" => n,
+        "Ki" => n * 1024.0,
+        "Mi" => n * 1024.0 * 1024.0,
+        "Gi" => n * 1024.0 * 1024.0 * 1024.0,
+        "Ti" => n * 1024.0f64.powi(4),
+        "k" => n * 1e3,
+        "M" => n * 1e6,
+        "G" => n * 1e9,
+        "T" => n * 1e12,
+        _ => return None,
+    };
+    (bytes >= 0.0).then(|| (bytes / (1024.0 * 1024.0)).ceil() as u64)
+}
+
+/// One device of a planned claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PlannedDevice {
+    pub request: String,
+    pub pool: String,
+    pub device: String,
+    pub kind: DeviceKind,
+    /// `NVIDIA_VISIBLE_DEVICES` entry: the GPU UUID, or for MIG the parent GPU until the
+    /// instance exists (the shell substitutes the MIG UUID after creating it).
+    pub visible: String,
+    /// vGPU share: memory MiB and SM percent.
+    pub share: Option<(u64, u32)>,
+    pub mig: Option<CreatedMig>,
+}
+
+/// Everything NodePrepareResources must do for one claim.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClaimPlan {
+    pub devices: Vec<PlannedDevice>,
+    pub cdi: Spec,
+    /// The CDI spec file name (without `.json`).
+    pub cdi_file: String,
+}
+
+/// Plan the preparation of `claim` (as fetched from the API server) for the kubelet's
+/// request `(namespace, name, uid)` on `node`.
+pub fn plan_claim(
+    claim: &ResourceClaim,
+    want_uid: &str,
+    node: &str,
+    inventory: &Inventory,
+    settings: &AllocateSettings,
+) -> Result<ClaimPlan, PrepareError> {
+    let name = format!(
+        "{}/{}",
+        claim.metadata.namespace.as_deref().unwrap_or_default(),
+        claim.metadata.name.as_deref().unwrap_or_default()
+    );
+    let uid = claim.metadata.uid.clone().unwrap_or_default();
+    if uid != want_uid {
+        return Err(PrepareError::UidMismatch {
+            claim: name,
+            got: uid,
+            want: want_uid.to_string(),
+        });
+    }
+    let results = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.clone())
+        .ok_or_else(|| PrepareError::NotAllocated {
+            claim: name.clone(),
+        })?;
+    let mut devices = Vec::new();
+    for r in results.iter().filter(|r| r.driver == DRIVER) {
+        if r.pool != node {
+            return Err(PrepareError::WrongNode {
+                claim: name,
+                device: r.device.clone(),
+                pool: r.pool.clone(),
+                node: node.to_string(),
+            });
+        }
+        let unknown = || PrepareError::UnknownDevice {
+            claim: name.clone(),
+            device: r.device.clone(),
+        };
+        let kind = parse_device_name(&r.device).ok_or_else(unknown)?;
+        let gpu_index = match &kind {
+            DeviceKind::Whole { gpu } | DeviceKind::Mig { gpu, .. } | DeviceKind::Vgpu { gpu } => {
+                *gpu
+            }
+        };
+        let gpu = inventory
+            .gpus
+            .iter()
+            .find(|g| g.index == gpu_index)
+            .ok_or_else(unknown)?;
+        let (mut share, mut mig) = (None, None);
+        if let DeviceKind::Mig {
+            profile_label,
+            start,
+            ..
+        } = &kind
+        {
+            let model = catalog::lookup(&gpu.product_name, gpu.memory_mib).ok_or_else(unknown)?;
+            let profile = model
+                .profiles
+                .iter()
+                .find(|p| label(p.name) == *profile_label && p.placements.contains(start))
+                .ok_or_else(unknown)?;
+            mig = Some(CreatedMig {
+                gpu_uuid: gpu.uuid.clone(),
+                profile: profile.name.to_string(),
+                start: *start,
+            });
+        }
+        if let DeviceKind::Vgpu { .. } = &kind {
+            let consumed = r.consumed_capacity.clone().unwrap_or_default();
+            let bad = |reason: String| PrepareError::InvalidCapacity {
+                claim: name.clone(),
+                device: r.device.clone(),
+                reason,
+            };
+            let memory = match consumed.get("memory") {
+                Some(q) => quantity_mib(&q.0).ok_or_else(|| bad(format!("memory {:?}", q.0)))?,
+                None => return Err(bad("no consumed memory in the allocation".into())),
+            };
+            let cores = match consumed.get("cores") {
+                Some(q) => {
+                    q.0.parse::<u32>()
+                        .map_err(|_| bad(format!("cores {:?}", q.0)))?
+                }
+                None => return Err(bad("no consumed cores in the allocation".into())),
+            };
+            if memory == 0 || memory > gpu.memory_mib || cores == 0 || cores > 100 {
+                return Err(bad(format!("{memory} MiB / {cores}% does not fit the GPU")));
+            }
+            share = Some((memory, cores));
+        }
+        devices.push(PlannedDevice {
+            request: r.request.clone(),
+            pool: r.pool.clone(),
+            device: r.device.clone(),
+            kind,
+            visible: gpu.uuid.clone(),
+            share,
+            mig,
+        });
+    }
+    let cdi = claim_spec(want_uid, inventory, &devices, settings);
+    Ok(ClaimPlan {
+        devices,
+        cdi,
+        cdi_file: format!("tessera.io-claim-{want_uid}"),
+    })
+}
+
+fn label(s: &str) -> String {
+    s.chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() {
+                c.to_ascii_lowercase()
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
+/// CDI device name of a claim's device: unique per claim.
+pub fn cdi_device_name(claim_uid: &str, device: &str) -> String {
+    format!("{claim_uid}-{device}")
+}
+
+fn claim_spec(
+    uid: &str,
+    inventory: &Inventory,
+    devices: &[PlannedDevice],
+    settings: &AllocateSettings,
+) -> Spec {
+    let mut visible: Vec<&str> = Vec::new();
+    let mut shares: BTreeMap<usize, (u64, u32)> = BTreeMap::new();
+    let mut cdi_devices = Vec::new();
+    for d in devices {
+        let pos = match visible.iter().position(|v| *v == d.visible) {
+            Some(p) => p,
+            None => {
+                visible.push(&d.visible);
+                visible.len() - 1
+            }
+        };
+        if let Some((m, c)) = d.share {
+            let e = shares.entry(pos).or_insert((0, 0));
+            e.0 += m;
+            e.1 = (e.1 + c).min(100);
+        }
+        let minor = inventory
+            .gpus
+            .iter()
+            .find(|g| g.uuid == d.visible)
+            .map(|g| g.minor)
+            .unwrap_or_default();
+        cdi_devices.push(CdiDevice {
+            name: cdi_device_name(uid, &d.device),
+            container_edits: ContainerEdits {
+                device_nodes: vec![DeviceNode {
+                    path: format!("/dev/nvidia{minor}"),
+                    host_path: None,
+                }],
+                ..Default::default()
+            },
+        });
+    }
+    let mut env = vec![format!("NVIDIA_VISIBLE_DEVICES={}", visible.join(","))];
+    let mut mounts = Vec::new();
+    if !shares.is_empty() {
+        for (i, (m, c)) in &shares {
+            env.push(format!("CUDA_DEVICE_MEMORY_LIMIT_{i}={m}m"));
+            env.push(format!("CUDA_DEVICE_SM_LIMIT_{i}={c}"));
+        }
+        env.push(format!(
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE={CONTAINER_CACHE_DIR}/cuda.cache"
+        ));
+        mounts.push(Mount {
+            host_path: settings.vgpu_state_dir.join(uid).display().to_string(),
+            container_path: CONTAINER_CACHE_DIR.into(),
+            options: vec!["rw".into(), "bind".into()],
+        });
+        mounts.push(Mount {
+            host_path: settings.shim_host_path.display().to_string(),
+            container_path: settings.shim_container_path.clone(),
+            options: vec!["ro".into(), "bind".into()],
+        });
+        match settings.preload {
+            PreloadMode::Env => env.push(format!("LD_PRELOAD={}", settings.shim_container_path)),
+            PreloadMode::File => mounts.push(Mount {
+                host_path: settings.preload_file_host_path.display().to_string(),
+                container_path: "/etc/ld.so.preload".into(),
+                options: vec!["ro".into(), "bind".into()],
+            }),
+        }
+    }
+    Spec {
+        cdi_version: cdi::CDI_VERSION.to_string(),
+        kind: cdi::CDI_KIND.to_string(),
+        devices: cdi_devices,
+        container_edits: ContainerEdits {
+            env,
+            device_nodes: Vec::new(),
+            mounts,
+        },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::fake::FakeBackend;
+    use crate::gpu::GpuBackend;
+    use k8s_openapi::api::resource::v1::{
+        AllocationResult, DeviceAllocationResult, DeviceRequestAllocationResult,
+        ResourceClaimStatus,
+    };
+    use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
+    use kube::api::ObjectMeta;
+
+    /// (pool, device, consumed (memory, cores)).
+    type Result3<'a> = (&'a str, &'a str, Option<(&'a str, &'a str)>);
+
+    fn claim(uid: &str, results: Vec<Result3<'_>>) -> ResourceClaim {
+        ResourceClaim {
+            metadata: ObjectMeta {
+                name: Some("c".into()),
+                namespace: Some("ml".into()),
+                uid: Some(uid.into()),
+                ..Default::default()
+            },
+            spec: Default::default(),
+            status: Some(ResourceClaimStatus {
+                allocation: Some(AllocationResult {
+                    devices: Some(DeviceAllocationResult {
+                        results: Some(
+                            results
+                                .into_iter()
+                                .map(|(pool, device, cap)| DeviceRequestAllocationResult {
+                                    driver: DRIVER.into(),
+                                    pool: pool.into(),
+                                    device: device.into(),
+                                    request: "gpu".into(),
+                                    consumed_capacity: cap.map(|(m, c)| {
+                                        [
+                                            ("memory".to_string(), Quantity(m.into())),
+                                            ("cores".to_string(), Quantity(c.into())),
+                                        ]
+                                        .into_iter()
+                                        .collect()
+                                    }),
+                                    ..Default::default()
+                                })
+                                .collect(),
+                        ),
+                        ..Default::default()
+                    }),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn inv() -> Inventory {
+        FakeBackend::from_spec("2xA100-80GB")
+            .unwrap()
+            .inventory()
+            .unwrap()
+    }
+
+    fn settings() -> AllocateSettings {
+        AllocateSettings::with_state_dir("/var/lib/tessera")
+    }
+
+    #[test]
+    fn device_names_and_quantities() {
+        assert_eq!(
+            parse_device_name("gpu-3"),
+            Some(DeviceKind::Whole { gpu: 3 })
+        );
+        assert_eq!(
+            parse_device_name("gpu-2-vgpu"),
+            Some(DeviceKind::Vgpu { gpu: 2 })
+        );
+        assert_eq!(
+            parse_device_name("gpu-0-mig-1g-10gb-me-4"),
+            Some(DeviceKind::Mig {
+                gpu: 0,
+                profile_label: "1g-10gb-me".into(),
+                start: 4
+            })
+        );
+        assert_eq!(parse_device_name("cpu-1"), None);
+        assert_eq!(parse_device_name("gpu-x"), None);
+        assert_eq!(quantity_mib("16Gi"), Some(16384));
+        assert_eq!(quantity_mib("1024Mi"), Some(1024));
+        assert_eq!(quantity_mib("1073741824"), Some(1024));
+        assert_eq!(quantity_mib("1G"), Some(954));
+        assert_eq!(quantity_mib("12Qi"), None);
+    }
+
+    #[test]
+    fn plans_whole_mig_and_vgpu_devices() {
+        let c = claim(
+            "u1",
+            vec![
+                ("node-a", "gpu-0-mig-3g-40gb-4", None),
+                ("node-a", "gpu-1-vgpu", Some(("16Gi", "25"))),
+            ],
+        );
+        let plan = plan_claim(&c, "u1", "node-a", &inv(), &settings()).unwrap();
+        assert_eq!(plan.devices.len(), 2);
+        let mig = plan.devices[0].mig.as_ref().unwrap();
+        assert_eq!((mig.profile.as_str(), mig.start), ("3g.40gb", 4));
+        assert_eq!(plan.devices[1].share, Some((16384, 25)));
+        let env = &plan.cdi.container_edits.env;
+        assert!(
+            env.iter().any(|e| e == "CUDA_DEVICE_MEMORY_LIMIT_1=16384m"),
+            "{env:?}"
+        );
+        assert!(
+            env.iter().any(|e| e == "CUDA_DEVICE_SM_LIMIT_1=25"),
+            "{env:?}"
+        );
+        assert!(env.iter().any(|e| e.starts_with("LD_PRELOAD=")));
+        assert_eq!(plan.cdi.devices[0].name, "u1-gpu-0-mig-3g-40gb-4");
+        assert_eq!(plan.cdi_file, "tessera.io-claim-u1");
+    }
+
+    #[test]
+    fn refuses_what_it_must() {
+        let c = claim("u1", vec![("node-a", "gpu-0", None)]);
+        assert!(matches!(
+            plan_claim(&c, "u2", "node-a", &inv(), &settings()),
+            Err(PrepareError::UidMismatch { .. })
+        ));
+        assert!(matches!(
+            plan_claim(&c, "u1", "node-b", &inv(), &settings()),
+            Err(PrepareError::WrongNode { .. })
+        ));
+        let c = claim("u1", vec![("node-a", "gpu-9", None)]);
+        assert!(matches!(
+            plan_claim(&c, "u1", "node-a", &inv(), &settings()),
+            Err(PrepareError::UnknownDevice { .. })
+        ));
+        // A placement the model does not have.
+        let c = claim("u1", vec![("node-a", "gpu-0-mig-3g-40gb-1", None)]);
+        assert!(plan_claim(&c, "u1", "node-a", &inv(), &settings()).is_err());
+        let c = claim("u1", vec![("node-a", "gpu-0-vgpu", Some(("900Gi", "25")))]);
+        assert!(matches!(
+            plan_claim(&c, "u1", "node-a", &inv(), &settings()),
+            Err(PrepareError::InvalidCapacity { .. })
+        ));
+        let mut c = claim("u1", vec![]);
+        c.status = None;
+        assert!(matches!(
+            plan_claim(&c, "u1", "node-a", &inv(), &settings()),
+            Err(PrepareError::NotAllocated { .. })
+        ));
+    }
+}

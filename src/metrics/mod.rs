@@ -1,0 +1,176 @@
+//! The node agent's Prometheus metrics: one [`NodeMetrics`] owning a `tessera_`-prefixed
+//! registry, passed to whoever records, readable by tests, served on `--metrics-addr`.
+//!
+//! | metric | labels | meaning |
+//! |---|---|---|
+//! | `tessera_devices` | resource, health | devices advertised now |
+//! | `tessera_allocations_total` | resource | containers allocated |
+//! | `tessera_allocation_errors_total` | resource, reason | Allocate refusals |
+//! | `tessera_health_transitions_total` | to | GPU health flips |
+//! | `tessera_config_reloads_total` | outcome | applied / rejected / unchanged |
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::registry::Registry;
+use tokio_util::sync::CancellationToken;
+use tracing::{info, warn};
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct DeviceLabels {
+    pub resource: String,
+    pub health: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ResourceLabels {
+    pub resource: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ErrorLabels {
+    pub resource: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HealthLabels {
+    pub to: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+/// Everything the node agent measures.
+#[derive(Debug)]
+pub struct NodeMetrics {
+    registry: Registry,
+    pub devices: Family<DeviceLabels, Gauge>,
+    pub allocations: Family<ResourceLabels, Counter>,
+    pub allocation_errors: Family<ErrorLabels, Counter>,
+    pub health_transitions: Family<HealthLabels, Counter>,
+    pub config_reloads: Family<OutcomeLabels, Counter>,
+}
+
+impl Default for NodeMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl NodeMetrics {
+    pub fn new() -> Self {
+        let mut registry = Registry::with_prefix("tessera");
+        let devices = Family::<DeviceLabels, Gauge>::default();
+        let allocations = Family::<ResourceLabels, Counter>::default();
+        let allocation_errors = Family::<ErrorLabels, Counter>::default();
+        let health_transitions = Family::<HealthLabels, Counter>::default();
+        let config_reloads = Family::<OutcomeLabels, Counter>::default();
+        registry.register(
+            "devices",
+            "Devices advertised to the kubelet",
+            devices.clone(),
+        );
+        registry.register(
+            "allocations",
+            "Containers allocated devices",
+            allocations.clone(),
+        );
+        registry.register(
+            "allocation_errors",
+            "Allocate requests refused",
+            allocation_errors.clone(),
+        );
+        registry.register(
+            "health_transitions",
+            "GPU health changes",
+            health_transitions.clone(),
+        );
+        registry.register(
+            "config_reloads",
+            "Layout config reloads by outcome",
+            config_reloads.clone(),
+        );
+        Self {
+            registry,
+            devices,
+            allocations,
+            allocation_errors,
+            health_transitions,
+            config_reloads,
+        }
+    }
+
+    /// The Prometheus text exposition.
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        // Writing to a String cannot fail.
+        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        out
+    }
+
+    pub fn reload(&self, outcome: &str) {
+        self.config_reloads
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.into(),
+            })
+            .inc();
+    }
+}
+
+/// Serve `GET /metrics` on `listener` until `cancel`.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    metrics: Arc<NodeMetrics>,
+    cancel: CancellationToken,
+) -> std::io::Result<()> {
+    use http_body_util::Full;
+    use hyper::{Response, StatusCode};
+
+    let addr: SocketAddr = listener.local_addr()?;
+    info!(%addr, "serving metrics");
+    loop {
+        let (stream, _) = tokio::select! {
+            _ = cancel.cancelled() => return Ok(()),
+            accepted = listener.accept() => match accepted {
+                Ok(s) => s,
+                Err(e) => { warn!(error = %e, "metrics accept failed"); continue; }
+            },
+        };
+        let metrics = metrics.clone();
+        tokio::spawn(async move {
+            let svc =
+                hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+                    let metrics = metrics.clone();
+                    async move {
+                        let resp = if req.uri().path() == "/metrics" {
+                            Response::builder()
+                                .header(
+                                    "content-type",
+                                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                                )
+                                .body(Full::new(bytes::Bytes::from(metrics.encode())))
+                        } else {
+                            Response::builder()
+                                .status(StatusCode::NOT_FOUND)
+                                .body(Full::new(bytes::Bytes::from_static(b"see /metrics\n")))
+                        };
+                        resp.map_err(std::io::Error::other)
+                    }
+                });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            if let Err(e) = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await
+            {
+                warn!(error = %e, "metrics connection failed");
+            }
+        });
+    }
+}

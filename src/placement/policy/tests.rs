@@ -1,0 +1,234 @@
+//! Table-driven tests of each policy's choice on crafted clusters.
+
+use super::*;
+use crate::placement::{NodeSpec, Request, Workload};
+
+/// A cluster with some pods already placed: `(node, request, gpus)`.
+fn cluster_with(specs: Vec<NodeSpec>, placed: &[(usize, Request, Vec<u8>)]) -> Cluster {
+    let mut c = Cluster::new(specs).unwrap();
+    for (node, r, gpus) in placed {
+        let d = c.demand(r).unwrap();
+        c.apply(
+            &d,
+            &Placement {
+                node: *node,
+                gpus: gpus.clone(),
+            },
+        )
+        .unwrap();
+    }
+    c
+}
+
+fn place(
+    kind: PolicyKind,
+    c: &mut Cluster,
+    r: &Request,
+    w: &Workload,
+    seed: u64,
+) -> Option<Placement> {
+    let d = c.demand(r).unwrap();
+    let ctx = PolicyContext {
+        target: w.clone(),
+        shapes: w.clone(),
+        ties: TieBreak::Random,
+    };
+    kind.build(&ctx).place(c, &d, &mut SplitMix64::new(seed))
+}
+
+#[test]
+fn policy_names_round_trip() {
+    for k in PolicyKind::ALL {
+        assert_eq!(PolicyKind::parse(k.name()).unwrap(), k);
+    }
+    assert_eq!(PolicyKind::parse("Best-Fit").unwrap(), PolicyKind::BestFit);
+    assert!(PolicyKind::parse("worstfit").is_err());
+}
+
+#[test]
+fn nothing_fits_means_no_placement_for_every_policy() {
+    let mut c = cluster_with(vec![NodeSpec::new("a", 1000, 1000, 1, "T4")], &[]);
+    let w = Workload::default();
+    for k in PolicyKind::ALL {
+        assert_eq!(
+            place(k, &mut c, &Request::whole(1000, 1000, 2), &w, 1),
+            None,
+            "{k}"
+        );
+        assert_eq!(
+            place(k, &mut c, &Request::shared(2000, 10, 100), &w, 1),
+            None,
+            "{k}"
+        );
+    }
+}
+
+#[test]
+fn only_feasible_node_is_chosen_by_every_policy() {
+    // Node 0 lacks CPU, node 1 has the wrong model, node 2 is the only fit.
+    let specs = vec![
+        NodeSpec::new("small", 1000, 100_000, 2, "T4"),
+        NodeSpec::new("v100", 64_000, 100_000, 2, "V100"),
+        NodeSpec::new("t4", 64_000, 100_000, 2, "T4"),
+    ];
+    let w = Workload::default();
+    for k in PolicyKind::ALL {
+        for seed in 0..5 {
+            let mut c = cluster_with(specs.clone(), &[]);
+            let got = place(
+                k,
+                &mut c,
+                &Request::shared(4000, 1000, 500).on_models(&["T4"]),
+                &w,
+                seed,
+            );
+            assert_eq!(got.map(|p| p.node), Some(2), "{k} seed {seed}");
+        }
+    }
+}
+
+#[test]
+fn packing_style_policies_prefer_the_used_node() {
+    // Node 0 already has a 500m pod on GPU 0; node 1 is empty.
+    let specs = vec![
+        NodeSpec::new("a", 32_000, 100_000, 2, "T4"),
+        NodeSpec::new("b", 32_000, 100_000, 2, "T4"),
+    ];
+    let placed = [(0, Request::shared(1000, 1000, 500), vec![0])];
+    let w = Workload::default();
+    let table = [
+        (
+            PolicyKind::BestFit,
+            Placement {
+                node: 0,
+                gpus: vec![0],
+            },
+        ),
+        (
+            PolicyKind::GpuPacking,
+            Placement {
+                node: 0,
+                gpus: vec![0],
+            },
+        ),
+        (
+            PolicyKind::GpuClustering,
+            Placement {
+                node: 0,
+                gpus: vec![0],
+            },
+        ),
+    ];
+    for (k, want) in table {
+        let mut c = cluster_with(specs.clone(), &placed);
+        assert_eq!(
+            place(k, &mut c, &Request::shared(1000, 1000, 500), &w, 3),
+            Some(want),
+            "{k}"
+        );
+    }
+}
+
+#[test]
+fn dot_product_prefers_the_node_with_least_aligned_free_capacity() {
+    // Node 0: one GPU with 500m free; node 1: eight empty GPUs. Integer scores 99 vs 96.
+    let specs = vec![
+        NodeSpec::new("a", 8000, 100_000, 1, "T4"),
+        NodeSpec::new("b", 8000, 100_000, 8, "T4"),
+    ];
+    let placed = [(0, Request::shared(100, 1000, 500), vec![0])];
+    for seed in 0..5 {
+        let mut c = cluster_with(specs.clone(), &placed);
+        let got = place(
+            PolicyKind::DotProduct,
+            &mut c,
+            &Request::shared(100, 1000, 500),
+            &Workload::default(),
+            seed,
+        );
+        assert_eq!(got.map(|p| p.node), Some(0));
+    }
+}
+
+#[test]
+fn fgd_and_tessera_keep_whole_gpus_for_whole_gpu_workloads() {
+    // Target workload: mostly 1-GPU tasks, some 300m tasks. Node 0 has GPU 0 at 700m free
+    // and GPU 1 whole; a 300m task should go on GPU 0 (keeps a whole GPU for 1-GPU tasks).
+    let specs = vec![
+        NodeSpec::new("a", 64_000, 100_000, 2, "T4"),
+        NodeSpec::new("b", 64_000, 100_000, 2, "T4"),
+    ];
+    let placed = [(0, Request::shared(1000, 1000, 300), vec![0])];
+    for k in [PolicyKind::Fgd, PolicyKind::Tessera] {
+        let mut c = cluster_with(specs.clone(), &placed);
+        let ds: Vec<_> = [
+            Request::whole(1000, 1000, 1),
+            Request::whole(1000, 1000, 1),
+            Request::shared(1000, 1000, 300),
+        ]
+        .iter()
+        .map(|r| c.demand(r).unwrap())
+        .collect();
+        let w = Workload::from_demands(&ds, 1.0);
+        let got = place(k, &mut c, &Request::shared(1000, 1000, 300), &w, 9);
+        assert_eq!(
+            got,
+            Some(Placement {
+                node: 0,
+                gpus: vec![0]
+            }),
+            "{k}"
+        );
+    }
+}
+
+#[test]
+fn random_is_deterministic_per_seed_and_spreads() {
+    let specs: Vec<_> = (0..8)
+        .map(|i| NodeSpec::new(&format!("n{i}"), 8000, 8000, 1, "T4"))
+        .collect();
+    let w = Workload::default();
+    let mut seen = std::collections::BTreeSet::new();
+    for seed in 0..40 {
+        let mut c = cluster_with(specs.clone(), &[]);
+        let a = place(
+            PolicyKind::Random,
+            &mut c,
+            &Request::shared(100, 10, 100),
+            &w,
+            seed,
+        );
+        let b = place(
+            PolicyKind::Random,
+            &mut c,
+            &Request::shared(100, 10, 100),
+            &w,
+            seed,
+        );
+        assert_eq!(a, b);
+        seen.insert(a.map(|p| p.node));
+    }
+    assert!(
+        seen.len() > 4,
+        "random placement should spread, saw {seen:?}"
+    );
+}
+
+#[test]
+fn whole_gpu_requests_take_free_gpus_only() {
+    let specs = vec![NodeSpec::new("a", 64_000, 100_000, 4, "G2")];
+    let placed = [(0, Request::shared(1000, 1000, 100), vec![1])];
+    let w = Workload::default();
+    for k in PolicyKind::ALL {
+        let mut c = cluster_with(specs.clone(), &placed);
+        let got = place(k, &mut c, &Request::whole(1000, 1000, 3), &w, 5);
+        assert_eq!(
+            got,
+            Some(Placement {
+                node: 0,
+                gpus: vec![0, 2, 3]
+            }),
+            "{k}"
+        );
+    }
+}
