@@ -13,6 +13,7 @@ pub mod cdi;
 pub mod deviceplugin;
 pub mod dra;
 pub mod gpu;
+pub mod grpc;
 pub mod metrics;
 pub mod partition;
 pub mod placement;
