@@ -1,6 +1,17 @@
 #!/usr/bin/env bash
-# The whole test suite: unit, integration and doc tests of every workspace member.
+# The whole test suite: unit, integration, bench smoke and doc tests of every workspace
+# member. Ends with one summary line over every test binary.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-cargo test --workspace --all-targets
-cargo test --workspace --doc
+log=$(mktemp)
+trap 'rm -f "$log"' EXIT
+status=0
+cargo test --workspace --all-targets 2>&1 | tee -a "$log" || status=$?
+if [ "$status" -eq 0 ]; then
+  cargo test --workspace --doc 2>&1 | tee -a "$log" || status=$?
+fi
+passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
+failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
+ignored=$(grep -Eo '[0-9]+ ignored;' "$log" | awk '{s+=$1} END {print s+0}')
+echo "tests: $passed passed, $failed failed, $ignored skipped"
+exit "$status"
