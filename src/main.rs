@@ -6,7 +6,11 @@ use clap::{Parser, Subcommand};
 mod cmd;
 
 #[derive(Parser)]
-#[command(name = "tessera", version, about = "Share one GPU fleet between training and inference")]
+#[command(
+    name = "tessera",
+    version,
+    about = "Share one GPU fleet between training and inference"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,

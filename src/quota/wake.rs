@@ -1,0 +1,183 @@
+//! Wake-ups of parked workloads, so that a scheduling cycle never pays for workloads
+//! that cannot be admitted.
+//!
+//! When a workload is parked, each `(flavor, resource)` where it was short gets an entry
+//! keyed by `released_so_far + deficit` in its cohort's index. The deficit is a lower
+//! bound on how much must be released before the workload could fit: its request minus
+//! what is available minus an upper bound of what its preemption policy could free.
+//! Releases only ever raise availability by at most the released amount, and admissions
+//! never help a parked workload, so the workload cannot become admissible before some
+//! entry is reached. A release pops the reached entries: O(log n + woken), independent of
+//! the number of workloads that stay inadmissible.
+//!
+//! One refinement keeps reclaim-capable queues cheap: reclaiming from other queues is
+//! only possible when the workload fits within its own queue's nominal quota, so while
+//! it does not, cross-queue usage is left out of the bound and a second entry waits on
+//! the workload's own queue releasing the excess.
+
+use super::api::{BorrowWithinCohortPolicy, ReclaimPolicy, StopPolicy, WithinClusterQueuePolicy};
+use super::engine::{Engine, Requeue, WakeIndex};
+use super::model::{CqId, FrId, WlId};
+use super::quantity::Time;
+use std::collections::BTreeMap;
+
+impl Engine {
+    pub(crate) fn register_wake_keys(
+        &mut self,
+        id: WlId,
+        cq: CqId,
+        gen: u64,
+        shortfalls: &[(FrId, i64, i64)],
+    ) {
+        // Smallest deficit per fr over the considered flavors.
+        let mut per_fr: BTreeMap<FrId, (i64, i64)> = BTreeMap::new();
+        for &(fr, val, avail) in shortfalls {
+            let e = per_fr.entry(fr).or_insert((val, avail));
+            if val - avail < e.0 - e.1 {
+                *e = (val, avail);
+            }
+        }
+        let co = self.cqs[cq].cohort;
+        let pw = self.wls[id].priority;
+        let pre = self.cqs[cq].spec.preemption.clone();
+        for (fr, (val, avail)) in per_fr {
+            let same = match pre.within_cluster_queue {
+                WithinClusterQueuePolicy::Never => 0,
+                WithinClusterQueuePolicy::LowerPriority => {
+                    self.usage_where(co, Some(cq), fr, |p| p < pw)
+                }
+                WithinClusterQueuePolicy::LowerOrNewerEqualPriority => {
+                    self.usage_where(co, Some(cq), fr, |p| p <= pw)
+                }
+            };
+            let bwc = pre
+                .borrow_within_cohort
+                .as_ref()
+                .is_some_and(|b| b.policy == BorrowWithinCohortPolicy::LowerPriority);
+            let others = |pred: &dyn Fn(i32) -> bool| {
+                self.usage_where(co, None, fr, pred) - self.usage_where(co, Some(cq), fr, pred)
+            };
+            let within_nominal = self.usage(cq, fr) + val <= self.nominal(cq, fr);
+            let mut cross = 0;
+            if bwc {
+                cross = cross.max(others(&|p| p < pw));
+            }
+            let mut local = None;
+            match pre.reclaim_within_cohort {
+                ReclaimPolicy::Never => {}
+                _ if !within_nominal => {
+                    local = Some(self.usage(cq, fr) + val - self.nominal(cq, fr));
+                }
+                ReclaimPolicy::LowerPriority => cross = cross.max(others(&|p| p < pw)),
+                ReclaimPolicy::Any => cross = cross.max(others(&|_| true)),
+            }
+            let deficit = (val - avail - same - cross).max(1);
+            let seq = self.next_seq();
+            let threshold = self.cohorts[co].released.get(&fr).copied().unwrap_or(0) + deficit;
+            self.cohorts[co]
+                .wake
+                .entry(fr)
+                .or_default()
+                .insert((threshold, seq), (id, gen));
+            if let Some(d) = local {
+                let t = self.cqs[cq].released.get(&fr).copied().unwrap_or(0) + d.max(1);
+                self.cqs[cq]
+                    .wake
+                    .entry(fr)
+                    .or_default()
+                    .insert((t, seq), (id, gen));
+            }
+        }
+    }
+
+    /// Releases `amount` of `fr` held by a workload of priority `prio` in `cq`, and wakes
+    /// the parked workloads this could help.
+    pub(crate) fn release(&mut self, cq: CqId, fr: FrId, amount: i64, prio: i32, now: Time) {
+        self.add_usage(cq, fr, -amount, prio);
+        let co = self.cqs[cq].cohort;
+        if self.cfg.requeue == Requeue::FullRescan {
+            self.wake_cohort_all(co, now);
+            return;
+        }
+        let total = {
+            let r = self.cohorts[co].released.entry(fr).or_insert(0);
+            *r += amount;
+            *r
+        };
+        let local = {
+            let r = self.cqs[cq].released.entry(fr).or_insert(0);
+            *r += amount;
+            *r
+        };
+        let mut woken = pop_reached(&mut self.cohorts[co].wake, fr, total);
+        woken.extend(pop_reached(&mut self.cqs[cq].wake, fr, local));
+        for (id, gen) in woken {
+            if self.wls[id].gen == gen {
+                self.wake(id);
+            }
+        }
+    }
+
+    /// Puts a parked workload back in its queue (or unblocks its StrictFIFO queue).
+    pub(crate) fn wake(&mut self, id: WlId) {
+        let w = &mut self.wls[id];
+        if w.state != super::engine::WlState::Pending {
+            return;
+        }
+        let Some(cq) = w.cq else { return };
+        w.gen += 1;
+        let key = w.order_key(id);
+        let q = &mut self.cqs[cq];
+        if q.parked.remove(&key) {
+            q.pending.insert(key);
+        } else if q.blocked == Some(key) {
+            q.blocked = None;
+        } else {
+            return;
+        }
+        self.stats.wakes += 1;
+        if q.spec.stop == StopPolicy::None {
+            self.ready.insert(cq);
+        }
+    }
+
+    /// Puts every parked workload of a cohort back in its queue (configuration changes,
+    /// and the naive baseline on every release).
+    pub(crate) fn wake_cohort_all(&mut self, co: usize, _now: Time) {
+        let members = self.cohorts[co].members.clone();
+        self.cohorts[co].wake.clear();
+        for m in members {
+            let q = &mut self.cqs[m];
+            q.wake.clear();
+            let parked = std::mem::take(&mut q.parked);
+            self.stats.wakes += parked.len() as u64;
+            for key in &parked {
+                self.wls[key.3].gen += 1;
+            }
+            let q = &mut self.cqs[m];
+            q.pending.extend(parked);
+            if let Some(b) = q.blocked.take() {
+                self.wls[b.3].gen += 1;
+            }
+            if !q.pending.is_empty() && q.spec.stop == StopPolicy::None {
+                self.ready.insert(m);
+            }
+        }
+    }
+
+    /// Re-evaluates everything (a flavor or namespace changed).
+    pub(crate) fn wake_everything(&mut self, now: Time) {
+        for co in 0..self.cohorts.len() {
+            self.wake_cohort_all(co, now);
+        }
+    }
+}
+
+fn pop_reached(index: &mut WakeIndex, fr: FrId, reached: i64) -> Vec<(WlId, u64)> {
+    let Some(map) = index.get_mut(&fr) else {
+        return Vec::new();
+    };
+    let rest = map.split_off(&(reached + 1, 0));
+    let hit = std::mem::replace(map, rest);
+    hit.into_values().collect()
+}
