@@ -6,6 +6,8 @@ use super::api::{BorrowWithinCohortPolicy, WhenCanBorrow, WhenCanPreempt};
 use super::engine::Engine;
 use super::events::FlavorMap;
 use super::model::{CqId, FrId, PodSetInfo, WlId, PODS};
+use super::preempt::Victims;
+use super::quantity::Time;
 use std::collections::BTreeMap;
 
 /// How a request fits a flavor, best first.
@@ -92,9 +94,9 @@ impl Engine {
     }
 
     /// Assigns flavors to workload `id` in queue `cq` with `counts` pods per pod set.
-    pub(crate) fn assign(&self, id: WlId, cq: CqId, counts: &[u32]) -> Assignment {
-        let w = &self.wls[id];
-        let spec = &self.cqs[cq].spec;
+    pub(crate) fn assign(&mut self, id: WlId, cq: CqId, counts: &[u32], now: Time) -> Assignment {
+        let w = std::sync::Arc::clone(&self.wls[id].info);
+        let spec = std::sync::Arc::clone(&self.cqs[cq].spec);
         let can_preempt = spec.can_preempt();
         let bwc = self.borrow_within_cohort(cq);
         let covers_pods = spec.group_of(PODS).is_some();
@@ -103,7 +105,7 @@ impl Engine {
         let mut mode = Mode::Fit;
         let mut shortfalls = Vec::new();
         let mut failure = None;
-        'podsets: for (ps, &n) in w.info.pod_sets.iter().zip(counts) {
+        'podsets: for (ps, &n) in w.pod_sets.iter().zip(counts) {
             // Total requests of this pod set, grouped by resource group.
             let mut by_group: BTreeMap<usize, Vec<(String, i64)>> = BTreeMap::new();
             let mut totals: Vec<(String, i64)> = ps
@@ -167,6 +169,15 @@ impl Engine {
                             }
                         };
                         m = m.max(rm);
+                    }
+                    if m == Mode::Preempt {
+                        // Preemption oracle: only count the flavor as a preemption option
+                        // if some victim set makes room for this pod set there.
+                        let want: Vec<(FrId, i64)> =
+                            shorts.iter().map(|&(fr, v, _)| (fr, v)).collect();
+                        if self.find_victims(id, cq, &want, now) == Victims::None {
+                            m = Mode::NoFit;
+                        }
                     }
                     let stop = match m {
                         Mode::Fit => true,

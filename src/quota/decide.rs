@@ -79,7 +79,7 @@ impl Engine {
             };
         }
         let full: Vec<u32> = self.wls[id].info.pod_sets.iter().map(|p| p.count).collect();
-        let a = self.assign(id, cq, &full);
+        let a = self.assign(id, cq, &full, now);
         let failure = a.failure.clone();
         let mut shortfalls = a.shortfalls.clone();
         let mut gated = None;
@@ -107,7 +107,7 @@ impl Engine {
                     })
                     .collect()
             };
-            let a_min = self.assign(id, cq, &counts_at(total));
+            let a_min = self.assign(id, cq, &counts_at(total), now);
             shortfalls = a_min.shortfalls.clone();
             if let Try::Ok(d_min) = self.try_assignment(id, a_min, now) {
                 // Smallest cut that still fits: binary search over [1, total].
@@ -115,7 +115,7 @@ impl Engine {
                 while lo < hi {
                     let mid = lo + (hi - lo) / 2;
                     self.stats.evaluations += 1;
-                    let a = self.assign(id, cq, &counts_at(mid));
+                    let a = self.assign(id, cq, &counts_at(mid), now);
                     match self.try_assignment(id, a, now) {
                         Try::Ok(d) => {
                             best = d;

@@ -24,6 +24,7 @@ use super::model::{CqId, CqSpec, FrId, WlId, WorkloadInfo};
 use super::quantity::Time;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::sync::Arc;
 
 /// Queue order: higher priority first, then older timestamp, then arrival sequence.
 pub(crate) type OrderKey = (i64, Time, u64, WlId);
@@ -106,7 +107,7 @@ pub(crate) type WakeIndex = HashMap<FrId, BTreeMap<(i64, u64), (WlId, u64)>>;
 
 /// Runtime state of a ClusterQueue.
 pub(crate) struct Cq {
-    pub spec: CqSpec,
+    pub spec: Arc<CqSpec>,
     pub cohort: usize,
     pub usage: HashMap<FrId, i64>,
     pub by_prio: HashMap<FrId, BTreeMap<i32, i64>>,
@@ -161,7 +162,7 @@ pub(crate) struct Admission {
 
 /// Runtime state of a workload.
 pub(crate) struct Wl {
-    pub info: WorkloadInfo,
+    pub info: Arc<WorkloadInfo>,
     pub key: String,
     pub priority: i32,
     pub seq: u64,
@@ -331,13 +332,13 @@ impl Engine {
                 let old_cohort = self.cqs[id].cohort;
                 self.cohorts[old_cohort].members.retain(|&m| m != id);
                 self.recompute_cohort(old_cohort);
-                self.cqs[id].spec = spec;
+                self.cqs[id].spec = Arc::new(spec);
                 id
             }
             None => {
                 let id = self.cqs.len();
                 self.cqs.push(Cq {
-                    spec,
+                    spec: Arc::new(spec),
                     cohort: usize::MAX,
                     usage: HashMap::new(),
                     by_prio: HashMap::new(),
@@ -413,7 +414,7 @@ impl Engine {
         let seq = self.next_seq();
         self.wls.push(Wl {
             order_ts: info.creation,
-            info,
+            info: Arc::new(info),
             key: key.clone(),
             priority,
             seq,
