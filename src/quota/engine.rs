@@ -120,6 +120,8 @@ pub(crate) struct Cq {
     pub admitted: BTreeSet<WlId>,
     pub released: HashMap<FrId, i64>,
     pub wake: WakeIndex,
+    /// Level keys: wake when this queue's usage drops to `-key` or below.
+    pub wake_usage: WakeIndex,
 }
 
 /// Runtime state of a cohort (a queue without `cohortName` is alone in its own).
@@ -133,6 +135,8 @@ pub(crate) struct Cohort {
     pub by_prio: HashMap<FrId, BTreeMap<i32, i64>>,
     pub released: HashMap<FrId, i64>,
     pub wake: WakeIndex,
+    /// Level keys: wake when the cohort's free lendable quota reaches the key.
+    pub wake_free: WakeIndex,
     /// Bumped on every usage change; a cycle re-evaluates stale decisions.
     pub version: u64,
 }
@@ -348,6 +352,7 @@ impl Engine {
                     admitted: BTreeSet::new(),
                     released: HashMap::new(),
                     wake: HashMap::new(),
+                    wake_usage: HashMap::new(),
                 });
                 self.cq_by_name.insert(name.clone(), id);
                 id
@@ -387,6 +392,7 @@ impl Engine {
             by_prio: HashMap::new(),
             released: HashMap::new(),
             wake: HashMap::new(),
+            wake_free: HashMap::new(),
             version: 0,
         });
         self.cohorts.len() - 1

@@ -17,6 +17,7 @@ mod decide;
 mod engine;
 pub mod error;
 pub mod events;
+pub mod fixtures;
 mod lifecycle;
 pub mod model;
 mod preempt;
@@ -24,6 +25,9 @@ pub mod quantity;
 mod report;
 pub mod scenario;
 mod wake;
+
+#[cfg(test)]
+mod engine_tests;
 
 pub use engine::{Engine, EngineConfig, Requeue, Stats, WaitForPodsReady};
 pub use error::{Error, Result};

@@ -10,6 +10,11 @@
 //! entry is reached. A release pops the reached entries: O(log n + woken), independent of
 //! the number of workloads that stay inadmissible.
 //!
+//! Queues that cannot preempt use level keys instead, which do not drift: such a
+//! workload fits only if the cohort's free lendable quota reaches `request - guaranteed`
+//! and its queue's usage drops to `nominal + borrowingLimit - request`; admissions only
+//! move both the wrong way. A release pops the keys whose level is reached.
+//!
 //! One refinement keeps reclaim-capable queues cheap: reclaiming from other queues is
 //! only possible when the workload fits within its own queue's nominal quota, so while
 //! it does not, cross-queue usage is left out of the bound and a second entry waits on
@@ -38,6 +43,10 @@ impl Engine {
             }
         }
         let co = self.cqs[cq].cohort;
+        if !self.cqs[cq].spec.can_preempt() {
+            self.register_level_keys(id, cq, gen, &per_fr);
+            return;
+        }
         let pw = self.wls[id].priority;
         let pre = self.cqs[cq].spec.preemption.clone();
         for (fr, (val, avail)) in per_fr {
@@ -90,6 +99,72 @@ impl Engine {
         }
     }
 
+    fn register_level_keys(
+        &mut self,
+        id: WlId,
+        cq: CqId,
+        gen: u64,
+        per_fr: &BTreeMap<FrId, (i64, i64)>,
+    ) {
+        let co = self.cqs[cq].cohort;
+        let mut any = false;
+        for (&fr, &(val, _)) in per_fr {
+            let Some(l) = self.cqs[cq].spec.limits.get(&fr).copied() else {
+                continue;
+            };
+            let u = self.usage(cq, fr);
+            let g = l.guaranteed();
+            let free = self.pool_free(co, fr);
+            let seq = self.next_seq();
+            if let Some(b) = l.borrowing {
+                let cap = l.nominal + b - val;
+                if u > cap && cap >= 0 {
+                    self.cqs[cq]
+                        .wake_usage
+                        .entry(fr)
+                        .or_default()
+                        .insert((-cap, seq), (id, gen));
+                    any = true;
+                }
+            }
+            if (g - u).max(0) + free < val {
+                // Free lendable quota must reach `val - g`, and in any case grow.
+                let level = (val - g).max(free + 1);
+                self.cohorts[co]
+                    .wake_free
+                    .entry(fr)
+                    .or_default()
+                    .insert((level, seq), (id, gen));
+                if u < g {
+                    // Our own releases below the guarantee do not show in the pool.
+                    self.cqs[cq]
+                        .wake_usage
+                        .entry(fr)
+                        .or_default()
+                        .insert((-(u - 1), seq), (id, gen));
+                }
+                any = true;
+            }
+        }
+        if !any {
+            // Failed for a reason the levels do not capture: wake on any release.
+            for &fr in per_fr.keys() {
+                let seq = self.next_seq();
+                let t = self.cohorts[co].released.get(&fr).copied().unwrap_or(0) + 1;
+                self.cohorts[co]
+                    .wake
+                    .entry(fr)
+                    .or_default()
+                    .insert((t, seq), (id, gen));
+            }
+        }
+    }
+
+    pub(crate) fn pool_free(&self, co: usize, fr: FrId) -> i64 {
+        let c = &self.cohorts[co];
+        c.lendable.get(&fr).copied().unwrap_or(0) - c.pool_used.get(&fr).copied().unwrap_or(0)
+    }
+
     /// Releases `amount` of `fr` held by a workload of priority `prio` in `cq`, and wakes
     /// the parked workloads this could help.
     pub(crate) fn release(&mut self, cq: CqId, fr: FrId, amount: i64, prio: i32, now: Time) {
@@ -109,8 +184,12 @@ impl Engine {
             *r += amount;
             *r
         };
+        let free = self.pool_free(co, fr);
+        let usage = self.usage(cq, fr);
         let mut woken = pop_reached(&mut self.cohorts[co].wake, fr, total);
         woken.extend(pop_reached(&mut self.cqs[cq].wake, fr, local));
+        woken.extend(pop_reached(&mut self.cohorts[co].wake_free, fr, free));
+        woken.extend(pop_reached(&mut self.cqs[cq].wake_usage, fr, -usage));
         for (id, gen) in woken {
             if self.wls[id].gen == gen {
                 self.wake(id);
@@ -146,9 +225,11 @@ impl Engine {
     pub(crate) fn wake_cohort_all(&mut self, co: usize, _now: Time) {
         let members = self.cohorts[co].members.clone();
         self.cohorts[co].wake.clear();
+        self.cohorts[co].wake_free.clear();
         for m in members {
             let q = &mut self.cqs[m];
             q.wake.clear();
+            q.wake_usage.clear();
             let parked = std::mem::take(&mut q.parked);
             self.stats.wakes += parked.len() as u64;
             for key in &parked {
