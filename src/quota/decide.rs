@@ -80,7 +80,7 @@ impl Engine {
         }
         let full: Vec<u32> = self.wls[id].info.pod_sets.iter().map(|p| p.count).collect();
         let a = self.assign(id, cq, &full, now);
-        let failure = a.failure.clone();
+        let mut failure = a.failure.clone();
         let mut shortfalls = a.shortfalls.clone();
         let mut gated = None;
         match self.try_assignment(id, a, now) {
@@ -109,7 +109,17 @@ impl Engine {
             };
             let a_min = self.assign(id, cq, &counts_at(total), now);
             shortfalls = a_min.shortfalls.clone();
-            if let Try::Ok(d_min) = self.try_assignment(id, a_min, now) {
+            // The smallest admissible shape decides why the workload waits.
+            failure = a_min.failure.clone();
+            let d_min = match self.try_assignment(id, a_min, now) {
+                Try::Ok(d) => Some(d),
+                Try::Gated(t) => {
+                    gated = Some(gated.map_or(t, |g: Time| g.min(t)));
+                    None
+                }
+                Try::No => None,
+            };
+            if let Some(d_min) = d_min {
                 // Smallest cut that still fits: binary search over [1, total].
                 let (mut lo, mut hi, mut best) = (1u64, total, d_min);
                 while lo < hi {

@@ -137,6 +137,9 @@ pub(crate) struct Cohort {
     pub wake: WakeIndex,
     /// Level keys: wake when the cohort's free lendable quota reaches the key.
     pub wake_free: WakeIndex,
+    /// Parked workloads that may reclaim from borrowers: woken when an admission
+    /// leaves a queue borrowing (its workloads become reclaim candidates).
+    pub reclaimers: WakeIndex,
     /// Bumped on every usage change; a cycle re-evaluates stale decisions.
     pub version: u64,
 }
@@ -393,6 +396,7 @@ impl Engine {
             released: HashMap::new(),
             wake: HashMap::new(),
             wake_free: HashMap::new(),
+            reclaimers: HashMap::new(),
             version: 0,
         });
         self.cohorts.len() - 1

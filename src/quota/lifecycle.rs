@@ -92,6 +92,14 @@ impl Engine {
         let remaining = w.info.runtime.map(|r| r.saturating_sub(w.progress));
         self.cqs[cq].admitted.insert(id);
         self.stats.admissions += 1;
+        if borrowing && self.cfg.requeue == super::engine::Requeue::Indexed {
+            let frs: Vec<_> = self.wls[id]
+                .admission
+                .as_ref()
+                .map(|a| a.usage.iter().map(|(fr, _)| *fr).collect())
+                .unwrap_or_default();
+            self.wake_reclaimers(cq, &frs);
+        }
         let timeout = self.cfg.wait_for_pods_ready.as_ref().map(|c| c.timeout);
         let ready_in_time = match (ready_after, timeout) {
             (Some(r), Some(t)) => r <= t,

@@ -168,3 +168,40 @@ impl Engine {
         Ok(())
     }
 }
+
+impl Engine {
+    /// Parked workloads that could be admitted (or could preempt) right now: after
+    /// [`Engine::schedule`] this must be empty, or a wake-up was missed. For tests.
+    pub fn admissible_but_parked(&mut self, now: super::quantity::Time) -> Vec<String> {
+        let mut keys = Vec::new();
+        for q in &self.cqs {
+            if q.spec.stop != super::api::StopPolicy::None {
+                continue;
+            }
+            keys.extend(q.parked.iter().copied());
+            keys.extend(q.blocked);
+        }
+        let stats = self.stats.clone();
+        let mut out = Vec::new();
+        for key in keys {
+            let id = key.3;
+            if matches!(
+                self.wls[id].reason,
+                super::events::PendingReason::WaitingForPreemptedWorkloads(_)
+                    | super::events::PendingReason::MinimumRuntime { .. }
+            ) {
+                continue;
+            }
+            let versions: Vec<u64> = self.cohorts.iter().map(|c| c.version).collect();
+            let d = self.evaluate(id, now);
+            for (c, v) in self.cohorts.iter_mut().zip(versions) {
+                c.version = v;
+            }
+            if !matches!(d, super::decide::Decision::Fail { .. }) {
+                out.push(self.wls[id].key.clone());
+            }
+        }
+        self.stats = stats;
+        out
+    }
+}

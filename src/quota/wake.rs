@@ -88,6 +88,13 @@ impl Engine {
                 .entry(fr)
                 .or_default()
                 .insert((threshold, seq), (id, gen));
+            if pre.reclaim_within_cohort != ReclaimPolicy::Never || bwc {
+                self.cohorts[co]
+                    .reclaimers
+                    .entry(fr)
+                    .or_default()
+                    .insert((0, seq), (id, gen));
+            }
             if let Some(d) = local {
                 let t = self.cqs[cq].released.get(&fr).copied().unwrap_or(0) + d.max(1);
                 self.cqs[cq]
@@ -128,21 +135,14 @@ impl Engine {
                 }
             }
             if (g - u).max(0) + free < val {
-                // Free lendable quota must reach `val - g`, and in any case grow.
-                let level = (val - g).max(free + 1);
+                // What the queue can take without borrowing limits is its unused
+                // guarantee plus the pool's free quota, at most `g + free`: the pool
+                // must reach `val - g` (for `g = 0` that is more than it has now).
                 self.cohorts[co]
                     .wake_free
                     .entry(fr)
                     .or_default()
-                    .insert((level, seq), (id, gen));
-                if u < g {
-                    // Our own releases below the guarantee do not show in the pool.
-                    self.cqs[cq]
-                        .wake_usage
-                        .entry(fr)
-                        .or_default()
-                        .insert((-(u - 1), seq), (id, gen));
-                }
+                    .insert((val - g, seq), (id, gen));
                 any = true;
             }
         }
@@ -156,6 +156,25 @@ impl Engine {
                     .entry(fr)
                     .or_default()
                     .insert((t, seq), (id, gen));
+            }
+        }
+    }
+
+    /// After an admission in `cq`: where it now borrows, its workloads are new reclaim
+    /// candidates, and removing one can free more than the admission took.
+    pub(crate) fn wake_reclaimers(&mut self, cq: CqId, frs: &[FrId]) {
+        let co = self.cqs[cq].cohort;
+        for &fr in frs {
+            if self.usage(cq, fr) <= self.nominal(cq, fr) {
+                continue;
+            }
+            let Some(map) = self.cohorts[co].reclaimers.remove(&fr) else {
+                continue;
+            };
+            for (id, gen) in map.into_values() {
+                if self.wls[id].gen == gen && self.wls[id].cq != Some(cq) {
+                    self.wake(id);
+                }
             }
         }
     }
@@ -226,6 +245,7 @@ impl Engine {
         let members = self.cohorts[co].members.clone();
         self.cohorts[co].wake.clear();
         self.cohorts[co].wake_free.clear();
+        self.cohorts[co].reclaimers.clear();
         for m in members {
             let q = &mut self.cqs[m];
             q.wake.clear();
