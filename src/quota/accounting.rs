@@ -66,6 +66,7 @@ impl Engine {
         if delta == 0 {
             return;
         }
+        self.usage_total += delta;
         let g = self.guaranteed(cq, fr);
         let co_id = self.cqs[cq].cohort;
         let q = &mut self.cqs[cq];

@@ -38,7 +38,7 @@ pub struct Taint {
 }
 
 /// A Kubernetes toleration.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Toleration {
     #[serde(default, skip_serializing_if = "Option::is_none")]

@@ -100,6 +100,8 @@ pub struct Stats {
     pub preemptions: u64,
     /// Parked workloads put back in their queue.
     pub wakes: u64,
+    /// Evaluations answered by an identical workload's fresh failure.
+    pub memo_hits: u64,
 }
 
 /// Wake-up index entries: `(threshold on cumulative releases, seq) -> (workload, gen)`.
@@ -122,6 +124,9 @@ pub(crate) struct Cq {
     pub wake: WakeIndex,
     /// Level keys: wake when this queue's usage drops to `-key` or below.
     pub wake_usage: WakeIndex,
+    /// The last failed decision, reused for an identical workload (same shape and
+    /// priority) evaluated at the same time against unchanged books.
+    pub fail_memo: Option<(u64, Time, u64, super::decide::Decision)>,
 }
 
 /// Runtime state of a cohort (a queue without `cohortName` is alone in its own).
@@ -184,6 +189,10 @@ pub(crate) struct Wl {
     /// Work saved by checkpoints (or completed) across runs.
     pub progress: Time,
     pub admission: Option<Admission>,
+    /// Hash of what admission depends on (priority, pod sets): equal shapes decide alike.
+    pub shape: u64,
+    /// When it was first admitted (for time-to-admission).
+    pub first_admitted: Option<Time>,
     /// Why it is terminating (set while its grace period runs).
     pub evicting: Option<EvictCause>,
 }
@@ -229,6 +238,8 @@ pub struct Engine {
     pub(crate) dirty: Vec<WlId>,
     pub(crate) seq: u64,
     pub(crate) now: Time,
+    /// Sum of all queues' usage (milli-units), kept up to date for cheap read-outs.
+    pub(crate) usage_total: i64,
     pub stats: Stats,
 }
 
@@ -255,6 +266,7 @@ impl Engine {
             dirty: Vec::new(),
             seq: 0,
             now: 0,
+            usage_total: 0,
             stats: Stats::default(),
         }
     }
@@ -356,6 +368,7 @@ impl Engine {
                     released: HashMap::new(),
                     wake: HashMap::new(),
                     wake_usage: HashMap::new(),
+                    fail_memo: None,
                 });
                 self.cq_by_name.insert(name.clone(), id);
                 id
@@ -422,6 +435,7 @@ impl Engine {
             };
         let id = self.wls.len();
         let seq = self.next_seq();
+        let shape = shape_hash(priority, &info);
         self.wls.push(Wl {
             order_ts: info.creation,
             info: Arc::new(info),
@@ -436,6 +450,8 @@ impl Engine {
             requeues: 0,
             progress: 0,
             admission: None,
+            shape,
+            first_admitted: None,
             evicting: None,
         });
         self.wl_by_key.insert(key, id);
@@ -679,6 +695,18 @@ impl Engine {
         std::mem::take(&mut self.events)
     }
 
+    /// When `key` was first admitted, if ever.
+    pub fn first_admitted_at(&self, key: &str) -> Option<Time> {
+        self.wl_by_key
+            .get(key)
+            .and_then(|&id| self.wls[id].first_admitted)
+    }
+
+    /// Sum of every queue's usage of every resource, in milli-units.
+    pub fn usage_total(&self) -> i64 {
+        self.usage_total
+    }
+
     /// Whether `key` is admitted now.
     pub fn is_admitted(&self, key: &str) -> bool {
         self.wl_by_key
@@ -701,6 +729,17 @@ impl Engine {
     pub(crate) fn strict(&self, cq: CqId) -> bool {
         self.cqs[cq].spec.strategy == QueueingStrategy::StrictFIFO
     }
+}
+
+fn shape_hash(priority: i32, info: &WorkloadInfo) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    priority.hash(&mut h);
+    for ps in &info.pod_sets {
+        (&ps.name, ps.count, ps.min_count, &ps.requests).hash(&mut h);
+        (&ps.node_selector, &ps.tolerations).hash(&mut h);
+    }
+    h.finish()
 }
 
 fn intern_fr(

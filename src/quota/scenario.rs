@@ -234,22 +234,18 @@ pub struct Scenario {
     steps: Vec<Step>,
 }
 
+/// First line (1-based) of each YAML document in `text`.
 fn doc_lines(text: &str) -> Vec<usize> {
     let mut starts = Vec::new();
-    let mut seen_content = false;
+    let mut open = false;
     for (i, line) in text.lines().enumerate() {
         let t = line.trim_end();
         if t == "---" || t.starts_with("--- ") {
-            if seen_content || !starts.is_empty() {
-                starts.push(i + 2);
-            } else {
-                starts.push(i + 2);
-                seen_content = true;
-                continue;
-            }
-        } else if !seen_content && !t.trim().is_empty() && !t.trim_start().starts_with('#') {
-            starts.push(1);
-            seen_content = true;
+            starts.push(i + 2);
+            open = true;
+        } else if !open && !t.trim().is_empty() && !t.trim_start().starts_with('#') {
+            starts.push(i + 1);
+            open = true;
         }
     }
     starts
