@@ -79,15 +79,7 @@ impl Engine {
             };
         }
         // An identical workload just failed against the same books: same answer.
-        let mut shape = self.wls[id].shape;
-        if self.cqs[cq].spec.preemption.within_cluster_queue
-            == super::api::WithinClusterQueuePolicy::LowerOrNewerEqualPriority
-        {
-            shape ^= self.wls[id]
-                .info
-                .creation
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
-        }
+        let shape = self.shape_in(id, cq);
         let version = self.cohorts[self.cqs[cq].cohort].version;
         if let Some((s, t, v, d)) = &self.cqs[cq].fail_memo {
             if (*s, *t, *v) == (shape, now, version) {
@@ -100,6 +92,20 @@ impl Engine {
             self.cqs[cq].fail_memo = Some((shape, now, version, d.clone()));
         }
         d
+    }
+
+    /// What admission of `id` in `cq` depends on: equal values decide alike.
+    pub(crate) fn shape_in(&self, id: WlId, cq: usize) -> u64 {
+        let mut shape = self.wls[id].shape;
+        if self.cqs[cq].spec.preemption.within_cluster_queue
+            == super::api::WithinClusterQueuePolicy::LowerOrNewerEqualPriority
+        {
+            shape ^= self.wls[id]
+                .info
+                .creation
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+        shape
     }
 
     fn evaluate_fresh(&mut self, id: WlId, cq: usize, now: Time) -> Decision {
@@ -253,6 +259,8 @@ impl Engine {
     ) {
         let Some(cq) = self.wls[id].cq else { return };
         let strict = self.strict(cq);
+        let shape = self.shape_in(id, cq);
+        let mut arm = true;
         {
             let q = &mut self.cqs[cq];
             if strict {
@@ -260,6 +268,10 @@ impl Engine {
             } else {
                 q.pending.remove(&key);
                 q.parked.insert(key);
+                let class = q.classes.entry(shape).or_default();
+                class.members.insert(key);
+                arm = !class.armed;
+                class.armed = true;
             }
         }
         let w = &mut self.wls[id];
@@ -270,7 +282,7 @@ impl Engine {
         if let Some(t) = wake_at {
             self.set_timer(t, Timer::Wake(id, gen));
         }
-        if self.cfg.requeue == super::engine::Requeue::FullRescan {
+        if self.cfg.requeue == super::engine::Requeue::FullRescan || !arm {
             return;
         }
         self.register_wake_keys(id, cq, gen, shortfalls);

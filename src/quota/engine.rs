@@ -117,6 +117,9 @@ pub(crate) struct Cq {
     pub pending: BTreeSet<OrderKey>,
     /// Inadmissible workloads waiting for a wake-up.
     pub parked: BTreeSet<OrderKey>,
+    /// Parked workloads grouped by shape: only one member of a class holds wake keys
+    /// (`armed`), and a wake-up moves the class's first member back to the queue.
+    pub classes: HashMap<u64, ShapeClass>,
     /// StrictFIFO: the head that does not fit and blocks the queue.
     pub blocked: Option<OrderKey>,
     pub admitted: BTreeSet<WlId>,
@@ -127,6 +130,13 @@ pub(crate) struct Cq {
     /// The last failed decision, reused for an identical workload (same shape and
     /// priority) evaluated at the same time against unchanged books.
     pub fail_memo: Option<(u64, Time, u64, super::decide::Decision)>,
+}
+
+/// Identical parked workloads of one queue (see [`Cq::classes`]).
+#[derive(Default)]
+pub(crate) struct ShapeClass {
+    pub members: BTreeSet<OrderKey>,
+    pub armed: bool,
 }
 
 /// Runtime state of a cohort (a queue without `cohortName` is alone in its own).
@@ -363,6 +373,7 @@ impl Engine {
                     by_prio: HashMap::new(),
                     pending: BTreeSet::new(),
                     parked: BTreeSet::new(),
+                    classes: HashMap::new(),
                     blocked: None,
                     admitted: BTreeSet::new(),
                     released: HashMap::new(),

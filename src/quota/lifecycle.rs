@@ -93,6 +93,9 @@ impl Engine {
         let remaining = w.info.runtime.map(|r| r.saturating_sub(w.progress));
         self.cqs[cq].admitted.insert(id);
         self.stats.admissions += 1;
+        if self.cfg.requeue == super::engine::Requeue::Indexed {
+            self.chain_class(id, cq);
+        }
         if borrowing && self.cfg.requeue == super::engine::Requeue::Indexed {
             let frs: Vec<_> = self.wls[id]
                 .admission
@@ -222,6 +225,9 @@ impl Engine {
         }
         let key = self.wls[id].order_key(id);
         if let Some(cq) = self.wls[id].cq {
+            if self.cqs[cq].parked.contains(&key) {
+                self.leave_class(id, cq, key);
+            }
             let q = &mut self.cqs[cq];
             q.pending.remove(&key);
             q.parked.remove(&key);

@@ -216,26 +216,91 @@ impl Engine {
         }
     }
 
-    /// Puts a parked workload back in its queue (or unblocks its StrictFIFO queue).
+    /// Puts a parked workload's class back in its queue: the first member of the
+    /// class by queue order (identical workloads decide alike), or unblocks a
+    /// StrictFIFO queue.
     pub(crate) fn wake(&mut self, id: WlId) {
-        let w = &mut self.wls[id];
+        let w = &self.wls[id];
         if w.state != super::engine::WlState::Pending {
             return;
         }
         let Some(cq) = w.cq else { return };
-        w.gen += 1;
         let key = w.order_key(id);
-        let q = &mut self.cqs[cq];
-        if q.parked.remove(&key) {
-            q.pending.insert(key);
-        } else if q.blocked == Some(key) {
-            q.blocked = None;
-        } else {
+        if self.cqs[cq].parked.contains(&key) {
+            self.wls[id].gen += 1;
+            let shape = self.shape_in(id, cq);
+            self.release_class_head(cq, shape, key);
             return;
         }
-        self.stats.wakes += 1;
-        if q.spec.stop == StopPolicy::None {
-            self.ready.insert(cq);
+        let q = &mut self.cqs[cq];
+        if q.blocked == Some(key) {
+            q.blocked = None;
+            self.wls[id].gen += 1;
+            self.stats.wakes += 1;
+            if q.spec.stop == StopPolicy::None {
+                self.ready.insert(cq);
+            }
+        }
+    }
+
+    /// Disarms a class and moves its first member (or `fallback`) to the queue.
+    pub(crate) fn release_class_head(
+        &mut self,
+        cq: CqId,
+        shape: u64,
+        fallback: super::engine::OrderKey,
+    ) {
+        let q = &mut self.cqs[cq];
+        let first = match q.classes.get_mut(&shape) {
+            Some(class) => {
+                class.armed = false;
+                let first = class.members.pop_first().unwrap_or(fallback);
+                if class.members.is_empty() {
+                    q.classes.remove(&shape);
+                }
+                first
+            }
+            None => fallback,
+        };
+        if q.parked.remove(&first) {
+            q.pending.insert(first);
+            self.wls[first.3].gen += 1;
+            self.stats.wakes += 1;
+            if q.spec.stop == StopPolicy::None {
+                self.ready.insert(cq);
+            }
+        }
+    }
+
+    /// A parked workload leaves (finished, deleted): the class hands its wake-up duty
+    /// to its next member.
+    pub(crate) fn leave_class(&mut self, id: WlId, cq: CqId, key: super::engine::OrderKey) {
+        let shape = self.shape_in(id, cq);
+        let q = &mut self.cqs[cq];
+        let Some(class) = q.classes.get_mut(&shape) else {
+            return;
+        };
+        if !class.members.remove(&key) {
+            return;
+        }
+        if class.members.is_empty() {
+            q.classes.remove(&shape);
+        } else if let Some(&next) = class.members.first() {
+            self.release_class_head(cq, shape, next);
+        }
+    }
+
+    /// After an admission from `cq`: identical parked workloads may fit too.
+    pub(crate) fn chain_class(&mut self, id: WlId, cq: CqId) {
+        let shape = self.shape_in(id, cq);
+        let Some(class) = self.cqs[cq].classes.get(&shape) else {
+            return;
+        };
+        if class.armed {
+            return;
+        }
+        if let Some(&first) = class.members.first() {
+            self.release_class_head(cq, shape, first);
         }
     }
 
@@ -250,6 +315,7 @@ impl Engine {
             let q = &mut self.cqs[m];
             q.wake.clear();
             q.wake_usage.clear();
+            q.classes.clear();
             let parked = std::mem::take(&mut q.parked);
             self.stats.wakes += parked.len() as u64;
             for key in &parked {
