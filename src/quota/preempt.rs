@@ -7,7 +7,8 @@
 //! in two orders: Kueue's (borrowing queues first, lowest priority, most recently
 //! admitted) and a checkpoint-aware one (borrowing queues first, lowest priority, least
 //! expected rework). Each gives a minimal set; the set losing the least work wins
-//! (ties: fewer victims, then Kueue's). Victims younger than their queue's
+//! (ties: fewer victims, then Kueue's). Whether preemption is possible at all is
+//! decided by Kueue's order alone, so it never depends on the clock. Victims younger than their queue's
 //! `minimumRuntime` are never taken; if only they could make room the preemptor waits.
 
 use super::api::{BorrowWithinCohortPolicy, ReclaimPolicy, WithinClusterQueuePolicy};
@@ -202,17 +203,12 @@ impl Engine {
                 .sum();
             (rework, set.len())
         };
+        // Whether preemption is possible is Kueue's answer (it does not depend on the
+        // clock); the checkpoint-aware order only picks a cheaper set when both exist.
         let best = match (kueue, aware) {
-            (Some(k), Some(a)) => {
-                if cost(&a) < cost(&k) {
-                    a
-                } else {
-                    k
-                }
-            }
-            (Some(k), None) => k,
-            (None, Some(a)) => a,
-            (None, None) => return None,
+            (Some(k), Some(a)) if cost(&a) < cost(&k) => a,
+            (Some(k), _) => k,
+            (None, _) => return None,
         };
         let rework = cost(&best).0;
         Some((best, rework))
