@@ -1,7 +1,8 @@
 //! Quota engine benchmark: Kueue's scheduler performance shapes driven in simulated time,
 //! the indexed engine against the naive full-rescan baseline, side by side.
 //!
-//! `cargo bench --bench quota` (add `-- --quick` for the small shapes only).
+//! `cargo bench --bench quota` (add `-- --quick` for the small shapes only). Under
+//! `cargo test` it only runs a smoke check.
 //! Shapes (from Kueue's `test/performance/scheduler/configs`):
 //! - baseline: 5 cohorts x 6 ClusterQueues, 500 workloads each (15,000): small (1 unit,
 //!   every 100 ms, runs 200 ms, priority 50), medium (5, 500 ms, 500 ms, 100), large
@@ -256,7 +257,46 @@ fn starvation(parked: usize, requeue: Requeue) -> (f64, u64) {
     (start.elapsed().as_secs_f64() * 1e6 / n as f64, n)
 }
 
+/// `cargo test --all-targets` runs this binary without `--bench`: a fast smoke check that
+/// both engines agree on a small shape, instead of the benchmark.
+fn smoke() {
+    let shape = Shape {
+        name: "smoke: 2 cohorts x 2 CQs",
+        cohorts: 2,
+        queues: 2,
+        classes: vec![
+            Class {
+                name: "small",
+                count: 30,
+                interval: 100,
+                runtime: 200,
+                priority: 50,
+                request: 1,
+            },
+            Class {
+                name: "large",
+                count: 5,
+                interval: 1200,
+                runtime: 1000,
+                priority: 200,
+                request: 20,
+            },
+        ],
+    };
+    let a = run(&shape, Requeue::Indexed);
+    let b = run(&shape, Requeue::FullRescan);
+    assert_eq!(a.admissions, b.admissions, "engines disagree");
+    assert!(a.evaluations <= b.evaluations);
+    let (_, n) = starvation(20, Requeue::Indexed);
+    assert_eq!(n, 2000);
+    println!("quota bench smoke test ok (run `cargo bench --bench quota` for numbers)");
+}
+
 fn main() {
+    if !std::env::args().any(|a| a == "--bench") {
+        smoke();
+        return;
+    }
     let quick = std::env::args().any(|a| a == "--quick");
     println!("quota engine benchmark (one thread; ratios are what matter)");
     println!("\n== starvation: microseconds per admission of a small workload next to N inadmissible ones");
