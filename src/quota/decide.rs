@@ -172,7 +172,7 @@ impl Engine {
             (Some(until), f) => PendingReason::MinimumRuntime {
                 until,
                 message: format!(
-                    "{}; the only possible victims are within their queue's minimumRuntime",
+                    "{}; the only possible victims are protected (their queue's minimumRuntime, or admitted by preemption this instant)",
                     failure_text(f.as_ref())
                 ),
             },
@@ -216,6 +216,7 @@ impl Engine {
                 self.stats.preemptions += victims.len() as u64;
                 if grace == 0 && self.fits(cq, &assignment.usage, true) {
                     self.cqs[cq].pending.remove(&key);
+                    self.wls[id].preempted_in_at = Some(now);
                     self.admit(id, cq, assignment, now);
                 } else {
                     let names: Vec<String> =

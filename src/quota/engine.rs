@@ -104,6 +104,9 @@ pub struct Stats {
     pub memo_hits: u64,
 }
 
+/// Key and answer of the last victim search.
+pub(crate) type VictimMemo = (WlId, Vec<(FrId, i64)>, Time, u64, super::preempt::Victims);
+
 /// Wake-up index entries: `(threshold on cumulative releases, seq) -> (workload, gen)`.
 pub(crate) type WakeIndex = HashMap<FrId, BTreeMap<(i64, u64), (WlId, u64)>>;
 
@@ -201,6 +204,9 @@ pub(crate) struct Wl {
     pub admission: Option<Admission>,
     /// Hash of what admission depends on (priority, pod sets): equal shapes decide alike.
     pub shape: u64,
+    /// Set when it was admitted by preempting others at this time: it cannot be a
+    /// victim in the same instant (no preemption cycles within one scheduling pass).
+    pub preempted_in_at: Option<Time>,
     /// When it was first admitted (for time-to-admission).
     pub first_admitted: Option<Time>,
     /// Why it is terminating (set while its grace period runs).
@@ -250,6 +256,9 @@ pub struct Engine {
     pub(crate) now: Time,
     /// Sum of all queues' usage (milli-units), kept up to date for cheap read-outs.
     pub(crate) usage_total: i64,
+    /// Last victim search `(workload, request, now, cohort version) -> result`: the
+    /// flavor oracle and the final search often ask the same question back to back.
+    pub(crate) victim_memo: Option<VictimMemo>,
     pub stats: Stats,
 }
 
@@ -277,6 +286,7 @@ impl Engine {
             seq: 0,
             now: 0,
             usage_total: 0,
+            victim_memo: None,
             stats: Stats::default(),
         }
     }
@@ -462,6 +472,7 @@ impl Engine {
             progress: 0,
             admission: None,
             shape,
+            preempted_in_at: None,
             first_admitted: None,
             evicting: None,
         });

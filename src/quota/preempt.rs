@@ -10,6 +10,8 @@
 //! (ties: fewer victims, then Kueue's). Whether preemption is possible at all is
 //! decided by Kueue's order alone, so it never depends on the clock. Victims younger than their queue's
 //! `minimumRuntime` are never taken; if only they could make room the preemptor waits.
+//! A workload admitted by preempting others cannot itself be a victim in the same
+//! instant, so one scheduling pass never preempts in a cycle.
 
 use super::api::{BorrowWithinCohortPolicy, ReclaimPolicy, WithinClusterQueuePolicy};
 use super::engine::Engine;
@@ -92,6 +94,11 @@ impl Engine {
         }
         let co = self.cqs[cq].cohort;
         let version = self.cohorts[co].version;
+        if let Some((w, u, t, v, r)) = &self.victim_memo {
+            if (*w, *t, *v) == (id, now, version) && u.as_slice() == usage {
+                return r.clone();
+            }
+        }
         let cands = self.candidates(id, cq, &needed, now);
         let free: Vec<Cand> = cands
             .iter()
@@ -117,6 +124,7 @@ impl Engine {
             None => Victims::None,
         };
         self.cohorts[co].version = version;
+        self.victim_memo = Some((id, usage.to_vec(), now, version, result.clone()));
         result
     }
 
@@ -163,7 +171,10 @@ impl Engine {
                     (true, reclaim_ok, bwc_ok)
                 };
                 let min_rt = self.cqs[m].spec.min_runtime;
-                let until = adm.at.saturating_add(min_rt);
+                let mut until = adm.at.saturating_add(min_rt);
+                if xw.preempted_in_at == Some(now) {
+                    until = until.max(now + 1);
+                }
                 out.push(Cand {
                     wl: x,
                     cq: m,
