@@ -232,3 +232,43 @@ fn full_rescan_baseline_pays_for_every_parked_workload() {
     e.advance_to(15).unwrap();
     assert!(e.stats.evaluations - before >= 200);
 }
+
+#[test]
+fn pods_resource_counts_pods_when_covered() {
+    let q = cluster_queue("q")
+        .quota("h100", GPU, 100)
+        .quota("h100-pods", super::model::PODS, 3)
+        .build();
+    let mut e = engine(&[q]);
+    e.apply_flavor(&flavor("h100-pods"), 0).unwrap();
+    submit(
+        &mut e,
+        0,
+        WorkloadInfo::new("ml/two", "q").pod_set("main", 2, &[(GPU, 1)]),
+    );
+    submit(
+        &mut e,
+        1,
+        WorkloadInfo::new("ml/two-more", "q").pod_set("main", 2, &[(GPU, 1)]),
+    );
+    assert!(e.is_admitted("ml/two"));
+    assert_eq!(
+        e.pending_reason("ml/two-more"),
+        Some("WaitingForQuota"),
+        "3 pods max"
+    );
+}
+
+#[test]
+fn missing_cluster_queue_is_a_pending_reason_until_it_appears() {
+    let mut e = engine(&[]);
+    e.apply_local_queue(&local_queue("ml", "q", "later"), 0)
+        .unwrap();
+    submit(&mut e, 0, job("ml/early", "q", 1));
+    assert_eq!(e.pending_reason("ml/early"), Some("ClusterQueueNotFound"));
+    e.apply_cluster_queue(&cluster_queue("later").quota("h100", GPU, 1).build(), 5)
+        .unwrap();
+    e.schedule(5).unwrap();
+    assert!(e.is_admitted("ml/early"));
+    e.check_invariants().unwrap();
+}

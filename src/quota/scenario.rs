@@ -743,3 +743,52 @@ fn merge_group(group: &str, members: Vec<WorkloadInfo>) -> WorkloadInfo {
 pub fn plan_str(text: &str, opts: &PlanOptions) -> Result<PlanOutput> {
     Scenario::parse(text)?.run(opts)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn document_lines_are_found() {
+        let cases = [
+            ("a: 1\n---\nb: 2\n", vec![1, 3]),
+            ("# c\n---\na: 1\n---\nb: 2\n", vec![3, 5]),
+            ("\n# c\nkind: X\n", vec![3]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(doc_lines(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn annotations_become_plan_timing() {
+        let text = r#"
+kind: Workload
+metadata:
+  name: w
+  namespace: ml
+  creationTimestamp: 1m30s
+  annotations:
+    tessera.io/runtime: 10m
+    tessera.io/checkpoint-interval: 5m
+    tessera.io/pods-ready-after: never
+spec: {queueName: q, podSets: [{count: 1, template: {spec: {containers: [{resources: {requests: {cpu: 1}}}]}}}]}
+"#;
+        let s = Scenario::parse(text).unwrap();
+        let Object::Workload(w) = &s.steps[0].object else {
+            panic!("not a workload")
+        };
+        assert_eq!(s.steps[0].at, Some(90_000));
+        assert_eq!(w.runtime, Some(600_000));
+        assert_eq!(w.checkpoint_interval, Some(300_000));
+        assert_eq!(w.pods_ready_after, None);
+        assert_eq!(w.creation, 90_000);
+    }
+
+    #[test]
+    fn bad_annotation_names_the_field() {
+        let text = "kind: Job\nmetadata: {name: j, annotations: {tessera.io/runtime: soon}}\nspec: {template: {spec: {containers: []}}}\n";
+        let err = Scenario::parse(text).unwrap_err().to_string();
+        assert!(err.contains("tessera.io/runtime"), "{err}");
+    }
+}
