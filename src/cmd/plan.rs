@@ -50,14 +50,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .run(&PlanOptions { until })
         .with_context(|| format!("planning {}", args.file.display()))?;
     let mut stdout = std::io::stdout().lock();
-    match args.output {
-        Format::Json => {
-            serde_json::to_writer_pretty(&mut stdout, &out)?;
-            writeln!(stdout)?;
-        }
-        Format::Table => write_table(&mut stdout, &out)?,
+    let written = match args.output {
+        Format::Json => serde_json::to_writer_pretty(&mut stdout, &out)
+            .map_err(std::io::Error::from)
+            .and_then(|()| writeln!(stdout)),
+        Format::Table => write_table(&mut stdout, &out),
+    };
+    match written {
+        // `tessera plan ... | head` is fine.
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        other => Ok(other.context("writing the plan")?),
     }
-    Ok(())
 }
 
 fn write_table(w: &mut impl Write, out: &PlanOutput) -> std::io::Result<()> {
