@@ -229,7 +229,7 @@ impl Engine {
                             names.join(", ")
                         )),
                         &assignment.shortfalls,
-                        Some(now + grace),
+                        Some(now.saturating_add(grace.max(1))),
                     );
                 }
             }

@@ -112,11 +112,14 @@ impl Engine {
         };
         if let Some(t) = timeout {
             if !ready_in_time {
-                self.set_timer(now + t, Timer::ReadyTimeout(id, gen));
+                self.set_timer(now.saturating_add(t), Timer::ReadyTimeout(id, gen));
             }
         }
         if let (true, Some(r), Some(rem)) = (ready_in_time, ready_after, remaining) {
-            self.set_timer(now + r + rem, Timer::Finish(id, gen));
+            self.set_timer(
+                now.saturating_add(r).saturating_add(rem),
+                Timer::Finish(id, gen),
+            );
         }
     }
 
@@ -130,7 +133,8 @@ impl Engine {
         let Some(adm) = &w.admission else { return };
         let cq = adm.cq;
         if cause != EvictCause::PodsReadyTimeout {
-            let ran = now.saturating_sub(adm.at + w.info.pods_ready_after.unwrap_or(0));
+            let ran =
+                now.saturating_sub(adm.at.saturating_add(w.info.pods_ready_after.unwrap_or(0)));
             w.progress = w.progress.saturating_add(ran.saturating_sub(rework));
             if let Some(rt) = w.info.runtime {
                 w.progress = w.progress.min(rt);
@@ -165,7 +169,7 @@ impl Engine {
             let w = &mut self.wls[id];
             w.state = WlState::Terminating;
             w.evicting = Some(cause);
-            self.set_timer(now + grace, Timer::TerminateDone(id, gen));
+            self.set_timer(now.saturating_add(grace), Timer::TerminateDone(id, gen));
         } else {
             self.release_admission(id, now);
             self.after_eviction(id, now, cause);
@@ -207,7 +211,7 @@ impl Engine {
             .backoff_base
             .saturating_mul(1u64 << shift)
             .min(cfg.backoff_max);
-        let until = now + delay;
+        let until = now.saturating_add(delay);
         if cfg.requeue_by_eviction_time {
             w.order_ts = now;
         }

@@ -173,7 +173,7 @@ impl Engine {
                 let min_rt = self.cqs[m].spec.min_runtime;
                 let mut until = adm.at.saturating_add(min_rt);
                 if xw.preempted_in_at == Some(now) {
-                    until = until.max(now + 1);
+                    until = until.max(now.saturating_add(1));
                 }
                 out.push(Cand {
                     wl: x,

@@ -146,9 +146,14 @@ pub fn parse_duration(s: &str) -> Result<Time> {
     if t.is_empty() {
         return Err(err("empty"));
     }
+    // About 300 years: far beyond any plan, far below overflow when added to times.
+    const MAX_MS: f64 = 1e13;
     if let Ok(secs) = t.parse::<f64>() {
         if !(secs.is_finite() && secs >= 0.0) {
             return Err(err("must be a non-negative number of seconds"));
+        }
+        if secs * 1000.0 > MAX_MS {
+            return Err(err("too large"));
         }
         return Ok((secs * 1000.0).round() as Time);
     }
@@ -175,6 +180,9 @@ pub fn parse_duration(s: &str) -> Result<Time> {
         };
         rest = &rest[u..];
         total += value * factor;
+    }
+    if total > MAX_MS {
+        return Err(err("too large"));
     }
     Ok(total.round() as Time)
 }
@@ -249,7 +257,7 @@ mod tests {
         for (text, want) in cases {
             assert_eq!(parse_duration(text), Ok(want), "{text}");
         }
-        for text in ["", "5x", "h", "-1", "1h-"] {
+        for text in ["", "5x", "h", "-1", "1h-", "1e30", "99999999999h"] {
             assert!(parse_duration(text).is_err(), "{text}");
         }
     }
