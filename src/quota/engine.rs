@@ -85,7 +85,7 @@ impl Default for EngineConfig {
             wait_for_pods_ready: None,
             record_events: true,
             requeue: Requeue::Indexed,
-            max_cycles: 10_000_000,
+            max_cycles: 100_000,
         }
     }
 }
@@ -207,6 +207,9 @@ pub(crate) struct Wl {
     /// Set when it was admitted by preempting others at this time: it cannot be a
     /// victim in the same instant (no preemption cycles within one scheduling pass).
     pub preempted_in_at: Option<Time>,
+    /// The workload that last preempted this one: never its victim in return (no
+    /// preemption ping-pong between two workloads).
+    pub preempted_by: Option<WlId>,
     /// When it was first admitted (for time-to-admission).
     pub first_admitted: Option<Time>,
     /// Why it is terminating (set while its grace period runs).
@@ -473,6 +476,7 @@ impl Engine {
             admission: None,
             shape,
             preempted_in_at: None,
+            preempted_by: None,
             first_admitted: None,
             evicting: None,
         });
@@ -510,9 +514,19 @@ impl Engine {
 
     /// Fires every timer due at or before `t`, scheduling after each instant.
     pub fn advance_to(&mut self, t: Time) -> Result<()> {
+        let (mut last, mut same) = (Time::MAX, 0u64);
         while let Some(next) = self.next_timer() {
             if next > t {
                 break;
+            }
+            // Guard against a bug re-arming a timer at the same instant forever.
+            if next == last {
+                same += 1;
+                if same > self.cfg.max_cycles {
+                    return Err(Error::NoFixedPoint(same));
+                }
+            } else {
+                (last, same) = (next, 0);
             }
             while let Some(Reverse((at, _, timer))) = self.timers.peek().copied() {
                 if at != next {

@@ -141,6 +141,9 @@ impl Engine {
             }
         }
         w.gen += 1;
+        if let EvictCause::Preempted { by, .. } = cause {
+            w.preempted_by = Some(by);
+        }
         let gen = w.gen;
         let grace = w.info.grace_period;
         if self.cfg.record_events {

@@ -138,6 +138,9 @@ impl Engine {
             for &x in &self.cqs[m].admitted {
                 let xw = &self.wls[x];
                 let Some(adm) = &xw.admission else { continue };
+                if w.preempted_by == Some(x) {
+                    continue;
+                }
                 if !adm.usage.iter().any(|(fr, _)| needed.contains(fr)) {
                     continue;
                 }
