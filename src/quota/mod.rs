@@ -1,1 +1,36 @@
-//! Quota admission with Kueue semantics (issue 4).
+//! Quota admission with Kueue semantics (issue 4): the pure decision engine behind
+//! `tessera plan` and, later, the controller.
+//!
+//! - [`api`]: ResourceFlavor, ClusterQueue, LocalQueue, WorkloadPriorityClass, Workload
+//!   with Kueue's field names (plain serde types, no Kubernetes client).
+//! - [`Engine`]: queues, cohorts and the scheduling cycle. Time is always an argument.
+//! - [`scenario`]: the `tessera plan` file format and its driver.
+//!
+//! Module map: `accounting` (fit rule, usage), `assign` (flavors and fungibility),
+//! `preempt` (victims, checkpoint-aware), `decide` (one attempt), `lifecycle` (admit,
+//! evict, requeue, finish), `wake` (parking without per-cycle cost), `report`.
+
+mod accounting;
+pub mod api;
+mod assign;
+mod decide;
+mod engine;
+pub mod error;
+pub mod events;
+pub mod fixtures;
+mod lifecycle;
+pub mod model;
+mod preempt;
+pub mod quantity;
+mod report;
+pub mod scenario;
+mod wake;
+
+#[cfg(test)]
+mod engine_tests;
+
+pub use engine::{Engine, EngineConfig, Requeue, Stats, WaitForPodsReady};
+pub use error::{Error, Result};
+pub use events::{Event, EventType, FinalState};
+pub use model::WorkloadInfo;
+pub use quantity::{Quantity, Time};

@@ -1,0 +1,298 @@
+//! One admission attempt: flavor assignment, victim search and partial admission turned
+//! into a [`Decision`], then applied (admit, preempt, or park with a precise reason).
+
+use super::assign::{Assignment, Failure, Mode};
+use super::engine::{Engine, EvictCause, OrderKey, Timer};
+use super::events::PendingReason;
+use super::model::{FrId, WlId};
+use super::preempt::Victims;
+use super::quantity::Time;
+
+/// What to do with the head of a queue.
+#[derive(Clone, Debug)]
+pub(crate) enum Decision {
+    Admit(Assignment),
+    Preempt {
+        assignment: Assignment,
+        victims: Vec<WlId>,
+    },
+    Fail {
+        reason: PendingReason,
+        /// `(fr, request, available)` where quota was short: the wake-up keys.
+        shortfalls: Vec<(FrId, i64, i64)>,
+        wake_at: Option<Time>,
+    },
+}
+
+impl Decision {
+    pub(crate) fn borrows(&self) -> bool {
+        match self {
+            Decision::Admit(a) => a.borrowing,
+            Decision::Preempt { assignment, .. } => assignment.borrowing,
+            Decision::Fail { .. } => false,
+        }
+    }
+}
+
+enum Try {
+    Ok(Decision),
+    Gated(Time),
+    No,
+}
+
+impl Engine {
+    fn try_assignment(&mut self, id: WlId, a: Assignment, now: Time) -> Try {
+        match a.mode {
+            Mode::Fit | Mode::Borrow => Try::Ok(Decision::Admit(a)),
+            Mode::Preempt => {
+                let Some(cq) = self.wls[id].cq else {
+                    return Try::No;
+                };
+                match self.find_victims(id, cq, &a.usage, now) {
+                    Victims::Found { victims, .. } => Try::Ok(Decision::Preempt {
+                        assignment: a,
+                        victims,
+                    }),
+                    Victims::Gated { until } => Try::Gated(until),
+                    Victims::None => Try::No,
+                }
+            }
+            Mode::NoFit => Try::No,
+        }
+    }
+
+    /// Evaluates workload `id` (pending in its queue) against the current books.
+    pub(crate) fn evaluate(&mut self, id: WlId, now: Time) -> Decision {
+        self.stats.evaluations += 1;
+        let Some(cq) = self.wls[id].cq else {
+            return Decision::Fail {
+                reason: self.wls[id].reason.clone(),
+                shortfalls: Vec::new(),
+                wake_at: None,
+            };
+        };
+        if self.cqs[cq].spec.stop != super::api::StopPolicy::None {
+            return Decision::Fail {
+                reason: PendingReason::ClusterQueueStopped,
+                shortfalls: Vec::new(),
+                wake_at: None,
+            };
+        }
+        // An identical workload just failed against the same books: same answer.
+        let shape = self.shape_in(id, cq);
+        let version = self.cohorts[self.cqs[cq].cohort].version;
+        if let Some((s, t, v, d)) = &self.cqs[cq].fail_memo {
+            if (*s, *t, *v) == (shape, now, version) {
+                self.stats.memo_hits += 1;
+                return d.clone();
+            }
+        }
+        let d = self.evaluate_fresh(id, cq, now);
+        if matches!(d, Decision::Fail { .. }) {
+            self.cqs[cq].fail_memo = Some((shape, now, version, d.clone()));
+        }
+        d
+    }
+
+    /// What admission of `id` in `cq` depends on: equal values decide alike.
+    pub(crate) fn shape_in(&self, id: WlId, cq: usize) -> u64 {
+        let mut shape = self.wls[id].shape;
+        if self.cqs[cq].spec.preemption.within_cluster_queue
+            == super::api::WithinClusterQueuePolicy::LowerOrNewerEqualPriority
+        {
+            shape ^= self.wls[id]
+                .info
+                .creation
+                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        }
+        shape
+    }
+
+    fn evaluate_fresh(&mut self, id: WlId, cq: usize, now: Time) -> Decision {
+        let full: Vec<u32> = self.wls[id].info.pod_sets.iter().map(|p| p.count).collect();
+        let a = self.assign(id, cq, &full, now);
+        let mut failure = a.failure.clone();
+        let mut shortfalls = a.shortfalls.clone();
+        let mut gated = None;
+        match self.try_assignment(id, a, now) {
+            Try::Ok(d) => return d,
+            Try::Gated(t) => gated = Some(t),
+            Try::No => {}
+        }
+        // Partial admission: the largest pod counts (down to minCount) that fit.
+        let mins: Vec<u32> = self.wls[id]
+            .info
+            .pod_sets
+            .iter()
+            .map(|p| p.min_count.unwrap_or(p.count))
+            .collect();
+        let total: u64 = full.iter().zip(&mins).map(|(c, m)| (c - m) as u64).sum();
+        if total > 0 && !matches!(failure, Some(Failure::NoFlavor(_))) {
+            let counts_at = |x: u64| -> Vec<u32> {
+                full.iter()
+                    .zip(&mins)
+                    .map(|(&c, &m)| {
+                        let d = (c - m) as u64;
+                        let cut = (d * x).div_ceil(total).min(d);
+                        c - cut as u32
+                    })
+                    .collect()
+            };
+            let a_min = self.assign(id, cq, &counts_at(total), now);
+            shortfalls = a_min.shortfalls.clone();
+            // The smallest admissible shape decides why the workload waits.
+            failure = a_min.failure.clone();
+            let d_min = match self.try_assignment(id, a_min, now) {
+                Try::Ok(d) => Some(d),
+                Try::Gated(t) => {
+                    gated = Some(gated.map_or(t, |g: Time| g.min(t)));
+                    None
+                }
+                Try::No => None,
+            };
+            if let Some(d_min) = d_min {
+                // Smallest cut that still fits: binary search over [1, total].
+                let (mut lo, mut hi, mut best) = (1u64, total, d_min);
+                while lo < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    self.stats.evaluations += 1;
+                    let a = self.assign(id, cq, &counts_at(mid), now);
+                    match self.try_assignment(id, a, now) {
+                        Try::Ok(d) => {
+                            best = d;
+                            hi = mid;
+                        }
+                        _ => lo = mid + 1,
+                    }
+                }
+                return best;
+            }
+        }
+        let reason = match (gated, failure) {
+            (Some(until), f) => PendingReason::MinimumRuntime {
+                until,
+                message: format!(
+                    "{}; the only possible victims are protected (their queue's minimumRuntime, or admitted by preemption this instant)",
+                    failure_text(f.as_ref())
+                ),
+            },
+            (None, Some(Failure::NoFlavor(m))) => PendingReason::NoMatchingFlavor(m),
+            (None, Some(Failure::ExceedsMax(m))) => PendingReason::ExceedsMaxQuota(m),
+            (None, Some(Failure::Insufficient(m))) => PendingReason::WaitingForQuota(m),
+            (None, None) => PendingReason::WaitingForQuota("waiting for quota".into()),
+        };
+        Decision::Fail {
+            reason,
+            shortfalls,
+            wake_at: gated,
+        }
+    }
+
+    /// Applies a decision for the queue head `key`.
+    pub(crate) fn apply_decision(&mut self, key: OrderKey, decision: Decision, now: Time) {
+        let id = key.3;
+        let Some(cq) = self.wls[id].cq else { return };
+        match decision {
+            Decision::Admit(a) => {
+                self.cqs[cq].pending.remove(&key);
+                self.admit(id, cq, a, now);
+            }
+            Decision::Preempt {
+                assignment,
+                victims,
+            } => {
+                let mut grace = 0;
+                for &v in &victims {
+                    let reason = if self.wls[v].admission.as_ref().map(|a| a.cq) == Some(cq) {
+                        "InClusterQueue"
+                    } else if assignment.borrowing {
+                        "InCohortReclaimWhileBorrowing"
+                    } else {
+                        "InCohortReclamation"
+                    };
+                    grace = grace.max(self.wls[v].info.grace_period);
+                    self.evict(v, now, EvictCause::Preempted { by: id, reason });
+                }
+                self.stats.preemptions += victims.len() as u64;
+                if grace == 0 && self.fits(cq, &assignment.usage, true) {
+                    self.cqs[cq].pending.remove(&key);
+                    self.wls[id].preempted_in_at = Some(now);
+                    self.admit(id, cq, assignment, now);
+                } else {
+                    let names: Vec<String> =
+                        victims.iter().map(|&v| self.wls[v].key.clone()).collect();
+                    self.park(
+                        id,
+                        key,
+                        PendingReason::WaitingForPreemptedWorkloads(format!(
+                            "waiting for preempted workloads to terminate: {}",
+                            names.join(", ")
+                        )),
+                        &assignment.shortfalls,
+                        Some(now.saturating_add(grace.max(1))),
+                    );
+                }
+            }
+            Decision::Fail {
+                reason,
+                shortfalls,
+                wake_at,
+            } => self.park(id, key, reason, &shortfalls, wake_at),
+        }
+        let q = &self.cqs[cq];
+        if !q.pending.is_empty()
+            && q.blocked.is_none()
+            && q.spec.stop == super::api::StopPolicy::None
+        {
+            self.ready.insert(cq);
+        }
+    }
+
+    /// Parks an inadmissible workload (StrictFIFO: blocks its queue) until a release in
+    /// its cohort could cover its shortfall, a timer, or a configuration change.
+    pub(crate) fn park(
+        &mut self,
+        id: WlId,
+        key: OrderKey,
+        reason: PendingReason,
+        shortfalls: &[(FrId, i64, i64)],
+        wake_at: Option<Time>,
+    ) {
+        let Some(cq) = self.wls[id].cq else { return };
+        let strict = self.strict(cq);
+        let shape = self.shape_in(id, cq);
+        let mut arm = true;
+        {
+            let q = &mut self.cqs[cq];
+            if strict {
+                q.blocked = Some(key);
+            } else {
+                q.pending.remove(&key);
+                q.parked.insert(key);
+                let class = q.classes.entry(shape).or_default();
+                class.members.insert(key);
+                arm = !class.armed;
+                class.armed = true;
+            }
+        }
+        let w = &mut self.wls[id];
+        w.gen += 1;
+        w.reason = reason;
+        let gen = w.gen;
+        self.dirty.push(id);
+        if let Some(t) = wake_at {
+            self.set_timer(t, Timer::Wake(id, gen));
+        }
+        if self.cfg.requeue == super::engine::Requeue::FullRescan || !arm {
+            return;
+        }
+        self.register_wake_keys(id, cq, gen, shortfalls);
+    }
+}
+
+fn failure_text(f: Option<&Failure>) -> String {
+    match f {
+        Some(Failure::NoFlavor(m) | Failure::ExceedsMax(m) | Failure::Insufficient(m)) => m.clone(),
+        None => "waiting for quota".into(),
+    }
+}

@@ -1,0 +1,803 @@
+//! The admission engine: queues, cohorts, workloads and the scheduling cycle.
+//!
+//! Pure and clock-free: every call takes the current time as an argument, and timers
+//! (runtime end, pods-ready timeout, requeue backoff, minimum-runtime gates) are returned
+//! through [`Engine::next_timer`] and fired by [`Engine::advance_to`].
+//!
+//! ```text
+//! submit ──► ClusterQueue.pending ──cycle: one head per queue──► evaluate
+//!                 ▲                                   │ fits / victims found ─► Admitted
+//!                 │ woken: a release in the cohort    │ does not fit
+//!                 │ covers its recorded shortfall     ▼
+//!                 └──────────────── parked (BestEffortFIFO) / queue blocked (StrictFIFO)
+//! ```
+//! A cycle touches only the head of each queue with work; parked workloads cost nothing
+//! until a release in their cohort is large enough to possibly admit them (see `wake.rs`).
+
+use super::api::{
+    ClusterQueue, LocalQueue, QueueingStrategy, ResourceFlavor, ResourceFlavorSpec, StopPolicy,
+    WorkloadPriorityClass,
+};
+use super::error::{Error, Result};
+use super::events::{Event, EventType, FlavorMap, PendingReason};
+use super::model::{CqId, CqSpec, FrId, WlId, WorkloadInfo};
+use super::quantity::Time;
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::sync::Arc;
+
+/// Queue order: higher priority first, then older timestamp, then arrival sequence.
+pub(crate) type OrderKey = (i64, Time, u64, WlId);
+
+/// Kueue's `waitForPodsReady` with its `requeuingStrategy`.
+#[derive(Clone, Debug, PartialEq)]
+pub struct WaitForPodsReady {
+    /// Time from admission for all pods to be ready (Kueue default 5m).
+    pub timeout: Time,
+    /// First requeue delay; doubles each time (Kueue default 60s). No jitter.
+    pub backoff_base: Time,
+    /// Cap of the requeue delay (Kueue default 3600s).
+    pub backoff_max: Time,
+    /// After this many requeues the workload is deactivated; `None`: never.
+    pub backoff_limit_count: Option<u32>,
+    /// `requeuingStrategy.timestamp: Eviction` (default) orders a requeued workload by
+    /// its eviction time; `Creation` keeps its creation time.
+    pub requeue_by_eviction_time: bool,
+}
+
+impl Default for WaitForPodsReady {
+    fn default() -> Self {
+        WaitForPodsReady {
+            timeout: 300_000,
+            backoff_base: 60_000,
+            backoff_max: 3_600_000,
+            backoff_limit_count: None,
+            requeue_by_eviction_time: true,
+        }
+    }
+}
+
+/// How parked (inadmissible) workloads come back for another try.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Requeue {
+    /// Only when a release in the cohort covers the shortfall recorded at parking time.
+    #[default]
+    Indexed,
+    /// Naive baseline for benchmarks: every release or arrival in a cohort puts every
+    /// parked workload of that cohort back in its queue.
+    FullRescan,
+}
+
+/// Engine settings.
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    pub wait_for_pods_ready: Option<WaitForPodsReady>,
+    /// Keep an event log (turn off for large simulations).
+    pub record_events: bool,
+    pub requeue: Requeue,
+    /// Guard against a scheduling bug: most cycles per `schedule` call.
+    pub max_cycles: u64,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            wait_for_pods_ready: None,
+            record_events: true,
+            requeue: Requeue::Indexed,
+            max_cycles: 100_000,
+        }
+    }
+}
+
+/// Counters for tests and benchmarks.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub cycles: u64,
+    /// Flavor-assignment attempts (the unit of scheduling work).
+    pub evaluations: u64,
+    pub admissions: u64,
+    pub preemptions: u64,
+    /// Parked workloads put back in their queue.
+    pub wakes: u64,
+    /// Evaluations answered by an identical workload's fresh failure.
+    pub memo_hits: u64,
+}
+
+/// Key and answer of the last victim search.
+pub(crate) type VictimMemo = (WlId, Vec<(FrId, i64)>, Time, u64, super::preempt::Victims);
+
+/// Wake-up index entries: `(threshold on cumulative releases, seq) -> (workload, gen)`.
+pub(crate) type WakeIndex = HashMap<FrId, BTreeMap<(i64, u64), (WlId, u64)>>;
+
+/// Runtime state of a ClusterQueue.
+pub(crate) struct Cq {
+    pub spec: Arc<CqSpec>,
+    pub cohort: usize,
+    pub usage: HashMap<FrId, i64>,
+    pub by_prio: HashMap<FrId, BTreeMap<i32, i64>>,
+    /// Workloads to evaluate, in queue order.
+    pub pending: BTreeSet<OrderKey>,
+    /// Inadmissible workloads waiting for a wake-up.
+    pub parked: BTreeSet<OrderKey>,
+    /// Parked workloads grouped by shape: only one member of a class holds wake keys
+    /// (`armed`), and a wake-up moves the class's first member back to the queue.
+    pub classes: HashMap<u64, ShapeClass>,
+    /// StrictFIFO: the head that does not fit and blocks the queue.
+    pub blocked: Option<OrderKey>,
+    pub admitted: BTreeSet<WlId>,
+    pub released: HashMap<FrId, i64>,
+    pub wake: WakeIndex,
+    /// Level keys: wake when this queue's usage drops to `-key` or below.
+    pub wake_usage: WakeIndex,
+    /// The last failed decision, reused for an identical workload (same shape and
+    /// priority) evaluated at the same time against unchanged books.
+    pub fail_memo: Option<(u64, Time, u64, super::decide::Decision)>,
+}
+
+/// Identical parked workloads of one queue (see [`Cq::classes`]).
+#[derive(Default)]
+pub(crate) struct ShapeClass {
+    pub members: BTreeSet<OrderKey>,
+    pub armed: bool,
+}
+
+/// Runtime state of a cohort (a queue without `cohortName` is alone in its own).
+pub(crate) struct Cohort {
+    pub name: Option<String>,
+    pub members: Vec<CqId>,
+    /// Sum of lendable quota of the members.
+    pub lendable: HashMap<FrId, i64>,
+    /// Sum over members of usage above their guaranteed (non-lendable) quota.
+    pub pool_used: HashMap<FrId, i64>,
+    pub by_prio: HashMap<FrId, BTreeMap<i32, i64>>,
+    pub released: HashMap<FrId, i64>,
+    pub wake: WakeIndex,
+    /// Level keys: wake when the cohort's free lendable quota reaches the key.
+    pub wake_free: WakeIndex,
+    /// Parked workloads that may reclaim from borrowers: woken when an admission
+    /// leaves a queue borrowing (its workloads become reclaim candidates).
+    pub reclaimers: WakeIndex,
+    /// Bumped on every usage change; a cycle re-evaluates stale decisions.
+    pub version: u64,
+}
+
+/// What a workload is doing.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum WlState {
+    Pending,
+    Admitted,
+    /// Evicted, holding quota until its pods are gone.
+    Terminating,
+    Backoff,
+    Deactivated,
+    Finished,
+}
+
+/// An admission: where the workload runs and what it holds.
+#[derive(Clone, Debug)]
+pub(crate) struct Admission {
+    pub cq: CqId,
+    pub at: Time,
+    pub usage: Vec<(FrId, i64)>,
+    pub flavors: FlavorMap,
+    pub counts: Vec<u32>,
+    pub borrowing: bool,
+}
+
+/// Runtime state of a workload.
+pub(crate) struct Wl {
+    pub info: Arc<WorkloadInfo>,
+    pub key: String,
+    pub priority: i32,
+    pub seq: u64,
+    pub order_ts: Time,
+    pub cq: Option<CqId>,
+    pub state: WlState,
+    /// Bumped on every state change; stale timers and wake entries are ignored.
+    pub gen: u64,
+    pub reason: PendingReason,
+    pub reported: Option<(&'static str, String)>,
+    pub requeues: u32,
+    /// Work saved by checkpoints (or completed) across runs.
+    pub progress: Time,
+    pub admission: Option<Admission>,
+    /// Hash of what admission depends on (priority, pod sets): equal shapes decide alike.
+    pub shape: u64,
+    /// Set when it was admitted by preempting others at this time: it cannot be a
+    /// victim in the same instant (no preemption cycles within one scheduling pass).
+    pub preempted_in_at: Option<Time>,
+    /// The workload that last preempted this one: never its victim in return (no
+    /// preemption ping-pong between two workloads).
+    pub preempted_by: Option<WlId>,
+    /// When it was first admitted (for time-to-admission).
+    pub first_admitted: Option<Time>,
+    /// Why it is terminating (set while its grace period runs).
+    pub evicting: Option<EvictCause>,
+}
+
+impl Wl {
+    pub fn order_key(&self, id: WlId) -> OrderKey {
+        (-(self.priority as i64), self.order_ts, self.seq, id)
+    }
+}
+
+/// Timer kinds; each carries the workload generation it was set for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Timer {
+    Finish(WlId, u64),
+    ReadyTimeout(WlId, u64),
+    BackoffEnd(WlId, u64),
+    Wake(WlId, u64),
+    TerminateDone(WlId, u64),
+}
+
+/// The quota admission engine.
+pub struct Engine {
+    pub(crate) cfg: EngineConfig,
+    pub(crate) flavors: HashMap<String, ResourceFlavorSpec>,
+    pub(crate) cqs: Vec<Cq>,
+    pub(crate) cq_by_name: HashMap<String, CqId>,
+    pub(crate) cohorts: Vec<Cohort>,
+    pub(crate) cohort_by_name: HashMap<String, usize>,
+    pub(crate) local_queues: HashMap<(String, String), String>,
+    pub(crate) priority_classes: HashMap<String, i32>,
+    pub(crate) namespaces: HashMap<String, BTreeMap<String, String>>,
+    pub(crate) fr_names: Vec<(String, String)>,
+    pub(crate) fr_by_name: HashMap<(String, String), FrId>,
+    pub(crate) wls: Vec<Wl>,
+    pub(crate) wl_by_key: HashMap<String, WlId>,
+    /// Workloads whose LocalQueue or ClusterQueue does not exist (yet).
+    pub(crate) orphans: BTreeSet<WlId>,
+    /// Queues with workloads to evaluate.
+    pub(crate) ready: BTreeSet<CqId>,
+    pub(crate) timers: BinaryHeap<Reverse<(Time, u64, Timer)>>,
+    pub(crate) events: Vec<Event>,
+    /// Workloads whose pending reason may need an event at the end of `schedule`.
+    pub(crate) dirty: Vec<WlId>,
+    pub(crate) seq: u64,
+    pub(crate) now: Time,
+    /// Sum of all queues' usage (milli-units), kept up to date for cheap read-outs.
+    pub(crate) usage_total: i64,
+    /// Last victim search `(workload, request, now, cohort version) -> result`: the
+    /// flavor oracle and the final search often ask the same question back to back.
+    pub(crate) victim_memo: Option<VictimMemo>,
+    pub stats: Stats,
+}
+
+impl Engine {
+    pub fn new(cfg: EngineConfig) -> Self {
+        Engine {
+            cfg,
+            flavors: HashMap::new(),
+            cqs: Vec::new(),
+            cq_by_name: HashMap::new(),
+            cohorts: Vec::new(),
+            cohort_by_name: HashMap::new(),
+            local_queues: HashMap::new(),
+            priority_classes: HashMap::new(),
+            namespaces: HashMap::new(),
+            fr_names: Vec::new(),
+            fr_by_name: HashMap::new(),
+            wls: Vec::new(),
+            wl_by_key: HashMap::new(),
+            orphans: BTreeSet::new(),
+            ready: BTreeSet::new(),
+            timers: BinaryHeap::new(),
+            events: Vec::new(),
+            dirty: Vec::new(),
+            seq: 0,
+            now: 0,
+            usage_total: 0,
+            victim_memo: None,
+            stats: Stats::default(),
+        }
+    }
+
+    pub(crate) fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Creates or replaces a ResourceFlavor.
+    pub fn apply_flavor(&mut self, rf: &ResourceFlavor, now: Time) -> Result<()> {
+        if rf.metadata.name.is_empty() {
+            return Err(Error::Invalid {
+                kind: "ResourceFlavor",
+                name: String::new(),
+                field: "metadata.name".into(),
+                why: "must not be empty".into(),
+            });
+        }
+        self.flavors
+            .insert(rf.metadata.name.clone(), rf.spec.clone());
+        self.wake_everything(now);
+        Ok(())
+    }
+
+    /// Creates or replaces a WorkloadPriorityClass (used by workloads submitted later).
+    pub fn apply_priority_class(&mut self, pc: &WorkloadPriorityClass) -> Result<()> {
+        if pc.metadata.name.is_empty() {
+            return Err(Error::Invalid {
+                kind: "WorkloadPriorityClass",
+                name: String::new(),
+                field: "metadata.name".into(),
+                why: "must not be empty".into(),
+            });
+        }
+        self.priority_classes
+            .insert(pc.metadata.name.clone(), pc.value);
+        Ok(())
+    }
+
+    /// Creates or replaces a Namespace's labels (for `namespaceSelector`).
+    pub fn apply_namespace(&mut self, name: &str, labels: BTreeMap<String, String>, now: Time) {
+        self.namespaces.insert(name.to_string(), labels);
+        self.wake_everything(now);
+    }
+
+    /// Creates or replaces a LocalQueue.
+    pub fn apply_local_queue(&mut self, lq: &LocalQueue, now: Time) -> Result<()> {
+        let ns = lq
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into());
+        if lq.metadata.name.is_empty() || lq.spec.cluster_queue.is_empty() {
+            return Err(Error::Invalid {
+                kind: "LocalQueue",
+                name: format!("{ns}/{}", lq.metadata.name),
+                field: if lq.metadata.name.is_empty() {
+                    "metadata.name".into()
+                } else {
+                    "spec.clusterQueue".into()
+                },
+                why: "must not be empty".into(),
+            });
+        }
+        self.local_queues.insert(
+            (ns, lq.metadata.name.clone()),
+            lq.spec.cluster_queue.clone(),
+        );
+        self.rehome_orphans(now);
+        Ok(())
+    }
+
+    /// Creates or replaces a ClusterQueue. Admitted workloads keep their admission.
+    pub fn apply_cluster_queue(&mut self, cq: &ClusterQueue, now: Time) -> Result<()> {
+        let (names, by_name) = (&mut self.fr_names, &mut self.fr_by_name);
+        let spec = CqSpec::compile(cq, |f, r| intern_fr(names, by_name, f, r))?;
+        let name = spec.name.clone();
+        let cohort_key = spec.cohort.clone();
+        let id = match self.cq_by_name.get(&name) {
+            Some(&id) => {
+                let old_cohort = self.cqs[id].cohort;
+                self.cohorts[old_cohort].members.retain(|&m| m != id);
+                self.recompute_cohort(old_cohort);
+                self.cqs[id].spec = Arc::new(spec);
+                id
+            }
+            None => {
+                let id = self.cqs.len();
+                self.cqs.push(Cq {
+                    spec: Arc::new(spec),
+                    cohort: usize::MAX,
+                    usage: HashMap::new(),
+                    by_prio: HashMap::new(),
+                    pending: BTreeSet::new(),
+                    parked: BTreeSet::new(),
+                    classes: HashMap::new(),
+                    blocked: None,
+                    admitted: BTreeSet::new(),
+                    released: HashMap::new(),
+                    wake: HashMap::new(),
+                    wake_usage: HashMap::new(),
+                    fail_memo: None,
+                });
+                self.cq_by_name.insert(name.clone(), id);
+                id
+            }
+        };
+        let cohort = match cohort_key {
+            Some(c) => match self.cohort_by_name.get(&c) {
+                Some(&co) => co,
+                None => {
+                    let co = self.new_cohort(Some(c.clone()));
+                    self.cohort_by_name.insert(c, co);
+                    co
+                }
+            },
+            None => self.new_cohort(None),
+        };
+        self.cqs[id].cohort = cohort;
+        self.cohorts[cohort].members.push(id);
+        self.recompute_cohort(cohort);
+        if self.cqs[id].spec.stop == StopPolicy::HoldAndDrain {
+            let admitted: Vec<WlId> = self.cqs[id].admitted.iter().copied().collect();
+            for w in admitted {
+                self.evict(w, now, EvictCause::Drained);
+            }
+        }
+        self.rehome_orphans(now);
+        self.wake_cohort_all(cohort, now);
+        Ok(())
+    }
+
+    fn new_cohort(&mut self, name: Option<String>) -> usize {
+        self.cohorts.push(Cohort {
+            name,
+            members: Vec::new(),
+            lendable: HashMap::new(),
+            pool_used: HashMap::new(),
+            by_prio: HashMap::new(),
+            released: HashMap::new(),
+            wake: HashMap::new(),
+            wake_free: HashMap::new(),
+            reclaimers: HashMap::new(),
+            version: 0,
+        });
+        self.cohorts.len() - 1
+    }
+
+    /// Submits a workload at `now`. Call [`Engine::schedule`] to admit.
+    pub fn submit(&mut self, now: Time, info: WorkloadInfo) -> Result<()> {
+        info.validate()?;
+        let key = info.key();
+        if self.wl_by_key.contains_key(&key) {
+            return Err(Error::DuplicateWorkload(key));
+        }
+        let priority =
+            match (info.priority, &info.priority_class) {
+                (Some(p), _) => p,
+                (None, Some(class)) => *self.priority_classes.get(class).ok_or_else(|| {
+                    Error::UnknownPriorityClass {
+                        workload: key.clone(),
+                        class: class.clone(),
+                    }
+                })?,
+                (None, None) => 0,
+            };
+        let id = self.wls.len();
+        let seq = self.next_seq();
+        let shape = shape_hash(priority, &info);
+        self.wls.push(Wl {
+            order_ts: info.creation,
+            info: Arc::new(info),
+            key: key.clone(),
+            priority,
+            seq,
+            cq: None,
+            state: WlState::Pending,
+            gen: 0,
+            reason: PendingReason::Queued,
+            reported: None,
+            requeues: 0,
+            progress: 0,
+            admission: None,
+            shape,
+            preempted_in_at: None,
+            preempted_by: None,
+            first_admitted: None,
+            evicting: None,
+        });
+        self.wl_by_key.insert(key, id);
+        self.now = self.now.max(now);
+        self.enqueue(id, now);
+        Ok(())
+    }
+
+    /// Removes a workload (deleted or completed out of band): frees its quota.
+    pub fn remove(&mut self, now: Time, key: &str) -> Result<()> {
+        self.remove_with_reason(now, key, "Deleted")
+    }
+
+    /// Like [`Engine::remove`], with the reason reported on the `Finished` event.
+    pub fn remove_with_reason(&mut self, now: Time, key: &str, reason: &str) -> Result<()> {
+        let id = *self
+            .wl_by_key
+            .get(key)
+            .ok_or_else(|| Error::UnknownWorkload(key.to_string()))?;
+        self.finish(id, now, reason);
+        Ok(())
+    }
+
+    /// The earliest pending timer, if any.
+    pub fn next_timer(&mut self) -> Option<Time> {
+        while let Some(Reverse((t, _, timer))) = self.timers.peek().copied() {
+            if self.timer_live(timer) {
+                return Some(t);
+            }
+            self.timers.pop();
+        }
+        None
+    }
+
+    /// Fires every timer due at or before `t`, scheduling after each instant.
+    pub fn advance_to(&mut self, t: Time) -> Result<()> {
+        let (mut last, mut same) = (Time::MAX, 0u64);
+        while let Some(next) = self.next_timer() {
+            if next > t {
+                break;
+            }
+            // Guard against a bug re-arming a timer at the same instant forever.
+            if next == last {
+                same += 1;
+                if same > self.cfg.max_cycles {
+                    return Err(Error::NoFixedPoint(same));
+                }
+            } else {
+                (last, same) = (next, 0);
+            }
+            while let Some(Reverse((at, _, timer))) = self.timers.peek().copied() {
+                if at != next {
+                    break;
+                }
+                self.timers.pop();
+                if self.timer_live(timer) {
+                    self.fire(timer, at);
+                }
+            }
+            self.schedule(next)?;
+        }
+        self.now = self.now.max(t);
+        Ok(())
+    }
+
+    /// Runs scheduling cycles at `now` until nothing more can be admitted.
+    pub fn schedule(&mut self, now: Time) -> Result<()> {
+        self.now = self.now.max(now);
+        let mut cycles = 0u64;
+        while !self.ready.is_empty() {
+            cycles += 1;
+            if cycles > self.cfg.max_cycles {
+                return Err(Error::NoFixedPoint(cycles));
+            }
+            self.cycle(now);
+        }
+        self.flush_pending_events(now);
+        Ok(())
+    }
+
+    /// One scheduling cycle: the head of every queue with work, best first.
+    fn cycle(&mut self, now: Time) {
+        self.stats.cycles += 1;
+        let ready = std::mem::take(&mut self.ready);
+        let mut heads = Vec::new();
+        for cq in ready {
+            let q = &self.cqs[cq];
+            if q.spec.stop != StopPolicy::None || q.blocked.is_some() {
+                continue;
+            }
+            if let Some(&key) = q.pending.first() {
+                heads.push(key);
+            }
+        }
+        let mut decisions: Vec<(bool, OrderKey, super::decide::Decision, u64)> = heads
+            .into_iter()
+            .map(|key| {
+                let d = self.evaluate(key.3, now);
+                let co = self.cohort_of_wl(key.3);
+                (d.borrows(), key, d, self.cohorts[co].version)
+            })
+            .collect();
+        // Kueue's cycle order: entries that need no borrowing first, then priority, then age.
+        decisions.sort_by_key(|(borrows, key, _, _)| (*borrows, *key));
+        for (_, key, decision, version) in decisions {
+            let co = self.cohort_of_wl(key.3);
+            let decision = if self.cohorts[co].version != version {
+                self.evaluate(key.3, now)
+            } else {
+                decision
+            };
+            self.apply_decision(key, decision, now);
+        }
+    }
+
+    pub(crate) fn cohort_of_wl(&self, id: WlId) -> usize {
+        self.wls[id]
+            .cq
+            .map(|cq| self.cqs[cq].cohort)
+            .unwrap_or(usize::MAX)
+            .min(self.cohorts.len().saturating_sub(1))
+    }
+
+    /// Puts a workload into its ClusterQueue (or the orphan set) as pending.
+    pub(crate) fn enqueue(&mut self, id: WlId, now: Time) {
+        let resolved = self.resolve_queue(id);
+        let w = &mut self.wls[id];
+        w.state = WlState::Pending;
+        w.gen += 1;
+        match resolved {
+            Ok(cq) => {
+                w.cq = Some(cq);
+                self.orphans.remove(&id);
+                let stopped = self.cqs[cq].spec.stop != StopPolicy::None;
+                let key = self.wls[id].order_key(id);
+                self.wls[id].reason = if stopped {
+                    PendingReason::ClusterQueueStopped
+                } else {
+                    PendingReason::Queued
+                };
+                let q = &mut self.cqs[cq];
+                q.pending.insert(key);
+                if let Some(b) = q.blocked {
+                    if key < b {
+                        q.blocked = None;
+                    }
+                }
+                if !stopped && q.blocked.is_none() {
+                    self.ready.insert(cq);
+                }
+                if self.cfg.requeue == Requeue::FullRescan {
+                    let co = self.cqs[cq].cohort;
+                    self.wake_cohort_all(co, now);
+                }
+            }
+            Err(reason) => {
+                w.cq = None;
+                w.reason = reason;
+                self.orphans.insert(id);
+            }
+        }
+        self.dirty.push(id);
+    }
+
+    fn resolve_queue(&self, id: WlId) -> std::result::Result<CqId, PendingReason> {
+        let info = &self.wls[id].info;
+        let cq_name = self
+            .local_queues
+            .get(&(info.namespace.clone(), info.queue_name.clone()))
+            .ok_or(PendingReason::LocalQueueNotFound)?;
+        let &cq = self
+            .cq_by_name
+            .get(cq_name)
+            .ok_or_else(|| PendingReason::ClusterQueueNotFound(cq_name.clone()))?;
+        let selector = &self.cqs[cq].spec.namespace_selector;
+        let mut labels = self
+            .namespaces
+            .get(&info.namespace)
+            .cloned()
+            .unwrap_or_default();
+        labels.insert(
+            "kubernetes.io/metadata.name".to_string(),
+            info.namespace.clone(),
+        );
+        match selector {
+            Some(sel) if sel.matches(&labels) => Ok(cq),
+            _ => Err(PendingReason::NamespaceNotAllowed(cq_name.clone())),
+        }
+    }
+
+    fn rehome_orphans(&mut self, now: Time) {
+        let orphans: Vec<WlId> = self.orphans.iter().copied().collect();
+        for id in orphans {
+            if self.resolve_queue(id).is_ok() && self.wls[id].state == WlState::Pending {
+                self.enqueue(id, now);
+            }
+        }
+    }
+
+    /// Emits a `Pending` event for each workload whose reason changed.
+    pub(crate) fn flush_pending_events(&mut self, now: Time) {
+        let dirty = std::mem::take(&mut self.dirty);
+        if !self.cfg.record_events {
+            return;
+        }
+        let mut seen = BTreeSet::new();
+        for id in dirty {
+            if !seen.insert(id) {
+                continue;
+            }
+            let w = &self.wls[id];
+            let pending = matches!(
+                w.state,
+                WlState::Pending | WlState::Backoff | WlState::Deactivated
+            );
+            if !pending {
+                continue;
+            }
+            let position = self.position(id);
+            let w = &self.wls[id];
+            let code = w.reason.code();
+            let message = w.reason.message(position);
+            if w.reported.as_ref() == Some(&(code, message.clone())) {
+                continue;
+            }
+            let mut ev = Event::new(now, EventType::Pending, w.key.clone());
+            ev.cluster_queue = w.cq.map(|c| self.cqs[c].spec.name.clone());
+            ev.reason = Some(code.to_string());
+            ev.message = Some(message.clone());
+            ev.position = position;
+            self.events.push(ev);
+            self.wls[id].reported = Some((code, message));
+        }
+    }
+
+    /// 1-based place among the pending workloads of its ClusterQueue, when the reason
+    /// is about waiting in line.
+    pub(crate) fn position(&self, id: WlId) -> Option<usize> {
+        let w = &self.wls[id];
+        if !w.reason.has_position() || w.state != WlState::Pending {
+            return None;
+        }
+        let cq = &self.cqs[w.cq?];
+        let key = w.order_key(id);
+        let ahead = cq.pending.range(..key).count() + cq.parked.range(..key).count();
+        Some(ahead + 1)
+    }
+
+    /// Takes the events recorded so far.
+    pub fn take_events(&mut self) -> Vec<Event> {
+        std::mem::take(&mut self.events)
+    }
+
+    /// When `key` was first admitted, if ever.
+    pub fn first_admitted_at(&self, key: &str) -> Option<Time> {
+        self.wl_by_key
+            .get(key)
+            .and_then(|&id| self.wls[id].first_admitted)
+    }
+
+    /// Sum of every queue's usage of every resource, in milli-units.
+    pub fn usage_total(&self) -> i64 {
+        self.usage_total
+    }
+
+    /// Whether `key` is admitted now.
+    pub fn is_admitted(&self, key: &str) -> bool {
+        self.wl_by_key
+            .get(key)
+            .is_some_and(|&id| self.wls[id].state == WlState::Admitted)
+    }
+
+    /// The pending reason code of `key`, if it is pending.
+    pub fn pending_reason(&self, key: &str) -> Option<&'static str> {
+        let &id = self.wl_by_key.get(key)?;
+        let w = &self.wls[id];
+        matches!(
+            w.state,
+            WlState::Pending | WlState::Backoff | WlState::Deactivated
+        )
+        .then(|| w.reason.code())
+    }
+
+    /// Whether the queue named `cq` uses StrictFIFO.
+    pub(crate) fn strict(&self, cq: CqId) -> bool {
+        self.cqs[cq].spec.strategy == QueueingStrategy::StrictFIFO
+    }
+}
+
+fn shape_hash(priority: i32, info: &WorkloadInfo) -> u64 {
+    use std::hash::{Hash, Hasher};
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    priority.hash(&mut h);
+    for ps in &info.pod_sets {
+        (&ps.name, ps.count, ps.min_count, &ps.requests).hash(&mut h);
+        (&ps.node_selector, &ps.tolerations).hash(&mut h);
+    }
+    h.finish()
+}
+
+fn intern_fr(
+    names: &mut Vec<(String, String)>,
+    by_name: &mut HashMap<(String, String), FrId>,
+    flavor: &str,
+    resource: &str,
+) -> FrId {
+    let k = (flavor.to_string(), resource.to_string());
+    if let Some(&id) = by_name.get(&k) {
+        return id;
+    }
+    let id = names.len();
+    names.push(k.clone());
+    by_name.insert(k, id);
+    id
+}
+
+/// Why an admitted workload is being evicted.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum EvictCause {
+    Preempted { by: WlId, reason: &'static str },
+    PodsReadyTimeout,
+    Drained,
+}

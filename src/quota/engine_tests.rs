@@ -1,0 +1,274 @@
+//! Engine tests through the library API: semantics that need explicit times or
+//! priorities, and the cost of a scheduling cycle.
+
+use super::fixtures::{cluster_queue, flavor, local_queue};
+use super::{Engine, EngineConfig, WorkloadInfo};
+
+const GPU: &str = "nvidia.com/gpu";
+
+fn engine(queues: &[super::api::ClusterQueue]) -> Engine {
+    let mut e = Engine::new(EngineConfig::default());
+    for f in ["h100", "a100"] {
+        e.apply_flavor(&flavor(f), 0).unwrap();
+    }
+    for q in queues {
+        e.apply_cluster_queue(q, 0).unwrap();
+        e.apply_local_queue(&local_queue("ml", &q.metadata.name, &q.metadata.name), 0)
+            .unwrap();
+    }
+    e
+}
+
+fn job(key: &str, queue: &str, gpus: i64) -> WorkloadInfo {
+    WorkloadInfo::new(key, queue).pod_set("main", 1, &[(GPU, gpus)])
+}
+
+fn submit(e: &mut Engine, now: u64, w: WorkloadInfo) {
+    e.submit(now, w).unwrap();
+    e.schedule(now).unwrap();
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn lower_or_newer_equal_priority_preempts_only_newer_equals() {
+    let q = cluster_queue("q")
+        .quota("h100", GPU, 4)
+        .preemption("withinClusterQueue: LowerOrNewerEqualPriority")
+        .build();
+    let table = [
+        // (victim created, preemptor created, preempted?)
+        (100, 50, true), // victim is newer: may be preempted
+        (10, 50, false), // victim is older: protected
+        (50, 50, false), // same age: protected
+    ];
+    for (victim_created, preemptor_created, want) in table {
+        let mut e = engine(std::slice::from_ref(&q));
+        submit(
+            &mut e,
+            200,
+            job("ml/victim", "q", 4).priority(5).created(victim_created),
+        );
+        submit(
+            &mut e,
+            300,
+            job("ml/new", "q", 4).priority(5).created(preemptor_created),
+        );
+        assert_eq!(
+            e.is_admitted("ml/new"),
+            want,
+            "{victim_created} vs {preemptor_created}"
+        );
+        assert_eq!(e.is_admitted("ml/victim"), !want);
+    }
+}
+
+#[test]
+fn lower_priority_policy_never_preempts_equal_priority() {
+    let q = cluster_queue("q")
+        .quota("h100", GPU, 4)
+        .preemption("withinClusterQueue: LowerPriority")
+        .build();
+    let mut e = engine(&[q]);
+    submit(&mut e, 0, job("ml/old", "q", 4).priority(5).created(100));
+    submit(&mut e, 10, job("ml/new", "q", 4).priority(5).created(1));
+    assert!(e.is_admitted("ml/old"));
+    assert_eq!(e.pending_reason("ml/new"), Some("WaitingForQuota"));
+}
+
+#[test]
+fn borrow_within_cohort_preempts_lower_priority_below_threshold() {
+    let table = [
+        ("reclaimWithinCohort: Any\nborrowWithinCohort: {policy: LowerPriority, maxPriorityThreshold: 10}", true),
+        ("reclaimWithinCohort: Any\nborrowWithinCohort: {policy: LowerPriority, maxPriorityThreshold: 1}", false),
+        ("reclaimWithinCohort: Any", false),
+    ];
+    for (policy, want) in table {
+        let a = cluster_queue("a")
+            .cohort("c")
+            .quota("h100", GPU, 2)
+            .preemption(policy)
+            .build();
+        let b = cluster_queue("b").cohort("c").quota("h100", GPU, 4).build();
+        let mut e = engine(&[a, b]);
+        submit(&mut e, 0, job("ml/b-own", "b", 2).priority(100));
+        submit(&mut e, 1, job("ml/b-low", "b", 4).priority(5));
+        assert!(e.is_admitted("ml/b-low"), "b borrows 2 of a's GPUs");
+        // a-big needs 4 > a's nominal 2: it must borrow, so only borrowWithinCohort
+        // lets it preempt in b, and only below the threshold.
+        submit(&mut e, 2, job("ml/a-big", "a", 4).priority(50));
+        assert_eq!(e.is_admitted("ml/a-big"), want, "{policy}");
+        assert_eq!(e.is_admitted("ml/b-low"), !want, "{policy}");
+        assert!(e.is_admitted("ml/b-own"));
+    }
+}
+
+#[test]
+fn hold_and_drain_evicts_and_resuming_readmits() {
+    let q = cluster_queue("q").quota("h100", GPU, 4).build();
+    let mut e = engine(std::slice::from_ref(&q));
+    submit(&mut e, 0, job("ml/a", "q", 4));
+    let mut drain = q.clone();
+    drain.spec.stop_policy = super::api::StopPolicy::HoldAndDrain;
+    e.apply_cluster_queue(&drain, 10).unwrap();
+    e.schedule(10).unwrap();
+    assert_eq!(e.pending_reason("ml/a"), Some("ClusterQueueStopped"));
+    e.apply_cluster_queue(&q, 20).unwrap();
+    e.schedule(20).unwrap();
+    assert!(e.is_admitted("ml/a"));
+    e.check_invariants().unwrap();
+}
+
+#[test]
+fn evicted_workloads_resume_with_saved_progress() {
+    let q = cluster_queue("q")
+        .quota("h100", GPU, 4)
+        .preemption("withinClusterQueue: LowerPriority")
+        .build();
+    let mut e = engine(&[q]);
+    // 100s of work, checkpoint every 30s; preempted at 70s (60s saved, 10s lost).
+    let w = job("ml/low", "q", 4)
+        .runtime(100_000)
+        .checkpoint_interval(30_000);
+    submit(&mut e, 0, w);
+    submit(
+        &mut e,
+        70_000,
+        job("ml/high", "q", 4).priority(10).runtime(50_000),
+    );
+    assert!(e.is_admitted("ml/high"));
+    e.advance_to(120_000).unwrap();
+    assert!(
+        e.is_admitted("ml/low"),
+        "readmitted when high finishes at 120s"
+    );
+    // 40s of work left: finishes at 160s, not 220s.
+    e.advance_to(159_999).unwrap();
+    assert!(e.is_admitted("ml/low"));
+    e.advance_to(160_000).unwrap();
+    assert!(!e.is_admitted("ml/low") && e.pending_reason("ml/low").is_none());
+}
+
+#[test]
+fn flavors_are_tried_in_order_per_pod_set() {
+    let q = cluster_queue("q")
+        .quota("h100", GPU, 2)
+        .quota("a100", GPU, 8)
+        .build();
+    let mut e = engine(&[q]);
+    submit(&mut e, 0, job("ml/one", "q", 2));
+    submit(&mut e, 1, job("ml/two", "q", 4));
+    let state = e.final_state();
+    let flavor_of = |wl: &str| {
+        state
+            .admitted
+            .iter()
+            .find(|a| a.workload == wl)
+            .map(|a| a.flavors["main"][GPU].clone())
+    };
+    assert_eq!(flavor_of("ml/one").as_deref(), Some("h100"));
+    assert_eq!(flavor_of("ml/two").as_deref(), Some("a100"));
+}
+
+#[test]
+fn unknown_priority_class_and_duplicates_are_errors() {
+    let q = cluster_queue("q").quota("h100", GPU, 2).build();
+    let mut e = engine(&[q]);
+    let mut w = job("ml/x", "q", 1);
+    w.priority_class = Some("nope".into());
+    let err = e.submit(0, w).unwrap_err().to_string();
+    assert!(err.contains("nope"), "{err}");
+    e.submit(0, job("ml/y", "q", 1)).unwrap();
+    assert!(e.submit(0, job("ml/y", "q", 1)).is_err());
+}
+
+/// The point of parking: a cycle evaluates queue heads, not every pending workload.
+/// With N huge workloads parked in a queue, admitting a stream of small ones costs the
+/// same number of evaluations whatever N is.
+#[test]
+fn cycle_cost_does_not_grow_with_inadmissible_workloads() {
+    let mut costs = Vec::new();
+    for parked in [10, 100, 1000] {
+        let q = cluster_queue("q").quota("h100", GPU, 100).build();
+        let mut e = engine(&[q]);
+        submit(&mut e, 0, job("ml/base", "q", 50).runtime(1_000_000));
+        for i in 0..parked {
+            // 60 GPUs never fit next to the 50 in use.
+            submit(&mut e, 1, job(&format!("ml/huge-{i}"), "q", 60));
+        }
+        let before = e.stats.evaluations;
+        for i in 0..50u64 {
+            let t = 10 + i * 10;
+            submit(&mut e, t, job(&format!("ml/small-{i}"), "q", 1).runtime(5));
+            e.advance_to(t + 5).unwrap();
+        }
+        assert!(e.is_admitted("ml/base"));
+        costs.push(e.stats.evaluations - before);
+    }
+    assert_eq!(
+        costs[0], costs[2],
+        "evaluations for 10 vs 1000 parked: {costs:?}"
+    );
+    assert!(costs[0] <= 2 * 50, "{costs:?}");
+}
+
+/// The naive baseline rescans every parked workload after each release.
+#[test]
+fn full_rescan_baseline_pays_for_every_parked_workload() {
+    let q = cluster_queue("q").quota("h100", GPU, 100).build();
+    let mut e = Engine::new(EngineConfig {
+        requeue: super::Requeue::FullRescan,
+        ..Default::default()
+    });
+    e.apply_flavor(&flavor("h100"), 0).unwrap();
+    e.apply_cluster_queue(&q, 0).unwrap();
+    e.apply_local_queue(&local_queue("ml", "q", "q"), 0)
+        .unwrap();
+    submit(&mut e, 0, job("ml/base", "q", 50).runtime(1_000_000));
+    for i in 0..200 {
+        submit(&mut e, 1, job(&format!("ml/huge-{i}"), "q", 60));
+    }
+    let before = e.stats.evaluations;
+    submit(&mut e, 10, job("ml/small", "q", 1).runtime(5));
+    e.advance_to(15).unwrap();
+    assert!(e.stats.evaluations - before >= 200);
+}
+
+#[test]
+fn pods_resource_counts_pods_when_covered() {
+    let q = cluster_queue("q")
+        .quota("h100", GPU, 100)
+        .quota("h100-pods", super::model::PODS, 3)
+        .build();
+    let mut e = engine(&[q]);
+    e.apply_flavor(&flavor("h100-pods"), 0).unwrap();
+    submit(
+        &mut e,
+        0,
+        WorkloadInfo::new("ml/two", "q").pod_set("main", 2, &[(GPU, 1)]),
+    );
+    submit(
+        &mut e,
+        1,
+        WorkloadInfo::new("ml/two-more", "q").pod_set("main", 2, &[(GPU, 1)]),
+    );
+    assert!(e.is_admitted("ml/two"));
+    assert_eq!(
+        e.pending_reason("ml/two-more"),
+        Some("WaitingForQuota"),
+        "3 pods max"
+    );
+}
+
+#[test]
+fn missing_cluster_queue_is_a_pending_reason_until_it_appears() {
+    let mut e = engine(&[]);
+    e.apply_local_queue(&local_queue("ml", "q", "later"), 0)
+        .unwrap();
+    submit(&mut e, 0, job("ml/early", "q", 1));
+    assert_eq!(e.pending_reason("ml/early"), Some("ClusterQueueNotFound"));
+    e.apply_cluster_queue(&cluster_queue("later").quota("h100", GPU, 1).build(), 5)
+        .unwrap();
+    e.schedule(5).unwrap();
+    assert!(e.is_admitted("ml/early"));
+    e.check_invariants().unwrap();
+}

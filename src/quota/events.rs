@@ -1,0 +1,229 @@
+//! What the engine reports: events (admitted, preempted, evicted, pending, finished) and the
+//! final state, in the stable JSON shape of `tessera plan` (documented in `docs/plan.md`).
+
+use super::quantity::Time;
+use serde::Serialize;
+use std::collections::BTreeMap;
+
+/// Flavors per pod set, then per resource: `{"main": {"nvidia.com/gpu": "h100"}}`.
+pub type FlavorMap = BTreeMap<String, BTreeMap<String, String>>;
+
+/// Why a workload is not admitted. Each carries enough to act on.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PendingReason {
+    /// Queued, not evaluated yet (or blocked behind a StrictFIFO head).
+    Queued,
+    /// No flavor of the queue covers a requested resource, or every flavor's node
+    /// labels/taints rule the pod set out.
+    NoMatchingFlavor(String),
+    /// The request exceeds the most the queue could ever get (nominal + borrowing).
+    ExceedsMaxQuota(String),
+    /// Fits the queue's limits but not the quota free now.
+    WaitingForQuota(String),
+    /// Preemptions were issued for this workload; victims are still terminating.
+    WaitingForPreemptedWorkloads(String),
+    /// Only victims younger than their queue's minimum runtime could make room.
+    MinimumRuntime {
+        until: Time,
+        message: String,
+    },
+    /// The ClusterQueue has a stopPolicy.
+    ClusterQueueStopped,
+    /// Evicted after a waitForPodsReady timeout; requeued at `until`.
+    Backoff {
+        until: Time,
+        count: u32,
+    },
+    /// Requeued more than backoffLimitCount times.
+    Deactivated(u32),
+    LocalQueueNotFound,
+    ClusterQueueNotFound(String),
+    /// The ClusterQueue's namespaceSelector does not admit the namespace.
+    NamespaceNotAllowed(String),
+}
+
+impl PendingReason {
+    /// The stable reason code used in JSON output.
+    pub fn code(&self) -> &'static str {
+        match self {
+            PendingReason::Queued => "Queued",
+            PendingReason::NoMatchingFlavor(_) => "NoMatchingFlavor",
+            PendingReason::ExceedsMaxQuota(_) => "ExceedsMaxQuota",
+            PendingReason::WaitingForQuota(_) => "WaitingForQuota",
+            PendingReason::WaitingForPreemptedWorkloads(_) => "WaitingForPreemptedWorkloads",
+            PendingReason::MinimumRuntime { .. } => "MinimumRuntime",
+            PendingReason::ClusterQueueStopped => "ClusterQueueStopped",
+            PendingReason::Backoff { .. } => "Backoff",
+            PendingReason::Deactivated(_) => "Deactivated",
+            PendingReason::LocalQueueNotFound => "LocalQueueNotFound",
+            PendingReason::ClusterQueueNotFound(_) => "ClusterQueueNotFound",
+            PendingReason::NamespaceNotAllowed(_) => "NamespaceNotAllowed",
+        }
+    }
+
+    /// A human sentence; `position` is the 1-based place in the ClusterQueue.
+    pub fn message(&self, position: Option<usize>) -> String {
+        let pos = position
+            .map(|p| format!(" (position {p} in its ClusterQueue)"))
+            .unwrap_or_default();
+        match self {
+            PendingReason::Queued => format!("queued{pos}"),
+            PendingReason::NoMatchingFlavor(m)
+            | PendingReason::ExceedsMaxQuota(m)
+            | PendingReason::WaitingForPreemptedWorkloads(m) => m.clone(),
+            PendingReason::WaitingForQuota(m) => format!("{m}{pos}"),
+            PendingReason::MinimumRuntime { until, message } => format!(
+                "{message}; earliest at {}",
+                super::quantity::format_duration(*until)
+            ),
+            PendingReason::ClusterQueueStopped => "the ClusterQueue is stopped (stopPolicy)".into(),
+            PendingReason::Backoff { until, count } => format!(
+                "evicted after pods were not ready in time ({count} time(s)); requeued at {}",
+                super::quantity::format_duration(*until)
+            ),
+            PendingReason::Deactivated(n) => {
+                format!("deactivated after {n} requeues (backoffLimitCount reached)")
+            }
+            PendingReason::LocalQueueNotFound => "the LocalQueue does not exist".into(),
+            PendingReason::ClusterQueueNotFound(cq) => {
+                format!("the LocalQueue points at ClusterQueue {cq:?}, which does not exist")
+            }
+            PendingReason::NamespaceNotAllowed(cq) => {
+                format!("ClusterQueue {cq:?} does not admit this namespace (namespaceSelector)")
+            }
+        }
+    }
+
+    /// Whether the position in the queue is part of the reason.
+    pub fn has_position(&self) -> bool {
+        matches!(
+            self,
+            PendingReason::Queued | PendingReason::WaitingForQuota(_)
+        )
+    }
+}
+
+/// Kind of an [`Event`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum EventType {
+    Admitted,
+    Preempted,
+    /// Evicted for a reason other than preemption (pods-ready timeout, stopPolicy drain).
+    Evicted,
+    Pending,
+    Finished,
+}
+
+/// One thing that happened to a workload.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Event {
+    /// Seconds since the start of the scenario.
+    pub time: f64,
+    #[serde(rename = "type")]
+    pub kind: EventType,
+    /// `namespace/name`.
+    pub workload: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_queue: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub flavors: Option<FlavorMap>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub borrowing: Option<bool>,
+    /// Admitted pods per pod set (differs from the request under partial admission).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub pod_counts: Option<BTreeMap<String, u32>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reason: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub message: Option<String>,
+    /// For `Preempted`: the preemptor.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub by: Option<String>,
+    /// For `Preempted`: seconds of work lost since the victim's last checkpoint.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expected_rework: Option<f64>,
+    /// For `Pending` while waiting for quota: 1-based place in the ClusterQueue.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+}
+
+impl Event {
+    pub(crate) fn new(now: Time, kind: EventType, workload: String) -> Self {
+        Event {
+            time: now as f64 / 1000.0,
+            kind,
+            workload,
+            cluster_queue: None,
+            flavors: None,
+            borrowing: None,
+            pod_counts: None,
+            reason: None,
+            message: None,
+            by: None,
+            expected_rework: None,
+            position: None,
+        }
+    }
+}
+
+/// An admitted workload in the final state.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AdmittedEntry {
+    pub workload: String,
+    pub cluster_queue: String,
+    pub flavors: FlavorMap,
+    pub borrowing: bool,
+    pub pod_counts: BTreeMap<String, u32>,
+    /// Seconds since the start of the scenario.
+    pub admitted_at: f64,
+}
+
+/// A pending workload in the final state.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PendingEntry {
+    pub workload: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster_queue: Option<String>,
+    pub reason: String,
+    pub message: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub position: Option<usize>,
+}
+
+/// Usage of one `(flavor, resource)` in one ClusterQueue.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct UsageEntry {
+    pub flavor: String,
+    pub resource: String,
+    /// Quantities as Kubernetes strings (`8`, `500m`).
+    pub usage: String,
+    pub nominal_quota: String,
+    /// Usage above nominal quota (borrowed from the cohort).
+    pub borrowed: String,
+}
+
+/// Per-queue usage in the final state.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct QueueUsage {
+    pub name: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cohort: Option<String>,
+    pub admitted_workloads: usize,
+    pub pending_workloads: usize,
+    pub resources: Vec<UsageEntry>,
+}
+
+/// The state at the end of a plan.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct FinalState {
+    pub admitted: Vec<AdmittedEntry>,
+    pub pending: Vec<PendingEntry>,
+    pub finished: Vec<String>,
+    pub cluster_queues: Vec<QueueUsage>,
+}

@@ -1,0 +1,207 @@
+//! Read-outs of the engine: the final state of a plan and invariant checks for tests.
+
+use super::engine::{Engine, WlState};
+use super::events::{AdmittedEntry, FinalState, PendingEntry, QueueUsage, UsageEntry};
+use super::quantity::Quantity;
+use std::collections::{BTreeMap, HashMap};
+
+impl Engine {
+    /// Admitted, pending and finished workloads and per-queue usage, sorted by name.
+    pub fn final_state(&self) -> FinalState {
+        let mut out = FinalState::default();
+        let mut ids: Vec<usize> = (0..self.wls.len()).collect();
+        ids.sort_by(|a, b| self.wls[*a].key.cmp(&self.wls[*b].key));
+        let mut pending_per_cq: HashMap<usize, usize> = HashMap::new();
+        for id in ids {
+            let w = &self.wls[id];
+            match w.state {
+                WlState::Admitted => {
+                    let Some(a) = &w.admission else { continue };
+                    out.admitted.push(AdmittedEntry {
+                        workload: w.key.clone(),
+                        cluster_queue: self.cqs[a.cq].spec.name.clone(),
+                        flavors: a.flavors.clone(),
+                        borrowing: a.borrowing,
+                        pod_counts: w
+                            .info
+                            .pod_sets
+                            .iter()
+                            .zip(&a.counts)
+                            .map(|(p, &c)| (p.name.clone(), c))
+                            .collect(),
+                        admitted_at: a.at as f64 / 1000.0,
+                    });
+                }
+                WlState::Pending
+                | WlState::Backoff
+                | WlState::Deactivated
+                | WlState::Terminating => {
+                    if let Some(cq) = w.cq {
+                        *pending_per_cq.entry(cq).or_default() += 1;
+                    }
+                    let position = self.position(id);
+                    let (reason, message) = if w.state == WlState::Terminating {
+                        (
+                            "Terminating".to_string(),
+                            "evicted; waiting for its pods to terminate".to_string(),
+                        )
+                    } else {
+                        (w.reason.code().to_string(), w.reason.message(position))
+                    };
+                    out.pending.push(PendingEntry {
+                        workload: w.key.clone(),
+                        cluster_queue: w.cq.map(|c| self.cqs[c].spec.name.clone()),
+                        reason,
+                        message,
+                        position,
+                    });
+                }
+                WlState::Finished => out.finished.push(w.key.clone()),
+            }
+        }
+        let mut cqs: Vec<usize> = (0..self.cqs.len()).collect();
+        cqs.sort_by(|a, b| self.cqs[*a].spec.name.cmp(&self.cqs[*b].spec.name));
+        for cq in cqs {
+            let q = &self.cqs[cq];
+            let mut resources = Vec::new();
+            for g in &q.spec.groups {
+                for slot in &g.flavors {
+                    for (r, fr) in &slot.resources {
+                        let u = self.usage(cq, *fr);
+                        let n = self.nominal(cq, *fr);
+                        resources.push(UsageEntry {
+                            flavor: slot.flavor.clone(),
+                            resource: r.clone(),
+                            usage: Quantity(u).to_string(),
+                            nominal_quota: Quantity(n).to_string(),
+                            borrowed: Quantity((u - n).max(0)).to_string(),
+                        });
+                    }
+                }
+            }
+            out.cluster_queues.push(QueueUsage {
+                name: q.spec.name.clone(),
+                cohort: self.cohorts[q.cohort].name.clone(),
+                admitted_workloads: q.admitted.len(),
+                pending_workloads: pending_per_cq.get(&cq).copied().unwrap_or(0),
+                resources,
+            });
+        }
+        out
+    }
+
+    /// Checks the books: usage equals the sum of admissions, no queue above
+    /// `nominal + borrowingLimit`, no cohort above its lendable pool, every workload in
+    /// exactly one place. Returns the first violation.
+    pub fn check_invariants(&self) -> Result<(), String> {
+        let mut expect: HashMap<(usize, usize), i64> = HashMap::new();
+        for (id, w) in self.wls.iter().enumerate() {
+            let held = matches!(w.state, WlState::Admitted | WlState::Terminating);
+            if held != w.admission.is_some() {
+                return Err(format!(
+                    "{}: state {:?} but admission {:?}",
+                    w.key,
+                    w.state,
+                    w.admission.is_some()
+                ));
+            }
+            if let Some(a) = &w.admission {
+                for &(fr, v) in &a.usage {
+                    *expect.entry((a.cq, fr)).or_default() += v;
+                }
+                if w.state == WlState::Admitted && !self.cqs[a.cq].admitted.contains(&id) {
+                    return Err(format!("{} admitted but not listed in its queue", w.key));
+                }
+            }
+            let places = w.cq.map_or(0, |cq| {
+                let key = w.order_key(id);
+                let q = &self.cqs[cq];
+                q.pending.contains(&key) as usize + q.parked.contains(&key) as usize
+            }) + self.orphans.contains(&id) as usize;
+            let want = (w.state == WlState::Pending) as usize;
+            if places != want {
+                return Err(format!(
+                    "{} ({:?}) is queued {places} times",
+                    w.key, w.state
+                ));
+            }
+        }
+        for (cq, q) in self.cqs.iter().enumerate() {
+            for (&fr, &u) in &q.usage {
+                let e = expect.get(&(cq, fr)).copied().unwrap_or(0);
+                if u != e {
+                    return Err(format!(
+                        "queue {} usage {u} != admitted sum {e}",
+                        q.spec.name
+                    ));
+                }
+                if u < 0 {
+                    return Err(format!("queue {} negative usage", q.spec.name));
+                }
+            }
+        }
+        let mut pool: BTreeMap<(usize, usize), (i64, i64)> = BTreeMap::new();
+        for (cq, q) in self.cqs.iter().enumerate() {
+            for (&fr, l) in &q.spec.limits {
+                let u = self.usage(cq, fr);
+                if let Some(b) = l.borrowing {
+                    if u > l.nominal + b {
+                        return Err(format!(
+                            "queue {} above nominal+borrowingLimit",
+                            q.spec.name
+                        ));
+                    }
+                }
+                let e = pool.entry((q.cohort, fr)).or_default();
+                e.0 += l.lendable();
+                e.1 += (u - l.guaranteed()).max(0);
+            }
+        }
+        for ((co, fr), (lendable, used)) in pool {
+            if used > lendable {
+                let (f, r) = &self.fr_names[fr];
+                return Err(format!(
+                    "cohort #{co} uses {used} of {r}/{f} above guarantees but lends only {lendable}"
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Engine {
+    /// Parked workloads that could be admitted (or could preempt) right now: after
+    /// [`Engine::schedule`] this must be empty, or a wake-up was missed. For tests.
+    pub fn admissible_but_parked(&mut self, now: super::quantity::Time) -> Vec<String> {
+        let mut keys = Vec::new();
+        for q in &self.cqs {
+            if q.spec.stop != super::api::StopPolicy::None {
+                continue;
+            }
+            keys.extend(q.parked.iter().copied());
+            keys.extend(q.blocked);
+        }
+        let stats = self.stats.clone();
+        let mut out = Vec::new();
+        for key in keys {
+            let id = key.3;
+            if matches!(
+                self.wls[id].reason,
+                super::events::PendingReason::WaitingForPreemptedWorkloads(_)
+                    | super::events::PendingReason::MinimumRuntime { .. }
+            ) {
+                continue;
+            }
+            let versions: Vec<u64> = self.cohorts.iter().map(|c| c.version).collect();
+            let d = self.evaluate(id, now);
+            for (c, v) in self.cohorts.iter_mut().zip(versions) {
+                c.version = v;
+            }
+            if !matches!(d, super::decide::Decision::Fail { .. }) {
+                out.push(self.wls[id].key.clone());
+            }
+        }
+        self.stats = stats;
+        out
+    }
+}

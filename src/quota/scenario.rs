@@ -1,0 +1,794 @@
+//! `tessera plan` scenarios: a multi-document YAML file of queue objects and workloads,
+//! applied in file order to an [`Engine`], with scheduling run to a fixed point after
+//! every object and timers (runtimes, timeouts, backoff) fired in between.
+//!
+//! Workloads come as Kueue `Workload`s, batch `Job`s, `Pod`s (pod groups via
+//! `kueue.x-k8s.io/pod-group-name` + `pod-group-total-count`), or `Deployment`s /
+//! `StatefulSet`s (one workload per replica; re-applying with fewer replicas releases
+//! their quota). `metadata.creationTimestamp` is an offset from the scenario start
+//! (`90s`, `5m`) at which the object is applied. The format is described in `docs/plan.md`.
+
+use super::api::{
+    ClusterQueue, LocalQueue, ObjectMeta, PodSpec, PodTemplateSpec, ResourceFlavor, Workload,
+    WorkloadPriorityClass,
+};
+use super::engine::{Engine, EngineConfig, WaitForPodsReady};
+use super::error::{Error, Result};
+use super::events::{Event, FinalState};
+use super::model::{PodSetInfo, WorkloadInfo};
+use super::quantity::{parse_duration, Quantity, Time};
+use serde::{Deserialize, Serialize};
+use std::collections::{BTreeMap, HashMap};
+
+/// Labels naming the LocalQueue, ours first.
+pub const QUEUE_LABELS: [&str; 2] = ["tessera.io/queue-name", "kueue.x-k8s.io/queue-name"];
+/// Labels naming the WorkloadPriorityClass, ours first.
+pub const PRIORITY_LABELS: [&str; 2] =
+    ["tessera.io/priority-class", "kueue.x-k8s.io/priority-class"];
+pub const RUNTIME_ANNOTATION: &str = "tessera.io/runtime";
+pub const CHECKPOINT_INTERVAL_ANNOTATION: &str = "tessera.io/checkpoint-interval";
+pub const LAST_CHECKPOINT_ANNOTATION: &str = "tessera.io/last-checkpoint";
+pub const PODS_READY_ANNOTATION: &str = "tessera.io/pods-ready-after";
+const POD_GROUP_LABELS: [&str; 2] = ["tessera.io/pod-group-name", "kueue.x-k8s.io/pod-group-name"];
+const POD_GROUP_COUNT: [&str; 2] = [
+    "tessera.io/pod-group-total-count",
+    "kueue.x-k8s.io/pod-group-total-count",
+];
+const JOB_MIN_PARALLELISM: &str = "kueue.x-k8s.io/job-min-parallelism";
+
+/// How far past the last object a plan runs when no `until` is given.
+pub const DEFAULT_HORIZON: Time = 7 * 24 * 3_600_000;
+
+/// Options of a plan run.
+#[derive(Clone, Debug, Default)]
+pub struct PlanOptions {
+    /// Stop at this time (offset from the start); default: when nothing is left to
+    /// happen, at most [`DEFAULT_HORIZON`] after the last object.
+    pub until: Option<Time>,
+}
+
+/// The output of `tessera plan`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlanOutput {
+    pub events: Vec<Event>,
+    #[serde(rename = "final")]
+    pub final_state: FinalState,
+}
+
+/// Kueue's manager `Configuration` (the parts a plan uses).
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Configuration {
+    #[serde(default)]
+    wait_for_pods_ready: Option<WaitForPodsReadyConfig>,
+    #[serde(default)]
+    resources: Option<ResourcesConfig>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct WaitForPodsReadyConfig {
+    #[serde(default)]
+    enable: bool,
+    #[serde(default)]
+    timeout: Option<String>,
+    #[serde(default)]
+    requeuing_strategy: Option<RequeuingStrategy>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RequeuingStrategy {
+    #[serde(default)]
+    timestamp: Option<String>,
+    #[serde(default)]
+    backoff_limit_count: Option<u32>,
+    #[serde(default)]
+    backoff_base_seconds: Option<u64>,
+    #[serde(default)]
+    backoff_max_seconds: Option<u64>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ResourcesConfig {
+    #[serde(default)]
+    device_class_mappings: Vec<DeviceClassMapping>,
+}
+
+#[derive(Clone, Debug, Default, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeviceClassMapping {
+    name: String,
+    device_class_names: Vec<String>,
+}
+
+/// `batch/v1` Job (the subset that matters).
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Job {
+    metadata: ObjectMeta,
+    spec: JobSpec,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct JobSpec {
+    #[serde(default)]
+    parallelism: Option<u32>,
+    #[serde(default)]
+    completions: Option<u32>,
+    template: PodTemplateSpec,
+}
+
+/// `v1` Pod.
+#[derive(Clone, Debug, Deserialize)]
+struct Pod {
+    metadata: ObjectMeta,
+    spec: PodSpec,
+}
+
+/// `apps/v1` Deployment or StatefulSet.
+#[derive(Clone, Debug, Deserialize)]
+struct Serving {
+    metadata: ObjectMeta,
+    spec: ServingSpec,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct ServingSpec {
+    #[serde(default = "one")]
+    replicas: u32,
+    template: PodTemplateSpec,
+}
+
+fn one() -> u32 {
+    1
+}
+
+/// `resource.k8s.io` ResourceClaimTemplate: device requests by class.
+#[derive(Clone, Debug, Deserialize)]
+struct ClaimTemplate {
+    metadata: ObjectMeta,
+    spec: ClaimTemplateSpec,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct ClaimTemplateSpec {
+    spec: ClaimSpec,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct ClaimSpec {
+    devices: DeviceClaim,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+struct DeviceClaim {
+    #[serde(default)]
+    requests: Vec<DeviceRequest>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct DeviceRequest {
+    /// resource.k8s.io/v1beta1 shape.
+    #[serde(default)]
+    device_class_name: Option<String>,
+    #[serde(default)]
+    count: Option<u32>,
+    /// resource.k8s.io/v1 shape.
+    #[serde(default)]
+    exactly: Option<ExactRequest>,
+}
+
+#[derive(Clone, Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct ExactRequest {
+    device_class_name: String,
+    #[serde(default)]
+    count: Option<u32>,
+}
+
+#[derive(Clone, Debug)]
+struct Namespace {
+    name: String,
+    labels: BTreeMap<String, String>,
+}
+
+/// One object of a scenario.
+#[derive(Clone, Debug)]
+enum Object {
+    Flavor(ResourceFlavor),
+    ClusterQueue(ClusterQueue),
+    LocalQueue(LocalQueue),
+    PriorityClass(WorkloadPriorityClass),
+    Namespace(Namespace),
+    ClaimTemplate(String, String, BTreeMap<String, u32>),
+    Workload(Box<WorkloadInfo>),
+    PodOfGroup {
+        group: String,
+        total: u32,
+        pod: Box<WorkloadInfo>,
+    },
+    Serving {
+        kind: &'static str,
+        base: Box<WorkloadInfo>,
+        replicas: u32,
+    },
+}
+
+#[derive(Clone, Debug)]
+struct Step {
+    at: Option<Time>,
+    doc: usize,
+    line: usize,
+    object: Object,
+}
+
+/// A parsed scenario: engine settings and objects in file order.
+#[derive(Clone, Debug)]
+pub struct Scenario {
+    config: EngineConfig,
+    device_classes: HashMap<String, String>,
+    steps: Vec<Step>,
+}
+
+/// First line (1-based) of each YAML document in `text`.
+fn doc_lines(text: &str) -> Vec<usize> {
+    let mut starts = Vec::new();
+    let mut open = false;
+    for (i, line) in text.lines().enumerate() {
+        let t = line.trim_end();
+        if t == "---" || t.starts_with("--- ") {
+            starts.push(i + 2);
+            open = true;
+        } else if !open && !t.trim().is_empty() && !t.trim_start().starts_with('#') {
+            starts.push(i + 1);
+            open = true;
+        }
+    }
+    starts
+}
+
+impl Scenario {
+    /// Parses a scenario file. Errors name the document, its line and the field.
+    pub fn parse(text: &str) -> Result<Scenario> {
+        let lines = doc_lines(text);
+        let mut docs = Vec::new();
+        for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+            let line = lines.get(i).copied().unwrap_or(1);
+            let value = serde_yaml::Value::deserialize(de).map_err(|e| Error::Scenario {
+                doc: i + 1,
+                line: e.location().map_or(line, |l| l.line()),
+                why: e.to_string(),
+            })?;
+            if value.is_null() {
+                continue;
+            }
+            docs.push((i + 1, line, value));
+        }
+        let mut config = EngineConfig::default();
+        let mut device_classes = HashMap::new();
+        let mut steps = Vec::new();
+        for (doc, line, value) in docs {
+            let err = |why: String| Error::Scenario { doc, line, why };
+            let kind = value
+                .get("kind")
+                .and_then(|k| k.as_str())
+                .ok_or_else(|| err("missing `kind`".into()))?
+                .to_string();
+            fn typed<T: for<'de> Deserialize<'de>>(
+                v: serde_yaml::Value,
+                kind: &str,
+                err: &dyn Fn(String) -> Error,
+            ) -> Result<T> {
+                let name = v
+                    .get("metadata")
+                    .and_then(|m| m.get("name"))
+                    .and_then(|n| n.as_str())
+                    .unwrap_or("")
+                    .to_string();
+                serde_yaml::from_value(v).map_err(|e| err(format!("{kind} {name:?}: {e}")))
+            }
+            let at = value
+                .get("metadata")
+                .and_then(|m| m.get("creationTimestamp"))
+                .map(|t| match t {
+                    serde_yaml::Value::String(s) => parse_time(s),
+                    serde_yaml::Value::Number(n) => parse_time(&n.to_string()),
+                    _ => Err(Error::Duration {
+                        value: format!("{t:?}"),
+                        why: "expected an offset like 90s".into(),
+                    }),
+                })
+                .transpose()
+                .map_err(|e| err(format!("metadata.creationTimestamp: {e}")))?;
+            let object = match kind.as_str() {
+                "Configuration" => {
+                    let c: Configuration = typed(value, &kind, &err)?;
+                    if let Some(w) = c.wait_for_pods_ready.filter(|w| w.enable) {
+                        config.wait_for_pods_ready = Some(
+                            wait_config(&w).map_err(|e| err(format!("waitForPodsReady: {e}")))?,
+                        );
+                    }
+                    for m in c
+                        .resources
+                        .map(|r| r.device_class_mappings)
+                        .unwrap_or_default()
+                    {
+                        for class in m.device_class_names {
+                            device_classes.insert(class, m.name.clone());
+                        }
+                    }
+                    continue;
+                }
+                "ResourceFlavor" => Object::Flavor(typed(value, &kind, &err)?),
+                "ClusterQueue" => Object::ClusterQueue(typed(value, &kind, &err)?),
+                "LocalQueue" => Object::LocalQueue(typed(value, &kind, &err)?),
+                "WorkloadPriorityClass" => Object::PriorityClass(typed(value, &kind, &err)?),
+                "Namespace" => {
+                    let meta: ObjectMeta = value
+                        .get("metadata")
+                        .cloned()
+                        .map(serde_yaml::from_value)
+                        .transpose()
+                        .map_err(|e| err(format!("Namespace: {e}")))?
+                        .ok_or_else(|| err("Namespace: missing metadata".into()))?;
+                    Object::Namespace(Namespace {
+                        name: meta.name,
+                        labels: meta.labels,
+                    })
+                }
+                "ResourceClaimTemplate" => {
+                    let t: ClaimTemplate = typed(value, &kind, &err)?;
+                    let mut per_class = BTreeMap::new();
+                    for (i, r) in t.spec.spec.devices.requests.iter().enumerate() {
+                        let (class, count) = match (&r.exactly, &r.device_class_name) {
+                            (Some(e), _) => (e.device_class_name.clone(), e.count.unwrap_or(1)),
+                            (None, Some(c)) => (c.clone(), r.count.unwrap_or(1)),
+                            (None, None) => {
+                                return Err(err(format!(
+                                    "ResourceClaimTemplate {:?}: spec.spec.devices.requests[{i}] names no deviceClassName",
+                                    t.metadata.name
+                                )))
+                            }
+                        };
+                        *per_class.entry(class).or_insert(0) += count;
+                    }
+                    Object::ClaimTemplate(
+                        t.metadata.namespace.unwrap_or_else(|| "default".into()),
+                        t.metadata.name,
+                        per_class,
+                    )
+                }
+                "Workload" => {
+                    let w: Workload = typed(value, &kind, &err)?;
+                    Object::Workload(Box::new(
+                        from_workload(&w, at).map_err(|e| err(e.to_string()))?,
+                    ))
+                }
+                "Job" => {
+                    let j: Job = typed(value, &kind, &err)?;
+                    let count = match (j.spec.parallelism, j.spec.completions) {
+                        (Some(p), Some(c)) => p.min(c),
+                        (Some(p), None) => p,
+                        (None, _) => 1,
+                    };
+                    let min = j
+                        .metadata
+                        .annotations
+                        .get(JOB_MIN_PARALLELISM)
+                        .map(|v| {
+                            v.parse::<u32>().map_err(|_| {
+                                err(format!(
+                                    "Job {:?}: annotation {JOB_MIN_PARALLELISM}: not a number",
+                                    j.metadata.name
+                                ))
+                            })
+                        })
+                        .transpose()?;
+                    let info =
+                        from_pods(&j.metadata, &j.spec.template.spec, "main", count, min, at)
+                            .map_err(|e| err(e.to_string()))?;
+                    Object::Workload(Box::new(info))
+                }
+                "Pod" => {
+                    let p: Pod = typed(value, &kind, &err)?;
+                    let info = from_pods(&p.metadata, &p.spec, "main", 1, None, at)
+                        .map_err(|e| err(e.to_string()))?;
+                    match first_label(&p.metadata.labels, &POD_GROUP_LABELS) {
+                        Some(group) => {
+                            let total = first_label(&p.metadata.annotations, &POD_GROUP_COUNT)
+                                .ok_or_else(|| err(format!("Pod {:?}: a pod group needs annotation kueue.x-k8s.io/pod-group-total-count", p.metadata.name)))?
+                                .parse::<u32>()
+                                .map_err(|_| err(format!("Pod {:?}: pod-group-total-count is not a number", p.metadata.name)))?;
+                            Object::PodOfGroup {
+                                group: group.to_string(),
+                                total,
+                                pod: Box::new(info),
+                            }
+                        }
+                        None => Object::Workload(Box::new(info)),
+                    }
+                }
+                "Deployment" | "StatefulSet" => {
+                    let s: Serving = typed(value, &kind, &err)?;
+                    let info = from_pods(&s.metadata, &s.spec.template.spec, "main", 1, None, at)
+                        .map_err(|e| err(e.to_string()))?;
+                    Object::Serving {
+                        kind: if kind == "Deployment" {
+                            "Deployment"
+                        } else {
+                            "StatefulSet"
+                        },
+                        base: Box::new(info),
+                        replicas: s.spec.replicas,
+                    }
+                }
+                other => return Err(err(format!("unsupported kind {other:?}"))),
+            };
+            steps.push(Step {
+                at,
+                doc,
+                line,
+                object,
+            });
+        }
+        Ok(Scenario {
+            config,
+            device_classes,
+            steps,
+        })
+    }
+
+    /// Engine settings from the scenario's `Configuration`, if any.
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    /// Runs the scenario on a fresh engine.
+    pub fn run(&self, opts: &PlanOptions) -> Result<PlanOutput> {
+        let mut engine = Engine::new(self.config.clone());
+        let mut clock: Time = 0;
+        let mut claims: HashMap<(String, String), BTreeMap<String, u32>> = HashMap::new();
+        let mut groups: HashMap<String, Vec<WorkloadInfo>> = HashMap::new();
+        let mut serving: HashMap<String, u32> = HashMap::new();
+        for step in &self.steps {
+            let at = step.at.unwrap_or(clock).max(clock);
+            if opts.until.is_some_and(|u| at > u) {
+                break;
+            }
+            engine.advance_to(at)?;
+            clock = at;
+            let err = |e: Error| Error::Scenario {
+                doc: step.doc,
+                line: step.line,
+                why: e.to_string(),
+            };
+            match &step.object {
+                Object::Flavor(f) => engine.apply_flavor(f, at).map_err(err)?,
+                Object::ClusterQueue(q) => engine.apply_cluster_queue(q, at).map_err(err)?,
+                Object::LocalQueue(q) => engine.apply_local_queue(q, at).map_err(err)?,
+                Object::PriorityClass(p) => engine.apply_priority_class(p).map_err(err)?,
+                Object::Namespace(n) => engine.apply_namespace(&n.name, n.labels.clone(), at),
+                Object::ClaimTemplate(ns, name, per_class) => {
+                    claims.insert((ns.clone(), name.clone()), per_class.clone());
+                }
+                Object::Workload(w) => {
+                    let w = self.with_claims(w, &claims).map_err(err)?;
+                    engine.submit(at, w.with_creation(at)).map_err(err)?;
+                }
+                Object::PodOfGroup { group, total, pod } => {
+                    let key = format!("{}/{}", pod.namespace, group);
+                    let pod = self.with_claims(pod, &claims).map_err(err)?;
+                    let members = groups.entry(key.clone()).or_default();
+                    members.push(pod.with_creation(at));
+                    if members.len() as u32 == *total {
+                        let members = groups.remove(&key).unwrap_or_default();
+                        let w = merge_group(group, members);
+                        engine.submit(at, w).map_err(err)?;
+                    }
+                }
+                Object::Serving {
+                    kind,
+                    base,
+                    replicas,
+                } => {
+                    let key = format!("{}/{}", base.namespace, base.name);
+                    let base = self.with_claims(base, &claims).map_err(err)?;
+                    let have = serving.get(&key).copied().unwrap_or(0);
+                    for i in have..*replicas {
+                        let mut w = base.clone().with_creation(at);
+                        w.name = format!("{}-{i}", base.name);
+                        engine.submit(at, w).map_err(err)?;
+                    }
+                    for i in (*replicas..have).rev() {
+                        let name = format!("{}/{}-{i}", base.namespace, base.name);
+                        engine
+                            .remove_with_reason(at, &name, &format!("{kind}ScaledDown"))
+                            .map_err(err)?;
+                    }
+                    serving.insert(key, *replicas);
+                }
+            }
+            engine.schedule(at)?;
+        }
+        let horizon = opts.until.unwrap_or(clock.saturating_add(DEFAULT_HORIZON));
+        engine.advance_to(horizon)?;
+        let mut events = engine.take_events();
+        for (key, members) in groups {
+            let mut ev = Event::new(clock, super::events::EventType::Pending, key);
+            ev.reason = Some("PodGroupIncomplete".into());
+            ev.message = Some(format!(
+                "{} pod(s) of the group arrived, waiting for the rest",
+                members.len()
+            ));
+            events.push(ev);
+        }
+        Ok(PlanOutput {
+            events,
+            final_state: engine.final_state(),
+        })
+    }
+
+    fn with_claims(
+        &self,
+        w: &WorkloadInfo,
+        claims: &HashMap<(String, String), BTreeMap<String, u32>>,
+    ) -> Result<WorkloadInfo> {
+        let mut w = w.clone();
+        for ps in &mut w.pod_sets {
+            let refs = std::mem::take(&mut ps.claim_templates);
+            for t in refs {
+                let per_class = claims
+                    .get(&(w.namespace.clone(), t.clone()))
+                    .ok_or_else(|| Error::Invalid {
+                        kind: "Workload",
+                        name: format!("{}/{}", w.namespace, w.name),
+                        field: format!("podSets.{}.resourceClaims", ps.name),
+                        why: format!(
+                            "ResourceClaimTemplate {t:?} not found (define it earlier in the file)"
+                        ),
+                    })?;
+                for (class, n) in per_class {
+                    let resource = self
+                        .device_classes
+                        .get(class)
+                        .cloned()
+                        .unwrap_or_else(|| class.clone());
+                    let e = ps.requests.entry(resource).or_default();
+                    e.0 += Quantity::units(*n as i64).0;
+                }
+            }
+        }
+        Ok(w)
+    }
+}
+
+impl WorkloadInfo {
+    fn with_creation(mut self, at: Time) -> Self {
+        if !self.explicit_creation {
+            self.creation = at;
+        }
+        self
+    }
+}
+
+/// Parses a plan time: an offset (`90s`, `5m`, `120`). RFC 3339 stamps are refused with
+/// a hint, since a plan has no wall clock.
+fn parse_time(s: &str) -> Result<Time> {
+    if s.contains('T') && s.contains('-') {
+        return Err(Error::Duration {
+            value: s.to_string(),
+            why: "plans use offsets from the scenario start, like 90s or 5m".into(),
+        });
+    }
+    parse_duration(s)
+}
+
+fn wait_config(w: &WaitForPodsReadyConfig) -> Result<WaitForPodsReady> {
+    let mut out = WaitForPodsReady::default();
+    if let Some(t) = &w.timeout {
+        out.timeout = parse_duration(t)?;
+    }
+    if let Some(r) = &w.requeuing_strategy {
+        if let Some(b) = r.backoff_base_seconds {
+            out.backoff_base = b.saturating_mul(1000);
+        }
+        if let Some(m) = r.backoff_max_seconds {
+            out.backoff_max = m.saturating_mul(1000);
+        }
+        out.backoff_limit_count = r.backoff_limit_count;
+        out.requeue_by_eviction_time = match r.timestamp.as_deref() {
+            None | Some("Eviction") => true,
+            Some("Creation") => false,
+            Some(other) => {
+                return Err(Error::Duration {
+                    value: other.to_string(),
+                    why: "requeuingStrategy.timestamp must be Eviction or Creation".into(),
+                })
+            }
+        };
+    }
+    Ok(out)
+}
+
+fn first_label<'a>(map: &'a BTreeMap<String, String>, keys: &[&str]) -> Option<&'a str> {
+    keys.iter().find_map(|k| map.get(*k).map(String::as_str))
+}
+
+fn annotation_time(meta: &ObjectMeta, key: &str) -> Result<Option<Time>> {
+    meta.annotations
+        .get(key)
+        .map(|v| {
+            parse_duration(v).map_err(|e| Error::Invalid {
+                kind: "Workload",
+                name: meta.name.clone(),
+                field: format!("metadata.annotations.{key}"),
+                why: e.to_string(),
+            })
+        })
+        .transpose()
+}
+
+fn common(meta: &ObjectMeta, queue: String, at: Option<Time>) -> Result<WorkloadInfo> {
+    let ns = meta.namespace.clone().unwrap_or_else(|| "default".into());
+    let mut w = WorkloadInfo::new(&format!("{ns}/{}", meta.name), &queue);
+    w.creation = at.unwrap_or(0);
+    w.explicit_creation = at.is_some();
+    w.runtime = annotation_time(meta, RUNTIME_ANNOTATION)?;
+    w.checkpoint_interval = annotation_time(meta, CHECKPOINT_INTERVAL_ANNOTATION)?;
+    w.last_checkpoint = annotation_time(meta, LAST_CHECKPOINT_ANNOTATION)?;
+    w.pods_ready_after = match meta
+        .annotations
+        .get(PODS_READY_ANNOTATION)
+        .map(String::as_str)
+    {
+        Some("never") => None,
+        Some(_) => annotation_time(meta, PODS_READY_ANNOTATION)?,
+        None => Some(0),
+    };
+    Ok(w)
+}
+
+fn pod_set(name: &str, count: u32, min: Option<u32>, spec: &PodSpec) -> PodSetInfo {
+    PodSetInfo {
+        name: name.to_string(),
+        count,
+        min_count: min,
+        requests: spec.effective_requests(),
+        node_selector: spec.node_selector.clone(),
+        tolerations: spec.tolerations.clone(),
+        claim_templates: spec
+            .resource_claims
+            .iter()
+            .filter_map(|c| c.resource_claim_template_name.clone())
+            .collect(),
+    }
+}
+
+fn grace(spec: &PodSpec) -> Time {
+    spec.termination_grace_period_seconds
+        .unwrap_or(0)
+        .saturating_mul(1000)
+}
+
+fn from_workload(w: &Workload, at: Option<Time>) -> Result<WorkloadInfo> {
+    let mut info = common(&w.metadata, w.spec.queue_name.clone(), at)?;
+    info.priority = w.spec.priority;
+    info.priority_class = w.spec.priority_class_name.clone();
+    info.pod_sets = w
+        .spec
+        .pod_sets
+        .iter()
+        .map(|ps| pod_set(&ps.name, ps.count, ps.min_count, &ps.template.spec))
+        .collect();
+    info.grace_period = w
+        .spec
+        .pod_sets
+        .iter()
+        .map(|ps| grace(&ps.template.spec))
+        .max()
+        .unwrap_or(0);
+    Ok(info)
+}
+
+fn from_pods(
+    meta: &ObjectMeta,
+    spec: &PodSpec,
+    name: &str,
+    count: u32,
+    min: Option<u32>,
+    at: Option<Time>,
+) -> Result<WorkloadInfo> {
+    let queue = first_label(&meta.labels, &QUEUE_LABELS)
+        .unwrap_or("")
+        .to_string();
+    let mut info = common(meta, queue, at)?;
+    info.priority_class = first_label(&meta.labels, &PRIORITY_LABELS).map(str::to_string);
+    info.pod_sets = vec![pod_set(name, count, min, spec)];
+    info.grace_period = grace(spec);
+    Ok(info)
+}
+
+/// A pod group becomes one workload; identical pods share a pod set.
+fn merge_group(group: &str, members: Vec<WorkloadInfo>) -> WorkloadInfo {
+    let mut out = members[0].clone();
+    out.name = group.to_string();
+    out.pod_sets.clear();
+    for m in &members {
+        out.creation = out.creation.min(m.creation);
+        out.runtime = out.runtime.max(m.runtime);
+        out.grace_period = out.grace_period.max(m.grace_period);
+        for ps in &m.pod_sets {
+            match out.pod_sets.iter_mut().find(|p| {
+                p.requests == ps.requests
+                    && p.node_selector == ps.node_selector
+                    && p.tolerations == ps.tolerations
+            }) {
+                Some(p) => p.count += ps.count,
+                None => {
+                    let mut p = ps.clone();
+                    p.name = format!("role-{}", out.pod_sets.len());
+                    out.pod_sets.push(p);
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Parses and runs a scenario.
+pub fn plan_str(text: &str, opts: &PlanOptions) -> Result<PlanOutput> {
+    Scenario::parse(text)?.run(opts)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn document_lines_are_found() {
+        let cases = [
+            ("a: 1\n---\nb: 2\n", vec![1, 3]),
+            ("# c\n---\na: 1\n---\nb: 2\n", vec![3, 5]),
+            ("\n# c\nkind: X\n", vec![3]),
+        ];
+        for (text, want) in cases {
+            assert_eq!(doc_lines(text), want, "{text:?}");
+        }
+    }
+
+    #[test]
+    fn annotations_become_plan_timing() {
+        let text = r#"
+kind: Workload
+metadata:
+  name: w
+  namespace: ml
+  creationTimestamp: 1m30s
+  annotations:
+    tessera.io/runtime: 10m
+    tessera.io/checkpoint-interval: 5m
+    tessera.io/pods-ready-after: never
+spec: {queueName: q, podSets: [{count: 1, template: {spec: {containers: [{resources: {requests: {cpu: 1}}}]}}}]}
+"#;
+        let s = Scenario::parse(text).unwrap();
+        let Object::Workload(w) = &s.steps[0].object else {
+            panic!("not a workload")
+        };
+        assert_eq!(s.steps[0].at, Some(90_000));
+        assert_eq!(w.runtime, Some(600_000));
+        assert_eq!(w.checkpoint_interval, Some(300_000));
+        assert_eq!(w.pods_ready_after, None);
+        assert_eq!(w.creation, 90_000);
+    }
+
+    #[test]
+    fn bad_annotation_names_the_field() {
+        let text = "kind: Job\nmetadata: {name: j, annotations: {tessera.io/runtime: soon}}\nspec: {template: {spec: {containers: []}}}\n";
+        let err = Scenario::parse(text).unwrap_err().to_string();
+        assert!(err.contains("tessera.io/runtime"), "{err}");
+    }
+}

@@ -1,0 +1,350 @@
+//! Wake-ups of parked workloads, so that a scheduling cycle never pays for workloads
+//! that cannot be admitted.
+//!
+//! When a workload is parked, each `(flavor, resource)` where it was short gets an entry
+//! keyed by `released_so_far + deficit` in its cohort's index. The deficit is a lower
+//! bound on how much must be released before the workload could fit: its request minus
+//! what is available minus an upper bound of what its preemption policy could free.
+//! Releases only ever raise availability by at most the released amount, and admissions
+//! never help a parked workload, so the workload cannot become admissible before some
+//! entry is reached. A release pops the reached entries: O(log n + woken), independent of
+//! the number of workloads that stay inadmissible.
+//!
+//! Queues that cannot preempt use level keys instead, which do not drift: such a
+//! workload fits only if the cohort's free lendable quota reaches `request - guaranteed`
+//! and its queue's usage drops to `nominal + borrowingLimit - request`; admissions only
+//! move both the wrong way. A release pops the keys whose level is reached.
+//!
+//! One refinement keeps reclaim-capable queues cheap: reclaiming from other queues is
+//! only possible when the workload fits within its own queue's nominal quota, so while
+//! it does not, cross-queue usage is left out of the bound and a second entry waits on
+//! the workload's own queue releasing the excess.
+
+use super::api::{BorrowWithinCohortPolicy, ReclaimPolicy, StopPolicy, WithinClusterQueuePolicy};
+use super::engine::{Engine, Requeue, WakeIndex};
+use super::model::{CqId, FrId, WlId};
+use super::quantity::Time;
+use std::collections::BTreeMap;
+
+impl Engine {
+    pub(crate) fn register_wake_keys(
+        &mut self,
+        id: WlId,
+        cq: CqId,
+        gen: u64,
+        shortfalls: &[(FrId, i64, i64)],
+    ) {
+        // Smallest deficit per fr over the considered flavors.
+        let mut per_fr: BTreeMap<FrId, (i64, i64)> = BTreeMap::new();
+        for &(fr, val, avail) in shortfalls {
+            let e = per_fr.entry(fr).or_insert((val, avail));
+            if val - avail < e.0 - e.1 {
+                *e = (val, avail);
+            }
+        }
+        let co = self.cqs[cq].cohort;
+        if !self.cqs[cq].spec.can_preempt() {
+            self.register_level_keys(id, cq, gen, &per_fr);
+            return;
+        }
+        let pw = self.wls[id].priority;
+        let pre = self.cqs[cq].spec.preemption.clone();
+        for (fr, (val, avail)) in per_fr {
+            let same = match pre.within_cluster_queue {
+                WithinClusterQueuePolicy::Never => 0,
+                WithinClusterQueuePolicy::LowerPriority => {
+                    self.usage_where(co, Some(cq), fr, |p| p < pw)
+                }
+                WithinClusterQueuePolicy::LowerOrNewerEqualPriority => {
+                    self.usage_where(co, Some(cq), fr, |p| p <= pw)
+                }
+            };
+            let bwc = pre
+                .borrow_within_cohort
+                .as_ref()
+                .is_some_and(|b| b.policy == BorrowWithinCohortPolicy::LowerPriority);
+            let others = |pred: &dyn Fn(i32) -> bool| {
+                self.usage_where(co, None, fr, pred) - self.usage_where(co, Some(cq), fr, pred)
+            };
+            let within_nominal = self.usage(cq, fr) + val <= self.nominal(cq, fr);
+            let mut cross = 0;
+            if bwc {
+                cross = cross.max(others(&|p| p < pw));
+            }
+            let mut local = None;
+            match pre.reclaim_within_cohort {
+                ReclaimPolicy::Never => {}
+                _ if !within_nominal => {
+                    local = Some(self.usage(cq, fr) + val - self.nominal(cq, fr));
+                }
+                ReclaimPolicy::LowerPriority => cross = cross.max(others(&|p| p < pw)),
+                ReclaimPolicy::Any => cross = cross.max(others(&|_| true)),
+            }
+            let deficit = (val - avail - same - cross).max(1);
+            let seq = self.next_seq();
+            let threshold = self.cohorts[co].released.get(&fr).copied().unwrap_or(0) + deficit;
+            self.cohorts[co]
+                .wake
+                .entry(fr)
+                .or_default()
+                .insert((threshold, seq), (id, gen));
+            if pre.reclaim_within_cohort != ReclaimPolicy::Never || bwc {
+                self.cohorts[co]
+                    .reclaimers
+                    .entry(fr)
+                    .or_default()
+                    .insert((0, seq), (id, gen));
+            }
+            if let Some(d) = local {
+                let t = self.cqs[cq].released.get(&fr).copied().unwrap_or(0) + d.max(1);
+                self.cqs[cq]
+                    .wake
+                    .entry(fr)
+                    .or_default()
+                    .insert((t, seq), (id, gen));
+            }
+        }
+    }
+
+    fn register_level_keys(
+        &mut self,
+        id: WlId,
+        cq: CqId,
+        gen: u64,
+        per_fr: &BTreeMap<FrId, (i64, i64)>,
+    ) {
+        let co = self.cqs[cq].cohort;
+        let mut any = false;
+        for (&fr, &(val, _)) in per_fr {
+            let Some(l) = self.cqs[cq].spec.limits.get(&fr).copied() else {
+                continue;
+            };
+            let u = self.usage(cq, fr);
+            let g = l.guaranteed();
+            let free = self.pool_free(co, fr);
+            let seq = self.next_seq();
+            if let Some(b) = l.borrowing {
+                let cap = l.nominal + b - val;
+                if u > cap && cap >= 0 {
+                    self.cqs[cq]
+                        .wake_usage
+                        .entry(fr)
+                        .or_default()
+                        .insert((-cap, seq), (id, gen));
+                    any = true;
+                }
+            }
+            if (g - u).max(0) + free < val {
+                // What the queue can take without borrowing limits is its unused
+                // guarantee plus the pool's free quota, at most `g + free`: the pool
+                // must reach `val - g` (for `g = 0` that is more than it has now).
+                self.cohorts[co]
+                    .wake_free
+                    .entry(fr)
+                    .or_default()
+                    .insert((val - g, seq), (id, gen));
+                any = true;
+            }
+        }
+        if !any {
+            // Failed for a reason the levels do not capture: wake on any release.
+            for &fr in per_fr.keys() {
+                let seq = self.next_seq();
+                let t = self.cohorts[co].released.get(&fr).copied().unwrap_or(0) + 1;
+                self.cohorts[co]
+                    .wake
+                    .entry(fr)
+                    .or_default()
+                    .insert((t, seq), (id, gen));
+            }
+        }
+    }
+
+    /// After an admission in `cq`: where it now borrows, its workloads are new reclaim
+    /// candidates, and removing one can free more than the admission took.
+    pub(crate) fn wake_reclaimers(&mut self, cq: CqId, frs: &[FrId]) {
+        let co = self.cqs[cq].cohort;
+        for &fr in frs {
+            if self.usage(cq, fr) <= self.nominal(cq, fr) {
+                continue;
+            }
+            let Some(map) = self.cohorts[co].reclaimers.remove(&fr) else {
+                continue;
+            };
+            for (id, gen) in map.into_values() {
+                if self.wls[id].gen == gen && self.wls[id].cq != Some(cq) {
+                    self.wake(id);
+                }
+            }
+        }
+    }
+
+    pub(crate) fn pool_free(&self, co: usize, fr: FrId) -> i64 {
+        let c = &self.cohorts[co];
+        c.lendable.get(&fr).copied().unwrap_or(0) - c.pool_used.get(&fr).copied().unwrap_or(0)
+    }
+
+    /// Releases `amount` of `fr` held by a workload of priority `prio` in `cq`, and wakes
+    /// the parked workloads this could help.
+    pub(crate) fn release(&mut self, cq: CqId, fr: FrId, amount: i64, prio: i32, now: Time) {
+        self.add_usage(cq, fr, -amount, prio);
+        let co = self.cqs[cq].cohort;
+        if self.cfg.requeue == Requeue::FullRescan {
+            self.wake_cohort_all(co, now);
+            return;
+        }
+        let total = {
+            let r = self.cohorts[co].released.entry(fr).or_insert(0);
+            *r += amount;
+            *r
+        };
+        let local = {
+            let r = self.cqs[cq].released.entry(fr).or_insert(0);
+            *r += amount;
+            *r
+        };
+        let free = self.pool_free(co, fr);
+        let usage = self.usage(cq, fr);
+        let mut woken = pop_reached(&mut self.cohorts[co].wake, fr, total);
+        woken.extend(pop_reached(&mut self.cqs[cq].wake, fr, local));
+        woken.extend(pop_reached(&mut self.cohorts[co].wake_free, fr, free));
+        woken.extend(pop_reached(&mut self.cqs[cq].wake_usage, fr, -usage));
+        for (id, gen) in woken {
+            if self.wls[id].gen == gen {
+                self.wake(id);
+            }
+        }
+    }
+
+    /// Puts a parked workload's class back in its queue: the first member of the
+    /// class by queue order (identical workloads decide alike), or unblocks a
+    /// StrictFIFO queue.
+    pub(crate) fn wake(&mut self, id: WlId) {
+        let w = &self.wls[id];
+        if w.state != super::engine::WlState::Pending {
+            return;
+        }
+        let Some(cq) = w.cq else { return };
+        let key = w.order_key(id);
+        if self.cqs[cq].parked.contains(&key) {
+            self.wls[id].gen += 1;
+            let shape = self.shape_in(id, cq);
+            self.release_class_head(cq, shape, key);
+            return;
+        }
+        let q = &mut self.cqs[cq];
+        if q.blocked == Some(key) {
+            q.blocked = None;
+            self.wls[id].gen += 1;
+            self.stats.wakes += 1;
+            if q.spec.stop == StopPolicy::None {
+                self.ready.insert(cq);
+            }
+        }
+    }
+
+    /// Disarms a class and moves its first member (or `fallback`) to the queue.
+    pub(crate) fn release_class_head(
+        &mut self,
+        cq: CqId,
+        shape: u64,
+        fallback: super::engine::OrderKey,
+    ) {
+        let q = &mut self.cqs[cq];
+        let first = match q.classes.get_mut(&shape) {
+            Some(class) => {
+                class.armed = false;
+                let first = class.members.pop_first().unwrap_or(fallback);
+                if class.members.is_empty() {
+                    q.classes.remove(&shape);
+                }
+                first
+            }
+            None => fallback,
+        };
+        if q.parked.remove(&first) {
+            q.pending.insert(first);
+            self.wls[first.3].gen += 1;
+            self.stats.wakes += 1;
+            if q.spec.stop == StopPolicy::None {
+                self.ready.insert(cq);
+            }
+        }
+    }
+
+    /// A parked workload leaves (finished, deleted): the class hands its wake-up duty
+    /// to its next member.
+    pub(crate) fn leave_class(&mut self, id: WlId, cq: CqId, key: super::engine::OrderKey) {
+        let shape = self.shape_in(id, cq);
+        let q = &mut self.cqs[cq];
+        let Some(class) = q.classes.get_mut(&shape) else {
+            return;
+        };
+        if !class.members.remove(&key) {
+            return;
+        }
+        if class.members.is_empty() {
+            q.classes.remove(&shape);
+        } else if let Some(&next) = class.members.first() {
+            self.release_class_head(cq, shape, next);
+        }
+    }
+
+    /// After an admission from `cq`: identical parked workloads may fit too.
+    pub(crate) fn chain_class(&mut self, id: WlId, cq: CqId) {
+        let shape = self.shape_in(id, cq);
+        let Some(class) = self.cqs[cq].classes.get(&shape) else {
+            return;
+        };
+        if class.armed {
+            return;
+        }
+        if let Some(&first) = class.members.first() {
+            self.release_class_head(cq, shape, first);
+        }
+    }
+
+    /// Puts every parked workload of a cohort back in its queue (configuration changes,
+    /// and the naive baseline on every release).
+    pub(crate) fn wake_cohort_all(&mut self, co: usize, _now: Time) {
+        let members = self.cohorts[co].members.clone();
+        self.cohorts[co].wake.clear();
+        self.cohorts[co].wake_free.clear();
+        self.cohorts[co].reclaimers.clear();
+        for m in members {
+            let q = &mut self.cqs[m];
+            q.wake.clear();
+            q.wake_usage.clear();
+            q.classes.clear();
+            let parked = std::mem::take(&mut q.parked);
+            self.stats.wakes += parked.len() as u64;
+            for key in &parked {
+                self.wls[key.3].gen += 1;
+            }
+            let q = &mut self.cqs[m];
+            q.pending.extend(parked);
+            if let Some(b) = q.blocked.take() {
+                self.wls[b.3].gen += 1;
+            }
+            if !q.pending.is_empty() && q.spec.stop == StopPolicy::None {
+                self.ready.insert(m);
+            }
+        }
+    }
+
+    /// Re-evaluates everything (a flavor or namespace changed).
+    pub(crate) fn wake_everything(&mut self, now: Time) {
+        for co in 0..self.cohorts.len() {
+            self.wake_cohort_all(co, now);
+        }
+    }
+}
+
+fn pop_reached(index: &mut WakeIndex, fr: FrId, reached: i64) -> Vec<(WlId, u64)> {
+    let Some(map) = index.get_mut(&fr) else {
+        return Vec::new();
+    };
+    let rest = map.split_off(&(reached + 1, 0));
+    let hit = std::mem::replace(map, rest);
+    hit.into_values().collect()
+}

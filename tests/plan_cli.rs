@@ -1,0 +1,186 @@
+//! `tessera plan` as a user runs it: the JSON shape, the table, and clear errors.
+
+use std::process::Command;
+
+fn tessera(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .output()
+        .expect("run tessera")
+}
+
+fn scenario(name: &str) -> String {
+    format!(
+        "{}/tests/scenarios/plan/{name}.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+#[test]
+fn json_output_has_the_documented_shape() {
+    let out = tessera(&["plan", "-f", &scenario("reclaim"), "-o", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let events = v["events"].as_array().expect("events array");
+    let admitted = events
+        .iter()
+        .find(|e| e["type"] == "Admitted" && e["workload"] == "team-b/b-1")
+        .expect("b-1 admitted");
+    assert_eq!(admitted["clusterQueue"], "team-b");
+    assert_eq!(admitted["flavors"]["main"]["nvidia.com/gpu"], "h100");
+    assert_eq!(admitted["borrowing"], false);
+    let preempted = events
+        .iter()
+        .find(|e| e["type"] == "Preempted")
+        .expect("a preemption");
+    assert_eq!(preempted["workload"], "team-a/a-3");
+    assert_eq!(preempted["by"], "team-b/b-1");
+    assert_eq!(preempted["reason"], "InCohortReclamation");
+    assert!(preempted["expectedRework"].is_number());
+    let pending = events
+        .iter()
+        .find(|e| e["type"] == "Pending")
+        .expect("pending");
+    assert!(pending["reason"].is_string() && pending["message"].is_string());
+    assert!(v["final"]["admitted"].is_array());
+    assert_eq!(v["final"]["pending"][0]["workload"], "team-a/a-3");
+    assert_eq!(v["final"]["pending"][0]["position"], 1);
+}
+
+#[test]
+fn table_output_lists_events_and_final_state() {
+    let out = tessera(&["plan", "-f", &scenario("minimal-victims")]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        text.contains("Preempted") && text.contains("ml/urgent"),
+        "{text}"
+    );
+    assert!(
+        text.contains("ADMITTED (3)") && text.contains("PENDING (1)"),
+        "{text}"
+    );
+}
+
+#[test]
+fn until_stops_the_plan_early() {
+    let out = tessera(&[
+        "plan",
+        "-f",
+        &scenario("minimum-runtime"),
+        "-o",
+        "json",
+        "--until",
+        "5m",
+    ]);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("json");
+    assert!(!v["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|e| e["type"] == "Preempted"));
+}
+
+#[test]
+fn bad_input_is_a_clear_error_not_a_panic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cases = [
+        (
+            "kind: ResourceFlavor\nmetadata: {name: a}\n---\nkind: ClusterQueue\nmetadata: {name: q}\nspec:\n  resourceGroups: [{coveredResources: [gpu], flavors: [{name: a, resources: [{name: gpu, nominalQuota: 1, borrowingLimit: 2}]}]}]\n",
+            &["document 2", "line 4", "borrowingLimit"][..],
+        ),
+        ("kind: Gadget\nmetadata: {name: x}\n", &["unsupported kind", "Gadget"][..]),
+        (
+            "kind: Workload\nmetadata: {name: w, creationTimestamp: \"2024-01-01T00:00:00Z\"}\nspec: {queueName: q, podSets: []}\n",
+            &["creationTimestamp", "offset"][..],
+        ),
+        (
+            "kind: ClusterQueue\nmetadata: {name: q}\nspec: {resourceGroups: [{coveredResources: [gpu], flavors: [{name: a, resources: [{name: gpu, nominalQuota: lots}]}]}]}\n",
+            &["lots"][..],
+        ),
+        ("kind: [\n", &["document 1"][..]),
+    ];
+    for (i, (yaml, want)) in cases.iter().enumerate() {
+        let path = dir.path().join(format!("bad-{i}.yaml"));
+        std::fs::write(&path, yaml).expect("write");
+        let out = tessera(&["plan", "-f", path.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "case {i} should fail");
+        assert!(!err.contains("panicked"), "case {i} panicked: {err}");
+        for w in *want {
+            assert!(err.contains(w), "case {i}: {err:?} should mention {w:?}");
+        }
+    }
+    let missing = tessera(&["plan", "-f", "/nonexistent/plan.yaml"]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("/nonexistent/plan.yaml"));
+}
+
+#[test]
+fn pod_groups_and_dra_claims_become_one_workload() {
+    let yaml = r#"
+apiVersion: config.kueue.x-k8s.io/v1beta1
+kind: Configuration
+resources:
+  deviceClassMappings: [{name: nvidia.com/gpu, deviceClassNames: [gpu.tessera.io]}]
+---
+kind: ResourceFlavor
+metadata: {name: h100}
+---
+kind: ClusterQueue
+metadata: {name: q}
+spec:
+  namespaceSelector: {}
+  resourceGroups: [{coveredResources: [nvidia.com/gpu], flavors: [{name: h100, resources: [{name: nvidia.com/gpu, nominalQuota: 4}]}]}]
+---
+kind: LocalQueue
+metadata: {name: q, namespace: ml}
+spec: {clusterQueue: q}
+---
+apiVersion: resource.k8s.io/v1
+kind: ResourceClaimTemplate
+metadata: {name: two-gpus, namespace: ml}
+spec: {spec: {devices: {requests: [{name: gpus, exactly: {deviceClassName: gpu.tessera.io, count: 2}}]}}}
+---
+kind: Pod
+metadata:
+  name: worker-0
+  namespace: ml
+  labels: {kueue.x-k8s.io/queue-name: q, kueue.x-k8s.io/pod-group-name: trainer}
+  annotations: {kueue.x-k8s.io/pod-group-total-count: "2"}
+spec:
+  resourceClaims: [{name: gpus, resourceClaimTemplateName: two-gpus}]
+  containers: [{name: c}]
+---
+kind: Pod
+metadata:
+  name: worker-1
+  namespace: ml
+  labels: {kueue.x-k8s.io/queue-name: q, kueue.x-k8s.io/pod-group-name: trainer}
+  annotations: {kueue.x-k8s.io/pod-group-total-count: "2"}
+  creationTimestamp: 30s
+spec:
+  resourceClaims: [{name: gpus, resourceClaimTemplateName: two-gpus}]
+  containers: [{name: c}]
+"#;
+    let out = tessera::quota::scenario::plan_str(yaml, &Default::default()).expect("plan");
+    let admitted: Vec<_> = out
+        .events
+        .iter()
+        .filter(|e| e.kind == tessera::quota::EventType::Admitted)
+        .collect();
+    assert_eq!(admitted.len(), 1, "{:?}", out.events);
+    assert_eq!(admitted[0].workload, "ml/trainer");
+    assert_eq!(
+        admitted[0].time, 30.0,
+        "admitted once the whole group exists"
+    );
+    let usage = &out.final_state.cluster_queues[0].resources[0];
+    assert_eq!(usage.usage, "4");
+}

@@ -1,0 +1,249 @@
+//! Property tests of the quota engine on random queues and workloads: quota is never
+//! exceeded, nothing is lost, no preemption cycle, no missed wake-up, and runs are
+//! deterministic.
+
+use proptest::prelude::*;
+use std::collections::{BTreeMap, BTreeSet};
+use tessera::quota::events::EventType;
+use tessera::quota::fixtures::{cluster_queue, flavor, local_queue};
+use tessera::quota::{Engine, EngineConfig, Event, WorkloadInfo};
+
+const GPU: &str = "nvidia.com/gpu";
+const POLICIES: [&str; 5] = [
+    "{}",
+    "withinClusterQueue: LowerPriority",
+    "withinClusterQueue: LowerOrNewerEqualPriority\nreclaimWithinCohort: LowerPriority",
+    "withinClusterQueue: LowerPriority\nreclaimWithinCohort: Any\nminimumRuntime: 20s",
+    "reclaimWithinCohort: Any\nborrowWithinCohort: {policy: LowerPriority}",
+];
+
+#[derive(Clone, Debug)]
+struct Queue {
+    nominal: [i64; 2],
+    borrowing: Option<i64>,
+    lending: Option<i64>,
+    policy: usize,
+    strict: bool,
+}
+
+#[derive(Clone, Debug)]
+struct Job {
+    queue: usize,
+    gap: u64,
+    gpus: i64,
+    count: u32,
+    min: Option<u32>,
+    priority: i32,
+    runtime: Option<u64>,
+    checkpoint: Option<u64>,
+}
+
+fn queue() -> impl Strategy<Value = Queue> {
+    (
+        [0i64..6, 0i64..6],
+        proptest::option::of(0i64..4),
+        proptest::option::of(0i64..3),
+        0..POLICIES.len(),
+        proptest::bool::weighted(0.2),
+    )
+        .prop_map(|(nominal, borrowing, lending, policy, strict)| Queue {
+            nominal,
+            borrowing,
+            lending,
+            policy,
+            strict,
+        })
+}
+
+fn job(queues: usize) -> impl Strategy<Value = Job> {
+    (
+        0..queues,
+        0u64..30,
+        1i64..5,
+        1u32..3,
+        proptest::bool::weighted(0.3),
+        prop_oneof![Just(0), Just(5), Just(10)],
+        proptest::option::weighted(0.8, 5u64..60),
+        proptest::option::of(5u64..20),
+    )
+        .prop_map(
+            |(queue, gap, gpus, count, partial, priority, runtime, checkpoint)| Job {
+                queue,
+                gap,
+                gpus,
+                count,
+                min: partial.then_some(1),
+                priority,
+                runtime,
+                checkpoint,
+            },
+        )
+}
+
+fn scenario() -> impl Strategy<Value = (Vec<Queue>, Vec<Job>)> {
+    prop::collection::vec(queue(), 1..4).prop_flat_map(|qs| {
+        let n = qs.len();
+        (Just(qs), prop::collection::vec(job(n), 1..25))
+    })
+}
+
+/// Runs a scenario, checking the books after every step. Returns the events.
+fn run(
+    queues: &[Queue],
+    jobs: &[Job],
+    cfg: EngineConfig,
+) -> Result<(Engine, Vec<Event>), TestCaseError> {
+    let mut e = Engine::new(cfg);
+    for f in ["a", "b"] {
+        e.apply_flavor(&flavor(f), 0)
+            .map_err(|x| TestCaseError::fail(x.to_string()))?;
+    }
+    for (i, q) in queues.iter().enumerate() {
+        let mut b = cluster_queue(&format!("q{i}"));
+        if q.borrowing.is_some() || q.lending.is_some() || i % 2 == 0 {
+            b = b.cohort("c");
+        }
+        let in_cohort = b.0.spec.cohort_name.is_some();
+        for (fi, f) in ["a", "b"].iter().enumerate() {
+            let lend = q
+                .lending
+                .map(|l| l.min(q.nominal[fi]))
+                .filter(|_| in_cohort);
+            let borrow = q.borrowing.filter(|_| in_cohort);
+            b = b.quota_with(f, GPU, q.nominal[fi], borrow, lend);
+        }
+        b = b.preemption(POLICIES[q.policy]);
+        if q.strict {
+            b = b.strict_fifo();
+        }
+        e.apply_cluster_queue(&b.build(), 0)
+            .map_err(|x| TestCaseError::fail(x.to_string()))?;
+        e.apply_local_queue(&local_queue("ns", &format!("q{i}"), &format!("q{i}")), 0)
+            .map_err(|x| TestCaseError::fail(x.to_string()))?;
+    }
+    let mut now = 0;
+    for (i, j) in jobs.iter().enumerate() {
+        now += j.gap * 1000;
+        e.advance_to(now)
+            .map_err(|x| TestCaseError::fail(x.to_string()))?;
+        e.check_invariants().map_err(TestCaseError::fail)?;
+        let mut w = WorkloadInfo::new(&format!("ns/j{i}"), &format!("q{}", j.queue))
+            .pod_set("main", j.count, &[(GPU, j.gpus)])
+            .priority(j.priority)
+            .created(now);
+        if let Some(m) = j.min {
+            w = w.min_count(m);
+        }
+        if let Some(r) = j.runtime {
+            w = w.runtime(r * 1000);
+        }
+        if let Some(c) = j.checkpoint {
+            w = w.checkpoint_interval(c * 1000);
+        }
+        e.submit(now, w)
+            .map_err(|x| TestCaseError::fail(x.to_string()))?;
+        e.schedule(now)
+            .map_err(|x| TestCaseError::fail(x.to_string()))?;
+        e.check_invariants().map_err(TestCaseError::fail)?;
+        let missed = e.admissible_but_parked(now);
+        prop_assert!(missed.is_empty(), "missed wake-ups at {now}: {missed:?}");
+    }
+    while let Some(t) = e.next_timer() {
+        e.advance_to(t)
+            .map_err(|x| TestCaseError::fail(x.to_string()))?;
+        e.check_invariants().map_err(TestCaseError::fail)?;
+        let missed = e.admissible_but_parked(t);
+        prop_assert!(missed.is_empty(), "missed wake-ups at {t}: {missed:?}");
+    }
+    let events = e.take_events();
+    Ok((e, events))
+}
+
+fn has_cycle(edges: &[(String, String)]) -> bool {
+    let mut graph: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for (a, b) in edges {
+        graph.entry(a).or_default().push(b);
+    }
+    fn visit<'a>(
+        n: &'a str,
+        g: &BTreeMap<&'a str, Vec<&'a str>>,
+        on: &mut BTreeSet<&'a str>,
+        done: &mut BTreeSet<&'a str>,
+    ) -> bool {
+        if on.contains(n) {
+            return true;
+        }
+        if !done.insert(n) {
+            return false;
+        }
+        on.insert(n);
+        let cyc = g
+            .get(n)
+            .is_some_and(|next| next.iter().any(|m| visit(m, g, on, done)));
+        on.remove(n);
+        cyc
+    }
+    let mut done = BTreeSet::new();
+    graph
+        .keys()
+        .any(|n| visit(n, &graph, &mut BTreeSet::new(), &mut done))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, timeout: 20_000, ..ProptestConfig::default() })]
+
+    #[test]
+    fn books_balance_and_nothing_is_lost((queues, jobs) in scenario()) {
+        let (e, events) = run(&queues, &jobs, EngineConfig::default())?;
+        let f = e.final_state();
+        let mut seen: Vec<&str> = f.admitted.iter().map(|a| a.workload.as_str())
+            .chain(f.pending.iter().map(|p| p.workload.as_str()))
+            .chain(f.finished.iter().map(String::as_str))
+            .collect();
+        seen.sort();
+        let before = seen.len();
+        seen.dedup();
+        prop_assert_eq!(before, seen.len(), "a workload is in two places");
+        prop_assert_eq!(seen.len(), jobs.len(), "a workload was lost");
+        // Every admission is balanced by a finish or an eviction, or still holds quota.
+        for (i, _) in jobs.iter().enumerate() {
+            let key = format!("ns/j{i}");
+            let count = |k: EventType| events.iter().filter(|ev| ev.kind == k && ev.workload == key).count();
+            let admits = count(EventType::Admitted);
+            let ends = count(EventType::Finished) + count(EventType::Preempted) + count(EventType::Evicted);
+            let holding = f.admitted.iter().any(|a| a.workload == key) as usize;
+            prop_assert_eq!(admits, ends + holding, "{}", key);
+        }
+    }
+
+    #[test]
+    fn no_preemption_cycle((queues, jobs) in scenario()) {
+        let (_, events) = run(&queues, &jobs, EngineConfig::default())?;
+        let mut by_time: BTreeMap<u64, Vec<(String, String)>> = BTreeMap::new();
+        for ev in events.iter().filter(|e| e.kind == EventType::Preempted) {
+            let by = ev.by.clone().unwrap_or_default();
+            by_time.entry((ev.time * 1000.0) as u64).or_default().push((by, ev.workload.clone()));
+        }
+        for (t, edges) in &by_time {
+            prop_assert!(!has_cycle(edges), "preemption cycle at {t}ms: {edges:?}");
+        }
+        // Within one queue (no reclaim) priority strictly drops along preemptions, so
+        // the whole history is acyclic.
+        let within_only: Vec<(String, String)> = events
+            .iter()
+            .filter(|e| e.kind == EventType::Preempted && e.reason.as_deref() == Some("InClusterQueue"))
+            .map(|e| (e.by.clone().unwrap_or_default(), e.workload.clone()))
+            .collect();
+        let strict_priority = queues.iter().all(|q| q.policy <= 1);
+        if strict_priority {
+            prop_assert!(!has_cycle(&within_only), "{within_only:?}");
+        }
+    }
+
+    #[test]
+    fn runs_are_deterministic((queues, jobs) in scenario()) {
+        let (_, a) = run(&queues, &jobs, EngineConfig::default())?;
+        let (_, b) = run(&queues, &jobs, EngineConfig::default())?;
+        prop_assert_eq!(a, b);
+    }
+}
