@@ -119,6 +119,12 @@ fn by_real_ptr(p: usize) -> Option<*mut c_void> {
                 let ours = hooks::by_name(n.as_bytes())? as usize;
                 (real != 0).then_some((real, ours))
             })
+            // A driver whose own table resolves through the dynamic linker may already
+            // hand out the hooks: those are fine as they are.
+            .chain(hooks::CUDA_NAMES.iter().filter_map(|n| {
+                let ours = hooks::by_name(n.as_bytes())? as usize;
+                Some((ours, ours))
+            }))
             .collect()
     });
     table

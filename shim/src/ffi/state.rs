@@ -95,10 +95,13 @@ fn build() -> Outcome {
                     .devices
                     .iter()
                     .enumerate()
-                    .filter(|(_, d)| d.memory.is_some() || d.sm_percent.is_some())
+                    .filter(|(i, d)| *i == 0 || **d != shim.cfg.devices[0])
                     .map(|(i, d)| format!("dev{i}: mem={:?} sm={:?}", d.memory, d.sm_percent))
                     .collect();
-                crate::log::info(&format!("active; {}", limits.join(", ")));
+                crate::log::info(&format!(
+                    "active; {} (unlisted devices as dev0)",
+                    limits.join(", ")
+                ));
             }
             Outcome::Ready(shim)
         }
