@@ -227,11 +227,13 @@ impl Ledger {
         self.usage.own(dev)
     }
 
-    /// The slice view `(free, total)` given the driver's `(free, total)`.
+    /// The slice view `(free, total)` given the driver's `(free, total)`. Memory of dead
+    /// processes is credited first, so the view never shows what a killed process held.
     pub fn mem_info(&self, dev: usize, real_free: u64, real_total: u64) -> (u64, u64) {
         match self.limit(dev) {
             None => (real_free, real_total),
             Some(limit) => {
+                self.usage.reclaim_dead();
                 let total = limit.min(real_total);
                 let free = total.saturating_sub(self.used(dev)).min(real_free);
                 (free, total)
@@ -242,6 +244,7 @@ impl Ledger {
     /// The slice view `(used, total)` for NVML given the driver's total.
     pub fn nvml_info(&self, dev: usize, real_total: u64) -> Option<(u64, u64)> {
         let limit = self.limit(dev)?;
+        self.usage.reclaim_dead();
         let total = limit.min(real_total);
         Some((self.used(dev).min(total), total))
     }

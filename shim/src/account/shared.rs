@@ -45,6 +45,10 @@ pub const WORDS: usize = SLOTS_AT + SLOTS * SLOT_WORDS;
 pub const FILE_LEN: u64 = (WORDS * 8) as u64;
 /// No device has a petabyte: larger counters mean corruption.
 const SANE_MAX: u64 = 1 << 50;
+/// Registration waits this long for the table lock (bounded by the caller's timeout).
+const REGISTER_TIMEOUT: Duration = Duration::from_secs(3600);
+/// Reaping dead processes waits at most this long.
+const REAP_TIMEOUT: Duration = Duration::from_millis(100);
 const STATE_FREE: u64 = 0;
 const STATE_LIVE: u64 = 1;
 
@@ -69,8 +73,8 @@ pub type Result<T> = std::result::Result<T, Error>;
 /// per-slot liveness locks. The file implementation is [`FileBacking`]; tests use memory.
 pub trait Backing: Send + Sync {
     fn words(&self) -> &[AtomicU64];
-    /// Take the table-wide lock (registration and reaping).
-    fn lock_table(&self) -> io::Result<()>;
+    /// Take the table-wide lock (registration and reaping), waiting at most `timeout`.
+    fn lock_table(&self, timeout: Duration) -> io::Result<()>;
     fn unlock_table(&self);
     /// Try to take slot `i`'s liveness lock: `Ok(true)` when acquired, i.e. no live owner.
     fn try_lock_slot(&self, i: usize) -> io::Result<bool>;
@@ -199,11 +203,13 @@ pub struct SharedUsage<B: Backing> {
 impl<B: Backing> SharedUsage<B> {
     /// Register `pid` in an already validated table.
     pub fn register(backing: B, pid: u64, path: &Path) -> Result<Self> {
-        backing.lock_table().map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            op: "lock",
-            source,
-        })?;
+        backing
+            .lock_table(REGISTER_TIMEOUT)
+            .map_err(|source| Error::Io {
+                path: path.to_path_buf(),
+                op: "lock",
+                source,
+            })?;
         let (_, live) = reap(&backing, None);
         let slot = claim(&backing, pid, live);
         backing.unlock_table();
@@ -266,7 +272,8 @@ impl<B: Backing> Usage for SharedUsage<B> {
     }
 
     fn reclaim_dead(&self) -> u64 {
-        if self.backing.lock_table().is_err() {
+        // Reaping is an optimisation on query and refusal paths: never wait long for it.
+        if self.backing.lock_table(REAP_TIMEOUT).is_err() {
             return 0;
         }
         let (reclaimed, _) = reap(&self.backing, Some(self.slot));
@@ -286,8 +293,8 @@ impl Backing for FileBacking {
     fn words(&self) -> &[AtomicU64] {
         self.map.words()
     }
-    fn lock_table(&self) -> io::Result<()> {
-        self.file.lock_exclusive(self.lock_timeout)
+    fn lock_table(&self, timeout: Duration) -> io::Result<()> {
+        self.file.lock_exclusive(timeout.min(self.lock_timeout))
     }
     fn unlock_table(&self) {
         self.file.unlock();
@@ -423,7 +430,7 @@ mod tests {
         fn words(&self) -> &[AtomicU64] {
             &self.words
         }
-        fn lock_table(&self) -> io::Result<()> {
+        fn lock_table(&self, _: Duration) -> io::Result<()> {
             Ok(())
         }
         fn unlock_table(&self) {}

@@ -96,9 +96,10 @@ static void resolve(const char *mode) {
   if (gpa1) gpa1("cuMemAlloc", (void **)&T.cuMemAlloc, 2000, 0); else gpa("cuMemAlloc", (void **)&T.cuMemAlloc, 2000, 0, NULL);
 }
 
+static CUcontext ctx;
+
 static void setup(void) {
   CUdevice dev;
-  CUcontext ctx;
   if (T.cuInit(0)) { printf("init_rc=%d\n", T.cuInit(0)); exit(4); }
   T.cuDeviceGet(&dev, 0);
   CUresult rc = T.cuDevicePrimaryCtxRetain(&ctx, dev);
@@ -151,7 +152,12 @@ static void print_info(const char *prefix) {
   size_t f = 0, t = 0, dt = 0;
   CUresult rc = T.cuMemGetInfo_v2(&f, &t);
   T.cuDeviceTotalMem_v2(&dt, 0);
-  printf("%sinfo_rc=%d %sfree=%zu %stotal=%zu %sdevice_total=%zu\n", prefix, rc, prefix, f, prefix, t, prefix, dt);
+  void (*mem)(unsigned long long *, unsigned long long *, unsigned long long *) =
+      dlsym(dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD), "fakecuda_mem");
+  unsigned long long used = 0, total = 0;
+  if (mem) mem(&used, &total, NULL);
+  printf("%sinfo_rc=%d %sfree=%zu %stotal=%zu %sdevice_total=%zu %sfake_used=%llu\n", prefix, rc, prefix, f, prefix, t,
+         prefix, dt, prefix, used);
 }
 
 /* fill <chunk_mib> <kind>: allocate until refused, report, free everything. */
@@ -183,16 +189,20 @@ static int cmd_hold(int argc, char **argv) {
   return 0;
 }
 
-struct stress { int iters; unsigned long long bytes; int ok, refused; };
+struct stress { int iters; unsigned long long bytes; int ok, refused, errors; };
 static void *stress_thread(void *arg) {
   struct stress *s = arg;
   CUdeviceptr live[4] = { 0 };
+  T.cuCtxSetCurrent(ctx); /* contexts are per thread */
   unsigned seed = (unsigned)(size_t)arg ^ (unsigned)getpid();
   for (int i = 0; i < s->iters; i++) {
     int slot = i % 4;
     if (live[slot]) { T.cuMemFree_v2(live[slot]); live[slot] = 0; }
     unsigned long long b = s->bytes / 2 + rand_r(&seed) % (s->bytes ? s->bytes : 1);
-    if (T.cuMemAlloc_v2(&live[slot], b) == CUDA_SUCCESS) s->ok++; else { live[slot] = 0; s->refused++; }
+    CUresult rc = T.cuMemAlloc_v2(&live[slot], b);
+    if (rc == CUDA_SUCCESS) s->ok++;
+    else if (rc == CUDA_ERROR_OUT_OF_MEMORY) { live[slot] = 0; s->refused++; }
+    else { live[slot] = 0; s->errors++; }
   }
   for (int i = 0; i < 4; i++) if (live[i]) T.cuMemFree_v2(live[i]);
   return NULL;
@@ -205,10 +215,10 @@ static int cmd_stress(int argc, char **argv) {
   pthread_t th[256];
   struct stress st[256];
   if (threads > 256) threads = 256;
-  for (int i = 0; i < threads; i++) { st[i] = (struct stress){ iters, bytes, 0, 0 }; pthread_create(&th[i], NULL, stress_thread, &st[i]); }
-  int ok = 0, refused = 0;
-  for (int i = 0; i < threads; i++) { pthread_join(th[i], NULL); ok += st[i].ok; refused += st[i].refused; }
-  printf("ok=%d refused=%d\n", ok, refused);
+  for (int i = 0; i < threads; i++) { st[i] = (struct stress){ iters, bytes, 0, 0, 0 }; pthread_create(&th[i], NULL, stress_thread, &st[i]); }
+  int ok = 0, refused = 0, errors = 0;
+  for (int i = 0; i < threads; i++) { pthread_join(th[i], NULL); ok += st[i].ok; refused += st[i].refused; errors += st[i].errors; }
+  printf("ok=%d refused=%d errors=%d\n", ok, refused, errors);
   print_info("");
   return 0;
 }

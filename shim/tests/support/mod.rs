@@ -84,14 +84,14 @@ pub fn fake_dir() -> &'static Path {
     })
 }
 
-/// The shim built by cargo next to this test binary.
+/// The shim cargo built for this test run (`target/<profile>/deps/libtessera_cuda.so`;
+/// `cargo test` does not copy it up to `target/<profile>/`).
 pub fn shim_path() -> PathBuf {
     let exe = std::env::current_exe().expect("test exe");
     let so = exe
         .parent()
-        .and_then(Path::parent)
         .map(|d| d.join("libtessera_cuda.so"))
-        .expect("target dir");
+        .expect("deps dir");
     assert!(so.exists(), "{} not built", so.display());
     so
 }
@@ -200,4 +200,28 @@ pub fn fake_state(path: &Path) -> (u64, u64) {
     let b = std::fs::read(path).expect("fake state");
     let word = |i: usize| u64::from_le_bytes(b[i * 8..i * 8 + 8].try_into().expect("8 bytes"));
     (word(0), word(1))
+}
+
+/// Read the child's stdout until a line starting with `prefix` (or panic after `secs`).
+pub fn wait_line(child: &mut Child, prefix: &str, secs: u64) -> String {
+    use std::io::{BufRead, BufReader};
+    let out = child.stdout.take().expect("piped stdout");
+    let (tx, rx) = std::sync::mpsc::channel();
+    let prefix = prefix.to_string();
+    std::thread::spawn(move || {
+        for line in BufReader::new(out).lines().map_while(Result::ok) {
+            if line.starts_with(&prefix) {
+                let _ = tx.send(line);
+                return;
+            }
+        }
+    });
+    rx.recv_timeout(std::time::Duration::from_secs(secs))
+        .unwrap_or_else(|_| panic!("no line starting with the prefix within {secs}s"))
+}
+
+/// SIGKILL and reap.
+pub fn kill9(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
 }
