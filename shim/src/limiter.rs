@@ -158,7 +158,15 @@ pub fn watch(th: &Throttle, mut sample: impl FnMut() -> Option<u32>) -> ! {
         if now - last_feedback >= PERIOD {
             last_feedback = now;
             if let Some(util) = sample() {
-                ctl.update(f64::from(util), th.take_held());
+                let held = th.take_held();
+                ctl.update(f64::from(util), held);
+                if crate::log::enabled(crate::config::LogLevel::Debug) {
+                    crate::log::debug(&format!(
+                        "sm limit {}%: measured {util}%, held {held}, rate {:.0} waves/s",
+                        th.target_pct(),
+                        ctl.rate() / WAVE as f64
+                    ));
+                }
             }
         }
     }
