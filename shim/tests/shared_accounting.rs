@@ -139,7 +139,7 @@ fn sixty_four_threads_in_one_process() {
     let c = cache(&dir);
     let state = dir.path().join("gpu.state");
     let r = limited(
-        Probe::new("procaddr", "stress", &["64", "200", "8"]),
+        Probe::new("procaddr", "stress", &["64", "1000", "8"]),
         &c,
         "256m",
     )

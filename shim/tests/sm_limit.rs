@@ -12,8 +12,12 @@ struct Run {
 }
 
 fn spin(mode: &str, api: &str, wave_us: u32, blocks: u32, sms: u32) -> Probe {
-    Probe::new(mode, "spin", &["3000", &wave_us.to_string(), &blocks.to_string(), api])
-        .env("FAKE_CUDA_SMS", sms.to_string())
+    Probe::new(
+        mode,
+        "spin",
+        &["3000", &wave_us.to_string(), &blocks.to_string(), api],
+    )
+    .env("FAKE_CUDA_SMS", sms.to_string())
 }
 
 /// Run all probes at once (they mostly sleep) and check each share.
@@ -27,8 +31,12 @@ fn check(runs: Vec<Run>) {
         let r = Report::from(child.wait_with_output().unwrap());
         let share = r.f("share");
         match target {
-            Some(t) if (share - t).abs() > 5.0 => failures.push(format!("{name}: {share:.1}% vs {t}%")),
-            None if share < 75.0 => failures.push(format!("{name}: {share:.1}% throttled without a limit")),
+            Some(t) if (share - t).abs() > 5.0 => {
+                failures.push(format!("{name}: {share:.1}% vs {t}%"))
+            }
+            None if share < 75.0 => {
+                failures.push(format!("{name}: {share:.1}% throttled without a limit"))
+            }
             _ => eprintln!("{name}: {share:.1}%"),
         }
     }
@@ -38,13 +46,19 @@ fn check(runs: Vec<Run>) {
 #[test]
 fn share_tracks_the_limit_at_10_30_50_70() {
     // (target, wave µs, blocks, SMs): kernel lengths and SM counts the controller must learn.
-    let cases = [(10, 700, 132, 132), (30, 300, 264, 132), (50, 1000, 188, 188), (70, 500, 376, 188)];
+    let cases = [
+        (10, 700, 132, 132),
+        (30, 300, 264, 132),
+        (50, 1000, 188, 188),
+        (70, 500, 376, 188),
+    ];
     let runs = cases
         .iter()
         .map(|&(t, wave, blocks, sms)| Run {
             name: format!("{t}% wave {wave}µs x{blocks}/{sms}"),
             target: Some(f64::from(t)),
-            probe: spin("direct", "kernel", wave, blocks, sms).env("CUDA_DEVICE_SM_LIMIT_0", t.to_string()),
+            probe: spin("direct", "kernel", wave, blocks, sms)
+                .env("CUDA_DEVICE_SM_LIMIT_0", t.to_string()),
         })
         .collect();
     check(runs);

@@ -63,9 +63,9 @@ impl Ledger {
             limits,
             usage,
             ptrs: AllocTable::default(),
-            arrays: AllocTable::default(),
-            vmm: AllocTable::default(),
-            ctx_handles: AllocTable::default(),
+            arrays: AllocTable::with_capacity(1 << 12),
+            vmm: AllocTable::with_capacity(1 << 14),
+            ctx_handles: AllocTable::with_capacity(64),
             granularity: std::array::from_fn(|_| AtomicU64::new(0)),
             contexts: std::array::from_fn(|_| AtomicU32::new(0)),
             ctx_charge: std::array::from_fn(|_| AtomicU64::new(0)),
@@ -114,7 +114,8 @@ impl Ledger {
             .map(|g| g.load(Ordering::Relaxed))
             .filter(|g| *g != 0)
             .unwrap_or(DEFAULT_GRANULARITY);
-        bytes.div_ceil(g).saturating_mul(g)
+        // Granularities are powers of two (set_granularity enforces it): mask, not divide.
+        bytes.checked_add(g - 1).map_or(!(g - 1), |b| b & !(g - 1))
     }
 
     /// Charge an allocation of `bytes` on `dev` before it is made. `Ok(None)`: the device
@@ -154,9 +155,7 @@ impl Ledger {
     /// The allocation succeeded: remember `handle` so its free is credited.
     pub fn commit(&self, kind: Kind, handle: u64, charge: Option<Charge>) {
         if let Some(c) = charge {
-            if let Some(stale) = self.table(kind).insert(handle, c) {
-                self.usage.credit(stale.dev, stale.bytes);
-            }
+            self.table(kind).insert(handle, c);
         }
     }
 

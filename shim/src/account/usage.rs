@@ -43,12 +43,17 @@ pub fn cas_charge(cell: &AtomicU64, bytes: u64, limit: u64) -> bool {
     }
 }
 
-/// Subtract without wrapping below zero (a corrupt or raced counter must not wrap to 2^64,
-/// which would refuse everything forever).
+/// Subtract without staying wrapped below zero (a corrupt or raced counter must not wrap
+/// to 2^64, which would refuse everything forever). One atomic on the common path; a
+/// wrap is repaired by clamping back to zero.
 pub fn saturating_sub(cell: &AtomicU64, bytes: u64) {
-    let _ = cell.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
-        Some(v.saturating_sub(bytes))
-    });
+    let prev = cell.fetch_sub(bytes, Ordering::AcqRel);
+    if prev < bytes {
+        let _ = cell.fetch_update(Ordering::AcqRel, Ordering::Relaxed, |v| {
+            // Still wrapped (huge): clamp to zero. Someone charged meanwhile: keep theirs.
+            Some(if v > u64::MAX / 2 { 0 } else { v })
+        });
+    }
 }
 
 /// In-process counters.

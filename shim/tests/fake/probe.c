@@ -190,20 +190,31 @@ static int cmd_hold(int argc, char **argv) {
 }
 
 struct stress { int iters; unsigned long long bytes; int ok, refused, errors; };
+static pthread_barrier_t start_line;
+static void stress_alloc(struct stress *s, CUdeviceptr *slot, unsigned *seed) {
+  unsigned long long b = s->bytes / 2 + rand_r(seed) % (s->bytes ? s->bytes : 1);
+  CUresult rc = T.cuMemAlloc_v2(slot, b);
+  if (rc == CUDA_SUCCESS) s->ok++;
+  else if (rc == CUDA_ERROR_OUT_OF_MEMORY) { *slot = 0; s->refused++; }
+  else { *slot = 0; s->errors++; }
+}
+
 static void *stress_thread(void *arg) {
   struct stress *s = arg;
   CUdeviceptr live[4] = { 0 };
-  T.cuCtxSetCurrent(ctx); /* contexts are per thread */
   unsigned seed = (unsigned)(size_t)arg ^ (unsigned)getpid();
+  T.cuCtxSetCurrent(ctx); /* contexts are per thread */
+  /* Every thread fills its four slots, then all churn at once: the threads really
+     overlap even when the scheduler runs them one after another. */
+  pthread_barrier_wait(&start_line);
+  for (int i = 0; i < 4; i++) stress_alloc(s, &live[i], &seed);
+  pthread_barrier_wait(&start_line);
   for (int i = 0; i < s->iters; i++) {
     int slot = i % 4;
     if (live[slot]) { T.cuMemFree_v2(live[slot]); live[slot] = 0; }
-    unsigned long long b = s->bytes / 2 + rand_r(&seed) % (s->bytes ? s->bytes : 1);
-    CUresult rc = T.cuMemAlloc_v2(&live[slot], b);
-    if (rc == CUDA_SUCCESS) s->ok++;
-    else if (rc == CUDA_ERROR_OUT_OF_MEMORY) { live[slot] = 0; s->refused++; }
-    else { live[slot] = 0; s->errors++; }
+    stress_alloc(s, &live[slot], &seed);
   }
+  pthread_barrier_wait(&start_line);
   for (int i = 0; i < 4; i++) if (live[i]) T.cuMemFree_v2(live[i]);
   return NULL;
 }
@@ -215,6 +226,7 @@ static int cmd_stress(int argc, char **argv) {
   pthread_t th[256];
   struct stress st[256];
   if (threads > 256) threads = 256;
+  pthread_barrier_init(&start_line, NULL, (unsigned)threads);
   for (int i = 0; i < threads; i++) { st[i] = (struct stress){ iters, bytes, 0, 0, 0 }; pthread_create(&th[i], NULL, stress_thread, &st[i]); }
   int ok = 0, refused = 0, errors = 0;
   for (int i = 0; i < threads; i++) { pthread_join(th[i], NULL); ok += st[i].ok; refused += st[i].refused; errors += st[i].errors; }
@@ -322,15 +334,19 @@ static int cmd_fork(int argc, char **argv) {
   return 0;
 }
 
-/* bench <iters>: ns per alloc+free pair and per launch. */
+/* bench <iters> [warm_ms]: ns per alloc+free pair and per launch (after warm_ms of
+   launches, so an SM limiter has learned that these kernels cost nothing). */
 static int cmd_bench(int argc, char **argv) {
   long iters = argc > 0 ? atol(argv[0]) : 200000;
+  unsigned long long warm_ms = argc > 1 ? strtoull(argv[1], NULL, 10) : 0;
   CUdeviceptr p;
   CUmodule m;
   CUfunction f;
   T.cuModuleLoadData(&m, "");
   T.cuModuleGetFunction(&f, m, "spin_0");
   for (long i = 0; i < iters / 10; i++) { T.cuMemAlloc_v2(&p, 1 << 20); T.cuMemFree_v2(p); }
+  for (unsigned long long end = now_ns() + warm_ms * 1000000ull; now_ns() < end;)
+    for (int i = 0; i < 1000; i++) T.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
   unsigned long long t0 = now_ns();
   for (long i = 0; i < iters; i++) { T.cuMemAlloc_v2(&p, 1 << 20); T.cuMemFree_v2(p); }
   unsigned long long t1 = now_ns();
