@@ -11,36 +11,40 @@ mod support;
 
 use support::Probe;
 
-const ITERS: &str = "200000";
-const ROUNDS: usize = 7;
+/// Full run under `cargo bench` (which passes `--bench`); a quick smoke run otherwise
+/// (`cargo test --all-targets` runs harness-less benches too).
+fn full() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
 
 fn main() {
-    // `cargo test --benches` runs benches with `--test`-less args too; keep it quick there.
-    if std::env::args().any(|a| a == "--test") {
-        return;
-    }
+    let (iters, rounds, warm) = if full() {
+        ("200000", 7, "1500")
+    } else {
+        ("2000", 1, "0")
+    };
     let dir = tempfile::tempdir().expect("tempdir");
     let cache = dir.path().join("vgpu.cache");
     type Make = Box<dyn Fn() -> Probe>;
     let configs: Vec<(&str, Make)> = vec![
         (
             "direct (no shim)",
-            Box::new(|| Probe::bare("direct", "bench", &[ITERS])),
+            Box::new(|| Probe::bare("direct", "bench", &[iters])),
         ),
         (
             "shim, no limits",
-            Box::new(|| Probe::new("direct", "bench", &[ITERS])),
+            Box::new(|| Probe::new("direct", "bench", &[iters])),
         ),
         (
             "shim, memory limit",
             Box::new(|| {
-                Probe::new("direct", "bench", &[ITERS]).env("CUDA_DEVICE_MEMORY_LIMIT", "10g")
+                Probe::new("direct", "bench", &[iters]).env("CUDA_DEVICE_MEMORY_LIMIT", "10g")
             }),
         ),
         (
             "shim, memory limit + shared file",
             Box::new(move || {
-                Probe::new("direct", "bench", &[ITERS])
+                Probe::new("direct", "bench", &[iters])
                     .env("CUDA_DEVICE_MEMORY_LIMIT", "10g")
                     .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
             }),
@@ -48,12 +52,12 @@ fn main() {
         (
             "shim, SM limit 50% (fast path)",
             Box::new(|| {
-                Probe::new("direct", "bench", &[ITERS, "1500"]).env("CUDA_DEVICE_SM_LIMIT", "50")
+                Probe::new("direct", "bench", &[iters, warm]).env("CUDA_DEVICE_SM_LIMIT", "50")
             }),
         ),
     ];
     let mut best = vec![(f64::MAX, f64::MAX); configs.len()];
-    for _ in 0..ROUNDS {
+    for _ in 0..rounds {
         for ((_, make), b) in configs.iter().zip(best.iter_mut()) {
             let r = make().run();
             b.0 = b.0.min(r.f("pair_ns"));
