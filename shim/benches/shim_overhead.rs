@@ -1,0 +1,81 @@
+//! Per-call overhead of the shim against the fake driver, as differences and ratios to
+//! calling the fake directly (`cargo bench -p tessera-cuda --bench shim_overhead`).
+//!
+//! The probe times 200k `cuMemAlloc_v2`+`cuMemFree_v2` pairs and 200k `cuLaunchKernel`
+//! calls in one process. Configurations run round-robin, 7 rounds, and the fastest run of
+//! each is reported: on a shared 2-core machine the minimum is the figure least polluted
+//! by other processes (the median moved by 2x between runs here).
+
+#[path = "../tests/support/mod.rs"]
+mod support;
+
+use support::Probe;
+
+/// Full run under `cargo bench` (which passes `--bench`); a quick smoke run otherwise
+/// (`cargo test --all-targets` runs harness-less benches too).
+fn full() -> bool {
+    std::env::args().any(|a| a == "--bench")
+}
+
+fn main() {
+    let (iters, rounds, warm) = if full() {
+        ("200000", 7, "1500")
+    } else {
+        ("2000", 1, "0")
+    };
+    let dir = tempfile::tempdir().expect("tempdir");
+    let cache = dir.path().join("vgpu.cache");
+    type Make = Box<dyn Fn() -> Probe>;
+    let configs: Vec<(&str, Make)> = vec![
+        (
+            "direct (no shim)",
+            Box::new(|| Probe::bare("direct", "bench", &[iters])),
+        ),
+        (
+            "shim, no limits",
+            Box::new(|| Probe::new("direct", "bench", &[iters])),
+        ),
+        (
+            "shim, memory limit",
+            Box::new(|| {
+                Probe::new("direct", "bench", &[iters]).env("CUDA_DEVICE_MEMORY_LIMIT", "10g")
+            }),
+        ),
+        (
+            "shim, memory limit + shared file",
+            Box::new(move || {
+                Probe::new("direct", "bench", &[iters])
+                    .env("CUDA_DEVICE_MEMORY_LIMIT", "10g")
+                    .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+            }),
+        ),
+        (
+            "shim, SM limit 50% (fast path)",
+            Box::new(|| {
+                Probe::new("direct", "bench", &[iters, warm]).env("CUDA_DEVICE_SM_LIMIT", "50")
+            }),
+        ),
+    ];
+    let mut best = vec![(f64::MAX, f64::MAX); configs.len()];
+    for _ in 0..rounds {
+        for ((_, make), b) in configs.iter().zip(best.iter_mut()) {
+            let r = make().run();
+            b.0 = b.0.min(r.f("pair_ns"));
+            b.1 = b.1.min(r.f("launch_ns"));
+        }
+    }
+    let (bp, bl) = best[0];
+    println!(
+        "{:<34} {:>10} {:>9} {:>7} {:>11} {:>9} {:>7}",
+        "configuration", "pair ns", "+ns", "ratio", "launch ns", "+ns", "ratio"
+    );
+    for ((name, _), (pair, launch)) in configs.iter().zip(best) {
+        println!(
+            "{name:<34} {pair:>10.1} {:>9.1} {:>7.2} {launch:>11.1} {:>9.1} {:>7.2}",
+            pair - bp,
+            pair / bp,
+            launch - bl,
+            launch / bl
+        );
+    }
+}
