@@ -42,8 +42,14 @@ fn a_process_killed_while_holding_the_lock_does_not_wedge_others() {
     // Create the file, then have another process take its lock and be killed holding it.
     let r = limited(Probe::new("direct", "info", &[]), &c, "1g").run();
     assert_eq!(r.num("info_rc"), 0);
+    // flock(1) holds the lock; its `sleep` child outlives the SIGKILL below as an orphan,
+    // so it must not keep the test's stdout/stderr open (that would stall whoever reads
+    // the test output until it exits) and must not linger long.
     let mut locker = Command::new("flock")
-        .args(["-o", c.as_str(), "sleep", "600"])
+        .args(["-o", c.as_str(), "sleep", "30"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
         .spawn()
         .expect("flock(1) from util-linux");
     std::thread::sleep(Duration::from_millis(200));
