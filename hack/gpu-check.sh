@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Validate libtessera_cuda.so on a real NVIDIA GPU (CUDA driver, nvidia-smi, python3 with
-# PyTorch). Prints one table; finishes in under 5 minutes. Not run in CI (no GPU there).
+# Validate libtessera_cuda.so and the node agent's NVML backend on a real NVIDIA GPU (CUDA
+# driver, nvidia-smi, python3 with PyTorch). Prints one table; finishes in under 5 minutes.
+# Not run in CI (no GPU there); it runs the tests marked `#[ignore = "needs GPU"]`.
 #
 #   hack/gpu-check.sh            # builds the shim (release) and runs every check
 #   SHIM=/path/libtessera_cuda.so LIMIT_GIB=10 hack/gpu-check.sh
@@ -110,6 +111,22 @@ read -r pair0 launch0 < <(timeout 60 python3 "$WORK/overhead.py")
 read -r pair1 launch1 < <(shim_env CUDA_DEVICE_MEMORY_LIMIT_0="${LIMIT_GIB}g" timeout 60 python3 "$WORK/overhead.py")
 row "cudaMalloc+cudaFree pair (ns)" "direct ${pair0%.*}" "shim ${pair1%.*}" "+$(python3 -c "print(round($pair1 - $pair0))") ns"
 row "kernel launch via PyTorch (ns)" "direct ${launch0%.*}" "shim ${launch1%.*}" "+$(python3 -c "print(round($launch1 - $launch0))") ns"
+
+# --- node agent: the NVML backend on this GPU ------------------------------------------
+# The `needs GPU` tests (inventory fields, events, a MIG round trip only when
+# TESSERA_MIG_TEST_GPU=<uuid> is set) and the layout a node would advertise.
+if timeout 120 cargo test --release --lib gpu::nvml -- --ignored >"$WORK/nvml.log" 2>&1; then
+  row "NVML backend tests (needs GPU)" "$(grep -Eo '[0-9]+ passed' "$WORK/nvml.log" | head -1)" "all pass" "ok"
+else
+  row "NVML backend tests (needs GPU)" "see below" "all pass" "FAIL"
+  tail -20 "$WORK/nvml.log"
+fi
+if timeout 60 cargo run --release --quiet -- layout --fake-gpus nvml >"$WORK/layout.txt" 2>&1; then
+  row "tessera layout --fake-gpus nvml" "$(grep -c '^nvidia.com' "$WORK/layout.txt") resources" ">= 1" "ok"
+else
+  row "tessera layout --fake-gpus nvml" "error" ">= 1 resource" "FAIL"
+  cat "$WORK/layout.txt"
+fi
 
 echo
 printf '%-44s %-22s %-22s %s\n' "check" "measured" "expected" "result"
