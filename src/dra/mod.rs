@@ -4,12 +4,14 @@
 //! - [`publish`]: writing them and keeping them written (kube);
 //! - [`prepare`]: NodePrepareResources as a pure plan (devices, MIG instances, CDI spec);
 //! - [`checkpoint`]: the crash-safe record of prepared claims;
+//! - [`node`]: the real `ClaimPreparer` (MIG on demand, CDI spec per claim, checkpoint);
 //! - [`kubelet`]: socket paths, errors and [`kubelet::serve`]: both kubelet-facing servers;
 //! - [`registration`]: plugin-watcher registration (`GetInfo`, re-offer on rejection);
 //! - [`plugin`]: `DRAPlugin` v1 + v1beta1 over one `ClaimPreparer`, health placeholders.
 
 pub mod checkpoint;
 pub mod kubelet;
+pub mod node;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;
