@@ -162,3 +162,83 @@ async fn bad_claims_get_per_claim_errors_and_change_nothing() {
     let cp = p.checkpoint.read().unwrap();
     assert_eq!(cp.claims.keys().collect::<Vec<_>>(), vec!["uid-3"]);
 }
+
+fn preparer(
+    api: &ApiServer,
+    backend: Arc<FakeBackend>,
+    root: &std::path::Path,
+    boot: &str,
+) -> NodePreparer {
+    NodePreparer {
+        client: api.client(),
+        node: "node-a".into(),
+        backend,
+        checkpoint: Store::new(&root.join("state")),
+        cdi_root: root.join("cdi"),
+        settings: AllocateSettings::with_state_dir(root.join("state")),
+        boot_id: boot.into(),
+    }
+}
+
+#[tokio::test]
+async fn crash_between_steps_is_rolled_back_and_reboot_reprepares() {
+    let api = ApiServer::empty().await;
+    api.put_object(
+        CLAIMS,
+        claim("train", "uid-1", json!([r("gpu-0-mig-3g-40gb-4")])),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let c = ClaimRef {
+        namespace: "ml".into(),
+        name: "train".into(),
+        uid: "uid-1".into(),
+    };
+
+    // Simulate a crash after the MIG instance was created but before Completed: prepare,
+    // then rewrite the record as Started (what the file holds mid-prepare).
+    let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    p.prepare(vec![c.clone()]).await["uid-1"].as_ref().unwrap();
+    let mut data = p.checkpoint.read().unwrap();
+    data.claims.get_mut("uid-1").unwrap().phase = Phase::Started;
+    p.checkpoint.write(&data).unwrap();
+    assert_eq!(backend.inventory().unwrap().gpus[0].mig_devices.len(), 1);
+
+    // The restarted agent rolls it back: instance destroyed, spec removed, record gone.
+    let restarted = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    let loaded = restarted.recover().unwrap();
+    assert_eq!(loaded.rollback.len(), 1);
+    assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
+    assert!(!tmp.path().join("cdi/tessera.io-claim-uid-1.json").exists());
+    assert!(restarted.checkpoint.read().unwrap().claims.is_empty());
+
+    // The kubelet retries: prepared again from scratch.
+    restarted.prepare(vec![c.clone()]).await["uid-1"]
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        restarted.checkpoint.read().unwrap().claims["uid-1"].phase,
+        Phase::Completed
+    );
+
+    // Reboot: MIG instances and /var/run/cdi are gone with it; the claim is kept and
+    // prepared again on the next request instead of failing.
+    let fresh_gpus = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    std::fs::remove_dir_all(tmp.path().join("cdi")).unwrap();
+    let after_boot = preparer(&api, fresh_gpus.clone(), tmp.path(), "boot-2");
+    let loaded = after_boot.recover().unwrap();
+    assert!(loaded.rebooted);
+    assert_eq!(loaded.data.claims["uid-1"].phase, Phase::NeedsReprepare);
+    after_boot.prepare(vec![c.clone()]).await["uid-1"]
+        .as_ref()
+        .unwrap();
+    assert_eq!(fresh_gpus.inventory().unwrap().gpus[0].mig_devices.len(), 1);
+    assert!(tmp.path().join("cdi/tessera.io-claim-uid-1.json").exists());
+
+    // A corrupt checkpoint is reported and replaced, not a crash loop.
+    std::fs::write(tmp.path().join("state/checkpoint.json"), b"{ not json").unwrap();
+    let loaded = preparer(&api, fresh_gpus, tmp.path(), "boot-2")
+        .recover()
+        .unwrap();
+    assert!(loaded.data.claims.is_empty());
+}

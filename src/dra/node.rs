@@ -154,33 +154,57 @@ impl NodePreparer {
         Ok(spec)
     }
 
-    fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
+    /// At start-up: roll back claims a crash left half-prepared (their MIG instances and
+    /// CDI specs), and after a reboot mark every claim for re-preparation. A corrupt
+    /// checkpoint is replaced by an empty one (the kubelet re-sends the claims it needs).
+    pub fn recover(&self) -> Result<checkpoint::Loaded, String> {
         let _lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
-        let mut data = self.read_checkpoint();
-        let spec = self
-            .cdi_root
-            .join(format!("tessera.io-claim-{}.json", c.uid));
+        let loaded = checkpoint::recover(self.read_checkpoint(), &self.boot_id);
+        for (uid, claim) in &loaded.rollback {
+            warn!(claim = %format!("{}/{}", claim.namespace, claim.name), "rolling back a half-prepared claim");
+            self.undo(uid, claim)?;
+        }
+        self.checkpoint
+            .write(&loaded.data)
+            .map_err(|e| e.to_string())?;
+        Ok(loaded)
+    }
+
+    /// Remove a claim's CDI spec and destroy the MIG instances it recorded.
+    fn undo(&self, uid: &str, record: &PreparedClaim) -> Result<(), String> {
+        let spec = self.cdi_root.join(format!("tessera.io-claim-{uid}.json"));
         match std::fs::remove_file(&spec) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("{}: {e}", spec.display())),
         }
-        if let Some(record) = data.claims.get(&c.uid) {
-            for mig in record.devices.iter().filter_map(|d| d.mig.as_ref()) {
-                let inventory = self.backend.inventory().map_err(|e| e.to_string())?;
-                if let Some(gpu) = inventory.gpu(&mig.gpu_uuid) {
-                    let layout: Vec<(String, u8)> = gpu
-                        .mig_devices
-                        .iter()
-                        .filter(|m| !(m.profile == mig.profile && m.start == mig.start))
-                        .map(|m| (m.profile.clone(), m.start))
-                        .collect();
-                    self.backend
-                        .apply_mig_layout(&mig.gpu_uuid, &layout)
-                        .map_err(|e| format!("destroying MIG {}: {e}", mig.profile))?;
-                }
+        for mig in record.devices.iter().filter_map(|d| d.mig.as_ref()) {
+            let inventory = self.backend.inventory().map_err(|e| e.to_string())?;
+            if let Some(gpu) = inventory.gpu(&mig.gpu_uuid) {
+                let layout: Vec<(String, u8)> = gpu
+                    .mig_devices
+                    .iter()
+                    .filter(|m| !(m.profile == mig.profile && m.start == mig.start))
+                    .map(|m| (m.profile.clone(), m.start))
+                    .collect();
+                self.backend
+                    .apply_mig_layout(&mig.gpu_uuid, &layout)
+                    .map_err(|e| format!("destroying MIG {}: {e}", mig.profile))?;
             }
         }
+        Ok(())
+    }
+
+    fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
+        let _lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
+        let mut data = self.read_checkpoint();
+        let record = data.claims.get(&c.uid).cloned().unwrap_or(PreparedClaim {
+            namespace: c.namespace.clone(),
+            name: c.name.clone(),
+            phase: Phase::Completed,
+            devices: Vec::new(),
+        });
+        self.undo(&c.uid, &record)?;
         // Unknown claims are fine: unprepare is idempotent.
         data.claims.remove(&c.uid);
         self.checkpoint.write(&data).map_err(|e| e.to_string())
