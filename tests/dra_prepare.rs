@@ -41,15 +41,7 @@ async fn prepares_mig_and_vgpu_claims_and_undoes_them() {
     );
     let tmp = tempfile::tempdir().unwrap();
     let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
-    let p = NodePreparer {
-        client: api.client(),
-        node: "node-a".into(),
-        backend: backend.clone(),
-        checkpoint: Store::new(&tmp.path().join("state")),
-        cdi_root: tmp.path().join("cdi"),
-        settings: AllocateSettings::with_state_dir(tmp.path().join("state")),
-        boot_id: "boot-1".into(),
-    };
+    let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
     let c = ClaimRef {
         namespace: "ml".into(),
         name: "train".into(),
@@ -120,15 +112,7 @@ async fn bad_claims_get_per_claim_errors_and_change_nothing() {
     api.put_object(CLAIMS, claim("good", "uid-3", json!([r("gpu-1")])));
     let tmp = tempfile::tempdir().unwrap();
     let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
-    let p = NodePreparer {
-        client: api.client(),
-        node: "node-a".into(),
-        backend: backend.clone(),
-        checkpoint: Store::new(&tmp.path().join("state")),
-        cdi_root: tmp.path().join("cdi"),
-        settings: AllocateSettings::with_state_dir(tmp.path().join("state")),
-        boot_id: "boot-1".into(),
-    };
+    let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
     let refs = |name: &str, uid: &str| ClaimRef {
         namespace: "ml".into(),
         name: name.into(),

@@ -19,7 +19,7 @@ use crate::gpu::Inventory;
 use crate::partition::catalog;
 
 use super::checkpoint::CreatedMig;
-use super::slices::DRIVER;
+use super::slices::{label, DRIVER};
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PrepareError {
@@ -248,18 +248,6 @@ pub fn plan_claim(
         cdi,
         cdi_file: format!("tessera.io-claim-{want_uid}"),
     })
-}
-
-fn label(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect()
 }
 
 /// CDI device name of a claim's device: unique per claim.

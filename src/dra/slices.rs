@@ -75,8 +75,9 @@ pub enum SliceError {
     Gpu { index: u32, reason: String },
 }
 
-/// A DNS label from a profile name: `1g.10gb+me` → `1g-10gb-me`.
-fn label(s: &str) -> String {
+/// A DNS label from a profile name: `1g.10gb+me` → `1g-10gb-me` (as used in MIG device
+/// names, which [`super::prepare`] parses back).
+pub fn label(s: &str) -> String {
     s.chars()
         .map(|c| {
             if c.is_ascii_alphanumeric() {
