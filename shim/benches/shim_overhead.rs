@@ -2,12 +2,18 @@
 //! calling the fake directly (`cargo bench -p tessera-cuda --bench shim_overhead`).
 //!
 //! The probe times 200k `cuMemAlloc_v2`+`cuMemFree_v2` pairs and 200k `cuLaunchKernel`
-//! calls in one process. Configurations run round-robin, 7 rounds, and the fastest run of
-//! each is reported: on a shared 2-core machine the minimum is the figure least polluted
-//! by other processes (the median moved by 2x between runs here).
+//! calls in one process, in batches of 1000, and reports the median batch. Configurations
+//! run round-robin, 7 rounds, and the fastest run of each is reported: on a shared 2-core
+//! machine the minimum is the figure least polluted by other processes.
+//!
+//! `SHIM_BENCH_BEFORE=/path/to/old/libtessera_cuda.so` adds rows for that build (shared
+//! file and process-local limit), measured in the same rounds: a before/after comparison
+//! side by side.
 
 #[path = "../tests/support/mod.rs"]
 mod support;
+
+use std::path::PathBuf;
 
 use support::Probe;
 
@@ -56,6 +62,26 @@ fn main() {
             }),
         ),
     ];
+    let mut configs = configs;
+    if let Some(before) = std::env::var_os("SHIM_BENCH_BEFORE").map(PathBuf::from) {
+        let cache = dir.path().join("before.cache");
+        let b2 = before.clone();
+        configs.push((
+            "before: memory limit",
+            Box::new(move || {
+                Probe::with_shim(&b2, "direct", "bench", &[iters])
+                    .env("CUDA_DEVICE_MEMORY_LIMIT", "10g")
+            }),
+        ));
+        configs.push((
+            "before: memory limit + shared file",
+            Box::new(move || {
+                Probe::with_shim(&before, "direct", "bench", &[iters])
+                    .env("CUDA_DEVICE_MEMORY_LIMIT", "10g")
+                    .env("CUDA_DEVICE_MEMORY_SHARED_CACHE", &cache)
+            }),
+        ));
+    }
     let mut best = vec![(f64::MAX, f64::MAX); configs.len()];
     for _ in 0..rounds {
         for ((_, make), b) in configs.iter().zip(best.iter_mut()) {

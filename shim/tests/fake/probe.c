@@ -335,10 +335,25 @@ static int cmd_fork(int argc, char **argv) {
 }
 
 /* bench <iters> [warm_ms]: ns per alloc+free pair and per launch (after warm_ms of
-   launches, so an SM limiter has learned that these kernels cost nothing). */
+   launches, so an SM limiter has learned that these kernels cost nothing). Timed in batches
+   of BATCH calls; the median batch is reported (pair_ns, launch_ns) next to the plain mean
+   (pair_mean_ns, launch_mean_ns): on a shared machine a preempted batch is an outlier the
+   median ignores, while a cost paid on every call (a cache miss) moves every batch. */
+#define BATCH 1000
+static int cmp_ull(const void *a, const void *b) {
+  unsigned long long x = *(const unsigned long long *)a, y = *(const unsigned long long *)b;
+  return x < y ? -1 : x > y;
+}
+static double median_batch(unsigned long long *t, long n) {
+  qsort(t, (size_t)n, sizeof *t, cmp_ull);
+  return (double)t[n / 2] / BATCH;
+}
 static int cmd_bench(int argc, char **argv) {
   long iters = argc > 0 ? atol(argv[0]) : 200000;
   unsigned long long warm_ms = argc > 1 ? strtoull(argv[1], NULL, 10) : 0;
+  long batches = iters / BATCH > 0 ? iters / BATCH : 1;
+  unsigned long long *tp = calloc((size_t)batches, sizeof *tp), *tl = calloc((size_t)batches, sizeof *tl);
+  if (!tp || !tl) return 1;
   CUdeviceptr p;
   CUmodule m;
   CUfunction f;
@@ -348,11 +363,23 @@ static int cmd_bench(int argc, char **argv) {
   for (unsigned long long end = now_ns() + warm_ms * 1000000ull; now_ns() < end;)
     for (int i = 0; i < 1000; i++) T.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
   unsigned long long t0 = now_ns();
-  for (long i = 0; i < iters; i++) { T.cuMemAlloc_v2(&p, 1 << 20); T.cuMemFree_v2(p); }
+  for (long b = 0; b < batches; b++) {
+    unsigned long long s = now_ns();
+    for (int i = 0; i < BATCH; i++) { T.cuMemAlloc_v2(&p, 1 << 20); T.cuMemFree_v2(p); }
+    tp[b] = now_ns() - s;
+  }
   unsigned long long t1 = now_ns();
-  for (long i = 0; i < iters; i++) T.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+  for (long b = 0; b < batches; b++) {
+    unsigned long long s = now_ns();
+    for (int i = 0; i < BATCH; i++) T.cuLaunchKernel(f, 1, 1, 1, 1, 1, 1, 0, NULL, NULL, NULL);
+    tl[b] = now_ns() - s;
+  }
   unsigned long long t2 = now_ns();
-  printf("pair_ns=%.1f launch_ns=%.1f\n", (double)(t1 - t0) / iters, (double)(t2 - t1) / iters);
+  double n = (double)batches * BATCH;
+  printf("pair_ns=%.1f launch_ns=%.1f pair_mean_ns=%.1f launch_mean_ns=%.1f\n", median_batch(tp, batches),
+         median_batch(tl, batches), (double)(t1 - t0) / n, (double)(t2 - t1) / n);
+  free(tp);
+  free(tl);
   return 0;
 }
 

@@ -104,8 +104,13 @@ pub struct Probe {
 impl Probe {
     /// `probe MODE COMMAND ARGS...` under the shim.
     pub fn new(mode: &str, command: &str, args: &[&str]) -> Probe {
+        Probe::with_shim(&shim_path(), mode, command, args)
+    }
+
+    /// Under another build of the shim (the bench's before/after comparison).
+    pub fn with_shim(so: &Path, mode: &str, command: &str, args: &[&str]) -> Probe {
         let mut p = Probe::bare(mode, command, args);
-        p.cmd.env("LD_PRELOAD", shim_path());
+        p.cmd.env("LD_PRELOAD", so);
         p
     }
 
