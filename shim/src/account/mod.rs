@@ -4,15 +4,22 @@
 //! sizes, handles and device ordinals.
 
 pub mod allocs;
+pub mod graphs;
+pub mod reservoirs;
 pub mod shared;
 pub mod sizes;
 pub mod usage;
 
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::OnceLock;
 
 use crate::config::MAX_DEVICES;
 use allocs::{AllocTable, Charge};
+use reservoirs::{Key, Reservoirs};
 use usage::Usage;
+
+/// Asks the driver how many bytes a reservoir holds (`RESERVED_MEM_CURRENT`).
+pub type ReservedQuery = Box<dyn Fn(Key) -> Option<u64> + Send + Sync>;
 
 /// Granularity used until the driver tells us (the CUDA minimum for device memory).
 pub const DEFAULT_GRANULARITY: u64 = 2 << 20;
@@ -55,6 +62,8 @@ pub struct Ledger {
     granularity: [AtomicU64; MAX_DEVICES],
     contexts: [AtomicU32; MAX_DEVICES],
     ctx_charge: [AtomicU64; MAX_DEVICES],
+    reservoirs: Reservoirs,
+    reserved_query: OnceLock<ReservedQuery>,
 }
 
 impl Ledger {
@@ -69,7 +78,14 @@ impl Ledger {
             granularity: std::array::from_fn(|_| AtomicU64::new(0)),
             contexts: std::array::from_fn(|_| AtomicU32::new(0)),
             ctx_charge: std::array::from_fn(|_| AtomicU64::new(0)),
+            reservoirs: Reservoirs::default(),
+            reserved_query: OnceLock::new(),
         }
+    }
+
+    /// How to ask the driver what a pool holds (set once by the FFI layer).
+    pub fn set_reserved_query(&self, q: ReservedQuery) {
+        let _ = self.reserved_query.set(q);
     }
 
     fn table(&self, kind: Kind) -> &AllocTable {
@@ -133,7 +149,7 @@ impl Ledger {
             return Ok(None);
         };
         if self.usage.try_charge(dev, bytes, limit)
-            || (self.usage.reclaim_dead() > 0 && self.usage.try_charge(dev, bytes, limit))
+            || (self.reclaim() && self.usage.try_charge(dev, bytes, limit))
         {
             return Ok(Some(Charge { dev, bytes }));
         }
@@ -143,6 +159,14 @@ impl Ledger {
             used: self.usage.used(dev),
             limit,
         })
+    }
+
+    /// Slow path before a refusal: credit dead processes and memory the driver's pools
+    /// released. True when anything came back.
+    fn reclaim(&self) -> bool {
+        let dead = self.usage.reclaim_dead();
+        let released = self.resync_reservoirs(false);
+        dead > 0 || released > 0
     }
 
     /// The allocation failed in the driver: give the reservation back.
@@ -233,6 +257,7 @@ impl Ledger {
             None => (real_free, real_total),
             Some(limit) => {
                 self.usage.reclaim_dead();
+                self.resync_reservoirs(true);
                 let total = limit.min(real_total);
                 let free = total.saturating_sub(self.used(dev)).min(real_free);
                 (free, total)
@@ -244,6 +269,7 @@ impl Ledger {
     pub fn nvml_info(&self, dev: usize, real_total: u64) -> Option<(u64, u64)> {
         let limit = self.limit(dev)?;
         self.usage.reclaim_dead();
+        self.resync_reservoirs(true);
         let total = limit.min(real_total);
         Some((self.used(dev).min(total), total))
     }

@@ -3,7 +3,7 @@
 
 use std::ffi::c_void;
 
-use super::{launch, memory, nvml, procaddr};
+use super::{launch, memory, nvml, pools, procaddr};
 
 macro_rules! table {
     (cuda: [$($c:ident => $cp:path),* $(,)?], nvml: [$($n:ident => $np:path),* $(,)?]) => {
@@ -74,6 +74,22 @@ table! {
         cuLaunchCooperativeKernel_ptsz => launch::cuLaunchCooperativeKernel_ptsz,
         cuGraphLaunch => launch::cuGraphLaunch,
         cuGraphLaunch_ptsz => launch::cuGraphLaunch_ptsz,
+        cuMemPoolTrimTo => pools::cuMemPoolTrimTo,
+        cuMemPoolSetAttribute => pools::cuMemPoolSetAttribute,
+        cuMemPoolDestroy => pools::cuMemPoolDestroy,
+        cuStreamSynchronize => pools::cuStreamSynchronize,
+        cuStreamSynchronize_ptsz => pools::cuStreamSynchronize_ptsz,
+        cuCtxSynchronize => pools::cuCtxSynchronize,
+        cuEventSynchronize => pools::cuEventSynchronize,
+        cuGraphAddMemAllocNode => pools::cuGraphAddMemAllocNode,
+        cuGraphInstantiate => pools::cuGraphInstantiate,
+        cuGraphInstantiate_v2 => pools::cuGraphInstantiate_v2,
+        cuGraphInstantiateWithFlags => pools::cuGraphInstantiateWithFlags,
+        cuGraphInstantiateWithParams => pools::cuGraphInstantiateWithParams,
+        cuGraphInstantiateWithParams_ptsz => pools::cuGraphInstantiateWithParams_ptsz,
+        cuGraphExecDestroy => pools::cuGraphExecDestroy,
+        cuDeviceGraphMemTrim => pools::cuDeviceGraphMemTrim,
+        cuDeviceGetGraphMemAttribute => pools::cuDeviceGetGraphMemAttribute,
     ],
     nvml: [
         nvmlDeviceGetMemoryInfo => nvml::nvmlDeviceGetMemoryInfo,

@@ -164,7 +164,14 @@ macro_rules! launch_hooks {
             if let Some(rc) = gate(|| 1) {
                 return rc;
             }
-            real(exec, stream)
+            // Graph memory: only executables with allocation nodes reach the lock.
+            let tickets = match super::pools::graph_launch_begin(exec) {
+                Ok(t) => t,
+                Err(rc) => return rc,
+            };
+            let rc = real(exec, stream);
+            super::pools::graph_launch_end(tickets, rc);
+            rc
         }
     };
 }

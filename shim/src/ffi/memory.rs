@@ -7,16 +7,17 @@ use super::dl::real;
 use super::types::*;
 use super::{current_device, nvml, shim};
 use crate::account::allocs::Charge;
+use crate::account::reservoirs::Key;
 use crate::account::{sizes, Kind, Refusal};
 use crate::runtime::Shim;
 
-fn refuse(what: &str, r: &Refusal) -> CUresult {
+pub(super) fn refuse(what: &str, r: &Refusal) -> CUresult {
     crate::log::info(&format!("{what}: out of memory: {r}"));
     CUDA_ERROR_OUT_OF_MEMORY
 }
 
 /// Ask the driver for `dev`'s allocation granularity once.
-fn ensure_granularity(s: &Shim, dev: usize) {
+pub(super) fn ensure_granularity(s: &Shim, dev: usize) {
     if !s.ledger.needs_granularity(dev) {
         return;
     }
@@ -176,29 +177,59 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     if rc == CUDA_SUCCESS {
         if let Some(s) = shim() {
             s.ledger.release(Kind::Ptr, dptr);
+            // cuMemFree also returns stream-ordered memory to its pool.
+            s.ledger.reservoir_free(dptr);
         }
     }
     rc
 }
 
+/// Stream-ordered allocation from `pool` (`None`: the device's current pool): charged to
+/// the pool's reservoir, so memory the pool already holds is not charged twice. Without
+/// a way to name the pool, charged per pointer like `cuMemAlloc`.
 unsafe fn alloc_async(
     what: &str,
     dptr: *mut CUdeviceptr,
     size: usize,
+    pool: Option<Handle>,
     call: impl FnOnce() -> CUresult,
 ) -> CUresult {
-    let (s, c) = match reserve_current(what, size as u64) {
-        Ok(v) => v,
-        Err(rc) => return rc,
+    let Some(s) = shim() else {
+        return CUDA_ERROR_OUT_OF_MEMORY;
+    };
+    let Some(dev) = current_device() else {
+        return call();
+    };
+    if s.ledger.limit(dev).is_none() {
+        return call();
+    }
+    ensure_granularity(s, dev);
+    let pool = pool
+        .map(|p| p as u64)
+        .or_else(|| super::pools::current_pool(dev));
+    let Some(pool) = pool else {
+        let c = match s.ledger.reserve(dev, size as u64) {
+            Ok(c) => c,
+            Err(r) => return refuse(what, &r),
+        };
+        let rc = call();
+        return settle(s, rc, Kind::Ptr, read(dptr), c);
+    };
+    let bytes = s.ledger.round(dev, size as u64);
+    let t = match s.ledger.reservoir_take(Key::Pool(pool), dev, bytes) {
+        Ok(t) => t,
+        Err(r) => return refuse(what, &r),
     };
     let rc = call();
-    settle(s, rc, Kind::Ptr, read(dptr), c)
+    s.ledger.reservoir_settle(t, read(dptr), rc == CUDA_SUCCESS);
+    rc
 }
 
 unsafe fn free_async(dptr: CUdeviceptr, rc: CUresult) -> CUresult {
     if rc == CUDA_SUCCESS {
         if let Some(s) = shim() {
             s.ledger.release(Kind::Ptr, dptr);
+            s.ledger.reservoir_free(dptr);
         }
     }
     rc
@@ -212,7 +243,7 @@ macro_rules! async_hooks {
             let Some(real) = real!(cuda_sym, stringify!($alloc) => F) else {
                 return CUDA_ERROR_NOT_FOUND;
             };
-            alloc_async(stringify!($alloc), dptr, size, || real(dptr, size, stream))
+            alloc_async(stringify!($alloc), dptr, size, None, || real(dptr, size, stream))
         }
 
         #[no_mangle]
@@ -221,7 +252,7 @@ macro_rules! async_hooks {
             let Some(real) = real!(cuda_sym, stringify!($pool) => F) else {
                 return CUDA_ERROR_NOT_FOUND;
             };
-            alloc_async(stringify!($pool), dptr, size, || real(dptr, size, pool, stream))
+            alloc_async(stringify!($pool), dptr, size, Some(pool), || real(dptr, size, pool, stream))
         }
 
         #[no_mangle]

@@ -10,6 +10,7 @@ mod launch;
 mod memory;
 mod nvml;
 pub mod os;
+pub(crate) mod pools;
 mod procaddr;
 pub mod state;
 pub mod types;

@@ -61,6 +61,14 @@ const VERSIONED: &[(&str, &[(i32, &str)])] = &[
         "cuGetProcAddress",
         &[(0, "cuGetProcAddress"), (12000, "cuGetProcAddress_v2")],
     ),
+    (
+        "cuGraphInstantiate",
+        &[
+            (0, "cuGraphInstantiate"),
+            (11000, "cuGraphInstantiate_v2"),
+            (12000, "cuGraphInstantiateWithFlags"),
+        ],
+    ),
 ];
 
 /// Symbols with a per-thread-default-stream (`_ptsz`) variant.
@@ -72,6 +80,8 @@ const PTSZ: &[&str] = &[
     "cuMemAllocAsync",
     "cuMemAllocFromPoolAsync",
     "cuMemFreeAsync",
+    "cuStreamSynchronize",
+    "cuGraphInstantiateWithParams",
 ];
 
 /// Families whose unknown variants must not be handed out.
@@ -83,6 +93,8 @@ const GUARDED: &[&str] = &[
     "cuMipmappedArrayCreate",
     "cuMemGetInfo",
     "cuDeviceTotalMem",
+    "cuGraphInstantiate",
+    "cuGraphAddMemAllocNode",
 ];
 
 /// The concrete symbol `cuGetProcAddress(symbol, version, flags)` resolves to.
@@ -227,6 +239,21 @@ mod tests {
             ("cuGetProcAddress", 11030, 0, "cuGetProcAddress"),
             ("cuMemAllocManaged", 6000, 0, "cuMemAllocManaged"),
             ("cuStreamCreate", 12000, 2, "cuStreamCreate"),
+            ("cuGraphInstantiate", 10000, 0, "cuGraphInstantiate"),
+            ("cuGraphInstantiate", 11040, 0, "cuGraphInstantiate_v2"),
+            (
+                "cuGraphInstantiate",
+                12080,
+                0,
+                "cuGraphInstantiateWithFlags",
+            ),
+            (
+                "cuGraphInstantiateWithParams",
+                12000,
+                2,
+                "cuGraphInstantiateWithParams_ptsz",
+            ),
+            ("cuStreamSynchronize", 12000, 2, "cuStreamSynchronize_ptsz"),
         ];
         for (sym, v, f, want) in cases {
             assert_eq!(resolve(sym, v, f), want, "{sym} v{v} flags {f}");

@@ -57,6 +57,8 @@ fn init_slow() -> &'static Outcome {
             }
             let outcome: &'static Outcome = Box::leak(Box::new(build()));
             if let Outcome::Ready(shim) = outcome {
+                shim.ledger
+                    .set_reserved_query(Box::new(super::pools::reserved));
                 if let Some(fd) = shim.shared_fd {
                     SHARED_FD.store(fd, Ordering::Release);
                 }

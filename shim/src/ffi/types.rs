@@ -97,3 +97,29 @@ pub struct nvmlUtilization_t {
     pub gpu: u32,
     pub memory: u32,
 }
+
+pub const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: i32 = 4;
+pub const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: i32 = 5;
+pub const CU_GRAPH_MEM_ATTR_RESERVED_MEM_CURRENT: i32 = 2;
+pub const CU_GRAPH_NODE_TYPE_MEM_ALLOC: i32 = 10;
+
+#[repr(C)]
+pub struct MemPoolProps {
+    pub alloc_type: u32,
+    pub handle_types: u32,
+    pub location: MemLocation,
+    pub win32_security_attributes: *mut c_void,
+    pub max_size: usize,
+    pub usage: u16,
+    pub reserved: [u8; 54],
+}
+
+/// `CUDA_MEM_ALLOC_NODE_PARAMS` (v1 and v2 share the layout).
+#[repr(C)]
+pub struct MemAllocNodeParams {
+    pub pool_props: MemPoolProps,
+    pub access_descs: *const c_void,
+    pub access_desc_count: usize,
+    pub bytesize: usize,
+    pub dptr: CUdeviceptr,
+}

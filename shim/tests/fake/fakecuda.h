@@ -45,6 +45,23 @@ typedef struct {
 } CUmemAllocationProp;
 
 typedef struct {
+  unsigned int allocType, handleTypes;
+  struct { unsigned int type; int id; } location;
+  void *win32SecurityAttributes;
+  size_t maxSize;
+  unsigned short usage;
+  unsigned char reserved[54];
+} CUmemPoolProps;
+
+typedef struct {
+  CUmemPoolProps poolProps;
+  const void *accessDescs;
+  size_t accessDescCount;
+  size_t bytesize;
+  CUdeviceptr dptr;
+} CUDA_MEM_ALLOC_NODE_PARAMS;
+
+typedef struct {
   unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
   CUstream hStream;
   void *attrs;

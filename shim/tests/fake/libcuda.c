@@ -196,7 +196,8 @@ EXPORT CUresult cuMemAlloc(unsigned *d, unsigned bytes) {
   if (rc == CUDA_SUCCESS) *d = (unsigned)p;
   return rc;
 }
-EXPORT CUresult cuMemFree_v2(CUdeviceptr d) { return free_ptr(d); }
+static CUresult pool_free(CUdeviceptr d);
+EXPORT CUresult cuMemFree_v2(CUdeviceptr d) { return pool_free(d); }
 EXPORT CUresult cuMemAllocManaged(CUdeviceptr *d, size_t bytes, unsigned flags) { (void)flags; return alloc_ptr(d, bytes); }
 EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *d, size_t *pitch, size_t w, size_t h, unsigned elem) {
   (void)elem;
@@ -206,12 +207,125 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *d, size_t *pitch, size_t w, size
   if (rc == CUDA_SUCCESS) *pitch = p;
   return rc;
 }
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t b, CUstream s) { (void)s; return alloc_ptr(d, b); }
-EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t b, CUstream s) { (void)s; return alloc_ptr(d, b); }
-EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t b, CUmemoryPool p, CUstream s) { (void)p; (void)s; return alloc_ptr(d, b); }
-EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t b, CUmemoryPool p, CUstream s) { (void)p; (void)s; return alloc_ptr(d, b); }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { (void)s; return free_ptr(d); }
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { (void)s; return free_ptr(d); }
+/* Stream-ordered pools: a pool holds (reserved) what it ever needed at once; frees return
+   memory to the pool, which releases what it holds beyond its release threshold at the
+   next synchronisation, or on cuMemPoolTrimTo. One default pool per device plus created
+   pools. The pool of a pointer is remembered under key|POOLKEY in the pointer table. */
+#define POOLKEY (1ull << 63)
+struct fake_pool { int dev; unsigned long long reserved, in_use, threshold; };
+static struct fake_pool default_pool[16];
+static struct fake_pool *created_pool[64];
+static int ncreated;
+static pthread_mutex_t pool_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static struct fake_pool *pool_of(CUmemoryPool p) {
+  struct fake_pool *fp = p;
+  for (int i = 0; i < 16; i++) if (fp == &default_pool[i]) return fp;
+  for (int i = 0; i < ncreated; i++) if (fp == created_pool[i]) return fp;
+  return NULL;
+}
+static CUresult pool_alloc(CUdeviceptr *d, size_t bytes, struct fake_pool *p) {
+  init();
+  if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+  if (!d || bytes == 0 || !p) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long r = round_gran(bytes);
+  pthread_mutex_lock(&pool_mu);
+  if (p->in_use + r > p->reserved) {
+    if (!charge(p->in_use + r - p->reserved)) { pthread_mutex_unlock(&pool_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
+    p->reserved = p->in_use + r;
+  }
+  p->in_use += r;
+  pthread_mutex_unlock(&pool_mu);
+  *d = atomic_fetch_add(&next_va, r);
+  put(*d, r);
+  put(*d | POOLKEY, (unsigned long long)(size_t)p);
+  return CUDA_SUCCESS;
+}
+static CUresult pool_free(CUdeviceptr d) {
+  long long s = take(d);
+  if (s < 0) return CUDA_ERROR_INVALID_VALUE;
+  long long p = take(d | POOLKEY);
+  if (p < 0) { uncharge((unsigned long long)s); return CUDA_SUCCESS; }
+  pthread_mutex_lock(&pool_mu);
+  ((struct fake_pool *)(size_t)p)->in_use -= (unsigned long long)s;
+  pthread_mutex_unlock(&pool_mu);
+  return CUDA_SUCCESS;
+}
+static void pool_trim(struct fake_pool *p, unsigned long long keep) {
+  unsigned long long floor = p->in_use > keep ? p->in_use : keep;
+  if (p->reserved > floor) { uncharge(p->reserved - floor); p->reserved = floor; }
+}
+static void pools_sync(void) {
+  pthread_mutex_lock(&pool_mu);
+  for (int i = 0; i < 16; i++) if (default_pool[i].reserved > default_pool[i].threshold) pool_trim(&default_pool[i], default_pool[i].threshold);
+  for (int i = 0; i < ncreated; i++) if (created_pool[i]->reserved > created_pool[i]->threshold) pool_trim(created_pool[i], created_pool[i]->threshold);
+  pthread_mutex_unlock(&pool_mu);
+}
+EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *p, CUdevice dev) {
+  init();
+  if (dev < 0 || dev >= ndev) return CUDA_ERROR_INVALID_VALUE;
+  default_pool[dev].dev = dev;
+  *p = &default_pool[dev];
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *p, CUdevice dev) { return cuDeviceGetDefaultMemPool(p, dev); }
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *p, const void *props) {
+  (void)props;
+  pthread_mutex_lock(&pool_mu);
+  if (ncreated == 64) { pthread_mutex_unlock(&pool_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
+  struct fake_pool *fp = calloc(1, sizeof *fp);
+  created_pool[ncreated++] = fp;
+  pthread_mutex_unlock(&pool_mu);
+  *p = fp;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolDestroy(CUmemoryPool p) {
+  struct fake_pool *fp = pool_of(p);
+  if (!fp || (fp >= &default_pool[0] && fp < &default_pool[0] + 16)) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&pool_mu);
+  pool_trim(fp, 0);
+  pthread_mutex_unlock(&pool_mu);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool p, size_t keep) {
+  struct fake_pool *fp = pool_of(p);
+  if (!fp) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&pool_mu);
+  pool_trim(fp, keep);
+  pthread_mutex_unlock(&pool_mu);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool p, int attr, void *v) {
+  struct fake_pool *fp = pool_of(p);
+  if (!fp || !v) return CUDA_ERROR_INVALID_VALUE;
+  if (attr != 4) return CUDA_ERROR_NOT_SUPPORTED;
+  fp->threshold = *(unsigned long long *)v;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool p, int attr, void *v) {
+  struct fake_pool *fp = pool_of(p);
+  if (!fp || !v) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long *out = v;
+  pthread_mutex_lock(&pool_mu);
+  switch (attr) {
+  case 4: *out = fp->threshold; break;
+  case 5: case 6: *out = fp->reserved; break;
+  case 7: case 8: *out = fp->in_use; break;
+  default: pthread_mutex_unlock(&pool_mu); return CUDA_ERROR_NOT_SUPPORTED;
+  }
+  pthread_mutex_unlock(&pool_mu);
+  return CUDA_SUCCESS;
+}
+static struct fake_pool *cur_pool(void) {
+  CUmemoryPool p = NULL;
+  return cuDeviceGetMemPool(&p, current ? current->dev : 0) == CUDA_SUCCESS ? p : NULL;
+}
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t b, CUstream s) { (void)s; init(); return pool_alloc(d, b, cur_pool()); }
+EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t b, CUstream s) { return cuMemAllocAsync(d, b, s); }
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t b, CUmemoryPool p, CUstream s) { (void)s; return pool_alloc(d, b, pool_of(p)); }
+EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t b, CUmemoryPool p, CUstream s) { return cuMemAllocFromPoolAsync(d, b, p, s); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { (void)s; return pool_free(d); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { (void)s; return pool_free(d); }
 EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t) {
   init();
   if (!current) return CUDA_ERROR_INVALID_CONTEXT;
@@ -325,8 +439,109 @@ EXPORT CUresult cuLaunchCooperativeKernel(CUfunction f, unsigned gx, unsigned gy
 EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsigned gy, unsigned gz, unsigned bx, unsigned by, unsigned bz, unsigned sh, CUstream s, void **p) {
   return cuLaunchCooperativeKernel(f, gx, gy, gz, bx, by, bz, sh, s, p);
 }
-/* A "graph exec" in the fake is a CUfunction launched with one wave. */
-EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) { (void)s; return launch((CUfunction)g, (unsigned long long)sms); }
+/* Graphs with memory nodes: allocation nodes get their address when added; a launch grows
+   the device's graph memory pool to what the graph's allocations need (the fake never
+   reuses memory inside a graph); the pool keeps it until cuDeviceGraphMemTrim.
+   A "graph exec" without the magic is a CUfunction launched with one wave (SM tests). */
+#define GRAPH_MAGIC 0xfa4e6ec5fa4e6ec5ull
+struct fake_node { int type; int dev; unsigned long long bytes, dptr; };
+struct fake_graph { unsigned long long magic; int n; struct fake_node nodes[64]; };
+struct fake_exec { unsigned long long magic; int dev; unsigned long long need; };
+static unsigned long long graph_reserved[16], graph_reserved_high[16];
+
+EXPORT CUresult cuGraphCreate(void **g, unsigned flags) {
+  (void)flags;
+  struct fake_graph *fg = calloc(1, sizeof *fg);
+  fg->magic = GRAPH_MAGIC;
+  *g = fg;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphDestroy(void *g) { free(g); return CUDA_SUCCESS; }
+static CUresult add_node(void **node, struct fake_graph *g, int type, int dev, unsigned long long bytes, unsigned long long dptr) {
+  if (!g || g->magic != GRAPH_MAGIC || g->n == 64) return CUDA_ERROR_INVALID_VALUE;
+  struct fake_node *n = &g->nodes[g->n++];
+  n->type = type; n->dev = dev; n->bytes = bytes; n->dptr = dptr;
+  *node = n;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *g, const void **deps, size_t nd, CUDA_MEM_ALLOC_NODE_PARAMS *p) {
+  (void)deps; (void)nd;
+  if (!p || p->bytesize == 0 || p->poolProps.location.id < 0 || p->poolProps.location.id >= ndev) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long r = round_gran(p->bytesize);
+  p->dptr = atomic_fetch_add(&next_va, r);
+  return add_node(node, g, 10, p->poolProps.location.id, r, p->dptr);
+}
+EXPORT CUresult cuGraphAddMemFreeNode(void **node, void *g, const void **deps, size_t nd, CUdeviceptr d) {
+  (void)deps; (void)nd;
+  return add_node(node, g, 11, 0, 0, d);
+}
+EXPORT CUresult cuGraphGetNodes(void *g, void **nodes, size_t *n) {
+  struct fake_graph *fg = g;
+  if (!fg || fg->magic != GRAPH_MAGIC || !n) return CUDA_ERROR_INVALID_VALUE;
+  if (!nodes) { *n = (size_t)fg->n; return CUDA_SUCCESS; }
+  size_t k = *n < (size_t)fg->n ? *n : (size_t)fg->n;
+  for (size_t i = 0; i < k; i++) nodes[i] = &fg->nodes[i];
+  *n = k;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphNodeGetType(void *node, int *t) { *t = ((struct fake_node *)node)->type; return CUDA_SUCCESS; }
+EXPORT CUresult cuGraphMemAllocNodeGetParams(void *node, CUDA_MEM_ALLOC_NODE_PARAMS *p) {
+  struct fake_node *n = node;
+  if (n->type != 10) return CUDA_ERROR_INVALID_VALUE;
+  memset(p, 0, sizeof *p);
+  p->poolProps.allocType = 1;
+  p->poolProps.location.type = 1;
+  p->poolProps.location.id = n->dev;
+  p->bytesize = n->bytes;
+  p->dptr = n->dptr;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphInstantiateWithFlags(void **exec, void *g, unsigned long long flags) {
+  (void)flags;
+  struct fake_graph *fg = g;
+  if (!fg || fg->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+  struct fake_exec *e = calloc(1, sizeof *e);
+  e->magic = GRAPH_MAGIC;
+  for (int i = 0; i < fg->n; i++) if (fg->nodes[i].type == 10) { e->dev = fg->nodes[i].dev; e->need += fg->nodes[i].bytes; }
+  *exec = e;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphInstantiate_v2(void **exec, void *g, void **err, char *log, size_t n) { (void)err; (void)log; (void)n; return cuGraphInstantiateWithFlags(exec, g, 0); }
+EXPORT CUresult cuGraphInstantiate(void **exec, void *g, void **err, char *log, size_t n) { return cuGraphInstantiate_v2(exec, g, err, log, n); }
+EXPORT CUresult cuGraphExecDestroy(void *exec) { free(exec); return CUDA_SUCCESS; }
+EXPORT CUresult cuDeviceGraphMemTrim(CUdevice dev) {
+  if (dev < 0 || dev >= ndev) return CUDA_ERROR_INVALID_VALUE;
+  pthread_mutex_lock(&pool_mu);
+  uncharge(graph_reserved[dev]);
+  graph_reserved[dev] = 0;
+  pthread_mutex_unlock(&pool_mu);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetGraphMemAttribute(CUdevice dev, int attr, void *v) {
+  if (dev < 0 || dev >= ndev || !v) return CUDA_ERROR_INVALID_VALUE;
+  unsigned long long *out = v;
+  pthread_mutex_lock(&pool_mu);
+  *out = attr == 1 || attr == 3 ? graph_reserved_high[dev] : graph_reserved[dev];
+  pthread_mutex_unlock(&pool_mu);
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuGraphLaunch(CUgraphExec g, CUstream s) {
+  (void)s;
+  struct fake_exec *e = g;
+  if (e && e->magic == GRAPH_MAGIC) {
+    init();
+    if (!current) return CUDA_ERROR_INVALID_CONTEXT;
+    pthread_mutex_lock(&pool_mu);
+    if (e->need > graph_reserved[e->dev]) {
+      if (!charge(e->need - graph_reserved[e->dev])) { pthread_mutex_unlock(&pool_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
+      graph_reserved[e->dev] = e->need;
+      if (e->need > graph_reserved_high[e->dev]) graph_reserved_high[e->dev] = e->need;
+    }
+    pthread_mutex_unlock(&pool_mu);
+    return CUDA_SUCCESS;
+  }
+  return launch((CUfunction)g, (unsigned long long)sms);
+}
 EXPORT CUresult cuGraphLaunch_ptsz(CUgraphExec g, CUstream s) { return cuGraphLaunch(g, s); }
 
 static void drain(void) {
@@ -339,8 +554,10 @@ static void drain(void) {
     nanosleep(&t, NULL);
   }
 }
-EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; drain(); return CUDA_SUCCESS; }
-EXPORT CUresult cuCtxSynchronize(void) { drain(); return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamSynchronize(CUstream s) { (void)s; drain(); pools_sync(); return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamSynchronize_ptsz(CUstream s) { return cuStreamSynchronize(s); }
+EXPORT CUresult cuCtxSynchronize(void) { drain(); pools_sync(); return CUDA_SUCCESS; }
+EXPORT CUresult cuEventSynchronize(void *e) { (void)e; drain(); pools_sync(); return CUDA_SUCCESS; }
 
 /* Test hooks read by the fake NVML and the probes. */
 EXPORT unsigned long long fakecuda_busy_ns(void) {
@@ -388,7 +605,12 @@ static const struct entry entries[] = {
   E(cuArrayCreate_v2), E(cuArray3DCreate_v2), E(cuArrayDestroy), E(cuMipmappedArrayCreate), E(cuMipmappedArrayDestroy),
   E(cuModuleLoadData), E(cuModuleGetFunction), E(cuLaunchKernel), E(cuLaunchKernel_ptsz), E(cuLaunchKernelEx),
   E(cuLaunchKernelEx_ptsz), E(cuLaunchCooperativeKernel), E(cuLaunchCooperativeKernel_ptsz), E(cuGraphLaunch),
-  E(cuGraphLaunch_ptsz),
+  E(cuGraphLaunch_ptsz), E(cuStreamSynchronize_ptsz), E(cuEventSynchronize),
+  E(cuDeviceGetDefaultMemPool), E(cuDeviceGetMemPool), E(cuMemPoolCreate), E(cuMemPoolDestroy), E(cuMemPoolTrimTo),
+  E(cuMemPoolSetAttribute), E(cuMemPoolGetAttribute), E(cuGraphCreate), E(cuGraphDestroy), E(cuGraphAddMemAllocNode),
+  E(cuGraphAddMemFreeNode), E(cuGraphGetNodes), E(cuGraphNodeGetType), E(cuGraphMemAllocNodeGetParams),
+  E(cuGraphInstantiate), E(cuGraphInstantiate_v2), E(cuGraphInstantiateWithFlags), E(cuGraphExecDestroy),
+  E(cuDeviceGraphMemTrim), E(cuDeviceGetGraphMemAttribute),
   /* A future alias of cuMemAlloc_v2 (same address: the shim must match it by pointer)
      and a future allocator with its own code (the shim must refuse it). */
   { "cuMemAllocAlias", (void *)cuMemAlloc_v2 },
@@ -403,7 +625,8 @@ static const char *versioned(const char *sym, int ver) {
     { "cuDeviceTotalMem", 3020, "cuDeviceTotalMem_v2" }, { "cuArrayCreate", 3020, "cuArrayCreate_v2" },
     { "cuArray3DCreate", 3020, "cuArray3DCreate_v2" }, { "cuCtxCreate", 3020, "cuCtxCreate_v2" },
     { "cuCtxDestroy", 4000, "cuCtxDestroy_v2" }, { "cuDevicePrimaryCtxRelease", 11000, "cuDevicePrimaryCtxRelease_v2" },
-    { "cuGetProcAddress", 12000, "cuGetProcAddress_v2" },
+    { "cuGetProcAddress", 12000, "cuGetProcAddress_v2" }, { "cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags" },
+    { "cuGraphInstantiate", 11000, "cuGraphInstantiate_v2" },
   };
   for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
     if (!strcmp(sym, rules[i].base) && ver >= rules[i].v) return rules[i].name;
@@ -412,7 +635,7 @@ static const char *versioned(const char *sym, int ver) {
 
 static CUresult procaddr(const char *sym, void **pfn, int ver, unsigned long long flags) {
   static const char *ptsz[] = { "cuLaunchKernel", "cuLaunchKernelEx", "cuLaunchCooperativeKernel", "cuGraphLaunch",
-                                "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync" };
+                                "cuMemAllocAsync", "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuStreamSynchronize" };
   char name[128];
   snprintf(name, sizeof name, "%s", versioned(sym, ver));
   if (flags & 2)

@@ -45,6 +45,16 @@ CUresult cuGraphLaunch(CUgraphExec, CUstream);
 CUresult cuStreamSynchronize(CUstream);
 CUresult cuMemAlloc(unsigned *, unsigned);
 CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int *);
+CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *, CUdevice);
+CUresult cuMemPoolSetAttribute(CUmemoryPool, int, void *);
+CUresult cuMemPoolTrimTo(CUmemoryPool, size_t);
+CUresult cuGraphCreate(void **, unsigned);
+CUresult cuGraphAddMemAllocNode(void **, void *, const void **, size_t, CUDA_MEM_ALLOC_NODE_PARAMS *);
+CUresult cuGraphAddMemFreeNode(void **, void *, const void **, size_t, CUdeviceptr);
+CUresult cuGraphInstantiateWithFlags(void **, void *, unsigned long long);
+CUresult cuGraphExecDestroy(void *);
+CUresult cuDeviceGraphMemTrim(CUdevice);
+CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
 
 #define FNS(X) \
   X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2) X(cuMemFree_v2) \
@@ -52,7 +62,10 @@ CUresult cuGetProcAddress_v2(const char *, void **, int, unsigned long long, int
   X(cuMemCreate) X(cuMemRelease) X(cuArrayCreate_v2) X(cuArray3DCreate_v2) X(cuArrayDestroy) \
   X(cuMipmappedArrayCreate) X(cuMipmappedArrayDestroy) X(cuMemGetInfo_v2) X(cuDeviceTotalMem_v2) \
   X(cuModuleLoadData) X(cuModuleGetFunction) X(cuLaunchKernel) X(cuLaunchKernelEx) X(cuLaunchCooperativeKernel) \
-  X(cuGraphLaunch) X(cuStreamSynchronize) X(cuMemAlloc) X(cuGetProcAddress_v2)
+  X(cuGraphLaunch) X(cuStreamSynchronize) X(cuMemAlloc) X(cuGetProcAddress_v2) \
+  X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo) X(cuGraphCreate) \
+  X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy) \
+  X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)
 
 static struct {
 #define FIELD(f) __typeof__(&f) f;
@@ -122,7 +135,11 @@ static CUresult alloc_kind(int kind, unsigned long long bytes, struct handle *h)
   case 1: return T.cuMemAllocManaged(&h->p, bytes, 1);
   case 2: return T.cuMemAllocPitch_v2(&h->p, &pitch, 1000, bytes / 1000, 4); /* pitch pads to 1024 */
   case 3: return T.cuMemAllocAsync(&h->p, bytes, NULL);
-  case 4: return T.cuMemAllocFromPoolAsync(&h->p, bytes, (CUmemoryPool)1, NULL);
+  case 4: {
+    CUmemoryPool pool = NULL;
+    T.cuDeviceGetDefaultMemPool(&pool, 0);
+    return T.cuMemAllocFromPoolAsync(&h->p, bytes, pool, NULL);
+  }
   case 5: return T.cuMemCreate(&h->p, (bytes + (2 << 20) - 1) / (2 << 20) * (2 << 20), &prop, 0);
   case 6: return T.cuArrayCreate_v2((CUarray *)&h->a, &d2);
   case 7: return T.cuArray3DCreate_v2((CUarray *)&h->a, &d3);
@@ -174,6 +191,7 @@ static int cmd_fill(int argc, char **argv) {
     CUresult r = free_handle(&hs[i]);
     if (r) printf("free_rc=%d\n", r);
   }
+  T.cuStreamSynchronize(NULL); /* stream-ordered pools release at synchronisation */
   print_info("after_");
   return 0;
 }
@@ -383,6 +401,82 @@ static int cmd_bench(int argc, char **argv) {
   return 0;
 }
 
+/* poolkeep <threshold_mib>: memory freed into the default pool stays held (and counted)
+   up to the release threshold until trimmed. Limit 1 GiB, context 300 MiB expected. */
+static int cmd_poolkeep(int argc, char **argv) {
+  unsigned long long thr = (argc > 0 ? strtoull(argv[0], NULL, 10) : 0) << 20;
+  CUmemoryPool pool = NULL;
+  CUdeviceptr p[4], q;
+  printf("pool_rc=%d\n", T.cuDeviceGetDefaultMemPool(&pool, 0));
+  printf("thr_rc=%d\n", T.cuMemPoolSetAttribute(pool, 4, &thr));
+  int ok = 0;
+  for (int i = 0; i < 4; i++) ok += T.cuMemAllocFromPoolAsync(&p[i], 128 << 20, pool, NULL) == CUDA_SUCCESS;
+  printf("pooled=%d\n", ok);
+  for (int i = 0; i < ok; i++) T.cuMemFreeAsync(p[i], NULL);
+  T.cuStreamSynchronize(NULL);
+  print_info("kept_");
+  CUresult rc = T.cuMemAlloc_v2(&q, 400 << 20);
+  printf("plain_rc=%d\n", rc);
+  if (rc == CUDA_SUCCESS) T.cuMemFree_v2(q);
+  rc = T.cuMemAllocAsync(&q, 256 << 20, NULL);
+  printf("reuse_rc=%d\n", rc);
+  print_info("reuse_");
+  if (rc == CUDA_SUCCESS) T.cuMemFreeAsync(q, NULL);
+  printf("trim_rc=%d\n", T.cuMemPoolTrimTo(pool, 0));
+  print_info("trim_");
+  rc = T.cuMemAlloc_v2(&q, 400 << 20);
+  printf("after_trim_rc=%d\n", rc);
+  return 0;
+}
+
+static CUresult graph_of(void **exec, const unsigned long long *mib, int n) {
+  void *g = NULL, *node = NULL;
+  T.cuGraphCreate(&g, 0);
+  for (int i = 0; i < n; i++) {
+    CUDA_MEM_ALLOC_NODE_PARAMS prm;
+    memset(&prm, 0, sizeof prm);
+    prm.poolProps.allocType = 1;
+    prm.poolProps.location.type = 1;
+    prm.poolProps.location.id = 0;
+    prm.bytesize = mib[i] << 20;
+    CUresult rc = T.cuGraphAddMemAllocNode(&node, g, NULL, 0, &prm);
+    if (rc) return rc;
+    T.cuGraphAddMemFreeNode(&node, g, (const void **)&node, 1, prm.dptr);
+  }
+  return T.cuGraphInstantiateWithFlags(exec, g, 0);
+}
+
+/* graph: graph memory nodes under a 2 GiB limit (context 300 MiB). */
+static int cmd_graph(void) {
+  void *a = NULL, *b = NULL, *c = NULL;
+  CUdeviceptr q;
+  unsigned long long one[] = { 1000 }, two[] = { 1200, 1200 }, huge[] = { 3072 };
+  printf("a_inst_rc=%d\n", graph_of(&a, one, 1));
+  printf("a_rc=%d\n", T.cuGraphLaunch(a, NULL));
+  print_info("a_");
+  printf("a2_rc=%d\n", T.cuGraphLaunch(a, NULL));
+  print_info("a2_");
+  CUresult rc = T.cuMemAlloc_v2(&q, 1000 << 20);
+  printf("plain_rc=%d\n", rc);
+  if (rc == CUDA_SUCCESS) T.cuMemFree_v2(q);
+  printf("big_add_rc=%d\n", graph_of(&c, huge, 1));
+  printf("big_inst_rc=%d\n", graph_of(&b, two, 2));
+  printf("trim_rc=%d\n", T.cuDeviceGraphMemTrim(0));
+  print_info("trim_");
+  rc = T.cuMemAlloc_v2(&q, 1000 << 20);
+  printf("plain2_rc=%d\n", rc);
+  printf("a3_rc=%d\n", T.cuGraphLaunch(a, NULL));
+  print_info("a3_");
+  if (rc == CUDA_SUCCESS) T.cuMemFree_v2(q);
+  printf("a4_rc=%d\n", T.cuGraphLaunch(a, NULL));
+  unsigned long long v = 0;
+  T.cuDeviceGetGraphMemAttribute(0, 2, &v);
+  printf("graph_reserved=%llu\n", v);
+  print_info("a4_");
+  printf("destroy_rc=%d\n", T.cuGraphExecDestroy(a));
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) { fprintf(stderr, "usage: probe MODE COMMAND [ARGS]\n"); return 2; }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -397,6 +491,8 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "future")) return cmd_future();
   if (!strcmp(cmd, "fork")) return cmd_fork(argc - 3, argv + 3);
   if (!strcmp(cmd, "bench")) return cmd_bench(argc - 3, argv + 3);
+  if (!strcmp(cmd, "poolkeep")) return cmd_poolkeep(argc - 3, argv + 3);
+  if (!strcmp(cmd, "graph")) return cmd_graph();
   if (!strcmp(cmd, "info")) { print_info(""); return 0; }
   if (!strcmp(cmd, "legacy")) { unsigned p; printf("legacy_rc=%d\n", T.cuMemAlloc(&p, 1 << 20)); return 0; }
   fprintf(stderr, "unknown command %s\n", cmd);

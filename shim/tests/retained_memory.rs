@@ -1,0 +1,118 @@
+//! Memory the driver keeps after a free: stream-ordered pools hold freed memory up to
+//! their release threshold, and the graph memory pool holds what graph allocation nodes
+//! needed until `cuDeviceGraphMemTrim`. Both stay counted while the driver holds them
+//! (the shim's view and the driver's agree), and graph allocations are refused past the
+//! limit.
+
+mod support;
+use support::*;
+
+/// Shim-view used bytes of a probe report under `prefix`.
+fn shim_used(r: &Report, prefix: &str) -> u64 {
+    r.u(&format!("{prefix}total")) - r.u(&format!("{prefix}free"))
+}
+
+fn agrees(r: &Report, prefix: &str, want: u64, what: &str) {
+    let fake = r.u(&format!("{prefix}fake_used"));
+    assert_eq!(fake, want, "{what}: driver holds\n{}", r.stdout);
+    let shim = shim_used(r, prefix);
+    assert!(
+        shim.abs_diff(fake) <= 4 * MIB,
+        "{what}: shim says {shim}, driver {fake}\n{}",
+        r.stdout
+    );
+}
+
+#[test]
+fn pool_memory_is_counted_until_released() {
+    // (release threshold MiB, held after free+sync, plain 400 MiB alloc rc, held after reuse)
+    let cases = [
+        (1024, CTX + 512 * MIB, 2, CTX + 512 * MIB),
+        (0, CTX, 0, CTX + 256 * MIB),
+    ];
+    for (thr, kept, plain_rc, reuse) in cases {
+        let r = Probe::new("direct", "poolkeep", &[&thr.to_string()])
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "1g")
+            .run();
+        assert_eq!(r.num("pooled"), 4, "{}\n{}", r.stdout, r.stderr);
+        agrees(
+            &r,
+            "kept_",
+            kept,
+            &format!("threshold {thr}: after free + sync"),
+        );
+        assert_eq!(
+            r.num("plain_rc"),
+            plain_rc,
+            "threshold {thr}: plain allocation while the pool holds memory"
+        );
+        assert_eq!(r.num("reuse_rc"), 0);
+        agrees(&r, "reuse_", reuse, &format!("threshold {thr}: reuse"));
+        agrees(&r, "trim_", CTX, &format!("threshold {thr}: trimmed"));
+        assert_eq!(r.num("after_trim_rc"), 0);
+    }
+}
+
+#[test]
+fn graph_memory_nodes_are_counted_and_refused() {
+    for mode in ["direct", "procaddr"] {
+        let r = Probe::new(mode, "graph", &[])
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "2g")
+            .run();
+        let rc = |k: &str| r.num(k);
+        assert_eq!(
+            (rc("a_inst_rc"), rc("a_rc"), rc("a2_rc")),
+            (0, 0, 0),
+            "{mode}: {}",
+            r.stdout
+        );
+        agrees(&r, "a_", CTX + 1000 * MIB, "launched");
+        agrees(
+            &r,
+            "a2_",
+            CTX + 1000 * MIB,
+            "relaunch reuses the graph pool",
+        );
+        assert_eq!(
+            rc("plain_rc"),
+            2,
+            "{mode}: graph pool memory counts against the limit"
+        );
+        assert_eq!(
+            rc("big_add_rc"),
+            2,
+            "{mode}: a 3 GiB node can never fit 2 GiB"
+        );
+        assert_eq!(
+            rc("big_inst_rc"),
+            2,
+            "{mode}: 2 x 1200 MiB per launch never fits"
+        );
+        assert_eq!(rc("trim_rc"), 0);
+        agrees(&r, "trim_", CTX, "trimmed");
+        assert_eq!(rc("plain2_rc"), 0);
+        assert_eq!(
+            rc("a3_rc"),
+            2,
+            "{mode}: launch refused while memory is taken"
+        );
+        agrees(
+            &r,
+            "a3_",
+            CTX + 1000 * MIB,
+            "refused launch left the pool empty",
+        );
+        assert_eq!(rc("a4_rc"), 0);
+        assert_eq!(r.u("graph_reserved"), 1000 * MIB);
+        agrees(&r, "a4_", CTX + 1000 * MIB, "relaunched");
+        assert_eq!(rc("destroy_rc"), 0);
+    }
+}
+
+#[test]
+fn without_the_shim_the_fake_graph_passes_the_limit() {
+    // The scenario above is only meaningful if the fake would otherwise go past 2 GiB.
+    let r = Probe::bare("direct", "graph", &[]).run();
+    assert_eq!(r.num("plain_rc"), 0);
+    assert_eq!(r.num("big_inst_rc"), 0);
+}
