@@ -1,5 +1,5 @@
 //! Every way an application reaches the driver lands in the shim: direct binding, dlopen +
-//! dlsym, cuGetProcAddress (v1 and v2, several versions, ptsz), NVML; and the bypasses the
+//! dlsym, dlvsym, dlsym(RTLD_NEXT), cuGetProcAddress (v1 and v2, several versions, ptsz), NVML; and the bypasses the
 //! shim refuses (legacy 32-bit entry points, unknown allocator variants).
 
 mod support;
@@ -28,6 +28,25 @@ fn every_path_is_limited_and_reports_the_slice() {
         assert_eq!(r.u("device_total"), 10 * GIB, "{mode}");
         assert_eq!(r.u("free"), 10 * GIB - 9 * GIB - CTX, "{mode}");
         assert_eq!(r.u("after_free"), 10 * GIB - CTX, "{mode}: frees credited");
+    }
+}
+
+#[test]
+fn dlvsym_lands_in_the_shim() {
+    // Against a driver whose symbols carry a version, dlvsym is a way around a dlsym-only
+    // hook: without the shim nothing limits it, with the shim it stops at the slice.
+    let bare = Probe::bare("dlvsym", "fill", &["1024"])
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "10g")
+        .versioned()
+        .run();
+    assert!(bare.num("count") > 9, "{}{}", bare.stdout, bare.stderr);
+    for mode in ["dlvsym", "dlsym", "direct"] {
+        let r = Probe::new(mode, "fill", &["1024"])
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "10g")
+            .versioned()
+            .run();
+        assert_eq!(r.num("count"), 9, "{mode}: {}\n{}", r.stdout, r.stderr);
+        assert_eq!(r.u("after_free"), 10 * GIB - CTX, "{mode}");
     }
 }
 

@@ -1,9 +1,12 @@
 //! Finding the real driver and making `dlsym` land in the shim.
 //!
-//! `dlsym` is exported as a naked trampoline: it asks [`hook_for`] whether the name is one
-//! the shim intercepts (then returns the hook, whatever the handle), and otherwise *jumps*
-//! to glibc's `dlsym` with the caller's return address untouched, so `RTLD_NEXT` lookups
-//! by the application or other interposers still resolve relative to their real caller.
+//! `dlsym` and `dlvsym` are exported as naked trampolines: they ask [`hook_for`] whether
+//! the name is one the shim intercepts (then return the hook, whatever the handle —
+//! `RTLD_NEXT` included — and whatever version `dlvsym` asks for), and otherwise *jump*
+//! to glibc's function with the caller's return address untouched, so `RTLD_NEXT`
+//! lookups by the application or other interposers still resolve relative to their real
+//! caller. glibc's own functions are found in its symbol table ([`super::elf`]): calling
+//! `dlsym` or `dlvsym` from inside the shim would land in the trampolines.
 
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -11,6 +14,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 type DlsymFn = unsafe extern "C" fn(*mut c_void, *const c_char) -> *mut c_void;
 
 static REAL_DLSYM: AtomicUsize = AtomicUsize::new(0);
+static REAL_DLVSYM: AtomicUsize = AtomicUsize::new(0);
 static CUDA: AtomicUsize = AtomicUsize::new(0);
 static NVML: AtomicUsize = AtomicUsize::new(0);
 
@@ -18,22 +22,42 @@ extern "C" fn dlsym_missing(_: *mut c_void, _: *const c_char) -> *mut c_void {
     std::ptr::null_mut()
 }
 
-/// Address of glibc's `dlsym` (found with `dlvsym`, which the shim does not export).
-extern "C" fn real_dlsym_addr() -> usize {
-    let p = REAL_DLSYM.load(Ordering::Relaxed);
+extern "C" fn dlvsym_missing(_: *mut c_void, _: *const c_char, _: *const c_char) -> *mut c_void {
+    std::ptr::null_mut()
+}
+
+fn libc_fn(cell: &AtomicUsize, name: &CStr, missing: usize) -> usize {
+    let p = cell.load(Ordering::Relaxed);
     if p != 0 {
         return p;
     }
-    for version in [c"GLIBC_2.34", c"GLIBC_2.2.5", c"GLIBC_2.17", c"GLIBC_2.0"] {
-        // SAFETY: dlvsym with static NUL-terminated strings.
-        let f = unsafe { libc::dlvsym(libc::RTLD_NEXT, c"dlsym".as_ptr(), version.as_ptr()) };
-        if !f.is_null() {
-            REAL_DLSYM.store(f as usize, Ordering::Relaxed);
-            return f as usize;
+    match super::elf::libc_symbol(name) {
+        Some(f) => {
+            cell.store(f, Ordering::Relaxed);
+            f
+        }
+        None => {
+            crate::log::error(&format!(
+                "cannot find the C library's {}; symbol lookups will fail",
+                name.to_string_lossy()
+            ));
+            missing
         }
     }
-    crate::log::error("cannot find glibc's dlsym; symbol lookups will fail");
-    dlsym_missing as *const () as usize
+}
+
+/// Address of glibc's `dlsym`.
+extern "C" fn real_dlsym_addr() -> usize {
+    libc_fn(&REAL_DLSYM, c"dlsym", dlsym_missing as *const () as usize)
+}
+
+/// Address of glibc's `dlvsym`.
+extern "C" fn real_dlvsym_addr() -> usize {
+    libc_fn(
+        &REAL_DLVSYM,
+        c"dlvsym",
+        dlvsym_missing as *const () as usize,
+    )
 }
 
 /// glibc's `dlsym`.
@@ -102,6 +126,66 @@ pub unsafe extern "C" fn dlsym(_handle: *mut c_void, _name: *const c_char) -> *m
         "ret",
         hook = sym hook_for,
         real = sym real_dlsym_addr,
+    )
+}
+
+/// `dlvsym(handle, name, version)`: a hooked name returns the hook whatever the version
+/// (libcuda's symbols are unversioned, so any version finds them); otherwise glibc's.
+#[cfg(target_arch = "x86_64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn dlvsym(
+    _handle: *mut c_void,
+    _name: *const c_char,
+    _version: *const c_char,
+) -> *mut c_void {
+    core::arch::naked_asm!(
+        "push rdi",
+        "push rsi",
+        "push rdx",
+        "call {hook}",
+        "test rax, rax",
+        "jnz 2f",
+        "call {real}",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "jmp rax",
+        "2:",
+        "pop rdx",
+        "pop rsi",
+        "pop rdi",
+        "ret",
+        hook = sym hook_for,
+        real = sym real_dlvsym_addr,
+    )
+}
+
+#[cfg(target_arch = "aarch64")]
+#[unsafe(naked)]
+#[no_mangle]
+pub unsafe extern "C" fn dlvsym(
+    _handle: *mut c_void,
+    _name: *const c_char,
+    _version: *const c_char,
+) -> *mut c_void {
+    core::arch::naked_asm!(
+        "stp x29, x30, [sp, #-48]!",
+        "stp x0, x1, [sp, #16]",
+        "str x2, [sp, #32]",
+        "bl {hook}",
+        "cbnz x0, 2f",
+        "bl {real}",
+        "mov x16, x0",
+        "ldp x0, x1, [sp, #16]",
+        "ldr x2, [sp, #32]",
+        "ldp x29, x30, [sp], #48",
+        "br x16",
+        "2:",
+        "ldp x29, x30, [sp], #48",
+        "ret",
+        hook = sym hook_for,
+        real = sym real_dlvsym_addr,
     )
 }
 

@@ -5,6 +5,7 @@
 #![allow(non_snake_case, clippy::missing_safety_doc)]
 
 pub mod dl;
+mod elf;
 pub mod hooks;
 mod launch;
 mod memory;

@@ -1,7 +1,7 @@
 /*
  * Probe program run under the shim (LD_PRELOAD) against the fake driver. It reaches the
  * driver in the way named by its first argument and runs one scenario:
- *   probe <direct|dlsym|procaddr|procaddr11|ptsz> <command> [args...]
+ *   probe <direct|dlsym|dlvsym|rtldnext|procaddr|procaddr11|ptsz> <command> [args...]
  * and prints key=value lines the tests parse.
  */
 #define _GNU_SOURCE
@@ -88,6 +88,17 @@ static void resolve(const char *mode) {
   }
   void *h = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
   if (!h) { fprintf(stderr, "dlopen: %s\n", dlerror()); exit(3); }
+  if (!strcmp(mode, "dlvsym")) {
+    /* Needs the versioned copy of the fake: dlvsym finds no unversioned symbol. */
+#define VIA_DLVSYM(f) T.f = (__typeof__(T.f))dlvsym(h, #f, "FAKECUDA_1");
+    FNS(VIA_DLVSYM)
+    return;
+  }
+  if (!strcmp(mode, "rtldnext")) {
+#define VIA_NEXT(f) T.f = (__typeof__(T.f))dlsym(RTLD_NEXT, #f);
+    FNS(VIA_NEXT)
+    return;
+  }
   if (!strcmp(mode, "dlsym")) {
 #define VIA_DLSYM(f) T.f = (__typeof__(T.f))dlsym(h, #f);
     FNS(VIA_DLSYM)

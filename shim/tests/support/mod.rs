@@ -14,7 +14,14 @@ pub const GRAN: u64 = 2 * MIB;
 /// The fake's default context overhead.
 pub const CTX: u64 = 300 * MIB;
 /// Ways the probe reaches the driver.
-pub const MODES: &[&str] = &["direct", "dlsym", "procaddr", "procaddr11", "ptsz"];
+pub const MODES: &[&str] = &[
+    "direct",
+    "dlsym",
+    "rtldnext",
+    "procaddr",
+    "procaddr11",
+    "ptsz",
+];
 
 fn fake_src() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fake")
@@ -96,6 +103,40 @@ pub fn shim_path() -> PathBuf {
     so
 }
 
+/// A copy of the fake driver whose symbols carry a version (`FAKECUDA_1`), so that
+/// `dlvsym` can reach them (glibc's `dlvsym` finds no unversioned symbol).
+pub fn versioned_fake_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let plain = fake_dir();
+        let dir = plain.with_file_name(format!(
+            "{}-versioned",
+            plain.file_name().and_then(|n| n.to_str()).unwrap_or("fake")
+        ));
+        std::fs::create_dir_all(&dir).expect("create versioned fake dir");
+        let script = dir.join("fakecuda.map");
+        std::fs::write(&script, "FAKECUDA_1 { global: *; };\n").expect("version script");
+        let src = fake_src().join("libcuda.c");
+        cc(&[
+            "-O2",
+            "-shared",
+            "-fPIC",
+            "-fvisibility=hidden",
+            "-Wl,-soname,libcuda.so.1",
+            "-Wl,-Bsymbolic",
+            &format!("-Wl,--version-script={}", script.display()),
+            "-o",
+            &dir.join("libcuda.so.1").to_string_lossy(),
+            &src.to_string_lossy(),
+            "-lpthread",
+        ]);
+        for f in ["libnvidia-ml.so.1", "probe"] {
+            std::fs::copy(plain.join(f), dir.join(f)).expect("copy fake file");
+        }
+        dir
+    })
+}
+
 /// A probe invocation.
 pub struct Probe {
     cmd: Command,
@@ -123,6 +164,22 @@ impl Probe {
             .env("LD_LIBRARY_PATH", dir)
             .env("PATH", "/usr/bin:/bin");
         Probe { cmd }
+    }
+
+    /// Against the versioned copy of the fake driver ([`versioned_fake_dir`]).
+    pub fn versioned(mut self) -> Probe {
+        let dir = versioned_fake_dir();
+        let mut cmd = Command::new(dir.join("probe"));
+        cmd.args(self.cmd.get_args());
+        cmd.env_clear();
+        for (k, v) in self.cmd.get_envs() {
+            if let Some(v) = v {
+                cmd.env(k, v);
+            }
+        }
+        cmd.env("LD_LIBRARY_PATH", dir);
+        self.cmd = cmd;
+        self
     }
 
     pub fn env(mut self, k: &str, v: impl AsRef<std::ffi::OsStr>) -> Probe {
