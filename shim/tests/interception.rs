@@ -102,6 +102,35 @@ fn nvml_reports_the_slice_like_nvidia_smi() {
 }
 
 #[test]
+fn nvml_follows_cuda_visible_devices_by_uuid() {
+    // Two GPUs; (CUDA_VISIBLE_DEVICES, limit of CUDA ordinal 0, limit of ordinal 1,
+    // expected NVML totals of physical GPU 0 and 1). NVML numbers GPUs physically; the
+    // limits are per CUDA ordinal, so the slice must move with the visible-device list.
+    let real = 80 * GIB;
+    let cases: [(Option<&str>, &str, &str, [u64; 2]); 3] = [
+        (None, "10g", "20g", [10 * GIB, 20 * GIB]),
+        (Some("1"), "10g", "20g", [real, 10 * GIB]),
+        (Some("1,0"), "10g", "20g", [20 * GIB, 10 * GIB]),
+    ];
+    for (visible, l0, l1, want) in cases {
+        let mut p = Probe::new("direct", "nvml", &[])
+            .env("FAKE_CUDA_DEVICES", "2")
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", l0)
+            .env("CUDA_DEVICE_MEMORY_LIMIT_1", l1);
+        if let Some(v) = visible {
+            p = p.env("CUDA_VISIBLE_DEVICES", v);
+        }
+        let r = p.run();
+        let got = [r.u("dev0_total"), r.u("dev1_total")];
+        assert_eq!(
+            got, want,
+            "CUDA_VISIBLE_DEVICES={visible:?}\n{}{}",
+            r.stdout, r.stderr
+        );
+    }
+}
+
+#[test]
 fn no_limit_means_pass_through() {
     let r = Probe::new("dlsym", "fill", &["1024"]).run();
     assert!(r.num("count") > 70);

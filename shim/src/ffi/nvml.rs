@@ -1,10 +1,17 @@
 //! NVML: the memory-info hooks that report the slice (what `nvidia-smi`, vLLM and others
 //! read), and the shim's own use of the real NVML (context overhead, SM utilization).
 //!
-//! NVML device index `i` is taken to be CUDA ordinal `i` (true for one GPU per container
-//! and with `CUDA_DEVICE_ORDER=PCI_BUS_ID`).
+//! CUDA ordinals and NVML devices are matched by UUID (`cuDeviceGetUuid` against
+//! `nvmlDeviceGetUUID`), so `CUDA_VISIBLE_DEVICES` reordering or hiding GPUs is followed:
+//! the slice of CUDA ordinal `i` is reported on the NVML device with the same UUID, and an
+//! NVML device no CUDA ordinal maps to reports the driver's numbers. Where a driver lacks
+//! UUID queries, NVML index `i` is taken to be CUDA ordinal `i`.
 
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::ffi::{c_char, CStr, CString};
+use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use crate::config::MAX_DEVICES;
 
 use super::dl::real;
 use super::shim;
@@ -27,15 +34,94 @@ fn ready() -> bool {
     }
 }
 
-fn handle(dev: usize) -> Option<nvmlDevice_t> {
-    if !ready() {
-        return None;
-    }
+/// The text form NVML uses for a UUID: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`
+/// (without the `GPU-`/`MIG-` prefix).
+pub fn uuid_text(u: &[u8; 16]) -> String {
+    let hex =
+        |r: std::ops::Range<usize>| u[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
+    format!(
+        "{}-{}-{}-{}-{}",
+        hex(0..4),
+        hex(4..6),
+        hex(6..8),
+        hex(8..10),
+        hex(10..16)
+    )
+}
+
+/// UUID of CUDA ordinal `dev` (the driver must be initialised).
+fn cuda_uuid(dev: usize) -> Option<[u8; 16]> {
+    type F = unsafe extern "C" fn(*mut u8, CUdevice) -> CUresult;
+    let f = real!(cuda_sym, "cuDeviceGetUuid_v2" => F)
+        .or_else(|| real!(cuda_sym, "cuDeviceGetUuid" => F))?;
+    let mut u = [0u8; 16];
+    // SAFETY: a 16-byte out-buffer (CUuuid).
+    (unsafe { f(u.as_mut_ptr(), CUdevice::try_from(dev).ok()?) } == CUDA_SUCCESS).then_some(u)
+}
+
+/// UUIDs (text, no prefix) of every CUDA ordinal this process sees; empty when the
+/// driver cannot say (then indices are matched instead).
+fn cuda_uuids() -> &'static [String] {
+    static LIST: OnceLock<Vec<String>> = OnceLock::new();
+    LIST.get_or_init(|| {
+        type Init = unsafe extern "C" fn(u32) -> CUresult;
+        type Count = unsafe extern "C" fn(*mut i32) -> CUresult;
+        let (Some(init), Some(count)) = (
+            real!(cuda_sym, "cuInit" => Init),
+            real!(cuda_sym, "cuDeviceGetCount" => Count),
+        ) else {
+            return Vec::new();
+        };
+        let mut n: i32 = 0;
+        // SAFETY: plain driver calls with a valid out-pointer.
+        if unsafe { init(0) } != CUDA_SUCCESS || unsafe { count(&mut n) } != CUDA_SUCCESS {
+            return Vec::new();
+        }
+        let n = usize::try_from(n).unwrap_or(0).min(MAX_DEVICES);
+        let list: Option<Vec<String>> = (0..n)
+            .map(|d| cuda_uuid(d).map(|u| uuid_text(&u)))
+            .collect();
+        list.unwrap_or_default()
+    })
+}
+
+fn handle_by_index(dev: usize) -> Option<nvmlDevice_t> {
     type F = unsafe extern "C" fn(u32, *mut nvmlDevice_t) -> nvmlReturn_t;
     let f = real!(nvml_sym, "nvmlDeviceGetHandleByIndex_v2" => F)?;
     let mut h: nvmlDevice_t = std::ptr::null_mut();
     // SAFETY: valid out-pointer.
     (unsafe { f(u32::try_from(dev).ok()?, &mut h) } == NVML_SUCCESS).then_some(h)
+}
+
+fn handle_by_uuid(u: &[u8; 16]) -> Option<nvmlDevice_t> {
+    type F = unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
+    let f = real!(nvml_sym, "nvmlDeviceGetHandleByUUID" => F)?;
+    let text = uuid_text(u);
+    ["GPU-", "MIG-"].iter().find_map(|prefix| {
+        let c = CString::new(format!("{prefix}{text}")).ok()?;
+        let mut h: nvmlDevice_t = std::ptr::null_mut();
+        // SAFETY: NUL-terminated UUID and a valid out-pointer.
+        (unsafe { f(c.as_ptr(), &mut h) } == NVML_SUCCESS).then_some(h)
+    })
+}
+
+/// The NVML device of CUDA ordinal `dev` (by UUID; by index where UUIDs are unknown).
+fn handle(dev: usize) -> Option<nvmlDevice_t> {
+    static CACHE: [AtomicUsize; MAX_DEVICES] = [const { AtomicUsize::new(0) }; MAX_DEVICES];
+    if !ready() {
+        return None;
+    }
+    let cell = CACHE.get(dev)?;
+    let cached = cell.load(Ordering::Relaxed);
+    if cached != 0 {
+        return Some(cached as nvmlDevice_t);
+    }
+    let h = match cuda_uuid(dev) {
+        Some(u) => handle_by_uuid(&u).or_else(|| handle_by_index(dev)),
+        None => handle_by_index(dev),
+    }?;
+    cell.store(h as usize, Ordering::Relaxed);
+    Some(h)
 }
 
 /// Device-wide used bytes from the real NVML.
@@ -62,8 +148,25 @@ pub fn utilization(dev: usize) -> Option<u32> {
     (unsafe { f(h, &mut u) } == NVML_SUCCESS).then_some(u.gpu)
 }
 
-/// CUDA ordinal of an NVML handle.
+/// CUDA ordinal of an NVML device: the ordinal with the same UUID (`None`: a GPU this
+/// process's CUDA does not see), or its NVML index where UUIDs are unknown.
 unsafe fn ordinal(device: nvmlDevice_t) -> Option<usize> {
+    let uuids = cuda_uuids();
+    type Uuid = unsafe extern "C" fn(nvmlDevice_t, *mut c_char, u32) -> nvmlReturn_t;
+    if let (false, Some(f)) = (
+        uuids.is_empty(),
+        real!(nvml_sym, "nvmlDeviceGetUUID" => Uuid),
+    ) {
+        let mut buf = [0 as c_char; 96];
+        if f(device, buf.as_mut_ptr(), buf.len() as u32) == NVML_SUCCESS {
+            let text = CStr::from_ptr(buf.as_ptr()).to_string_lossy();
+            let bare = text
+                .strip_prefix("GPU-")
+                .or_else(|| text.strip_prefix("MIG-"))
+                .unwrap_or(&text);
+            return uuids.iter().position(|u| u.eq_ignore_ascii_case(bare));
+        }
+    }
     let f = real!(nvml_sym, "nvmlDeviceGetIndex" => unsafe extern "C" fn(nvmlDevice_t, *mut u32) -> nvmlReturn_t)?;
     let mut idx: u32 = 0;
     (f(device, &mut idx) == NVML_SUCCESS)
@@ -127,5 +230,28 @@ pub unsafe extern "C" fn nvmlDeviceGetMemoryInfo_v2(
         }
         Ok(None) => rc,
         Err(e) => e,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_text_matches_nvml_layout() {
+        // (bytes, text)
+        let cases = [
+            ([0u8; 16], "00000000-0000-0000-0000-000000000000"),
+            (
+                [
+                    0xa0, 0xa1, 0xa2, 0xa3, 0xa4, 0xa5, 0xa6, 0xa7, 0xa8, 0xa9, 0xaa, 0xab, 0xac,
+                    0xad, 0xae, 0x01,
+                ],
+                "a0a1a2a3-a4a5-a6a7-a8a9-aaabacadae01",
+            ),
+        ];
+        for (u, want) in cases {
+            assert_eq!(uuid_text(&u), want);
+        }
     }
 }

@@ -43,6 +43,7 @@ static struct gpu_state *gs = &local_state;
 static unsigned long long total_mem = 81920ull << 20;
 static unsigned long long ctx_overhead = 300ull << 20;
 static int sms = 132, ndev = 1;
+static int physical[16]; /* CUDA ordinal -> physical GPU (CUDA_VISIBLE_DEVICES) */
 static pthread_once_t once = PTHREAD_ONCE_INIT;
 static __thread CUcontext current;
 static struct fake_ctx primary[16];
@@ -59,6 +60,21 @@ static void setup(void) {
   ctx_overhead = env_ull("FAKE_CUDA_CTX_OVERHEAD_MIB", 300) << 20;
   sms = (int)env_ull("FAKE_CUDA_SMS", 132);
   ndev = (int)env_ull("FAKE_CUDA_DEVICES", 1);
+  if (ndev > 16) ndev = 16;
+  for (int i = 0; i < 16; i++) physical[i] = i;
+  const char *vis = getenv("CUDA_VISIBLE_DEVICES");
+  if (vis) {
+    int n = 0;
+    for (const char *p = vis; *p && n < 16;) {
+      char *end;
+      long v = strtol(p, &end, 10);
+      if (end == p || v < 0 || v >= ndev) break; /* like CUDA: stop at the first invalid entry */
+      physical[n++] = (int)v;
+      p = *end == ',' ? end + 1 : end;
+      if (*end != ',') break;
+    }
+    ndev = n;
+  }
   const char *path = getenv("FAKE_GPU_STATE");
   if (path) {
     int fd = open(path, O_RDWR | O_CREAT, 0666);
@@ -142,6 +158,15 @@ EXPORT CUresult cuDeviceGetAttribute(int *v, int attr, CUdevice d) {
   *v = attr == 16 ? sms : 0;
   return CUDA_SUCCESS;
 }
+/* UUID of physical GPU i: a0 a1 ... ae i (the fake NVML reports the same). */
+EXPORT CUresult cuDeviceGetUuid(unsigned char *u, CUdevice d) {
+  init();
+  if (!u || d < 0 || d >= ndev) return CUDA_ERROR_INVALID_VALUE;
+  for (int i = 0; i < 15; i++) u[i] = (unsigned char)(0xa0 + i);
+  u[15] = (unsigned char)physical[d];
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuDeviceGetUuid_v2(unsigned char *u, CUdevice d) { return cuDeviceGetUuid(u, d); }
 EXPORT CUresult cuDeviceTotalMem_v2(size_t *b, CUdevice d) { init(); (void)d; *b = total_mem; return CUDA_SUCCESS; }
 EXPORT CUresult cuDeviceTotalMem(unsigned *b, CUdevice d) { init(); (void)d; *b = (unsigned)total_mem; return CUDA_SUCCESS; }
 
@@ -595,7 +620,7 @@ struct entry { const char *name; void *fn; };
 #define E(f) { #f, (void *)f }
 static const struct entry entries[] = {
   E(cuInit), E(cuDriverGetVersion), E(cuDeviceGetCount), E(cuDeviceGet), E(cuDeviceGetAttribute),
-  E(cuDeviceTotalMem), E(cuDeviceTotalMem_v2), E(cuCtxCreate), E(cuCtxCreate_v2), E(cuCtxDestroy), E(cuCtxDestroy_v2),
+  E(cuDeviceTotalMem), E(cuDeviceTotalMem_v2), E(cuDeviceGetUuid), E(cuDeviceGetUuid_v2), E(cuCtxCreate), E(cuCtxCreate_v2), E(cuCtxDestroy), E(cuCtxDestroy_v2),
   E(cuDevicePrimaryCtxRetain), E(cuDevicePrimaryCtxRelease), E(cuDevicePrimaryCtxRelease_v2),
   E(cuCtxSetCurrent), E(cuCtxGetCurrent), E(cuCtxGetDevice), E(cuCtxSynchronize), E(cuStreamSynchronize),
   E(cuMemAlloc), E(cuMemAlloc_v2), E(cuMemFree_v2), E(cuMemAllocManaged), E(cuMemAllocPitch_v2),

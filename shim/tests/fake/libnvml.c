@@ -5,7 +5,9 @@
 #define _GNU_SOURCE
 #include "fakecuda.h"
 #include <dlfcn.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #define EXPORT __attribute__((visibility("default")))
 typedef void (*mem_fn)(unsigned long long *, unsigned long long *, unsigned long long *);
@@ -21,10 +23,29 @@ EXPORT int nvmlInit_v2(void) { return 0; }
 EXPORT int nvmlInit(void) { return 0; }
 EXPORT int nvmlShutdown(void) { return 0; }
 EXPORT int nvmlDeviceGetCount_v2(unsigned *n) { const char *v = getenv("FAKE_CUDA_DEVICES"); *n = v ? (unsigned)atoi(v) : 1; return 0; }
+static unsigned count(void);
 EXPORT int nvmlDeviceGetHandleByIndex_v2(unsigned i, nvmlDevice_t *d) {
-  if (i >= 16) return 2;
+  if (i >= 16 || i >= count()) return 2;
   *d = &devs[i];
   return 0;
+}
+static unsigned count(void) { const char *v = getenv("FAKE_CUDA_DEVICES"); return v ? (unsigned)atoi(v) : 1; }
+static void uuid_of(unsigned i, char *buf, unsigned len) {
+  snprintf(buf, len, "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadae%02x", i);
+}
+EXPORT int nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned len) {
+  unsigned i = (unsigned)((int *)d - devs);
+  if (i >= 16 || !buf || len < 41) return 2;
+  uuid_of(i, buf, len);
+  return 0;
+}
+EXPORT int nvmlDeviceGetHandleByUUID(const char *u, nvmlDevice_t *d) {
+  char buf[96];
+  for (unsigned i = 0; i < count() && i < 16; i++) {
+    uuid_of(i, buf, sizeof buf);
+    if (!strcmp(buf, u)) { *d = &devs[i]; return 0; }
+  }
+  return 6; /* NVML_ERROR_NOT_FOUND */
 }
 EXPORT int nvmlDeviceGetIndex(nvmlDevice_t d, unsigned *i) {
   *i = (unsigned)((int *)d - devs);

@@ -322,6 +322,12 @@ static int cmd_nvml(void) {
   int rc1 = info(d, &m), rc2 = info2(d, &m2);
   printf("nvml_rc=%d nvml_total=%llu nvml_used=%llu nvml_free=%llu\n", rc1, m.total, m.used, m.free);
   printf("nvml2_rc=%d nvml2_total=%llu nvml2_used=%llu nvml2_free=%llu\n", rc2, m2.total, m2.used, m2.free);
+  /* Every NVML device: which one the slice is reported on. */
+  for (unsigned i = 0; i < 4; i++) {
+    if (get(i, &d)) break;
+    nvmlMemory_t mi = { 0 };
+    if (info(d, &mi) == 0) printf("dev%u_total=%llu\n", i, mi.total);
+  }
   return 0;
 }
 
