@@ -110,6 +110,38 @@ fn graph_memory_nodes_are_counted_and_refused() {
 }
 
 #[test]
+fn captured_stream_allocations_count_when_the_graph_runs() {
+    for mode in ["direct", "ptsz"] {
+        let r = Probe::new(mode, "capture", &[])
+            .env("CUDA_DEVICE_MEMORY_LIMIT", "2g")
+            .run();
+        for k in [
+            "begin_rc",
+            "cap_alloc_rc",
+            "cap_free_rc",
+            "end_rc",
+            "inst_rc",
+            "launch_rc",
+        ] {
+            assert_eq!(r.num(k), 0, "{mode}: {k}\n{}{}", r.stdout, r.stderr);
+        }
+        agrees(&r, "capalloc_", CTX, "capture allocates nothing");
+        agrees(&r, "cap_", CTX, "captured graph not launched yet");
+        agrees(
+            &r,
+            "launched_",
+            CTX + 1000 * MIB,
+            "launched graph holds its pool",
+        );
+        assert_eq!(
+            r.num("plain_rc"),
+            2,
+            "{mode}: the launched graph's memory counts"
+        );
+    }
+}
+
+#[test]
 fn without_the_shim_the_fake_graph_passes_the_limit() {
     // The scenario above is only meaningful if the fake would otherwise go past 2 GiB.
     let r = Probe::bare("direct", "graph", &[]).run();

@@ -235,14 +235,27 @@ unsafe fn free_async(dptr: CUdeviceptr, rc: CUresult) -> CUresult {
     rc
 }
 
+/// `cuStreamIsCapturing` (or its `_ptsz` form, matching the hook's stream semantics).
+type IsCapturing = unsafe extern "C" fn(Handle, *mut i32) -> CUresult;
+
+/// Is `stream` being captured into a graph? Allocations made during capture allocate
+/// nothing now: they become graph allocation nodes, counted when the graph is launched.
+unsafe fn capturing(query: Option<IsCapturing>, stream: Handle) -> bool {
+    let mut status: i32 = 0;
+    query.is_some_and(|f| f(stream, &mut status) == CUDA_SUCCESS && status != 0)
+}
+
 macro_rules! async_hooks {
-    ($alloc:ident, $pool:ident, $free:ident) => {
+    ($alloc:ident, $pool:ident, $free:ident, $capturing:literal) => {
         #[no_mangle]
         pub unsafe extern "C" fn $alloc(dptr: *mut CUdeviceptr, size: usize, stream: Handle) -> CUresult {
             type F = unsafe extern "C" fn(*mut CUdeviceptr, usize, Handle) -> CUresult;
             let Some(real) = real!(cuda_sym, stringify!($alloc) => F) else {
                 return CUDA_ERROR_NOT_FOUND;
             };
+            if capturing(real!(cuda_sym, $capturing => IsCapturing), stream) {
+                return real(dptr, size, stream);
+            }
             alloc_async(stringify!($alloc), dptr, size, None, || real(dptr, size, stream))
         }
 
@@ -252,6 +265,9 @@ macro_rules! async_hooks {
             let Some(real) = real!(cuda_sym, stringify!($pool) => F) else {
                 return CUDA_ERROR_NOT_FOUND;
             };
+            if capturing(real!(cuda_sym, $capturing => IsCapturing), stream) {
+                return real(dptr, size, pool, stream);
+            }
             alloc_async(stringify!($pool), dptr, size, Some(pool), || real(dptr, size, pool, stream))
         }
 
@@ -261,16 +277,26 @@ macro_rules! async_hooks {
             let Some(real) = real!(cuda_sym, stringify!($free) => F) else {
                 return CUDA_ERROR_NOT_FOUND;
             };
+            // A free captured into a graph happens when the graph runs, not now.
+            if capturing(real!(cuda_sym, $capturing => IsCapturing), stream) {
+                return real(dptr, stream);
+            }
             free_async(dptr, real(dptr, stream))
         }
     };
 }
 
-async_hooks!(cuMemAllocAsync, cuMemAllocFromPoolAsync, cuMemFreeAsync);
+async_hooks!(
+    cuMemAllocAsync,
+    cuMemAllocFromPoolAsync,
+    cuMemFreeAsync,
+    "cuStreamIsCapturing"
+);
 async_hooks!(
     cuMemAllocAsync_ptsz,
     cuMemAllocFromPoolAsync_ptsz,
-    cuMemFreeAsync_ptsz
+    cuMemFreeAsync_ptsz,
+    "cuStreamIsCapturing_ptsz"
 );
 
 /// VMM physical memory (PyTorch expandable segments): charged at create, credited at

@@ -341,16 +341,26 @@ EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool p, int attr, void *v) {
   pthread_mutex_unlock(&pool_mu);
   return CUDA_SUCCESS;
 }
+/* Stream capture: while a stream is captured, stream-ordered allocations and frees on it
+   become graph memory nodes instead of happening. */
+struct fake_graph;
+static struct fake_graph *capture_graph;
+static CUstream capture_stream;
+static CUresult capture_alloc(CUdeviceptr *d, size_t b);
+static CUresult capture_free(CUdeviceptr d);
+static int captured(CUstream s) { return capture_graph && s == capture_stream; }
+EXPORT CUresult cuStreamIsCapturing(CUstream s, int *status) { *status = captured(s); return CUDA_SUCCESS; }
+EXPORT CUresult cuStreamIsCapturing_ptsz(CUstream s, int *status) { return cuStreamIsCapturing(s, status); }
 static struct fake_pool *cur_pool(void) {
   CUmemoryPool p = NULL;
   return cuDeviceGetMemPool(&p, current ? current->dev : 0) == CUDA_SUCCESS ? p : NULL;
 }
-EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t b, CUstream s) { (void)s; init(); return pool_alloc(d, b, cur_pool()); }
+EXPORT CUresult cuMemAllocAsync(CUdeviceptr *d, size_t b, CUstream s) { init(); return captured(s) ? capture_alloc(d, b) : pool_alloc(d, b, cur_pool()); }
 EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr *d, size_t b, CUstream s) { return cuMemAllocAsync(d, b, s); }
-EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t b, CUmemoryPool p, CUstream s) { (void)s; return pool_alloc(d, b, pool_of(p)); }
+EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr *d, size_t b, CUmemoryPool p, CUstream s) { return captured(s) ? capture_alloc(d, b) : pool_alloc(d, b, pool_of(p)); }
 EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(CUdeviceptr *d, size_t b, CUmemoryPool p, CUstream s) { return cuMemAllocFromPoolAsync(d, b, p, s); }
-EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { (void)s; return pool_free(d); }
-EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { (void)s; return pool_free(d); }
+EXPORT CUresult cuMemFreeAsync(CUdeviceptr d, CUstream s) { return captured(s) ? capture_free(d) : pool_free(d); }
+EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr d, CUstream s) { return cuMemFreeAsync(d, s); }
 EXPORT CUresult cuMemGetInfo_v2(size_t *f, size_t *t) {
   init();
   if (!current) return CUDA_ERROR_INVALID_CONTEXT;
@@ -521,6 +531,33 @@ EXPORT CUresult cuGraphMemAllocNodeGetParams(void *node, CUDA_MEM_ALLOC_NODE_PAR
   p->dptr = n->dptr;
   return CUDA_SUCCESS;
 }
+EXPORT CUresult cuStreamBeginCapture(CUstream s, int mode) {
+  (void)mode;
+  if (capture_graph) return CUDA_ERROR_INVALID_VALUE;
+  void *g = NULL;
+  cuGraphCreate(&g, 0);
+  capture_graph = g;
+  capture_stream = s;
+  return CUDA_SUCCESS;
+}
+EXPORT CUresult cuStreamBeginCapture_v2(CUstream s, int mode) { return cuStreamBeginCapture(s, mode); }
+EXPORT CUresult cuStreamEndCapture(CUstream s, void **g) {
+  if (!captured(s)) return CUDA_ERROR_INVALID_VALUE;
+  *g = capture_graph;
+  capture_graph = NULL;
+  return CUDA_SUCCESS;
+}
+static CUresult capture_alloc(CUdeviceptr *d, size_t b) {
+  if (!current || !d || b == 0) return CUDA_ERROR_INVALID_VALUE;
+  void *node = NULL;
+  unsigned long long r = round_gran(b);
+  *d = atomic_fetch_add(&next_va, r);
+  return add_node(&node, capture_graph, 10, current->dev, r, *d);
+}
+static CUresult capture_free(CUdeviceptr d) {
+  void *node = NULL;
+  return add_node(&node, capture_graph, 11, 0, 0, d);
+}
 EXPORT CUresult cuGraphInstantiateWithFlags(void **exec, void *g, unsigned long long flags) {
   (void)flags;
   struct fake_graph *fg = g;
@@ -635,7 +672,8 @@ static const struct entry entries[] = {
   E(cuMemPoolSetAttribute), E(cuMemPoolGetAttribute), E(cuGraphCreate), E(cuGraphDestroy), E(cuGraphAddMemAllocNode),
   E(cuGraphAddMemFreeNode), E(cuGraphGetNodes), E(cuGraphNodeGetType), E(cuGraphMemAllocNodeGetParams),
   E(cuGraphInstantiate), E(cuGraphInstantiate_v2), E(cuGraphInstantiateWithFlags), E(cuGraphExecDestroy),
-  E(cuDeviceGraphMemTrim), E(cuDeviceGetGraphMemAttribute),
+  E(cuDeviceGraphMemTrim), E(cuDeviceGetGraphMemAttribute), E(cuStreamIsCapturing), E(cuStreamIsCapturing_ptsz),
+  E(cuStreamBeginCapture), E(cuStreamBeginCapture_v2), E(cuStreamEndCapture),
   /* A future alias of cuMemAlloc_v2 (same address: the shim must match it by pointer)
      and a future allocator with its own code (the shim must refuse it). */
   { "cuMemAllocAlias", (void *)cuMemAlloc_v2 },

@@ -55,6 +55,8 @@ CUresult cuGraphInstantiateWithFlags(void **, void *, unsigned long long);
 CUresult cuGraphExecDestroy(void *);
 CUresult cuDeviceGraphMemTrim(CUdevice);
 CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
+CUresult cuStreamBeginCapture(CUstream, int);
+CUresult cuStreamEndCapture(CUstream, void **);
 
 #define FNS(X) \
   X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2) X(cuMemFree_v2) \
@@ -65,7 +67,7 @@ CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
   X(cuGraphLaunch) X(cuStreamSynchronize) X(cuMemAlloc) X(cuGetProcAddress_v2) \
   X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo) X(cuGraphCreate) \
   X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy) \
-  X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute)
+  X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute) X(cuStreamBeginCapture) X(cuStreamEndCapture)
 
 static struct {
 #define FIELD(f) __typeof__(&f) f;
@@ -494,6 +496,26 @@ static int cmd_graph(void) {
   return 0;
 }
 
+/* capture: stream-ordered allocations captured into a graph are counted when the graph
+   runs, not at capture (2 GiB limit, 300 MiB context). */
+static int cmd_capture(void) {
+  CUstream s = (CUstream)0x51;
+  CUdeviceptr p = 0, q;
+  void *g = NULL, *exec = NULL;
+  printf("begin_rc=%d\n", T.cuStreamBeginCapture(s, 0));
+  printf("cap_alloc_rc=%d\n", T.cuMemAllocAsync(&p, 1000 << 20, s));
+  print_info("capalloc_");
+  printf("cap_free_rc=%d\n", T.cuMemFreeAsync(p, s));
+  printf("end_rc=%d\n", T.cuStreamEndCapture(s, &g));
+  print_info("cap_");
+  printf("inst_rc=%d\n", T.cuGraphInstantiateWithFlags(&exec, g, 0));
+  printf("launch_rc=%d\n", T.cuGraphLaunch(exec, NULL));
+  print_info("launched_");
+  CUresult rc = T.cuMemAlloc_v2(&q, 1000 << 20);
+  printf("plain_rc=%d\n", rc);
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) { fprintf(stderr, "usage: probe MODE COMMAND [ARGS]\n"); return 2; }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -510,6 +532,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "bench")) return cmd_bench(argc - 3, argv + 3);
   if (!strcmp(cmd, "poolkeep")) return cmd_poolkeep(argc - 3, argv + 3);
   if (!strcmp(cmd, "graph")) return cmd_graph();
+  if (!strcmp(cmd, "capture")) return cmd_capture();
   if (!strcmp(cmd, "info")) { print_info(""); return 0; }
   if (!strcmp(cmd, "legacy")) { unsigned p; printf("legacy_rc=%d\n", T.cuMemAlloc(&p, 1 << 20)); return 0; }
   fprintf(stderr, "unknown command %s\n", cmd);
