@@ -54,6 +54,8 @@ pub enum Kind {
 /// Per-process accounting over a container-wide [`Usage`].
 pub struct Ledger {
     limits: [Option<u64>; MAX_DEVICES],
+    /// Some device has a limit (otherwise nothing is ever charged or looked up).
+    any_limit: bool,
     usage: Box<dyn Usage>,
     ptrs: AllocTable,
     arrays: AllocTable,
@@ -69,6 +71,7 @@ pub struct Ledger {
 impl Ledger {
     pub fn new(limits: [Option<u64>; MAX_DEVICES], usage: Box<dyn Usage>) -> Ledger {
         Ledger {
+            any_limit: limits.iter().any(Option::is_some),
             limits,
             usage,
             ptrs: AllocTable::default(),
@@ -94,6 +97,11 @@ impl Ledger {
             Kind::Array => &self.arrays,
             Kind::Vmm => &self.vmm,
         }
+    }
+
+    /// Does any device have a memory limit?
+    pub fn any_limit(&self) -> bool {
+        self.any_limit
     }
 
     /// The memory limit of `dev`, if any.
@@ -185,6 +193,9 @@ impl Ledger {
 
     /// `handle` was freed: credit what it was charged.
     pub fn release(&self, kind: Kind, handle: u64) {
+        if !self.any_limit {
+            return;
+        }
         if let Some(c) = self.table(kind).remove(handle) {
             self.usage.credit(c.dev, c.bytes);
         }
@@ -344,6 +355,12 @@ mod tests {
         );
         assert_eq!(l.mem_info(1, 5, 80), (5, 80));
         assert_eq!(l.nvml_info(1, 80), None);
+        assert!(l.any_limit());
+        let none = Ledger::new([None; MAX_DEVICES], Box::<LocalUsage>::default());
+        assert!(
+            !none.any_limit(),
+            "no limit anywhere: hooks skip all bookkeeping"
+        );
     }
 
     #[test]

@@ -45,6 +45,9 @@ pub(super) fn ensure_granularity(s: &Shim, dev: usize) {
 /// Reserve `bytes` on the current device. `Err(code)` to return to the caller.
 fn reserve_current(what: &str, bytes: u64) -> Result<(&'static Shim, Option<Charge>), CUresult> {
     let s = shim().ok_or(CUDA_ERROR_OUT_OF_MEMORY)?;
+    if !s.ledger.any_limit() {
+        return Ok((s, None));
+    }
     let Some(dev) = current_device() else {
         // No context: the driver call will fail on its own; nothing to charge.
         return Ok((s, None));
@@ -197,6 +200,9 @@ unsafe fn alloc_async(
     let Some(s) = shim() else {
         return CUDA_ERROR_OUT_OF_MEMORY;
     };
+    if !s.ledger.any_limit() {
+        return call();
+    }
     let Some(dev) = current_device() else {
         return call();
     };
