@@ -103,20 +103,23 @@ fn nvml_reports_the_slice_like_nvidia_smi() {
 
 #[test]
 fn nvml_follows_cuda_visible_devices_by_uuid() {
-    // Two GPUs; (CUDA_VISIBLE_DEVICES, limit of CUDA ordinal 0, limit of ordinal 1,
-    // expected NVML totals of physical GPU 0 and 1). NVML numbers GPUs physically; the
-    // limits are per CUDA ordinal, so the slice must move with the visible-device list.
+    // Two GPUs, limits 10g on CUDA ordinal 0 and 20g on ordinal 1; (CUDA_VISIBLE_DEVICES,
+    // FAKE_NVML_MIG, expected NVML totals of physical GPU 0 and 1). NVML numbers GPUs
+    // physically; the limits are per CUDA ordinal, so the slice moves with the list. With
+    // FAKE_NVML_MIG CUDA's UUIDs are not NVML GPUs' (MIG instances): index = ordinal.
     let real = 80 * GIB;
-    let cases: [(Option<&str>, &str, &str, [u64; 2]); 3] = [
-        (None, "10g", "20g", [10 * GIB, 20 * GIB]),
-        (Some("1"), "10g", "20g", [real, 10 * GIB]),
-        (Some("1,0"), "10g", "20g", [20 * GIB, 10 * GIB]),
+    let cases: [(Option<&str>, &str, [u64; 2]); 4] = [
+        (None, "0", [10 * GIB, 20 * GIB]),
+        (Some("1"), "0", [real, 10 * GIB]),
+        (Some("1,0"), "0", [20 * GIB, 10 * GIB]),
+        (Some("1"), "1", [10 * GIB, 20 * GIB]),
     ];
-    for (visible, l0, l1, want) in cases {
+    for (visible, mig, want) in cases {
         let mut p = Probe::new("direct", "nvml", &[])
             .env("FAKE_CUDA_DEVICES", "2")
-            .env("CUDA_DEVICE_MEMORY_LIMIT_0", l0)
-            .env("CUDA_DEVICE_MEMORY_LIMIT_1", l1);
+            .env("FAKE_NVML_MIG", mig)
+            .env("CUDA_DEVICE_MEMORY_LIMIT_0", "10g")
+            .env("CUDA_DEVICE_MEMORY_LIMIT_1", "20g");
         if let Some(v) = visible {
             p = p.env("CUDA_VISIBLE_DEVICES", v);
         }
@@ -124,7 +127,7 @@ fn nvml_follows_cuda_visible_devices_by_uuid() {
         let got = [r.u("dev0_total"), r.u("dev1_total")];
         assert_eq!(
             got, want,
-            "CUDA_VISIBLE_DEVICES={visible:?}\n{}{}",
+            "CUDA_VISIBLE_DEVICES={visible:?} mig={mig}\n{}{}",
             r.stdout, r.stderr
         );
     }

@@ -5,7 +5,8 @@
 //! `nvmlDeviceGetUUID`), so `CUDA_VISIBLE_DEVICES` reordering or hiding GPUs is followed:
 //! the slice of CUDA ordinal `i` is reported on the NVML device with the same UUID, and an
 //! NVML device no CUDA ordinal maps to reports the driver's numbers. Where a driver lacks
-//! UUID queries, NVML index `i` is taken to be CUDA ordinal `i`.
+//! UUID queries, or CUDA's devices are not all among NVML's GPUs (MIG instances), NVML
+//! index `i` is taken to be CUDA ordinal `i`.
 
 use std::ffi::{c_char, CStr, CString};
 use std::sync::atomic::{AtomicU8, AtomicUsize, Ordering};
@@ -85,6 +86,28 @@ fn cuda_uuids() -> &'static [String] {
     })
 }
 
+/// Can every CUDA ordinal be found among NVML's GPUs by UUID? Not when CUDA sees MIG
+/// instances (NVML lists their parent GPUs) or the driver cannot say: then NVML index `i`
+/// is taken to be CUDA ordinal `i`, as without UUIDs.
+fn uuids_matchable() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        type F = unsafe extern "C" fn(*const c_char, *mut nvmlDevice_t) -> nvmlReturn_t;
+        let uuids = cuda_uuids();
+        let Some(f) = real!(nvml_sym, "nvmlDeviceGetHandleByUUID" => F) else {
+            return false;
+        };
+        ready()
+            && !uuids.is_empty()
+            && uuids.iter().all(|u| {
+                let mut h: nvmlDevice_t = std::ptr::null_mut();
+                CString::new(format!("GPU-{u}"))
+                    // SAFETY: NUL-terminated UUID and a valid out-pointer.
+                    .is_ok_and(|c| unsafe { f(c.as_ptr(), &mut h) } == NVML_SUCCESS)
+            })
+    })
+}
+
 fn handle_by_index(dev: usize) -> Option<nvmlDevice_t> {
     type F = unsafe extern "C" fn(u32, *mut nvmlDevice_t) -> nvmlReturn_t;
     let f = real!(nvml_sym, "nvmlDeviceGetHandleByIndex_v2" => F)?;
@@ -153,8 +176,8 @@ pub fn utilization(dev: usize) -> Option<u32> {
 unsafe fn ordinal(device: nvmlDevice_t) -> Option<usize> {
     let uuids = cuda_uuids();
     type Uuid = unsafe extern "C" fn(nvmlDevice_t, *mut c_char, u32) -> nvmlReturn_t;
-    if let (false, Some(f)) = (
-        uuids.is_empty(),
+    if let (true, Some(f)) = (
+        uuids_matchable(),
         real!(nvml_sym, "nvmlDeviceGetUUID" => Uuid),
     ) {
         let mut buf = [0 as c_char; 96];

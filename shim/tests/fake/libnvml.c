@@ -30,8 +30,10 @@ EXPORT int nvmlDeviceGetHandleByIndex_v2(unsigned i, nvmlDevice_t *d) {
   return 0;
 }
 static unsigned count(void) { const char *v = getenv("FAKE_CUDA_DEVICES"); return v ? (unsigned)atoi(v) : 1; }
+/* FAKE_NVML_MIG=1: CUDA sees MIG instances, NVML's GPUs carry other (parent) UUIDs. */
 static void uuid_of(unsigned i, char *buf, unsigned len) {
-  snprintf(buf, len, "GPU-a0a1a2a3-a4a5-a6a7-a8a9-aaabacadae%02x", i);
+  const char *mig = getenv("FAKE_NVML_MIG");
+  snprintf(buf, len, "GPU-%s-a4a5-a6a7-a8a9-aaabacadae%02x", mig && *mig == '1' ? "b0b1b2b3" : "a0a1a2a3", i);
 }
 EXPORT int nvmlDeviceGetUUID(nvmlDevice_t d, char *buf, unsigned len) {
   unsigned i = (unsigned)((int *)d - devs);
