@@ -142,6 +142,47 @@ fn captured_stream_allocations_count_when_the_graph_runs() {
 }
 
 #[test]
+fn created_pools_are_counted_where_they_live() {
+    // Current device 0 has no limit, device 1 has 1 GiB: a 2000 MiB allocation from a pool
+    // created on device 1 is refused; one from a pinned-host pool is not device memory.
+    let r = Probe::new("direct", "pools", &["1"])
+        .env("FAKE_CUDA_DEVICES", "2")
+        .env("CUDA_DEVICE_MEMORY_LIMIT_1", "1g")
+        .run();
+    assert_eq!(
+        (r.num("host_create_rc"), r.num("dev_create_rc")),
+        (0, 0),
+        "{}",
+        r.stdout
+    );
+    assert_eq!(
+        r.num("host_alloc_rc"),
+        0,
+        "host pool: {}{}",
+        r.stdout,
+        r.stderr
+    );
+    assert_eq!(
+        r.num("dev_alloc_rc"),
+        2,
+        "device-1 pool: {}{}",
+        r.stdout,
+        r.stderr
+    );
+    // With device 0 limited the host pool still does not count against it.
+    let r = Probe::new("direct", "pools", &["0"])
+        .env("CUDA_DEVICE_MEMORY_LIMIT_0", "1g")
+        .run();
+    assert_eq!(
+        (r.num("host_alloc_rc"), r.num("dev_alloc_rc")),
+        (0, 2),
+        "{}",
+        r.stdout
+    );
+    agrees(&r, "", CTX, "host pool allocated no device memory");
+}
+
+#[test]
 fn without_the_shim_the_fake_graph_passes_the_limit() {
     // The scenario above is only meaningful if the fake would otherwise go past 2 GiB.
     let r = Probe::bare("direct", "graph", &[]).run();

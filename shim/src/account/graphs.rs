@@ -141,12 +141,30 @@ impl Ledger {
         self.reservoirs.lock().set_threshold(h, threshold);
     }
 
+    /// Pool `h` was created on `dev` (`None`: in host memory, which is not counted).
+    pub fn pool_created(&self, h: u64, dev: Option<usize>) {
+        self.reservoirs.mark_used();
+        self.reservoirs.lock().locations.insert(h, dev);
+    }
+
+    /// Where pool `h` lives, if it was created through the shim (`Some(None)`: host).
+    pub fn pool_location(&self, h: u64) -> Option<Option<usize>> {
+        if !self.reservoirs.any() {
+            return None;
+        }
+        self.reservoirs.lock().locations.get(&h).copied()
+    }
+
     /// Pool `h` was destroyed: what it retains is credited now.
     pub fn pool_destroyed(&self, h: u64) {
         if !self.reservoirs.any() {
             return;
         }
-        let back = self.reservoirs.lock().destroy(Key::Pool(h));
+        let back = {
+            let mut b = self.reservoirs.lock();
+            b.locations.remove(&h);
+            b.destroy(Key::Pool(h))
+        };
         if let Some((dev, bytes)) = back {
             self.usage.credit(dev, bytes);
         }

@@ -67,6 +67,8 @@ pub struct Book {
     pub execs: HashMap<u64, Vec<(usize, u64)>>,
     /// Release thresholds set on pools not seen yet.
     pub thresholds: HashMap<u64, u64>,
+    /// Where created pools live: `Some(device)`, or `None` for host memory (not counted).
+    pub locations: HashMap<u64, Option<usize>>,
 }
 
 /// All reservoirs of one process.

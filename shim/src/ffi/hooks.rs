@@ -74,6 +74,7 @@ table! {
         cuLaunchCooperativeKernel_ptsz => launch::cuLaunchCooperativeKernel_ptsz,
         cuGraphLaunch => launch::cuGraphLaunch,
         cuGraphLaunch_ptsz => launch::cuGraphLaunch_ptsz,
+        cuMemPoolCreate => pools::cuMemPoolCreate,
         cuMemPoolTrimTo => pools::cuMemPoolTrimTo,
         cuMemPoolSetAttribute => pools::cuMemPoolSetAttribute,
         cuMemPoolDestroy => pools::cuMemPoolDestroy,

@@ -203,7 +203,13 @@ unsafe fn alloc_async(
     if !s.ledger.any_limit() {
         return call();
     }
-    let Some(dev) = current_device() else {
+    // A pool created through the shim is counted on its own device; a host pool not at all.
+    let dev = match pool.and_then(|p| s.ledger.pool_location(p as u64)) {
+        Some(Some(d)) => Some(d),
+        Some(None) => return call(),
+        None => current_device(),
+    };
+    let Some(dev) = dev else {
         return call();
     };
     if s.ledger.limit(dev).is_none() {

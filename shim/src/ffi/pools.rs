@@ -56,6 +56,27 @@ pub fn current_pool(dev: usize) -> Option<u64> {
 }
 
 #[no_mangle]
+pub unsafe extern "C" fn cuMemPoolCreate(
+    pool: *mut Handle,
+    props: *const MemPoolProps,
+) -> CUresult {
+    type F = unsafe extern "C" fn(*mut Handle, *const MemPoolProps) -> CUresult;
+    let Some(real) = real!(cuda_sym, "cuMemPoolCreate" => F) else {
+        return CUDA_ERROR_NOT_FOUND;
+    };
+    let rc = real(pool, props);
+    if rc == CUDA_SUCCESS {
+        if let (Some(s), Some(p), Some(h)) = (shim(), props.as_ref(), pool.as_ref()) {
+            let dev = (p.location.kind == CU_MEM_LOCATION_TYPE_DEVICE)
+                .then(|| usize::try_from(p.location.id).ok())
+                .flatten();
+            s.ledger.pool_created(*h as u64, dev);
+        }
+    }
+    rc
+}
+
+#[no_mangle]
 pub unsafe extern "C" fn cuMemPoolTrimTo(pool: Handle, keep: usize) -> CUresult {
     type F = unsafe extern "C" fn(Handle, usize) -> CUresult;
     let Some(real) = real!(cuda_sym, "cuMemPoolTrimTo" => F) else {

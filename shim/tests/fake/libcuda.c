@@ -237,7 +237,7 @@ EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr *d, size_t *pitch, size_t w, size
    next synchronisation, or on cuMemPoolTrimTo. One default pool per device plus created
    pools. The pool of a pointer is remembered under key|POOLKEY in the pointer table. */
 #define POOLKEY (1ull << 63)
-struct fake_pool { int dev; unsigned long long reserved, in_use, threshold; };
+struct fake_pool { int dev, host; unsigned long long reserved, in_use, threshold; }; /* host: pinned host memory, no device charge */
 static struct fake_pool default_pool[16];
 static struct fake_pool *created_pool[64];
 static int ncreated;
@@ -256,7 +256,7 @@ static CUresult pool_alloc(CUdeviceptr *d, size_t bytes, struct fake_pool *p) {
   unsigned long long r = round_gran(bytes);
   pthread_mutex_lock(&pool_mu);
   if (p->in_use + r > p->reserved) {
-    if (!charge(p->in_use + r - p->reserved)) { pthread_mutex_unlock(&pool_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
+    if (!p->host && !charge(p->in_use + r - p->reserved)) { pthread_mutex_unlock(&pool_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
     p->reserved = p->in_use + r;
   }
   p->in_use += r;
@@ -278,7 +278,7 @@ static CUresult pool_free(CUdeviceptr d) {
 }
 static void pool_trim(struct fake_pool *p, unsigned long long keep) {
   unsigned long long floor = p->in_use > keep ? p->in_use : keep;
-  if (p->reserved > floor) { uncharge(p->reserved - floor); p->reserved = floor; }
+  if (p->reserved > floor) { if (!p->host) uncharge(p->reserved - floor); p->reserved = floor; }
 }
 static void pools_sync(void) {
   pthread_mutex_lock(&pool_mu);
@@ -294,11 +294,15 @@ EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool *p, CUdevice dev) {
   return CUDA_SUCCESS;
 }
 EXPORT CUresult cuDeviceGetMemPool(CUmemoryPool *p, CUdevice dev) { return cuDeviceGetDefaultMemPool(p, dev); }
-EXPORT CUresult cuMemPoolCreate(CUmemoryPool *p, const void *props) {
-  (void)props;
+EXPORT CUresult cuMemPoolCreate(CUmemoryPool *p, const CUmemPoolProps *props) {
+  if (!p || !props) return CUDA_ERROR_INVALID_VALUE;
+  int host = props->location.type != 1;
+  if (!host && (props->location.id < 0 || props->location.id >= ndev)) return CUDA_ERROR_INVALID_VALUE;
   pthread_mutex_lock(&pool_mu);
   if (ncreated == 64) { pthread_mutex_unlock(&pool_mu); return CUDA_ERROR_OUT_OF_MEMORY; }
   struct fake_pool *fp = calloc(1, sizeof *fp);
+  fp->host = host;
+  fp->dev = host ? 0 : props->location.id;
   created_pool[ncreated++] = fp;
   pthread_mutex_unlock(&pool_mu);
   *p = fp;

@@ -56,6 +56,7 @@ CUresult cuGraphExecDestroy(void *);
 CUresult cuDeviceGraphMemTrim(CUdevice);
 CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
 CUresult cuStreamBeginCapture(CUstream, int);
+CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
 CUresult cuStreamEndCapture(CUstream, void **);
 
 #define FNS(X) \
@@ -67,7 +68,7 @@ CUresult cuStreamEndCapture(CUstream, void **);
   X(cuGraphLaunch) X(cuStreamSynchronize) X(cuMemAlloc) X(cuGetProcAddress_v2) \
   X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo) X(cuGraphCreate) \
   X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy) \
-  X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute) X(cuStreamBeginCapture) X(cuStreamEndCapture)
+  X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuMemPoolCreate)
 
 static struct {
 #define FIELD(f) __typeof__(&f) f;
@@ -517,6 +518,26 @@ static int cmd_capture(void) {
   return 0;
 }
 
+/* pools <device_for_the_device_pool>: a pinned-host pool allocates no device memory; a
+   device pool is counted on its own device, whatever the current one (1 GiB limits). */
+static int cmd_pools(int argc, char **argv) {
+  int pdev = argc > 0 ? atoi(argv[0]) : 0;
+  CUmemPoolProps hp, dp;
+  memset(&hp, 0, sizeof hp);
+  memset(&dp, 0, sizeof dp);
+  hp.allocType = dp.allocType = 1;
+  hp.location.type = 2; /* CU_MEM_LOCATION_TYPE_HOST */
+  dp.location.type = 1;
+  dp.location.id = pdev;
+  CUmemoryPool host = NULL, dev = NULL;
+  CUdeviceptr a, b;
+  printf("host_create_rc=%d dev_create_rc=%d\n", T.cuMemPoolCreate(&host, &hp), T.cuMemPoolCreate(&dev, &dp));
+  printf("host_alloc_rc=%d\n", T.cuMemAllocFromPoolAsync(&a, 2000ull << 20, host, NULL));
+  printf("dev_alloc_rc=%d\n", T.cuMemAllocFromPoolAsync(&b, 2000ull << 20, dev, NULL));
+  print_info("");
+  return 0;
+}
+
 int main(int argc, char **argv) {
   if (argc < 3) { fprintf(stderr, "usage: probe MODE COMMAND [ARGS]\n"); return 2; }
   setvbuf(stdout, NULL, _IOLBF, 0);
@@ -534,6 +555,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "poolkeep")) return cmd_poolkeep(argc - 3, argv + 3);
   if (!strcmp(cmd, "graph")) return cmd_graph();
   if (!strcmp(cmd, "capture")) return cmd_capture();
+  if (!strcmp(cmd, "pools")) return cmd_pools(argc - 3, argv + 3);
   if (!strcmp(cmd, "info")) { print_info(""); return 0; }
   if (!strcmp(cmd, "legacy")) { unsigned p; printf("legacy_rc=%d\n", T.cuMemAlloc(&p, 1 << 20)); return 0; }
   fprintf(stderr, "unknown command %s\n", cmd);
