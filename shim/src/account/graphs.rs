@@ -52,6 +52,7 @@ impl Ledger {
         match (ok, ptr) {
             (true, Some(p)) if matches!(t.key, Key::Pool(_)) => {
                 b.ptrs.insert(p, (t.key, t.bytes));
+                self.reservoirs.note_ptrs(&b);
             }
             (true, _) => {}
             (false, _) => {
@@ -65,10 +66,15 @@ impl Ledger {
     /// A stream-ordered pointer was freed: it goes back to its pool, which keeps it
     /// charged (the driver still holds it) unless the pool was destroyed.
     pub fn reservoir_free(&self, ptr: u64) {
-        if !self.reservoirs.any() {
+        if !self.reservoirs.tracks_ptrs() {
             return;
         }
-        let freed = self.reservoirs.lock().free(ptr);
+        let freed = {
+            let mut b = self.reservoirs.lock();
+            let f = b.free(ptr);
+            self.reservoirs.note_ptrs(&b);
+            f
+        };
         if let Some((dev, credit, pending)) = freed {
             if credit > 0 {
                 self.usage.credit(dev, credit);

@@ -192,12 +192,17 @@ impl Ledger {
     }
 
     /// `handle` was freed: credit what it was charged.
-    pub fn release(&self, kind: Kind, handle: u64) {
+    /// Returns whether `handle` was charged.
+    pub fn release(&self, kind: Kind, handle: u64) -> bool {
         if !self.any_limit {
-            return;
+            return false;
         }
-        if let Some(c) = self.table(kind).remove(handle) {
-            self.usage.credit(c.dev, c.bytes);
+        match self.table(kind).remove(handle) {
+            Some(c) => {
+                self.usage.credit(c.dev, c.bytes);
+                true
+            }
+            None => false,
         }
     }
 

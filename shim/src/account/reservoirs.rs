@@ -11,7 +11,7 @@
 //! below it, so the container can over-count briefly but never pass its slice.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
 /// A reservoir: a stream-ordered pool (by handle) or a device's graph memory pool.
@@ -80,6 +80,8 @@ pub struct Reservoirs {
     /// Some reservoir retains more than its threshold: the next synchronisation may
     /// release memory, so it is worth asking the driver then.
     release_pending: AtomicBool,
+    /// Stream-ordered pointers tracked (frees of other pointers skip the lock).
+    tracked: AtomicUsize,
 }
 
 impl Reservoirs {
@@ -104,6 +106,16 @@ impl Reservoirs {
 
     pub fn set_release_pending(&self, v: bool) {
         self.release_pending.store(v, Ordering::Release);
+    }
+
+    /// Any stream-ordered pointer tracked? (Updated under the lock by [`Self::note_ptrs`].)
+    pub fn tracks_ptrs(&self) -> bool {
+        self.tracked.load(Ordering::Acquire) != 0
+    }
+
+    /// Record how many pointers `book` tracks (call with the lock held).
+    pub fn note_ptrs(&self, book: &Book) {
+        self.tracked.store(book.ptrs.len(), Ordering::Release);
     }
 }
 

@@ -179,9 +179,10 @@ pub unsafe extern "C" fn cuMemFree_v2(dptr: CUdeviceptr) -> CUresult {
     let rc = real(dptr);
     if rc == CUDA_SUCCESS {
         if let Some(s) = shim() {
-            s.ledger.release(Kind::Ptr, dptr);
             // cuMemFree also returns stream-ordered memory to its pool.
-            s.ledger.reservoir_free(dptr);
+            if !s.ledger.release(Kind::Ptr, dptr) {
+                s.ledger.reservoir_free(dptr);
+            }
         }
     }
     rc
@@ -240,8 +241,9 @@ unsafe fn alloc_async(
 unsafe fn free_async(dptr: CUdeviceptr, rc: CUresult) -> CUresult {
     if rc == CUDA_SUCCESS {
         if let Some(s) = shim() {
-            s.ledger.release(Kind::Ptr, dptr);
-            s.ledger.reservoir_free(dptr);
+            if !s.ledger.release(Kind::Ptr, dptr) {
+                s.ledger.reservoir_free(dptr);
+            }
         }
     }
     rc
