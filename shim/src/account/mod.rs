@@ -4,8 +4,8 @@
 //! sizes, handles and device ordinals.
 
 pub mod allocs;
-pub mod graphs;
 pub mod reservoirs;
+pub mod retained;
 pub mod shared;
 pub mod sizes;
 pub mod usage;
