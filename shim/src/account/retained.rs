@@ -64,10 +64,11 @@ impl Ledger {
     }
 
     /// A stream-ordered pointer was freed: it goes back to its pool, which keeps it
-    /// charged (the driver still holds it) unless the pool was destroyed.
-    pub fn reservoir_free(&self, ptr: u64) {
+    /// charged (the driver still holds it) unless the pool was destroyed. Returns whether
+    /// `ptr` came from a pool.
+    pub fn reservoir_free(&self, ptr: u64) -> bool {
         if !self.reservoirs.tracks_ptrs() {
-            return;
+            return false;
         }
         let freed = {
             let mut b = self.reservoirs.lock();
@@ -82,7 +83,9 @@ impl Ledger {
             if pending {
                 self.reservoirs.set_release_pending(true);
             }
+            return true;
         }
+        false
     }
 
     /// Whether a synchronisation may have released pool memory (cheap check).

@@ -241,8 +241,9 @@ unsafe fn alloc_async(
 unsafe fn free_async(dptr: CUdeviceptr, rc: CUresult) -> CUresult {
     if rc == CUDA_SUCCESS {
         if let Some(s) = shim() {
-            if !s.ledger.release(Kind::Ptr, dptr) {
-                s.ledger.reservoir_free(dptr);
+            // Pool pointers first: most stream-ordered frees are theirs.
+            if !s.ledger.reservoir_free(dptr) {
+                s.ledger.release(Kind::Ptr, dptr);
             }
         }
     }
