@@ -7,7 +7,7 @@
 #   SHIM=/path/libtessera_cuda.so LIMIT_GIB=10 hack/gpu-check.sh
 #
 # Checks: PyTorch allocates until OOM under a LIMIT_GIB limit (default allocator and
-# expandable_segments:True) and stops within one granule + context of the limit;
+# expandable_segments:True, backend:cudaMallocAsync) and stops within one granule + context of the limit;
 # torch.cuda.mem_get_info() and nvidia-smi report the slice; a kernel-bound loop under
 # CUDA_DEVICE_SM_LIMIT 30/50/70 against unlimited (share = throughput ratio); per-call
 # overhead of cudaMalloc+cudaFree and an empty kernel launch with and without the shim.
@@ -44,7 +44,7 @@ free, total = torch.cuda.mem_get_info()
 print(len(xs) * 256, free >> 20, total >> 20)
 PY
 limit_mib=$((LIMIT_GIB * 1024))
-for conf in "" "expandable_segments:True"; do
+for conf in "" "expandable_segments:True" "backend:cudaMallocAsync"; do
   read -r got free total < <(shim_env CUDA_DEVICE_MEMORY_LIMIT_0="${LIMIT_GIB}g" \
     PYTORCH_CUDA_ALLOC_CONF="$conf" timeout 120 python3 "$WORK/fill.py")
   # Pass: stopped below the limit but not more than 1 GiB (context + one 256 MiB tensor) short.
