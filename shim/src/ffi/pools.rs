@@ -229,13 +229,18 @@ fn node_need(s: &crate::runtime::Shim, p: &MemAllocNodeParams) -> Option<(usize,
     Some((dev, s.ledger.round(dev, p.bytesize as u64)))
 }
 
+type GetNodes = unsafe extern "C" fn(Handle, *mut Handle, *mut usize) -> CUresult;
+type NodeGetType = unsafe extern "C" fn(Handle, *mut i32) -> CUresult;
+type AllocNodeParams = unsafe extern "C" fn(Handle, *mut MemAllocNodeParams) -> CUresult;
+type ChildGraph = unsafe extern "C" fn(Handle, *mut Handle) -> CUresult;
+
 /// Graph introspection through the real driver, for [`graph_walk`].
 struct DriverGraphs<'a> {
     shim: &'a crate::runtime::Shim,
-    nodes: unsafe extern "C" fn(Handle, *mut Handle, *mut usize) -> CUresult,
-    kind: unsafe extern "C" fn(Handle, *mut i32) -> CUresult,
-    params: unsafe extern "C" fn(Handle, *mut MemAllocNodeParams) -> CUresult,
-    child: Option<unsafe extern "C" fn(Handle, *mut Handle) -> CUresult>,
+    nodes: GetNodes,
+    kind: NodeGetType,
+    params: AllocNodeParams,
+    child: Option<ChildGraph>,
 }
 
 impl GraphView for DriverGraphs<'_> {
@@ -287,9 +292,9 @@ impl GraphView for DriverGraphs<'_> {
 /// included; see [`graph_walk`]).
 fn graph_needs(s: &crate::runtime::Shim, graph: Handle) -> Result<Vec<(usize, u64)>, WalkError> {
     let (Some(nodes), Some(kind), Some(params)) = (
-        real!(cuda_sym, "cuGraphGetNodes" => unsafe extern "C" fn(Handle, *mut Handle, *mut usize) -> CUresult),
-        real!(cuda_sym, "cuGraphNodeGetType" => unsafe extern "C" fn(Handle, *mut i32) -> CUresult),
-        real!(cuda_sym, "cuGraphMemAllocNodeGetParams" => unsafe extern "C" fn(Handle, *mut MemAllocNodeParams) -> CUresult),
+        real!(cuda_sym, "cuGraphGetNodes" => GetNodes),
+        real!(cuda_sym, "cuGraphNodeGetType" => NodeGetType),
+        real!(cuda_sym, "cuGraphMemAllocNodeGetParams" => AllocNodeParams),
     ) else {
         // A driver without graph introspection has no graph memory nodes either.
         return Ok(Vec::new());
@@ -301,7 +306,7 @@ fn graph_needs(s: &crate::runtime::Shim, graph: Handle) -> Result<Vec<(usize, u6
         params,
         // Resolved here, used only if a child graph node turns up: a driver without it
         // then fails the walk (refused), never skips the child.
-        child: real!(cuda_sym, "cuGraphChildGraphNodeGetGraph" => unsafe extern "C" fn(Handle, *mut Handle) -> CUresult),
+        child: real!(cuda_sym, "cuGraphChildGraphNodeGetGraph" => ChildGraph),
     };
     graph_walk::launch_needs(&view, graph)
 }
