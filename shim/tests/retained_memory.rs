@@ -189,3 +189,97 @@ fn without_the_shim_the_fake_graph_passes_the_limit() {
     assert_eq!(r.num("plain_rc"), 0);
     assert_eq!(r.num("big_inst_rc"), 0);
 }
+
+/// Runs `nested` under the 2 GiB limit (300 MiB context).
+fn nested(mode: &str, args: &[&str]) -> Report {
+    Probe::new(mode, "nested", args)
+        .env("CUDA_DEVICE_MEMORY_LIMIT", "2g")
+        .run()
+}
+
+#[test]
+fn allocation_nodes_in_child_graphs_are_counted() {
+    for mode in ["direct", "procaddr"] {
+        // A 1000 MiB allocation node inside a child graph moved into its parent.
+        let r = nested(mode, &["1", "1000", "-"]);
+        assert_eq!(
+            (r.num("build_rc"), r.num("inst_rc"), r.num("launch_rc")),
+            (0, 0, 0),
+            "{mode}: {}{}",
+            r.stdout,
+            r.stderr
+        );
+        agrees(&r, "launched_", CTX + 1000 * MIB, "child graph launched");
+        assert_eq!(
+            r.num("plain_rc"),
+            2,
+            "{mode}: the child graph's pool memory counts against the limit"
+        );
+        agrees(&r, "plain_", CTX + 1000 * MIB, "refused plain allocation");
+
+        // 3 × 600 MiB over three nesting levels: fits alone, not next to the context.
+        let r = nested(mode, &["3", "600", "-"]);
+        assert_eq!(r.num("inst_rc"), 0, "{mode}: {}{}", r.stdout, r.stderr);
+        assert_eq!(
+            r.num("launch_rc"),
+            2,
+            "{mode}: nested allocations past the limit"
+        );
+        agrees(&r, "launched_", CTX, "refused launch allocated nothing");
+
+        // 2 × 1200 MiB per launch (child + grandchild) can never fit 2 GiB.
+        let r = nested(mode, &["2", "1200", "-"]);
+        assert_eq!(r.num("inst_rc"), 2, "{mode}: {}{}", r.stdout, r.stderr);
+    }
+}
+
+#[test]
+fn nested_graphs_the_shim_cannot_read_are_refused() {
+    // (args, env set on the fake, instantiate rc, words expected on stderr)
+    let cases: [(&[&str], Option<&str>, i64, &str); 5] = [
+        (
+            &["1", "1000", "-"],
+            Some("FAKE_CUDA_CHILD_QUERY_FAILS"),
+            800,
+            "cuGraphChildGraphNodeGetGraph failed",
+        ),
+        (&["17", "0", "-"], None, 800, "nested deeper than 16"),
+        (&["16", "0", "-"], None, 0, ""),
+        (
+            &["1", "1000", "unknown"],
+            None,
+            800,
+            "node type 99 is unknown",
+        ),
+        // Conditional bodies cannot hold memory nodes: not a reason to refuse.
+        (&["1", "1000", "cond"], None, 0, ""),
+    ];
+    for (args, fail, inst, words) in cases {
+        let mut p = Probe::new("direct", "nested", args).env("CUDA_DEVICE_MEMORY_LIMIT", "2g");
+        if let Some(k) = fail {
+            p = p.env(k, "1");
+        }
+        let r = p.run();
+        assert_eq!(r.num("build_rc"), 0, "{args:?}: {}", r.stdout);
+        assert_eq!(r.num("inst_rc"), inst, "{args:?}: {}{}", r.stdout, r.stderr);
+        assert!(r.stderr.contains(words), "{args:?}: stderr {}", r.stderr);
+        if inst != 0 {
+            assert!(r.stderr.contains("refused"), "{args:?}: {}", r.stderr);
+        }
+    }
+    // Without a memory limit the shim does not walk graphs at all.
+    let r = Probe::new("direct", "nested", &["17", "0", "unknown"]).run();
+    assert_eq!(r.num("inst_rc"), 0, "{}{}", r.stdout, r.stderr);
+}
+
+#[test]
+fn without_the_shim_nested_graph_memory_passes_the_limit() {
+    let r = Probe::bare("direct", "nested", &["3", "600", "-"]).run();
+    assert_eq!(
+        (r.num("inst_rc"), r.num("launch_rc")),
+        (0, 0),
+        "{}",
+        r.stdout
+    );
+    assert!(r.u("launched_fake_used") > 2048 * MIB, "{}", r.stdout);
+}

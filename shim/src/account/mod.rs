@@ -4,6 +4,7 @@
 //! sizes, handles and device ordinals.
 
 pub mod allocs;
+pub mod graph_walk;
 pub mod reservoirs;
 pub mod retained;
 pub mod shared;

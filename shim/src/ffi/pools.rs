@@ -10,6 +10,7 @@ use super::dl::real;
 use super::memory::refuse;
 use super::shim;
 use super::types::*;
+use crate::account::graph_walk::{self, GraphView, WalkError};
 use crate::account::reservoirs::Key;
 use crate::account::Refusal;
 
@@ -228,51 +229,86 @@ fn node_need(s: &crate::runtime::Shim, p: &MemAllocNodeParams) -> Option<(usize,
     Some((dev, s.ledger.round(dev, p.bytesize as u64)))
 }
 
-/// What one launch of `graph`'s allocation nodes needs, per device.
-unsafe fn graph_needs(
-    s: &crate::runtime::Shim,
-    graph: Handle,
-) -> Result<Vec<(usize, u64)>, CUresult> {
-    type Nodes = unsafe extern "C" fn(Handle, *mut Handle, *mut usize) -> CUresult;
-    type NodeType = unsafe extern "C" fn(Handle, *mut i32) -> CUresult;
-    type Params = unsafe extern "C" fn(Handle, *mut MemAllocNodeParams) -> CUresult;
+type GetNodes = unsafe extern "C" fn(Handle, *mut Handle, *mut usize) -> CUresult;
+type NodeGetType = unsafe extern "C" fn(Handle, *mut i32) -> CUresult;
+type AllocNodeParams = unsafe extern "C" fn(Handle, *mut MemAllocNodeParams) -> CUresult;
+type ChildGraph = unsafe extern "C" fn(Handle, *mut Handle) -> CUresult;
+
+/// Graph introspection through the real driver, for [`graph_walk`].
+struct DriverGraphs<'a> {
+    shim: &'a crate::runtime::Shim,
+    nodes: GetNodes,
+    kind: NodeGetType,
+    params: AllocNodeParams,
+    child: Option<ChildGraph>,
+}
+
+impl GraphView for DriverGraphs<'_> {
+    type Graph = Handle;
+    type Node = Handle;
+
+    fn nodes(&self, graph: Handle) -> Option<Vec<Handle>> {
+        let mut n: usize = 0;
+        // SAFETY: a graph handle the application passed to the driver; valid out-pointers
+        // and a list of the length the driver was told.
+        unsafe {
+            if (self.nodes)(graph, std::ptr::null_mut(), &mut n) != CUDA_SUCCESS {
+                return None;
+            }
+            let mut list: Vec<Handle> = vec![std::ptr::null_mut(); n];
+            if n > 0 && (self.nodes)(graph, list.as_mut_ptr(), &mut n) != CUDA_SUCCESS {
+                return None;
+            }
+            list.truncate(n);
+            Some(list)
+        }
+    }
+
+    fn kind(&self, node: Handle) -> Option<i32> {
+        let mut t: i32 = -1;
+        // SAFETY: a node the driver listed; valid out-pointer.
+        (unsafe { (self.kind)(node, &mut t) } == CUDA_SUCCESS).then_some(t)
+    }
+
+    fn child(&self, node: Handle) -> Option<Handle> {
+        let mut g: Handle = std::ptr::null_mut();
+        // SAFETY: a child graph node the driver listed; valid out-pointer.
+        let rc = unsafe { (self.child?)(node, &mut g) };
+        (rc == CUDA_SUCCESS && !g.is_null()).then_some(g)
+    }
+
+    fn alloc(&self, node: Handle) -> Option<Option<(usize, u64)>> {
+        // SAFETY: plain C struct; zero is a valid bit pattern for every field; an
+        // allocation node the driver listed.
+        let mut p: MemAllocNodeParams = unsafe { std::mem::zeroed() };
+        if unsafe { (self.params)(node, &mut p) } != CUDA_SUCCESS {
+            return None;
+        }
+        Some(node_need(self.shim, &p))
+    }
+}
+
+/// What one launch of `graph`'s allocation nodes needs, per device (child graphs
+/// included; see [`graph_walk`]).
+fn graph_needs(s: &crate::runtime::Shim, graph: Handle) -> Result<Vec<(usize, u64)>, WalkError> {
     let (Some(nodes), Some(kind), Some(params)) = (
-        real!(cuda_sym, "cuGraphGetNodes" => Nodes),
-        real!(cuda_sym, "cuGraphNodeGetType" => NodeType),
-        real!(cuda_sym, "cuGraphMemAllocNodeGetParams" => Params),
+        real!(cuda_sym, "cuGraphGetNodes" => GetNodes),
+        real!(cuda_sym, "cuGraphNodeGetType" => NodeGetType),
+        real!(cuda_sym, "cuGraphMemAllocNodeGetParams" => AllocNodeParams),
     ) else {
         // A driver without graph introspection has no graph memory nodes either.
         return Ok(Vec::new());
     };
-    let mut n: usize = 0;
-    if nodes(graph, std::ptr::null_mut(), &mut n) != CUDA_SUCCESS {
-        return Err(CUDA_ERROR_NOT_PERMITTED);
-    }
-    let mut list: Vec<Handle> = vec![std::ptr::null_mut(); n];
-    if n > 0 && nodes(graph, list.as_mut_ptr(), &mut n) != CUDA_SUCCESS {
-        return Err(CUDA_ERROR_NOT_PERMITTED);
-    }
-    list.truncate(n);
-    let mut needs: Vec<(usize, u64)> = Vec::new();
-    for node in list {
-        let mut t: i32 = -1;
-        if kind(node, &mut t) != CUDA_SUCCESS || t != CU_GRAPH_NODE_TYPE_MEM_ALLOC {
-            continue;
-        }
-        // SAFETY: plain C struct; zero is a valid bit pattern for every field.
-        let mut p: MemAllocNodeParams = std::mem::zeroed();
-        if params(node, &mut p) != CUDA_SUCCESS {
-            // An allocation node we cannot size must not run uncounted.
-            return Err(CUDA_ERROR_NOT_PERMITTED);
-        }
-        if let Some((dev, bytes)) = node_need(s, &p) {
-            match needs.iter_mut().find(|(d, _)| *d == dev) {
-                Some(e) => e.1 = e.1.saturating_add(bytes),
-                None => needs.push((dev, bytes)),
-            }
-        }
-    }
-    Ok(needs)
+    let view = DriverGraphs {
+        shim: s,
+        nodes,
+        kind,
+        params,
+        // Resolved here, used only if a child graph node turns up: a driver without it
+        // then fails the walk (refused), never skips the child.
+        child: real!(cuda_sym, "cuGraphChildGraphNodeGetGraph" => ChildGraph),
+    };
+    graph_walk::launch_needs(&view, graph)
 }
 
 /// After a successful instantiation: record what `exec` allocates per launch; an
@@ -292,11 +328,12 @@ unsafe fn instantiated(what: &str, exec: *mut Handle, graph: Handle, rc: CUresul
             .ledger
             .graph_instantiated(e as u64, &needs)
             .map_err(|r| refuse(what, &r)),
-        Err(code) => {
+        Err(e) => {
             crate::log::error(&format!(
-                "{what}: cannot read the graph's allocation nodes; refused"
+                "{what}: cannot count the graph's memory allocation nodes ({e}); refused \
+                 so that the memory limit holds"
             ));
-            Err(code)
+            Err(CUDA_ERROR_NOT_PERMITTED)
         }
     };
     match verdict {

@@ -61,6 +61,18 @@ typedef struct {
   CUdeviceptr dptr;
 } CUDA_MEM_ALLOC_NODE_PARAMS;
 
+/* CUgraphNodeParams (CUDA 12.2+, 256 bytes): only the child-graph member is modelled;
+   ownership (CUDA 12.9/13): 0 = clone, 1 = move to the parent. */
+typedef struct {
+  int type;
+  int reserved0[3];
+  union {
+    long long reserved1[29];
+    struct { void *graph; int ownership; } graph;
+  };
+  long long reserved2;
+} CUgraphNodeParams;
+
 typedef struct {
   unsigned int gridDimX, gridDimY, gridDimZ, blockDimX, blockDimY, blockDimZ, sharedMemBytes;
   CUstream hStream;

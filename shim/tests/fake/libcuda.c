@@ -483,8 +483,9 @@ EXPORT CUresult cuLaunchCooperativeKernel_ptsz(CUfunction f, unsigned gx, unsign
    reuses memory inside a graph); the pool keeps it until cuDeviceGraphMemTrim.
    A "graph exec" without the magic is a CUfunction launched with one wave (SM tests). */
 #define GRAPH_MAGIC 0xfa4e6ec5fa4e6ec5ull
-struct fake_node { int type; int dev; unsigned long long bytes, dptr; };
-struct fake_graph { unsigned long long magic; int n; struct fake_node nodes[64]; };
+struct fake_graph;
+struct fake_node { int type; int dev; unsigned long long bytes, dptr; struct fake_graph *child; };
+struct fake_graph { unsigned long long magic; int n; int moved; struct fake_node nodes[64]; };
 struct fake_exec { unsigned long long magic; int dev; unsigned long long need; };
 static unsigned long long graph_reserved[16], graph_reserved_high[16];
 
@@ -495,11 +496,35 @@ EXPORT CUresult cuGraphCreate(void **g, unsigned flags) {
   *g = fg;
   return CUDA_SUCCESS;
 }
-EXPORT CUresult cuGraphDestroy(void *g) { free(g); return CUDA_SUCCESS; }
+static void graph_free(struct fake_graph *g) {
+  for (int i = 0; i < g->n; i++) if (g->nodes[i].child) graph_free(g->nodes[i].child);
+  free(g);
+}
+EXPORT CUresult cuGraphDestroy(void *g) {
+  struct fake_graph *fg = g;
+  if (!fg || fg->magic != GRAPH_MAGIC || fg->moved) return CUDA_ERROR_INVALID_VALUE;
+  graph_free(fg);
+  return CUDA_SUCCESS;
+}
+/* Does g (or a graph nested in it) hold memory nodes? */
+static int has_mem_nodes(const struct fake_graph *g) {
+  for (int i = 0; i < g->n; i++)
+    if (g->nodes[i].type == 10 || g->nodes[i].type == 11 || (g->nodes[i].child && has_mem_nodes(g->nodes[i].child))) return 1;
+  return 0;
+}
+/* Bytes per launch of g's allocation nodes, nested graphs included (device of the last). */
+static unsigned long long graph_need(const struct fake_graph *g, int *dev) {
+  unsigned long long need = 0;
+  for (int i = 0; i < g->n; i++) {
+    if (g->nodes[i].type == 10) { *dev = g->nodes[i].dev; need += g->nodes[i].bytes; }
+    if (g->nodes[i].child) need += graph_need(g->nodes[i].child, dev);
+  }
+  return need;
+}
 static CUresult add_node(void **node, struct fake_graph *g, int type, int dev, unsigned long long bytes, unsigned long long dptr) {
   if (!g || g->magic != GRAPH_MAGIC || g->n == 64) return CUDA_ERROR_INVALID_VALUE;
   struct fake_node *n = &g->nodes[g->n++];
-  n->type = type; n->dev = dev; n->bytes = bytes; n->dptr = dptr;
+  n->type = type; n->dev = dev; n->bytes = bytes; n->dptr = dptr; n->child = NULL;
   *node = n;
   return CUDA_SUCCESS;
 }
@@ -513,6 +538,57 @@ EXPORT CUresult cuGraphAddMemAllocNode(void **node, void *g, const void **deps, 
 EXPORT CUresult cuGraphAddMemFreeNode(void **node, void *g, const void **deps, size_t nd, CUdeviceptr d) {
   (void)deps; (void)nd;
   return add_node(node, g, 11, 0, 0, d);
+}
+/* cuGraphAddNode(_v2) with CUgraphNodeParams: a child graph node (CUDA 12.9/13 ownership
+   semantics: CLONE refuses graphs with memory nodes, MOVE hands the graph to the parent),
+   a conditional node (its body is created empty; bodies cannot hold memory nodes), or any
+   other type number (a stand-in for node types newer than the shim). */
+static CUresult add_generic(void **node, void *g, const CUgraphNodeParams *p) {
+  if (!p) return CUDA_ERROR_INVALID_VALUE;
+  if (p->type == 4) {
+    struct fake_graph *c = p->graph.graph;
+    if (!c || c->magic != GRAPH_MAGIC || c->moved || c == g) return CUDA_ERROR_INVALID_VALUE;
+    if (p->graph.ownership != 1) {
+      /* The fake clones only flat graphs without memory nodes (enough for the tests). */
+      if (has_mem_nodes(c)) return CUDA_ERROR_NOT_SUPPORTED;
+      for (int i = 0; i < c->n; i++) if (c->nodes[i].child) return CUDA_ERROR_NOT_SUPPORTED;
+      struct fake_graph *copy = malloc(sizeof *copy);
+      memcpy(copy, c, sizeof *copy);
+      c = copy;
+    }
+    CUresult rc = add_node(node, g, 4, 0, 0, 0);
+    if (rc) return rc;
+    c->moved = 1;
+    ((struct fake_node *)*node)->child = c;
+    return CUDA_SUCCESS;
+  }
+  if (p->type == 13) {
+    void *body = NULL;
+    cuGraphCreate(&body, 0);
+    CUresult rc = add_node(node, g, 13, 0, 0, 0);
+    if (rc) { free(body); return rc; }
+    ((struct fake_graph *)body)->moved = 1;
+    ((struct fake_node *)*node)->child = body;
+    return CUDA_SUCCESS;
+  }
+  return add_node(node, g, p->type, 0, 0, 0);
+}
+EXPORT CUresult cuGraphAddNode(void **node, void *g, const void **deps, size_t nd, CUgraphNodeParams *p) {
+  (void)deps; (void)nd;
+  return add_generic(node, g, p);
+}
+EXPORT CUresult cuGraphAddNode_v2(void **node, void *g, const void **deps, const void *edges, size_t nd, CUgraphNodeParams *p) {
+  (void)deps; (void)edges; (void)nd;
+  return add_generic(node, g, p);
+}
+/* FAKE_CUDA_CHILD_QUERY_FAILS=1: the query fails (a driver in a bad state). */
+EXPORT CUresult cuGraphChildGraphNodeGetGraph(void *node, void **g) {
+  struct fake_node *n = node;
+  if (!n || !g || n->type != 4 || !n->child) return CUDA_ERROR_INVALID_VALUE;
+  const char *fail = getenv("FAKE_CUDA_CHILD_QUERY_FAILS");
+  if (fail && *fail == '1') return CUDA_ERROR_NOT_SUPPORTED;
+  *g = n->child;
+  return CUDA_SUCCESS;
 }
 EXPORT CUresult cuGraphGetNodes(void *g, void **nodes, size_t *n) {
   struct fake_graph *fg = g;
@@ -565,10 +641,10 @@ static CUresult capture_free(CUdeviceptr d) {
 EXPORT CUresult cuGraphInstantiateWithFlags(void **exec, void *g, unsigned long long flags) {
   (void)flags;
   struct fake_graph *fg = g;
-  if (!fg || fg->magic != GRAPH_MAGIC) return CUDA_ERROR_INVALID_VALUE;
+  if (!fg || fg->magic != GRAPH_MAGIC || fg->moved) return CUDA_ERROR_INVALID_VALUE;
   struct fake_exec *e = calloc(1, sizeof *e);
   e->magic = GRAPH_MAGIC;
-  for (int i = 0; i < fg->n; i++) if (fg->nodes[i].type == 10) { e->dev = fg->nodes[i].dev; e->need += fg->nodes[i].bytes; }
+  e->need = graph_need(fg, &e->dev);
   *exec = e;
   return CUDA_SUCCESS;
 }
@@ -674,7 +750,7 @@ static const struct entry entries[] = {
   E(cuGraphLaunch_ptsz), E(cuStreamSynchronize_ptsz), E(cuEventSynchronize),
   E(cuDeviceGetDefaultMemPool), E(cuDeviceGetMemPool), E(cuMemPoolCreate), E(cuMemPoolDestroy), E(cuMemPoolTrimTo),
   E(cuMemPoolSetAttribute), E(cuMemPoolGetAttribute), E(cuGraphCreate), E(cuGraphDestroy), E(cuGraphAddMemAllocNode),
-  E(cuGraphAddMemFreeNode), E(cuGraphGetNodes), E(cuGraphNodeGetType), E(cuGraphMemAllocNodeGetParams),
+  E(cuGraphAddMemFreeNode), E(cuGraphAddNode), E(cuGraphAddNode_v2), E(cuGraphChildGraphNodeGetGraph), E(cuGraphGetNodes), E(cuGraphNodeGetType), E(cuGraphMemAllocNodeGetParams),
   E(cuGraphInstantiate), E(cuGraphInstantiate_v2), E(cuGraphInstantiateWithFlags), E(cuGraphExecDestroy),
   E(cuDeviceGraphMemTrim), E(cuDeviceGetGraphMemAttribute), E(cuStreamIsCapturing), E(cuStreamIsCapturing_ptsz),
   E(cuStreamBeginCapture), E(cuStreamBeginCapture_v2), E(cuStreamEndCapture),
@@ -693,7 +769,7 @@ static const char *versioned(const char *sym, int ver) {
     { "cuArray3DCreate", 3020, "cuArray3DCreate_v2" }, { "cuCtxCreate", 3020, "cuCtxCreate_v2" },
     { "cuCtxDestroy", 4000, "cuCtxDestroy_v2" }, { "cuDevicePrimaryCtxRelease", 11000, "cuDevicePrimaryCtxRelease_v2" },
     { "cuGetProcAddress", 12000, "cuGetProcAddress_v2" }, { "cuGraphInstantiate", 12000, "cuGraphInstantiateWithFlags" },
-    { "cuGraphInstantiate", 11000, "cuGraphInstantiate_v2" },
+    { "cuGraphInstantiate", 11000, "cuGraphInstantiate_v2" }, { "cuGraphAddNode", 12030, "cuGraphAddNode_v2" },
   };
   for (size_t i = 0; i < sizeof rules / sizeof rules[0]; i++)
     if (!strcmp(sym, rules[i].base) && ver >= rules[i].v) return rules[i].name;

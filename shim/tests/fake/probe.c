@@ -58,6 +58,7 @@ CUresult cuDeviceGetGraphMemAttribute(CUdevice, int, void *);
 CUresult cuStreamBeginCapture(CUstream, int);
 CUresult cuMemPoolCreate(CUmemoryPool *, const CUmemPoolProps *);
 CUresult cuStreamEndCapture(CUstream, void **);
+CUresult cuGraphAddNode_v2(void **, void *, const void **, const void *, size_t, CUgraphNodeParams *);
 
 #define FNS(X) \
   X(cuInit) X(cuDeviceGet) X(cuDevicePrimaryCtxRetain) X(cuCtxSetCurrent) X(cuMemAlloc_v2) X(cuMemFree_v2) \
@@ -68,7 +69,8 @@ CUresult cuStreamEndCapture(CUstream, void **);
   X(cuGraphLaunch) X(cuStreamSynchronize) X(cuMemAlloc) X(cuGetProcAddress_v2) \
   X(cuDeviceGetDefaultMemPool) X(cuMemPoolSetAttribute) X(cuMemPoolTrimTo) X(cuGraphCreate) \
   X(cuGraphAddMemAllocNode) X(cuGraphAddMemFreeNode) X(cuGraphInstantiateWithFlags) X(cuGraphExecDestroy) \
-  X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuMemPoolCreate)
+  X(cuDeviceGraphMemTrim) X(cuDeviceGetGraphMemAttribute) X(cuStreamBeginCapture) X(cuStreamEndCapture) X(cuMemPoolCreate) \
+  X(cuGraphAddNode_v2)
 
 static struct {
 #define FIELD(f) __typeof__(&f) f;
@@ -506,6 +508,68 @@ static int cmd_graph(void) {
   return 0;
 }
 
+/* One allocation node of `mib` MiB on device 0 and its free node, added to g. */
+static CUresult add_alloc(void *g, unsigned long long mib) {
+  void *node = NULL;
+  CUDA_MEM_ALLOC_NODE_PARAMS prm;
+  memset(&prm, 0, sizeof prm);
+  prm.poolProps.allocType = 1;
+  prm.poolProps.location.type = 1;
+  prm.poolProps.location.id = 0;
+  prm.bytesize = mib << 20;
+  CUresult rc = T.cuGraphAddMemAllocNode(&node, g, NULL, 0, &prm);
+  if (rc) return rc;
+  return T.cuGraphAddMemFreeNode(&node, g, (const void **)&node, 1, prm.dptr);
+}
+
+/* nested <levels> <mib per level> <extra>: graph memory nodes inside child graphs (CUDA
+   12.9/13: cuGraphAddNode with CU_GRAPH_NODE_TYPE_GRAPH, ownership moved to the parent).
+   The innermost graph and every child level hold one allocation of <mib> MiB (0: none);
+   the top-level graph holds none of its own. <extra> adds a node to the top graph:
+   "cond" (a conditional node), "unknown" (node type 99), "-" (nothing). Then instantiate,
+   launch, and try a plain 1000 MiB allocation (2 GiB limit, 300 MiB context). */
+static int cmd_nested(int argc, char **argv) {
+  if (argc < 3) { fprintf(stderr, "nested LEVELS MIB EXTRA\n"); return 2; }
+  int levels = atoi(argv[0]);
+  unsigned long long mib = strtoull(argv[1], NULL, 10);
+  const char *extra = argv[2];
+  void *inner = NULL, *node = NULL;
+  CUresult rc = T.cuGraphCreate(&inner, 0);
+  if (!rc && mib) rc = add_alloc(inner, mib);
+  for (int i = 1; !rc && i <= levels; i++) {
+    void *outer = NULL;
+    T.cuGraphCreate(&outer, 0);
+    CUgraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.type = 4;
+    p.graph.graph = inner;
+    p.graph.ownership = 1;
+    rc = T.cuGraphAddNode_v2(&node, outer, NULL, NULL, 0, &p);
+    if (!rc && mib && i < levels) rc = add_alloc(outer, mib);
+    inner = outer;
+  }
+  if (!rc && strcmp(extra, "-")) {
+    CUgraphNodeParams p;
+    memset(&p, 0, sizeof p);
+    p.type = !strcmp(extra, "cond") ? 13 : 99;
+    rc = T.cuGraphAddNode_v2(&node, inner, NULL, NULL, 0, &p);
+  }
+  printf("build_rc=%d\n", rc);
+  if (rc) return 0;
+  void *exec = NULL;
+  rc = T.cuGraphInstantiateWithFlags(&exec, inner, 0);
+  printf("inst_rc=%d\n", rc);
+  if (rc) return 0;
+  printf("launch_rc=%d\n", T.cuGraphLaunch(exec, NULL));
+  print_info("launched_");
+  CUdeviceptr q;
+  rc = T.cuMemAlloc_v2(&q, 1000 << 20);
+  printf("plain_rc=%d\n", rc);
+  print_info("plain_");
+  if (rc == CUDA_SUCCESS) T.cuMemFree_v2(q);
+  return 0;
+}
+
 /* capture: stream-ordered allocations captured into a graph are counted when the graph
    runs, not at capture (2 GiB limit, 300 MiB context). */
 static int cmd_capture(void) {
@@ -563,6 +627,7 @@ int main(int argc, char **argv) {
   if (!strcmp(cmd, "poolkeep")) return cmd_poolkeep(argc - 3, argv + 3);
   if (!strcmp(cmd, "graph")) return cmd_graph();
   if (!strcmp(cmd, "capture")) return cmd_capture();
+  if (!strcmp(cmd, "nested")) return cmd_nested(argc - 3, argv + 3);
   if (!strcmp(cmd, "pools")) return cmd_pools(argc - 3, argv + 3);
   if (!strcmp(cmd, "info")) { print_info(""); return 0; }
   if (!strcmp(cmd, "legacy")) { unsigned p; printf("legacy_rc=%d\n", T.cuMemAlloc(&p, 1 << 20)); return 0; }
