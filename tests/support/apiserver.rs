@@ -4,7 +4,8 @@
 //! Modelled: GET, LIST (with `fieldSelector` equality on dotted paths, `labelSelector`
 //! equality), WATCH from a resourceVersion (newline-delimited `WatchEvent`s, ADDED /
 //! MODIFIED / DELETED), POST (with `generateName`, 409 AlreadyExists), PUT (409 Conflict on
-//! a stale `metadata.resourceVersion`), DELETE (404 NotFound); one global resourceVersion
+//! a stale `metadata.resourceVersion`), PUT of the `status` subresource (only `status` is
+//! taken from the body; 409 on a stale resourceVersion), DELETE (404 NotFound); one global resourceVersion
 //! bumped on every write; `metadata.uid` and `creationTimestamp` set on create. Like an API
 //! server whose feature gates are off, it can drop fields on write ([`ApiServer::drop_field`]),
 //! so a client sees the object stored without them.
@@ -207,6 +208,11 @@ impl ApiServer {
         ));
         // `/…/<collection>` or `/…/<collection>/<name>`: collections end in a plural.
         let (collection, name) = split_path(&path);
+        if method == Method::PUT && path.ends_with("/status") {
+            if let Some(name) = &name {
+                return self.put_status(&collection, name, req).await;
+            }
+        }
         match (method, name) {
             (Method::GET, Some(name)) => match self.get(&collection, &name) {
                 Some(o) => json_response(StatusCode::OK, o),
@@ -293,6 +299,34 @@ impl ApiServer {
                 "not supported by the double",
             ),
         }
+    }
+
+    /// PUT `<object>/status`: the stored object with the body's `status`.
+    async fn put_status(
+        &self,
+        collection: &str,
+        name: &str,
+        req: Request<Incoming>,
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let Ok(sent) = serde_json::from_slice::<Value>(&body) else {
+            return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+        };
+        let Some(mut object) = self.get(collection, name) else {
+            return not_found(name);
+        };
+        let sent_rv = sent["metadata"]["resourceVersion"].as_str().unwrap_or("");
+        if !sent_rv.is_empty() && sent_rv != object["metadata"]["resourceVersion"] {
+            return status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                "the object has been modified",
+            );
+        }
+        object["status"] = sent["status"].clone();
+        self.drop_configured(&mut object);
+        self.put_object(collection, object);
+        json_response(StatusCode::OK, self.get(collection, name).unwrap())
     }
 
     fn get(&self, collection: &str, name: &str) -> Option<Value> {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-use super::{Error, GpuBackend, HealthSender, Inventory, MigDeviceInfo, Result};
+use super::{Error, GpuBackend, HealthSender, Inventory, MigDeviceInfo, Result, TimeSlice};
 use probe::ProbeConfig;
 
 /// The library NVML is loaded from when no path is given.
@@ -36,6 +36,8 @@ pub struct NvmlBackend {
     nvml: Arc<Nvml>,
     sysfs_root: PathBuf,
     probe: ProbeConfig,
+    /// `nvidia-smi`, for the compute time-slice (NVML has no public call for it).
+    nvidia_smi: PathBuf,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -62,12 +64,19 @@ impl NvmlBackend {
             nvml: Arc::new(nvml),
             sysfs_root: PathBuf::from("/sys"),
             probe: ProbeConfig::default(),
+            nvidia_smi: PathBuf::from("nvidia-smi"),
         })
     }
 
     /// Read the NUMA-node fallback from this sysfs root instead of `/sys`.
     pub fn with_sysfs_root(mut self, root: impl Into<PathBuf>) -> Self {
         self.sysfs_root = root.into();
+        self
+    }
+
+    /// Run this `nvidia-smi` (default: the one on `PATH`) to set compute time-slices.
+    pub fn with_nvidia_smi(mut self, path: impl Into<PathBuf>) -> Self {
+        self.nvidia_smi = path.into();
         self
     }
 
@@ -132,6 +141,30 @@ impl GpuBackend for NvmlBackend {
         layout: &[(String, u8)],
     ) -> Result<Vec<MigDeviceInfo>> {
         layout::apply(&self.nvml, gpu_uuid, layout)
+    }
+
+    /// `nvidia-smi compute-policy -i <uuid> --set-timeslice=<0..3>`: the compute policy
+    /// has no public NVML entry point (NVIDIA's own DRA driver shells out the same way).
+    fn set_time_slice(&self, gpu_uuid: &str, interval: TimeSlice) -> Result<()> {
+        let err = |reason: String| Error::TimeSlice {
+            gpu: gpu_uuid.to_string(),
+            reason,
+        };
+        let out = std::process::Command::new(&self.nvidia_smi)
+            .args(["compute-policy", "-i", gpu_uuid])
+            .arg(format!("--set-timeslice={}", interval.code()))
+            .output()
+            .map_err(|e| err(format!("cannot run {}: {e}", self.nvidia_smi.display())))?;
+        if out.status.success() {
+            Ok(())
+        } else {
+            Err(err(format!(
+                "{} exited with {}: {}",
+                self.nvidia_smi.display(),
+                out.status,
+                String::from_utf8_lossy(&out.stdout).trim()
+            )))
+        }
     }
 }
 
