@@ -8,6 +8,10 @@
 //! at once (`NVIDIA_VISIBLE_DEVICES` in allocation order, and for vGPU the shim contract
 //! with `CUDA_DEVICE_MEMORY_LIMIT_<i>`/`CUDA_DEVICE_SM_LIMIT_<i>` by that order), so a
 //! multi-device claim never ends up with one device's variables overwriting another's.
+//! The claim-wide edits also carry the control nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
+//! `/dev/nvidia-uvm-tools`): a claim's spec is a file of its own, so the node spec's do not
+//! apply to it. `cdiVersion` is the minimum the spec's fields need
+//! ([`crate::cdi::minimum_version`]: 0.5.0 when the claim UID starts with a digit).
 
 use std::collections::BTreeMap;
 
@@ -357,16 +361,23 @@ fn claim_spec(
             }),
         }
     }
-    Spec {
-        cdi_version: cdi::CDI_VERSION.to_string(),
+    cdi::with_minimum_version(Spec {
+        cdi_version: String::new(),
         kind: cdi::CDI_KIND.to_string(),
         devices: cdi_devices,
         container_edits: ContainerEdits {
             env,
-            device_nodes: Vec::new(),
+            // A claim's spec is its own file: the node spec's control nodes do not apply.
+            device_nodes: cdi::CONTROL_NODES
+                .iter()
+                .map(|p| DeviceNode {
+                    path: p.to_string(),
+                    host_path: None,
+                })
+                .collect(),
             mounts,
         },
-    }
+    })
 }
 
 #[cfg(test)]
