@@ -340,6 +340,28 @@ mod tests {
     }
 
     #[test]
+    fn previous_minor_without_time_slices_is_read() {
+        // What release 0.1 wrote: no `timeSlice` on devices.
+        let mut value = serde_json::to_value(data()).unwrap();
+        for c in value["claims"].as_object_mut().unwrap().values_mut() {
+            for d in c["devices"].as_array_mut().unwrap() {
+                d.as_object_mut().unwrap().remove("timeSlice");
+            }
+        }
+        let env =
+            serde_json::json!({"version": 1, "checksum": checksum(&value).unwrap(), "data": value});
+        let read = decode("c", &serde_json::to_vec(&env).unwrap()).unwrap();
+        assert_eq!(read, data());
+        // And a time-slice round-trips.
+        let mut d = data();
+        d.claims.get_mut("uid-done").unwrap().devices[0].time_slice = Some(TimeSliceRecord {
+            gpu_uuid: "GPU-1".into(),
+            interval: crate::gpu::TimeSlice::Long,
+        });
+        assert_eq!(decode("c", &encode(&d).unwrap()).unwrap(), d);
+    }
+
+    #[test]
     fn recovery_rolls_back_half_prepared_and_handles_reboot() {
         let same = recover(data(), "boot-1");
         assert!(!same.rebooted);
