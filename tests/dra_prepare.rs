@@ -480,3 +480,34 @@ async fn time_slicing_a_mig_device_is_refused() {
     );
     assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
 }
+
+#[tokio::test]
+async fn status_write_retries_conflicts_and_keeps_concurrent_writes() {
+    let api = ApiServer::empty().await;
+    api.put_object(CLAIMS, claim("busy", "uid-c", json!([r("gpu-0")])));
+    // Two other clients write the claim between the driver's read and its status PUT: a
+    // NIC driver adds its entry, then someone labels the claim.
+    let nic = json!({"driver": "nic.example.com", "pool": "node-a", "device": "eth1"});
+    let nic2 = nic.clone();
+    api.before_next_status_put(move |o| o["status"]["devices"] = json!([nic2]));
+    api.before_next_status_put(|o| o["metadata"]["labels"] = json!({"team": "ml"}));
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("1xL4").unwrap());
+    let p = preparer(&api, backend, tmp.path(), "boot-1");
+    let c = ClaimRef {
+        namespace: "ml".into(),
+        name: "busy".into(),
+        uid: "uid-c".into(),
+    };
+    p.prepare(vec![c]).await["uid-c"].as_ref().unwrap();
+    let puts = api
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("PUT ") && r.contains("/busy/status"))
+        .count();
+    assert_eq!(puts, 3, "two conflicts, then success");
+    let devices = status_devices(&api, "busy");
+    assert_eq!(devices.len(), 2, "{devices:#?}");
+    assert_eq!(devices[0], nic, "the concurrent entry survived the retry");
+    assert_eq!(ready(&devices[1]), ("True", "Prepared"));
+}

@@ -38,7 +38,11 @@ struct Store {
     log: Vec<(String, String)>,
     /// Every change, for watches that start from an older resourceVersion.
     history: Vec<Change>,
+    /// Writes another client makes just before the next `status` PUTs (one per PUT).
+    before_status_put: Vec<StatusHook>,
 }
+
+type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
 
 #[derive(Clone, Debug)]
 struct Change {
@@ -108,6 +112,16 @@ impl ApiServer {
     /// Drop a dotted field path (`*` matches every list element) from every written object.
     pub fn drop_field(&self, path: &str) {
         self.store.lock().unwrap().dropped.push(path.to_string());
+    }
+
+    /// Just before the next PUT of an object's `status`, another client changes the stored
+    /// object with `change` (bumping its resourceVersion), so that PUT conflicts.
+    pub fn before_next_status_put(&self, change: impl FnOnce(&mut Value) + Send + 'static) {
+        self.store
+            .lock()
+            .unwrap()
+            .before_status_put
+            .push(Box::new(change));
     }
 
     /// Create or replace an object directly (as another client would).
@@ -312,6 +326,14 @@ impl ApiServer {
         let Ok(sent) = serde_json::from_slice::<Value>(&body) else {
             return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
         };
+        let hook = {
+            let mut st = self.store.lock().unwrap();
+            (!st.before_status_put.is_empty()).then(|| st.before_status_put.remove(0))
+        };
+        if let (Some(change), Some(mut current)) = (hook, self.get(collection, name)) {
+            change(&mut current);
+            self.put_object(collection, current);
+        }
         let Some(mut object) = self.get(collection, name) else {
             return not_found(name);
         };
