@@ -337,10 +337,9 @@ impl NodePreparer {
         Ok(())
     }
 
-    fn unprepare_local(&self, c: &ClaimRef) -> Result<bool, String> {
+    fn unprepare_local(&self, c: &ClaimRef) -> Result<(), String> {
         let _lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
         let mut data = self.read_checkpoint();
-        let known = data.claims.contains_key(&c.uid);
         let record = data.claims.remove(&c.uid).unwrap_or(PreparedClaim {
             namespace: c.namespace.clone(),
             name: c.name.clone(),
@@ -349,26 +348,22 @@ impl NodePreparer {
         });
         self.undo(&c.uid, &record, &data)?;
         // Unknown claims are fine: unprepare is idempotent.
-        self.checkpoint.write(&data).map_err(|e| e.to_string())?;
-        Ok(known)
+        self.checkpoint.write(&data).map_err(|e| e.to_string())
     }
 
     async fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
-        let known = self.unprepare_local(c)?;
-        if known {
-            // Withdraw our status.devices entries (the claim may already be gone).
-            let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
-            match api.get(&c.name).await {
-                Ok(claim) => {
-                    let node = self.node.clone();
-                    self.update_status(c, claim, |claim| status::clear(claim, &node))
-                        .await
-                }
-                Err(kube::Error::Api(s)) if s.is_not_found() => {}
-                Err(e) => {
-                    warn!(claim = %c.name, error = %e, "cannot read claim to clear its status")
-                }
+        self.unprepare_local(c)?;
+        // Withdraw our status.devices entries, also for a claim the checkpoint forgot (a
+        // replaced corrupt checkpoint); the claim may already be gone.
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
+        match api.get(&c.name).await {
+            Ok(claim) => {
+                let node = self.node.clone();
+                self.update_status(c, claim, |claim| status::clear(claim, &node))
+                    .await
             }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => warn!(claim = %c.name, error = %e, "cannot read claim to clear its status"),
         }
         Ok(())
     }
