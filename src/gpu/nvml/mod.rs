@@ -146,25 +146,36 @@ impl GpuBackend for NvmlBackend {
     /// `nvidia-smi compute-policy -i <uuid> --set-timeslice=<0..3>`: the compute policy
     /// has no public NVML entry point (NVIDIA's own DRA driver shells out the same way).
     fn set_time_slice(&self, gpu_uuid: &str, interval: TimeSlice) -> Result<()> {
-        let err = |reason: String| Error::TimeSlice {
-            gpu: gpu_uuid.to_string(),
-            reason,
-        };
-        let out = std::process::Command::new(&self.nvidia_smi)
-            .args(["compute-policy", "-i", gpu_uuid])
-            .arg(format!("--set-timeslice={}", interval.code()))
-            .output()
-            .map_err(|e| err(format!("cannot run {}: {e}", self.nvidia_smi.display())))?;
-        if out.status.success() {
-            Ok(())
-        } else {
-            Err(err(format!(
-                "{} exited with {}: {}",
-                self.nvidia_smi.display(),
-                out.status,
-                String::from_utf8_lossy(&out.stdout).trim()
-            )))
-        }
+        set_time_slice_with(&self.nvidia_smi, gpu_uuid, interval)
+    }
+}
+
+/// Run `nvidia_smi compute-policy -i <uuid> --set-timeslice=<code>`; a non-zero exit is an
+/// error carrying the tool's output.
+fn set_time_slice_with(
+    nvidia_smi: &std::path::Path,
+    gpu_uuid: &str,
+    interval: TimeSlice,
+) -> Result<()> {
+    let err = |reason: String| Error::TimeSlice {
+        gpu: gpu_uuid.to_string(),
+        reason,
+    };
+    let out = std::process::Command::new(nvidia_smi)
+        .args(["compute-policy", "-i", gpu_uuid])
+        .arg(format!("--set-timeslice={}", interval.code()))
+        .output()
+        .map_err(|e| err(format!("cannot run {}: {e}", nvidia_smi.display())))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(err(format!(
+            "{} exited with {}: {}{}",
+            nvidia_smi.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
     }
 }
 
@@ -226,6 +237,36 @@ mod tests {
         }
         let reason = unavailable_reason(None);
         assert!(reason.contains(DEFAULT_LIBRARY), "{reason}");
+    }
+
+    #[test]
+    fn time_slice_runs_nvidia_smi_compute_policy() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("args");
+        let tool = dir.path().join("nvidia-smi");
+        std::fs::write(
+            &tool,
+            format!(
+                "#!/bin/sh\necho \"$@\" > {}\n[ \"$3\" = GPU-bad ] && {{ echo 'Not supported'; exit 3; }}\nexit 0\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        set_time_slice_with(&tool, "GPU-a", TimeSlice::Medium).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap().trim(),
+            "compute-policy -i GPU-a --set-timeslice=2"
+        );
+        let e = set_time_slice_with(&tool, "GPU-bad", TimeSlice::Default).unwrap_err();
+        let shown = e.to_string();
+        assert!(
+            shown.contains("GPU-bad") && shown.contains("Not supported"),
+            "{shown}"
+        );
+        let missing = set_time_slice_with(&dir.path().join("none"), "GPU-a", TimeSlice::Long);
+        assert!(missing.unwrap_err().to_string().contains("cannot run"));
     }
 
     #[test]
