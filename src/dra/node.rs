@@ -67,7 +67,7 @@ impl NodePreparer {
     }
 
     async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
-        let _lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
+        let lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
         let mut data = self.read_checkpoint();
         data.boot_id = self.boot_id.clone();
         if let Some(done) = data
@@ -82,7 +82,10 @@ impl NodePreparer {
             .get(&c.name)
             .await
             .map_err(|e| format!("cannot read claim {}/{}: {e}", c.namespace, c.name))?;
-        match self.prepare_fetched(c, &claim, &mut data) {
+        let outcome = self.prepare_fetched(c, &claim, &mut data);
+        // The status write is API I/O only: other claims need not wait for it.
+        drop(lock);
+        match outcome {
             Ok((record, report)) => {
                 self.write_status(c, claim, &status::Outcome::Prepared(report))
                     .await;

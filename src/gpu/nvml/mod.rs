@@ -346,6 +346,22 @@ mod tests {
         assert!(!events::probe(&b.nvml, "GPU-00000000-0000-0000-0000-000000000000").is_clean());
     }
 
+    /// Changes the compute time-slice of the GPU named by `TESSERA_TIMESLICE_TEST_GPU` (a
+    /// UUID, not in MIG mode) to Short and back to Default. Skipped unless that is set.
+    #[test]
+    #[ignore = "needs GPU"]
+    fn gpu_time_slice_round_trip() {
+        let Ok(uuid) = std::env::var("TESSERA_TIMESLICE_TEST_GPU") else {
+            eprintln!("TESSERA_TIMESLICE_TEST_GPU not set: skipping the time-slice test");
+            return;
+        };
+        let b = backend();
+        b.set_time_slice(&uuid, TimeSlice::Short)
+            .unwrap_or_else(|e| panic!("{e}"));
+        b.set_time_slice(&uuid, TimeSlice::Default)
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
     /// Destructive: re-partitions the GPU named by `TESSERA_MIG_TEST_GPU` (a UUID) and
     /// restores its MIG devices afterwards. Skipped unless that variable is set.
     #[test]
