@@ -226,3 +226,288 @@ async fn crash_between_steps_is_rolled_back_and_reboot_reprepares() {
         .unwrap();
     assert!(loaded.data.claims.is_empty());
 }
+
+fn status_devices(api: &ApiServer, name: &str) -> Vec<serde_json::Value> {
+    api.objects(CLAIMS)
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == name)
+        .and_then(|o| o["status"]["devices"].as_array().cloned())
+        .unwrap_or_default()
+}
+
+fn ready(entry: &serde_json::Value) -> (&str, &str) {
+    let c = &entry["conditions"][0];
+    assert_eq!(c["type"], "Ready");
+    (c["status"].as_str().unwrap(), c["reason"].as_str().unwrap())
+}
+
+#[tokio::test]
+async fn claim_status_devices_are_reported_kept_for_others_and_cleared() {
+    let api = ApiServer::empty().await;
+    let nic =
+        json!({"request": "nic", "driver": "nic.example.com", "pool": "node-a", "device": "eth1"});
+    let mut vgpu = r("gpu-1-vgpu");
+    vgpu["consumedCapacity"] = json!({"memory": "8Gi", "cores": "20"});
+    vgpu["shareID"] = json!("8e7acdf9-0290-4ecd-a801-a654b021d2b7");
+    let mut object = claim(
+        "mixed",
+        "uid-s",
+        json!([r("gpu-0-mig-1g-10gb-6"), vgpu, nic]),
+    );
+    object["spec"]["devices"]["requests"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"name": "nic", "exactly": {"deviceClassName": "nic.example.com"}}));
+    // Another driver already reported its device.
+    let nic_status = json!({"driver": "nic.example.com", "pool": "node-a", "device": "eth1",
+        "networkData": {"interfaceName": "eth1", "ips": ["10.0.0.7/24"]}});
+    object["status"]["devices"] = json!([nic_status]);
+    api.put_object(CLAIMS, object);
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    let c = ClaimRef {
+        namespace: "ml".into(),
+        name: "mixed".into(),
+        uid: "uid-s".into(),
+    };
+    p.prepare(vec![c.clone()]).await["uid-s"].as_ref().unwrap();
+    assert!(
+        api.requests().iter().any(|r| r
+            .starts_with("PUT /apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/mixed/status")),
+        "written through the status subresource"
+    );
+    let devices = status_devices(&api, "mixed");
+    assert_eq!(devices.len(), 3, "{devices:#?}");
+    assert_eq!(devices[0], nic_status, "the other driver's entry is kept");
+    let mig = &devices[1];
+    assert_eq!(ready(mig), ("True", "Prepared"));
+    let created = &backend.inventory().unwrap().gpus[0].mig_devices[0];
+    assert_eq!(mig["data"]["uuid"], created.uuid.as_str());
+    assert_eq!(mig["data"]["profile"], "1g.10gb");
+    let v = &devices[2];
+    assert_eq!(v["shareID"], "8e7acdf9-0290-4ecd-a801-a654b021d2b7");
+    assert_eq!(v["data"]["memory"], "8192Mi");
+    assert_eq!(v["data"]["cores"], 20);
+    assert!(v.get("networkData").is_none());
+
+    // What the driver wrote is a valid ResourceClaim for both supported versions.
+    let stored = api
+        .objects(CLAIMS)
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == "mixed")
+        .unwrap();
+    support::schema::validate(&stored, &["1.34.0", "1.35.0"]);
+
+    // Unprepare withdraws only ours.
+    p.unprepare(vec![c]).await["uid-s"].as_ref().unwrap();
+    assert_eq!(status_devices(&api, "mixed"), vec![nic_status]);
+}
+
+#[tokio::test]
+async fn failed_prepare_reports_ready_false_and_gate_off_is_survived() {
+    let api = ApiServer::empty().await;
+    // A MIG placement the A100 does not have: planning fails after the claim was read.
+    api.put_object(
+        CLAIMS,
+        claim("bad", "uid-b", json!([r("gpu-0-mig-3g-40gb-1")])),
+    );
+    api.put_object(CLAIMS, claim("fine", "uid-f", json!([r("gpu-1")])));
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let p = preparer(&api, backend, tmp.path(), "boot-1");
+    let refs = |name: &str, uid: &str| ClaimRef {
+        namespace: "ml".into(),
+        name: name.into(),
+        uid: uid.into(),
+    };
+    let out = p.prepare(vec![refs("bad", "uid-b")]).await;
+    let err = out["uid-b"].as_ref().unwrap_err();
+    let devices = status_devices(&api, "bad");
+    assert_eq!(devices.len(), 1);
+    assert_eq!(ready(&devices[0]), ("False", "PrepareFailed"));
+    assert_eq!(devices[0]["conditions"][0]["message"], err.as_str());
+    let stored = api
+        .objects(CLAIMS)
+        .into_iter()
+        .find(|o| o["metadata"]["name"] == "bad")
+        .unwrap();
+    support::schema::validate(&stored, &["1.34.0", "1.35.0"]);
+
+    // An API server with DRAResourceClaimDeviceStatus off drops the field: the claim is
+    // still prepared.
+    api.drop_field("status.devices");
+    let out = p.prepare(vec![refs("fine", "uid-f")]).await;
+    assert_eq!(out["uid-f"].as_ref().unwrap().len(), 1);
+    assert!(status_devices(&api, "fine").is_empty());
+}
+
+fn time_sliced(
+    name: &str,
+    uid: &str,
+    device: serde_json::Value,
+    interval: &str,
+) -> serde_json::Value {
+    let mut c = claim(name, uid, json!([device]));
+    c["status"]["allocation"]["devices"]["config"] = json!([
+        {"source": "FromClass", "opaque": {"driver": "gpu.tessera.io", "parameters":
+            {"apiVersion": "gpu.tessera.io/v1alpha1", "kind": "GpuConfig",
+             "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": "Long"}}}}},
+        {"source": "FromClaim", "requests": ["gpu"], "opaque": {"driver": "gpu.tessera.io", "parameters":
+            {"apiVersion": "gpu.tessera.io/v1alpha1", "kind": "GpuConfig",
+             "sharing": {"strategy": "TimeSlicing", "timeSlicing": {"interval": interval}}}}}
+    ]);
+    c
+}
+
+#[tokio::test]
+async fn time_slicing_is_applied_recorded_checked_and_restored() {
+    use tessera::gpu::TimeSlice;
+    let api = ApiServer::empty().await;
+    let vgpu = |n: &str| {
+        let mut d = r("gpu-1-vgpu");
+        d["consumedCapacity"] = json!({"memory": n, "cores": "10"});
+        d
+    };
+    api.put_object(CLAIMS, time_sliced("shared", "uid-t", r("gpu-0"), "Short"));
+    api.put_object(CLAIMS, time_sliced("v1", "uid-v1", vgpu("4Gi"), "Medium"));
+    api.put_object(CLAIMS, time_sliced("v2", "uid-v2", vgpu("4Gi"), "Medium"));
+    api.put_object(CLAIMS, time_sliced("v3", "uid-v3", vgpu("4Gi"), "Long"));
+    api.put_object(CLAIMS, time_sliced("typo", "uid-x", r("gpu-0"), "Shrot"));
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("2xL4").unwrap());
+    let gpus = backend.inventory().unwrap().gpus;
+    let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    let refs = |name: &str, uid: &str| ClaimRef {
+        namespace: "ml".into(),
+        name: name.into(),
+        uid: uid.into(),
+    };
+
+    // Three pods share claim "shared": the kubelet prepares it once per pod start; the
+    // first sets the interval (the claim's entry beats the class's), the rest are answered
+    // from the checkpoint.
+    let first = p.prepare(vec![refs("shared", "uid-t")]).await;
+    for _ in 0..2 {
+        let again = p.prepare(vec![refs("shared", "uid-t")]).await;
+        assert_eq!(again["uid-t"], first["uid-t"]);
+    }
+    assert_eq!(backend.time_slice(&gpus[0].uuid), TimeSlice::Short);
+    let cp = p.checkpoint.read().unwrap();
+    let rec = cp.claims["uid-t"].devices[0].time_slice.clone().unwrap();
+    assert_eq!(
+        (rec.gpu_uuid.as_str(), rec.interval),
+        (gpus[0].uuid.as_str(), TimeSlice::Short)
+    );
+    assert_eq!(
+        status_devices(&api, "shared")[0]["data"]["timeSlice"],
+        "Short"
+    );
+
+    // Two vGPU claims on one GPU agreeing on the interval; a third disagreeing is refused
+    // before any side effect.
+    let out = p
+        .prepare(vec![
+            refs("v1", "uid-v1"),
+            refs("v2", "uid-v2"),
+            refs("v3", "uid-v3"),
+        ])
+        .await;
+    assert!(out["uid-v1"].is_ok() && out["uid-v2"].is_ok(), "{out:?}");
+    let e = out["uid-v3"].as_ref().unwrap_err();
+    assert!(e.contains("time-sliced Medium by claim ml/v"), "{e}");
+    assert!(!tmp.path().join("cdi/tessera.io-claim-uid-v3.json").exists());
+    assert_eq!(backend.time_slice(&gpus[1].uuid), TimeSlice::Medium);
+
+    // A typo in the interval: a per-claim error naming the field, nothing prepared.
+    let out = p.prepare(vec![refs("typo", "uid-x")]).await;
+    let e = out["uid-x"].as_ref().unwrap_err();
+    assert!(
+        e.contains("config[1]") && e.contains("timeSlicing.interval") && e.contains("Shrot"),
+        "{e}"
+    );
+    assert!(!p.checkpoint.read().unwrap().claims.contains_key("uid-x"));
+    assert!(!tmp.path().join("cdi/tessera.io-claim-uid-x.json").exists());
+    assert_eq!(
+        ready(&status_devices(&api, "typo")[0]),
+        ("False", "PrepareFailed")
+    );
+
+    // The default comes back only when the last claim time-slicing the GPU is unprepared.
+    p.unprepare(vec![refs("v1", "uid-v1")]).await["uid-v1"]
+        .as_ref()
+        .unwrap();
+    assert_eq!(backend.time_slice(&gpus[1].uuid), TimeSlice::Medium);
+    p.unprepare(vec![refs("v2", "uid-v2")]).await["uid-v2"]
+        .as_ref()
+        .unwrap();
+    assert_eq!(backend.time_slice(&gpus[1].uuid), TimeSlice::Default);
+    // Now the third claim fits.
+    assert!(p.prepare(vec![refs("v3", "uid-v3")]).await["uid-v3"].is_ok());
+    assert_eq!(backend.time_slice(&gpus[1].uuid), TimeSlice::Long);
+
+    // A crash after the interval was set is rolled back to the default.
+    let mut data = p.checkpoint.read().unwrap();
+    data.claims.get_mut("uid-t").unwrap().phase = Phase::Started;
+    p.checkpoint.write(&data).unwrap();
+    preparer(&api, backend.clone(), tmp.path(), "boot-1")
+        .recover()
+        .unwrap();
+    assert_eq!(backend.time_slice(&gpus[0].uuid), TimeSlice::Default);
+}
+
+#[tokio::test]
+async fn time_slicing_a_mig_device_is_refused() {
+    let api = ApiServer::empty().await;
+    api.put_object(
+        CLAIMS,
+        time_sliced("m", "uid-m", r("gpu-0-mig-1g-10gb-0"), "Short"),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("1xA100-80GB").unwrap());
+    let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    let out = p
+        .prepare(vec![ClaimRef {
+            namespace: "ml".into(),
+            name: "m".into(),
+            uid: "uid-m".into(),
+        }])
+        .await;
+    let e = out["uid-m"].as_ref().unwrap_err();
+    assert!(
+        e.contains("MIG device") && e.contains("time-slicing"),
+        "{e}"
+    );
+    assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
+}
+
+#[tokio::test]
+async fn status_write_retries_conflicts_and_keeps_concurrent_writes() {
+    let api = ApiServer::empty().await;
+    api.put_object(CLAIMS, claim("busy", "uid-c", json!([r("gpu-0")])));
+    // Two other clients write the claim between the driver's read and its status PUT: a
+    // NIC driver adds its entry, then someone labels the claim.
+    let nic = json!({"driver": "nic.example.com", "pool": "node-a", "device": "eth1"});
+    let nic2 = nic.clone();
+    api.before_next_status_put(move |o| o["status"]["devices"] = json!([nic2]));
+    api.before_next_status_put(|o| o["metadata"]["labels"] = json!({"team": "ml"}));
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("1xL4").unwrap());
+    let p = preparer(&api, backend, tmp.path(), "boot-1");
+    let c = ClaimRef {
+        namespace: "ml".into(),
+        name: "busy".into(),
+        uid: "uid-c".into(),
+    };
+    p.prepare(vec![c]).await["uid-c"].as_ref().unwrap();
+    let puts = api
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("PUT ") && r.contains("/busy/status"))
+        .count();
+    assert_eq!(puts, 3, "two conflicts, then success");
+    let devices = status_devices(&api, "busy");
+    assert_eq!(devices.len(), 2, "{devices:#?}");
+    assert_eq!(devices[0], nic, "the concurrent entry survived the retry");
+    assert_eq!(ready(&devices[1]), ("True", "Prepared"));
+}

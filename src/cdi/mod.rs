@@ -17,8 +17,12 @@ use crate::gpu::Inventory;
 
 /// The CDI kind (`vendor/class`) of Tessera's devices.
 pub const CDI_KIND: &str = "tessera.io/gpu";
-/// The oldest CDI spec version that has every field we write.
+/// The newest CDI spec version a spec of ours can need (`hostPath` on device nodes,
+/// device names that start with a digit). Specs declare [`minimum_version`] instead, so
+/// older CDI consumers read the ones that need less.
 pub const CDI_VERSION: &str = "0.5.0";
+/// What a spec without any newer field needs.
+pub const CDI_VERSION_BASE: &str = "0.3.0";
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -95,6 +99,35 @@ impl DeviceNode {
     }
 }
 
+/// The oldest `cdiVersion` that has every field `spec` uses (the CDI rules: a device
+/// node's `hostPath` or a device name starting with a digit need 0.5.0; nothing else this
+/// model can express needs more than 0.3.0).
+pub fn minimum_version(spec: &Spec) -> &'static str {
+    let edits = std::iter::once(&spec.container_edits)
+        .chain(spec.devices.iter().map(|d| &d.container_edits));
+    let host_path = edits
+        .flat_map(|e| &e.device_nodes)
+        .any(|n| n.host_path.is_some());
+    let digit_name = spec
+        .devices
+        .iter()
+        .any(|d| d.name.starts_with(|c: char| !c.is_ascii_alphabetic()));
+    if host_path || digit_name {
+        CDI_VERSION
+    } else {
+        CDI_VERSION_BASE
+    }
+}
+
+/// `spec` with `cdiVersion` set to its [`minimum_version`].
+pub fn with_minimum_version(mut spec: Spec) -> Spec {
+    spec.cdi_version = minimum_version(&spec).to_string();
+    spec
+}
+
+/// The device nodes every CUDA container needs besides its GPUs' `/dev/nvidia<minor>`.
+pub const CONTROL_NODES: [&str; 3] = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
+
 /// Fully qualified CDI name of a device (`tessera.io/gpu=<uuid>`).
 pub fn qualified_name(device: &str) -> String {
     format!("{CDI_KIND}={device}")
@@ -133,8 +166,8 @@ pub fn node_spec(inventory: &Inventory, dev_root: &str) -> Spec {
             });
         }
     }
-    let control = ["/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"];
-    Spec {
+    let control = CONTROL_NODES;
+    with_minimum_version(Spec {
         cdi_version: CDI_VERSION.to_string(),
         kind: CDI_KIND.to_string(),
         devices,
@@ -150,7 +183,7 @@ pub fn node_spec(inventory: &Inventory, dev_root: &str) -> Spec {
                 })
                 .collect(),
         },
-    }
+    })
 }
 
 /// Write `spec` as `<root>/<file_stem>.json`, atomically; returns the path.
@@ -211,5 +244,16 @@ mod tests {
         let n = &spec.devices[0].container_edits.device_nodes[0];
         assert_eq!(n.path, "/dev/nvidia0");
         assert_eq!(n.host_path.as_deref(), Some("/host/dev/nvidia0"));
+        assert_eq!(spec.cdi_version, "0.5.0", "hostPath needs 0.5.0");
+        assert_eq!(node_spec(&inv, "/dev").cdi_version, "0.3.0");
+    }
+
+    #[test]
+    fn minimum_version_follows_the_fields() {
+        let inv = FakeBackend::from_spec("1xL4").unwrap().inventory().unwrap();
+        let mut spec = node_spec(&inv, "/dev");
+        assert_eq!(minimum_version(&spec), "0.3.0");
+        spec.devices[0].name = "0b2f-gpu-0".into();
+        assert_eq!(minimum_version(&spec), "0.5.0", "name starts with a digit");
     }
 }

@@ -1,7 +1,7 @@
 //! The DRA driver's checkpoint of prepared claims: what survives an agent restart.
 //!
 //! File format (JSON), readable by older and newer releases alike:
-//! `{"version": 1, "checksum": "<crc32 of data>", "data": {"bootId": …, "claims": {…}}}`.
+//! `{"version": 2, "checksum": "<crc32 of data>", "data": {"bootId": …, "claims": {…}}}`.
 //! `version` is `100 × major + minor`. Readers accept any version with the major they know
 //! and ignore unknown fields (minor bumps only add fields), so an upgrade or a rollback
 //! never turns a good checkpoint into garbage. A checksum mismatch,
@@ -24,8 +24,9 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-/// The format written by this release (major 0, minor 1).
-pub const VERSION: u32 = 1;
+/// The format written by this release (major 0, minor 2). Minor 2 added
+/// `devices[].timeSlice`; minor-1 readers ignore it.
+pub const VERSION: u32 = 2;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -60,6 +61,15 @@ pub struct CreatedMig {
     pub start: u8,
 }
 
+/// A compute time-slice a claim set on a GPU (restored to the default when the last claim
+/// using it is unprepared or rolled back).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct TimeSliceRecord {
+    pub gpu_uuid: String,
+    pub interval: crate::gpu::TimeSlice,
+}
+
 /// One prepared device of a claim.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -72,6 +82,8 @@ pub struct PreparedDevice {
     pub cdi_device_ids: Vec<String>,
     #[serde(default)]
     pub mig: Option<CreatedMig>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub time_slice: Option<TimeSliceRecord>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -174,6 +186,8 @@ pub fn recover(mut data: Data, boot_id: &str) -> Loaded {
             // Instances and CDI specs did not survive the reboot.
             for d in &mut c.devices {
                 d.mig = None;
+                // The driver's compute policy is back to its default after a reboot.
+                d.time_slice = None;
             }
         }
     }
@@ -276,6 +290,7 @@ mod tests {
                     profile: "3g.40gb".into(),
                     start: 4,
                 }),
+                time_slice: None,
             }],
         }
     }
@@ -303,7 +318,7 @@ mod tests {
         assert!(matches!(e, Error::Corrupt { .. }), "{e}");
         let e = decode(
             "c",
-            text.replace("\"version\": 1", "\"version\": 200")
+            text.replace("\"version\": 2", "\"version\": 200")
                 .as_bytes(),
         )
         .unwrap_err();
@@ -322,6 +337,28 @@ mod tests {
         });
         let read = decode("c", &serde_json::to_vec(&env).unwrap()).unwrap();
         assert_eq!(read.claims["uid-done"].phase, Phase::Completed);
+    }
+
+    #[test]
+    fn previous_minor_without_time_slices_is_read() {
+        // What release 0.1 wrote: no `timeSlice` on devices.
+        let mut value = serde_json::to_value(data()).unwrap();
+        for c in value["claims"].as_object_mut().unwrap().values_mut() {
+            for d in c["devices"].as_array_mut().unwrap() {
+                d.as_object_mut().unwrap().remove("timeSlice");
+            }
+        }
+        let env =
+            serde_json::json!({"version": 1, "checksum": checksum(&value).unwrap(), "data": value});
+        let read = decode("c", &serde_json::to_vec(&env).unwrap()).unwrap();
+        assert_eq!(read, data());
+        // And a time-slice round-trips.
+        let mut d = data();
+        d.claims.get_mut("uid-done").unwrap().devices[0].time_slice = Some(TimeSliceRecord {
+            gpu_uuid: "GPU-1".into(),
+            interval: crate::gpu::TimeSlice::Long,
+        });
+        assert_eq!(decode("c", &encode(&d).unwrap()).unwrap(), d);
     }
 
     #[test]

@@ -3,6 +3,9 @@
 //! - [`slices`]: the ResourceSlices for whole GPUs, partitionable MIG and vGPU capacity (pure);
 //! - [`publish`]: writing them and keeping them written (kube);
 //! - [`prepare`]: NodePrepareResources as a pure plan (devices, MIG instances, CDI spec);
+//! - [`sharing`]: the claims' opaque config (time-slicing), parsed strictly (pure);
+//! - [`status`]: the claims' `status.devices` entries (pure);
+//! - [`health`]: GPU health as the `DRAResourceHealth` stream and device taints;
 //! - [`checkpoint`]: the crash-safe record of prepared claims;
 //! - [`node`]: the real `ClaimPreparer` (MIG on demand, CDI spec per claim, checkpoint);
 //! - [`kubelet`]: socket paths, errors and [`kubelet::serve`]: both kubelet-facing servers;
@@ -10,10 +13,13 @@
 //! - [`plugin`]: `DRAPlugin` v1 + v1beta1 over one `ClaimPreparer`, health placeholders.
 
 pub mod checkpoint;
+pub mod health;
 pub mod kubelet;
 pub mod node;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;
 pub mod registration;
+pub mod sharing;
 pub mod slices;
+pub mod status;

@@ -4,29 +4,43 @@
 //! prepare(claim) ── lock checkpoint ── already Completed? ──▶ answer from the checkpoint
 //!                      │ no
 //!                      ▼
-//!   GET claim ─▶ plan_claim (pure) ─▶ checkpoint: Started ─▶ create MIG instances
-//!   ─▶ write the claim's CDI spec ─▶ accounting dir (vGPU) ─▶ checkpoint: Completed
-//! unprepare(claim) ── remove CDI spec ─▶ destroy its MIG instances ─▶ drop from checkpoint
+//!   GET claim ─▶ plan_claim (pure; opaque config parsed strictly) ─▶ time-slice clash?
+//!   ─▶ checkpoint: Started ─▶ set time-slices, create MIG instances ─▶ accounting dir (vGPU)
+//!   ─▶ write the claim's CDI spec ─▶ checkpoint: Completed
+//!   ─▶ PUT status.devices (Ready=True, or Ready=False with the error on any failure)
+//! unprepare(claim) ── remove CDI spec ─▶ destroy its MIG instances ─▶ default time-slice
+//!   if no other claim time-slices the GPU ─▶ drop from checkpoint ─▶ clear status.devices
 //! ```
+//!
+//! `status.devices` is written through the claim's `status` subresource with the claim's
+//! resourceVersion (re-read and retried on a conflict), replacing only this driver's
+//! entries for this node (see [`super::status`]); a failure to write it is logged and does
+//! not fail the prepare.
 //!
 //! A failure between Started and Completed leaves the claim `Started`: the next start of
 //! the agent rolls it back (see [`super::checkpoint::recover`]); a retried prepare redoes
 //! it from scratch (every step is idempotent).
 
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use k8s_openapi::api::resource::v1::ResourceClaim;
-use kube::api::Api;
+use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+use kube::api::{Api, PostParams};
 use kube::Client;
 use tracing::{info, instrument, warn};
 
-use super::checkpoint::{self, Phase, PreparedClaim, Store};
+use super::checkpoint::{self, Phase, PreparedClaim, Store, TimeSliceRecord};
 use super::plugin::{ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 use super::prepare::{cdi_device_name, plan_claim, ClaimPlan};
+use super::status;
 use crate::cdi;
 use crate::deviceplugin::allocate::AllocateSettings;
-use crate::gpu::GpuBackend;
+use crate::gpu::{GpuBackend, TimeSlice};
+
+/// Tries of the read-modify-write of a claim's status before giving up.
+const STATUS_ATTEMPTS: usize = 5;
 
 /// Prepares claims on this node.
 pub struct NodePreparer {
@@ -53,7 +67,7 @@ impl NodePreparer {
     }
 
     async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
-        let _lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
+        let lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
         let mut data = self.read_checkpoint();
         data.boot_id = self.boot_id.clone();
         if let Some(done) = data
@@ -68,9 +82,39 @@ impl NodePreparer {
             .get(&c.name)
             .await
             .map_err(|e| format!("cannot read claim {}/{}: {e}", c.namespace, c.name))?;
+        let outcome = self.prepare_fetched(c, &claim, &mut data);
+        // The status write is API I/O only: other claims need not wait for it.
+        drop(lock);
+        match outcome {
+            Ok((record, report)) => {
+                self.write_status(c, claim, &status::Outcome::Prepared(report))
+                    .await;
+                info!(claim = %format!("{}/{}", c.namespace, c.name), devices = record.devices.len(), "claim prepared");
+                Ok(answer(&record))
+            }
+            Err(e) => {
+                // Not for a recreated claim: its status is not about this request.
+                if claim.metadata.uid.as_deref() == Some(c.uid.as_str()) {
+                    self.write_status(c, claim, &status::Outcome::Failed(e.clone()))
+                        .await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// Plan, record `Started`, apply, write the CDI spec, record `Completed`. Returns the
+    /// record and the `status.devices` data per device.
+    fn prepare_fetched(
+        &self,
+        c: &ClaimRef,
+        claim: &ResourceClaim,
+        data: &mut checkpoint::Data,
+    ) -> Result<(PreparedClaim, BTreeMap<String, serde_json::Value>), String> {
         let inventory = self.backend.inventory().map_err(|e| e.to_string())?;
-        let plan = plan_claim(&claim, &c.uid, &self.node, &inventory, &self.settings)
+        let plan = plan_claim(claim, &c.uid, &self.node, &inventory, &self.settings)
             .map_err(|e| e.to_string())?;
+        check_time_slices(&c.uid, &plan, data)?;
         let mut record = PreparedClaim {
             namespace: c.namespace.clone(),
             name: c.name.clone(),
@@ -84,13 +128,18 @@ impl NodePreparer {
                     request_names: vec![d.request.clone()],
                     cdi_device_ids: vec![cdi::qualified_name(&cdi_device_name(&c.uid, &d.device))],
                     mig: d.mig.clone(),
+                    time_slice: d.time_slice.map(|interval| TimeSliceRecord {
+                        gpu_uuid: d.visible.clone(),
+                        interval,
+                    }),
                 })
                 .collect(),
         };
         data.claims.insert(c.uid.clone(), record.clone());
-        self.checkpoint.write(&data).map_err(|e| e.to_string())?;
+        self.checkpoint.write(data).map_err(|e| e.to_string())?;
 
-        let spec = self.apply(&c.uid, plan)?;
+        let report = device_report(&plan);
+        let (spec, report) = self.apply(&c.uid, plan, report)?;
         cdi::write_spec(
             &self.cdi_root,
             &format!("tessera.io-claim-{}", c.uid),
@@ -100,16 +149,86 @@ impl NodePreparer {
 
         record.phase = Phase::Completed;
         data.claims.insert(c.uid.clone(), record.clone());
-        self.checkpoint.write(&data).map_err(|e| e.to_string())?;
-        info!(claim = %format!("{}/{}", c.namespace, c.name), devices = record.devices.len(), "claim prepared");
-        Ok(answer(&record))
+        self.checkpoint.write(data).map_err(|e| e.to_string())?;
+        Ok((record, report))
+    }
+
+    /// Write our `status.devices` entries of the claim (status subresource, optimistic
+    /// concurrency: on a conflict, re-read and retry). Failures are logged, never fail the
+    /// prepare: the containers can run without the report.
+    async fn write_status(&self, c: &ClaimRef, claim: ResourceClaim, outcome: &status::Outcome) {
+        let node = self.node.clone();
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        self.update_status(c, claim, |claim| {
+            status::report(claim, &node, outcome, now.clone())
+        })
+        .await
+    }
+
+    /// Read-modify-write of the claim's `status.devices` with `devices` (None: no write).
+    async fn update_status(
+        &self,
+        c: &ClaimRef,
+        mut claim: ResourceClaim,
+        devices: impl Fn(&ResourceClaim) -> Option<Vec<AllocatedDeviceStatus>>,
+    ) {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
+        let who = format!("{}/{}", c.namespace, c.name);
+        for _ in 0..STATUS_ATTEMPTS {
+            if claim.metadata.uid.as_deref() != Some(c.uid.as_str()) {
+                return;
+            }
+            let Some(list) = devices(&claim) else { return };
+            let expect_entries = !list.is_empty();
+            claim.status.get_or_insert_with(Default::default).devices = Some(list);
+            match api
+                .replace_status(&c.name, &PostParams::default(), &claim)
+                .await
+            {
+                Ok(stored) => {
+                    let kept = stored
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.devices.as_ref())
+                        .is_some_and(|d| !d.is_empty());
+                    if expect_entries && !kept {
+                        warn!(claim = %who, "the API server dropped status.devices: the feature gate DRAResourceClaimDeviceStatus is off");
+                    }
+                    return;
+                }
+                Err(kube::Error::Api(s)) if s.is_conflict() => match api.get(&c.name).await {
+                    Ok(fresh) => claim = fresh,
+                    Err(e) => {
+                        warn!(claim = %who, error = %e, "cannot re-read claim for its status");
+                        return;
+                    }
+                },
+                Err(kube::Error::Api(s)) if s.is_not_found() => return,
+                Err(e) => {
+                    warn!(claim = %who, error = %e, "cannot write the claim's status.devices");
+                    return;
+                }
+            }
+        }
+        warn!(claim = %who, "status.devices not written: the claim kept changing");
     }
 
     /// Side effects: MIG instances (their UUIDs replace the parent GPU in the visible
-    /// devices) and the vGPU accounting directory. Returns the final CDI spec.
-    fn apply(&self, uid: &str, plan: ClaimPlan) -> Result<cdi::Spec, String> {
+    /// devices, and in the status data), compute time-slices, and the vGPU accounting
+    /// directory. Returns the final CDI spec and status data.
+    fn apply(
+        &self,
+        uid: &str,
+        plan: ClaimPlan,
+        mut report: BTreeMap<String, serde_json::Value>,
+    ) -> Result<(cdi::Spec, BTreeMap<String, serde_json::Value>), String> {
         let mut spec = plan.cdi;
         for d in &plan.devices {
+            if let Some(interval) = d.time_slice {
+                self.backend
+                    .set_time_slice(&d.visible, interval)
+                    .map_err(|e| e.to_string())?;
+            }
             let Some(mig) = &d.mig else { continue };
             let inventory = self.backend.inventory().map_err(|e| e.to_string())?;
             let gpu = inventory
@@ -131,6 +250,9 @@ impl NodePreparer {
                 .iter()
                 .find(|m| m.profile == mig.profile && m.start == mig.start)
                 .ok_or_else(|| format!("MIG {} at {} was not created", mig.profile, mig.start))?;
+            if let Some(serde_json::Value::Object(o)) = report.get_mut(&d.device) {
+                o.insert("uuid".into(), created.uuid.clone().into());
+            }
             for e in &mut spec.container_edits.env {
                 if let Some(list) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") {
                     let replaced: Vec<&str> = list
@@ -151,7 +273,7 @@ impl NodePreparer {
             let dir = self.settings.vgpu_state_dir.join(uid);
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        Ok(spec)
+        Ok((spec, report))
     }
 
     /// At start-up: roll back claims a crash left half-prepared (their MIG instances and
@@ -162,7 +284,7 @@ impl NodePreparer {
         let loaded = checkpoint::recover(self.read_checkpoint(), &self.boot_id);
         for (uid, claim) in &loaded.rollback {
             warn!(claim = %format!("{}/{}", claim.namespace, claim.name), "rolling back a half-prepared claim");
-            self.undo(uid, claim)?;
+            self.undo(uid, claim, &loaded.data)?;
         }
         self.checkpoint
             .write(&loaded.data)
@@ -170,8 +292,14 @@ impl NodePreparer {
         Ok(loaded)
     }
 
-    /// Remove a claim's CDI spec and destroy the MIG instances it recorded.
-    fn undo(&self, uid: &str, record: &PreparedClaim) -> Result<(), String> {
+    /// Remove a claim's CDI spec, destroy the MIG instances it recorded, and put back the
+    /// default time-slice on GPUs no other claim in `others` still time-slices.
+    fn undo(
+        &self,
+        uid: &str,
+        record: &PreparedClaim,
+        others: &checkpoint::Data,
+    ) -> Result<(), String> {
         let spec = self.cdi_root.join(format!("tessera.io-claim-{uid}.json"));
         match std::fs::remove_file(&spec) {
             Ok(()) => {}
@@ -192,23 +320,109 @@ impl NodePreparer {
                     .map_err(|e| format!("destroying MIG {}: {e}", mig.profile))?;
             }
         }
+        for ts in record.devices.iter().filter_map(|d| d.time_slice.as_ref()) {
+            let still_used = others
+                .claims
+                .iter()
+                .filter(|(other, _)| other.as_str() != uid)
+                .flat_map(|(_, c)| &c.devices)
+                .any(|d| {
+                    d.time_slice
+                        .as_ref()
+                        .is_some_and(|t| t.gpu_uuid == ts.gpu_uuid)
+                });
+            if !still_used {
+                self.backend
+                    .set_time_slice(&ts.gpu_uuid, TimeSlice::Default)
+                    .map_err(|e| e.to_string())?;
+            }
+        }
         Ok(())
     }
 
-    fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
+    fn unprepare_local(&self, c: &ClaimRef) -> Result<(), String> {
         let _lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
         let mut data = self.read_checkpoint();
-        let record = data.claims.get(&c.uid).cloned().unwrap_or(PreparedClaim {
+        let record = data.claims.remove(&c.uid).unwrap_or(PreparedClaim {
             namespace: c.namespace.clone(),
             name: c.name.clone(),
             phase: Phase::Completed,
             devices: Vec::new(),
         });
-        self.undo(&c.uid, &record)?;
+        self.undo(&c.uid, &record, &data)?;
         // Unknown claims are fine: unprepare is idempotent.
-        data.claims.remove(&c.uid);
         self.checkpoint.write(&data).map_err(|e| e.to_string())
     }
+
+    async fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
+        self.unprepare_local(c)?;
+        // Withdraw our status.devices entries, also for a claim the checkpoint forgot (a
+        // replaced corrupt checkpoint); the claim may already be gone.
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
+        match api.get(&c.name).await {
+            Ok(claim) => {
+                let node = self.node.clone();
+                self.update_status(c, claim, |claim| status::clear(claim, &node))
+                    .await
+            }
+            Err(kube::Error::Api(s)) if s.is_not_found() => {}
+            Err(e) => warn!(claim = %c.name, error = %e, "cannot read claim to clear its status"),
+        }
+        Ok(())
+    }
+}
+
+/// A time-slice asked for on a GPU another prepared claim time-slices differently is a
+/// conflict (the setting is per GPU): refuse it before any side effect.
+fn check_time_slices(uid: &str, plan: &ClaimPlan, data: &checkpoint::Data) -> Result<(), String> {
+    for d in &plan.devices {
+        let Some(want) = d.time_slice else { continue };
+        let clash = data
+            .claims
+            .iter()
+            .filter(|(other, _)| other.as_str() != uid)
+            .find_map(|(other, c)| {
+                c.devices
+                    .iter()
+                    .filter_map(|x| x.time_slice.as_ref())
+                    .find(|t| t.gpu_uuid == d.visible && t.interval != want)
+                    .map(|t| (other, c, t.interval))
+            });
+        if let Some((other, c, have)) = clash {
+            return Err(format!(
+                "device {}: GPU {} is time-sliced {have:?} by claim {}/{} ({other}); this claim asks for {want:?}",
+                d.device, d.visible, c.namespace, c.name
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The `status.devices` data of each planned device (MIG UUIDs are added once created).
+fn device_report(plan: &ClaimPlan) -> BTreeMap<String, serde_json::Value> {
+    plan.devices
+        .iter()
+        .map(|d| {
+            let mut o = serde_json::Map::new();
+            match &d.mig {
+                Some(m) => {
+                    o.insert("parentUUID".into(), m.gpu_uuid.clone().into());
+                    o.insert("profile".into(), m.profile.clone().into());
+                }
+                None => {
+                    o.insert("uuid".into(), d.visible.clone().into());
+                }
+            }
+            if let Some((memory, cores)) = d.share {
+                o.insert("memory".into(), format!("{memory}Mi").into());
+                o.insert("cores".into(), cores.into());
+            }
+            if let Some(ts) = d.time_slice {
+                o.insert("timeSlice".into(), format!("{ts:?}").into());
+            }
+            (d.device.clone(), serde_json::Value::Object(o))
+        })
+        .collect()
 }
 
 fn answer(record: &PreparedClaim) -> Vec<PreparedDevice> {
@@ -240,12 +454,11 @@ impl ClaimPreparer for NodePreparer {
 
     #[instrument(skip_all, fields(claims = claims.len()))]
     async fn unprepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<()> {
-        claims
-            .into_iter()
-            .map(|c| {
-                let r = self.unprepare_one(&c);
-                (c.uid, r)
-            })
-            .collect()
+        let mut out = ClaimResults::new();
+        for c in claims {
+            let r = self.unprepare_one(&c).await;
+            out.insert(c.uid, r);
+        }
+        out
     }
 }

@@ -4,9 +4,10 @@
 //! The gRPC types of both API versions are translated into [`ClaimRef`] and
 //! [`PreparedDevice`]; [`complete`] makes sure every requested claim gets an entry.
 //!
-//! **Placeholders** (until the prepare and health parts land): [`NotImplementedPreparer`]
-//! answers every claim with [`NOT_IMPLEMENTED`], and the health services send one empty
-//! device list and then nothing.
+//! [`serve`] uses [`PlaceholderHealth`] (one empty device list, then nothing);
+//! [`serve_with_health`] takes the real one, [`super::health::HealthService`].
+//! [`NotImplementedPreparer`] (every claim fails with [`NOT_IMPLEMENTED`]) remains for
+//! tests of the transport; the real preparer is [`super::node::NodePreparer`].
 
 use std::collections::BTreeMap;
 use std::future::Future;
@@ -228,14 +229,32 @@ impl dra_health::v1beta1::dra_resource_health_server::DraResourceHealth for Plac
     }
 }
 
-/// Serve all four services on `listener` (bound at `socket`) until `shutdown`; the socket
-/// file is removed on the way out.
+/// Serve all four services on `listener` (bound at `socket`) until `shutdown`, with the
+/// placeholder health services; the socket file is removed on the way out.
 pub async fn serve<P: ClaimPreparer>(
     preparer: Arc<P>,
     listener: UnixListener,
     socket: PathBuf,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    serve_with_health(preparer, PlaceholderHealth, listener, socket, shutdown).await
+}
+
+/// [`serve`] with `health` as `DRAResourceHealth` (v1alpha1 and v1beta1), e.g. a
+/// [`super::health::HealthService`].
+pub async fn serve_with_health<P, H>(
+    preparer: Arc<P>,
+    health: H,
+    listener: UnixListener,
+    socket: PathBuf,
+    shutdown: CancellationToken,
+) -> Result<()>
+where
+    P: ClaimPreparer,
+    H: dra_health::v1alpha1::dra_resource_health_server::DraResourceHealth
+        + dra_health::v1beta1::dra_resource_health_server::DraResourceHealth
+        + Clone,
+{
     use dra::v1::dra_plugin_server::DraPluginServer as V1Server;
     use dra::v1beta1::dra_plugin_server::DraPluginServer as V1beta1Server;
     use dra_health::v1alpha1::dra_resource_health_server::DraResourceHealthServer as HealthA;
@@ -243,8 +262,8 @@ pub async fn serve<P: ClaimPreparer>(
     let result = tonic::transport::Server::builder()
         .add_service(V1Server::new(v1::DraV1(preparer.clone())))
         .add_service(V1beta1Server::new(v1beta1::DraV1beta1(preparer)))
-        .add_service(HealthA::new(PlaceholderHealth))
-        .add_service(HealthB::new(PlaceholderHealth))
+        .add_service(HealthA::new(health.clone()))
+        .add_service(HealthB::new(health))
         .serve_with_incoming_shutdown(serve_unix_incoming(listener), shutdown.cancelled_owned())
         .await;
     let _ = std::fs::remove_file(&socket);

@@ -8,6 +8,10 @@
 //! at once (`NVIDIA_VISIBLE_DEVICES` in allocation order, and for vGPU the shim contract
 //! with `CUDA_DEVICE_MEMORY_LIMIT_<i>`/`CUDA_DEVICE_SM_LIMIT_<i>` by that order), so a
 //! multi-device claim never ends up with one device's variables overwriting another's.
+//! The claim-wide edits also carry the control nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
+//! `/dev/nvidia-uvm-tools`): a claim's spec is a file of its own, so the node spec's do not
+//! apply to it. `cdiVersion` is the minimum the spec's fields need
+//! ([`crate::cdi::minimum_version`]: 0.5.0 when the claim UID starts with a digit).
 
 use std::collections::BTreeMap;
 
@@ -19,7 +23,9 @@ use crate::gpu::Inventory;
 use crate::partition::catalog;
 
 use super::checkpoint::CreatedMig;
+use super::sharing::{self, ConfigError};
 use super::slices::{label, DRIVER};
+use crate::gpu::TimeSlice;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PrepareError {
@@ -46,6 +52,17 @@ pub enum PrepareError {
         device: String,
         reason: String,
     },
+    #[error("claim {claim}: {source}")]
+    Config {
+        claim: String,
+        #[source]
+        source: ConfigError,
+    },
+    #[error(
+        "claim {claim}: device {device} is a MIG device; time-slicing applies to whole GPUs \
+         and vGPU slices"
+    )]
+    TimeSliceOnMig { claim: String, device: String },
 }
 
 /// What a published device name stands for (see [`super::slices`]).
@@ -123,6 +140,8 @@ pub struct PlannedDevice {
     /// vGPU share: memory MiB and SM percent.
     pub share: Option<(u64, u32)>,
     pub mig: Option<CreatedMig>,
+    /// Compute time-slice asked for by the claim's opaque config (see [`super::sharing`]).
+    pub time_slice: Option<TimeSlice>,
 }
 
 /// Everything NodePrepareResources must do for one claim.
@@ -165,6 +184,17 @@ pub fn plan_claim(
         .ok_or_else(|| PrepareError::NotAllocated {
             claim: name.clone(),
         })?;
+    let configs = claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.config.as_deref())
+        .unwrap_or_default();
+    let configs = sharing::parse_configs(configs).map_err(|source| PrepareError::Config {
+        claim: name.clone(),
+        source,
+    })?;
     let mut devices = Vec::new();
     for r in results.iter().filter(|r| r.driver == DRIVER) {
         if r.pool != node {
@@ -232,6 +262,13 @@ pub fn plan_claim(
             }
             share = Some((memory, cores));
         }
+        let time_slice = sharing::time_slice_for(&configs, &r.request);
+        if time_slice.is_some() && mig.is_some() {
+            return Err(PrepareError::TimeSliceOnMig {
+                claim: name,
+                device: r.device.clone(),
+            });
+        }
         devices.push(PlannedDevice {
             request: r.request.clone(),
             pool: r.pool.clone(),
@@ -240,6 +277,7 @@ pub fn plan_claim(
             visible: gpu.uuid.clone(),
             share,
             mig,
+            time_slice,
         });
     }
     let cdi = claim_spec(want_uid, inventory, &devices, settings);
@@ -323,16 +361,23 @@ fn claim_spec(
             }),
         }
     }
-    Spec {
-        cdi_version: cdi::CDI_VERSION.to_string(),
+    cdi::with_minimum_version(Spec {
+        cdi_version: String::new(),
         kind: cdi::CDI_KIND.to_string(),
         devices: cdi_devices,
         container_edits: ContainerEdits {
             env,
-            device_nodes: Vec::new(),
+            // A claim's spec is its own file: the node spec's control nodes do not apply.
+            device_nodes: cdi::CONTROL_NODES
+                .iter()
+                .map(|p| DeviceNode {
+                    path: p.to_string(),
+                    host_path: None,
+                })
+                .collect(),
             mounts,
         },
-    }
+    })
 }
 
 #[cfg(test)]

@@ -15,17 +15,23 @@
 //!   capacity `memory` and `cores`, each with a default and a valid range.
 //!
 //! At most 128 devices per slice, 64 when any consumes counters.
+//!
+//! Health ([`apply_taints`]): devices of an unhealthy GPU carry its taints
+//! (`gpu.tessera.io/xid`, `gpu.tessera.io/ecc`, see [`super::health`]) when the cluster
+//! has DRADeviceTaints on; when the API server drops them, the same devices are withheld
+//! from the slices instead.
 
 use std::collections::BTreeMap;
 
 use k8s_openapi::api::resource::v1::{
     CapacityRequestPolicy, CapacityRequestPolicyRange, Counter, CounterSet, Device,
-    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, ResourcePool, ResourceSlice,
-    ResourceSliceSpec,
+    DeviceAttribute, DeviceCapacity, DeviceCounterConsumption, DeviceTaint, ResourcePool,
+    ResourceSlice, ResourceSliceSpec,
 };
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
+use super::health::{device_gpu, TaintMode};
 use crate::gpu::{GpuInfo, Inventory};
 use crate::partition::catalog;
 use crate::partition::layout::{GpuPlan, NodePlan};
@@ -405,6 +411,44 @@ pub fn build_slices(
             },
         })
         .collect())
+}
+
+/// Put GPU health into built slices: with [`TaintMode::Taint`] every device of a GPU in
+/// `taints` (by GPU UUID, e.g. [`super::health::HealthState::taints`]) gets those taints;
+/// with [`TaintMode::Withhold`] such devices are removed. Counter sets stay (a set without
+/// consumers is valid), as do the pool's slice count and generation.
+pub fn apply_taints(
+    slices: &mut [ResourceSlice],
+    inventory: &Inventory,
+    taints: &BTreeMap<String, Vec<DeviceTaint>>,
+    mode: TaintMode,
+) {
+    let of = |d: &Device| {
+        device_gpu(&d.name, inventory)
+            .and_then(|g| taints.get(&g.uuid))
+            .filter(|t| !t.is_empty())
+    };
+    for slice in slices {
+        let Some(devices) = slice.spec.devices.as_mut() else {
+            continue;
+        };
+        match mode {
+            TaintMode::Taint => {
+                for d in devices.iter_mut() {
+                    d.taints = of(d).cloned();
+                }
+            }
+            TaintMode::Withhold => {
+                devices.retain(|d| of(d).is_none());
+                for d in devices.iter_mut() {
+                    d.taints = None;
+                }
+                if devices.is_empty() {
+                    slice.spec.devices = None;
+                }
+            }
+        }
+    }
 }
 
 #[cfg(test)]

@@ -19,6 +19,7 @@
 //!   - { afterMs: 5000, gpu: 0, recovered: true }
 //! ```
 
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Mutex;
 use std::time::Duration;
@@ -28,7 +29,7 @@ use serde::Deserialize;
 use super::models::{self, GpuModel};
 use super::{
     DriverInfo, Error, GpuBackend, GpuInfo, HealthEvent, HealthSender, Inventory, MigDeviceInfo,
-    Result,
+    Result, TimeSlice,
 };
 use crate::partition::catalog;
 
@@ -37,6 +38,8 @@ pub struct FakeBackend {
     inventory: Mutex<Inventory>,
     watchers: Mutex<Vec<HealthSender>>,
     scripted: Vec<ScriptedEvent>,
+    /// Compute time-slice per GPU UUID (absent: the driver default).
+    time_slices: Mutex<BTreeMap<String, TimeSlice>>,
 }
 
 #[derive(Debug, Clone)]
@@ -227,7 +230,16 @@ impl FakeBackend {
             inventory: Mutex::new(Inventory { driver, gpus }),
             watchers: Mutex::new(Vec::new()),
             scripted,
+            time_slices: Mutex::new(BTreeMap::new()),
         }
+    }
+
+    /// The GPU's current compute time-slice (what `set_time_slice` last set).
+    pub fn time_slice(&self, gpu_uuid: &str) -> TimeSlice {
+        lock(&self.time_slices)
+            .get(gpu_uuid)
+            .copied()
+            .unwrap_or_default()
     }
 
     /// Deliver a health event to every watcher now (tests, chaos drills).
@@ -295,6 +307,26 @@ impl GpuBackend for FakeBackend {
         gpu.mig_enabled = true;
         gpu.mig_devices = devices.clone();
         Ok(devices)
+    }
+
+    fn set_time_slice(&self, gpu_uuid: &str, interval: TimeSlice) -> Result<()> {
+        let inv = lock(&self.inventory);
+        let gpu = inv
+            .gpu(gpu_uuid)
+            .ok_or_else(|| Error::UnknownGpu(gpu_uuid.to_string()))?;
+        // Like the driver: the compute policy applies to a whole GPU, not under MIG.
+        if gpu.mig_enabled {
+            return Err(Error::TimeSlice {
+                gpu: gpu_uuid.to_string(),
+                reason: "MIG mode is enabled".into(),
+            });
+        }
+        let mut slices = lock(&self.time_slices);
+        match interval {
+            TimeSlice::Default => slices.remove(gpu_uuid),
+            other => slices.insert(gpu_uuid.to_string(), other),
+        };
+        Ok(())
     }
 }
 

@@ -30,6 +30,8 @@ pub enum Error {
     Mig { gpu: String, reason: String },
     #[error("unknown GPU {0}")]
     UnknownGpu(String),
+    #[error("GPU {gpu}: cannot set the compute time-slice: {reason}")]
+    TimeSlice { gpu: String, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -132,6 +134,29 @@ impl HealthEvent {
     }
 }
 
+/// The compute time-slice a GPU gives each context when several share it (what
+/// `nvidia-smi compute-policy --set-timeslice` sets: 0 default, 1 short, 2 medium, 3 long).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
+pub enum TimeSlice {
+    #[default]
+    Default,
+    Short,
+    Medium,
+    Long,
+}
+
+impl TimeSlice {
+    /// The driver's numeric setting.
+    pub fn code(self) -> u8 {
+        match self {
+            TimeSlice::Default => 0,
+            TimeSlice::Short => 1,
+            TimeSlice::Medium => 2,
+            TimeSlice::Long => 3,
+        }
+    }
+}
+
 /// Sink for health events; backends push from their own thread or task.
 pub type HealthSender = tokio::sync::mpsc::UnboundedSender<HealthEvent>;
 
@@ -154,4 +179,13 @@ pub trait GpuBackend: Send + Sync {
         gpu_uuid: &str,
         layout: &[(String, u8)],
     ) -> Result<Vec<MigDeviceInfo>>;
+
+    /// Set the GPU's compute time-slice (DRA time-slicing). Backends that cannot say so.
+    fn set_time_slice(&self, gpu_uuid: &str, interval: TimeSlice) -> Result<()> {
+        let _ = interval;
+        Err(Error::TimeSlice {
+            gpu: gpu_uuid.to_string(),
+            reason: format!("the {} backend does not support it", self.name()),
+        })
+    }
 }

@@ -4,7 +4,8 @@
 //! Modelled: GET, LIST (with `fieldSelector` equality on dotted paths, `labelSelector`
 //! equality), WATCH from a resourceVersion (newline-delimited `WatchEvent`s, ADDED /
 //! MODIFIED / DELETED), POST (with `generateName`, 409 AlreadyExists), PUT (409 Conflict on
-//! a stale `metadata.resourceVersion`), DELETE (404 NotFound); one global resourceVersion
+//! a stale `metadata.resourceVersion`), PUT of the `status` subresource (only `status` is
+//! taken from the body; 409 on a stale resourceVersion), DELETE (404 NotFound); one global resourceVersion
 //! bumped on every write; `metadata.uid` and `creationTimestamp` set on create. Like an API
 //! server whose feature gates are off, it can drop fields on write ([`ApiServer::drop_field`]),
 //! so a client sees the object stored without them.
@@ -37,7 +38,11 @@ struct Store {
     log: Vec<(String, String)>,
     /// Every change, for watches that start from an older resourceVersion.
     history: Vec<Change>,
+    /// Writes another client makes just before the next `status` PUTs (one per PUT).
+    before_status_put: Vec<StatusHook>,
 }
+
+type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
 
 #[derive(Clone, Debug)]
 struct Change {
@@ -107,6 +112,16 @@ impl ApiServer {
     /// Drop a dotted field path (`*` matches every list element) from every written object.
     pub fn drop_field(&self, path: &str) {
         self.store.lock().unwrap().dropped.push(path.to_string());
+    }
+
+    /// Just before the next PUT of an object's `status`, another client changes the stored
+    /// object with `change` (bumping its resourceVersion), so that PUT conflicts.
+    pub fn before_next_status_put(&self, change: impl FnOnce(&mut Value) + Send + 'static) {
+        self.store
+            .lock()
+            .unwrap()
+            .before_status_put
+            .push(Box::new(change));
     }
 
     /// Create or replace an object directly (as another client would).
@@ -207,6 +222,11 @@ impl ApiServer {
         ));
         // `/…/<collection>` or `/…/<collection>/<name>`: collections end in a plural.
         let (collection, name) = split_path(&path);
+        if method == Method::PUT && path.ends_with("/status") {
+            if let Some(name) = &name {
+                return self.put_status(&collection, name, req).await;
+            }
+        }
         match (method, name) {
             (Method::GET, Some(name)) => match self.get(&collection, &name) {
                 Some(o) => json_response(StatusCode::OK, o),
@@ -293,6 +313,42 @@ impl ApiServer {
                 "not supported by the double",
             ),
         }
+    }
+
+    /// PUT `<object>/status`: the stored object with the body's `status`.
+    async fn put_status(
+        &self,
+        collection: &str,
+        name: &str,
+        req: Request<Incoming>,
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        let body = req.into_body().collect().await.unwrap().to_bytes();
+        let Ok(sent) = serde_json::from_slice::<Value>(&body) else {
+            return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+        };
+        let hook = {
+            let mut st = self.store.lock().unwrap();
+            (!st.before_status_put.is_empty()).then(|| st.before_status_put.remove(0))
+        };
+        if let (Some(change), Some(mut current)) = (hook, self.get(collection, name)) {
+            change(&mut current);
+            self.put_object(collection, current);
+        }
+        let Some(mut object) = self.get(collection, name) else {
+            return not_found(name);
+        };
+        let sent_rv = sent["metadata"]["resourceVersion"].as_str().unwrap_or("");
+        if !sent_rv.is_empty() && sent_rv != object["metadata"]["resourceVersion"] {
+            return status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                "the object has been modified",
+            );
+        }
+        object["status"] = sent["status"].clone();
+        self.drop_configured(&mut object);
+        self.put_object(collection, object);
+        json_response(StatusCode::OK, self.get(collection, name).unwrap())
     }
 
     fn get(&self, collection: &str, name: &str) -> Option<Value> {

@@ -25,7 +25,7 @@ use std::sync::Arc;
 use nvml_wrapper::error::NvmlError;
 use nvml_wrapper::Nvml;
 
-use super::{Error, GpuBackend, HealthSender, Inventory, MigDeviceInfo, Result};
+use super::{Error, GpuBackend, HealthSender, Inventory, MigDeviceInfo, Result, TimeSlice};
 use probe::ProbeConfig;
 
 /// The library NVML is loaded from when no path is given.
@@ -36,6 +36,8 @@ pub struct NvmlBackend {
     nvml: Arc<Nvml>,
     sysfs_root: PathBuf,
     probe: ProbeConfig,
+    /// `nvidia-smi`, for the compute time-slice (NVML has no public call for it).
+    nvidia_smi: PathBuf,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -62,12 +64,19 @@ impl NvmlBackend {
             nvml: Arc::new(nvml),
             sysfs_root: PathBuf::from("/sys"),
             probe: ProbeConfig::default(),
+            nvidia_smi: PathBuf::from("nvidia-smi"),
         })
     }
 
     /// Read the NUMA-node fallback from this sysfs root instead of `/sys`.
     pub fn with_sysfs_root(mut self, root: impl Into<PathBuf>) -> Self {
         self.sysfs_root = root.into();
+        self
+    }
+
+    /// Run this `nvidia-smi` (default: the one on `PATH`) to set compute time-slices.
+    pub fn with_nvidia_smi(mut self, path: impl Into<PathBuf>) -> Self {
+        self.nvidia_smi = path.into();
         self
     }
 
@@ -133,6 +142,41 @@ impl GpuBackend for NvmlBackend {
     ) -> Result<Vec<MigDeviceInfo>> {
         layout::apply(&self.nvml, gpu_uuid, layout)
     }
+
+    /// `nvidia-smi compute-policy -i <uuid> --set-timeslice=<0..3>`: the compute policy
+    /// has no public NVML entry point (NVIDIA's own DRA driver shells out the same way).
+    fn set_time_slice(&self, gpu_uuid: &str, interval: TimeSlice) -> Result<()> {
+        set_time_slice_with(&self.nvidia_smi, gpu_uuid, interval)
+    }
+}
+
+/// Run `nvidia_smi compute-policy -i <uuid> --set-timeslice=<code>`; a non-zero exit is an
+/// error carrying the tool's output.
+fn set_time_slice_with(
+    nvidia_smi: &std::path::Path,
+    gpu_uuid: &str,
+    interval: TimeSlice,
+) -> Result<()> {
+    let err = |reason: String| Error::TimeSlice {
+        gpu: gpu_uuid.to_string(),
+        reason,
+    };
+    let out = std::process::Command::new(nvidia_smi)
+        .args(["compute-policy", "-i", gpu_uuid])
+        .arg(format!("--set-timeslice={}", interval.code()))
+        .output()
+        .map_err(|e| err(format!("cannot run {}: {e}", nvidia_smi.display())))?;
+    if out.status.success() {
+        Ok(())
+    } else {
+        Err(err(format!(
+            "{} exited with {}: {}{}",
+            nvidia_smi.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        )))
+    }
 }
 
 #[cfg(test)]
@@ -193,6 +237,36 @@ mod tests {
         }
         let reason = unavailable_reason(None);
         assert!(reason.contains(DEFAULT_LIBRARY), "{reason}");
+    }
+
+    #[test]
+    fn time_slice_runs_nvidia_smi_compute_policy() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let log = dir.path().join("args");
+        let tool = dir.path().join("nvidia-smi");
+        std::fs::write(
+            &tool,
+            format!(
+                "#!/bin/sh\necho \"$@\" > {}\n[ \"$3\" = GPU-bad ] && {{ echo 'Not supported'; exit 3; }}\nexit 0\n",
+                log.display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&tool, std::fs::Permissions::from_mode(0o755)).unwrap();
+        set_time_slice_with(&tool, "GPU-a", TimeSlice::Medium).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(&log).unwrap().trim(),
+            "compute-policy -i GPU-a --set-timeslice=2"
+        );
+        let e = set_time_slice_with(&tool, "GPU-bad", TimeSlice::Default).unwrap_err();
+        let shown = e.to_string();
+        assert!(
+            shown.contains("GPU-bad") && shown.contains("Not supported"),
+            "{shown}"
+        );
+        let missing = set_time_slice_with(&dir.path().join("none"), "GPU-a", TimeSlice::Long);
+        assert!(missing.unwrap_err().to_string().contains("cannot run"));
     }
 
     #[test]
@@ -270,6 +344,22 @@ mod tests {
             assert!(s.is_clean(), "{}: {s:?}", g.uuid);
         }
         assert!(!events::probe(&b.nvml, "GPU-00000000-0000-0000-0000-000000000000").is_clean());
+    }
+
+    /// Changes the compute time-slice of the GPU named by `TESSERA_TIMESLICE_TEST_GPU` (a
+    /// UUID, not in MIG mode) to Short and back to Default. Skipped unless that is set.
+    #[test]
+    #[ignore = "needs GPU"]
+    fn gpu_time_slice_round_trip() {
+        let Ok(uuid) = std::env::var("TESSERA_TIMESLICE_TEST_GPU") else {
+            eprintln!("TESSERA_TIMESLICE_TEST_GPU not set: skipping the time-slice test");
+            return;
+        };
+        let b = backend();
+        b.set_time_slice(&uuid, TimeSlice::Short)
+            .unwrap_or_else(|e| panic!("{e}"));
+        b.set_time_slice(&uuid, TimeSlice::Default)
+            .unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// Destructive: re-partitions the GPU named by `TESSERA_MIG_TEST_GPU` (a UUID) and
