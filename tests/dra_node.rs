@@ -69,6 +69,18 @@ fn our_slices(api: &ApiServer) -> Vec<Value> {
         .collect()
 }
 
+/// Our slices once the pool is complete: one generation, `resourceSliceCount` slices (a
+/// publish in progress shows a partial pool).
+fn complete_pool(api: &ApiServer) -> Option<Vec<Value>> {
+    let now = our_slices(api);
+    let gens: BTreeSet<i64> = now
+        .iter()
+        .map(|s| s["spec"]["pool"]["generation"].as_i64().unwrap_or(0))
+        .collect();
+    let count = now.first()?["spec"]["pool"]["resourceSliceCount"].as_i64()?;
+    (gens.len() == 1 && now.len() as i64 == count).then_some(now)
+}
+
 fn device_names(slices: &[Value]) -> BTreeSet<String> {
     slices
         .iter()
@@ -119,7 +131,7 @@ async fn side_by_side_publishes_valid_slices_and_prepares_through_sockets() {
     );
 
     // The DRA pool holds GPUs 0 (partitionable MIG) and 1 (vGPU), nothing else.
-    wait_for("slices", WAIT, || !our_slices(&api).is_empty()).await;
+    wait_for("slices", WAIT, || complete_pool(&api).is_some()).await;
     let slices = our_slices(&api);
     let names = device_names(&slices);
     assert!(
@@ -458,7 +470,7 @@ async fn slices_come_back_after_deletion_kubelet_restart_and_follow_the_node_lab
     .configs(&[("default", "version: v1\n"), ("mig", ALL_MIG)])
     .start(&api);
     kubelet.wait_registered(DRIVER, 1, WAIT).await;
-    wait_for("slices", WAIT, || !our_slices(&api).is_empty()).await;
+    wait_for("slices", WAIT, || complete_pool(&api).is_some()).await;
     let first = our_slices(&api);
     assert_eq!(
         device_names(&first),
@@ -471,7 +483,7 @@ async fn slices_come_back_after_deletion_kubelet_restart_and_follow_the_node_lab
         api.delete_object(SLICES, s["metadata"]["name"].as_str().unwrap());
     }
     let took = wait_for("republish", Duration::from_secs(2), || {
-        our_slices(&api).len() == first.len()
+        complete_pool(&api).is_some_and(|p| p.len() == first.len())
     })
     .await;
     eprintln!("republished {took:?} after deletion");
@@ -483,7 +495,7 @@ async fn slices_come_back_after_deletion_kubelet_restart_and_follow_the_node_lab
     wait_for(
         "republish after kubelet restart",
         Duration::from_secs(2),
-        || our_slices(&api).len() == first.len(),
+        || complete_pool(&api).is_some_and(|p| p.len() == first.len()),
     )
     .await;
 
@@ -491,17 +503,7 @@ async fn slices_come_back_after_deletion_kubelet_restart_and_follow_the_node_lab
     api.set_label("tessera.io/config", Some("mig"));
     // Wait for the whole pool: during an update, slices of two generations coexist.
     wait_for("MIG devices", WAIT, || {
-        let now = our_slices(&api);
-        let gens: BTreeSet<i64> = now
-            .iter()
-            .map(|s| s["spec"]["pool"]["generation"].as_i64().unwrap_or(0))
-            .collect();
-        gens.len() == 1
-            && now.len() as i64
-                == now[0]["spec"]["pool"]["resourceSliceCount"]
-                    .as_i64()
-                    .unwrap_or(0)
-            && device_names(&now).contains("gpu-1-mig-1g-10gb-6")
+        complete_pool(&api).is_some_and(|p| device_names(&p).contains("gpu-1-mig-1g-10gb-6"))
     })
     .await;
     let now = our_slices(&api);
@@ -513,4 +515,105 @@ async fn slices_come_back_after_deletion_kubelet_restart_and_follow_the_node_lab
     assert!(*generations.first().unwrap() > generation);
     support::schema::validate_all(&now, &["1.35.0"]);
     agent.shutdown().await;
+}
+
+/// The real binary: `tessera node --dra` registers, publishes and prepares; SIGKILL and a
+/// restart keep the prepared claim (answered from the checkpoint); SIGTERM cleans up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_serves_dra_survives_sigkill_and_exits_cleanly() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let api = ApiServer::start(NODE).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = NodeDirs::under(tmp.path());
+    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
+    let bin = env!("CARGO_BIN_EXE_tessera");
+    let mut child = support::dra_agent::spawn_binary(bin, &dirs, &api, "2xA100-80GB", "boot-1");
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    wait_for("slices", WAIT, || {
+        complete_pool(&api).is_some_and(|p| device_names(&p).len() == 2)
+    })
+    .await;
+    let c = allocate(&api, "infer", &[result("gpu-1")]);
+    let first = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&c))
+        .await
+        .unwrap()[&c.uid]
+        .clone()
+        .unwrap();
+    assert!(dirs.claim_spec(&c.uid).is_file());
+
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGKILL).unwrap();
+    child.wait().unwrap();
+    let mut child = support::dra_agent::spawn_binary(bin, &dirs, &api, "2xA100-80GB", "boot-1");
+    kubelet.wait_registered(DRIVER, 2, WAIT).await;
+    let again = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&c))
+        .await
+        .unwrap()[&c.uid]
+        .clone()
+        .unwrap();
+    assert_eq!(again, first, "answered from the checkpoint after SIGKILL");
+    let un = kubelet
+        .unprepare(DRIVER, std::slice::from_ref(&c))
+        .await
+        .unwrap();
+    assert!(un[&c.uid].is_ok(), "{un:?}");
+    assert!(!dirs.claim_spec(&c.uid).exists());
+
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let status = child.wait().unwrap();
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert!(status.success(), "exit status {status}: {log}");
+    assert!(!log.contains("panicked"), "{log}");
+    for socket in [
+        "plugins/gpu.tessera.io/dra.sock",
+        "plugins_registry/gpu.tessera.io-reg.sock",
+    ] {
+        assert!(
+            !dirs.kubelet_dir.join(socket).exists(),
+            "{socket} left behind"
+        );
+    }
+}
+
+#[test]
+fn path_flags_are_checked_before_anything_starts() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--dra", "--device-plugin=false", "--standalone"],
+            "--dra needs",
+        ),
+        (&["--dra"], "--dra-gpus"),
+        (&["--dra=false", "--device-plugin=false"], "both off"),
+        (&["--dra", "--dra-gpus", "3-1"], "backwards"),
+    ];
+    for (flags, want) in cases {
+        let tmp = tempfile::tempdir().unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args([
+                "node",
+                "--gpu-backend",
+                "fake",
+                "--fake-gpus",
+                "1xL4",
+                "--node-name",
+                NODE,
+            ])
+            .args(*flags)
+            .arg("--kubelet-dir")
+            .arg(tmp.path())
+            .arg("--state-dir")
+            .arg(tmp.path())
+            .arg("--cdi-root")
+            .arg(tmp.path())
+            .env("KUBECONFIG", tmp.path().join("none"))
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{flags:?}: {err}");
+        assert!(err.contains(want), "{flags:?}: {err}");
+        assert!(!err.contains("panicked"), "{flags:?}: {err}");
+    }
 }

@@ -179,3 +179,52 @@ impl DraAgent {
         self.cancel.cancel();
     }
 }
+
+/// A kubeconfig pointing at the API-server double (no auth), for the `tessera` binary.
+pub fn kubeconfig(dir: &Path, url: &str) -> PathBuf {
+    let path = dir.join("kubeconfig");
+    let text = format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster: {{ server: \"{url}\" }}\n\
+         users:\n- name: test\n  user: {{}}\ncontexts:\n- name: double\n  context: {{ cluster: double, user: test }}\n\
+         current-context: double\n"
+    );
+    std::fs::write(&path, text).unwrap();
+    path
+}
+
+/// Start the `tessera` binary (`bin`) as `tessera node --dra` for [`NODE`] on `gpus`, DRA
+/// only, with the configs already in `dirs.config`; `boot_id` is written to a file the
+/// agent reads.
+pub fn spawn_binary(
+    bin: &str,
+    dirs: &NodeDirs,
+    api: &ApiServer,
+    gpus: &str,
+    boot_id: &str,
+) -> std::process::Child {
+    std::fs::create_dir_all(&dirs.config).unwrap();
+    if std::fs::read_dir(&dirs.config).unwrap().next().is_none() {
+        std::fs::write(dirs.config.join("default"), "version: v1\n").unwrap();
+    }
+    let boot_file = dirs.root.join("boot_id");
+    std::fs::write(&boot_file, format!("{boot_id}\n")).unwrap();
+    std::process::Command::new(bin)
+        .args(["node", "--gpu-backend", "fake", "--fake-gpus", gpus])
+        .args(["--dra", "--device-plugin=false", "--node-name", NODE])
+        .arg("--kubelet-dir")
+        .arg(&dirs.kubelet_dir)
+        .arg("--cdi-root")
+        .arg(&dirs.cdi_root)
+        .arg("--state-dir")
+        .arg(&dirs.state_dir)
+        .arg("--config")
+        .arg(&dirs.config)
+        .arg("--boot-id-file")
+        .arg(&boot_file)
+        .env("KUBECONFIG", kubeconfig(&dirs.root, &api.url))
+        .env("RUST_LOG", "warn")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}

@@ -98,8 +98,9 @@ pub type Prepared = BTreeMap<String, Result<Vec<Device>, String>>;
 struct State {
     plugins: BTreeMap<String, Plugin>,
     rejections: Vec<Rejection>,
-    /// Registration sockets seen: path → inode (a re-created socket has a new inode).
-    seen: BTreeMap<PathBuf, u64>,
+    /// Registration sockets seen: path → (inode, ctime): a re-created socket differs in
+    /// one of them (the inode number alone is often reused at once).
+    seen: BTreeMap<PathBuf, (u64, i64, i64)>,
     /// Which driver a registration socket registered.
     socket_driver: BTreeMap<PathBuf, String>,
     /// Registrations per driver in this kubelet's life (kept across deregistration).
@@ -413,7 +414,7 @@ async fn watch_registry(
                 if let Ok(md) = std::fs::symlink_metadata(&path) {
                     use std::os::unix::fs::FileTypeExt;
                     if md.file_type().is_socket() {
-                        present.insert(path, md.ino());
+                        present.insert(path, (md.ino(), md.ctime(), md.ctime_nsec()));
                     }
                 }
             }
