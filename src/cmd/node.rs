@@ -27,7 +27,8 @@ pub enum Backend {
 /// Flags of `tessera node` (environment variables in brackets).
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The kubelet's root directory; sockets go to `<dir>/device-plugins/`.
+    /// The kubelet's root directory; sockets go to `<dir>/device-plugins/` (device plugin)
+    /// and `<dir>/plugins_registry/` + `<dir>/plugins/gpu.tessera.io/` (DRA).
     #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
     /// Where CDI specs are written.
