@@ -153,6 +153,8 @@ async fn main() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(if full { 5 } else { 1 });
     let samples = if full { 100 * rounds } else { 10 };
+    // Republish and restart repetitions.
+    let reps = if full { 5 * rounds } else { 2 };
     let bin = env!("CARGO_BIN_EXE_tessera");
     let mut rows: Vec<(String, String, String, String)> = Vec::new();
 
@@ -299,7 +301,7 @@ async fn main() {
 
     // --- slices deleted → republished -------------------------------------------------
     let mut republish = vec![];
-    for _ in 0..(5 * rounds) {
+    for _ in 0..reps {
         for s in api.objects(SLICES) {
             if s["spec"]["nodeName"] == NODE {
                 api.delete_object(SLICES, s["metadata"]["name"].as_str().unwrap());
@@ -319,7 +321,7 @@ async fn main() {
     // --- SIGKILL → restarted agent serving --------------------------------------------
     let (mut restart, mut bare) = (vec![], vec![]);
     let probe = background[0].clone();
-    for _ in 0..(5 * rounds) {
+    for _ in 0..reps {
         let t = Instant::now();
         let out = std::process::Command::new(bin)
             .args(["node", "--help"])

@@ -488,6 +488,15 @@ async fn slices_come_back_after_deletion_kubelet_restart_and_follow_the_node_lab
     .await;
     eprintln!("republished {took:?} after deletion");
 
+    // Drift: an edit behind the agent's back is undone.
+    let mut edited = our_slices(&api)[0].clone();
+    edited["spec"]["devices"] = json!([{"name": "gpu-9"}]);
+    api.put_object(SLICES, edited);
+    wait_for("drift undone", Duration::from_secs(2), || {
+        complete_pool(&api).is_some_and(|p| device_names(&p) == device_names(&first))
+    })
+    .await;
+
     // A kubelet restart wipes the node's slices; they come back, the driver re-registers.
     kubelet.restart().await;
     assert_eq!(kubelet.wipes(), 2);
