@@ -12,6 +12,9 @@
 //! - SIGKILL → restarted agent answering NodePrepareResources (recovery included), vs. the
 //!   same binary's bare start-up (`tessera node --help`).
 //!
+//! `DRA_BENCH_DIR=/dev/shm` puts the agent's state on tmpfs (fsync becomes free), which
+//! separates the driver's own cost from the disk's.
+//!
 //! `cargo test --all-targets` runs it once with a small sample, as a smoke test.
 
 #[path = "../tests/support/apiserver.rs"]
@@ -145,6 +148,41 @@ async fn serving(socket: &std::path::Path, claim: &Claim, timeout: Duration) -> 
     }
 }
 
+/// What the checkpoint's two-phase record costs the disk alone: two atomic writes (write,
+/// fsync, rename, fsync of the directory) of a checkpoint-sized file in `dir`.
+fn two_atomic_writes(dir: &std::path::Path, bytes: usize) -> Duration {
+    use std::io::Write;
+    let t = Instant::now();
+    for _ in 0..2 {
+        let tmp = dir.join("floor.tmp");
+        let mut f = std::fs::File::create(&tmp).unwrap();
+        f.write_all(&vec![b'x'; bytes]).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        std::fs::rename(&tmp, dir.join("floor.json")).unwrap();
+        std::fs::File::open(dir).unwrap().sync_all().unwrap();
+    }
+    t.elapsed()
+}
+
+/// A process's time on a CPU and waiting in the run queue so far, summed over its threads
+/// (`/proc/<pid>/task/*/schedstat`): separates the agent's own work from CPU contention on
+/// a shared machine.
+fn cpu_and_wait(pid: u32) -> (Duration, Duration) {
+    let (mut run, mut wait) = (0u64, 0u64);
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+            let mut f = stat
+                .split_whitespace()
+                .map(|v| v.parse::<u64>().unwrap_or(0));
+            run += f.next().unwrap_or(0);
+            wait += f.next().unwrap_or(0);
+        }
+    }
+    (Duration::from_nanos(run), Duration::from_nanos(wait))
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let full = std::env::args().any(|a| a == "--bench");
@@ -159,7 +197,12 @@ async fn main() {
     let mut rows: Vec<(String, String, String, String)> = Vec::new();
 
     let api = ApiServer::start(NODE).await;
-    let tmp = tempfile::tempdir().unwrap();
+    // DRA_BENCH_DIR=/dev/shm puts the agent's files (checkpoint, CDI specs) on tmpfs:
+    // the same run without the disk's fsync latency.
+    let tmp = match std::env::var_os("DRA_BENCH_DIR") {
+        Some(dir) => tempfile::tempdir_in(dir).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
     let dirs = NodeDirs::under(tmp.path());
     std::fs::create_dir_all(&dirs.config).unwrap();
     std::fs::write(dirs.config.join("default"), CONFIG).unwrap();
@@ -186,7 +229,12 @@ async fn main() {
     let mut raw = v1::dra_plugin_client::DraPluginClient::new(ch);
     let claims_api: kube::Api<ResourceClaim> = kube::Api::namespaced(api.client(), "ml");
     let (mut empty, mut get, mut whole, mut mig) = (vec![], vec![], vec![], vec![]);
+    let mut floor = vec![];
+    let checkpoint_bytes = std::fs::metadata(dirs.checkpoint_dir().join("checkpoint.json"))
+        .map(|m| m.len() as usize)
+        .unwrap_or(16 * 1024);
     for i in 0..samples {
+        floor.push(two_atomic_writes(&dirs.state_dir, checkpoint_bytes));
         let t = Instant::now();
         raw.node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![] })
             .await
@@ -213,11 +261,18 @@ async fn main() {
     let (g50, g99) = stats(get);
     let (w50, w99) = stats(whole);
     let (m50, m99) = stats(mig);
+    let (f50, f99) = stats(floor);
     rows.push((
         "NodePrepareResources, whole GPU (p50 / p99)".into(),
         format!("{:.2} / {:.2} ms", ms(w50), ms(w99)),
         format!("empty RPC {:.2} / {:.2} ms", ms(e50), ms(e99)),
         format!("{:.1}x (p99)", ms(w99) / ms(e99)),
+    ));
+    rows.push((
+        "  disk floor: 2 atomic checkpoint writes (p50 / p99)".into(),
+        format!("{:.2} / {:.2} ms", ms(f50), ms(f99)),
+        "same directory, same size".into(),
+        format!("prepare p50 = {:.2}x floor", ms(w50) / ms(f50)),
     ));
     rows.push((
         "NodePrepareResources, MIG on demand (p50 / p99)".into(),
@@ -320,6 +375,7 @@ async fn main() {
 
     // --- SIGKILL → restarted agent serving --------------------------------------------
     let (mut restart, mut bare) = (vec![], vec![]);
+    let (mut on_cpu, mut queued) = (vec![], vec![]);
     let probe = background[0].clone();
     for _ in 0..reps {
         let t = Instant::now();
@@ -335,6 +391,9 @@ async fn main() {
         agent = spawn_binary(bin, &dirs, &api, GPUS, "boot-1");
         serving(&socket, &probe, Duration::from_secs(10)).await;
         restart.push(start.elapsed());
+        let (run, wait) = cpu_and_wait(agent.id());
+        on_cpu.push(run);
+        queued.push(wait);
     }
     restart.sort();
     bare.sort();
@@ -346,9 +405,23 @@ async fn main() {
         format!("bare process start {:.0} ms", ms(b50)),
         format!("{:.2}x of 300 ms (max)", ms(xmax) / 300.0),
     ));
+    let (c50, cmax) = {
+        on_cpu.sort();
+        (pct(&on_cpu, 0.5), *on_cpu.last().unwrap())
+    };
+    let (q50, _) = stats(queued);
+    rows.push((
+        "  of which the agent on a CPU (p50 / max)".into(),
+        format!("{:.0} / {:.0} ms", ms(c50), ms(cmax)),
+        format!("waiting for a CPU p50 {:.0} ms", ms(q50)),
+        format!("{:.2}x of 300 ms (max)", ms(cmax) / 300.0),
+    ));
 
     kill(Pid::from_raw(agent.id() as i32), Signal::SIGTERM).unwrap();
     agent.wait().unwrap();
+    if std::env::var_os("DRA_BENCH_LOG").is_some() {
+        eprintln!("{}", dra_agent::binary_log(&dirs));
+    }
 
     println!(
         "\n{:<54} {:<36} {:<28} RATIO",

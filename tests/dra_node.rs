@@ -572,8 +572,7 @@ async fn the_binary_serves_dra_survives_sigkill_and_exits_cleanly() {
 
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     let status = child.wait().unwrap();
-    let mut log = String::new();
-    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
+    let log = support::dra_agent::binary_log(&dirs);
     assert!(status.success(), "exit status {status}: {log}");
     assert!(!log.contains("panicked"), "{log}");
     for socket in [

@@ -208,6 +208,11 @@ pub fn spawn_binary(
     }
     let boot_file = dirs.root.join("boot_id");
     std::fs::write(&boot_file, format!("{boot_id}\n")).unwrap();
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dirs.root.join("agent.log"))
+        .unwrap();
     std::process::Command::new(bin)
         .args(["node", "--gpu-backend", "fake", "--fake-gpus", gpus])
         .args(["--dra", "--device-plugin=false", "--node-name", NODE])
@@ -222,9 +227,18 @@ pub fn spawn_binary(
         .arg("--boot-id-file")
         .arg(&boot_file)
         .env("KUBECONFIG", kubeconfig(&dirs.root, &api.url))
-        .env("RUST_LOG", "warn")
+        .env(
+            "RUST_LOG",
+            std::env::var("TESSERA_TEST_LOG").unwrap_or_else(|_| "warn".into()),
+        )
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::piped())
+        // A file, not a pipe nobody drains: a full pipe would stall the agent.
+        .stderr(log)
         .spawn()
         .unwrap()
+}
+
+/// What the binaries started by [`spawn_binary`] in `dirs` logged (appended).
+pub fn binary_log(dirs: &NodeDirs) -> String {
+    std::fs::read_to_string(dirs.root.join("agent.log")).unwrap_or_default()
 }
