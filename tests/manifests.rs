@@ -179,3 +179,30 @@ fn example_claims_use_shipped_classes_and_published_devices() {
         "an example for every DeviceClass: {kinds:?}"
     );
 }
+
+/// Every TESSERA_* variable the DaemonSet sets is one `tessera node` reads.
+#[test]
+fn daemonset_env_is_read_by_the_agent() {
+    let text = std::fs::read_to_string("daemonset/node/daemonset.yaml").unwrap();
+    let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let env = doc["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .unwrap();
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["node", "--help"])
+        .output()
+        .unwrap();
+    let help = String::from_utf8_lossy(&help.stdout);
+    let mut checked = 0;
+    for e in env {
+        let name = e["name"].as_str().unwrap();
+        if name.starts_with("TESSERA_") {
+            assert!(
+                help.contains(&format!("env: {name}=")),
+                "{name} is not a flag's env"
+            );
+            checked += 1;
+        }
+    }
+    assert!(checked >= 4, "DaemonSet sets the path variables");
+}
