@@ -9,5 +9,7 @@ if ! command -v kubernetes-validate >/dev/null 2>&1; then
 fi
 for v in 1.34.0 1.35.0; do
   kubernetes-validate --strict --quiet -k "$v" daemonset/node/*.yaml daemonset/dra/*.yaml
+  # Example ResourceClaims / ResourceClaimTemplates (and the pods using them).
+  kubernetes-validate --strict --quiet -k "$v" daemonset/examples/claims/*.yaml
 done
 echo "manifests valid for Kubernetes 1.34 and 1.35"

@@ -3,9 +3,15 @@
 //! ```text
 //! GpuBackend ─inventory─▶ plan ─MIG layouts─▶ backend.apply_mig_layout ─▶ advertise
 //!      │                   ▲                                                  │
-//!      │ health events     │ config file changed / SIGHUP                     ▼
+//!      │ health events     │ config file changed / SIGHUP / node label        ▼
 //!      └──▶ HealthTracker ─┴──────────────▶ publish Snapshot ──▶ device-plugin supervisor
+//!                                                 └─ DRA GPUs ─▶ DraView ──▶ [`dra`] (slices,
+//!                                                                 kubelet DRA socket)
 //! ```
+//!
+//! [`ownership`] splits the GPUs between the two paths: the device plugin advertises only
+//! its GPUs, the DRA driver publishes only its own, and MIG layouts are applied only to
+//! device-plugin GPUs (the DRA driver creates MIG instances per claim).
 //!
 //! A config that fails to parse, names an unknown config, or does not fit the GPUs is
 //! rejected as a whole: the error (naming the field) is logged and recorded, and the last
@@ -23,6 +29,8 @@ use tokio_util::sync::CancellationToken;
 use tracing::{error, info, warn};
 
 pub mod cluster;
+pub mod dra;
+pub mod ownership;
 
 use crate::cdi;
 use crate::deviceplugin::allocate::AllocateSettings;
@@ -34,6 +42,7 @@ use crate::gpu::{GpuBackend, Inventory};
 use crate::metrics::{DeviceLabels, HealthLabels, NodeMetrics};
 use crate::partition::config::{self, NodeConfig};
 use crate::partition::layout::{self, Advertisement, NodePlan};
+use ownership::{Owner, Ownership};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -47,6 +56,8 @@ pub enum Error {
     Cdi(#[from] cdi::Error),
     #[error(transparent)]
     DevicePlugin(#[from] crate::deviceplugin::Error),
+    #[error(transparent)]
+    Dra(#[from] dra::Error),
     #[error("cannot watch {path}: {reason}")]
     Watch { path: String, reason: String },
 }
@@ -92,9 +103,36 @@ pub fn build(
     backend: &dyn GpuBackend,
     config: &NodeConfig,
 ) -> Result<(Inventory, NodePlan, Advertisement)> {
+    let built = build_owned(backend, config, &Ownership::default())?;
+    Ok((built.inventory, built.plan, built.advertisement))
+}
+
+/// What one reload produces, split between the two paths.
+#[derive(Debug, Clone)]
+pub struct Built {
+    /// Post-MIG inventory of every GPU.
+    pub inventory: Inventory,
+    pub plan: NodePlan,
+    /// The device plugin's part.
+    pub advertisement: Advertisement,
+    /// The DRA driver's part (`None` when DRA is off).
+    pub dra: Option<dra::DraView>,
+}
+
+/// [`build`] with the GPUs split between the paths: MIG layouts are applied to
+/// device-plugin GPUs only; DRA GPUs are left for claims to partition.
+pub fn build_owned(
+    backend: &dyn GpuBackend,
+    config: &NodeConfig,
+    owners: &Ownership,
+) -> Result<Built> {
     let inventory = backend.inventory()?;
     let plan = layout::plan(&inventory, config)?;
+    let dra_uuids = owners.dra_uuids(&inventory);
     for (uuid, placements) in plan.mig_layouts() {
+        if dra_uuids.contains(uuid) {
+            continue;
+        }
         let wanted: Vec<(String, u8)> = placements.to_vec();
         let current: Vec<(String, u8)> = inventory
             .gpu(uuid)
@@ -113,8 +151,25 @@ pub fn build(
         }
     }
     let inventory = backend.inventory()?;
-    let advertisement = layout::advertise(&inventory, config, &plan)?;
-    Ok((inventory, plan, advertisement))
+    let (_, dp_plan) = owners.part(&inventory, &plan, Owner::DevicePlugin);
+    let advertisement = if owners.device_plugin {
+        ownership::device_plugin_part(
+            &layout::advertise(&inventory, config, &dp_plan)?,
+            &dra_uuids,
+        )
+    } else {
+        Advertisement::default()
+    };
+    let dra = owners.dra.then(|| {
+        let (inventory, plan) = owners.part(&inventory, &plan, Owner::Dra);
+        dra::DraView { inventory, plan }
+    });
+    Ok(Built {
+        inventory,
+        plan,
+        advertisement,
+        dra,
+    })
 }
 
 /// The running agent's state.
@@ -126,6 +181,8 @@ struct Agent {
     current: Option<NodeConfig>,
     snapshot: Snapshot,
     tx: watch::Sender<SharedSnapshot>,
+    owners: Ownership,
+    dra_tx: watch::Sender<Option<dra::DraView>>,
 }
 
 impl Agent {
@@ -155,12 +212,22 @@ impl Agent {
         if self.current.as_ref() == Some(&config) {
             return Ok(false);
         }
-        let (inventory, _plan, advertisement) = build(self.backend.as_ref(), &config)?;
-        cdi::write_spec(
-            &self.opts.cdi_root,
-            CDI_SPEC_STEM,
-            &cdi::node_spec(&inventory, &self.opts.dev_root),
-        )?;
+        let built = build_owned(self.backend.as_ref(), &config, &self.owners)?;
+        let (inventory, _) = self
+            .owners
+            .part(&built.inventory, &built.plan, Owner::DevicePlugin);
+        if self.owners.device_plugin && !inventory.gpus.is_empty() {
+            cdi::write_spec(
+                &self.opts.cdi_root,
+                CDI_SPEC_STEM,
+                &cdi::node_spec(&inventory, &self.opts.dev_root),
+            )?;
+        }
+        let advertisement = built.advertisement;
+        if let Some(view) = built.dra {
+            info!(gpus = view.inventory.gpus.len(), "DRA devices updated");
+            self.dra_tx.send_replace(Some(view));
+        }
         self.health.set_policy(config.health.clone());
         self.snapshot.advertisement = advertisement;
         self.snapshot.allocation = config.allocation.clone();
@@ -229,8 +296,16 @@ pub struct Triggers {
     pub config_label: Option<watch::Receiver<Option<String>>>,
 }
 
-/// Run the agent until `cancel` fires. Reloads on config file changes, SIGHUP, and
-/// changes of the node's config label.
+/// Which kubelet paths run, and who owns which GPU.
+#[derive(Clone, Default)]
+pub struct Paths {
+    pub ownership: Ownership,
+    /// Required when `ownership.dra` is on.
+    pub dra: Option<dra::DraSettings>,
+}
+
+/// Run the agent (device-plugin path only) until `cancel` fires. Reloads on config file
+/// changes, SIGHUP, and changes of the node's config label.
 pub async fn run(
     backend: Arc<dyn GpuBackend>,
     opts: AgentOptions,
@@ -238,6 +313,42 @@ pub async fn run(
     triggers: Triggers,
     cancel: CancellationToken,
 ) -> Result<()> {
+    run_with(backend, opts, recorder, triggers, Paths::default(), cancel).await
+}
+
+/// [`run`] with the paths chosen by `paths`: the device plugin, the DRA driver, or both
+/// side by side on disjoint GPUs.
+pub async fn run_with(
+    backend: Arc<dyn GpuBackend>,
+    opts: AgentOptions,
+    recorder: Arc<dyn EventRecorder>,
+    triggers: Triggers,
+    paths: Paths,
+    cancel: CancellationToken,
+) -> Result<()> {
+    let Paths {
+        ownership: owners,
+        dra: dra_settings,
+    } = paths;
+    let owners = match (&dra_settings, owners.dra) {
+        (None, true) => {
+            warn!("DRA is on but has no API client; running the device-plugin path only");
+            Ownership::default()
+        }
+        _ => owners,
+    };
+    // Start the DRA driver first: it recovers its checkpoint and starts serving while the
+    // first config is applied.
+    let (dra_tx, dra_rx) = watch::channel(None);
+    let dra_cancel = cancel.child_token();
+    let mut dra_task = dra_settings.filter(|_| owners.dra).map(|settings| {
+        tokio::spawn(dra::run(
+            settings,
+            backend.clone(),
+            dra_rx,
+            dra_cancel.clone(),
+        ))
+    });
     let Triggers {
         reload: mut reload_rx,
         config_label,
@@ -258,6 +369,8 @@ pub async fn run(
         current: None,
         snapshot: Snapshot::default(),
         tx,
+        owners: owners.clone(),
+        dra_tx,
     };
     agent.reload();
 
@@ -276,7 +389,9 @@ pub async fn run(
         metrics: opts.metrics.clone(),
     };
     let sup_cancel = cancel.child_token();
-    let mut supervisor = tokio::spawn(supervisor::run(sup_cfg, rx, sup_cancel.clone()));
+    let mut supervisor = owners
+        .device_plugin
+        .then(|| tokio::spawn(supervisor::run(sup_cfg, rx, sup_cancel.clone())));
 
     loop {
         tokio::select! {
@@ -302,18 +417,41 @@ pub async fn run(
                 agent.opts.config_name = name;
                 agent.reload();
             }
-            result = &mut supervisor => {
+            result = async { match supervisor.as_mut() {
+                Some(task) => task.await,
+                None => std::future::pending().await,
+            } } => {
+                dra_cancel.cancel();
                 return match result {
                     Ok(r) => r.map_err(Error::from),
                     Err(e) => Err(Error::Watch { path: "supervisor".into(), reason: e.to_string() }),
                 };
             }
+            result = async { match dra_task.as_mut() {
+                Some(task) => task.await,
+                None => std::future::pending().await,
+            } } => {
+                sup_cancel.cancel();
+                return match result {
+                    Ok(r) => r.map_err(Error::from),
+                    Err(e) => Err(Error::Watch { path: "DRA driver".into(), reason: e.to_string() }),
+                };
+            }
         }
     }
     sup_cancel.cancel();
-    match supervisor.await {
-        Ok(r) => r?,
-        Err(e) => warn!(error = %e, "supervisor task failed"),
+    dra_cancel.cancel();
+    if let Some(task) = supervisor {
+        match task.await {
+            Ok(r) => r?,
+            Err(e) => warn!(error = %e, "supervisor task failed"),
+        }
+    }
+    if let Some(task) = dra_task {
+        match task.await {
+            Ok(r) => r?,
+            Err(e) => warn!(error = %e, "DRA driver task failed"),
+        }
     }
     Ok(())
 }

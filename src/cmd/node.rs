@@ -9,8 +9,12 @@ use tokio_util::sync::CancellationToken;
 use tracing::info;
 
 use tessera::agent::cluster::{watch_config_label, KubeEventRecorder};
+use tessera::agent::dra::DraSettings;
+use tessera::agent::ownership::Ownership;
 use tessera::agent::{self, AgentOptions, EventRecorder, LogRecorder};
 use tessera::deviceplugin::allocate::{AllocateSettings, PreloadMode};
+use tessera::dra::registration::RetryPolicy;
+use tessera::dra::slices::CounterLayout;
 use tessera::gpu::GpuBackend;
 
 /// Which GPU backend to use.
@@ -23,7 +27,8 @@ pub enum Backend {
 /// Flags of `tessera node` (environment variables in brackets).
 #[derive(clap::Args, Debug)]
 pub struct Args {
-    /// The kubelet's root directory; sockets go to `<dir>/device-plugins/`.
+    /// The kubelet's root directory; sockets go to `<dir>/device-plugins/` (device plugin)
+    /// and `<dir>/plugins_registry/` + `<dir>/plugins/gpu.tessera.io/` (DRA).
     #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
     /// Where CDI specs are written.
@@ -62,18 +67,50 @@ pub struct Args {
     /// Serve Prometheus metrics on this address (e.g. `0.0.0.0:9465`); off when unset.
     #[arg(long, env = "TESSERA_METRICS_ADDR")]
     pub metrics_addr: Option<std::net::SocketAddr>,
+    /// Run the device-plugin path (`nvidia.com/gpu`, MIG and vGPU extended resources).
+    #[arg(long, env = "TESSERA_DEVICE_PLUGIN", default_value_t = true, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub device_plugin: bool,
+    /// Run the DRA driver `gpu.tessera.io` (ResourceSlices and the kubelet's DRA socket);
+    /// needs the API server (Kubernetes 1.34+) and `--node-name`.
+    #[arg(long, env = "TESSERA_DRA", default_value_t = false, action = clap::ArgAction::Set,
+          num_args = 0..=1, default_missing_value = "true")]
+    pub dra: bool,
+    /// With both paths on: the GPUs the DRA driver owns (`all`, `none`, `0,1,4-7`, GPU
+    /// UUIDs, `model:H100`); the device plugin gets the rest.
+    #[arg(long, env = "TESSERA_DRA_GPUS")]
+    pub dra_gpus: Option<String>,
+    /// Where MIG counter sets go: `separate` slices (Kubernetes 1.35+) or `inline` (1.34).
+    #[arg(
+        long,
+        value_enum,
+        env = "TESSERA_DRA_COUNTERS",
+        default_value = "separate"
+    )]
+    pub dra_counters: Counters,
+    /// This boot's ID; a change means the node rebooted (claims are prepared again).
+    #[arg(long, default_value = "/proc/sys/kernel/random/boot_id")]
+    pub boot_id_file: PathBuf,
+}
+
+/// `--dra-counters`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Counters {
+    Separate,
+    Inline,
 }
 
 type Hooks = (
     Arc<dyn EventRecorder>,
     Option<tokio::sync::watch::Receiver<Option<String>>>,
+    Option<kube::Client>,
 );
 
 /// In a cluster (a kubeconfig or in-cluster service account and `--node-name`): watch the
 /// node's `tessera.io/config` label and record Events on the node. `--config-name` wins
 /// over the label. Without a cluster: logs only.
 async fn cluster_hooks(args: &Args, cancel: &CancellationToken) -> Hooks {
-    let standalone: Hooks = (Arc::new(LogRecorder), None);
+    let standalone: Hooks = (Arc::new(LogRecorder), None, None);
     if args.standalone {
         return standalone;
     }
@@ -90,11 +127,11 @@ async fn cluster_hooks(args: &Args, cancel: &CancellationToken) -> Hooks {
     let recorder: Arc<dyn EventRecorder> =
         Arc::new(KubeEventRecorder::new(client.clone(), node.clone()));
     if args.config_name.is_some() {
-        return (recorder, None);
+        return (recorder, None, Some(client));
     }
     let (tx, rx) = tokio::sync::watch::channel(None);
-    tokio::spawn(watch_config_label(client, node, tx, cancel.clone()));
-    (recorder, Some(rx))
+    tokio::spawn(watch_config_label(client.clone(), node, tx, cancel.clone()));
+    (recorder, Some(rx), Some(client))
 }
 
 pub fn run(args: Args) -> Result<()> {
@@ -118,7 +155,47 @@ fn backend(args: &Args) -> Result<Arc<dyn GpuBackend>> {
     })
 }
 
+/// The kubelet paths to run (`--device-plugin`, `--dra`, `--dra-gpus`).
+fn paths(args: &Args, opts: &AgentOptions, client: Option<kube::Client>) -> Result<agent::Paths> {
+    let ownership = Ownership::new(args.device_plugin, args.dra, args.dra_gpus.as_deref())?;
+    if !args.dra {
+        return Ok(agent::Paths {
+            ownership,
+            dra: None,
+        });
+    }
+    let node_name = args
+        .node_name
+        .clone()
+        .context("--dra needs --node-name (NODE_NAME)")?;
+    let client = client.context(
+        "--dra needs the API server (in-cluster service account or kubeconfig, not --standalone)",
+    )?;
+    let boot_id = tessera::dra::checkpoint::boot_id(&args.boot_id_file)
+        .with_context(|| format!("--boot-id-file {}", args.boot_id_file.display()))?;
+    let dra = DraSettings {
+        client,
+        node_name,
+        kubelet_dir: args.kubelet_dir.clone(),
+        cdi_root: args.cdi_root.clone(),
+        checkpoint_dir: args.state_dir.join("dra"),
+        boot_id,
+        counters: match args.dra_counters {
+            Counters::Separate => CounterLayout::Separate,
+            Counters::Inline => CounterLayout::Inline,
+        },
+        allocate: opts.allocate.clone(),
+        retry: RetryPolicy::default(),
+    };
+    Ok(agent::Paths {
+        ownership,
+        dra: Some(dra),
+    })
+}
+
 async fn run_async(args: Args) -> Result<()> {
+    // Bad path flags fail before anything starts.
+    Ownership::new(args.device_plugin, args.dra, args.dra_gpus.as_deref())?;
     let backend = backend(&args)?;
     let metrics = Arc::new(tessera::metrics::NodeMetrics::new());
     let mut allocate = AllocateSettings::with_state_dir(&args.state_dir);
@@ -170,12 +247,13 @@ async fn run_async(args: Args) -> Result<()> {
             }
         });
     }
-    let (recorder, config_label) = cluster_hooks(&args, &cancel).await;
+    let (recorder, config_label, client) = cluster_hooks(&args, &cancel).await;
     let triggers = agent::Triggers {
         reload: reload_rx,
         config_label,
     };
-    let result = agent::run(backend, opts, recorder, triggers, cancel.clone()).await;
+    let paths = paths(&args, &opts, client)?;
+    let result = agent::run_with(backend, opts, recorder, triggers, paths, cancel.clone()).await;
     cancel.cancel();
     signals.abort();
     result.context("node agent")

@@ -81,6 +81,47 @@ pub fn diff(desired: &[ResourceSlice], existing: &[ResourceSlice]) -> Plan {
     plan
 }
 
+/// Give `desired` the pool generation to write: the stored one when nothing changes (an
+/// agent restart rewrites nothing), otherwise one above everything stored or written
+/// before (`floor`), so the scheduler never mixes slices of two generations. Pure.
+pub fn with_generation(
+    desired: &[ResourceSlice],
+    existing: &[ResourceSlice],
+    floor: i64,
+) -> Vec<ResourceSlice> {
+    let stored = existing.iter().map(|s| s.spec.pool.generation).max();
+    let same = |d: &ResourceSlice, e: &ResourceSlice| {
+        let mut d = d.spec.clone();
+        d.pool.generation = e.spec.pool.generation;
+        d == e.spec
+    };
+    let unchanged = existing.len() == desired.len()
+        && desired.iter().all(|d| {
+            existing
+                .iter()
+                .any(|e| e.metadata.name == d.metadata.name && same(d, e))
+        });
+    let highest = stored.unwrap_or(0).max(floor);
+    let generation = match stored {
+        Some(g) if unchanged && g >= floor => g,
+        _ => (highest + 1).max(
+            desired
+                .iter()
+                .map(|d| d.spec.pool.generation)
+                .max()
+                .unwrap_or(1),
+        ),
+    };
+    desired
+        .iter()
+        .map(|d| {
+            let mut d = d.clone();
+            d.spec.pool.generation = generation;
+            d
+        })
+        .collect()
+}
+
 /// The feature gate behind a ResourceSlice field path (dotted, list indices as `*`).
 fn gate_for(path: &str) -> &'static str {
     if path.contains("sharedCounters") || path.contains("consumesCounters") {
@@ -160,7 +201,24 @@ impl Publisher {
     /// Make the stored slices exactly `desired`. On a dropped field, every slice written
     /// in this round that lost a field is deleted and the first such error returned.
     pub async fn publish(&self, desired: &[ResourceSlice]) -> Result<()> {
-        let plan = diff(desired, &self.existing().await?);
+        self.publish_from(desired, 0).await.map(|_| ())
+    }
+
+    /// [`Self::publish`] with the pool generation chosen by [`with_generation`]; returns
+    /// the slices as written.
+    pub async fn publish_from(
+        &self,
+        desired: &[ResourceSlice],
+        floor: i64,
+    ) -> Result<Vec<ResourceSlice>> {
+        let existing = self.existing().await?;
+        let desired = with_generation(desired, &existing, floor);
+        self.write(&desired, &existing).await?;
+        Ok(desired)
+    }
+
+    async fn write(&self, desired: &[ResourceSlice], existing: &[ResourceSlice]) -> Result<()> {
+        let plan = diff(desired, existing);
         let mut first_err = None;
         for name in &plan.delete {
             self.api.delete(name, &DeleteParams::default()).await?;
@@ -207,11 +265,22 @@ impl Publisher {
         cancel: CancellationToken,
     ) {
         let mut backoff = Duration::from_secs(1);
+        let mut floor = 0;
         loop {
-            let slices = desired.borrow_and_update().clone();
-            let outcome = self.publish(&slices).await;
+            let wanted = desired.borrow_and_update().clone();
+            let outcome = self.publish_from(&wanted, floor).await;
             let ok = outcome.is_ok();
-            status.send_replace(outcome.err().map(|e| e.to_string()));
+            let slices = match outcome {
+                Ok(written) => {
+                    floor = written.first().map_or(floor, |s| s.spec.pool.generation);
+                    status.send_replace(None);
+                    written
+                }
+                Err(e) => {
+                    status.send_replace(Some(e.to_string()));
+                    wanted
+                }
+            };
             let wait = async {
                 if ok {
                     self.wait_for_change(&slices).await;
@@ -309,6 +378,26 @@ mod tests {
             Plan::default(),
             "nothing to do when in sync"
         );
+    }
+
+    #[test]
+    fn generation_is_kept_when_unchanged_and_bumped_otherwise() {
+        let gens = |v: &[ResourceSlice]| -> Vec<i64> {
+            v.iter().map(|s| s.spec.pool.generation).collect()
+        };
+        let stored = vec![slice("a", 4), slice("b", 4)];
+        // Same devices (an agent restart builds generation 1): keep 4, write nothing.
+        let same = with_generation(&[slice("a", 1), slice("b", 1)], &stored, 0);
+        assert_eq!(gens(&same), vec![4, 4]);
+        assert_eq!(diff(&same, &stored), Plan::default());
+        // Changed (a slice fewer): one above the stored generation.
+        assert_eq!(
+            gens(&with_generation(&[slice("a", 1)], &stored, 0)),
+            vec![5]
+        );
+        // Everything wiped (a kubelet restart): above what this process wrote before.
+        assert_eq!(gens(&with_generation(&[slice("a", 1)], &[], 7)), vec![8]);
+        assert_eq!(gens(&with_generation(&[slice("a", 1)], &[], 0)), vec![1]);
     }
 
     #[test]

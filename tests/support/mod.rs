@@ -2,5 +2,7 @@
 
 pub mod agent;
 pub mod apiserver;
+pub mod dra_agent;
+pub mod dra_kubelet;
 pub mod kubelet;
 pub mod schema;

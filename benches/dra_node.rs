@@ -1,0 +1,433 @@
+//! DRA driver benchmarks: the `tessera node --dra` binary (release under `cargo bench`) on
+//! fake GPUs, the DRA kubelet emulator over real unix sockets (socket-path `:authority`),
+//! the API-server double on loopback.
+//!
+//! Run: `cargo bench --bench dra_node` (`BENCH_ROUNDS=N` scales the sample, default 5).
+//! Prints one table, each figure beside a baseline measured in the same run:
+//! - NodePrepareResources round trip for one claim (whole GPU; MIG instance created on
+//!   demand), with 50 other claims in the checkpoint, vs. an empty NodePrepareResources
+//!   (the transport floor) and the claim GET alone (which the 5 ms budget excludes);
+//! - 100 claims in flight at once (one request per pod) vs. the same 100 one after another;
+//! - slices deleted → the whole pool published again, vs. the 2 s target;
+//! - SIGKILL → restarted agent answering NodePrepareResources (recovery included), vs. the
+//!   same binary's bare start-up (`tessera node --help`).
+//!
+//! `DRA_BENCH_DIR=/dev/shm` puts the agent's state on tmpfs (fsync becomes free), which
+//! separates the driver's own cost from the disk's.
+//!
+//! `cargo test --all-targets` runs it once with a small sample, as a smoke test.
+
+#[path = "../tests/support/apiserver.rs"]
+mod apiserver;
+#[path = "../tests/support/dra_agent.rs"]
+mod dra_agent;
+#[path = "../tests/support/dra_kubelet.rs"]
+mod dra_kubelet;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use apiserver::ApiServer;
+use dra_agent::{spawn_binary, NodeDirs, NODE};
+use dra_kubelet::{Claim, DraKubelet};
+use k8s_openapi::api::resource::v1::ResourceClaim;
+use nix::sys::signal::{kill, Signal};
+use nix::unistd::Pid;
+use serde_json::{json, Value};
+use tessera::dra::checkpoint::{Phase, Store};
+use tessera::proto::dra::v1;
+
+const DRIVER: &str = "gpu.tessera.io";
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims";
+/// GPUs 0–2 whole, 3–17 MIG (15 × 7 one-slice placements = 105 MIG devices).
+const GPUS: &str = "18xA100-80GB";
+const CONFIG: &str =
+    "tessera: { gpus: [ { match: { index: [3,4,5,6,7,8,9,10,11,12,13,14,15,16,17] }, \
+    mode: mig, mig: { layout: balanced } } ] }";
+
+fn pct(sorted: &[Duration], p: f64) -> Duration {
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i]
+}
+
+fn stats(mut v: Vec<Duration>) -> (Duration, Duration) {
+    v.sort();
+    (pct(&v, 0.5), pct(&v, 0.99))
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn allocate(api: &ApiServer, name: &str, device: &str) -> Claim {
+    let uid = format!("uid-{name}");
+    api.put_object(
+        CLAIMS,
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ml", "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": device}]}}}
+        }),
+    );
+    Claim::new("ml", name, &uid)
+}
+
+fn complete_pool(api: &ApiServer) -> bool {
+    let ours: Vec<Value> = api
+        .objects(SLICES)
+        .into_iter()
+        .filter(|s| s["spec"]["nodeName"] == NODE)
+        .collect();
+    let gens: BTreeSet<i64> = ours
+        .iter()
+        .filter_map(|s| s["spec"]["pool"]["generation"].as_i64())
+        .collect();
+    let count = ours
+        .first()
+        .and_then(|s| s["spec"]["pool"]["resourceSliceCount"].as_i64());
+    gens.len() == 1 && Some(ours.len() as i64) == count
+}
+
+async fn wait(what: &str, timeout: Duration, cond: impl Fn() -> bool) -> Duration {
+    let start = Instant::now();
+    while !cond() {
+        assert!(start.elapsed() < timeout, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    start.elapsed()
+}
+
+async fn prepare_ok(kubelet: &DraKubelet, claims: &[Claim]) {
+    let out = kubelet.prepare(DRIVER, claims).await.unwrap();
+    for c in claims {
+        if let Err(e) = &out[&c.uid] {
+            panic!("{}: {e}", c.name);
+        }
+    }
+}
+
+async fn unprepare_ok(kubelet: &DraKubelet, claims: &[Claim]) {
+    let out = kubelet.unprepare(DRIVER, claims).await.unwrap();
+    assert!(out.values().all(|r| r.is_ok()), "{out:?}");
+}
+
+/// Dial dra.sock (socket-path authority) and prepare `claim`, until it answers.
+async fn serving(socket: &std::path::Path, claim: &Claim, timeout: Duration) -> Duration {
+    let start = Instant::now();
+    let authority = socket.display().to_string();
+    loop {
+        assert!(
+            start.elapsed() < timeout,
+            "agent not serving after {timeout:?}"
+        );
+        if let Ok(ch) = tessera::grpc::connect_unix_with_authority(
+            socket,
+            &authority,
+            Duration::from_millis(100),
+        )
+        .await
+        {
+            let req = v1::NodePrepareResourcesRequest {
+                claims: vec![v1::Claim {
+                    namespace: claim.namespace.clone(),
+                    uid: claim.uid.clone(),
+                    name: claim.name.clone(),
+                }],
+            };
+            let mut client = v1::dra_plugin_client::DraPluginClient::new(ch);
+            if let Ok(r) = client.node_prepare_resources(req).await {
+                let r = r.into_inner();
+                assert!(r.claims[&claim.uid].error.is_empty(), "{r:?}");
+                return start.elapsed();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
+/// What the checkpoint's two-phase record costs the disk alone: two atomic writes (write,
+/// fsync, rename, fsync of the directory) of a checkpoint-sized file in `dir`.
+fn two_atomic_writes(dir: &std::path::Path, bytes: usize) -> Duration {
+    use std::io::Write;
+    let t = Instant::now();
+    for _ in 0..2 {
+        let tmp = dir.join("floor.tmp");
+        let mut f = std::fs::File::create(&tmp).unwrap();
+        f.write_all(&vec![b'x'; bytes]).unwrap();
+        f.sync_all().unwrap();
+        drop(f);
+        std::fs::rename(&tmp, dir.join("floor.json")).unwrap();
+        std::fs::File::open(dir).unwrap().sync_all().unwrap();
+    }
+    t.elapsed()
+}
+
+/// A process's time on a CPU and waiting in the run queue so far, summed over its threads
+/// (`/proc/<pid>/task/*/schedstat`): separates the agent's own work from CPU contention on
+/// a shared machine.
+fn cpu_and_wait(pid: u32) -> (Duration, Duration) {
+    let (mut run, mut wait) = (0u64, 0u64);
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let stat = std::fs::read_to_string(t.path().join("schedstat")).unwrap_or_default();
+            let mut f = stat
+                .split_whitespace()
+                .map(|v| v.parse::<u64>().unwrap_or(0));
+            run += f.next().unwrap_or(0);
+            wait += f.next().unwrap_or(0);
+        }
+    }
+    (Duration::from_nanos(run), Duration::from_nanos(wait))
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if full { 5 } else { 1 });
+    let samples = if full { 100 * rounds } else { 10 };
+    // Republish and restart repetitions.
+    let reps = if full { 5 * rounds } else { 2 };
+    let bin = env!("CARGO_BIN_EXE_tessera");
+    let mut rows: Vec<(String, String, String, String)> = Vec::new();
+
+    let api = ApiServer::start(NODE).await;
+    // DRA_BENCH_DIR=/dev/shm puts the agent's files (checkpoint, CDI specs) on tmpfs:
+    // the same run without the disk's fsync latency.
+    let tmp = match std::env::var_os("DRA_BENCH_DIR") {
+        Some(dir) => tempfile::tempdir_in(dir).unwrap(),
+        None => tempfile::tempdir().unwrap(),
+    };
+    let dirs = NodeDirs::under(tmp.path());
+    std::fs::create_dir_all(&dirs.config).unwrap();
+    std::fs::write(dirs.config.join("default"), CONFIG).unwrap();
+    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
+    let mut agent = spawn_binary(bin, &dirs, &api, GPUS, "boot-1");
+    kubelet
+        .wait_registered(DRIVER, 1, Duration::from_secs(10))
+        .await;
+    wait("slices", Duration::from_secs(10), || complete_pool(&api)).await;
+
+    // A busy node: 50 claims prepared and kept.
+    let background: Vec<Claim> = (0..50)
+        .map(|i| allocate(&api, &format!("bg{i}"), &format!("gpu-{}", i % 3)))
+        .collect();
+    prepare_ok(&kubelet, &background).await;
+
+    // --- one claim per request -----------------------------------------------------
+    let socket = dirs.kubelet_dir.join("plugins/gpu.tessera.io/dra.sock");
+    let authority = socket.display().to_string();
+    let ch =
+        tessera::grpc::connect_unix_with_authority(&socket, &authority, Duration::from_secs(2))
+            .await
+            .unwrap();
+    let mut raw = v1::dra_plugin_client::DraPluginClient::new(ch);
+    let claims_api: kube::Api<ResourceClaim> = kube::Api::namespaced(api.client(), "ml");
+    let (mut empty, mut get, mut whole, mut mig) = (vec![], vec![], vec![], vec![]);
+    let mut floor = vec![];
+    let checkpoint_bytes = std::fs::metadata(dirs.checkpoint_dir().join("checkpoint.json"))
+        .map(|m| m.len() as usize)
+        .unwrap_or(16 * 1024);
+    for i in 0..samples {
+        floor.push(two_atomic_writes(&dirs.state_dir, checkpoint_bytes));
+        let t = Instant::now();
+        raw.node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![] })
+            .await
+            .unwrap();
+        empty.push(t.elapsed());
+        let w = allocate(&api, &format!("w{i}"), &format!("gpu-{}", i % 3));
+        let t = Instant::now();
+        claims_api.get(&w.name).await.unwrap();
+        get.push(t.elapsed());
+        let t = Instant::now();
+        prepare_ok(&kubelet, std::slice::from_ref(&w)).await;
+        whole.push(t.elapsed());
+        let m = allocate(
+            &api,
+            &format!("m{i}"),
+            &format!("gpu-3-mig-1g-10gb-{}", i % 7),
+        );
+        let t = Instant::now();
+        prepare_ok(&kubelet, std::slice::from_ref(&m)).await;
+        mig.push(t.elapsed());
+        unprepare_ok(&kubelet, &[w, m]).await;
+    }
+    let (e50, e99) = stats(empty);
+    let (g50, g99) = stats(get);
+    let (w50, w99) = stats(whole);
+    let (m50, m99) = stats(mig);
+    let (f50, f99) = stats(floor);
+    rows.push((
+        "NodePrepareResources, whole GPU (p50 / p99)".into(),
+        format!("{:.2} / {:.2} ms", ms(w50), ms(w99)),
+        format!("empty RPC {:.2} / {:.2} ms", ms(e50), ms(e99)),
+        format!("{:.1}x (p99)", ms(w99) / ms(e99)),
+    ));
+    rows.push((
+        "  disk floor: 2 atomic checkpoint writes (p50 / p99)".into(),
+        format!("{:.2} / {:.2} ms", ms(f50), ms(f99)),
+        "same directory, same size".into(),
+        format!("prepare p50 = {:.2}x floor", ms(w50) / ms(f50)),
+    ));
+    rows.push((
+        "NodePrepareResources, MIG on demand (p50 / p99)".into(),
+        format!("{:.2} / {:.2} ms", ms(m50), ms(m99)),
+        format!("claim GET {:.2} / {:.2} ms", ms(g50), ms(g99)),
+        format!("{:.2}x of 5 ms (p99, GET incl.)", ms(m99) / 5.0),
+    ));
+
+    // --- 100 claims at once vs. one after another -----------------------------------
+    let hundred: Vec<Claim> = (0..100)
+        .map(|i| {
+            allocate(
+                &api,
+                &format!("h{i}"),
+                &format!("gpu-{}-mig-1g-10gb-{}", 3 + i / 7, i % 7),
+            )
+        })
+        .collect();
+    let (mut par, mut seq, mut per_claim) = (vec![], vec![], vec![]);
+    for _ in 0..rounds {
+        let t = Instant::now();
+        for c in &hundred {
+            prepare_ok(&kubelet, std::slice::from_ref(c)).await;
+        }
+        seq.push(t.elapsed());
+        unprepare_ok(&kubelet, &hundred).await;
+
+        let t = Instant::now();
+        let calls = hundred.iter().map(|c| {
+            let k = &kubelet;
+            async move {
+                let t = Instant::now();
+                prepare_ok(k, std::slice::from_ref(c)).await;
+                t.elapsed()
+            }
+        });
+        per_claim.extend(futures::future::join_all(calls).await);
+        par.push(t.elapsed());
+        let cp = Store::new(&dirs.checkpoint_dir()).read().unwrap();
+        let done = hundred
+            .iter()
+            .filter(|c| {
+                cp.claims
+                    .get(&c.uid)
+                    .is_some_and(|p| p.phase == Phase::Completed)
+            })
+            .count();
+        assert_eq!(done, 100, "lost checkpoint entries");
+        let devices: BTreeSet<String> = hundred
+            .iter()
+            .map(|c| {
+                let spec: Value =
+                    serde_json::from_slice(&std::fs::read(dirs.claim_spec(&c.uid)).unwrap())
+                        .unwrap();
+                spec["containerEdits"]["env"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .filter_map(|e| e.as_str()?.strip_prefix("NVIDIA_VISIBLE_DEVICES="))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .collect();
+        assert_eq!(devices.len(), 100, "a device was handed out twice");
+        unprepare_ok(&kubelet, &hundred).await;
+    }
+    let (p50, _) = stats(par);
+    let (s50, _) = stats(seq);
+    let (c50, c99) = stats(per_claim);
+    rows.push((
+        "100 concurrent claims, all prepared (median)".into(),
+        format!(
+            "{:.0} ms (claim p50/p99 {:.0}/{:.0} ms)",
+            ms(p50),
+            ms(c50),
+            ms(c99)
+        ),
+        format!("100 sequential {:.0} ms", ms(s50)),
+        format!("{:.2}x", ms(p50) / ms(s50)),
+    ));
+
+    // --- slices deleted → republished -------------------------------------------------
+    let mut republish = vec![];
+    for _ in 0..reps {
+        for s in api.objects(SLICES) {
+            if s["spec"]["nodeName"] == NODE {
+                api.delete_object(SLICES, s["metadata"]["name"].as_str().unwrap());
+            }
+        }
+        republish.push(wait("republish", Duration::from_secs(5), || complete_pool(&api)).await);
+    }
+    republish.sort();
+    let (r50, rmax) = (pct(&republish, 0.5), *republish.last().unwrap());
+    rows.push((
+        "slices deleted → pool republished (p50 / max)".into(),
+        format!("{:.0} / {:.0} ms", ms(r50), ms(rmax)),
+        "target 2 s".into(),
+        format!("{:.3}x (max)", ms(rmax) / 2000.0),
+    ));
+
+    // --- SIGKILL → restarted agent serving --------------------------------------------
+    let (mut restart, mut bare) = (vec![], vec![]);
+    let (mut on_cpu, mut queued) = (vec![], vec![]);
+    let probe = background[0].clone();
+    for _ in 0..reps {
+        let t = Instant::now();
+        let out = std::process::Command::new(bin)
+            .args(["node", "--help"])
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        bare.push(t.elapsed());
+        kill(Pid::from_raw(agent.id() as i32), Signal::SIGKILL).unwrap();
+        agent.wait().unwrap();
+        let start = Instant::now();
+        agent = spawn_binary(bin, &dirs, &api, GPUS, "boot-1");
+        serving(&socket, &probe, Duration::from_secs(10)).await;
+        restart.push(start.elapsed());
+        let (run, wait) = cpu_and_wait(agent.id());
+        on_cpu.push(run);
+        queued.push(wait);
+    }
+    restart.sort();
+    bare.sort();
+    let (x50, xmax) = (pct(&restart, 0.5), *restart.last().unwrap());
+    let b50 = pct(&bare, 0.5);
+    rows.push((
+        "SIGKILL → restarted, NodePrepare answered (p50 / max)".into(),
+        format!("{:.0} / {:.0} ms", ms(x50), ms(xmax)),
+        format!("bare process start {:.0} ms", ms(b50)),
+        format!("{:.2}x of 300 ms (max)", ms(xmax) / 300.0),
+    ));
+    let (c50, cmax) = {
+        on_cpu.sort();
+        (pct(&on_cpu, 0.5), *on_cpu.last().unwrap())
+    };
+    let (q50, _) = stats(queued);
+    rows.push((
+        "  of which the agent on a CPU (p50 / max)".into(),
+        format!("{:.0} / {:.0} ms", ms(c50), ms(cmax)),
+        format!("waiting for a CPU p50 {:.0} ms", ms(q50)),
+        format!("{:.2}x of 300 ms (max)", ms(cmax) / 300.0),
+    ));
+
+    kill(Pid::from_raw(agent.id() as i32), Signal::SIGTERM).unwrap();
+    agent.wait().unwrap();
+    if std::env::var_os("DRA_BENCH_LOG").is_some() {
+        eprintln!("{}", dra_agent::binary_log(&dirs));
+    }
+
+    println!(
+        "\n{:<54} {:<36} {:<28} RATIO",
+        "MEASURE", "TESSERA", "BASELINE"
+    );
+    for (a, b, c, d) in rows {
+        println!("{a:<54} {b:<36} {c:<28} {d}");
+    }
+}

@@ -1,0 +1,268 @@
+//! The DRA path of the node agent: the GPUs [`super::ownership`] gives the DRA driver are
+//! published as ResourceSlices and prepared through the kubelet's DRA socket.
+//!
+//! ```text
+//! start ─▶ NodePreparer::recover (roll back half-prepared claims, reboot → re-prepare)
+//!       ─▶ serve dra.sock (DRAPlugin v1 + v1beta1) ─▶ offer plugins_registry/…-reg.sock
+//! agent reload (config file, SIGHUP, node label) ─▶ DraView ─▶ build_slices ─▶ Publisher
+//!       Publisher: write the pool, watch it, write again on deletion / drift
+//! ```
+//!
+//! Slices are published only once a config has been applied: an agent whose first config
+//! is bad publishes nothing (like the device-plugin path), instead of an empty pool that
+//! would withdraw the devices of claims still running.
+//!
+//! [`Serialized`] queues prepare/unprepare requests: `NodePreparer` holds the checkpoint's
+//! file lock (a blocking `flock`) across the claim GET, so two requests in one process must
+//! never wait for that lock on the same runtime (on the agent's single-threaded runtime the
+//! second would block the thread the first needs to finish).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tracing::{error, info, warn};
+
+use crate::deviceplugin::allocate::AllocateSettings;
+use crate::dra::checkpoint::Store;
+use crate::dra::kubelet::{self, DraPaths};
+use crate::dra::node::NodePreparer;
+use crate::dra::plugin::{ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
+use crate::dra::publish::Publisher;
+use crate::dra::registration::RetryPolicy;
+use crate::dra::slices::{build_slices, CounterLayout, SliceOptions, DRIVER};
+use crate::gpu::{GpuBackend, Inventory};
+use crate::partition::layout::NodePlan;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Kubelet(#[from] kubelet::Error),
+    #[error("DRA driver task failed: {0}")]
+    Task(String),
+}
+
+/// Settings of the DRA path (from flags).
+#[derive(Clone)]
+pub struct DraSettings {
+    pub client: kube::Client,
+    pub node_name: String,
+    pub kubelet_dir: PathBuf,
+    pub cdi_root: PathBuf,
+    /// Holds `checkpoint.json` and its lock.
+    pub checkpoint_dir: PathBuf,
+    /// This boot's ID (`/proc/sys/kernel/random/boot_id`).
+    pub boot_id: String,
+    pub counters: CounterLayout,
+    pub allocate: AllocateSettings,
+    pub retry: RetryPolicy,
+}
+
+/// What the DRA driver publishes: its GPUs (post-MIG inventory) and their plan.
+#[derive(Debug, Clone, PartialEq)]
+pub struct DraView {
+    pub inventory: Inventory,
+    pub plan: NodePlan,
+}
+
+/// A [`ClaimPreparer`] that runs one request at a time (see the module doc).
+pub struct Serialized<P> {
+    inner: Arc<P>,
+    gate: tokio::sync::Mutex<()>,
+}
+
+impl<P> Serialized<P> {
+    pub fn new(inner: Arc<P>) -> Self {
+        Self {
+            inner,
+            gate: tokio::sync::Mutex::new(()),
+        }
+    }
+}
+
+impl<P: ClaimPreparer> ClaimPreparer for Serialized<P> {
+    async fn prepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<Vec<PreparedDevice>> {
+        let _turn = self.gate.lock().await;
+        self.inner.prepare(claims).await
+    }
+
+    async fn unprepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<()> {
+        let _turn = self.gate.lock().await;
+        self.inner.unprepare(claims).await
+    }
+}
+
+/// The slices for a view (the pool generation is the publisher's business).
+pub fn slices_for(
+    view: &DraView,
+    node: &str,
+    counters: CounterLayout,
+) -> Result<Vec<ResourceSlice>, crate::dra::slices::SliceError> {
+    let mut opts = SliceOptions::new(node);
+    opts.counters = counters;
+    build_slices(&view.inventory, &view.plan, &opts)
+}
+
+/// Run the DRA path until `cancel`: recover, serve the kubelet, publish every view.
+pub async fn run(
+    settings: DraSettings,
+    backend: Arc<dyn GpuBackend>,
+    mut views: watch::Receiver<Option<DraView>>,
+    cancel: CancellationToken,
+) -> Result<(), Error> {
+    let preparer = Arc::new(NodePreparer {
+        client: settings.client.clone(),
+        node: settings.node_name.clone(),
+        backend,
+        checkpoint: Store::new(&settings.checkpoint_dir),
+        cdi_root: settings.cdi_root.clone(),
+        settings: settings.allocate.clone(),
+        boot_id: settings.boot_id.clone(),
+    });
+    let recovering = preparer.clone();
+    match tokio::task::spawn_blocking(move || recovering.recover()).await {
+        Ok(Ok(loaded)) => info!(
+            claims = loaded.data.claims.len(),
+            rolled_back = loaded.rollback.len(),
+            rebooted = loaded.rebooted,
+            "DRA checkpoint recovered"
+        ),
+        // Serve anyway: the kubelet retries claims, and a crash loop helps nobody.
+        Ok(Err(e)) => error!(error = %e, "DRA checkpoint recovery failed"),
+        Err(e) => return Err(Error::Task(e.to_string())),
+    }
+
+    let paths = DraPaths::under(&settings.kubelet_dir);
+    let server = tokio::spawn(kubelet::serve(
+        paths,
+        Arc::new(Serialized::new(preparer)),
+        settings.retry,
+        cancel.child_token(),
+    ));
+    let publishing = publish_views(&settings, &mut views, cancel.clone());
+    tokio::pin!(publishing);
+    let mut server = server;
+    let served = tokio::select! {
+        r = &mut server => r,
+        () = &mut publishing => {
+            // Only returns on cancel (or when the agent dropped its sender).
+            cancel.cancel();
+            server.await
+        }
+    };
+    // The publisher too, whichever side ended first.
+    cancel.cancel();
+    match served {
+        Ok(r) => r.map_err(Error::from),
+        Err(e) => Err(Error::Task(e.to_string())),
+    }
+}
+
+/// Turn views into slices and keep them published, until `cancel` or the views end.
+async fn publish_views(
+    settings: &DraSettings,
+    views: &mut watch::Receiver<Option<DraView>>,
+    cancel: CancellationToken,
+) {
+    let node = settings.node_name.clone();
+    // Wait for the first applied config.
+    let first = loop {
+        if let Some(v) = views.borrow_and_update().clone() {
+            break v;
+        }
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            r = views.changed() => if r.is_err() { return },
+        }
+    };
+    let initial = match slices_for(&first, &node, settings.counters) {
+        Ok(s) => s,
+        Err(e) => {
+            error!(error = %e, "cannot build ResourceSlices; nothing published");
+            Vec::new()
+        }
+    };
+    let (desired_tx, desired_rx) = watch::channel(initial);
+    let (status_tx, mut status_rx) = watch::channel(None);
+    let publisher = Publisher::new(settings.client.clone(), &node, DRIVER);
+    let task = tokio::spawn(publisher.run(desired_rx, status_tx, cancel.child_token()));
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => break,
+            r = views.changed() => {
+                if r.is_err() { break }
+                let Some(view) = views.borrow_and_update().clone() else { continue };
+                match slices_for(&view, &node, settings.counters) {
+                    Ok(s) => {
+                        desired_tx.send_if_modified(|cur| {
+                            let changed = *cur != s;
+                            if changed {
+                                info!(slices = s.len(), "DRA devices changed; republishing");
+                                *cur = s;
+                            }
+                            changed
+                        });
+                    }
+                    Err(e) => error!(error = %e, "cannot build ResourceSlices; the last ones stay"),
+                }
+            }
+            r = status_rx.changed() => {
+                if r.is_err() { break }
+                if let Some(e) = status_rx.borrow_and_update().clone() {
+                    warn!(error = %e, "ResourceSlices not published; retrying");
+                }
+            }
+        }
+    }
+    cancel.cancel();
+    let _ = task.await;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    /// Counts how many calls run at once.
+    #[derive(Default)]
+    struct Probe {
+        now: AtomicUsize,
+        max: AtomicUsize,
+    }
+
+    impl ClaimPreparer for Probe {
+        async fn prepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<Vec<PreparedDevice>> {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max.fetch_max(n, Ordering::SeqCst);
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            claims.into_iter().map(|c| (c.uid, Ok(vec![]))).collect()
+        }
+
+        async fn unprepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<()> {
+            claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
+        }
+    }
+
+    #[tokio::test]
+    async fn serialized_runs_one_request_at_a_time() {
+        let probe = Arc::new(Probe::default());
+        let s = Arc::new(Serialized::new(probe.clone()));
+        let calls = (0..8).map(|i| {
+            let s = s.clone();
+            async move {
+                s.prepare(vec![ClaimRef {
+                    namespace: "ns".into(),
+                    name: format!("c{i}"),
+                    uid: format!("u{i}"),
+                }])
+                .await
+            }
+        });
+        let out = futures::future::join_all(calls).await;
+        assert!(out.iter().all(|r| r.len() == 1));
+        assert_eq!(probe.max.load(Ordering::SeqCst), 1);
+    }
+}
