@@ -12,8 +12,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use tracing::warn;
 
 use crate::gpu::Inventory;
+
+pub mod migcaps;
 
 /// The CDI kind (`vendor/class`) of Tessera's devices.
 pub const CDI_KIND: &str = "tessera.io/gpu";
@@ -88,13 +91,25 @@ pub struct DeviceNode {
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_path: Option<String>,
+    /// `c` for the MIG capability nodes (with `major`/`minor`, so a runtime needs no
+    /// host node to create them).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub r#type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
 }
 
 impl DeviceNode {
-    fn at(path: String) -> Self {
+    /// A node known by its path only (the runtime stats the host's node).
+    pub fn at(path: String) -> Self {
         Self {
             path,
             host_path: None,
+            r#type: None,
+            major: None,
+            minor: None,
         }
     }
 }
@@ -135,14 +150,40 @@ pub fn qualified_name(device: &str) -> String {
 
 /// The spec for every GPU and MIG device in the inventory. `dev_root` is where the host's
 /// `/dev` is visible to the agent (device paths in the container stay `/dev/...`).
+///
+/// MIG devices get their capability nodes from the driver's table at the default place
+/// (`/proc/driver/nvidia-caps/mig-minors`, read only when there is a MIG device); use
+/// [`node_spec_with`] to name the table.
 pub fn node_spec(inventory: &Inventory, dev_root: &str) -> Spec {
+    let has_mig = inventory.gpus.iter().any(|g| !g.mig_devices.is_empty());
+    let caps = has_mig
+        .then(|| {
+            migcaps::MigCaps::load(&migcaps::MigCapsPaths::under(Path::new("/proc"), dev_root))
+        })
+        .and_then(|r| {
+            r.map_err(
+                |e| warn!(error = %e, "MIG devices in the CDI spec lack their capability nodes"),
+            )
+            .ok()
+        });
+    node_spec_with(inventory, dev_root, caps.as_ref())
+}
+
+/// [`node_spec`] with the MIG capability table given. A MIG device whose nodes cannot be
+/// resolved (no table, or no entry for it) keeps only its GPU node and is logged:
+/// Allocate refuses such a device with the reason, so no container gets it incomplete.
+pub fn node_spec_with(
+    inventory: &Inventory,
+    dev_root: &str,
+    caps: Option<&migcaps::MigCaps>,
+) -> Spec {
     let host = |p: &str| {
         let root = dev_root.trim_end_matches('/');
         (!root.is_empty() && root != "/dev").then(|| format!("{root}{}", &p[4..]))
     };
     let node = |p: String| DeviceNode {
         host_path: host(&p),
-        path: p,
+        ..DeviceNode::at(p)
     };
     let mut devices = Vec::new();
     for gpu in &inventory.gpus {
@@ -156,11 +197,17 @@ pub fn node_spec(inventory: &Inventory, dev_root: &str) -> Spec {
             },
         });
         for mig in &gpu.mig_devices {
+            let mut device_nodes = vec![gpu_node.clone()];
+            match caps.map(|c| c.nodes(gpu.minor, mig.gi_id, mig.ci_id)) {
+                Some(Ok(nodes)) => device_nodes.extend(nodes),
+                Some(Err(e)) => warn!(mig = %mig.uuid, error = %e, "no MIG capability nodes"),
+                None => {}
+            }
             devices.push(CdiDevice {
                 name: mig.uuid.clone(),
                 container_edits: ContainerEdits {
                     env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", mig.uuid)],
-                    device_nodes: vec![gpu_node.clone()],
+                    device_nodes,
                     mounts: Vec::new(),
                 },
             });

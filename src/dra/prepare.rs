@@ -324,10 +324,7 @@ fn claim_spec(
         cdi_devices.push(CdiDevice {
             name: cdi_device_name(uid, &d.device),
             container_edits: ContainerEdits {
-                device_nodes: vec![DeviceNode {
-                    path: format!("/dev/nvidia{minor}"),
-                    host_path: None,
-                }],
+                device_nodes: vec![DeviceNode::at(format!("/dev/nvidia{minor}"))],
                 ..Default::default()
             },
         });
@@ -370,10 +367,7 @@ fn claim_spec(
             // A claim's spec is its own file: the node spec's control nodes do not apply.
             device_nodes: cdi::CONTROL_NODES
                 .iter()
-                .map(|p| DeviceNode {
-                    path: p.to_string(),
-                    host_path: None,
-                })
+                .map(|p| DeviceNode::at(p.to_string()))
                 .collect(),
             mounts,
         },
