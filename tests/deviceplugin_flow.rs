@@ -120,6 +120,28 @@ async fn serves_every_resource_to_the_kubelet() {
         err.message()
     );
 
+    // Without the driver's MIG capability table a MIG device is refused, naming it.
+    let table = agent
+        .cdi_root
+        .parent()
+        .unwrap()
+        .join("proc/driver/nvidia-caps/mig-minors");
+    std::fs::remove_file(&table).unwrap();
+    let err = client
+        .allocate(pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest {
+                devices_ids: vec![mig[3].id.clone()],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains(&mig[3].id) && err.message().contains("mig-minors"),
+        "{}",
+        err.message()
+    );
+
     // Preferred allocation of replicas.
     let mut client = kubelet.client("nvidia.com/gpu").await;
     let ids: Vec<String> = gpu.iter().map(|d| d.id.clone()).collect();

@@ -2,7 +2,9 @@
 //!
 //! One spec file per node under `--cdi-root` (kind `tessera.io/gpu`): a device per GPU
 //! (named by its UUID) and per MIG device (named by its MIG UUID), each with the device
-//! nodes it needs, plus the control nodes every GPU container needs. The kubelet passes
+//! nodes it needs (for a MIG device: the parent GPU's node and its GPU-instance and
+//! compute-instance access nodes, see [`migcaps`]), plus the control nodes every GPU
+//! container needs. The kubelet passes
 //! the fully qualified names (`tessera.io/gpu=GPU-…`) from Allocate's `cdi_devices` to
 //! the runtime, which applies the edits. Files are replaced atomically (write to a
 //! temporary file, rename) so a runtime never reads half a spec. There is no fsync: the
@@ -302,5 +304,68 @@ mod tests {
         assert_eq!(minimum_version(&spec), "0.3.0");
         spec.devices[0].name = "0b2f-gpu-0".into();
         assert_eq!(minimum_version(&spec), "0.5.0", "name starts with a digit");
+    }
+
+    #[test]
+    fn mig_devices_get_their_access_nodes() {
+        let inv = FakeBackend::from_yaml(
+            "gpus: [ { model: A100-80GB, count: 2, migEnabled: true, mig: [3g.40gb, 1g.10gb] } ]",
+        )
+        .unwrap()
+        .inventory()
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        for (dev_root, version) in [("/dev", "0.3.0"), ("/host/dev", "0.5.0")] {
+            let mut paths = migcaps::write_synthetic(dir.path(), 2, 508).unwrap();
+            paths.host_dev_dir = format!("{dev_root}/nvidia-caps");
+            let caps = migcaps::MigCaps::load(&paths).unwrap();
+            let spec = node_spec_with(&inv, dev_root, Some(&caps));
+            assert_eq!(
+                spec.cdi_version, version,
+                "type/major/minor need nothing newer"
+            );
+            for gpu in &inv.gpus {
+                for mig in &gpu.mig_devices {
+                    let d = spec.devices.iter().find(|d| d.name == mig.uuid).unwrap();
+                    let nodes = &d.container_edits.device_nodes;
+                    let gi = 3 + 135 * gpu.minor + 9 * mig.gi_id;
+                    let ci = gi + 1 + mig.ci_id;
+                    let got: Vec<_> = nodes.iter().map(|n| (n.path.as_str(), n.minor)).collect();
+                    let (gi_path, ci_path) = (
+                        format!("/dev/nvidia-caps/nvidia-cap{gi}"),
+                        format!("/dev/nvidia-caps/nvidia-cap{ci}"),
+                    );
+                    let gpu_path = format!("/dev/nvidia{}", gpu.minor);
+                    assert_eq!(
+                        got,
+                        vec![
+                            (gpu_path.as_str(), None),
+                            (gi_path.as_str(), Some(gi)),
+                            (ci_path.as_str(), Some(ci))
+                        ]
+                    );
+                    let host = nodes[2].host_path.as_deref();
+                    match dev_root {
+                        "/dev" => assert_eq!(host, None),
+                        _ => assert_eq!(
+                            host,
+                            Some(&*format!("/host/dev/nvidia-caps/nvidia-cap{ci}"))
+                        ),
+                    }
+                }
+            }
+            // Whole GPUs never get capability nodes.
+            let whole = spec
+                .devices
+                .iter()
+                .find(|d| d.name == inv.gpus[0].uuid)
+                .unwrap();
+            assert_eq!(whole.container_edits.device_nodes.len(), 1);
+        }
+        // Without the table a MIG device keeps only its GPU node (Allocate refuses it).
+        let spec = node_spec_with(&inv, "/dev", None);
+        let mig = &inv.gpus[0].mig_devices[0];
+        let d = spec.devices.iter().find(|d| d.name == mig.uuid).unwrap();
+        assert_eq!(d.container_edits.device_nodes.len(), 1);
     }
 }

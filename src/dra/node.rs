@@ -5,7 +5,8 @@
 //!                      │ no
 //!                      ▼
 //!   GET claim ─▶ plan_claim (pure; opaque config parsed strictly) ─▶ time-slice clash?
-//!   ─▶ checkpoint: Started ─▶ set time-slices, create MIG instances ─▶ accounting dir (vGPU)
+//!   ─▶ checkpoint: Started ─▶ read the MIG capability table (MIG claims; missing: fail)
+//!   ─▶ set time-slices, create MIG instances (+ their gi/ci access nodes) ─▶ accounting dir
 //!   ─▶ write the claim's CDI spec ─▶ checkpoint: Completed
 //!   ─▶ PUT status.devices (Ready=True, or Ready=False with the error on any failure)
 //! unprepare(claim) ── remove CDI spec ─▶ destroy its MIG instances ─▶ default time-slice

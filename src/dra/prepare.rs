@@ -10,7 +10,9 @@
 //! multi-device claim never ends up with one device's variables overwriting another's.
 //! The claim-wide edits also carry the control nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
 //! `/dev/nvidia-uvm-tools`): a claim's spec is a file of its own, so the node spec's do not
-//! apply to it. `cdiVersion` is the minimum the spec's fields need
+//! apply to it. A MIG device's GPU-instance and compute-instance access nodes are added by
+//! the shell once the instance exists (its ids are known only then; see
+//! [`crate::cdi::migcaps`]). `cdiVersion` is the minimum the spec's fields need
 //! ([`crate::cdi::minimum_version`]: 0.5.0 when the claim UID starts with a digit).
 
 use std::collections::BTreeMap;
