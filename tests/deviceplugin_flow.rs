@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use support::agent::AgentBuilder;
 use support::kubelet::Kubelet;
+use tessera::gpu::GpuBackend;
 use tessera::proto::deviceplugin as pb;
 
 const MIXED: &str = r#"
@@ -60,6 +61,36 @@ async fn serves_every_resource_to_the_kubelet() {
         .into_inner();
     let c = &resp.container_responses[0];
     assert_eq!(c.envs["NVIDIA_VISIBLE_DEVICES"], mig[3].id);
+    // Its GPU-instance and compute-instance access nodes (driver table: 3 + 135 x GPU
+    // minor + 9 x GI id; the compute instance's 1 + CI id after it).
+    let inv = agent.backend.inventory().unwrap();
+    let (parent, m) = inv
+        .gpus
+        .iter()
+        .flat_map(|g| g.mig_devices.iter().map(move |m| (g, m)))
+        .find(|(_, m)| m.uuid == mig[3].id)
+        .unwrap();
+    let gi_minor = 3 + 135 * parent.minor + 9 * m.gi_id;
+    let caps: Vec<(&str, &str, &str)> = c
+        .devices
+        .iter()
+        .map(|d| {
+            (
+                d.container_path.as_str(),
+                d.host_path.as_str(),
+                d.permissions.as_str(),
+            )
+        })
+        .collect();
+    let gi = format!("/dev/nvidia-caps/nvidia-cap{gi_minor}");
+    let ci = format!("/dev/nvidia-caps/nvidia-cap{}", gi_minor + 1 + m.ci_id);
+    assert_eq!(
+        caps,
+        vec![
+            (gi.as_str(), gi.as_str(), "rw"),
+            (ci.as_str(), ci.as_str(), "rw")
+        ]
+    );
     assert_eq!(
         c.cdi_devices[0].name,
         format!("tessera.io/gpu={}", mig[3].id)
@@ -85,6 +116,28 @@ async fn serves_every_resource_to_the_kubelet() {
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert!(
         err.message().contains("unknown device \"MIG-nope\""),
+        "{}",
+        err.message()
+    );
+
+    // Without the driver's MIG capability table a MIG device is refused, naming it.
+    let table = agent
+        .cdi_root
+        .parent()
+        .unwrap()
+        .join("proc/driver/nvidia-caps/mig-minors");
+    std::fs::remove_file(&table).unwrap();
+    let err = client
+        .allocate(pb::AllocateRequest {
+            container_requests: vec![pb::ContainerAllocateRequest {
+                devices_ids: vec![mig[3].id.clone()],
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        err.message().contains(&mig[3].id) && err.message().contains("mig-minors"),
         "{}",
         err.message()
     );

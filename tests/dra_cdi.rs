@@ -69,7 +69,26 @@ gpus:
     let dir = tempfile::tempdir().unwrap();
     let mut files = Vec::new();
     for (stem, dev_root) in [("plain", "/dev"), ("host-dev", "/host/dev")] {
-        let spec = cdi::node_spec(&inv, dev_root);
+        let paths = cdi::migcaps::write_synthetic(&dir.path().join(stem), 3, 508).unwrap();
+        let paths = cdi::migcaps::MigCapsPaths {
+            host_dev_dir: format!("{dev_root}/nvidia-caps"),
+            ..paths
+        };
+        let caps = cdi::migcaps::MigCaps::load(&paths).unwrap();
+        let spec = cdi::node_spec_with(&inv, dev_root, Some(&caps));
+        // Every MIG device: its GPU node and the two access nodes.
+        let mig = spec.devices.iter().filter(|d| d.name.starts_with("MIG-"));
+        assert_eq!(mig.clone().count(), 6);
+        for d in mig {
+            let nodes = &d.container_edits.device_nodes;
+            assert_eq!(nodes.len(), 3, "{d:?}");
+            assert!(
+                nodes[1..]
+                    .iter()
+                    .all(|n| n.path.starts_with("/dev/nvidia-caps/nvidia-cap")
+                        && n.major == Some(508))
+            );
+        }
         files.push(cdi::write_spec(dir.path(), stem, &spec).unwrap());
     }
     let read = |f: &Path| -> serde_json::Value {
@@ -134,6 +153,8 @@ async fn dra_claim_specs_are_valid_with_their_minimum_version() {
     for preload in [PreloadMode::Env, PreloadMode::File] {
         let tmp = tempfile::tempdir().unwrap();
         let mut settings = AllocateSettings::with_state_dir(tmp.path().join("state"));
+        settings.mig_caps =
+            tessera::cdi::migcaps::write_synthetic(&tmp.path().join("proc"), 4, 508).unwrap();
         settings.preload = preload;
         let p = NodePreparer {
             client: api.client(),
@@ -170,6 +191,22 @@ async fn dra_claim_specs_are_valid_with_their_minimum_version() {
                 nodes.contains("/dev/nvidiactl") && nodes.contains("/dev/nvidia-uvm"),
                 "{nodes}"
             );
+            for d in spec["devices"].as_array().unwrap() {
+                let n = d["containerEdits"]["deviceNodes"].as_array().unwrap();
+                let caps = n
+                    .iter()
+                    .filter(|n| {
+                        n["path"]
+                            .as_str()
+                            .unwrap()
+                            .starts_with("/dev/nvidia-caps/nvidia-cap")
+                            && n["type"] == "c"
+                            && n["major"] == 508
+                    })
+                    .count();
+                let is_mig = d["name"].as_str().unwrap().contains("-mig-");
+                assert_eq!(caps, if is_mig { 2 } else { 0 }, "{d}");
+            }
         }
         validate(&files).unwrap();
     }

@@ -79,6 +79,26 @@ async fn prepares_mig_and_vgpu_claims_and_undoes_them() {
         env.contains(&"CUDA_DEVICE_MEMORY_LIMIT_1=16384m"),
         "{env:?}"
     );
+    // The MIG device carries its GPU-instance and compute-instance access nodes (driver
+    // table: 3 + 135 x GPU minor + 9 x GI id, the CI 1 + CI id after it).
+    let gi_minor = 3 + 135 * inv.gpus[0].minor + 9 * mig[0].gi_id;
+    let nodes = &spec["devices"][0]["containerEdits"]["deviceNodes"];
+    assert_eq!(
+        nodes,
+        &json!([
+            {"path": format!("/dev/nvidia{}", inv.gpus[0].minor)},
+            {"path": format!("/dev/nvidia-caps/nvidia-cap{gi_minor}"), "type": "c", "major": 508, "minor": gi_minor},
+            {"path": format!("/dev/nvidia-caps/nvidia-cap{}", gi_minor + 1 + mig[0].ci_id), "type": "c", "major": 508, "minor": gi_minor + 1 + mig[0].ci_id},
+        ])
+    );
+    assert_eq!(
+        spec["devices"][1]["containerEdits"]["deviceNodes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        1,
+        "no caps for a vGPU slice"
+    );
     let cp = p.checkpoint.read().unwrap();
     assert_eq!(cp.claims["uid-1"].phase, Phase::Completed);
 
@@ -159,7 +179,10 @@ fn preparer(
         backend,
         checkpoint: Store::new(&root.join("state")),
         cdi_root: root.join("cdi"),
-        settings: AllocateSettings::with_state_dir(root.join("state")),
+        settings: AllocateSettings {
+            mig_caps: tessera::cdi::migcaps::write_synthetic(&root.join("proc"), 2, 508).unwrap(),
+            ..AllocateSettings::with_state_dir(root.join("state"))
+        },
         boot_id: boot.into(),
     }
 }
@@ -510,4 +533,33 @@ async fn status_write_retries_conflicts_and_keeps_concurrent_writes() {
     assert_eq!(devices.len(), 2, "{devices:#?}");
     assert_eq!(devices[0], nic, "the concurrent entry survived the retry");
     assert_eq!(ready(&devices[1]), ("True", "Prepared"));
+}
+
+#[tokio::test]
+async fn mig_claim_without_the_driver_caps_table_fails_clearly() {
+    let api = ApiServer::empty().await;
+    api.put_object(
+        CLAIMS,
+        claim("train", "uid-1", json!([r("gpu-0-mig-1g-10gb-0")])),
+    );
+    api.put_object(CLAIMS, claim("whole", "uid-2", json!([r("gpu-1")])));
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    std::fs::remove_file(&p.settings.mig_caps.mig_minors).unwrap();
+    let refs = ["train", "whole"].map(|n| ClaimRef {
+        namespace: "ml".into(),
+        name: n.into(),
+        uid: if n == "train" { "uid-1" } else { "uid-2" }.into(),
+    });
+    let out = p.prepare(refs.to_vec()).await;
+    let e = out["uid-1"].as_ref().unwrap_err();
+    assert!(
+        e.contains("capability") && e.contains("mig-minors"),
+        "names the missing table: {e}"
+    );
+    // Nothing half-done: no instance, no spec; a whole-GPU claim still prepares.
+    assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
+    assert!(!tmp.path().join("cdi/tessera.io-claim-uid-1.json").exists());
+    assert!(out["uid-2"].is_ok(), "{out:?}");
 }

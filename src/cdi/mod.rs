@@ -2,7 +2,9 @@
 //!
 //! One spec file per node under `--cdi-root` (kind `tessera.io/gpu`): a device per GPU
 //! (named by its UUID) and per MIG device (named by its MIG UUID), each with the device
-//! nodes it needs, plus the control nodes every GPU container needs. The kubelet passes
+//! nodes it needs (for a MIG device: the parent GPU's node and its GPU-instance and
+//! compute-instance access nodes, see [`migcaps`]), plus the control nodes every GPU
+//! container needs. The kubelet passes
 //! the fully qualified names (`tessera.io/gpu=GPU-…`) from Allocate's `cdi_devices` to
 //! the runtime, which applies the edits. Files are replaced atomically (write to a
 //! temporary file, rename) so a runtime never reads half a spec. There is no fsync: the
@@ -12,8 +14,11 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
+use tracing::warn;
 
 use crate::gpu::Inventory;
+
+pub mod migcaps;
 
 /// The CDI kind (`vendor/class`) of Tessera's devices.
 pub const CDI_KIND: &str = "tessera.io/gpu";
@@ -88,13 +93,25 @@ pub struct DeviceNode {
     pub path: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub host_path: Option<String>,
+    /// `c` for the MIG capability nodes (with `major`/`minor`, so a runtime needs no
+    /// host node to create them).
+    #[serde(default, rename = "type", skip_serializing_if = "Option::is_none")]
+    pub r#type: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub major: Option<u32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub minor: Option<u32>,
 }
 
 impl DeviceNode {
-    fn at(path: String) -> Self {
+    /// A node known by its path only (the runtime stats the host's node).
+    pub fn at(path: String) -> Self {
         Self {
             path,
             host_path: None,
+            r#type: None,
+            major: None,
+            minor: None,
         }
     }
 }
@@ -135,14 +152,40 @@ pub fn qualified_name(device: &str) -> String {
 
 /// The spec for every GPU and MIG device in the inventory. `dev_root` is where the host's
 /// `/dev` is visible to the agent (device paths in the container stay `/dev/...`).
+///
+/// MIG devices get their capability nodes from the driver's table at the default place
+/// (`/proc/driver/nvidia-caps/mig-minors`, read only when there is a MIG device); use
+/// [`node_spec_with`] to name the table.
 pub fn node_spec(inventory: &Inventory, dev_root: &str) -> Spec {
+    let has_mig = inventory.gpus.iter().any(|g| !g.mig_devices.is_empty());
+    let caps = has_mig
+        .then(|| {
+            migcaps::MigCaps::load(&migcaps::MigCapsPaths::under(Path::new("/proc"), dev_root))
+        })
+        .and_then(|r| {
+            r.map_err(
+                |e| warn!(error = %e, "MIG devices in the CDI spec lack their capability nodes"),
+            )
+            .ok()
+        });
+    node_spec_with(inventory, dev_root, caps.as_ref())
+}
+
+/// [`node_spec`] with the MIG capability table given. A MIG device whose nodes cannot be
+/// resolved (no table, or no entry for it) keeps only its GPU node and is logged:
+/// Allocate refuses such a device with the reason, so no container gets it incomplete.
+pub fn node_spec_with(
+    inventory: &Inventory,
+    dev_root: &str,
+    caps: Option<&migcaps::MigCaps>,
+) -> Spec {
     let host = |p: &str| {
         let root = dev_root.trim_end_matches('/');
         (!root.is_empty() && root != "/dev").then(|| format!("{root}{}", &p[4..]))
     };
     let node = |p: String| DeviceNode {
         host_path: host(&p),
-        path: p,
+        ..DeviceNode::at(p)
     };
     let mut devices = Vec::new();
     for gpu in &inventory.gpus {
@@ -156,11 +199,17 @@ pub fn node_spec(inventory: &Inventory, dev_root: &str) -> Spec {
             },
         });
         for mig in &gpu.mig_devices {
+            let mut device_nodes = vec![gpu_node.clone()];
+            match caps.map(|c| c.nodes(gpu.minor, mig.gi_id, mig.ci_id)) {
+                Some(Ok(nodes)) => device_nodes.extend(nodes),
+                Some(Err(e)) => warn!(mig = %mig.uuid, error = %e, "no MIG capability nodes"),
+                None => {}
+            }
             devices.push(CdiDevice {
                 name: mig.uuid.clone(),
                 container_edits: ContainerEdits {
                     env: vec![format!("NVIDIA_VISIBLE_DEVICES={}", mig.uuid)],
-                    device_nodes: vec![gpu_node.clone()],
+                    device_nodes,
                     mounts: Vec::new(),
                 },
             });
@@ -255,5 +304,68 @@ mod tests {
         assert_eq!(minimum_version(&spec), "0.3.0");
         spec.devices[0].name = "0b2f-gpu-0".into();
         assert_eq!(minimum_version(&spec), "0.5.0", "name starts with a digit");
+    }
+
+    #[test]
+    fn mig_devices_get_their_access_nodes() {
+        let inv = FakeBackend::from_yaml(
+            "gpus: [ { model: A100-80GB, count: 2, migEnabled: true, mig: [3g.40gb, 1g.10gb] } ]",
+        )
+        .unwrap()
+        .inventory()
+        .unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        for (dev_root, version) in [("/dev", "0.3.0"), ("/host/dev", "0.5.0")] {
+            let mut paths = migcaps::write_synthetic(dir.path(), 2, 508).unwrap();
+            paths.host_dev_dir = format!("{dev_root}/nvidia-caps");
+            let caps = migcaps::MigCaps::load(&paths).unwrap();
+            let spec = node_spec_with(&inv, dev_root, Some(&caps));
+            assert_eq!(
+                spec.cdi_version, version,
+                "type/major/minor need nothing newer"
+            );
+            for gpu in &inv.gpus {
+                for mig in &gpu.mig_devices {
+                    let d = spec.devices.iter().find(|d| d.name == mig.uuid).unwrap();
+                    let nodes = &d.container_edits.device_nodes;
+                    let gi = 3 + 135 * gpu.minor + 9 * mig.gi_id;
+                    let ci = gi + 1 + mig.ci_id;
+                    let got: Vec<_> = nodes.iter().map(|n| (n.path.as_str(), n.minor)).collect();
+                    let (gi_path, ci_path) = (
+                        format!("/dev/nvidia-caps/nvidia-cap{gi}"),
+                        format!("/dev/nvidia-caps/nvidia-cap{ci}"),
+                    );
+                    let gpu_path = format!("/dev/nvidia{}", gpu.minor);
+                    assert_eq!(
+                        got,
+                        vec![
+                            (gpu_path.as_str(), None),
+                            (gi_path.as_str(), Some(gi)),
+                            (ci_path.as_str(), Some(ci))
+                        ]
+                    );
+                    let host = nodes[2].host_path.as_deref();
+                    match dev_root {
+                        "/dev" => assert_eq!(host, None),
+                        _ => assert_eq!(
+                            host,
+                            Some(&*format!("/host/dev/nvidia-caps/nvidia-cap{ci}"))
+                        ),
+                    }
+                }
+            }
+            // Whole GPUs never get capability nodes.
+            let whole = spec
+                .devices
+                .iter()
+                .find(|d| d.name == inv.gpus[0].uuid)
+                .unwrap();
+            assert_eq!(whole.container_edits.device_nodes.len(), 1);
+        }
+        // Without the table a MIG device keeps only its GPU node (Allocate refuses it).
+        let spec = node_spec_with(&inv, "/dev", None);
+        let mig = &inv.gpus[0].mig_devices[0];
+        let d = spec.devices.iter().find(|d| d.name == mig.uuid).unwrap();
+        assert_eq!(d.container_edits.device_nodes.len(), 1);
     }
 }

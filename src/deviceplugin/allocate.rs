@@ -5,12 +5,18 @@
 //! for vGPU slices the shim contract of design.md: `LD_PRELOAD` (or an `/etc/ld.so.preload`
 //! mount) of `libtessera_cuda.so`, `CUDA_DEVICE_MEMORY_LIMIT_<i>`, `CUDA_DEVICE_SM_LIMIT_<i>`
 //! and `CUDA_DEVICE_MEMORY_SHARED_CACHE` in a per-container accounting directory.
+//!
+//! MIG devices also need their GPU-instance and compute-instance access nodes
+//! (`/dev/nvidia-caps/nvidia-cap<minor>`): the decision lists them as [`MigUnit`]s, and
+//! [`mig_device_specs`] turns them into device specs from the driver's table (the server
+//! reads the table once per Allocate; a missing table refuses the allocation).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use crate::cdi;
-use crate::partition::layout::{Device, Share};
+use crate::cdi::migcaps::{MigCaps, MigCapsPaths};
+use crate::partition::layout::{Device, Share, Target};
 
 use super::snapshot::Snapshot;
 use super::{Error, Result};
@@ -40,6 +46,8 @@ pub struct AllocateSettings {
     pub vgpu_state_dir: PathBuf,
     /// Host path of a file containing `shim_container_path` (for [`PreloadMode::File`]).
     pub preload_file_host_path: PathBuf,
+    /// The driver's MIG capability table (MIG devices' access nodes).
+    pub mig_caps: MigCapsPaths,
 }
 
 impl AllocateSettings {
@@ -52,6 +60,7 @@ impl AllocateSettings {
             preload: PreloadMode::Env,
             preload_file_host_path: state_dir.join("lib/ld.so.preload"),
             vgpu_state_dir: state_dir.join("vgpu"),
+            mig_caps: MigCapsPaths::default(),
         }
     }
 }
@@ -67,11 +76,31 @@ pub struct Mount {
     pub read_only: bool,
 }
 
+/// A device node passed to the runtime by the kubelet (`DeviceSpec`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeviceSpec {
+    pub container_path: String,
+    pub host_path: String,
+    pub permissions: String,
+}
+
+/// A MIG device the container gets: what its capability nodes are looked up by.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MigUnit {
+    pub uuid: String,
+    pub gpu_minor: u32,
+    pub gi_id: u32,
+    pub ci_id: u32,
+}
+
 /// What one container gets.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ContainerAllocation {
     pub envs: BTreeMap<String, String>,
     pub mounts: Vec<Mount>,
+    /// MIG devices among the units, in request order (their access nodes go in `devices`).
+    pub mig_units: Vec<MigUnit>,
+    pub devices: Vec<DeviceSpec>,
     pub cdi_devices: Vec<String>,
     pub annotations: BTreeMap<String, String>,
     /// Host directory to create before answering (vGPU accounting), if any.
@@ -166,6 +195,25 @@ pub fn allocate_container(
     }
 
     let mut out = ContainerAllocation::default();
+    for d in &devices {
+        if let Target::Mig {
+            uuid,
+            gpu_minor,
+            gi_id,
+            ci_id,
+            ..
+        } = &d.target
+        {
+            if !out.mig_units.iter().any(|m| m.uuid == *uuid) {
+                out.mig_units.push(MigUnit {
+                    uuid: uuid.clone(),
+                    gpu_minor: *gpu_minor,
+                    gi_id: *gi_id,
+                    ci_id: *ci_id,
+                });
+            }
+        }
+    }
     let visible: Vec<&str> = units.iter().map(|(u, _)| *u).collect();
     out.envs
         .insert("NVIDIA_VISIBLE_DEVICES".into(), visible.join(","));
@@ -174,6 +222,26 @@ pub fn allocate_container(
     }
     if units.iter().any(|(_, s)| s.is_some()) {
         add_shim_contract(&mut out, &units, settings, alloc_id);
+    }
+    Ok(out)
+}
+
+/// The access nodes of `units` (GPU instance, then compute instance, per unit) as device
+/// specs, from the driver's table `caps`. A device the table does not list is an error.
+pub fn mig_device_specs(units: &[MigUnit], caps: &MigCaps) -> Result<Vec<DeviceSpec>> {
+    let mut out = Vec::new();
+    for u in units {
+        let nodes = caps
+            .nodes(u.gpu_minor, u.gi_id, u.ci_id)
+            .map_err(|source| Error::MigCaps {
+                device: u.uuid.clone(),
+                source,
+            })?;
+        out.extend(nodes.into_iter().map(|n| DeviceSpec {
+            host_path: n.host_path.unwrap_or_else(|| n.path.clone()),
+            container_path: n.path,
+            permissions: "rw".into(),
+        }));
     }
     Ok(out)
 }
@@ -346,5 +414,67 @@ mod tests {
         let spread = vec![devs[0].id.clone(), devs[4].id.clone()];
         let a = allocate_container(&s, "nvidia.com/gpu", &spread, &settings(), "x").unwrap();
         assert_eq!(a.envs["NVIDIA_VISIBLE_DEVICES"].split(',').count(), 2);
+    }
+
+    #[test]
+    fn mig_devices_get_their_access_nodes() {
+        let inv = FakeBackend::from_yaml(
+            "gpus: [ { model: A100-80GB, count: 2, migEnabled: true, mig: [1g.10gb, 1g.10gb] } ]",
+        )
+        .unwrap()
+        .inventory()
+        .unwrap();
+        let cfg = config::parse_config("t", "flags: { migStrategy: mixed }").unwrap();
+        let plan = layout::plan(&inv, &cfg).unwrap();
+        let s = Snapshot {
+            advertisement: layout::advertise(&inv, &cfg, &plan).unwrap(),
+            ..snapshot("1xL4", "version: v1")
+        };
+        let devs = &s.resource("nvidia.com/mig-1g.10gb").unwrap().devices;
+        let on_gpu1 = devs.iter().find(|d| d.gpu_index == 1).unwrap();
+        let a = allocate_container(
+            &s,
+            "nvidia.com/mig-1g.10gb",
+            std::slice::from_ref(&on_gpu1.id),
+            &settings(),
+            "x",
+        )
+        .unwrap();
+        let Target::Mig { gi_id, ci_id, .. } = on_gpu1.target else {
+            panic!("not MIG")
+        };
+        assert_eq!(a.mig_units.len(), 1);
+        assert_eq!((a.mig_units[0].gpu_minor, a.mig_units[0].gi_id), (1, gi_id));
+
+        let dir = tempfile::tempdir().unwrap();
+        let paths = crate::cdi::migcaps::write_synthetic(dir.path(), 2, 508).unwrap();
+        let caps = MigCaps::load(&paths).unwrap();
+        let specs = mig_device_specs(&a.mig_units, &caps).unwrap();
+        let gi = 3 + 135 + 9 * gi_id;
+        let want: Vec<String> = [gi, gi + 1 + ci_id]
+            .iter()
+            .map(|m| format!("/dev/nvidia-caps/nvidia-cap{m}"))
+            .collect();
+        let got: Vec<String> = specs.iter().map(|d| d.container_path.clone()).collect();
+        assert_eq!(got, want);
+        assert!(specs
+            .iter()
+            .all(|d| d.host_path == d.container_path && d.permissions == "rw"));
+
+        // A table without this GPU: refused, naming the device and the entry.
+        let paths = crate::cdi::migcaps::write_synthetic(dir.path(), 1, 508).unwrap();
+        let e = mig_device_specs(&a.mig_units, &MigCaps::load(&paths).unwrap()).unwrap_err();
+        assert!(
+            e.to_string().contains(&on_gpu1.id) && e.to_string().contains("gpu1/gi"),
+            "{e}"
+        );
+        let status: tonic::Status = e.into();
+        assert_eq!(status.code(), tonic::Code::FailedPrecondition);
+
+        // Whole GPUs have none.
+        let s = snapshot("1xA100-80GB", "version: v1");
+        let req = ids(&s, "nvidia.com/gpu", 1);
+        let a = allocate_container(&s, "nvidia.com/gpu", &req, &settings(), "x").unwrap();
+        assert!(a.mig_units.is_empty());
     }
 }

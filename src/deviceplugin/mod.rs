@@ -68,6 +68,12 @@ pub enum Error {
     },
     #[error("CDI: {0}")]
     Cdi(#[from] crate::cdi::Error),
+    #[error("MIG device {device}: {source}")]
+    MigCaps {
+        device: String,
+        #[source]
+        source: crate::cdi::migcaps::Error,
+    },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -87,6 +93,7 @@ impl Error {
             Error::RegistrationRefused { .. } => "registration_refused",
             Error::Serve { .. } => "serve",
             Error::Cdi(_) => "cdi",
+            Error::MigCaps { .. } => "mig_caps",
         }
     }
 }
@@ -99,7 +106,7 @@ impl From<Error> for tonic::Status {
             | Error::DuplicateDevice { .. }
             | Error::InvalidRequest(_)
             | Error::RequestRefused { .. } => Code::InvalidArgument,
-            Error::UnhealthyDevice { .. } => Code::FailedPrecondition,
+            Error::UnhealthyDevice { .. } | Error::MigCaps { .. } => Code::FailedPrecondition,
             Error::UnknownResource { .. } => Code::NotFound,
             Error::Io { .. }
             | Error::KubeletUnavailable { .. }

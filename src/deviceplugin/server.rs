@@ -18,10 +18,13 @@ use crate::metrics::{ErrorLabels, NodeMetrics, ResourceLabels};
 use crate::proto::deviceplugin as pb;
 use crate::proto::deviceplugin::device_plugin_server::{DevicePlugin, DevicePluginServer};
 
-use super::allocate::{allocate_container, AllocateSettings, ContainerAllocation};
+use super::allocate::{
+    allocate_container, mig_device_specs, AllocateSettings, ContainerAllocation,
+};
 use super::preferred::preferred;
 use super::snapshot::{SharedSnapshot, Snapshot};
 use super::{Error, Result};
+use crate::cdi::migcaps::MigCaps;
 
 /// One resource's device-plugin service.
 pub struct ResourceService {
@@ -173,6 +176,21 @@ impl DevicePlugin for ResourceService {
             .map_err(|e| self.refused(e))?;
             decided.push(a);
         }
+        // MIG devices: their capability nodes from the driver's table, read once.
+        if let Some(first) = decided.iter().flat_map(|a| &a.mig_units).next() {
+            let caps = MigCaps::load(&self.settings.mig_caps)
+                .map_err(|source| Error::MigCaps {
+                    device: first.uuid.clone(),
+                    source,
+                })
+                .inspect_err(|e| warn!(error = %e, "Allocate refused"))
+                .map_err(|e| self.refused(e))?;
+            for a in &mut decided {
+                a.devices = mig_device_specs(&a.mig_units, &caps)
+                    .inspect_err(|e| warn!(error = %e, "Allocate refused"))
+                    .map_err(|e| self.refused(e))?;
+            }
+        }
         // All containers validated; only now touch the filesystem.
         let mut container_responses = Vec::with_capacity(decided.len());
         for a in decided {
@@ -232,7 +250,15 @@ fn to_proto(a: ContainerAllocation) -> pb::ContainerAllocateResponse {
                 read_only: m.read_only,
             })
             .collect(),
-        devices: Vec::new(),
+        devices: a
+            .devices
+            .into_iter()
+            .map(|d| pb::DeviceSpec {
+                container_path: d.container_path,
+                host_path: d.host_path,
+                permissions: d.permissions,
+            })
+            .collect(),
         annotations: a.annotations.into_iter().collect(),
         cdi_devices: a
             .cdi_devices

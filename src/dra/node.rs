@@ -5,7 +5,8 @@
 //!                      │ no
 //!                      ▼
 //!   GET claim ─▶ plan_claim (pure; opaque config parsed strictly) ─▶ time-slice clash?
-//!   ─▶ checkpoint: Started ─▶ set time-slices, create MIG instances ─▶ accounting dir (vGPU)
+//!   ─▶ checkpoint: Started ─▶ read the MIG capability table (MIG claims; missing: fail)
+//!   ─▶ set time-slices, create MIG instances (+ their gi/ci access nodes) ─▶ accounting dir
 //!   ─▶ write the claim's CDI spec ─▶ checkpoint: Completed
 //!   ─▶ PUT status.devices (Ready=True, or Ready=False with the error on any failure)
 //! unprepare(claim) ── remove CDI spec ─▶ destroy its MIG instances ─▶ default time-slice
@@ -36,6 +37,7 @@ use super::plugin::{ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 use super::prepare::{cdi_device_name, plan_claim, ClaimPlan};
 use super::status;
 use crate::cdi;
+use crate::cdi::migcaps::MigCaps;
 use crate::deviceplugin::allocate::AllocateSettings;
 use crate::gpu::{GpuBackend, TimeSlice};
 
@@ -214,14 +216,23 @@ impl NodePreparer {
     }
 
     /// Side effects: MIG instances (their UUIDs replace the parent GPU in the visible
-    /// devices, and in the status data), compute time-slices, and the vGPU accounting
-    /// directory. Returns the final CDI spec and status data.
+    /// devices, and in the status data; their GPU-instance and compute-instance access
+    /// nodes join the device's CDI edits), compute time-slices, and the vGPU accounting
+    /// directory. Returns the final CDI spec and status data. The driver's MIG capability
+    /// table is read before any side effect: without it a MIG claim fails at once.
     fn apply(
         &self,
         uid: &str,
         plan: ClaimPlan,
         mut report: BTreeMap<String, serde_json::Value>,
     ) -> Result<(cdi::Spec, BTreeMap<String, serde_json::Value>), String> {
+        let caps = match plan.devices.iter().any(|d| d.mig.is_some()) {
+            true => Some(
+                MigCaps::load(&self.settings.mig_caps)
+                    .map_err(|e| format!("MIG devices need their capability nodes: {e}"))?,
+            ),
+            false => None,
+        };
         let mut spec = plan.cdi;
         for d in &plan.devices {
             if let Some(interval) = d.time_slice {
@@ -234,6 +245,7 @@ impl NodePreparer {
             let gpu = inventory
                 .gpu(&mig.gpu_uuid)
                 .ok_or_else(|| format!("GPU {} is gone", mig.gpu_uuid))?;
+            let gpu_minor = gpu.minor;
             let mut layout: Vec<(String, u8)> = gpu
                 .mig_devices
                 .iter()
@@ -252,6 +264,15 @@ impl NodePreparer {
                 .ok_or_else(|| format!("MIG {} at {} was not created", mig.profile, mig.start))?;
             if let Some(serde_json::Value::Object(o)) = report.get_mut(&d.device) {
                 o.insert("uuid".into(), created.uuid.clone().into());
+            }
+            if let Some(caps) = &caps {
+                let nodes = caps
+                    .nodes(gpu_minor, created.gi_id, created.ci_id)
+                    .map_err(|e| format!("MIG device {}: {e}", created.uuid))?;
+                let name = cdi_device_name(uid, &d.device);
+                if let Some(dev) = spec.devices.iter_mut().find(|x| x.name == name) {
+                    dev.container_edits.device_nodes.extend(nodes);
+                }
             }
             for e in &mut spec.container_edits.env {
                 if let Some(list) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") {
@@ -273,7 +294,7 @@ impl NodePreparer {
             let dir = self.settings.vgpu_state_dir.join(uid);
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        Ok((spec, report))
+        Ok((cdi::with_minimum_version(spec), report))
     }
 
     /// At start-up: roll back claims a crash left half-prepared (their MIG instances and

@@ -10,7 +10,9 @@
 //! multi-device claim never ends up with one device's variables overwriting another's.
 //! The claim-wide edits also carry the control nodes (`/dev/nvidiactl`, `/dev/nvidia-uvm`,
 //! `/dev/nvidia-uvm-tools`): a claim's spec is a file of its own, so the node spec's do not
-//! apply to it. `cdiVersion` is the minimum the spec's fields need
+//! apply to it. A MIG device's GPU-instance and compute-instance access nodes are added by
+//! the shell once the instance exists (its ids are known only then; see
+//! [`crate::cdi::migcaps`]). `cdiVersion` is the minimum the spec's fields need
 //! ([`crate::cdi::minimum_version`]: 0.5.0 when the claim UID starts with a digit).
 
 use std::collections::BTreeMap;
@@ -324,10 +326,7 @@ fn claim_spec(
         cdi_devices.push(CdiDevice {
             name: cdi_device_name(uid, &d.device),
             container_edits: ContainerEdits {
-                device_nodes: vec![DeviceNode {
-                    path: format!("/dev/nvidia{minor}"),
-                    host_path: None,
-                }],
+                device_nodes: vec![DeviceNode::at(format!("/dev/nvidia{minor}"))],
                 ..Default::default()
             },
         });
@@ -370,10 +369,7 @@ fn claim_spec(
             // A claim's spec is its own file: the node spec's control nodes do not apply.
             device_nodes: cdi::CONTROL_NODES
                 .iter()
-                .map(|p| DeviceNode {
-                    path: p.to_string(),
-                    host_path: None,
-                })
+                .map(|p| DeviceNode::at(p.to_string()))
                 .collect(),
             mounts,
         },

@@ -98,6 +98,8 @@ pub enum Target {
     Mig {
         uuid: String,
         profile: String,
+        /// Minor number of the parent GPU (`gpu<minor>` in the MIG capability table).
+        gpu_minor: u32,
         gi_id: u32,
         ci_id: u32,
     },
@@ -351,7 +353,7 @@ pub fn advertise(
                         _ => config.mig_resource(&mig.profile),
                     };
                     let replicas = mig_replication(config, gpu, mig, ordinal, &resource);
-                    let base = builder.device(gpu, mig_target(mig), mig.uuid.clone());
+                    let base = builder.device(gpu, mig_target(gpu, mig), mig.uuid.clone());
                     builder.push_unit(config, &resource, base, replicas.as_ref())?;
                 }
             }
@@ -371,10 +373,11 @@ pub fn advertise(
     Ok(builder.finish())
 }
 
-fn mig_target(mig: &MigDeviceInfo) -> Target {
+fn mig_target(gpu: &GpuInfo, mig: &MigDeviceInfo) -> Target {
     Target::Mig {
         uuid: mig.uuid.clone(),
         profile: mig.profile.clone(),
+        gpu_minor: gpu.minor,
         gi_id: mig.gi_id,
         ci_id: mig.ci_id,
     }

@@ -129,7 +129,12 @@ impl AgentBuilder {
             config_path: config_path.clone(),
             config_name: self.config_name,
             dev_root: "/dev".into(),
-            allocate: AllocateSettings::with_state_dir(&state_dir),
+            allocate: AllocateSettings {
+                // The driver's MIG capability table, as a node with 8 GPUs has it.
+                mig_caps: tessera::cdi::migcaps::write_synthetic(&root.join("proc"), 8, 508)
+                    .unwrap(),
+                ..AllocateSettings::with_state_dir(&state_dir)
+            },
             metrics: metrics.clone(),
         };
         let task = tokio::spawn(agent::run(

@@ -398,4 +398,45 @@ mod tests {
         let restored = b.apply_mig_layout(&uuid, &restore).unwrap();
         assert_eq!(restored.len(), restore.len());
     }
+
+    #[test]
+    #[ignore = "needs GPU"]
+    fn gpu_mig_capability_table_covers_the_mig_devices() {
+        use crate::cdi::migcaps::{Capability, MigCaps, MigCapsPaths};
+        let inv = backend().inventory().unwrap();
+        let paths = MigCapsPaths::default();
+        if !inv.gpus.iter().any(|g| g.mig_capable) && !paths.mig_minors.exists() {
+            println!(
+                "no MIG-capable GPU and no {}: nothing to check",
+                paths.mig_minors.display()
+            );
+            return;
+        }
+        let caps = MigCaps::load(&paths).unwrap_or_else(|e| panic!("{e}"));
+        println!(
+            "nvidia-caps major {}, {} entries",
+            caps.major,
+            caps.minors.minors.len()
+        );
+        for g in inv.gpus.iter().filter(|g| g.mig_capable) {
+            let gpu = g.minor;
+            assert!(
+                caps.minors
+                    .get(Capability::GpuInstance { gpu, gi: 1 })
+                    .is_some(),
+                "no gpu{gpu}/gi1/access for {}",
+                g.uuid
+            );
+            for m in &g.mig_devices {
+                let nodes = caps
+                    .nodes(gpu, m.gi_id, m.ci_id)
+                    .unwrap_or_else(|e| panic!("{e}"));
+                println!(
+                    "{} -> {:?}",
+                    m.uuid,
+                    nodes.iter().map(|n| &n.path).collect::<Vec<_>>()
+                );
+            }
+        }
+    }
 }
