@@ -65,7 +65,7 @@ impl SharePlan {
         let total: f64 = b.iter().sum();
         let cap = usize::from(MILLI);
         let mut on_plan = vec![false; cap + 1];
-        for (pattern, x) in cutting_stock_lp(&sizes, &b) {
+        for (pattern, x) in cutting_stock_lp(&sizes, &b).patterns {
             if x < MIN_PATTERN_SHARE * total {
                 continue;
             }
@@ -97,10 +97,34 @@ impl SharePlan {
     }
 }
 
+/// The fewest GPUs that can hold `count` tasks of each `size` milli (one GPU-sharing task
+/// never spans GPUs), as the cutting-stock LP relaxation: a lower bound on any packing,
+/// offline or online. `None` if the solver stopped before proving optimality.
+pub fn min_gpus_lp(demand: &[(u16, f64)]) -> Option<f64> {
+    let demand: Vec<(u16, f64)> = demand
+        .iter()
+        .copied()
+        .filter(|&(s, n)| s > 0 && n > 0.0)
+        .map(|(s, n)| (s.min(MILLI), n))
+        .collect();
+    let sizes: Vec<u16> = demand.iter().map(|d| d.0).collect();
+    let b: Vec<f64> = demand.iter().map(|d| d.1).collect();
+    let sol = cutting_stock_lp(&sizes, &b);
+    sol.optimal
+        .then(|| sol.patterns.iter().map(|(_, x)| x).sum())
+}
+
+/// Basic patterns of the cutting-stock LP (counts per size, value).
+#[derive(Debug)]
+struct LpSolution {
+    patterns: Vec<(Vec<u32>, f64)>,
+    /// Whether no pattern could improve the solution when the solver stopped.
+    optimal: bool,
+}
+
 /// Solves min Σx over patterns (multisets of `sizes` fitting one GPU) with
-/// Σ x·pattern = `b`, x ≥ 0, by revised simplex with column generation. Returns the
-/// basic patterns (counts per size) and their values.
-fn cutting_stock_lp(sizes: &[u16], b: &[f64]) -> Vec<(Vec<u32>, f64)> {
+/// Σ x·pattern = `b`, x ≥ 0, by revised simplex with column generation.
+fn cutting_stock_lp(sizes: &[u16], b: &[f64]) -> LpSolution {
     let m = sizes.len();
     // Start from one pattern per size holding a single task: B = I, x = b.
     let mut basis: Vec<Vec<u32>> = (0..m)
@@ -110,11 +134,13 @@ fn cutting_stock_lp(sizes: &[u16], b: &[f64]) -> Vec<(Vec<u32>, f64)> {
         .map(|i| (0..m).map(|j| if i == j { 1.0 } else { 0.0 }).collect())
         .collect();
     let mut x: Vec<f64> = b.to_vec();
+    let mut optimal = false;
     for _ in 0..MAX_ROUNDS {
         // Duals: y = c_B · B⁻¹ with every cost 1.
         let y: Vec<f64> = (0..m).map(|j| (0..m).map(|i| binv[i][j]).sum()).collect();
         let (value, column) = best_pattern(sizes, &y);
         if value <= 1.0 + EPS {
+            optimal = true;
             break;
         }
         let d: Vec<f64> = (0..m)
@@ -154,11 +180,12 @@ fn cutting_stock_lp(sizes: &[u16], b: &[f64]) -> Vec<(Vec<u32>, f64)> {
         binv[r] = row_r;
         basis[r] = column;
     }
-    basis
+    let patterns = basis
         .into_iter()
         .zip(x)
         .map(|(p, v)| (p, v.max(0.0)))
-        .collect()
+        .collect();
+    LpSolution { patterns, optimal }
 }
 
 /// The pattern of greatest dual value Σ y·count that fits one GPU (unbounded knapsack
@@ -230,16 +257,32 @@ mod tests {
         let sizes = [500u16, 300, 200];
         let b = [3.0, 2.0, 2.0];
         let sol = cutting_stock_lp(&sizes, &b);
-        let bins: f64 = sol.iter().map(|(_, x)| x).sum();
+        assert!(sol.optimal);
+        let bins: f64 = sol.patterns.iter().map(|(_, x)| x).sum();
         let total = 3.0 * 500.0 + 2.0 * 300.0 + 2.0 * 200.0;
         assert!((bins - total / 1000.0).abs() < 1e-6, "{sol:?}");
         for i in 0..sizes.len() {
-            let covered: f64 = sol.iter().map(|(p, x)| f64::from(p[i]) * x).sum();
+            let covered: f64 = sol.patterns.iter().map(|(p, x)| f64::from(p[i]) * x).sum();
             assert!(
                 (covered - b[i]).abs() < 1e-6,
                 "size {}: {covered}",
                 sizes[i]
             );
+        }
+    }
+
+    #[test]
+    fn min_gpus_is_the_lp_bound() {
+        // Two 600s cannot share a GPU; 810 + 160 can; five 200s fill one GPU.
+        let cases: [(&[(u16, f64)], f64); 4] = [
+            (&[], 0.0),
+            (&[(600, 2.0)], 2.0),
+            (&[(810, 3.0), (160, 3.0)], 3.0),
+            (&[(200, 5.0), (1000, 1.0)], 2.0),
+        ];
+        for (demand, want) in cases {
+            let got = min_gpus_lp(demand).unwrap();
+            assert!((got - want).abs() < 1e-6, "{demand:?}: {got}");
         }
     }
 

@@ -19,6 +19,13 @@
 //!    GPU demand per hosting GPU of every shape the node can host, relative to average.
 //! 4. **Exact scores.** The fragmentation change is used as a real number, not squashed
 //!    into FGD's 0–100 integer score.
+//! 5. **A packing plan for sharing tasks.** Which sharing sizes end up on one GPU decides
+//!    the idle GPU left once the cluster is full (470 + 470 leaves 60, 470 + 320 leaves
+//!    210 that almost nothing fills). From the workload's size distribution Tessera
+//!    solves the cutting-stock LP once ([`SharePlan`]) and a sharing task may leave a GPU
+//!    only at a free capacity that a planned combination passes through; among those the
+//!    fragmentation measure decides. Off-plan GPUs pay a charge larger than usual
+//!    fragmentation changes, so they are taken only when no on-plan GPU fits.
 //!
 //! Decisions are memoised per (node state, demand) like every class-based policy, so a
 //! decision on the 1,213-node cluster is one pass of array reads (see `benches/placement.rs`).
