@@ -145,6 +145,7 @@ fn simulate(
         gpus: 0,
         pods: pods.len(),
         packing_reference_pct: None,
+        packing_lp_bound_pct: None,
     };
     let prepared = Prepared::new(
         nodes,
@@ -158,9 +159,15 @@ fn simulate(
         .map(|&s| bound::packing_reference_pct(&prepared, s))
         .sum::<f64>()
         / seeds.len() as f64;
+    let lp_bound = seeds
+        .iter()
+        .map(|&s| bound::packing_lp_bound_pct(&prepared, s))
+        .sum::<Option<f64>>()
+        .map(|sum| sum / seeds.len() as f64);
     let info = TraceInfo {
         gpus: prepared.cluster.total_gpu_milli() / 1000,
         packing_reference_pct: Some(reference),
+        packing_lp_bound_pct: lp_bound,
         ..info
     };
     let threads = flags

@@ -17,6 +17,7 @@ mod cluster;
 mod error;
 mod frag;
 mod hash;
+mod plan;
 pub mod policy;
 mod rng;
 mod types;
@@ -24,6 +25,7 @@ mod types;
 pub use cluster::{ClassId, Cluster, NodeClass, NodeState};
 pub use error::{Error, Result};
 pub use frag::{frag_milli, node_frag_milli, TargetPod, Workload};
+pub use plan::{min_gpus_lp, SharePlan};
 pub use policy::{Policy, PolicyContext, PolicyKind, TieBreak};
 pub use rng::SplitMix64;
 pub use types::{

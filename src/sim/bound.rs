@@ -8,11 +8,10 @@
 //! and BFD is not optimal (slightly pessimistic), so it is a yardstick, not a proof.
 
 use super::protocol::{arrival_order, Prepared};
-use crate::placement::MILLI;
+use crate::placement::{min_gpus_lp, MILLI};
 
-/// The allocation percent at 100% arrived if only the sharing pods' sizes wasted GPU, for
-/// the arrival order of `seed`.
-pub fn packing_reference_pct(p: &Prepared, seed: u64) -> f64 {
+/// The GPU-sharing pod sizes that arrived within 100% of capacity for `seed`.
+fn shared_sizes_within_capacity(p: &Prepared, seed: u64) -> Vec<u16> {
     let cap = p.cluster.total_gpu_milli();
     let order = arrival_order(&p.demands, cap, p.inflation, seed);
     let mut sizes: Vec<u16> = Vec::new();
@@ -27,8 +26,35 @@ pub fn packing_reference_pct(p: &Prepared, seed: u64) -> f64 {
             sizes.push(d.gpu_milli);
         }
     }
+    sizes
+}
+
+/// The allocation percent at 100% arrived if only the sharing pods' sizes wasted GPU, for
+/// the arrival order of `seed`, packed best-fit decreasing.
+pub fn packing_reference_pct(p: &Prepared, seed: u64) -> f64 {
+    let cap = p.cluster.total_gpu_milli();
+    let mut sizes = shared_sizes_within_capacity(p, seed);
     let waste = best_fit_decreasing_waste(&mut sizes);
     100.0 - waste as f64 * 100.0 / cap as f64
+}
+
+/// The same with the fewest GPUs any packing of those sizes needs (the cutting-stock LP
+/// bound): placing every sharing pod that arrived within 100% leaves at least this much
+/// idle on their GPUs. `None` if the LP was not solved to optimality.
+pub fn packing_lp_bound_pct(p: &Prepared, seed: u64) -> Option<f64> {
+    let cap = p.cluster.total_gpu_milli();
+    let sizes = shared_sizes_within_capacity(p, seed);
+    let total: u64 = sizes.iter().map(|&s| u64::from(s)).sum();
+    let mut counts: Vec<(u16, f64)> = Vec::new();
+    for s in sizes {
+        match counts.iter_mut().find(|(v, _)| *v == s) {
+            Some((_, n)) => *n += 1.0,
+            None => counts.push((s, 1.0)),
+        }
+    }
+    let gpus = min_gpus_lp(&counts)?;
+    let waste = (gpus * f64::from(MILLI) - total as f64).max(0.0);
+    Some(100.0 - waste * 100.0 / cap as f64)
 }
 
 /// Unused milli left in the GPUs opened by best-fit-decreasing packing of `sizes`.

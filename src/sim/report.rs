@@ -21,6 +21,8 @@ pub struct TraceInfo {
     pub pods: usize,
     /// Mean over seeds of [`super::bound::packing_reference_pct`].
     pub packing_reference_pct: Option<f64>,
+    /// Mean over seeds of [`super::bound::packing_lp_bound_pct`].
+    pub packing_lp_bound_pct: Option<f64>,
 }
 
 /// The comparison table, one line per policy plus a `paper` line under each policy the
@@ -107,6 +109,12 @@ pub fn table(
             "Offline packing reference at 100% arrived: {b:.2}% (GPU-sharing pods packed best-fit-decreasing with hindsight, CPU ignored; see docs/simulate.md)."
         );
     }
+    if let Some(b) = info.packing_lp_bound_pct {
+        let _ = writeln!(
+            out,
+            "Packing LP bound at 100% arrived: {b:.2}% (fewest GPUs any packing of those GPU-sharing pods needs, cutting-stock LP)."
+        );
+    }
     if paper.is_some() {
         let _ = writeln!(out, "`paper` rows: the FGD authors' published means for this trace (their simulator, their seeds).");
     }
@@ -139,6 +147,8 @@ struct JsonReport<'a> {
     pods: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     packing_reference_pct: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    packing_lp_bound_pct: Option<f64>,
     policies: Vec<JsonPolicy>,
 }
 
@@ -175,6 +185,7 @@ pub fn json(
         gpus: info.gpus,
         pods: info.pods,
         packing_reference_pct: info.packing_reference_pct.map(round),
+        packing_lp_bound_pct: info.packing_lp_bound_pct.map(round),
         policies,
     };
     serde_json::to_value(report).unwrap_or(serde_json::Value::Null)

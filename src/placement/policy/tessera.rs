@@ -19,6 +19,13 @@
 //!    GPU demand per hosting GPU of every shape the node can host, relative to average.
 //! 4. **Exact scores.** The fragmentation change is used as a real number, not squashed
 //!    into FGD's 0–100 integer score.
+//! 5. **A packing plan for sharing tasks.** Which sharing sizes end up on one GPU decides
+//!    the idle GPU left once the cluster is full (470 + 470 leaves 60, 470 + 320 leaves
+//!    210 that almost nothing fills). From the workload's size distribution Tessera
+//!    solves the cutting-stock LP once ([`SharePlan`]) and a sharing task may leave a GPU
+//!    only at a free capacity that a planned combination passes through; among those the
+//!    fragmentation measure decides. Off-plan GPUs pay a charge larger than usual
+//!    fragmentation changes, so they are taken only when no on-plan GPU fits.
 //!
 //! Decisions are memoised per (node state, demand) like every class-based policy, so a
 //! decision on the 1,213-node cluster is one pass of array reads (see `benches/placement.rs`).
@@ -30,6 +37,7 @@ use super::{
 use crate::placement::cluster::model_allowed;
 use crate::placement::cluster::{Cluster, NodeClass};
 use crate::placement::frag::{frag_milli, TargetPod, Workload};
+use crate::placement::plan::SharePlan;
 use crate::placement::rng::SplitMix64;
 use crate::placement::types::{Demand, GpuFree, Placement, MILLI};
 
@@ -42,6 +50,10 @@ pub struct TesseraParams {
     pub strand_weight: f64,
     /// Weight of the host-pressure term (charge per milli placed, times the pressure).
     pub pressure_weight: f64,
+    /// Charge (in milli of fragment) for leaving a GPU at a free capacity off the
+    /// packing plan. Larger than any fragmentation change, so an on-plan GPU always
+    /// wins when one exists (0 disables the plan).
+    pub off_plan_penalty: f64,
 }
 
 impl Default for TesseraParams {
@@ -51,6 +63,7 @@ impl Default for TesseraParams {
             gpu_weight: 1.0,
             strand_weight: 1.0,
             pressure_weight: 0.5,
+            off_plan_penalty: 10_000.0,
         }
     }
 }
@@ -67,6 +80,8 @@ pub struct Tessera {
     before: ClassMemo,
     /// Per node: host pressure (see [`host_pressure`]), computed on first use.
     pressure: Option<Vec<f64>>,
+    /// Free-capacity levels of a good packing of the sharing sizes (see [`SharePlan`]).
+    plan: Option<SharePlan>,
 }
 
 /// Per node: how contested its GPUs are. Each task shape can run on some set of nodes
@@ -143,6 +158,7 @@ impl Tessera {
             cache: VerdictCache::default(),
             before: ClassMemo::default(),
             pressure: None,
+            plan: SharePlan::from_workload(&ctx.shapes),
         }
     }
 }
@@ -169,6 +185,7 @@ fn verdict(
     p: &TesseraParams,
     r: f64,
     before: f64,
+    plan: Option<&SharePlan>,
 ) -> Verdict {
     let cpu_after = c.cpu_left - d.cpu_milli;
     let value = |gpus: &[GpuFree]| {
@@ -180,7 +197,10 @@ fn verdict(
     if d.is_shared() {
         let mut best: Option<Verdict> = None;
         for v in candidate_values(c, d) {
-            let s = value(&after_value(c, d, v));
+            let mut s = value(&after_value(c, d, v));
+            if plan.is_some_and(|plan| !plan.keeps(v.milli - d.gpu_milli)) {
+                s -= p.off_plan_penalty;
+            }
             // Candidates come largest-free first; on a tie keep the tighter GPU.
             if best.is_none_or(|b| s >= b.score) {
                 best = Some(Verdict {
@@ -212,6 +232,7 @@ impl Policy for Tessera {
             .pressure
             .get_or_insert_with(|| host_pressure(cluster, w));
         let memo = &mut self.before;
+        let plan = self.plan.as_ref();
         place_by_class(
             cluster,
             d,
@@ -220,7 +241,7 @@ impl Policy for Tessera {
             &mut self.cache,
             |node, cid, c, d| {
                 let before = memo.get_or(cid, || cost(c, w, p, r));
-                let mut v = verdict(c, d, w, p, r, before);
+                let mut v = verdict(c, d, w, p, r, before, plan);
                 let hp = pressure.get(node).copied().unwrap_or(0.0);
                 v.score -= p.pressure_weight * hp * d.total_milli() as f64;
                 Some(v)

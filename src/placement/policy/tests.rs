@@ -232,3 +232,29 @@ fn whole_gpu_requests_take_free_gpus_only() {
         );
     }
 }
+
+#[test]
+fn tessera_keeps_gpus_on_the_packing_plan() {
+    // The workload packs 550 + 230 + 220 and 650 + 320. GPU 0 holds a 650 (350 free),
+    // GPU 1 a 550 (450 free). A 230 on GPU 0 would leave 120 that nothing fills, and the
+    // fragmentation measure alone (like BestFit) prefers that tighter GPU; the packing
+    // plan sends it to GPU 1, leaving 220 for a 220 and 350 for a 320.
+    let mut c = cluster_with(
+        vec![NodeSpec::new("a", 64_000, 1 << 20, 2, "T4")],
+        &[
+            (0, Request::shared(1000, 1, 650), vec![0]),
+            (0, Request::shared(1000, 1, 550), vec![1]),
+        ],
+    );
+    let shapes: Vec<Demand> = [550, 230, 220, 650, 320]
+        .iter()
+        .map(|&m| c.demand(&Request::shared(1000, 1, m)).unwrap())
+        .collect();
+    let w = Workload::from_demands(&shapes, 1.0);
+    let pod = Request::shared(1000, 1, 230);
+    let cases = [(PolicyKind::Tessera, 1u8), (PolicyKind::BestFit, 0u8)];
+    for (kind, gpu) in cases {
+        let got = place(kind, &mut c, &pod, &w, 1).map(|p| p.gpus);
+        assert_eq!(got, Some(vec![gpu]), "{kind}");
+    }
+}
