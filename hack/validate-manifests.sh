@@ -10,4 +10,8 @@ fi
 for v in 1.34.0 1.35.0; do
   kubernetes-validate --strict --quiet -k "$v" daemonset/node/*.yaml daemonset/dra/*.yaml
 done
+# The quota controller: CRDs (apiextensions.k8s.io/v1), Deployment, RBAC, Service, webhook.
+for v in 1.34.0 1.35.0; do
+  kubernetes-validate --strict --quiet -k "$v" daemonset/controller/*.yaml
+done
 echo "manifests valid for Kubernetes 1.34 and 1.35"
