@@ -10,6 +10,8 @@
 
 pub mod crd;
 pub mod decide;
+#[cfg(test)]
+mod decide_tests;
 pub mod error;
 pub mod lease;
 pub mod reconciler;
