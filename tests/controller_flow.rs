@@ -197,6 +197,12 @@ async fn admits_within_quota_then_preempts_through_the_eviction_api() {
         .any(|e| e["reason"] == "WaitingForQuota" && e["regarding"]["name"] == "low-3"));
     support::schema::validate_all(&events, &["1.34.0"]);
 
+    let cq = &s.objects("/apis/tessera.io/v1alpha1/clusterqueues")[0];
+    assert_eq!(
+        cq["status"],
+        json!({"admittedWorkloads": 2, "pendingWorkloads": 1})
+    );
+
     // Nothing changed: a second pass writes nothing.
     let writes = s.writes();
     let plan = reconciler::pass(&client, &c, NOW + 1_000).await.unwrap();

@@ -509,6 +509,38 @@ pub async fn apply(client: &kube::Client, cfg: &Config, plan: &Plan, now: Millis
     failed
 }
 
+/// Writes `status.admittedWorkloads` / `pendingWorkloads` of each ClusterQueue that
+/// changed; returns the number of failed writes.
+async fn write_queue_status(client: &kube::Client, plan: &Plan) -> usize {
+    let (kind, plural) = QUEUE_KINDS[1];
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &crd_resource(kind, plural));
+    let mut failed = 0;
+    for (name, (admitted, pending)) in &plan.queue_counts {
+        let result = async {
+            let Some(mut cq) = api.get_opt(name).await? else {
+                return Ok(());
+            };
+            let want = json!({"admittedWorkloads": admitted, "pendingWorkloads": pending});
+            let status = cq.data.get("status").cloned().unwrap_or(Value::Null);
+            if status["admittedWorkloads"] == want["admittedWorkloads"]
+                && status["pendingWorkloads"] == want["pendingWorkloads"]
+            {
+                return Ok(());
+            }
+            cq.data["status"] = want;
+            api.replace_status(name, &PostParams::default(), &cq)
+                .await
+                .map(|_| ())
+        }
+        .await;
+        if let Err(e) = result {
+            failed += 1;
+            tracing::warn!(error = %e, queue = %name, "writing ClusterQueue status");
+        }
+    }
+    failed
+}
+
 /// One pass: snapshot, decide, apply. Returns the plan (for tests and logs).
 pub async fn pass(client: &kube::Client, cfg: &Config, now: Millis) -> Result<Plan> {
     let mut problems = Vec::new();
@@ -519,7 +551,8 @@ pub async fn pass(client: &kube::Client, cfg: &Config, now: Millis) -> Result<Pl
         tracing::warn!(problem = %p, "unusable object");
     }
     plan.problems = problems;
-    let failed = apply(client, cfg, &plan, now).await;
+    let mut failed = apply(client, cfg, &plan, now).await;
+    failed += write_queue_status(client, &plan).await;
     if failed > 0 {
         tracing::info!(failed, "some writes failed; the next pass retries");
     }
