@@ -12,4 +12,8 @@ for v in 1.34.0 1.35.0; do
   # Example ResourceClaims / ResourceClaimTemplates (and the pods using them).
   kubernetes-validate --strict --quiet -k "$v" daemonset/examples/claims/*.yaml
 done
+# The quota controller: CRDs (apiextensions.k8s.io/v1), Deployment, RBAC, Service, webhook.
+for v in 1.34.0 1.35.0; do
+  kubernetes-validate --strict --quiet -k "$v" daemonset/controller/*.yaml
+done
 echo "manifests valid for Kubernetes 1.34 and 1.35"

@@ -10,6 +10,7 @@
 
 pub mod agent;
 pub mod cdi;
+pub mod controller;
 pub mod deviceplugin;
 pub mod dra;
 pub mod gpu;

@@ -28,13 +28,15 @@ enum Command {
     Simulate(cmd::simulate::Args),
     /// Offline quota what-if: queues + workloads YAML in, admissions/preemptions out.
     Plan(cmd::plan::Args),
+    /// Quota controller and admission webhook (`tessera controller crds` prints the CRDs).
+    Controller(cmd::controller::Args),
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Daemons log at info; the one-shot tools only warn unless asked.
     let default_level = match cli.command {
-        Command::Node(_) => "info",
+        Command::Node(_) | Command::Controller(_) => "info",
         _ => "warn",
     };
     init_tracing(default_level);
@@ -43,6 +45,7 @@ fn main() -> ExitCode {
         Command::Layout(args) => cmd::layout::run(args),
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::Plan(args) => cmd::plan::run(args),
+        Command::Controller(args) => cmd::controller::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -206,3 +206,14 @@ fn daemonset_env_is_read_by_the_agent() {
     }
     assert!(checked >= 4, "DaemonSet sets the path variables");
 }
+
+/// The committed CRDs are exactly what `tessera controller crds` generates from the types.
+#[test]
+fn committed_crds_match_the_generated_ones() {
+    let committed = std::fs::read_to_string("daemonset/controller/crds.yaml").unwrap();
+    let generated = tessera::controller::crd::crds_yaml().unwrap();
+    assert!(
+        committed == generated,
+        "daemonset/controller/crds.yaml is stale: run `tessera controller crds > daemonset/controller/crds.yaml`"
+    );
+}

@@ -1,5 +1,6 @@
 //! One module per subcommand: each has `Args` (clap) and `run(args) -> anyhow::Result<()>`.
 
+pub mod controller;
 pub mod layout;
 pub mod node;
 pub mod plan;

@@ -1,10 +1,12 @@
 //! Queue objects with Kueue's field names (camelCase), as plain serde types.
 //!
 //! A Kueue manifest ports by changing its `apiVersion` to `tessera.io/v1alpha1`. These types
-//! carry no Kubernetes client dependency; the controller adds kube's `CustomResource` derive
-//! around the `*Spec` structs later. Tessera extensions are marked as such.
+//! carry no Kubernetes client dependency; they derive `JsonSchema` (plain schemars) so the
+//! controller can wrap the `*Spec` structs in kube's `CustomResource` derive
+//! (`src/controller/crd.rs`) without a second model. Tessera extensions are marked as such.
 
 use super::quantity::Quantity;
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
@@ -28,7 +30,7 @@ pub struct ObjectMeta {
 }
 
 /// A Kubernetes taint, as carried by a ResourceFlavor's `nodeTaints`.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Taint {
     pub key: String,
@@ -38,7 +40,7 @@ pub struct Taint {
 }
 
 /// A Kubernetes toleration.
-#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct Toleration {
     #[serde(default, skip_serializing_if = "Option::is_none")]
@@ -81,7 +83,7 @@ pub struct ResourceFlavor {
 }
 
 /// Spec of a [`ResourceFlavor`].
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceFlavorSpec {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -102,7 +104,7 @@ pub struct ClusterQueue {
 }
 
 /// Spec of a [`ClusterQueue`].
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterQueueSpec {
     #[serde(default)]
@@ -124,7 +126,7 @@ pub struct ClusterQueueSpec {
 }
 
 /// A set of resources that share the same ordered list of flavors.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceGroup {
     pub covered_resources: Vec<String>,
@@ -132,7 +134,7 @@ pub struct ResourceGroup {
 }
 
 /// The quotas of one flavor inside a resource group.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FlavorQuotas {
     pub name: String,
@@ -140,7 +142,7 @@ pub struct FlavorQuotas {
 }
 
 /// Quota of one resource in one flavor.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ResourceQuota {
     pub name: String,
@@ -154,7 +156,7 @@ pub struct ResourceQuota {
 }
 
 /// How pending workloads of a queue are ordered and retried.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum QueueingStrategy {
     /// A head that does not fit blocks the workloads behind it.
     StrictFIFO,
@@ -164,7 +166,7 @@ pub enum QueueingStrategy {
 }
 
 /// Preemption rules of a [`ClusterQueue`].
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ClusterQueuePreemption {
     #[serde(default)]
@@ -180,7 +182,7 @@ pub struct ClusterQueuePreemption {
 }
 
 /// `reclaimWithinCohort`: may a workload preempt borrowers in other queues of the cohort.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum ReclaimPolicy {
     #[default]
     Never,
@@ -189,7 +191,7 @@ pub enum ReclaimPolicy {
 }
 
 /// `withinClusterQueue`: may a workload preempt others in its own queue.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum WithinClusterQueuePolicy {
     #[default]
     Never,
@@ -198,7 +200,7 @@ pub enum WithinClusterQueuePolicy {
 }
 
 /// `borrowWithinCohort`: preemption in the cohort by a workload that needs to borrow.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct BorrowWithinCohort {
     #[serde(default)]
@@ -208,7 +210,7 @@ pub struct BorrowWithinCohort {
 }
 
 /// Policy of [`BorrowWithinCohort`].
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum BorrowWithinCohortPolicy {
     #[default]
     Never,
@@ -216,7 +218,7 @@ pub enum BorrowWithinCohortPolicy {
 }
 
 /// How flavors are tried when the first one needs borrowing or preemption.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct FlavorFungibility {
     #[serde(default)]
@@ -226,7 +228,7 @@ pub struct FlavorFungibility {
 }
 
 /// `flavorFungibility.whenCanBorrow`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum WhenCanBorrow {
     #[default]
     Borrow,
@@ -234,7 +236,7 @@ pub enum WhenCanBorrow {
 }
 
 /// `flavorFungibility.whenCanPreempt`.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum WhenCanPreempt {
     Preempt,
     #[default]
@@ -242,7 +244,7 @@ pub enum WhenCanPreempt {
 }
 
 /// `stopPolicy`: pause admission (`Hold`) or pause and evict (`HoldAndDrain`).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub enum StopPolicy {
     #[default]
     None,
@@ -251,7 +253,7 @@ pub enum StopPolicy {
 }
 
 /// A Kubernetes label selector.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LabelSelector {
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
@@ -261,7 +263,7 @@ pub struct LabelSelector {
 }
 
 /// One expression of a [`LabelSelector`].
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LabelSelectorRequirement {
     pub key: String,
@@ -299,7 +301,7 @@ pub struct LocalQueue {
 }
 
 /// Spec of a [`LocalQueue`].
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct LocalQueueSpec {
     pub cluster_queue: String,

@@ -100,10 +100,7 @@ impl Engine {
         if self.cqs[cq].spec.preemption.within_cluster_queue
             == super::api::WithinClusterQueuePolicy::LowerOrNewerEqualPriority
         {
-            shape ^= self.wls[id]
-                .info
-                .creation
-                .wrapping_mul(0x9E37_79B9_7F4A_7C15);
+            shape ^= self.wls[id].order_ts.wrapping_mul(0x9E37_79B9_7F4A_7C15);
         }
         shape
     }
@@ -248,8 +245,9 @@ impl Engine {
         }
     }
 
-    /// Parks an inadmissible workload (StrictFIFO: blocks its queue) until a release in
-    /// its cohort could cover its shortfall, a timer, or a configuration change.
+    /// Parks an inadmissible workload (StrictFIFO, or waiting for its victims: blocks its
+    /// queue) until a release in its cohort could cover its shortfall, a timer, or a
+    /// configuration change.
     pub(crate) fn park(
         &mut self,
         id: WlId,
@@ -259,7 +257,11 @@ impl Engine {
         wake_at: Option<Time>,
     ) {
         let Some(cq) = self.wls[id].cq else { return };
-        let strict = self.strict(cq);
+        // A preemptor waiting for its victims keeps the head of its queue (Kueue requeues
+        // it straight back to the heap): otherwise the quota its victims release goes to
+        // the workloads behind it, victims included, and the preemption repeats forever.
+        let holds_head = matches!(reason, PendingReason::WaitingForPreemptedWorkloads(_));
+        let strict = self.strict(cq) || holds_head;
         let shape = self.shape_in(id, cq);
         let mut arm = true;
         {

@@ -251,6 +251,8 @@ pub struct Engine {
     pub(crate) orphans: BTreeSet<WlId>,
     /// Queues with workloads to evaluate.
     pub(crate) ready: BTreeSet<CqId>,
+    /// Preemptors whose victims are gone: evaluated first in their queue next cycle.
+    pub(crate) urgent: BTreeSet<WlId>,
     pub(crate) timers: BinaryHeap<Reverse<(Time, u64, Timer)>>,
     pub(crate) events: Vec<Event>,
     /// Workloads whose pending reason may need an event at the end of `schedule`.
@@ -283,6 +285,7 @@ impl Engine {
             wl_by_key: HashMap::new(),
             orphans: BTreeSet::new(),
             ready: BTreeSet::new(),
+            urgent: BTreeSet::new(),
             timers: BinaryHeap::new(),
             events: Vec::new(),
             dirty: Vec::new(),
@@ -562,13 +565,20 @@ impl Engine {
     fn cycle(&mut self, now: Time) {
         self.stats.cycles += 1;
         let ready = std::mem::take(&mut self.ready);
+        let urgent = std::mem::take(&mut self.urgent);
         let mut heads = Vec::new();
         for cq in ready {
             let q = &self.cqs[cq];
             if q.spec.stop != StopPolicy::None || q.blocked.is_some() {
                 continue;
             }
-            if let Some(&key) = q.pending.first() {
+            // A preemptor whose victims just left goes first, whatever woke up ahead of
+            // it meanwhile: it gets the quota it made room for.
+            let first = urgent
+                .iter()
+                .map(|&id| self.wls[id].order_key(id))
+                .find(|k| self.wls[k.3].cq == Some(cq) && q.pending.contains(k));
+            if let Some(key) = first.or_else(|| q.pending.first().copied()) {
                 heads.push(key);
             }
         }
@@ -580,8 +590,18 @@ impl Engine {
                 (d.borrows(), key, d, self.cohorts[co].version)
             })
             .collect();
-        // Kueue's cycle order: entries that need no borrowing first, then priority, then age.
-        decisions.sort_by_key(|(borrows, key, _, _)| (*borrows, *key));
+        // Kueue's cycle order: entries that need no borrowing first, then priority, then
+        // age. Tessera adds one rule ahead of it: a victim competing in the same cycle with
+        // the workload that preempted it goes after it. Otherwise a higher-priority victim
+        // can take back the quota its preemptor freed, be reclaimed again, and so on forever.
+        let in_cycle: BTreeSet<WlId> = decisions.iter().map(|(_, key, _, _)| key.3).collect();
+        let wls = &self.wls;
+        decisions.sort_by_key(|(borrows, key, _, _)| {
+            let behind_preemptor = wls[key.3]
+                .preempted_by
+                .is_some_and(|p| in_cycle.contains(&p));
+            (behind_preemptor, *borrows, *key)
+        });
         for (_, key, decision, version) in decisions {
             let co = self.cohort_of_wl(key.3);
             let decision = if self.cohorts[co].version != version {

@@ -8,7 +8,8 @@
 //!
 //! Module map: `accounting` (fit rule, usage), `assign` (flavors and fungibility),
 //! `preempt` (victims, checkpoint-aware), `decide` (one attempt), `lifecycle` (admit,
-//! evict, requeue, finish), `wake` (parking without per-cycle cost), `report`.
+//! evict, requeue, finish), `wake` (parking without per-cycle cost), `report`,
+//! `restore` (record running workloads after a controller restart).
 
 mod accounting;
 pub mod api;
@@ -23,6 +24,7 @@ pub mod model;
 mod preempt;
 pub mod quantity;
 mod report;
+mod restore;
 pub mod scenario;
 mod wake;
 

@@ -130,7 +130,11 @@ impl Engine {
 
     fn candidates(&self, id: WlId, cq: CqId, needed: &[FrId], now: Time) -> Vec<Cand> {
         let w = &self.wls[id];
-        let (pw, created) = (w.priority, w.info.creation);
+        // "Newer" is by queue-order timestamp, as in Kueue (`GetQueueOrderTimestamp`): a
+        // workload requeued after a pods-ready timeout is ordered, and compared, by its
+        // eviction time. Comparing creation times instead lets the workload the queue puts
+        // first be preempted at once by the one behind it, forever.
+        let (pw, queued) = (w.priority, w.order_ts);
         let pre = &self.cqs[cq].spec.preemption;
         let co = self.cqs[cq].cohort;
         let mut out = Vec::new();
@@ -150,7 +154,7 @@ impl Engine {
                         WithinClusterQueuePolicy::Never => false,
                         WithinClusterQueuePolicy::LowerPriority => px < pw,
                         WithinClusterQueuePolicy::LowerOrNewerEqualPriority => {
-                            px < pw || (px == pw && xw.info.creation > created)
+                            px < pw || (px == pw && xw.order_ts > queued)
                         }
                     };
                     if !ok {

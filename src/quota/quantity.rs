@@ -111,6 +111,17 @@ impl fmt::Display for Quantity {
     }
 }
 
+/// A Kubernetes quantity in a CRD schema: an integer or a string (`8`, `500m`, `36Gi`).
+impl schemars::JsonSchema for Quantity {
+    fn schema_name() -> std::borrow::Cow<'static, str> {
+        "Quantity".into()
+    }
+
+    fn json_schema(_: &mut schemars::SchemaGenerator) -> schemars::Schema {
+        schemars::json_schema!({ "x-kubernetes-int-or-string": true })
+    }
+}
+
 impl Serialize for Quantity {
     fn serialize<S: Serializer>(&self, s: S) -> std::result::Result<S::Ok, S::Error> {
         s.serialize_str(&self.to_string())

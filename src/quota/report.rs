@@ -178,7 +178,17 @@ impl Engine {
             if q.spec.stop != super::api::StopPolicy::None {
                 continue;
             }
-            keys.extend(q.parked.iter().copied());
+            // A preemptor waiting for its victims holds its queue's head on purpose: the
+            // workloads parked behind it wait for it (they are woken by the releases).
+            let held = q.blocked.is_some_and(|b| {
+                matches!(
+                    self.wls[b.3].reason,
+                    super::events::PendingReason::WaitingForPreemptedWorkloads(_)
+                )
+            });
+            if !held {
+                keys.extend(q.parked.iter().copied());
+            }
             keys.extend(q.blocked);
         }
         let stats = self.stats.clone();

@@ -30,6 +30,8 @@ pub const CHECKPOINT_INTERVAL_ANNOTATION: &str = "tessera.io/checkpoint-interval
 pub const LAST_CHECKPOINT_ANNOTATION: &str = "tessera.io/last-checkpoint";
 pub const PODS_READY_ANNOTATION: &str = "tessera.io/pods-ready-after";
 const POD_GROUP_LABELS: [&str; 2] = ["tessera.io/pod-group-name", "kueue.x-k8s.io/pod-group-name"];
+/// Labels naming a pod group, ours first.
+pub const POD_GROUP_LABEL_KEYS: [&str; 2] = POD_GROUP_LABELS;
 const POD_GROUP_COUNT: [&str; 2] = [
     "tessera.io/pod-group-total-count",
     "kueue.x-k8s.io/pod-group-total-count",
@@ -737,6 +739,117 @@ fn merge_group(group: &str, members: Vec<WorkloadInfo>) -> WorkloadInfo {
         }
     }
     out
+}
+
+/// A live Pod read by the controller: a workload of its own, or one member of a group.
+#[derive(Clone, Debug, PartialEq)]
+pub enum LivePod {
+    Single(WorkloadInfo),
+    GroupMember {
+        group: String,
+        total: u32,
+        pod: WorkloadInfo,
+    },
+}
+
+/// Annotations that only mean something in a plan (simulated runtime and readiness, an
+/// offset checkpoint time); a live object's own clock decides those.
+const PLAN_ONLY_ANNOTATIONS: [&str; 3] = [
+    RUNTIME_ANNOTATION,
+    PODS_READY_ANNOTATION,
+    LAST_CHECKPOINT_ANNOTATION,
+];
+
+/// Reads a live object (JSON from the API server) into the plan's shape. The pod
+/// template's own metadata is not needed for quota and is dropped (it has no name).
+fn live<T: for<'de> Deserialize<'de>>(kind: &'static str, object: &serde_json::Value) -> Result<T> {
+    let mut object = object.clone();
+    if let Some(spec) = object.get_mut("spec").and_then(|s| s.as_object_mut()) {
+        if let Some(t) = spec.get_mut("template").and_then(|t| t.as_object_mut()) {
+            t.remove("metadata");
+        }
+    }
+    if let Some(a) = object
+        .pointer_mut("/metadata/annotations")
+        .and_then(|a| a.as_object_mut())
+    {
+        for k in PLAN_ONLY_ANNOTATIONS {
+            a.remove(k);
+        }
+    }
+    let name = object
+        .pointer("/metadata/name")
+        .and_then(|n| n.as_str())
+        .unwrap_or("")
+        .to_string();
+    serde_path_to_error::deserialize(object).map_err(|e| Error::Invalid {
+        kind,
+        name,
+        field: e.path().to_string(),
+        why: e.inner().to_string(),
+    })
+}
+
+/// A live Pod as a workload, the way a plan reads a `Pod` document (queue and priority
+/// labels, requests, pod-group label and total-count annotation). Creation time is 0:
+/// the caller sets it from the object's own timestamp.
+pub fn workload_from_live_pod(pod: &serde_json::Value) -> Result<LivePod> {
+    let p: Pod = live("Pod", pod)?;
+    let info = from_pods(&p.metadata, &p.spec, "main", 1, None, None)?;
+    let Some(group) = first_label(&p.metadata.labels, &POD_GROUP_LABELS) else {
+        return Ok(LivePod::Single(info));
+    };
+    let invalid = |why: &str| Error::Invalid {
+        kind: "Pod",
+        name: p.metadata.name.clone(),
+        field: "metadata.annotations.kueue.x-k8s.io/pod-group-total-count".into(),
+        why: why.into(),
+    };
+    let total = first_label(&p.metadata.annotations, &POD_GROUP_COUNT)
+        .ok_or_else(|| invalid("a pod group needs its total count"))?
+        .parse::<u32>()
+        .map_err(|_| invalid("not a number"))?;
+    if total == 0 {
+        return Err(invalid("must be at least 1"));
+    }
+    Ok(LivePod::GroupMember {
+        group: group.to_string(),
+        total,
+        pod: info,
+    })
+}
+
+/// A live batch Job as a workload: one pod set of `min(parallelism, completions)` pods,
+/// partial admission from `kueue.x-k8s.io/job-min-parallelism`.
+pub fn workload_from_live_job(job: &serde_json::Value) -> Result<WorkloadInfo> {
+    let j: Job = live("Job", job)?;
+    let count = match (j.spec.parallelism, j.spec.completions) {
+        (Some(p), Some(c)) => p.min(c),
+        (Some(p), None) => p,
+        (None, _) => 1,
+    };
+    let min = j
+        .metadata
+        .annotations
+        .get(JOB_MIN_PARALLELISM)
+        .map(|v| {
+            v.parse::<u32>().map_err(|_| Error::Invalid {
+                kind: "Job",
+                name: j.metadata.name.clone(),
+                field: format!("metadata.annotations.{JOB_MIN_PARALLELISM}"),
+                why: "not a number".into(),
+            })
+        })
+        .transpose()?;
+    from_pods(&j.metadata, &j.spec.template.spec, "main", count, min, None)
+}
+
+/// The members of a pod group as one workload (identical pods share a pod set).
+pub fn merge_live_pod_group(group: &str, members: Vec<WorkloadInfo>) -> Option<WorkloadInfo> {
+    if members.is_empty() {
+        return None;
+    }
+    Some(merge_group(group, members))
 }
 
 /// Parses and runs a scenario.

@@ -9,6 +9,8 @@
 //! bumped on every write; `metadata.uid` and `creationTimestamp` set on create. Like an API
 //! server whose feature gates are off, it can drop fields on write ([`ApiServer::drop_field`]),
 //! so a client sees the object stored without them.
+//! The Eviction subresource (`POST …/pods/<name>/eviction`) starts a graceful delete and
+//! is recorded ([`ApiServer::evictions`]).
 //! Not modelled: authentication, admission, field managers / server-side apply, pagination.
 
 #![allow(dead_code)]
@@ -40,6 +42,11 @@ struct Store {
     history: Vec<Change>,
     /// Writes another client makes just before the next `status` PUTs (one per PUT).
     before_status_put: Vec<StatusHook>,
+    /// Bodies of `POST …/pods/<name>/eviction` requests, in order.
+    evictions: Vec<Value>,
+    /// Cluster-wide LIST/WATCH of a namespaced resource (`/api/v1/pods`) also returns
+    /// the objects of every namespace (off by default).
+    across_namespaces: bool,
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
@@ -237,11 +244,18 @@ impl ApiServer {
             }
             (Method::GET, None) => {
                 let st = self.store.lock().unwrap();
-                let items: Vec<Value> = st
-                    .objects
-                    .get(&collection)
-                    .map(|m| m.values().filter(|o| selects(o, &query)).cloned().collect())
-                    .unwrap_or_default();
+                let items: Vec<Value> = if st.across_namespaces {
+                    st.objects
+                        .iter()
+                        .filter(|(c, _)| in_collection(c, &collection))
+                        .flat_map(|(_, m)| m.values().filter(|o| selects(o, &query)).cloned())
+                        .collect()
+                } else {
+                    st.objects
+                        .get(&collection)
+                        .map(|m| m.values().filter(|o| selects(o, &query)).cloned().collect())
+                        .unwrap_or_default()
+                };
                 let rv = st.resource_version.to_string();
                 json_response(
                     StatusCode::OK,
@@ -307,6 +321,10 @@ impl ApiServer {
                     not_found(&name)
                 }
             }
+            (Method::POST, Some(name)) if path.ends_with("/eviction") => {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                self.evict(&collection, &name, &body)
+            }
             _ => status(
                 StatusCode::METHOD_NOT_ALLOWED,
                 "MethodNotAllowed",
@@ -351,6 +369,52 @@ impl ApiServer {
         json_response(StatusCode::OK, self.get(collection, name).unwrap())
     }
 
+    /// The Eviction API (`policy/v1`): records the request and starts a graceful delete,
+    /// as the API server does for a running pod: `metadata.deletionTimestamp` and
+    /// `deletionGracePeriodSeconds` (from `deleteOptions.gracePeriodSeconds`, else the
+    /// pod's `terminationGracePeriodSeconds`) are set; the pod stays until
+    /// [`ApiServer::delete_object`] (the kubelet finishing). PodDisruptionBudgets are not
+    /// modelled.
+    fn evict(
+        &self,
+        collection: &str,
+        name: &str,
+        body: &[u8],
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        let Ok(eviction) = serde_json::from_slice::<Value>(body) else {
+            return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+        };
+        self.store.lock().unwrap().evictions.push(eviction.clone());
+        let Some(mut pod) = self.get(collection, name) else {
+            return not_found(name);
+        };
+        if pod["metadata"]["deletionTimestamp"].is_null() {
+            let grace = eviction["deleteOptions"]["gracePeriodSeconds"]
+                .as_i64()
+                .or_else(|| pod["spec"]["terminationGracePeriodSeconds"].as_i64())
+                .unwrap_or(30);
+            pod["metadata"]["deletionTimestamp"] = json!("2026-11-29T00:00:30Z");
+            pod["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+            self.put_object(collection, pod);
+        }
+        json_response(
+            StatusCode::CREATED,
+            json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}),
+        )
+    }
+
+    /// Makes cluster-wide LIST and WATCH of namespaced resources (`/api/v1/pods`,
+    /// `/apis/batch/v1/jobs`) return the objects of every namespace, as the API server
+    /// does. Off by default (each collection path is its own store).
+    pub fn list_across_namespaces(&self) {
+        self.store.lock().unwrap().across_namespaces = true;
+    }
+
+    /// Bodies of the evictions requested so far.
+    pub fn evictions(&self) -> Vec<Value> {
+        self.store.lock().unwrap().evictions.clone()
+    }
+
     fn get(&self, collection: &str, name: &str) -> Option<Value> {
         let st = self.store.lock().unwrap();
         st.objects
@@ -375,9 +439,13 @@ impl ApiServer {
         // Like the API server, a watch from resourceVersion R first replays every change
         // after R. Subscribing and copying the history under one lock means no change is
         // missed; a live change already replayed is skipped by its resourceVersion.
-        let (rx, past) = {
+        let (rx, past, across) = {
             let st = self.store.lock().unwrap();
-            (self.changes.subscribe(), st.history.clone())
+            (
+                self.changes.subscribe(),
+                st.history.clone(),
+                st.across_namespaces,
+            )
         };
         let since: u64 = query
             .get("resourceVersion")
@@ -404,7 +472,8 @@ impl ApiServer {
                         Ok(c) => {
                             let rv = rv_of(&c);
                             if (live && rv <= last_past)
-                                || c.collection != collection
+                                || (c.collection != collection
+                                    && !(across && in_collection(&c.collection, &collection)))
                                 || rv <= since
                                 || !selects(&c.object, &query)
                             {
@@ -431,6 +500,23 @@ impl ApiServer {
             .body(BodyExt::boxed(StreamBody::new(stream)))
             .unwrap()
     }
+}
+
+/// Whether objects stored under `stored` belong to a LIST of `requested`: the same
+/// collection, or `requested` is the cluster-wide form (`/api/v1/pods`) of a namespaced
+/// `stored` one (`/api/v1/namespaces/<ns>/pods`).
+fn in_collection(stored: &str, requested: &str) -> bool {
+    if stored == requested {
+        return true;
+    }
+    let Some((base, resource)) = requested.rsplit_once('/') else {
+        return false;
+    };
+    stored
+        .strip_prefix(base)
+        .and_then(|rest| rest.strip_prefix("/namespaces/"))
+        .and_then(|rest| rest.split_once('/'))
+        .is_some_and(|(ns, res)| !ns.is_empty() && res == resource)
 }
 
 fn split_path(path: &str) -> (String, Option<String>) {

@@ -1,0 +1,581 @@
+//! The controller's decision, pure: a snapshot of the API server (queue objects, pods,
+//! Jobs) in, the actions to take out. Nothing is remembered between passes: the engine's
+//! books are rebuilt from the snapshot every time, so a restarted controller (or a new
+//! leader) decides exactly as the old one would have.
+//!
+//! ```text
+//! pods/Jobs ─► workloads ─► running (ungated pods, unsuspended Jobs) ─► Engine::restore_admitted
+//!                        └► waiting (gated pods, suspended Jobs)     ─► Engine::submit
+//! Engine::schedule(now) ─► Admit (ungate / unsuspend) · Evict (Eviction API / suspend) · Pending
+//! ```
+//! Victims of a preemption still terminating keep their quota (they are restored as
+//! running), and while any workload is terminating no new victim is chosen: a preemptor
+//! never evicts a second set of victims for the quota the first set is about to free.
+
+use super::lease::Millis;
+use super::{
+    ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
+    PENDING_REASON_ANNOTATION, PRIORITY_ANNOTATION,
+};
+use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
+use crate::quota::scenario::{
+    merge_live_pod_group, workload_from_live_job, workload_from_live_pod, LivePod,
+    LAST_CHECKPOINT_ANNOTATION,
+};
+use crate::quota::{Engine, EngineConfig, EventType, WorkloadInfo};
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+/// Everything a pass reads from the API server.
+#[derive(Clone, Debug, Default)]
+pub struct Snapshot {
+    pub now: Millis,
+    pub flavors: Vec<ResourceFlavor>,
+    pub cluster_queues: Vec<ClusterQueue>,
+    pub local_queues: Vec<LocalQueue>,
+    pub priority_classes: Vec<WorkloadPriorityClass>,
+    pub namespaces: Vec<(String, BTreeMap<String, String>)>,
+    /// Pods (JSON as the API server returns them); only those naming a queue matter.
+    pub pods: Vec<Value>,
+    /// batch/v1 Jobs.
+    pub jobs: Vec<Value>,
+}
+
+/// Kind of object a workload is made of.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ObjKind {
+    Pod,
+    Job,
+}
+
+/// One object of a workload.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct ObjRef {
+    pub kind: ObjKind,
+    pub namespace: String,
+    pub name: String,
+}
+
+/// What the reconciler does.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Action {
+    /// Ungate these pods / unsuspend this Job, adding the flavors' node labels to the
+    /// node selector; `parallelism` is set for a partially admitted Job.
+    Admit {
+        workload: String,
+        objects: Vec<ObjRef>,
+        node_selector: BTreeMap<String, String>,
+        parallelism: Option<u32>,
+    },
+    /// Evict these pods through the Eviction API with their grace period (seconds) /
+    /// suspend this Job.
+    Evict {
+        workload: String,
+        objects: Vec<(ObjRef, i64)>,
+        reason: String,
+        by: String,
+    },
+    /// Record why the workload waits (pod condition / Job annotations, and an Event).
+    Pending {
+        workload: String,
+        objects: Vec<ObjRef>,
+        reason: String,
+        message: String,
+    },
+}
+
+/// The outcome of one pass.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Plan {
+    pub actions: Vec<Action>,
+    /// Objects that could not be used (logged by the reconciler).
+    pub problems: Vec<String>,
+    /// Workloads admitted after this pass (running before, or admitted now).
+    pub admitted: BTreeSet<String>,
+    /// Per ClusterQueue: (admitted, pending) workloads.
+    pub queue_counts: BTreeMap<String, (usize, usize)>,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum State {
+    /// Gated pods / suspended Job: waiting for admission.
+    Waiting,
+    /// Ungated pods / unsuspended Job: admitted.
+    Running,
+    /// Evicted, still holding its resources (pods being deleted, suspended Job with
+    /// active pods).
+    Terminating,
+}
+
+struct Live {
+    key: String,
+    info: Option<WorkloadInfo>,
+    /// Why the workload cannot be built (shown as its pending reason).
+    invalid: Option<(String, String)>,
+    state: State,
+    objects: Vec<ObjRef>,
+    /// Pods still gated (to ungate on admission, also after a restart mid-way).
+    gated: Vec<ObjRef>,
+    graces: Vec<i64>,
+    admitted_at: Millis,
+    /// The reason and message last written on its first object.
+    recorded: Option<(String, String)>,
+}
+
+/// Parses an RFC 3339 stamp to milliseconds since the epoch.
+pub fn millis(stamp: &str) -> Option<Millis> {
+    stamp
+        .parse::<Timestamp>()
+        .ok()
+        .map(|t| t.as_millisecond().max(0) as Millis)
+}
+
+fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
+    v.pointer(ptr).and_then(Value::as_str)
+}
+
+fn obj_ref(kind: ObjKind, v: &Value) -> ObjRef {
+    ObjRef {
+        kind,
+        namespace: str_at(v, "/metadata/namespace")
+            .unwrap_or("default")
+            .to_string(),
+        name: str_at(v, "/metadata/name").unwrap_or("").to_string(),
+    }
+}
+
+fn annotation<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v["metadata"]["annotations"][key].as_str()
+}
+
+fn names_queue(v: &Value) -> bool {
+    crate::quota::scenario::QUEUE_LABELS
+        .iter()
+        .any(|k| v["metadata"]["labels"][*k].is_string())
+}
+
+fn is_gated(pod: &Value) -> bool {
+    pod["spec"]["schedulingGates"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|x| x["name"] == ADMISSION_GATE))
+}
+
+fn owned_by_job(pod: &Value) -> bool {
+    pod["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|r| {
+            r.iter()
+                .any(|o| o["kind"] == "Job" && o["apiVersion"] == "batch/v1")
+        })
+}
+
+fn pod_done(pod: &Value) -> bool {
+    matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn job_done(job: &Value) -> bool {
+    job["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter().any(|x| {
+            matches!(x["type"].as_str(), Some("Complete" | "Failed")) && x["status"] == "True"
+        })
+    })
+}
+
+fn recorded_pod(pod: &Value) -> Option<(String, String)> {
+    pod["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == CONDITION_TYPE && c["status"] == "False")
+        .map(|c| {
+            (
+                c["reason"].as_str().unwrap_or("").to_string(),
+                c["message"].as_str().unwrap_or("").to_string(),
+            )
+        })
+}
+
+fn recorded_job(job: &Value) -> Option<(String, String)> {
+    Some((
+        annotation(job, PENDING_REASON_ANNOTATION)?.to_string(),
+        annotation(job, PENDING_MESSAGE_ANNOTATION)
+            .unwrap_or("")
+            .to_string(),
+    ))
+}
+
+/// Live-object details the plan format does not carry: creation time, priority fixed
+/// by the webhook, last checkpoint as a wall-clock stamp, a grace period of at least
+/// 1 ms (so the engine never admits a preemptor in the same pass as its victims leave).
+fn finish_info(info: &mut WorkloadInfo, object: &Value, created: Millis) {
+    info.creation = created;
+    info.explicit_creation = true;
+    info.runtime = None;
+    info.pods_ready_after = Some(0);
+    if let Some(p) = annotation(object, PRIORITY_ANNOTATION).and_then(|p| p.parse().ok()) {
+        info.priority = Some(p);
+    }
+    info.last_checkpoint = annotation(object, LAST_CHECKPOINT_ANNOTATION).and_then(millis);
+    info.grace_period = info.grace_period.max(1);
+}
+
+fn grace_seconds(pod: &Value) -> i64 {
+    pod["spec"]["terminationGracePeriodSeconds"]
+        .as_i64()
+        .unwrap_or(30)
+}
+
+fn created(v: &Value) -> Millis {
+    str_at(v, "/metadata/creationTimestamp")
+        .and_then(millis)
+        .unwrap_or(0)
+}
+
+fn admitted_at(v: &Value) -> Option<Millis> {
+    annotation(v, ADMITTED_AT_ANNOTATION).and_then(millis)
+}
+
+/// Pods of one group with their workload each.
+type Members<'a> = Vec<(&'a Value, WorkloadInfo)>;
+
+fn collect(s: &Snapshot) -> Vec<Live> {
+    let mut out = Vec::new();
+    // Pod groups: key -> (total, members).
+    let mut groups: BTreeMap<String, (u32, Members)> = BTreeMap::new();
+    let mut bad_groups: BTreeMap<String, (Vec<&Value>, String)> = BTreeMap::new();
+    for pod in &s.pods {
+        if !names_queue(pod) || owned_by_job(pod) || pod_done(pod) {
+            continue;
+        }
+        let r = obj_ref(ObjKind::Pod, pod);
+        match workload_from_live_pod(pod) {
+            Ok(LivePod::Single(mut info)) => {
+                finish_info(&mut info, pod, created(pod));
+                info.name = format!("pod-{}", r.name);
+                out.push(live_of_pods(info.key(), Some(info), &[pod], None));
+            }
+            Ok(LivePod::GroupMember {
+                group,
+                total,
+                pod: mut info,
+            }) => {
+                finish_info(&mut info, pod, created(pod));
+                let key = format!("{}/group-{group}", r.namespace);
+                let e = groups.entry(key).or_insert((total, Vec::new()));
+                e.0 = e.0.max(total);
+                e.1.push((pod, info));
+            }
+            Err(e) => {
+                let group = crate::quota::scenario::POD_GROUP_LABEL_KEYS
+                    .iter()
+                    .find_map(|k| pod["metadata"]["labels"][*k].as_str());
+                match group {
+                    Some(g) => {
+                        let key = format!("{}/group-{g}", r.namespace);
+                        let entry = bad_groups.entry(key).or_insert((Vec::new(), e.to_string()));
+                        entry.0.push(pod);
+                    }
+                    None => {
+                        let key = format!("{}/pod-{}", r.namespace, r.name);
+                        out.push(live_of_pods(key, None, &[pod], Some(e.to_string())));
+                    }
+                }
+            }
+        }
+    }
+    for (key, (pods, why)) in bad_groups {
+        groups.remove(&key);
+        out.push(live_of_pods(key, None, &pods, Some(why)));
+    }
+    for (key, (total, members)) in groups {
+        let pods: Vec<&Value> = members.iter().map(|(p, _)| *p).collect();
+        let running = pods.iter().any(|p| !is_gated(p));
+        let n = members.len() as u32;
+        let group = key
+            .split_once('/')
+            .map_or(key.as_str(), |(_, g)| g)
+            .to_string();
+        let infos: Vec<WorkloadInfo> = members.into_iter().map(|(_, i)| i).collect();
+        if !running && n < total {
+            let why = format!("{n} of {total} pods of the group exist");
+            let mut l = live_of_pods(key, None, &pods, None);
+            l.invalid = Some(("PodGroupIncomplete".into(), why));
+            out.push(l);
+            continue;
+        }
+        let mut info = merge_live_pod_group(&group, infos);
+        if let Some(i) = info.as_mut() {
+            i.name = group;
+        }
+        out.push(live_of_pods(key, info, &pods, None));
+    }
+    for job in &s.jobs {
+        if !names_queue(job) || job_done(job) {
+            continue;
+        }
+        let r = obj_ref(ObjKind::Job, job);
+        let key = format!("{}/job-{}", r.namespace, r.name);
+        let suspended = job["spec"]["suspend"] == true;
+        let active = job["status"]["active"].as_i64().unwrap_or(0);
+        let state = match (suspended, active) {
+            (false, _) => State::Running,
+            (true, 0) => State::Waiting,
+            (true, _) => State::Terminating,
+        };
+        let (info, invalid) = match workload_from_live_job(job) {
+            Ok(mut info) => {
+                finish_info(&mut info, job, created(job));
+                info.name = format!("job-{}", r.name);
+                (Some(info), None)
+            }
+            Err(e) => (None, Some(("Invalid".to_string(), e.to_string()))),
+        };
+        out.push(Live {
+            key,
+            info,
+            invalid,
+            state,
+            objects: vec![r],
+            gated: Vec::new(),
+            graces: vec![0],
+            admitted_at: admitted_at(job).unwrap_or_else(|| created(job)),
+            recorded: recorded_job(job),
+        });
+    }
+    out
+}
+
+fn live_of_pods(
+    key: String,
+    info: Option<WorkloadInfo>,
+    pods: &[&Value],
+    invalid: Option<String>,
+) -> Live {
+    let mut pods: Vec<&Value> = pods.to_vec();
+    pods.sort_by_key(|p| str_at(p, "/metadata/name").unwrap_or("").to_string());
+    let terminating = |p: &Value| !p["metadata"]["deletionTimestamp"].is_null();
+    let ungated: Vec<&&Value> = pods.iter().filter(|p| !is_gated(p)).collect();
+    let state = if ungated.is_empty() {
+        State::Waiting
+    } else if ungated.iter().all(|p| terminating(p)) {
+        State::Terminating
+    } else {
+        State::Running
+    };
+    Live {
+        key,
+        info,
+        invalid: invalid.map(|w| ("Invalid".to_string(), w)),
+        state,
+        objects: pods.iter().map(|p| obj_ref(ObjKind::Pod, p)).collect(),
+        gated: pods
+            .iter()
+            .filter(|p| is_gated(p) && !terminating(p))
+            .map(|p| obj_ref(ObjKind::Pod, p))
+            .collect(),
+        graces: pods.iter().map(|p| grace_seconds(p)).collect(),
+        admitted_at: pods
+            .iter()
+            .filter_map(|p| admitted_at(p))
+            .min()
+            .unwrap_or_else(|| pods.iter().map(|p| created(p)).min().unwrap_or(0)),
+        recorded: pods.first().and_then(|p| recorded_pod(p)),
+    }
+}
+
+/// Decides one pass over `s`.
+pub fn decide(s: &Snapshot) -> Plan {
+    let now = s.now;
+    let mut plan = Plan::default();
+    let mut engine = Engine::new(EngineConfig::default());
+    for (name, labels) in &s.namespaces {
+        engine.apply_namespace(name, labels.clone(), now);
+    }
+    for f in &s.flavors {
+        if let Err(e) = engine.apply_flavor(f, now) {
+            plan.problems.push(e.to_string());
+        }
+    }
+    for c in &s.priority_classes {
+        if let Err(e) = engine.apply_priority_class(c) {
+            plan.problems.push(e.to_string());
+        }
+    }
+    for q in &s.cluster_queues {
+        if let Err(e) = engine.apply_cluster_queue(q, now) {
+            plan.problems.push(e.to_string());
+        }
+    }
+    for q in &s.local_queues {
+        if let Err(e) = engine.apply_local_queue(q, now) {
+            plan.problems.push(e.to_string());
+        }
+    }
+    let mut lives = collect(s);
+    // Running workloads first, oldest admission first: the books as they were.
+    lives.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
+    let terminating: Vec<String> = lives
+        .iter()
+        .filter(|l| l.state == State::Terminating)
+        .map(|l| l.key.clone())
+        .collect();
+    let mut pending_keys = BTreeSet::new();
+    for l in &lives {
+        let Some(info) = l.info.clone() else { continue };
+        match l.state {
+            State::Running | State::Terminating => {
+                match engine.restore_admitted(now, info, l.admitted_at) {
+                    Ok(true) => {}
+                    Ok(false) => plan.problems.push(format!(
+                        "{} runs but no longer fits its queue's quota (quota lowered or queue deleted)",
+                        l.key
+                    )),
+                    Err(e) => plan.problems.push(format!("{}: {e}", l.key)),
+                }
+            }
+            State::Waiting => {}
+        }
+    }
+    engine.take_events();
+    let mut submit_errors: BTreeMap<String, (String, String)> = BTreeMap::new();
+    for l in lives.iter().filter(|l| l.state == State::Waiting) {
+        let Some(info) = l.info.clone() else { continue };
+        match engine.submit(now, info) {
+            Ok(()) => {
+                pending_keys.insert(l.key.clone());
+            }
+            Err(e @ crate::quota::Error::UnknownPriorityClass { .. }) => {
+                submit_errors.insert(
+                    l.key.clone(),
+                    ("UnknownPriorityClass".into(), e.to_string()),
+                );
+            }
+            Err(e) => {
+                submit_errors.insert(l.key.clone(), ("Invalid".into(), e.to_string()));
+            }
+        }
+    }
+    if let Err(e) = engine.schedule(now) {
+        plan.problems.push(format!("scheduling: {e}"));
+    }
+    let events = engine.take_events();
+    let state = engine.final_state();
+    let by_key: BTreeMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
+    let flavor_labels: BTreeMap<&str, &BTreeMap<String, String>> = s
+        .flavors
+        .iter()
+        .map(|f| (f.metadata.name.as_str(), &f.spec.node_labels))
+        .collect();
+    let defer_preemption = !terminating.is_empty();
+    for ev in &events {
+        let Some(l) = by_key.get(ev.workload.as_str()) else {
+            continue;
+        };
+        match ev.kind {
+            EventType::Admitted if pending_keys.contains(&l.key) && engine.is_admitted(&l.key) => {
+                let mut node_selector = BTreeMap::new();
+                for per_resource in ev.flavors.iter().flat_map(|f| f.values()) {
+                    for flavor in per_resource.values() {
+                        if let Some(labels) = flavor_labels.get(flavor.as_str()) {
+                            node_selector
+                                .extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+                        }
+                    }
+                }
+                let parallelism = ev
+                    .pod_counts
+                    .as_ref()
+                    .and_then(|c| c.values().next().copied())
+                    .filter(|_| l.objects.first().is_some_and(|o| o.kind == ObjKind::Job));
+                let objects = if l.objects.first().is_some_and(|o| o.kind == ObjKind::Job) {
+                    l.objects.clone()
+                } else {
+                    l.gated.clone()
+                };
+                plan.actions.push(Action::Admit {
+                    workload: l.key.clone(),
+                    objects,
+                    node_selector,
+                    parallelism,
+                });
+            }
+            EventType::Preempted | EventType::Evicted
+                if l.state == State::Running && !defer_preemption =>
+            {
+                plan.actions.push(Action::Evict {
+                    workload: l.key.clone(),
+                    objects: l
+                        .objects
+                        .iter()
+                        .cloned()
+                        .zip(l.graces.iter().copied())
+                        .collect(),
+                    reason: ev.reason.clone().unwrap_or_default(),
+                    by: ev.by.clone().unwrap_or_default(),
+                });
+            }
+            _ => {}
+        }
+    }
+    // Running workloads whose group still has gated pods (a restart mid-way): finish.
+    for l in &lives {
+        if l.state == State::Running && !l.gated.is_empty() {
+            plan.actions.push(Action::Admit {
+                workload: l.key.clone(),
+                objects: l.gated.clone(),
+                node_selector: BTreeMap::new(),
+                parallelism: None,
+            });
+        }
+    }
+    let engine_pending: BTreeMap<&str, (&str, &str)> = state
+        .pending
+        .iter()
+        .map(|p| (p.workload.as_str(), (p.reason.as_str(), p.message.as_str())))
+        .collect();
+    for l in lives.iter().filter(|l| l.state == State::Waiting) {
+        let (reason, message) = if let Some((r, m)) = l
+            .invalid
+            .clone()
+            .or_else(|| submit_errors.get(&l.key).cloned())
+        {
+            (r, m)
+        } else if let Some((r, m)) = engine_pending.get(l.key.as_str()) {
+            if *r == "WaitingForPreemptedWorkloads" && defer_preemption {
+                (
+                    r.to_string(),
+                    format!(
+                        "waiting for evicted workloads to terminate: {}",
+                        terminating.join(", ")
+                    ),
+                )
+            } else {
+                (r.to_string(), m.to_string())
+            }
+        } else {
+            continue;
+        };
+        if l.recorded.as_ref() != Some(&(reason.clone(), message.clone())) {
+            plan.actions.push(Action::Pending {
+                workload: l.key.clone(),
+                objects: l.objects.clone(),
+                reason,
+                message,
+            });
+        }
+    }
+    plan.admitted = lives
+        .iter()
+        .filter(|l| engine.is_admitted(&l.key) || l.state == State::Running)
+        .map(|l| l.key.clone())
+        .collect();
+    plan.queue_counts = state
+        .cluster_queues
+        .iter()
+        .map(|q| (q.name.clone(), (q.admitted_workloads, q.pending_workloads)))
+        .collect();
+    plan
+}

@@ -1,0 +1,277 @@
+//! Table tests of the pure controller decision over hand-built snapshots.
+
+use super::decide::{decide, Action, ObjKind, Snapshot};
+use crate::quota::api::WorkloadPriorityClass;
+use crate::quota::fixtures::{cluster_queue, flavor, local_queue};
+use serde_json::{json, Value};
+
+const NOW: u64 = 1_795_003_260_000;
+
+fn snapshot(pods: Vec<Value>) -> Snapshot {
+    let mut cq = cluster_queue("cq")
+        .quota("h100", "nvidia.com/gpu", 4)
+        .build();
+    cq.spec.namespace_selector = Some(Default::default());
+    let mut wpc = WorkloadPriorityClass::default();
+    wpc.metadata.name = "high".into();
+    wpc.value = 100;
+    Snapshot {
+        now: NOW,
+        flavors: vec![flavor("h100")],
+        cluster_queues: vec![cq],
+        local_queues: vec![local_queue("team", "lq", "cq")],
+        priority_classes: vec![wpc],
+        namespaces: vec![("team".into(), Default::default())],
+        pods,
+        jobs: Vec::new(),
+    }
+}
+
+/// A gated pod asking for `gpus`, created at 12:00.
+fn pod(name: &str, gpus: i64) -> Value {
+    json!({"metadata": {"name": name, "namespace": "team", "creationTimestamp": "2026-11-18T12:00:00Z",
+                        "labels": {"tessera.io/queue-name": "lq"}},
+           "spec": {"schedulingGates": [{"name": "tessera.io/admission"}],
+                    "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}})
+}
+
+/// Sets the value at a JSON pointer (`~1` escapes `/`), creating objects on the way.
+fn with(mut v: Value, pointer: &str, value: Value) -> Value {
+    let mut target = &mut v;
+    for seg in pointer.split('/').skip(1) {
+        let seg = seg.replace("~1", "/");
+        target = match target {
+            Value::Array(a) => &mut a[seg.parse::<usize>().unwrap()],
+            other => {
+                if !other.is_object() {
+                    *other = json!({});
+                }
+                other
+                    .as_object_mut()
+                    .unwrap()
+                    .entry(seg)
+                    .or_insert(Value::Null)
+            }
+        };
+    }
+    *target = value;
+    v
+}
+
+fn pending_reason(actions: &[Action], workload: &str) -> Option<String> {
+    actions.iter().find_map(|a| match a {
+        Action::Pending {
+            workload: w,
+            reason,
+            ..
+        } if w == workload => Some(reason.clone()),
+        _ => None,
+    })
+}
+
+fn admitted(actions: &[Action]) -> Vec<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Admit { workload, .. } => Some(workload.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn table() {
+    let group = |name: &str, total: &str| {
+        let p = with(
+            pod(name, 1),
+            "/metadata/labels/kueue.x-k8s.io~1pod-group-name",
+            json!("g"),
+        );
+        with(
+            p,
+            "/metadata/annotations/kueue.x-k8s.io~1pod-group-total-count",
+            json!(total),
+        )
+    };
+    // (case, pods, admitted workloads, (workload, pending reason))
+    type Case = (
+        &'static str,
+        Vec<Value>,
+        Vec<&'static str>,
+        Option<(&'static str, &'static str)>,
+    );
+    let cases: Vec<Case> = vec![
+        ("fits", vec![pod("a", 4)], vec!["team/pod-a"], None),
+        (
+            "too big",
+            vec![pod("a", 5)],
+            vec![],
+            Some(("team/pod-a", "ExceedsMaxQuota")),
+        ),
+        (
+            "second waits",
+            vec![pod("a", 3), pod("b", 3)],
+            vec!["team/pod-a"],
+            Some(("team/pod-b", "WaitingForQuota")),
+        ),
+        (
+            "running holds quota",
+            vec![
+                with(pod("a", 3), "/spec/schedulingGates", json!([])),
+                pod("b", 3),
+            ],
+            vec![],
+            Some(("team/pod-b", "WaitingForQuota")),
+        ),
+        (
+            "finished frees quota",
+            vec![
+                with(
+                    with(pod("a", 3), "/spec/schedulingGates", json!([])),
+                    "/status/phase",
+                    json!("Succeeded"),
+                ),
+                pod("b", 3),
+            ],
+            vec!["team/pod-b"],
+            None,
+        ),
+        (
+            "unknown local queue",
+            vec![with(
+                pod("a", 1),
+                "/metadata/labels/tessera.io~1queue-name",
+                json!("nope"),
+            )],
+            vec![],
+            Some(("team/pod-a", "LocalQueueNotFound")),
+        ),
+        (
+            "unknown class",
+            vec![with(
+                pod("a", 1),
+                "/metadata/labels/tessera.io~1priority-class",
+                json!("nope"),
+            )],
+            vec![],
+            Some(("team/pod-a", "UnknownPriorityClass")),
+        ),
+        (
+            "bad quantity",
+            vec![with(
+                pod("a", 1),
+                "/spec/containers/0/resources/limits/nvidia.com~1gpu",
+                json!("lots"),
+            )],
+            vec![],
+            Some(("team/pod-a", "Invalid")),
+        ),
+        (
+            "incomplete group",
+            vec![(group("g-0", "2"))],
+            vec![],
+            Some(("team/group-g", "PodGroupIncomplete")),
+        ),
+        (
+            "complete group",
+            vec![(group("g-0", "2")), (group("g-1", "2"))],
+            vec!["team/group-g"],
+            None,
+        ),
+        (
+            "bad group count",
+            vec![(group("g-0", "x"))],
+            vec![],
+            Some(("team/group-g", "Invalid")),
+        ),
+        (
+            "pod of a Job",
+            vec![with(
+                pod("a", 1),
+                "/metadata/ownerReferences",
+                json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "u"}]),
+            )],
+            vec![],
+            None,
+        ),
+    ];
+    for (name, pods, want_admitted, want_pending) in cases {
+        let plan = decide(&snapshot(pods));
+        assert_eq!(
+            admitted(&plan.actions),
+            want_admitted,
+            "{name}: {:?}",
+            plan.actions
+        );
+        match want_pending {
+            Some((w, reason)) => assert_eq!(
+                pending_reason(&plan.actions, w).as_deref(),
+                Some(reason),
+                "{name}: {:?}",
+                plan.actions
+            ),
+            None => assert!(
+                !plan
+                    .actions
+                    .iter()
+                    .any(|a| matches!(a, Action::Pending { .. })),
+                "{name}: {:?}",
+                plan.actions
+            ),
+        }
+    }
+}
+
+#[test]
+fn a_recorded_reason_is_not_written_again() {
+    let first = decide(&snapshot(vec![pod("a", 3), pod("b", 3)]));
+    let Some(Action::Pending {
+        reason, message, ..
+    }) = first
+        .actions
+        .iter()
+        .find(|a| matches!(a, Action::Pending { .. }))
+    else {
+        panic!("{:?}", first.actions)
+    };
+    let mut b = pod("b", 3);
+    b["status"] = json!({"conditions": [{"type": "tessera.io/Admitted", "status": "False",
+                                         "reason": reason, "message": message}]});
+    let a = with(pod("a", 3), "/spec/schedulingGates", json!([]));
+    let again = decide(&snapshot(vec![a, b]));
+    assert!(again.actions.is_empty(), "{:?}", again.actions);
+}
+
+#[test]
+fn preemption_evicts_every_pod_of_the_victim_with_its_grace() {
+    let mut low = with(pod("low", 4), "/spec/schedulingGates", json!([]));
+    low["spec"]["terminationGracePeriodSeconds"] = json!(120);
+    let high = with(
+        pod("high", 4),
+        "/metadata/annotations",
+        json!({"tessera.io/priority": "100"}),
+    );
+    let mut s = snapshot(vec![low, high]);
+    s.cluster_queues[0].spec.preemption.within_cluster_queue =
+        crate::quota::api::WithinClusterQueuePolicy::LowerPriority;
+    let plan = decide(&s);
+    let evict = plan.actions.iter().find_map(|a| match a {
+        Action::Evict {
+            workload,
+            objects,
+            by,
+            ..
+        } => Some((workload, objects, by)),
+        _ => None,
+    });
+    let (workload, objects, by) = evict.expect("an eviction");
+    assert_eq!(workload, "team/pod-low");
+    assert_eq!(by, "team/pod-high");
+    assert_eq!(objects.len(), 1);
+    assert_eq!(objects[0].0.kind, ObjKind::Pod);
+    assert_eq!(objects[0].1, 120);
+    assert!(
+        admitted(&plan.actions).is_empty(),
+        "the preemptor waits for the victim"
+    );
+}

@@ -1,0 +1,34 @@
+//! The quota controller (`tessera controller`): Kueue-style admission of pods, pod
+//! groups and batch Jobs through scheduling gates and `spec.suspend`, with the pure
+//! [`crate::quota`] engine deciding.
+//!
+//! - [`crd`]: the `tessera.io/v1alpha1` queue CRDs, derived from the engine's types.
+//! - [`webhook`] (pure) and [`webhook_server`] (HTTPS): gate pods, suspend Jobs.
+//! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions.
+//! - [`reconciler`]: reads the snapshot, applies the actions, watches, runs the loop.
+//! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
+
+pub mod crd;
+pub mod decide;
+#[cfg(test)]
+mod decide_tests;
+pub mod error;
+pub mod lease;
+pub mod reconciler;
+pub mod webhook;
+pub mod webhook_server;
+
+pub use error::{Error, Result};
+
+/// Scheduling gate the webhook adds and the controller removes on admission.
+pub const ADMISSION_GATE: &str = "tessera.io/admission";
+/// Priority value fixed by the webhook from the priority-class label at creation.
+pub const PRIORITY_ANNOTATION: &str = "tessera.io/priority";
+/// When the controller admitted the object (RFC 3339): survives restarts.
+pub const ADMITTED_AT_ANNOTATION: &str = "tessera.io/admitted-at";
+/// Pending reason of a suspended Job (pods carry it as a condition).
+pub const PENDING_REASON_ANNOTATION: &str = "tessera.io/pending-reason";
+/// Pending message of a suspended Job.
+pub const PENDING_MESSAGE_ANNOTATION: &str = "tessera.io/pending-message";
+/// Pod condition holding the pending reason (`status: "False"`, reason, message).
+pub const CONDITION_TYPE: &str = "tessera.io/Admitted";

@@ -1,0 +1,653 @@
+//! The Kubernetes shell around [`super::decide`]: read a snapshot, decide, apply — only
+//! while this instance holds the Lease. Watches on pods, Jobs and the queue objects wake
+//! the loop; a resync interval and the Lease renewal bound the wait.
+//!
+//! ```text
+//! watches ──notify──► loop: Elector::tick ─leader?─► snapshot ─► decide ─► apply
+//!                        ▲                                              │ PUT pods/Jobs,
+//!                        └────────── resync / renew interval ◄──────────┘ POST eviction, Events
+//! ```
+//! Writes use the resourceVersion just read: a concurrent change makes the write fail
+//! with 409 and the next pass decides again from fresh state.
+
+use super::decide::{decide, Action, ObjKind, ObjRef, Plan, Snapshot};
+use super::error::{Error, Result};
+use super::lease::{Elector, Millis};
+use super::{
+    ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
+    PENDING_REASON_ANNOTATION,
+};
+use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
+use futures::StreamExt;
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::events::v1::Event as KubeEvent;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{
+    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams, WatchEvent,
+    WatchParams,
+};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// Settings of the reconcile loop.
+#[derive(Clone, Debug)]
+pub struct Config {
+    /// Namespace of the Lease.
+    pub lease_namespace: String,
+    pub lease_name: String,
+    /// This instance's name in the Lease (the pod name in a Deployment).
+    pub identity: String,
+    /// `leaseDurationSeconds`, in milliseconds; renewed every third of it.
+    pub lease_duration: Millis,
+    /// Longest wait between passes without a watch event.
+    pub resync: Duration,
+    /// Name written as `reportingController` on Events.
+    pub reporting_controller: String,
+}
+
+/// A source of wall-clock time in milliseconds (injected so tests can steer it).
+pub trait Clock: Send + Sync {
+    fn now(&self) -> Millis;
+}
+
+/// The system clock.
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Millis {
+        Timestamp::now().as_millisecond().max(0) as Millis
+    }
+}
+
+fn crd_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("tessera.io", "v1alpha1", kind),
+        plural,
+    )
+}
+
+/// The four queue kinds: (kind, plural).
+const QUEUE_KINDS: [(&str, &str); 4] = [
+    ("ResourceFlavor", "resourceflavors"),
+    ("ClusterQueue", "clusterqueues"),
+    ("LocalQueue", "localqueues"),
+    ("WorkloadPriorityClass", "workloadpriorityclasses"),
+];
+
+async fn list_values(client: &kube::Client, ar: &ApiResource) -> Result<Vec<Value>> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::api(format!("list {}", ar.plural)))?;
+    list.items
+        .into_iter()
+        .map(|o| {
+            serde_json::to_value(o).map_err(|source| Error::Json {
+                what: format!("encode {}", ar.plural),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// Converts listed objects to engine types one by one: a bad object is reported and
+/// skipped, never fatal to the pass.
+fn typed<T: serde::de::DeserializeOwned>(
+    values: Vec<Value>,
+    kind: &str,
+    problems: &mut Vec<String>,
+) -> Vec<T> {
+    values
+        .into_iter()
+        .filter_map(|v| {
+            let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
+            match serde_path_to_error::deserialize(v) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    problems.push(format!(
+                        "{kind} {name:?}: field {}: {}",
+                        e.path(),
+                        e.inner()
+                    ));
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+/// The WorkloadPriorityClasses on the API server (also used by the webhook).
+pub async fn list_priority_classes(client: &kube::Client) -> Result<Vec<WorkloadPriorityClass>> {
+    let values = list_values(
+        client,
+        &crd_resource("WorkloadPriorityClass", "workloadpriorityclasses"),
+    )
+    .await?;
+    Ok(typed(values, "WorkloadPriorityClass", &mut Vec::new()))
+}
+
+/// Reads everything a pass needs. Unusable queue objects land in `problems`.
+pub async fn snapshot(
+    client: &kube::Client,
+    now: Millis,
+    problems: &mut Vec<String>,
+) -> Result<Snapshot> {
+    let [rf, cq, lq, wpc] = QUEUE_KINDS.map(|(k, p)| crd_resource(k, p));
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespaces = namespaces
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::api("list namespaces"))?
+        .items
+        .into_iter()
+        .filter_map(|n| {
+            let name = n.metadata.name?;
+            let labels = n.metadata.labels.unwrap_or_default();
+            Some((name, labels))
+        })
+        .collect();
+    Ok(Snapshot {
+        now,
+        flavors: typed::<ResourceFlavor>(
+            list_values(client, &rf).await?,
+            "ResourceFlavor",
+            problems,
+        ),
+        cluster_queues: typed::<ClusterQueue>(
+            list_values(client, &cq).await?,
+            "ClusterQueue",
+            problems,
+        ),
+        local_queues: typed::<LocalQueue>(list_values(client, &lq).await?, "LocalQueue", problems),
+        priority_classes: typed::<WorkloadPriorityClass>(
+            list_values(client, &wpc).await?,
+            "WorkloadPriorityClass",
+            problems,
+        ),
+        namespaces,
+        pods: list_values(client, &ApiResource::erase::<Pod>(&())).await?,
+        jobs: list_values(client, &ApiResource::erase::<Job>(&())).await?,
+    })
+}
+
+fn api_for(client: &kube::Client, r: &ObjRef) -> Api<DynamicObject> {
+    let ar = match r.kind {
+        ObjKind::Pod => ApiResource::erase::<Pod>(&()),
+        ObjKind::Job => ApiResource::erase::<Job>(&()),
+    };
+    Api::namespaced_with(client.clone(), &r.namespace, &ar)
+}
+
+fn rfc3339(ms: Millis) -> String {
+    Timestamp::from_millisecond(ms as i64)
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+        .to_string()
+}
+
+fn to_dynamic(v: Value, what: &str) -> Result<DynamicObject> {
+    serde_json::from_value(v).map_err(|source| Error::Json {
+        what: what.to_string(),
+        source,
+    })
+}
+
+async fn get_value(api: &Api<DynamicObject>, r: &ObjRef) -> Result<Value> {
+    let obj = api
+        .get(&r.name)
+        .await
+        .map_err(Error::api(format!("get {}/{}", r.namespace, r.name)))?;
+    serde_json::to_value(obj).map_err(|source| Error::Json {
+        what: format!("encode {}", r.name),
+        source,
+    })
+}
+
+fn set_annotation(v: &mut Value, key: &str, value: Option<&str>) {
+    let meta = &mut v["metadata"];
+    if !meta["annotations"].is_object() {
+        meta["annotations"] = json!({});
+    }
+    if let Some(a) = meta["annotations"].as_object_mut() {
+        match value {
+            Some(x) => {
+                a.insert(key.to_string(), json!(x));
+            }
+            None => {
+                a.remove(key);
+            }
+        }
+    }
+}
+
+fn merge_selector(target: &mut Value, selector: &BTreeMap<String, String>) {
+    if selector.is_empty() {
+        return;
+    }
+    if !target["nodeSelector"].is_object() {
+        target["nodeSelector"] = json!({});
+    }
+    for (k, v) in selector {
+        target["nodeSelector"][k] = json!(v);
+    }
+}
+
+async fn replace(api: &Api<DynamicObject>, r: &ObjRef, v: Value) -> Result<()> {
+    let obj = to_dynamic(v, &r.name)?;
+    api.replace(&r.name, &PostParams::default(), &obj)
+        .await
+        .map_err(Error::api(format!("update {}/{}", r.namespace, r.name)))?;
+    Ok(())
+}
+
+async fn admit(
+    client: &kube::Client,
+    r: &ObjRef,
+    selector: &BTreeMap<String, String>,
+    parallelism: Option<u32>,
+    now: Millis,
+) -> Result<()> {
+    let api = api_for(client, r);
+    let mut v = get_value(&api, r).await?;
+    set_annotation(&mut v, ADMITTED_AT_ANNOTATION, Some(&rfc3339(now)));
+    match r.kind {
+        ObjKind::Pod => {
+            let spec = &mut v["spec"];
+            if let Some(gates) = spec["schedulingGates"].as_array_mut() {
+                gates.retain(|g| g["name"] != ADMISSION_GATE);
+                if gates.is_empty() {
+                    if let Some(s) = spec.as_object_mut() {
+                        s.remove("schedulingGates");
+                    }
+                }
+            }
+            merge_selector(spec, selector);
+        }
+        ObjKind::Job => {
+            v["spec"]["suspend"] = json!(false);
+            if let Some(p) = parallelism {
+                v["spec"]["parallelism"] = json!(p);
+            }
+            merge_selector(&mut v["spec"]["template"]["spec"], selector);
+            set_annotation(&mut v, PENDING_REASON_ANNOTATION, None);
+            set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, None);
+        }
+    }
+    replace(&api, r, v).await
+}
+
+/// POSTs a `policy/v1` Eviction with the pod's grace period in `deleteOptions`.
+async fn evict_pod(client: &kube::Client, r: &ObjRef, grace: i64) -> Result<()> {
+    let body = json!({
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": r.name, "namespace": r.namespace},
+        "deleteOptions": {"gracePeriodSeconds": grace},
+    });
+    let path = format!(
+        "/api/v1/namespaces/{}/pods/{}/eviction",
+        r.namespace, r.name
+    );
+    let what = format!("evict {}/{}", r.namespace, r.name);
+    let req = http::Request::post(path)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(serde_json::to_vec(&body).unwrap_or_default())
+        .map_err(|e| Error::Api {
+            what: what.clone(),
+            source: kube::Error::HttpError(e),
+        })?;
+    client
+        .request::<Value>(req)
+        .await
+        .map_err(Error::api(what))?;
+    Ok(())
+}
+
+async fn suspend_job(client: &kube::Client, r: &ObjRef) -> Result<()> {
+    let api = api_for(client, r);
+    let mut v = get_value(&api, r).await?;
+    v["spec"]["suspend"] = json!(true);
+    set_annotation(&mut v, ADMITTED_AT_ANNOTATION, None);
+    replace(&api, r, v).await
+}
+
+async fn record_pending(
+    client: &kube::Client,
+    r: &ObjRef,
+    reason: &str,
+    message: &str,
+    now: Millis,
+) -> Result<()> {
+    let api = api_for(client, r);
+    let mut v = get_value(&api, r).await?;
+    match r.kind {
+        ObjKind::Pod => {
+            let condition = json!({"type": CONDITION_TYPE, "status": "False", "reason": reason,
+                                   "message": message, "lastTransitionTime": rfc3339(now / 1000 * 1000)});
+            if !v["status"].is_object() {
+                v["status"] = json!({});
+            }
+            let conds = v["status"]["conditions"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let mut conds: Vec<Value> = conds
+                .into_iter()
+                .filter(|c| c["type"] != CONDITION_TYPE)
+                .collect();
+            conds.push(condition);
+            v["status"]["conditions"] = Value::Array(conds);
+            let obj = to_dynamic(v, &r.name)?;
+            api.replace_status(&r.name, &PostParams::default(), &obj)
+                .await
+                .map_err(Error::api(format!(
+                    "update status {}/{}",
+                    r.namespace, r.name
+                )))?;
+            Ok(())
+        }
+        ObjKind::Job => {
+            set_annotation(&mut v, PENDING_REASON_ANNOTATION, Some(reason));
+            set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, Some(message));
+            replace(&api, r, v).await
+        }
+    }
+}
+
+/// An `events.k8s.io/v1` Event about `r` (note capped at the API's 1 kB).
+pub fn event_for(
+    r: &ObjRef,
+    reason: &str,
+    note: &str,
+    warning: bool,
+    now: Millis,
+    cfg: &Config,
+) -> KubeEvent {
+    let mut note = note.to_string();
+    if note.len() > 1000 {
+        let mut cut = 997;
+        while !note.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        note.truncate(cut);
+        note.push_str("...");
+    }
+    let (api_version, kind) = match r.kind {
+        ObjKind::Pod => ("v1", "Pod"),
+        ObjKind::Job => ("batch/v1", "Job"),
+    };
+    KubeEvent {
+        metadata: ObjectMeta {
+            generate_name: Some(format!("{}.", r.name)),
+            namespace: Some(r.namespace.clone()),
+            ..Default::default()
+        },
+        event_time: Some(MicroTime(
+            Timestamp::from_millisecond(now as i64).unwrap_or(Timestamp::UNIX_EPOCH),
+        )),
+        action: Some("Admission".into()),
+        reason: Some(reason.to_string()),
+        note: Some(note),
+        type_: Some(if warning { "Warning" } else { "Normal" }.into()),
+        reporting_controller: Some(cfg.reporting_controller.clone()),
+        reporting_instance: Some(cfg.identity.clone()),
+        regarding: Some(k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(api_version.into()),
+            kind: Some(kind.into()),
+            name: Some(r.name.clone()),
+            namespace: Some(r.namespace.clone()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+async fn emit(
+    client: &kube::Client,
+    cfg: &Config,
+    r: &ObjRef,
+    reason: &str,
+    note: &str,
+    warning: bool,
+    now: Millis,
+) {
+    let ev = event_for(r, reason, note, warning, now, cfg);
+    let api: Api<KubeEvent> = Api::namespaced(client.clone(), &r.namespace);
+    if let Err(e) = api.create(&PostParams::default(), &ev).await {
+        tracing::warn!(error = %e, object = %r.name, "writing Event");
+    }
+}
+
+/// Applies a plan; returns how many writes failed (retried by the next pass).
+pub async fn apply(client: &kube::Client, cfg: &Config, plan: &Plan, now: Millis) -> usize {
+    let mut failed = 0;
+    for action in &plan.actions {
+        match action {
+            Action::Admit {
+                workload,
+                objects,
+                node_selector,
+                parallelism,
+            } => {
+                tracing::info!(%workload, "admitting");
+                for r in objects {
+                    match admit(client, r, node_selector, *parallelism, now).await {
+                        Ok(()) => {
+                            emit(
+                                client,
+                                cfg,
+                                r,
+                                "Admitted",
+                                &format!("workload {workload} admitted"),
+                                false,
+                                now,
+                            )
+                            .await
+                        }
+                        Err(e) => {
+                            failed += 1;
+                            tracing::warn!(error = %e, %workload, "admit");
+                        }
+                    }
+                }
+            }
+            Action::Evict {
+                workload,
+                objects,
+                reason,
+                by,
+            } => {
+                tracing::info!(%workload, %reason, %by, "preempting");
+                for (r, grace) in objects {
+                    let result = match r.kind {
+                        ObjKind::Pod => evict_pod(client, r, *grace).await,
+                        ObjKind::Job => suspend_job(client, r).await,
+                    };
+                    match result {
+                        Ok(()) => {
+                            let note = format!("workload {workload} preempted ({reason}) by {by}");
+                            emit(client, cfg, r, "Preempted", &note, true, now).await;
+                        }
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => {
+                            failed += 1;
+                            tracing::warn!(error = %e, %workload, "evict");
+                        }
+                    }
+                }
+            }
+            Action::Pending {
+                workload,
+                objects,
+                reason,
+                message,
+            } => {
+                for r in objects.iter().take(
+                    if objects.first().is_some_and(|o| o.kind == ObjKind::Job) {
+                        1
+                    } else {
+                        objects.len()
+                    },
+                ) {
+                    if let Err(e) = record_pending(client, r, reason, message, now).await {
+                        failed += 1;
+                        tracing::warn!(error = %e, %workload, "recording pending reason");
+                    }
+                }
+                if let Some(r) = objects.first() {
+                    emit(client, cfg, r, reason, message, false, now).await;
+                }
+            }
+        }
+    }
+    failed
+}
+
+/// Writes `status.admittedWorkloads` / `pendingWorkloads` of each ClusterQueue that
+/// changed; returns the number of failed writes.
+async fn write_queue_status(client: &kube::Client, plan: &Plan) -> usize {
+    let (kind, plural) = QUEUE_KINDS[1];
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &crd_resource(kind, plural));
+    let mut failed = 0;
+    for (name, (admitted, pending)) in &plan.queue_counts {
+        let result = async {
+            let Some(mut cq) = api.get_opt(name).await? else {
+                return Ok(());
+            };
+            let want = json!({"admittedWorkloads": admitted, "pendingWorkloads": pending});
+            let status = cq.data.get("status").cloned().unwrap_or(Value::Null);
+            if status["admittedWorkloads"] == want["admittedWorkloads"]
+                && status["pendingWorkloads"] == want["pendingWorkloads"]
+            {
+                return Ok(());
+            }
+            cq.data["status"] = want;
+            api.replace_status(name, &PostParams::default(), &cq)
+                .await
+                .map(|_| ())
+        }
+        .await;
+        if let Err(e) = result {
+            failed += 1;
+            tracing::warn!(error = %e, queue = %name, "writing ClusterQueue status");
+        }
+    }
+    failed
+}
+
+/// One pass: snapshot, decide, apply. Returns the plan (for tests and logs).
+pub async fn pass(client: &kube::Client, cfg: &Config, now: Millis) -> Result<Plan> {
+    let mut problems = Vec::new();
+    let snap = snapshot(client, now, &mut problems).await?;
+    let mut plan = decide(&snap);
+    problems.append(&mut plan.problems);
+    for p in &problems {
+        tracing::warn!(problem = %p, "unusable object");
+    }
+    plan.problems = problems;
+    let mut failed = apply(client, cfg, &plan, now).await;
+    failed += write_queue_status(client, &plan).await;
+    if failed > 0 {
+        tracing::info!(failed, "some writes failed; the next pass retries");
+    }
+    Ok(plan)
+}
+
+/// Watches one kind and pokes `notify` on every change; re-lists after errors.
+async fn watch_kind(
+    client: kube::Client,
+    ar: ApiResource,
+    notify: Arc<Notify>,
+    shutdown: CancellationToken,
+) {
+    let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    loop {
+        let rv = match api.list(&ListParams::default()).await {
+            Ok(l) => l.metadata.resource_version.unwrap_or_default(),
+            Err(e) => {
+                tracing::debug!(error = %e, kind = %ar.kind, "list for watch");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => continue,
+                }
+            }
+        };
+        notify.notify_one();
+        let stream = match api.watch(&WatchParams::default().timeout(290), &rv).await {
+            Ok(s) => s,
+            Err(e) => {
+                tracing::debug!(error = %e, kind = %ar.kind, "watch");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return,
+                    _ = tokio::time::sleep(Duration::from_secs(2)) => continue,
+                }
+            }
+        };
+        futures::pin_mut!(stream);
+        loop {
+            let next = tokio::select! {
+                _ = shutdown.cancelled() => return,
+                n = stream.next() => n,
+            };
+            match next {
+                Some(Ok(
+                    WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_),
+                )) => notify.notify_one(),
+                Some(Ok(WatchEvent::Bookmark(_))) => {}
+                Some(Ok(WatchEvent::Error(_)) | Err(_)) | None => break,
+            }
+        }
+    }
+}
+
+/// Runs the controller until `shutdown`: watches, leader election, passes.
+pub async fn run(
+    client: kube::Client,
+    cfg: Config,
+    clock: Arc<dyn Clock>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    let notify = Arc::new(Notify::new());
+    let mut kinds: Vec<ApiResource> = QUEUE_KINDS
+        .iter()
+        .map(|(k, p)| crd_resource(k, p))
+        .collect();
+    kinds.push(ApiResource::erase::<Pod>(&()));
+    kinds.push(ApiResource::erase::<Job>(&()));
+    for ar in kinds {
+        tokio::spawn(watch_kind(
+            client.clone(),
+            ar,
+            notify.clone(),
+            shutdown.child_token(),
+        ));
+    }
+    let mut elector = Elector::new(
+        client.clone(),
+        &cfg.lease_namespace,
+        &cfg.lease_name,
+        &cfg.identity,
+        cfg.lease_duration,
+    );
+    let renew = Duration::from_millis((cfg.lease_duration / 3).max(200));
+    let wait = renew.min(cfg.resync);
+    loop {
+        let now = clock.now();
+        if elector.tick(now).await {
+            if let Err(e) = pass(&client, &cfg, now).await {
+                tracing::warn!(error = %e, "pass failed; retrying");
+            }
+        }
+        tokio::select! {
+            _ = shutdown.cancelled() => return Ok(()),
+            _ = notify.notified() => {}
+            _ = tokio::time::sleep(wait) => {}
+        }
+    }
+}

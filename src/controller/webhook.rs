@@ -1,0 +1,453 @@
+//! The mutating admission decision, pure: an AdmissionReview v1 in, an AdmissionReview
+//! response out. Pods that name a queue get the `tessera.io/admission` scheduling gate;
+//! batch Jobs that name a queue are created suspended; the priority label must name a
+//! WorkloadPriorityClass, whose value is recorded in `tessera.io/priority` at creation
+//! (as Kueue fixes a workload's priority when it is created). The HTTPS shell is
+//! `webhook_server.rs`.
+
+use super::{ADMISSION_GATE, PRIORITY_ANNOTATION};
+use crate::quota::scenario::{PRIORITY_LABELS, QUEUE_LABELS};
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+const POD_GROUP_LABELS: [&str; 2] = ["tessera.io/pod-group-name", "kueue.x-k8s.io/pod-group-name"];
+const POD_GROUP_COUNT: [&str; 2] = [
+    "tessera.io/pod-group-total-count",
+    "kueue.x-k8s.io/pod-group-total-count",
+];
+
+/// A request that is not an AdmissionReview this webhook can answer (HTTP 400).
+#[derive(Debug, thiserror::Error, PartialEq, Eq)]
+#[error("bad AdmissionReview: {0}")]
+pub struct BadReview(pub String);
+
+/// What the webhook decided for one object.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Verdict {
+    /// Allowed, with these JSONPatch operations (possibly none).
+    Allow(Vec<Value>),
+    /// Refused, with a message for the user.
+    Deny(String),
+}
+
+/// Answers an AdmissionReview (`admission.k8s.io/v1`). `classes` are the known
+/// WorkloadPriorityClasses (name → value); `None` when they could not be listed, in
+/// which case the priority label is not checked here (the controller reports it).
+pub fn review(body: &Value, classes: Option<&BTreeMap<String, i32>>) -> Result<Value, BadReview> {
+    if body["apiVersion"] != "admission.k8s.io/v1" || body["kind"] != "AdmissionReview" {
+        return Err(BadReview(
+            "expected apiVersion admission.k8s.io/v1, kind AdmissionReview".into(),
+        ));
+    }
+    let request = &body["request"];
+    let uid = request["uid"]
+        .as_str()
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| BadReview("request.uid is missing".into()))?;
+    let verdict = decide(request, classes);
+    let response = match verdict {
+        Verdict::Allow(ops) if ops.is_empty() => json!({"uid": uid, "allowed": true}),
+        Verdict::Allow(ops) => {
+            let patch = serde_json::to_vec(&ops).unwrap_or_default();
+            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch",
+                   "patch": k8s_openapi::ByteString(patch)})
+        }
+        Verdict::Deny(message) => json!({"uid": uid, "allowed": false,
+            "status": {"code": 400, "reason": "BadRequest", "message": message}}),
+    };
+    Ok(
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
+    )
+}
+
+/// The decision for one `request` of an AdmissionReview.
+pub fn decide(request: &Value, classes: Option<&BTreeMap<String, i32>>) -> Verdict {
+    if request["operation"] != "CREATE" {
+        return Verdict::Allow(Vec::new());
+    }
+    let object = &request["object"];
+    let kind = (
+        request["kind"]["group"].as_str().unwrap_or(""),
+        request["kind"]["kind"].as_str().unwrap_or(""),
+    );
+    let what = match kind {
+        ("", "Pod") => "Pod",
+        ("batch", "Job") => "Job",
+        _ => return Verdict::Allow(Vec::new()),
+    };
+    if !object.is_object() {
+        return Verdict::Deny(format!("{what}: request.object is missing"));
+    }
+    let labels = &object["metadata"]["labels"];
+    let label = |keys: &[&str]| keys.iter().find_map(|k| labels[*k].as_str());
+    let Some(queue) = label(&QUEUE_LABELS) else {
+        return Verdict::Allow(Vec::new());
+    };
+    if queue.is_empty() {
+        return Verdict::Deny(format!("{what}: label {} is empty", QUEUE_LABELS[0]));
+    }
+    if what == "Pod" && owned_by_job(object) {
+        // The Job is the workload; its pods run when the Job is unsuspended.
+        return Verdict::Allow(Vec::new());
+    }
+    let mut ops = Vec::new();
+    if let Some(class) = label(&PRIORITY_LABELS) {
+        if let Some(classes) = classes {
+            match classes.get(class) {
+                Some(value) => ops.extend(set_annotation(
+                    object,
+                    PRIORITY_ANNOTATION,
+                    &value.to_string(),
+                )),
+                None => {
+                    return Verdict::Deny(format!(
+                        "{what}: label {}: WorkloadPriorityClass {class:?} does not exist",
+                        PRIORITY_LABELS[0]
+                    ))
+                }
+            }
+        }
+    }
+    if what == "Job" {
+        ops.push(json!({"op": "add", "path": "/spec/suspend", "value": true}));
+        return Verdict::Allow(ops);
+    }
+    if label(&POD_GROUP_LABELS).is_some() {
+        let annotations = &object["metadata"]["annotations"];
+        let total = POD_GROUP_COUNT
+            .iter()
+            .find_map(|k| annotations[*k].as_str());
+        match total.map(str::parse::<u32>) {
+            Some(Ok(n)) if n > 0 => {}
+            Some(_) => {
+                return Verdict::Deny(format!(
+                    "Pod: annotation {}: not a positive number",
+                    POD_GROUP_COUNT[1]
+                ))
+            }
+            None => {
+                return Verdict::Deny(format!(
+                    "Pod: a pod group needs annotation {}",
+                    POD_GROUP_COUNT[1]
+                ))
+            }
+        }
+    }
+    let gates = &object["spec"]["schedulingGates"];
+    let gated = gates
+        .as_array()
+        .is_some_and(|g| g.iter().any(|x| x["name"] == ADMISSION_GATE));
+    if !gated {
+        let gate = json!({"name": ADMISSION_GATE});
+        ops.push(if gates.is_array() {
+            json!({"op": "add", "path": "/spec/schedulingGates/-", "value": gate})
+        } else {
+            json!({"op": "add", "path": "/spec/schedulingGates", "value": [gate]})
+        });
+    }
+    Verdict::Allow(ops)
+}
+
+fn owned_by_job(object: &Value) -> bool {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|refs| {
+            refs.iter()
+                .any(|r| r["kind"] == "Job" && r["apiVersion"] == "batch/v1")
+        })
+}
+
+/// JSONPatch setting one annotation, creating the map when absent.
+fn set_annotation(object: &Value, key: &str, value: &str) -> Vec<Value> {
+    if object["metadata"]["annotations"].is_object() {
+        let escaped = key.replace('~', "~0").replace('/', "~1");
+        vec![
+            json!({"op": "add", "path": format!("/metadata/annotations/{escaped}"), "value": value}),
+        ]
+    } else {
+        vec![json!({"op": "add", "path": "/metadata/annotations", "value": {key: value}})]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn review_of(kind: (&str, &str), operation: &str, object: Value) -> Value {
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+               "request": {"uid": "u-1", "operation": operation,
+                           "kind": {"group": kind.0, "version": "v1", "kind": kind.1},
+                           "object": object}})
+    }
+
+    fn pod(labels: Value, annotations: Value, gates: Option<Value>) -> Value {
+        let mut p = json!({"apiVersion": "v1", "kind": "Pod",
+                           "metadata": {"name": "p", "namespace": "ns", "labels": labels},
+                           "spec": {"containers": [{"name": "c"}]}});
+        if !annotations.is_null() {
+            p["metadata"]["annotations"] = annotations;
+        }
+        if let Some(g) = gates {
+            p["spec"]["schedulingGates"] = g;
+        }
+        p
+    }
+
+    fn classes() -> BTreeMap<String, i32> {
+        [("high".to_string(), 1000)].into()
+    }
+
+    /// Applies a JSONPatch of `add` operations (all the webhook emits).
+    fn apply(mut doc: Value, ops: &[Value]) -> Value {
+        for op in ops {
+            assert_eq!(op["op"], "add");
+            let path = op["path"].as_str().unwrap();
+            let (parent, last) = path.rsplit_once('/').unwrap();
+            let last = last.replace("~1", "/").replace("~0", "~");
+            let target = doc.pointer_mut(parent).expect("parent exists");
+            if last == "-" {
+                target.as_array_mut().unwrap().push(op["value"].clone());
+            } else {
+                target[last.as_str()] = op["value"].clone();
+            }
+        }
+        doc
+    }
+
+    #[test]
+    fn table() {
+        let q = json!({"tessera.io/queue-name": "lq"});
+        let kq =
+            json!({"kueue.x-k8s.io/queue-name": "lq", "kueue.x-k8s.io/priority-class": "high"});
+        let group = json!({"tessera.io/queue-name": "lq", "kueue.x-k8s.io/pod-group-name": "g"});
+        let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "j", "labels": {"tessera.io/queue-name": "lq"}},
+            "spec": {"suspend": false, "template": {"spec": {"containers": []}}}});
+        let mut owned = pod(q.clone(), Value::Null, None);
+        owned["metadata"]["ownerReferences"] =
+            json!([{"apiVersion": "batch/v1", "kind": "Job", "name": "j", "uid": "x"}]);
+        // (case, kind, operation, object, gated after, suspended after, denial contains)
+        type Case<'a> = (
+            &'a str,
+            (&'a str, &'a str),
+            &'a str,
+            Value,
+            bool,
+            bool,
+            Option<&'a str>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "no queue label",
+                ("", "Pod"),
+                "CREATE",
+                pod(json!({}), Value::Null, None),
+                false,
+                false,
+                None,
+            ),
+            (
+                "tessera label",
+                ("", "Pod"),
+                "CREATE",
+                pod(q.clone(), Value::Null, None),
+                true,
+                false,
+                None,
+            ),
+            (
+                "kueue labels",
+                ("", "Pod"),
+                "CREATE",
+                pod(kq.clone(), json!({"a": "b"}), None),
+                true,
+                false,
+                None,
+            ),
+            (
+                "other gates kept",
+                ("", "Pod"),
+                "CREATE",
+                pod(q.clone(), Value::Null, Some(json!([{"name": "x"}]))),
+                true,
+                false,
+                None,
+            ),
+            (
+                "already gated",
+                ("", "Pod"),
+                "CREATE",
+                pod(
+                    q.clone(),
+                    Value::Null,
+                    Some(json!([{"name": ADMISSION_GATE}])),
+                ),
+                true,
+                false,
+                None,
+            ),
+            (
+                "update ignored",
+                ("", "Pod"),
+                "UPDATE",
+                pod(q.clone(), Value::Null, None),
+                false,
+                false,
+                None,
+            ),
+            (
+                "pod of a Job",
+                ("", "Pod"),
+                "CREATE",
+                owned,
+                false,
+                false,
+                None,
+            ),
+            (
+                "unknown class",
+                ("", "Pod"),
+                "CREATE",
+                pod(
+                    json!({"tessera.io/queue-name": "lq", "tessera.io/priority-class": "nope"}),
+                    Value::Null,
+                    None,
+                ),
+                false,
+                false,
+                Some("\"nope\" does not exist"),
+            ),
+            (
+                "empty queue",
+                ("", "Pod"),
+                "CREATE",
+                pod(json!({"tessera.io/queue-name": ""}), Value::Null, None),
+                false,
+                false,
+                Some("is empty"),
+            ),
+            (
+                "group without count",
+                ("", "Pod"),
+                "CREATE",
+                pod(group.clone(), Value::Null, None),
+                false,
+                false,
+                Some("pod-group-total-count"),
+            ),
+            (
+                "group bad count",
+                ("", "Pod"),
+                "CREATE",
+                pod(
+                    group.clone(),
+                    json!({"kueue.x-k8s.io/pod-group-total-count": "x"}),
+                    None,
+                ),
+                false,
+                false,
+                Some("not a positive number"),
+            ),
+            (
+                "group",
+                ("", "Pod"),
+                "CREATE",
+                pod(
+                    group.clone(),
+                    json!({"kueue.x-k8s.io/pod-group-total-count": "2"}),
+                    None,
+                ),
+                true,
+                false,
+                None,
+            ),
+            (
+                "job",
+                ("batch", "Job"),
+                "CREATE",
+                job.clone(),
+                false,
+                true,
+                None,
+            ),
+            (
+                "other kind",
+                ("apps", "Deployment"),
+                "CREATE",
+                job,
+                false,
+                false,
+                None,
+            ),
+        ];
+        for (name, kind, op, object, gated, suspended, denial) in cases {
+            let out = review(&review_of(kind, op, object.clone()), Some(&classes())).unwrap();
+            let resp = &out["response"];
+            assert_eq!(resp["uid"], "u-1", "{name}");
+            match denial {
+                Some(text) => {
+                    assert_eq!(resp["allowed"], false, "{name}");
+                    let msg = resp["status"]["message"].as_str().unwrap();
+                    assert!(msg.contains(text), "{name}: {msg}");
+                    continue;
+                }
+                None => assert_eq!(resp["allowed"], true, "{name}: {resp}"),
+            }
+            let ops: Vec<Value> = match resp["patch"].as_str() {
+                Some(_) => {
+                    assert_eq!(resp["patchType"], "JSONPatch", "{name}");
+                    let bytes: k8s_openapi::ByteString =
+                        serde_json::from_value(resp["patch"].clone()).unwrap();
+                    serde_json::from_slice(&bytes.0).unwrap()
+                }
+                None => Vec::new(),
+            };
+            let after = apply(object.clone(), &ops);
+            let gates = after["spec"]["schedulingGates"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            let n = gates.iter().filter(|g| g["name"] == ADMISSION_GATE).count();
+            assert_eq!(n, usize::from(gated), "{name}: gates {gates:?}");
+            if let Some(before) = object["spec"]["schedulingGates"].as_array() {
+                assert!(before.iter().all(|g| gates.contains(g)), "{name}: kept");
+            }
+            assert_eq!(after["spec"]["suspend"] == true, suspended, "{name}");
+            if name == "kueue labels" {
+                assert_eq!(
+                    after["metadata"]["annotations"][PRIORITY_ANNOTATION],
+                    "1000"
+                );
+                assert_eq!(after["metadata"]["annotations"]["a"], "b");
+            }
+        }
+    }
+
+    #[test]
+    fn unknown_classes_are_not_checked_when_they_could_not_be_listed() {
+        let p = pod(
+            json!({"tessera.io/queue-name": "lq", "tessera.io/priority-class": "nope"}),
+            Value::Null,
+            None,
+        );
+        let out = review(&review_of(("", "Pod"), "CREATE", p), None).unwrap();
+        assert_eq!(out["response"]["allowed"], true);
+    }
+
+    #[test]
+    fn malformed_reviews_are_errors_not_panics() {
+        for body in [
+            json!(null),
+            json!({"apiVersion": "admission.k8s.io/v1beta1", "kind": "AdmissionReview"}),
+            json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
+            json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": 3}}),
+        ] {
+            assert!(review(&body, None).is_err(), "{body}");
+        }
+        // A request without an object is denied with a reason.
+        let r = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+                       "request": {"uid": "u", "operation": "CREATE", "kind": {"group": "", "kind": "Pod"}}});
+        let out = review(&r, None).unwrap();
+        assert_eq!(out["response"]["allowed"], false);
+    }
+}
