@@ -33,6 +33,7 @@ pub mod dra;
 pub mod ownership;
 
 use crate::cdi;
+use crate::cdi::migcaps::MigCaps;
 use crate::deviceplugin::allocate::AllocateSettings;
 use crate::deviceplugin::preferred::Topology;
 use crate::deviceplugin::snapshot::{SharedSnapshot, Snapshot};
@@ -217,10 +218,20 @@ impl Agent {
             .owners
             .part(&built.inventory, &built.plan, Owner::DevicePlugin);
         if self.owners.device_plugin && !inventory.gpus.is_empty() {
+            // The capability table is read only when there is a MIG device to resolve.
+            let has_mig = inventory.gpus.iter().any(|g| !g.mig_devices.is_empty());
+            let caps = has_mig
+                .then(|| MigCaps::load(&self.opts.allocate.mig_caps))
+                .and_then(|r| {
+                    r.map_err(|e| {
+                        warn!(error = %e, "MIG devices in the CDI spec lack their capability nodes")
+                    })
+                    .ok()
+                });
             cdi::write_spec(
                 &self.opts.cdi_root,
                 CDI_SPEC_STEM,
-                &cdi::node_spec(&inventory, &self.opts.dev_root),
+                &cdi::node_spec_with(&inventory, &self.opts.dev_root, caps.as_ref()),
             )?;
         }
         let advertisement = built.advertisement;

@@ -1,6 +1,6 @@
 //! `tessera node`: the DaemonSet agent.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -12,6 +12,7 @@ use tessera::agent::cluster::{watch_config_label, KubeEventRecorder};
 use tessera::agent::dra::DraSettings;
 use tessera::agent::ownership::Ownership;
 use tessera::agent::{self, AgentOptions, EventRecorder, LogRecorder};
+use tessera::cdi::migcaps::MigCapsPaths;
 use tessera::deviceplugin::allocate::{AllocateSettings, PreloadMode};
 use tessera::dra::registration::RetryPolicy;
 use tessera::dra::slices::CounterLayout;
@@ -201,6 +202,8 @@ async fn run_async(args: Args) -> Result<()> {
     let mut allocate = AllocateSettings::with_state_dir(&args.state_dir);
     allocate.preload = args.shim_preload;
     allocate.cdi = !args.no_cdi;
+    // The MIG capability nodes live under --dev-root like the GPU nodes.
+    allocate.mig_caps = MigCapsPaths::under(Path::new("/proc"), &args.dev_root);
     let opts = AgentOptions {
         kubelet_dir: args.kubelet_dir.clone(),
         cdi_root: args.cdi_root.clone(),
