@@ -163,7 +163,11 @@ pub fn build_owned(
     };
     let dra = owners.dra.then(|| {
         let (inventory, plan) = owners.part(&inventory, &plan, Owner::Dra);
-        dra::DraView { inventory, plan }
+        dra::DraView {
+            inventory,
+            plan,
+            health: config.health.clone(),
+        }
     });
     Ok(Built {
         inventory,

@@ -111,7 +111,16 @@ impl DraAgentBuilder {
             label_tx,
             cancel.clone(),
         ));
-        let allocate = AllocateSettings::with_state_dir(&self.dirs.state_dir);
+        let mut allocate = AllocateSettings::with_state_dir(&self.dirs.state_dir);
+        // The driver's MIG capability table, as a node with these GPUs has it.
+        let gpus = self
+            .backend
+            .inventory()
+            .map_or(0, |i| i.gpus.len() as u32)
+            .max(8);
+        allocate.mig_caps =
+            tessera::cdi::migcaps::write_synthetic(&self.dirs.root.join("proc"), gpus, 508)
+                .unwrap();
         let opts = AgentOptions {
             kubelet_dir: self.dirs.kubelet_dir.clone(),
             cdi_root: self.dirs.cdi_root.clone(),
