@@ -20,11 +20,14 @@
 //! is bad publishes nothing (like the device-plugin path), instead of an empty pool that
 //! would withdraw the devices of claims still running.
 //!
-//! [`Serialized`] queues prepare/unprepare requests: `NodePreparer` holds the checkpoint's
-//! file lock (a blocking `flock`) across the claim GET, so two requests in one process must
-//! never wait for that lock on the same runtime (on the agent's single-threaded runtime the
-//! second would block the thread the first needs to finish).
+//! Requests run concurrently: `NodePreparer` does each claim's GET without the checkpoint
+//! lock and its locked, blocking part on the blocking pool, so requests overlap their API
+//! round trips while the checkpoint stays consistent.
+//!
+//! At start, after the checkpoint is recovered, MIG instances on the DRA GPUs that no
+//! checkpointed claim owns are destroyed (`NodePreparer::destroy_unowned_migs`).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -38,7 +41,6 @@ use crate::dra::checkpoint::Store;
 use crate::dra::health::{devices_from_slices, HealthOptions, HealthService, TaintMode};
 use crate::dra::kubelet::{self, DraPaths};
 use crate::dra::node::NodePreparer;
-use crate::dra::plugin::{ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 use crate::dra::publish::Publisher;
 use crate::dra::registration::RetryPolicy;
 use crate::dra::slices::{apply_taints, build_slices, CounterLayout, SliceOptions, DRIVER};
@@ -79,33 +81,6 @@ pub struct DraView {
     pub health: HealthPolicy,
 }
 
-/// A [`ClaimPreparer`] that runs one request at a time (see the module doc).
-pub struct Serialized<P> {
-    inner: Arc<P>,
-    gate: tokio::sync::Mutex<()>,
-}
-
-impl<P> Serialized<P> {
-    pub fn new(inner: Arc<P>) -> Self {
-        Self {
-            inner,
-            gate: tokio::sync::Mutex::new(()),
-        }
-    }
-}
-
-impl<P: ClaimPreparer> ClaimPreparer for Serialized<P> {
-    async fn prepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<Vec<PreparedDevice>> {
-        let _turn = self.gate.lock().await;
-        self.inner.prepare(claims).await
-    }
-
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<()> {
-        let _turn = self.gate.lock().await;
-        self.inner.unprepare(claims).await
-    }
-}
-
 /// The slices for a view (the pool generation is the publisher's business).
 pub fn slices_for(
     view: &DraView,
@@ -117,10 +92,12 @@ pub fn slices_for(
     build_slices(&view.inventory, &view.plan, &opts)
 }
 
-/// Run the DRA path until `cancel`: recover, serve the kubelet, publish every view.
+/// Run the DRA path until `cancel`: recover, destroy MIG instances on `dra_gpus` that no
+/// claim owns, serve the kubelet, publish every view.
 pub async fn run(
     settings: DraSettings,
     backend: Arc<dyn GpuBackend>,
+    dra_gpus: BTreeSet<String>,
     mut views: watch::Receiver<Option<DraView>>,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
@@ -134,11 +111,17 @@ pub async fn run(
         boot_id: settings.boot_id.clone(),
     });
     let recovering = preparer.clone();
-    match tokio::task::spawn_blocking(move || recovering.recover()).await {
-        Ok(Ok(loaded)) => info!(
+    let recovered = tokio::task::spawn_blocking(move || {
+        let loaded = recovering.recover()?;
+        let destroyed = recovering.destroy_unowned_migs(&dra_gpus)?;
+        Ok::<_, String>((loaded, destroyed))
+    });
+    match recovered.await {
+        Ok(Ok((loaded, destroyed))) => info!(
             claims = loaded.data.claims.len(),
             rolled_back = loaded.rollback.len(),
             rebooted = loaded.rebooted,
+            unowned_mig_destroyed = destroyed,
             "DRA checkpoint recovered"
         ),
         // Serve anyway: the kubelet retries claims, and a crash loop helps nobody.
@@ -162,7 +145,7 @@ pub async fn run(
     let paths = DraPaths::under(&settings.kubelet_dir);
     let server = tokio::spawn(kubelet::serve_with_health(
         paths,
-        Arc::new(Serialized::new(preparer)),
+        preparer,
         health.clone(),
         settings.retry,
         cancel.child_token(),
@@ -278,51 +261,4 @@ async fn publish_views(
     }
     cancel.cancel();
     let _ = task.await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// Counts how many calls run at once.
-    #[derive(Default)]
-    struct Probe {
-        now: AtomicUsize,
-        max: AtomicUsize,
-    }
-
-    impl ClaimPreparer for Probe {
-        async fn prepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<Vec<PreparedDevice>> {
-            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-            self.max.fetch_max(n, Ordering::SeqCst);
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            self.now.fetch_sub(1, Ordering::SeqCst);
-            claims.into_iter().map(|c| (c.uid, Ok(vec![]))).collect()
-        }
-
-        async fn unprepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<()> {
-            claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
-        }
-    }
-
-    #[tokio::test]
-    async fn serialized_runs_one_request_at_a_time() {
-        let probe = Arc::new(Probe::default());
-        let s = Arc::new(Serialized::new(probe.clone()));
-        let calls = (0..8).map(|i| {
-            let s = s.clone();
-            async move {
-                s.prepare(vec![ClaimRef {
-                    namespace: "ns".into(),
-                    name: format!("c{i}"),
-                    uid: format!("u{i}"),
-                }])
-                .await
-            }
-        });
-        let out = futures::future::join_all(calls).await;
-        assert!(out.iter().all(|r| r.len() == 1));
-        assert_eq!(probe.max.load(Ordering::SeqCst), 1);
-    }
 }

@@ -19,6 +19,7 @@
 //! until a good one arrives (advertising a default instead could hand out whole GPUs the
 //! operator meant to partition).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -357,9 +358,17 @@ pub async fn run_with(
     let (dra_tx, dra_rx) = watch::channel(None);
     let dra_cancel = cancel.child_token();
     let mut dra_task = dra_settings.filter(|_| owners.dra).map(|settings| {
+        let dra_gpus = match backend.inventory() {
+            Ok(inventory) => owners.dra_uuids(&inventory),
+            Err(e) => {
+                warn!(error = %e, "no GPU inventory: unowned MIG instances are not cleaned up");
+                BTreeSet::new()
+            }
+        };
         tokio::spawn(dra::run(
             settings,
             backend.clone(),
+            dra_gpus,
             dra_rx,
             dra_cancel.clone(),
         ))

@@ -200,6 +200,7 @@ pub fn recover(mut data: Data, boot_id: &str) -> Loaded {
 }
 
 /// The checkpoint file and its lock, in the driver's state directory.
+#[derive(Debug, Clone)]
 pub struct Store {
     path: PathBuf,
     lock_path: PathBuf,
