@@ -1,6 +1,6 @@
 //! `tessera node`: the DaemonSet agent.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::{Context, Result};
@@ -59,6 +59,10 @@ pub struct Args {
     /// Where the host's /dev is mounted in the agent's container.
     #[arg(long, default_value = "/dev")]
     pub dev_root: String,
+    /// Where the host's /proc is visible to the agent (the NVIDIA driver's MIG capability
+    /// table `driver/nvidia-caps/mig-minors` and `devices` are read there).
+    #[arg(long, default_value = "/proc")]
+    pub proc_root: PathBuf,
     /// Do not put CDI device names in Allocate responses (runtimes without CDI).
     #[arg(long)]
     pub no_cdi: bool,
@@ -202,8 +206,8 @@ async fn run_async(args: Args) -> Result<()> {
     let mut allocate = AllocateSettings::with_state_dir(&args.state_dir);
     allocate.preload = args.shim_preload;
     allocate.cdi = !args.no_cdi;
-    // The MIG capability nodes live under --dev-root like the GPU nodes.
-    allocate.mig_caps = MigCapsPaths::under(Path::new("/proc"), &args.dev_root);
+    // The capability table is read under --proc-root; its nodes live under --dev-root.
+    allocate.mig_caps = MigCapsPaths::under(&args.proc_root, &args.dev_root);
     let opts = AgentOptions {
         kubelet_dir: args.kubelet_dir.clone(),
         cdi_root: args.cdi_root.clone(),
