@@ -342,7 +342,7 @@ async fn main() {
         format!("{:.2}x of 5 ms (p99)", ms(wx99) / 5.0),
     ));
     rows.push((
-        "  disk floor: 2 atomic checkpoint writes, 3 fsyncs (p50 / p99)".into(),
+        "  disk floor: 2 checkpoint writes, 3 fsyncs (p50/p99)".into(),
         format!("{:.2} / {:.2} ms", ms(f50), ms(f99)),
         "same directory, same size".into(),
         format!("prepare p50 = {:.2}x floor", ms(w50) / ms(f50)),
