@@ -149,20 +149,72 @@ async fn serving(socket: &std::path::Path, claim: &Claim, timeout: Duration) -> 
 }
 
 /// What the checkpoint's two-phase record costs the disk alone: two atomic writes (write,
-/// fsync, rename, fsync of the directory) of a checkpoint-sized file in `dir`.
+/// fsync, rename) of a checkpoint-sized file in `dir`, the second (`Completed`) with the
+/// directory fsync, as `Store` does them.
 fn two_atomic_writes(dir: &std::path::Path, bytes: usize) -> Duration {
     use std::io::Write;
     let t = Instant::now();
-    for _ in 0..2 {
+    for sync_dir in [false, true] {
         let tmp = dir.join("floor.tmp");
         let mut f = std::fs::File::create(&tmp).unwrap();
         f.write_all(&vec![b'x'; bytes]).unwrap();
         f.sync_all().unwrap();
         drop(f);
         std::fs::rename(&tmp, dir.join("floor.json")).unwrap();
-        std::fs::File::open(dir).unwrap().sync_all().unwrap();
+        if sync_dir {
+            std::fs::File::open(dir).unwrap().sync_all().unwrap();
+        }
     }
     t.elapsed()
+}
+
+/// The agent's own claim GET times (µs) by claim name, from its `tessera::dra::timing`
+/// debug lines (`claim GET claim=ml/NAME get_us=N`).
+fn agent_get_times(log: &str) -> std::collections::BTreeMap<String, u64> {
+    let mut out = std::collections::BTreeMap::new();
+    for line in log.lines().filter(|l| l.contains("claim GET")) {
+        // Strip ANSI colour sequences (ESC [ … m).
+        let mut plain = String::with_capacity(line.len());
+        let mut chars = line.chars();
+        while let Some(ch) = chars.next() {
+            if ch == '\u{1b}' {
+                for c in chars.by_ref() {
+                    if c == 'm' {
+                        break;
+                    }
+                }
+            } else {
+                plain.push(ch);
+            }
+        }
+        let field = |k: &str| {
+            plain
+                .split_whitespace()
+                .find_map(|t| t.strip_prefix(k).map(str::to_string))
+        };
+        if let (Some(claim), Some(us)) = (field("claim=ml/"), field("get_us=")) {
+            if let Ok(us) = us.parse() {
+                out.insert(claim, us);
+            }
+        }
+    }
+    out
+}
+
+/// Round trips minus the agent's own GET of that claim.
+fn excluding_get(
+    rtt: &[(String, Duration)],
+    gets: &std::collections::BTreeMap<String, u64>,
+) -> Vec<Duration> {
+    rtt.iter()
+        .map(|(name, d)| {
+            let get = gets
+                .get(name)
+                .copied()
+                .unwrap_or_else(|| panic!("no GET timing for {name}"));
+            d.saturating_sub(Duration::from_micros(get))
+        })
+        .collect()
 }
 
 /// A process's time on a CPU and waiting in the run queue so far, summed over its threads
@@ -194,6 +246,11 @@ async fn main() {
     // Republish and restart repetitions.
     let reps = if full { 5 * rounds } else { 2 };
     let bin = env!("CARGO_BIN_EXE_tessera");
+    // The agent logs its own claim GET times (to subtract them: the 5 ms budget excludes
+    // the GET).
+    if std::env::var_os("TESSERA_TEST_LOG").is_none() {
+        std::env::set_var("TESSERA_TEST_LOG", "warn,tessera::dra::timing=debug");
+    }
     let mut rows: Vec<(String, String, String, String)> = Vec::new();
 
     let api = ApiServer::start(NODE).await;
@@ -246,7 +303,7 @@ async fn main() {
         get.push(t.elapsed());
         let t = Instant::now();
         prepare_ok(&kubelet, std::slice::from_ref(&w)).await;
-        whole.push(t.elapsed());
+        whole.push((w.name.clone(), t.elapsed()));
         let m = allocate(
             &api,
             &format!("m{i}"),
@@ -254,13 +311,23 @@ async fn main() {
         );
         let t = Instant::now();
         prepare_ok(&kubelet, std::slice::from_ref(&m)).await;
-        mig.push(t.elapsed());
+        mig.push((m.name.clone(), t.elapsed()));
         unprepare_ok(&kubelet, &[w, m]).await;
     }
+    let agent_gets = agent_get_times(&dra_agent::binary_log(&dirs));
     let (e50, e99) = stats(empty);
     let (g50, g99) = stats(get);
-    let (w50, w99) = stats(whole);
-    let (m50, m99) = stats(mig);
+    let (a50, a99) = stats(
+        whole
+            .iter()
+            .chain(&mig)
+            .map(|(n, _)| Duration::from_micros(agent_gets.get(n).copied().unwrap_or(0)))
+            .collect(),
+    );
+    let (wx50, wx99) = stats(excluding_get(&whole, &agent_gets));
+    let (mx50, mx99) = stats(excluding_get(&mig, &agent_gets));
+    let (w50, w99) = stats(whole.into_iter().map(|(_, d)| d).collect());
+    let (m50, m99) = stats(mig.into_iter().map(|(_, d)| d).collect());
     let (f50, f99) = stats(floor);
     rows.push((
         "NodePrepareResources, whole GPU (p50 / p99)".into(),
@@ -269,7 +336,13 @@ async fn main() {
         format!("{:.1}x (p99)", ms(w99) / ms(e99)),
     ));
     rows.push((
-        "  disk floor: 2 atomic checkpoint writes (p50 / p99)".into(),
+        "  excluding the agent's claim GET (p50 / p99)".into(),
+        format!("{:.2} / {:.2} ms", ms(wx50), ms(wx99)),
+        format!("agent's GET {:.2} / {:.2} ms", ms(a50), ms(a99)),
+        format!("{:.2}x of 5 ms (p99)", ms(wx99) / 5.0),
+    ));
+    rows.push((
+        "  disk floor: 2 checkpoint writes, 3 fsyncs (p50/p99)".into(),
         format!("{:.2} / {:.2} ms", ms(f50), ms(f99)),
         "same directory, same size".into(),
         format!("prepare p50 = {:.2}x floor", ms(w50) / ms(f50)),
@@ -279,6 +352,12 @@ async fn main() {
         format!("{:.2} / {:.2} ms", ms(m50), ms(m99)),
         format!("claim GET {:.2} / {:.2} ms", ms(g50), ms(g99)),
         format!("{:.2}x of 5 ms (p99, GET incl.)", ms(m99) / 5.0),
+    ));
+    rows.push((
+        "  excluding the agent's claim GET (p50 / p99)".into(),
+        format!("{:.2} / {:.2} ms", ms(mx50), ms(mx99)),
+        "target p99 5 ms".into(),
+        format!("{:.2}x of 5 ms (p99)", ms(mx99) / 5.0),
     ));
 
     // --- 100 claims at once vs. one after another -----------------------------------

@@ -213,6 +213,132 @@ async fn side_by_side_publishes_valid_slices_and_prepares_through_sockets() {
         .exists());
 }
 
+/// The taints of device `name` in `slices`.
+fn taints_of(slices: &[Value], name: &str) -> Value {
+    slices
+        .iter()
+        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+        .find(|d| d["name"] == name)
+        .map_or(Value::Null, |d| d["taints"].clone())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_xid_on_a_dra_gpu_is_reported_unhealthy_and_taints_its_devices() {
+    use tessera::proto::dra_health::v1beta1::HealthStatus;
+    let api = ApiServer::start(NODE).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = NodeDirs::under(tmp.path());
+    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
+    let backend = Arc::new(FakeBackend::from_spec("3xA100-80GB").unwrap());
+    let uuids: Vec<String> = backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    let gpu0 = uuids[0].clone();
+    let agent = DraAgentBuilder::new(&dirs, backend.clone())
+        .configs(&[("default", ALL_MIG)])
+        .start(&api);
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    wait_for("slices", WAIT, || complete_pool(&api).is_some()).await;
+    assert_eq!(taints_of(&our_slices(&api), "gpu-0"), Value::Null);
+
+    let mut stream = kubelet.watch_health(DRIVER).await.unwrap();
+    let status_of = |r: &tessera::proto::dra_health::v1beta1::NodeWatchResourcesResponse,
+                     device: &str| {
+        r.devices
+            .iter()
+            .find(|d| d.device.as_ref().is_some_and(|i| i.device_name == device))
+            .map(|d| d.health)
+    };
+    // Healthy once the agent watches the backend (Unknown before).
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let r = tokio::time::timeout(WAIT, stream.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if status_of(&r, "gpu-0") == Some(HealthStatus::Healthy as i32) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "gpu-0 never healthy: {r:?}");
+    }
+
+    // XID 79 (fallen off the bus) on GPU 0: every device of GPU 0 goes Unhealthy, GPU 1's stay.
+    backend.inject(tessera::gpu::HealthEvent::Xid {
+        gpu_uuid: gpu0.clone(),
+        xid: 79,
+    });
+    let r = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        status_of(&r, "gpu-0"),
+        Some(HealthStatus::Unhealthy as i32),
+        "{r:?}"
+    );
+    assert_eq!(
+        status_of(&r, "gpu-0-mig-1g-10gb-0"),
+        Some(HealthStatus::Unhealthy as i32)
+    );
+    assert_eq!(status_of(&r, "gpu-1"), Some(HealthStatus::Healthy as i32));
+    let msg = &r
+        .devices
+        .iter()
+        .find(|d| d.health == HealthStatus::Unhealthy as i32)
+        .unwrap()
+        .message;
+    assert!(msg.contains("XID 79") && msg.contains(&gpu0), "{msg}");
+
+    // The republished pool carries the taint on GPU 0's devices only, and is schema-valid.
+    wait_for("tainted slices", WAIT, || {
+        complete_pool(&api).is_some_and(|s| taints_of(&s, "gpu-0") != Value::Null)
+    })
+    .await;
+    let slices = complete_pool(&api).unwrap();
+    let t = taints_of(&slices, "gpu-0-mig-1g-10gb-0");
+    assert_eq!(t[0]["key"], "gpu.tessera.io/xid", "{t}");
+    assert_eq!(t[0]["value"], "79");
+    assert_eq!(t[0]["effect"], "NoExecute");
+    assert!(t[0]["timeAdded"].is_string(), "{t}");
+    assert_eq!(taints_of(&slices, "gpu-1"), Value::Null);
+    support::schema::validate_all(&slices, &["1.35.0"]);
+
+    // An API server without DRADeviceTaints drops them: when GPU 1 fails too, the
+    // tainted slices are withdrawn and the devices of unhealthy GPUs withheld instead.
+    api.drop_field("spec.devices.*.taints");
+    backend.inject(tessera::gpu::HealthEvent::Xid {
+        gpu_uuid: uuids[1].clone(),
+        xid: 74,
+    });
+    wait_for("withheld devices", WAIT, || {
+        complete_pool(&api).is_some_and(|s| {
+            let names = device_names(&s);
+            !names
+                .iter()
+                .any(|n| n.starts_with("gpu-0") || n.starts_with("gpu-1"))
+                && names.contains("gpu-2")
+        })
+    })
+    .await;
+    let slices = complete_pool(&api).unwrap();
+    support::schema::validate_all(&slices, &["1.35.0"]);
+    // The health stream still reports the withheld devices.
+    let r = tokio::time::timeout(WAIT, stream.message())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(status_of(&r, "gpu-1"), Some(HealthStatus::Unhealthy as i32));
+    assert_eq!(status_of(&r, "gpu-2"), Some(HealthStatus::Healthy as i32));
+    agent.shutdown().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_v1beta1_kubelet_gets_v1beta1() {
     let api = ApiServer::start(NODE).await;

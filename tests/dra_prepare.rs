@@ -563,3 +563,68 @@ async fn mig_claim_without_the_driver_caps_table_fails_clearly() {
     assert!(!tmp.path().join("cdi/tessera.io-claim-uid-1.json").exists());
     assert!(out["uid-2"].is_ok(), "{out:?}");
 }
+
+#[tokio::test]
+async fn start_destroys_unowned_mig_on_dra_gpus_and_recover_keeps_an_unchanged_file() {
+    use std::os::unix::fs::MetadataExt;
+    let api = ApiServer::empty().await;
+    api.put_object(
+        CLAIMS,
+        claim("train", "uid-1", json!([r("gpu-0-mig-3g-40gb-4")])),
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    p.prepare(vec![ClaimRef {
+        namespace: "ml".into(),
+        name: "train".into(),
+        uid: "uid-1".into(),
+    }])
+    .await["uid-1"]
+        .as_ref()
+        .unwrap();
+    let uuids: Vec<String> = backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    // Left behind by someone else (an earlier device-plugin layout): one more instance on
+    // DRA GPU 0 next to the claim's, and one on GPU 1, which DRA does not own here.
+    let mut gpu0: Vec<(String, u8)> = vec![("3g.40gb".into(), 4), ("1g.10gb".into(), 0)];
+    backend.apply_mig_layout(&uuids[0], &gpu0).unwrap();
+    backend
+        .apply_mig_layout(&uuids[1], &[("7g.80gb".into(), 0)])
+        .unwrap();
+    let migs = |i: usize| -> Vec<(String, u8)> {
+        backend.inventory().unwrap().gpus[i]
+            .mig_devices
+            .iter()
+            .map(|m| (m.profile.clone(), m.start))
+            .collect()
+    };
+    assert_eq!(migs(0).len(), 2);
+
+    let restarted = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    let file = tmp.path().join("state/checkpoint.json");
+    let inode = std::fs::metadata(&file).unwrap().ino();
+    let loaded = restarted.recover().unwrap();
+    assert!(loaded.rollback.is_empty() && !loaded.rebooted);
+    assert_eq!(
+        std::fs::metadata(&file).unwrap().ino(),
+        inode,
+        "nothing changed: the checkpoint is not rewritten"
+    );
+    let dra: std::collections::BTreeSet<String> = [uuids[0].clone()].into();
+    assert_eq!(restarted.destroy_unowned_migs(&dra).unwrap(), 1);
+    gpu0.truncate(1);
+    assert_eq!(migs(0), gpu0, "the claim's instance stays");
+    assert_eq!(migs(1), vec![("7g.80gb".to_string(), 0)], "not a DRA GPU");
+    assert_eq!(restarted.destroy_unowned_migs(&dra).unwrap(), 0);
+
+    // A new boot ID does change the checkpoint: it is written.
+    let rebooted = preparer(&api, backend.clone(), tmp.path(), "boot-2");
+    assert!(rebooted.recover().unwrap().rebooted);
+    assert_ne!(std::fs::metadata(&file).unwrap().ino(), inode);
+}

@@ -6,17 +6,28 @@
 //!       ─▶ serve dra.sock (DRAPlugin v1 + v1beta1) ─▶ offer plugins_registry/…-reg.sock
 //! agent reload (config file, SIGHUP, node label) ─▶ DraView ─▶ build_slices ─▶ Publisher
 //!       Publisher: write the pool, watch it, write again on deletion / drift
+//! backend health events ─▶ HealthService ─▶ NodeWatchResources (dra.sock)
+//!                                        └▶ device taints ─▶ rebuild the slices
 //! ```
+//!
+//! Health: every device of an unhealthy DRA GPU carries its taint
+//! ([`crate::dra::slices::apply_taints`]); when the API server drops taints (DRADeviceTaints
+//! off) the publisher reports it and the devices of unhealthy GPUs are withheld from the
+//! slices instead ([`TaintMode::Withhold`]). The health stream reports every device the
+//! driver publishes, withheld ones included.
 //!
 //! Slices are published only once a config has been applied: an agent whose first config
 //! is bad publishes nothing (like the device-plugin path), instead of an empty pool that
 //! would withdraw the devices of claims still running.
 //!
-//! [`Serialized`] queues prepare/unprepare requests: `NodePreparer` holds the checkpoint's
-//! file lock (a blocking `flock`) across the claim GET, so two requests in one process must
-//! never wait for that lock on the same runtime (on the agent's single-threaded runtime the
-//! second would block the thread the first needs to finish).
+//! Requests run concurrently: `NodePreparer` does each claim's GET without the checkpoint
+//! lock and its locked, blocking part on the blocking pool, so requests overlap their API
+//! round trips while the checkpoint stays consistent.
+//!
+//! At start, after the checkpoint is recovered, MIG instances on the DRA GPUs that no
+//! checkpointed claim owns are destroyed (`NodePreparer::destroy_unowned_migs`).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 
@@ -27,12 +38,13 @@ use tracing::{error, info, warn};
 
 use crate::deviceplugin::allocate::AllocateSettings;
 use crate::dra::checkpoint::Store;
+use crate::dra::health::{devices_from_slices, HealthOptions, HealthService, TaintMode};
 use crate::dra::kubelet::{self, DraPaths};
 use crate::dra::node::NodePreparer;
-use crate::dra::plugin::{ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 use crate::dra::publish::Publisher;
 use crate::dra::registration::RetryPolicy;
-use crate::dra::slices::{build_slices, CounterLayout, SliceOptions, DRIVER};
+use crate::dra::slices::{apply_taints, build_slices, CounterLayout, SliceOptions, DRIVER};
+use crate::gpu::health::HealthPolicy;
 use crate::gpu::{GpuBackend, Inventory};
 use crate::partition::layout::NodePlan;
 
@@ -60,38 +72,13 @@ pub struct DraSettings {
     pub retry: RetryPolicy,
 }
 
-/// What the DRA driver publishes: its GPUs (post-MIG inventory) and their plan.
+/// What the DRA driver publishes: its GPUs (post-MIG inventory) and their plan, and the
+/// config's health policy.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DraView {
     pub inventory: Inventory,
     pub plan: NodePlan,
-}
-
-/// A [`ClaimPreparer`] that runs one request at a time (see the module doc).
-pub struct Serialized<P> {
-    inner: Arc<P>,
-    gate: tokio::sync::Mutex<()>,
-}
-
-impl<P> Serialized<P> {
-    pub fn new(inner: Arc<P>) -> Self {
-        Self {
-            inner,
-            gate: tokio::sync::Mutex::new(()),
-        }
-    }
-}
-
-impl<P: ClaimPreparer> ClaimPreparer for Serialized<P> {
-    async fn prepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<Vec<PreparedDevice>> {
-        let _turn = self.gate.lock().await;
-        self.inner.prepare(claims).await
-    }
-
-    async fn unprepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<()> {
-        let _turn = self.gate.lock().await;
-        self.inner.unprepare(claims).await
-    }
+    pub health: HealthPolicy,
 }
 
 /// The slices for a view (the pool generation is the publisher's business).
@@ -105,28 +92,36 @@ pub fn slices_for(
     build_slices(&view.inventory, &view.plan, &opts)
 }
 
-/// Run the DRA path until `cancel`: recover, serve the kubelet, publish every view.
+/// Run the DRA path until `cancel`: recover, destroy MIG instances on `dra_gpus` that no
+/// claim owns, serve the kubelet, publish every view.
 pub async fn run(
     settings: DraSettings,
     backend: Arc<dyn GpuBackend>,
+    dra_gpus: BTreeSet<String>,
     mut views: watch::Receiver<Option<DraView>>,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
     let preparer = Arc::new(NodePreparer {
         client: settings.client.clone(),
         node: settings.node_name.clone(),
-        backend,
+        backend: backend.clone(),
         checkpoint: Store::new(&settings.checkpoint_dir),
         cdi_root: settings.cdi_root.clone(),
         settings: settings.allocate.clone(),
         boot_id: settings.boot_id.clone(),
     });
     let recovering = preparer.clone();
-    match tokio::task::spawn_blocking(move || recovering.recover()).await {
-        Ok(Ok(loaded)) => info!(
+    let recovered = tokio::task::spawn_blocking(move || {
+        let loaded = recovering.recover()?;
+        let destroyed = recovering.destroy_unowned_migs(&dra_gpus)?;
+        Ok::<_, String>((loaded, destroyed))
+    });
+    match recovered.await {
+        Ok(Ok((loaded, destroyed))) => info!(
             claims = loaded.data.claims.len(),
             rolled_back = loaded.rollback.len(),
             rebooted = loaded.rebooted,
+            unowned_mig_destroyed = destroyed,
             "DRA checkpoint recovered"
         ),
         // Serve anyway: the kubelet retries claims, and a crash loop helps nobody.
@@ -134,14 +129,28 @@ pub async fn run(
         Err(e) => return Err(Error::Task(e.to_string())),
     }
 
+    let health = HealthService::new(HealthOptions::default(), HealthPolicy::default());
+    let watcher = {
+        let (health, backend, cancel) = (health.clone(), backend.clone(), cancel.clone());
+        tokio::spawn(async move {
+            if let Err(e) = health.run(backend, cancel.clone()).await {
+                error!(error = %e, "cannot watch GPU health for DRA devices; they are Unknown");
+            }
+            // Open health streams hold the gRPC server's graceful shutdown.
+            cancel.cancelled().await;
+            health.close();
+        })
+    };
+
     let paths = DraPaths::under(&settings.kubelet_dir);
-    let server = tokio::spawn(kubelet::serve(
+    let server = tokio::spawn(kubelet::serve_with_health(
         paths,
-        Arc::new(Serialized::new(preparer)),
+        preparer,
+        health.clone(),
         settings.retry,
         cancel.child_token(),
     ));
-    let publishing = publish_views(&settings, &mut views, cancel.clone());
+    let publishing = publish_views(&settings, &mut views, &health, cancel.clone());
     tokio::pin!(publishing);
     let mut server = server;
     let served = tokio::select! {
@@ -152,23 +161,45 @@ pub async fn run(
             server.await
         }
     };
-    // The publisher too, whichever side ended first.
+    // The publisher and the health watch too, whichever side ended first.
     cancel.cancel();
+    let _ = watcher.await;
     match served {
         Ok(r) => r.map_err(Error::from),
         Err(e) => Err(Error::Task(e.to_string())),
     }
 }
 
-/// Turn views into slices and keep them published, until `cancel` or the views end.
+/// The slices of `view` with GPU health applied (`mode`); the health service learns the
+/// full device list (withheld devices included). `None` when the slices cannot be built.
+fn desired_slices(
+    view: &DraView,
+    settings: &DraSettings,
+    health: &HealthService,
+    mode: TaintMode,
+) -> Option<Vec<ResourceSlice>> {
+    let mut slices = match slices_for(view, &settings.node_name, settings.counters) {
+        Ok(s) => s,
+        Err(e) => {
+            error!(error = %e, "cannot build ResourceSlices");
+            return None;
+        }
+    };
+    health.set_devices(devices_from_slices(&slices, &view.inventory));
+    apply_taints(&mut slices, &view.inventory, &health.state().taints(), mode);
+    Some(slices)
+}
+
+/// Turn views and health into slices and keep them published, until `cancel` or the
+/// views end.
 async fn publish_views(
     settings: &DraSettings,
     views: &mut watch::Receiver<Option<DraView>>,
+    health: &HealthService,
     cancel: CancellationToken,
 ) {
-    let node = settings.node_name.clone();
     // Wait for the first applied config.
-    let first = loop {
+    let mut view = loop {
         if let Some(v) = views.borrow_and_update().clone() {
             break v;
         }
@@ -177,92 +208,57 @@ async fn publish_views(
             r = views.changed() => if r.is_err() { return },
         }
     };
-    let initial = match slices_for(&first, &node, settings.counters) {
-        Ok(s) => s,
-        Err(e) => {
-            error!(error = %e, "cannot build ResourceSlices; nothing published");
-            Vec::new()
-        }
-    };
+    health.set_policy(view.health.clone());
+    let mut mode = TaintMode::Taint;
+    let mut health_rx = health.subscribe();
+    // Nothing published when the first view cannot be built: the last slices stay (none).
+    let initial = desired_slices(&view, settings, health, mode).unwrap_or_default();
+    health_rx.borrow_and_update();
     let (desired_tx, desired_rx) = watch::channel(initial);
     let (status_tx, mut status_rx) = watch::channel(None);
-    let publisher = Publisher::new(settings.client.clone(), &node, DRIVER);
+    let publisher = Publisher::new(settings.client.clone(), &settings.node_name, DRIVER);
     let task = tokio::spawn(publisher.run(desired_rx, status_tx, cancel.child_token()));
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
             r = views.changed() => {
                 if r.is_err() { break }
-                let Some(view) = views.borrow_and_update().clone() else { continue };
-                match slices_for(&view, &node, settings.counters) {
-                    Ok(s) => {
-                        desired_tx.send_if_modified(|cur| {
-                            let changed = *cur != s;
-                            if changed {
-                                info!(slices = s.len(), "DRA devices changed; republishing");
-                                *cur = s;
-                            }
-                            changed
-                        });
-                    }
-                    Err(e) => error!(error = %e, "cannot build ResourceSlices; the last ones stay"),
-                }
+                let Some(v) = views.borrow_and_update().clone() else { continue };
+                health.set_policy(v.health.clone());
+                view = v;
+            }
+            r = health_rx.changed() => {
+                if r.is_err() { break }
+                health_rx.borrow_and_update();
             }
             r = status_rx.changed() => {
                 if r.is_err() { break }
-                if let Some(e) = status_rx.borrow_and_update().clone() {
-                    warn!(error = %e, "ResourceSlices not published; retrying");
-                }
+                let Some(e) = status_rx.borrow_and_update().clone() else { continue };
+                warn!(error = %e, "ResourceSlices not published; retrying");
+                let next = mode.after_publish_error(&e);
+                if next == mode { continue }
+                mode = next;
             }
         }
+        // The last slices stay when the new ones cannot be built.
+        let Some(slices) = desired_slices(&view, settings, health, mode) else {
+            continue;
+        };
+        // set_devices may have signalled a change that this rebuild already covers.
+        health_rx.borrow_and_update();
+        desired_tx.send_if_modified(|cur| {
+            let changed = *cur != slices;
+            if changed {
+                info!(
+                    slices = slices.len(),
+                    ?mode,
+                    "DRA devices or their health changed; republishing"
+                );
+                *cur = slices;
+            }
+            changed
+        });
     }
     cancel.cancel();
     let _ = task.await;
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
-
-    /// Counts how many calls run at once.
-    #[derive(Default)]
-    struct Probe {
-        now: AtomicUsize,
-        max: AtomicUsize,
-    }
-
-    impl ClaimPreparer for Probe {
-        async fn prepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<Vec<PreparedDevice>> {
-            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
-            self.max.fetch_max(n, Ordering::SeqCst);
-            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
-            self.now.fetch_sub(1, Ordering::SeqCst);
-            claims.into_iter().map(|c| (c.uid, Ok(vec![]))).collect()
-        }
-
-        async fn unprepare(&self, claims: Vec<ClaimRef>) -> ClaimResults<()> {
-            claims.into_iter().map(|c| (c.uid, Ok(()))).collect()
-        }
-    }
-
-    #[tokio::test]
-    async fn serialized_runs_one_request_at_a_time() {
-        let probe = Arc::new(Probe::default());
-        let s = Arc::new(Serialized::new(probe.clone()));
-        let calls = (0..8).map(|i| {
-            let s = s.clone();
-            async move {
-                s.prepare(vec![ClaimRef {
-                    namespace: "ns".into(),
-                    name: format!("c{i}"),
-                    uid: format!("u{i}"),
-                }])
-                .await
-            }
-        });
-        let out = futures::future::join_all(calls).await;
-        assert!(out.iter().all(|r| r.len() == 1));
-        assert_eq!(probe.max.load(Ordering::SeqCst), 1);
-    }
 }

@@ -19,6 +19,7 @@
 //! until a good one arrives (advertising a default instead could hand out whole GPUs the
 //! operator meant to partition).
 
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -33,6 +34,7 @@ pub mod dra;
 pub mod ownership;
 
 use crate::cdi;
+use crate::cdi::migcaps::MigCaps;
 use crate::deviceplugin::allocate::AllocateSettings;
 use crate::deviceplugin::preferred::Topology;
 use crate::deviceplugin::snapshot::{SharedSnapshot, Snapshot};
@@ -162,7 +164,11 @@ pub fn build_owned(
     };
     let dra = owners.dra.then(|| {
         let (inventory, plan) = owners.part(&inventory, &plan, Owner::Dra);
-        dra::DraView { inventory, plan }
+        dra::DraView {
+            inventory,
+            plan,
+            health: config.health.clone(),
+        }
     });
     Ok(Built {
         inventory,
@@ -217,10 +223,20 @@ impl Agent {
             .owners
             .part(&built.inventory, &built.plan, Owner::DevicePlugin);
         if self.owners.device_plugin && !inventory.gpus.is_empty() {
+            // The capability table is read only when there is a MIG device to resolve.
+            let has_mig = inventory.gpus.iter().any(|g| !g.mig_devices.is_empty());
+            let caps = has_mig
+                .then(|| MigCaps::load(&self.opts.allocate.mig_caps))
+                .and_then(|r| {
+                    r.map_err(|e| {
+                        warn!(error = %e, "MIG devices in the CDI spec lack their capability nodes")
+                    })
+                    .ok()
+                });
             cdi::write_spec(
                 &self.opts.cdi_root,
                 CDI_SPEC_STEM,
-                &cdi::node_spec(&inventory, &self.opts.dev_root),
+                &cdi::node_spec_with(&inventory, &self.opts.dev_root, caps.as_ref()),
             )?;
         }
         let advertisement = built.advertisement;
@@ -342,9 +358,17 @@ pub async fn run_with(
     let (dra_tx, dra_rx) = watch::channel(None);
     let dra_cancel = cancel.child_token();
     let mut dra_task = dra_settings.filter(|_| owners.dra).map(|settings| {
+        let dra_gpus = match backend.inventory() {
+            Ok(inventory) => owners.dra_uuids(&inventory),
+            Err(e) => {
+                warn!(error = %e, "no GPU inventory: unowned MIG instances are not cleaned up");
+                BTreeSet::new()
+            }
+        };
         tokio::spawn(dra::run(
             settings,
             backend.clone(),
+            dra_gpus,
             dra_rx,
             dra_cancel.clone(),
         ))

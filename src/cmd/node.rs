@@ -12,6 +12,7 @@ use tessera::agent::cluster::{watch_config_label, KubeEventRecorder};
 use tessera::agent::dra::DraSettings;
 use tessera::agent::ownership::Ownership;
 use tessera::agent::{self, AgentOptions, EventRecorder, LogRecorder};
+use tessera::cdi::migcaps::MigCapsPaths;
 use tessera::deviceplugin::allocate::{AllocateSettings, PreloadMode};
 use tessera::dra::registration::RetryPolicy;
 use tessera::dra::slices::CounterLayout;
@@ -58,6 +59,10 @@ pub struct Args {
     /// Where the host's /dev is mounted in the agent's container.
     #[arg(long, default_value = "/dev")]
     pub dev_root: String,
+    /// Where the host's /proc is visible to the agent (the NVIDIA driver's MIG capability
+    /// table `driver/nvidia-caps/mig-minors` and `devices` are read there).
+    #[arg(long, default_value = "/proc")]
+    pub proc_root: PathBuf,
     /// Do not put CDI device names in Allocate responses (runtimes without CDI).
     #[arg(long)]
     pub no_cdi: bool,
@@ -201,6 +206,8 @@ async fn run_async(args: Args) -> Result<()> {
     let mut allocate = AllocateSettings::with_state_dir(&args.state_dir);
     allocate.preload = args.shim_preload;
     allocate.cdi = !args.no_cdi;
+    // The capability table is read under --proc-root; its nodes live under --dev-root.
+    allocate.mig_caps = MigCapsPaths::under(&args.proc_root, &args.dev_root);
     let opts = AgentOptions {
         kubelet_dir: args.kubelet_dir.clone(),
         cdi_root: args.cdi_root.clone(),

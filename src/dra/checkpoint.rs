@@ -200,6 +200,7 @@ pub fn recover(mut data: Data, boot_id: &str) -> Loaded {
 }
 
 /// The checkpoint file and its lock, in the driver's state directory.
+#[derive(Debug, Clone)]
 pub struct Store {
     path: PathBuf,
     lock_path: PathBuf,
@@ -250,6 +251,19 @@ impl Store {
 
     /// Write atomically and durably.
     pub fn write(&self, data: &Data) -> Result<()> {
+        self.write_opts(data, true)
+    }
+
+    /// Write atomically, without the directory fsync after the rename: a process crash
+    /// keeps the rename (it is in the kernel); only a power loss can undo it, leaving the
+    /// previous, whole checkpoint. For records whose loss on power failure is harmless
+    /// (the `Started` record: after a power loss the MIG instances and time-slices are gone
+    /// with the reboot, and instances left otherwise are destroyed at start as unowned).
+    pub fn write_without_dir_sync(&self, data: &Data) -> Result<()> {
+        self.write_opts(data, false)
+    }
+
+    fn write_opts(&self, data: &Data, sync_dir: bool) -> Result<()> {
         let body = encode(data).map_err(|e| self.io(std::io::Error::other(e)))?;
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| self.io(e))?;
@@ -259,6 +273,9 @@ impl Store {
         f.sync_all().map_err(|e| self.io(e))?;
         drop(f);
         std::fs::rename(&tmp, &self.path).map_err(|e| self.io(e))?;
+        if !sync_dir {
+            return Ok(());
+        }
         File::open(dir)
             .and_then(|d| d.sync_all())
             .map_err(|e| self.io(e))

@@ -112,6 +112,11 @@ impl HealthState {
         }
     }
 
+    /// Use `policy` for the events to come (faults already seen stay).
+    pub fn set_policy(&mut self, policy: HealthPolicy) {
+        self.policy = policy;
+    }
+
     /// Apply one event seen at `at`; true if any GPU's health changed.
     pub fn apply(&mut self, event: &HealthEvent, at: SystemTime) -> bool {
         let uuid = event.gpu_uuid().to_string();
@@ -371,6 +376,11 @@ impl HealthService {
             info!(?event, "GPU health changed");
             self.bump();
         }
+    }
+
+    /// See [`HealthState::set_policy`].
+    pub fn set_policy(&self, policy: HealthPolicy) {
+        self.lock().state.set_policy(policy);
     }
 
     pub fn set_watching(&self, watching: bool) {

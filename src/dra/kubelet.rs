@@ -77,17 +77,49 @@ pub fn bind(socket: &Path) -> Result<tokio::net::UnixListener> {
     tokio::net::UnixListener::bind(socket).map_err(serve_err)
 }
 
-/// Serve the DRA socket, then offer registration, until `cancel` (or an error).
+/// Serve the DRA socket, then offer registration, until `cancel` (or an error), with the
+/// placeholder health service.
 pub async fn serve<P: super::plugin::ClaimPreparer>(
     paths: DraPaths,
     preparer: Arc<P>,
     retry: super::registration::RetryPolicy,
     cancel: CancellationToken,
 ) -> Result<()> {
+    serve_with_health(
+        paths,
+        preparer,
+        super::plugin::PlaceholderHealth,
+        retry,
+        cancel,
+    )
+    .await
+}
+
+/// [`serve`] with `health` as `DRAResourceHealth` (e.g. a
+/// [`super::health::HealthService`]; close it on cancel, open streams hold the server).
+pub async fn serve_with_health<P, H>(
+    paths: DraPaths,
+    preparer: Arc<P>,
+    health: H,
+    retry: super::registration::RetryPolicy,
+    cancel: CancellationToken,
+) -> Result<()>
+where
+    P: super::plugin::ClaimPreparer,
+    H: crate::proto::dra_health::v1alpha1::dra_resource_health_server::DraResourceHealth
+        + crate::proto::dra_health::v1beta1::dra_resource_health_server::DraResourceHealth
+        + Clone,
+{
     // Listen on dra.sock before announcing it: the kubelet dials it right after GetInfo.
     let listener = bind(&paths.plugin_socket)?;
     let socket = paths.plugin_socket.clone();
-    let plugin = super::plugin::serve(preparer, listener, socket.clone(), cancel.clone());
+    let plugin = super::plugin::serve_with_health(
+        preparer,
+        health,
+        listener,
+        socket.clone(),
+        cancel.clone(),
+    );
     let registration = super::registration::serve(paths.clone(), retry, cancel.clone());
     let result = tokio::try_join!(plugin, registration).map(|_| ());
     cancel.cancel();

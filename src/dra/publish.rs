@@ -11,6 +11,7 @@
 //! ```
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::TryStreamExt;
@@ -261,7 +262,7 @@ impl Publisher {
     pub async fn run(
         self,
         mut desired: watch::Receiver<Vec<ResourceSlice>>,
-        status: watch::Sender<Option<String>>,
+        status: watch::Sender<Option<Arc<Error>>>,
         cancel: CancellationToken,
     ) {
         let mut backoff = Duration::from_secs(1);
@@ -277,7 +278,7 @@ impl Publisher {
                     written
                 }
                 Err(e) => {
-                    status.send_replace(Some(e.to_string()));
+                    status.send_replace(Some(Arc::new(e)));
                     wanted
                 }
             };

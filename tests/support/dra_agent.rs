@@ -111,7 +111,16 @@ impl DraAgentBuilder {
             label_tx,
             cancel.clone(),
         ));
-        let allocate = AllocateSettings::with_state_dir(&self.dirs.state_dir);
+        let mut allocate = AllocateSettings::with_state_dir(&self.dirs.state_dir);
+        // The driver's MIG capability table, as a node with these GPUs has it.
+        let gpus = self
+            .backend
+            .inventory()
+            .map_or(0, |i| i.gpus.len() as u32)
+            .max(8);
+        allocate.mig_caps =
+            tessera::cdi::migcaps::write_synthetic(&self.dirs.root.join("proc"), gpus, 508)
+                .unwrap();
         let opts = AgentOptions {
             kubelet_dir: self.dirs.kubelet_dir.clone(),
             cdi_root: self.dirs.cdi_root.clone(),
@@ -206,6 +215,9 @@ pub fn spawn_binary(
     if std::fs::read_dir(&dirs.config).unwrap().next().is_none() {
         std::fs::write(dirs.config.join("default"), "version: v1\n").unwrap();
     }
+    // The driver's MIG capability table, as a node with these GPUs has it.
+    let proc_root = dirs.root.join("proc");
+    tessera::cdi::migcaps::write_synthetic(&proc_root, 32, 508).unwrap();
     let boot_file = dirs.root.join("boot_id");
     std::fs::write(&boot_file, format!("{boot_id}\n")).unwrap();
     let log = std::fs::OpenOptions::new()
@@ -226,6 +238,8 @@ pub fn spawn_binary(
         .arg(&dirs.config)
         .arg("--boot-id-file")
         .arg(&boot_file)
+        .arg("--proc-root")
+        .arg(&proc_root)
         .env("KUBECONFIG", kubeconfig(&dirs.root, &api.url))
         .env(
             "RUST_LOG",

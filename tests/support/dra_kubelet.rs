@@ -322,6 +322,25 @@ impl DraKubelet {
         }
     }
 
+    /// `NodeWatchResources` (v1beta1 health, as a 1.35 kubelet dials it).
+    #[allow(dead_code)]
+    pub async fn watch_health(
+        &self,
+        driver: &str,
+    ) -> Result<
+        tonic::Streaming<tessera::proto::dra_health::v1beta1::NodeWatchResourcesResponse>,
+        tonic::Status,
+    > {
+        use tessera::proto::dra_health::v1beta1 as health;
+        let (channel, _) = self.channel(driver).await?;
+        Ok(
+            health::dra_resource_health_client::DraResourceHealthClient::new(channel)
+                .node_watch_resources(health::NodeWatchResourcesRequest {})
+                .await?
+                .into_inner(),
+        )
+    }
+
     /// `NodeUnprepareResources` for `claims`.
     pub async fn unprepare(
         &self,
