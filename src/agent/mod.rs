@@ -417,6 +417,8 @@ pub async fn run_with(
         .device_plugin
         .then(|| tokio::spawn(supervisor::run(sup_cfg, rx, sup_cancel.clone())));
 
+    // Set when the device-plugin or DRA task ends on its own (an error, or the end of it).
+    let mut ended: Option<Result<(), Error>> = None;
     loop {
         tokio::select! {
             _ = cancel.cancelled() => break,
@@ -445,24 +447,28 @@ pub async fn run_with(
                 Some(task) => task.await,
                 None => std::future::pending().await,
             } } => {
-                dra_cancel.cancel();
-                return match result {
+                supervisor = None;
+                ended = Some(match result {
                     Ok(r) => r.map_err(Error::from),
                     Err(e) => Err(Error::Watch { path: "supervisor".into(), reason: e.to_string() }),
-                };
+                });
+                break;
             }
             result = async { match dra_task.as_mut() {
                 Some(task) => task.await,
                 None => std::future::pending().await,
             } } => {
-                sup_cancel.cancel();
-                return match result {
+                dra_task = None;
+                ended = Some(match result {
                     Ok(r) => r.map_err(Error::from),
                     Err(e) => Err(Error::Watch { path: "DRA driver".into(), reason: e.to_string() }),
-                };
+                });
+                break;
             }
         }
     }
+    // Whichever way the loop ended, stop both paths and wait for them, so their sockets
+    // are withdrawn before the agent returns.
     sup_cancel.cancel();
     dra_cancel.cancel();
     if let Some(task) = supervisor {
@@ -477,7 +483,7 @@ pub async fn run_with(
             Err(e) => warn!(error = %e, "DRA driver task failed"),
         }
     }
-    Ok(())
+    ended.unwrap_or(Ok(()))
 }
 
 /// Watch the config file's directory (a mounted ConfigMap swaps a `..data` symlink, so the
