@@ -1,8 +1,8 @@
 //! The quota controller against the API-server double: pods gated by the webhook are
 //! admitted within quota (the rest keep the gate and get a reason), a higher-priority
 //! arrival evicts a victim through the Eviction API with its grace period, Jobs are
-//! suspended and unsuspended, a restart keeps the admitted set, and of two instances only
-//! the Lease holder acts.
+//! suspended and unsuspended, a restart keeps the admitted set, of two instances only
+//! the Lease holder acts, and a clean shutdown hands the Lease over at once.
 
 mod support;
 
@@ -440,9 +440,11 @@ async fn only_the_lease_holder_acts_and_a_standby_takes_over_after_expiry() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(holder(&s).as_deref(), Some("a"));
 
-    // a stops (crash: no release); b takes over once the 2 s lease has expired.
-    a_token.cancel();
-    a_task.await.unwrap().unwrap();
+    // a crashes (no release); b takes over once the 2 s lease has expired.
+    let crashed = std::time::Instant::now();
+    a_task.abort();
+    let _ = a_task.await;
+    drop(a_token);
     let s1 = s.clone();
     wait(
         "b to take over",
@@ -456,7 +458,79 @@ async fn only_the_lease_holder_acts_and_a_standby_takes_over_after_expiry() {
         Box::new(move || !gated(&pod(&s1, "second")) && !instances(&s1, "second").is_empty()),
     )
     .await;
+    assert!(
+        crashed.elapsed() >= Duration::from_millis(1_500),
+        "b took over a crashed leader's lease before its term ran out"
+    );
     assert_eq!(instances(&s, "second"), ["b".to_string()].into());
     b_token.cancel();
     b_task.await.unwrap().unwrap();
+}
+
+fn lease_spec(s: &ApiServer) -> Value {
+    s.objects("/apis/coordination.k8s.io/v1/namespaces/tessera-system/leases")
+        .first()
+        .map(|l| l["spec"].clone())
+        .unwrap_or(Value::Null)
+}
+
+async fn wait_for(what: &str, f: impl Fn() -> bool) {
+    for _ in 0..100 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn a_clean_shutdown_releases_the_lease_and_a_standby_takes_over_at_once() {
+    let s = cluster().await;
+    // A 30 s term: a standby waiting it out would time this test out.
+    let long = |identity: &str| Config {
+        lease_duration: 30_000,
+        ..cfg(identity)
+    };
+    let a_token = CancellationToken::new();
+    let a_task = tokio::spawn(reconciler::run(
+        s.client(),
+        long("a"),
+        Arc::new(SystemClock),
+        a_token.clone(),
+    ));
+    wait_for("a to lead", || lease_spec(&s)["holderIdentity"] == "a").await;
+    let b_token = CancellationToken::new();
+    let b_task = tokio::spawn(reconciler::run(
+        s.client(),
+        long("b"),
+        Arc::new(SystemClock),
+        b_token.clone(),
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        lease_spec(&s)["holderIdentity"],
+        "a",
+        "b follows a live leader"
+    );
+
+    a_token.cancel();
+    a_task.await.unwrap().unwrap();
+    let released = std::time::Instant::now();
+    wait_for("b to take over", || lease_spec(&s)["holderIdentity"] == "b").await;
+    assert!(released.elapsed() < Duration::from_secs(2));
+    assert_eq!(
+        lease_spec(&s)["leaseDurationSeconds"],
+        30,
+        "b renews with its own term"
+    );
+    assert_eq!(lease_spec(&s)["leaseTransitions"], 1);
+    create_pod(&s, "after", 1, "low", json!({}), None);
+    wait_for("b to admit", || !gated(&pod(&s, "after"))).await;
+
+    // b shuts down with nobody to hand over to: the Lease is left free.
+    b_token.cancel();
+    b_task.await.unwrap().unwrap();
+    assert!(lease_spec(&s)["holderIdentity"].is_null());
+    assert_eq!(lease_spec(&s)["leaseDurationSeconds"], 1);
 }

@@ -7,6 +7,7 @@
 //!                      │ renew refused (409 / another holder) ─► follower (steps down now)
 //!                      │ renew failing until our term ends   ─► follower
 //! follower: holder's renewTime + leaseDurationSeconds passed ─take over─► leader
+//! follower: holderIdentity cleared (leader shut down cleanly) ─take over─► leader
 //! ```
 
 use super::error::{Error, Result};
@@ -116,6 +117,44 @@ impl Elector {
             Err(e) => tracing::warn!(error = %e, "lease"),
         }
         self.is_leader(now)
+    }
+
+    /// Gives the Lease up on a clean shutdown, as client-go's `ReleaseOnCancel`: clears
+    /// `holderIdentity` (and sets a 1 s duration) if we still hold it, so a standby takes
+    /// over at its next tick instead of waiting out our term. Someone else's Lease, or a
+    /// lost race, is left alone.
+    pub async fn release(&mut self, now: Millis) -> Result<()> {
+        if self.leading_until.take().is_none() {
+            return Ok(());
+        }
+        let Some(mut lease) = self
+            .api
+            .get_opt(&self.name)
+            .await
+            .map_err(Error::api(format!("get lease {}", self.name)))?
+        else {
+            return Ok(());
+        };
+        let spec = lease.spec.get_or_insert_with(Default::default);
+        if spec.holder_identity.as_deref() != Some(self.identity.as_str()) {
+            return Ok(());
+        }
+        spec.holder_identity = None;
+        spec.lease_duration_seconds = Some(1);
+        spec.renew_time = Some(micro(now));
+        match self
+            .api
+            .replace(&self.name, &PostParams::default(), &lease)
+            .await
+            .map_err(Error::api(format!("release lease {}", self.name)))
+        {
+            Ok(_) => {
+                tracing::info!(identity = %self.identity, lease = %self.name, "released the lease");
+                Ok(())
+            }
+            Err(e) if e.is_conflict() => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     async fn try_tick(&mut self, now: Millis) -> Result<bool> {

@@ -645,9 +645,15 @@ pub async fn run(
             }
         }
         tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
+            _ = shutdown.cancelled() => break,
             _ = notify.notified() => {}
             _ = tokio::time::sleep(wait) => {}
         }
     }
+    // A clean shutdown hands the Lease over at once; a failure here only means the
+    // standby waits out the term, as after a crash.
+    if let Err(e) = elector.release(clock.now()).await {
+        tracing::warn!(error = %e, "releasing the lease");
+    }
+    Ok(())
 }

@@ -2,7 +2,7 @@
 //! into a [`Decision`], then applied (admit, preempt, or park with a precise reason).
 
 use super::assign::{Assignment, Failure, Mode};
-use super::engine::{Engine, EvictCause, OrderKey, Timer};
+use super::engine::{Engine, EvictCause, OrderKey, Timer, WlState};
 use super::events::PendingReason;
 use super::model::{FrId, WlId};
 use super::preempt::Victims;
@@ -218,6 +218,7 @@ impl Engine {
                 } else {
                     let names: Vec<String> =
                         victims.iter().map(|&v| self.wls[v].key.clone()).collect();
+                    self.wls[id].awaiting = victims;
                     self.park(
                         id,
                         key,
@@ -234,7 +235,30 @@ impl Engine {
                 reason,
                 shortfalls,
                 wake_at,
-            } => self.park(id, key, reason, &shortfalls, wake_at),
+            } => {
+                // Some of its victims are gone, the rest still terminate: it keeps waiting
+                // for them at the head of its queue, as Kueue requeues a preemptor with
+                // preemption in flight straight back to the heap. Parking it as an
+                // ordinary failure would hand the quota already freed back to its victims
+                // behind it, and it would preempt them again, forever.
+                let left = self.still_terminating_for(id);
+                if left.is_empty() {
+                    self.park(id, key, reason, &shortfalls, wake_at);
+                } else {
+                    let names: Vec<String> =
+                        left.iter().map(|&v| self.wls[v].key.clone()).collect();
+                    self.park(
+                        id,
+                        key,
+                        PendingReason::WaitingForPreemptedWorkloads(format!(
+                            "waiting for preempted workloads to terminate: {}",
+                            names.join(", ")
+                        )),
+                        &shortfalls,
+                        wake_at,
+                    );
+                }
+            }
         }
         let q = &self.cqs[cq];
         if !q.pending.is_empty()
@@ -243,6 +267,18 @@ impl Engine {
         {
             self.ready.insert(cq);
         }
+    }
+
+    /// The victims of `id` still terminating for it; forgets the ones that are gone.
+    pub(crate) fn still_terminating_for(&mut self, id: WlId) -> Vec<WlId> {
+        let mut awaiting = std::mem::take(&mut self.wls[id].awaiting);
+        awaiting.retain(|&v| {
+            let w = &self.wls[v];
+            w.state == WlState::Terminating
+                && matches!(w.evicting, Some(EvictCause::Preempted { by, .. }) if by == id)
+        });
+        self.wls[id].awaiting = awaiting.clone();
+        awaiting
     }
 
     /// Parks an inadmissible workload (StrictFIFO, or waiting for its victims: blocks its

@@ -214,6 +214,9 @@ pub(crate) struct Wl {
     pub first_admitted: Option<Time>,
     /// Why it is terminating (set while its grace period runs).
     pub evicting: Option<EvictCause>,
+    /// Victims this workload preempted that may still be terminating: while any is, it
+    /// keeps the head of its queue (see `Engine::still_terminating_for`).
+    pub awaiting: Vec<WlId>,
 }
 
 impl Wl {
@@ -480,6 +483,7 @@ impl Engine {
             shape,
             preempted_in_at: None,
             preempted_by: None,
+            awaiting: Vec::new(),
             first_admitted: None,
             evicting: None,
         });
