@@ -23,7 +23,10 @@ mod apiserver;
 mod dra_agent;
 #[path = "../tests/support/dra_kubelet.rs"]
 mod dra_kubelet;
+#[path = "support/stats.rs"]
+mod stats;
 
+use stats::{pct, stats};
 use std::collections::BTreeSet;
 use std::time::{Duration, Instant};
 
@@ -45,16 +48,6 @@ const GPUS: &str = "18xA100-80GB";
 const CONFIG: &str =
     "tessera: { gpus: [ { match: { index: [3,4,5,6,7,8,9,10,11,12,13,14,15,16,17] }, \
     mode: mig, mig: { layout: balanced } } ] }";
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn stats(mut v: Vec<Duration>) -> (Duration, Duration) {
-    v.sort();
-    (pct(&v, 0.5), pct(&v, 0.99))
-}
 
 fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1e3

@@ -11,7 +11,10 @@
 
 #[path = "../tests/support/kubelet.rs"]
 mod kubelet;
+#[path = "support/stats.rs"]
+mod stats;
 
+use stats::stats;
 use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -78,16 +81,6 @@ tessera:
 
 const REPLICAS_8X48: &str =
     "sharing: { timeSlicing: { resources: [ { name: nvidia.com/gpu, replicas: 48 } ] } }\n";
-
-fn pct(sorted: &[Duration], p: f64) -> Duration {
-    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
-    sorted[i]
-}
-
-fn stats(mut v: Vec<Duration>) -> (Duration, Duration) {
-    v.sort();
-    (pct(&v, 0.5), pct(&v, 0.99))
-}
 
 fn us(d: Duration) -> f64 {
     d.as_secs_f64() * 1e6

@@ -126,6 +126,64 @@ pub struct DraKubelet {
     stop: CancellationToken,
 }
 
+/// One `DRAPlugin` call in API version `$v` (`v1` and `v1beta1` have the same messages in
+/// different packages): the request built from `claims`, the answer per claim UID.
+macro_rules! dra_call {
+    ($v:ident, $channel:expr, $claims:expr, prepare) => {{
+        let req = $v::NodePrepareResourcesRequest {
+            claims: dra_call!(@claims $v, $claims),
+        };
+        let resp = $v::dra_plugin_client::DraPluginClient::new($channel)
+            .node_prepare_resources(req)
+            .await?
+            .into_inner();
+        Ok(resp
+            .claims
+            .into_iter()
+            .map(|(uid, r)| {
+                let out = if r.error.is_empty() {
+                    Ok(r.devices
+                        .into_iter()
+                        .map(|d| Device {
+                            request_names: d.request_names,
+                            pool_name: d.pool_name,
+                            device_name: d.device_name,
+                            cdi_device_ids: d.cdi_device_ids,
+                        })
+                        .collect())
+                } else {
+                    Err(r.error)
+                };
+                (uid, out)
+            })
+            .collect())
+    }};
+    ($v:ident, $channel:expr, $claims:expr, unprepare) => {{
+        let req = $v::NodeUnprepareResourcesRequest {
+            claims: dra_call!(@claims $v, $claims),
+        };
+        let resp = $v::dra_plugin_client::DraPluginClient::new($channel)
+            .node_unprepare_resources(req)
+            .await?
+            .into_inner();
+        Ok(resp
+            .claims
+            .into_iter()
+            .map(|(u, r)| (u, if r.error.is_empty() { Ok(()) } else { Err(r.error) }))
+            .collect())
+    }};
+    (@claims $v:ident, $claims:expr) => {
+        $claims
+            .iter()
+            .map(|c| $v::Claim {
+                namespace: c.namespace.clone(),
+                uid: c.uid.clone(),
+                name: c.name.clone(),
+            })
+            .collect()
+    };
+}
+
 impl DraKubelet {
     /// A 1.34 kubelet (v1, then v1beta1) for `node`, using `api` for ResourceSlices.
     pub async fn start(dir: &Path, node: &str, api: kube::Client) -> DraKubelet {
@@ -250,75 +308,9 @@ impl DraKubelet {
     pub async fn prepare(&self, driver: &str, claims: &[Claim]) -> Result<Prepared, tonic::Status> {
         let (channel, version) = self.channel(driver).await?;
         if version == "v1" {
-            let req = v1::NodePrepareResourcesRequest {
-                claims: claims
-                    .iter()
-                    .map(|c| v1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    })
-                    .collect(),
-            };
-            let resp = v1::dra_plugin_client::DraPluginClient::new(channel)
-                .node_prepare_resources(req)
-                .await?
-                .into_inner();
-            Ok(resp
-                .claims
-                .into_iter()
-                .map(|(uid, r)| {
-                    let out = if r.error.is_empty() {
-                        Ok(r.devices
-                            .into_iter()
-                            .map(|d| Device {
-                                request_names: d.request_names,
-                                pool_name: d.pool_name,
-                                device_name: d.device_name,
-                                cdi_device_ids: d.cdi_device_ids,
-                            })
-                            .collect())
-                    } else {
-                        Err(r.error)
-                    };
-                    (uid, out)
-                })
-                .collect())
+            dra_call!(v1, channel, claims, prepare)
         } else {
-            let req = v1beta1::NodePrepareResourcesRequest {
-                claims: claims
-                    .iter()
-                    .map(|c| v1beta1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    })
-                    .collect(),
-            };
-            let resp = v1beta1::dra_plugin_client::DraPluginClient::new(channel)
-                .node_prepare_resources(req)
-                .await?
-                .into_inner();
-            Ok(resp
-                .claims
-                .into_iter()
-                .map(|(uid, r)| {
-                    let out = if r.error.is_empty() {
-                        Ok(r.devices
-                            .into_iter()
-                            .map(|d| Device {
-                                request_names: d.request_names,
-                                pool_name: d.pool_name,
-                                device_name: d.device_name,
-                                cdi_device_ids: d.cdi_device_ids,
-                            })
-                            .collect())
-                    } else {
-                        Err(r.error)
-                    };
-                    (uid, out)
-                })
-                .collect())
+            dra_call!(v1beta1, channel, claims, prepare)
         }
     }
 
@@ -348,47 +340,10 @@ impl DraKubelet {
         claims: &[Claim],
     ) -> Result<BTreeMap<String, Result<(), String>>, tonic::Status> {
         let (channel, version) = self.channel(driver).await?;
-        let to_result = |e: String| if e.is_empty() { Ok(()) } else { Err(e) };
         if version == "v1" {
-            let req = v1::NodeUnprepareResourcesRequest {
-                claims: claims
-                    .iter()
-                    .map(|c| v1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    })
-                    .collect(),
-            };
-            let resp = v1::dra_plugin_client::DraPluginClient::new(channel)
-                .node_unprepare_resources(req)
-                .await?
-                .into_inner();
-            Ok(resp
-                .claims
-                .into_iter()
-                .map(|(u, r)| (u, to_result(r.error)))
-                .collect())
+            dra_call!(v1, channel, claims, unprepare)
         } else {
-            let req = v1beta1::NodeUnprepareResourcesRequest {
-                claims: claims
-                    .iter()
-                    .map(|c| v1beta1::Claim {
-                        namespace: c.namespace.clone(),
-                        uid: c.uid.clone(),
-                        name: c.name.clone(),
-                    })
-                    .collect(),
-            };
-            let resp = v1beta1::dra_plugin_client::DraPluginClient::new(channel)
-                .node_unprepare_resources(req)
-                .await?
-                .into_inner();
-            Ok(resp
-                .claims
-                .into_iter()
-                .map(|(u, r)| (u, to_result(r.error)))
-                .collect())
+            dra_call!(v1beta1, channel, claims, unprepare)
         }
     }
 }
