@@ -216,16 +216,12 @@ impl Engine {
                     self.wls[id].preempted_in_at = Some(now);
                     self.admit(id, cq, assignment, now);
                 } else {
-                    let names: Vec<String> =
-                        victims.iter().map(|&v| self.wls[v].key.clone()).collect();
+                    let reason = self.waiting_for(&victims);
                     self.wls[id].awaiting = victims;
                     self.park(
                         id,
                         key,
-                        PendingReason::WaitingForPreemptedWorkloads(format!(
-                            "waiting for preempted workloads to terminate: {}",
-                            names.join(", ")
-                        )),
+                        reason,
                         &assignment.shortfalls,
                         Some(now.saturating_add(grace.max(1))),
                     );
@@ -245,18 +241,8 @@ impl Engine {
                 if left.is_empty() {
                     self.park(id, key, reason, &shortfalls, wake_at);
                 } else {
-                    let names: Vec<String> =
-                        left.iter().map(|&v| self.wls[v].key.clone()).collect();
-                    self.park(
-                        id,
-                        key,
-                        PendingReason::WaitingForPreemptedWorkloads(format!(
-                            "waiting for preempted workloads to terminate: {}",
-                            names.join(", ")
-                        )),
-                        &shortfalls,
-                        wake_at,
-                    );
+                    let reason = self.waiting_for(&left);
+                    self.park(id, key, reason, &shortfalls, wake_at);
                 }
             }
         }
@@ -267,6 +253,15 @@ impl Engine {
         {
             self.ready.insert(cq);
         }
+    }
+
+    /// The pending reason of a preemptor whose `victims` still terminate.
+    fn waiting_for(&self, victims: &[WlId]) -> PendingReason {
+        let names: Vec<&str> = victims.iter().map(|&v| self.wls[v].key.as_str()).collect();
+        PendingReason::WaitingForPreemptedWorkloads(format!(
+            "waiting for preempted workloads to terminate: {}",
+            names.join(", ")
+        ))
     }
 
     /// The victims of `id` still terminating for it; forgets the ones that are gone.

@@ -372,24 +372,12 @@ impl Scenario {
                 }
                 "Job" => {
                     let j: Job = typed(value, &kind, &err)?;
-                    let count = match (j.spec.parallelism, j.spec.completions) {
-                        (Some(p), Some(c)) => p.min(c),
-                        (Some(p), None) => p,
-                        (None, _) => 1,
-                    };
-                    let min = j
-                        .metadata
-                        .annotations
-                        .get(JOB_MIN_PARALLELISM)
-                        .map(|v| {
-                            v.parse::<u32>().map_err(|_| {
-                                err(format!(
-                                    "Job {:?}: annotation {JOB_MIN_PARALLELISM}: not a number",
-                                    j.metadata.name
-                                ))
-                            })
-                        })
-                        .transpose()?;
+                    let (count, min) = job_pod_counts(&j).map_err(|()| {
+                        err(format!(
+                            "Job {:?}: annotation {JOB_MIN_PARALLELISM}: not a number",
+                            j.metadata.name
+                        ))
+                    })?;
                     let info =
                         from_pods(&j.metadata, &j.spec.template.spec, "main", count, min, at)
                             .map_err(|e| err(e.to_string()))?;
@@ -823,6 +811,19 @@ pub fn workload_from_live_pod(pod: &serde_json::Value) -> Result<LivePod> {
 /// partial admission from `kueue.x-k8s.io/job-min-parallelism`.
 pub fn workload_from_live_job(job: &serde_json::Value) -> Result<WorkloadInfo> {
     let j: Job = live("Job", job)?;
+    let (count, min) = job_pod_counts(&j).map_err(|()| Error::Invalid {
+        kind: "Job",
+        name: j.metadata.name.clone(),
+        field: format!("metadata.annotations.{JOB_MIN_PARALLELISM}"),
+        why: "not a number".into(),
+    })?;
+    from_pods(&j.metadata, &j.spec.template.spec, "main", count, min, None)
+}
+
+/// A Job's pod count, `min(parallelism, completions)` (1 when unset), and its partial
+/// admission floor from `kueue.x-k8s.io/job-min-parallelism`; `Err` when that annotation
+/// is not a number.
+fn job_pod_counts(j: &Job) -> std::result::Result<(u32, Option<u32>), ()> {
     let count = match (j.spec.parallelism, j.spec.completions) {
         (Some(p), Some(c)) => p.min(c),
         (Some(p), None) => p,
@@ -832,16 +833,9 @@ pub fn workload_from_live_job(job: &serde_json::Value) -> Result<WorkloadInfo> {
         .metadata
         .annotations
         .get(JOB_MIN_PARALLELISM)
-        .map(|v| {
-            v.parse::<u32>().map_err(|_| Error::Invalid {
-                kind: "Job",
-                name: j.metadata.name.clone(),
-                field: format!("metadata.annotations.{JOB_MIN_PARALLELISM}"),
-                why: "not a number".into(),
-            })
-        })
+        .map(|v| v.parse::<u32>().map_err(|_| ()))
         .transpose()?;
-    from_pods(&j.metadata, &j.spec.template.spec, "main", count, min, None)
+    Ok((count, min))
 }
 
 /// The members of a pod group as one workload (identical pods share a pod set).
