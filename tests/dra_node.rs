@@ -719,7 +719,9 @@ fn path_flags_are_checked_before_anything_starts() {
             &["--dra", "--device-plugin=false", "--standalone"],
             "--dra needs",
         ),
-        (&["--dra"], "--dra-gpus"),
+        // Both paths without --dra-gpus: the node config splits the GPUs; DRA still
+        // needs the API server.
+        (&["--dra"], "--dra needs the API server"),
         (&["--dra=false", "--device-plugin=false"], "both off"),
         (&["--dra", "--dra-gpus", "3-1"], "backwards"),
     ];

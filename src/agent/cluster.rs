@@ -1,6 +1,7 @@
 //! The agent's two touches of the API server, both optional (the agent runs without a
 //! cluster): watching its own Node for the `tessera.io/config` label, and recording an
-//! Event on the Node when a layout config is rejected.
+//! Event on the Node when a layout config is rejected or a GPU cannot move between the
+//! kubelet paths because it is in use.
 //!
 //! ```text
 //! GET node ──▶ label ──▶ send if changed ──▶ WATCH node (fieldSelector name=…) from its
@@ -111,6 +112,26 @@ pub fn config_rejected_event(
     message: &str,
     now: k8s_openapi::jiff::Timestamp,
 ) -> Event {
+    node_event(node, "ConfigRejected", "ReloadConfig", message, now)
+}
+
+/// The Event of a GPU that stays on its kubelet path because it is in use.
+pub fn gpu_move_blocked_event(
+    node: &str,
+    message: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Event {
+    node_event(node, "GpuMoveBlocked", "MoveGpu", message, now)
+}
+
+/// A Warning Event about the Node.
+fn node_event(
+    node: &str,
+    reason: &str,
+    action: &str,
+    message: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Event {
     // The API server caps `note` at 1 kB.
     let note: String = message.chars().take(1000).collect();
     Event {
@@ -120,8 +141,8 @@ pub fn config_rejected_event(
             ..Default::default()
         },
         event_time: Some(MicroTime(now)),
-        action: Some("ReloadConfig".into()),
-        reason: Some("ConfigRejected".into()),
+        action: Some(action.into()),
+        reason: Some(reason.into()),
         note: Some(note),
         type_: Some("Warning".into()),
         reporting_controller: Some("tessera.io/node-agent".into()),
@@ -137,16 +158,28 @@ pub fn config_rejected_event(
     }
 }
 
+impl KubeEventRecorder {
+    fn post(&self, event: Event) {
+        let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
+        self.runtime.spawn(async move {
+            if let Err(e) = events.create(&PostParams::default(), &event).await {
+                warn!(error = %e, reason = ?event.reason, "cannot record an Event on the Node");
+            }
+        });
+    }
+}
+
 impl EventRecorder for KubeEventRecorder {
     fn config_rejected(&self, message: &str) {
         super::LogRecorder.config_rejected(message);
-        let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
-        let event = config_rejected_event(&self.node, message, k8s_openapi::jiff::Timestamp::now());
-        self.runtime.spawn(async move {
-            if let Err(e) = events.create(&PostParams::default(), &event).await {
-                warn!(error = %e, "cannot record the config-rejected Event");
-            }
-        });
+        let now = k8s_openapi::jiff::Timestamp::now();
+        self.post(config_rejected_event(&self.node, message, now));
+    }
+
+    fn gpu_move_blocked(&self, message: &str) {
+        super::LogRecorder.gpu_move_blocked(message);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        self.post(gpu_move_blocked_event(&self.node, message, now));
     }
 }
 
@@ -164,5 +197,13 @@ mod tests {
         assert_eq!(r.name.as_deref(), Some("gpu-7"));
         assert_eq!(e.type_.as_deref(), Some("Warning"));
         assert_eq!(e.reason.as_deref(), Some("ConfigRejected"));
+        let b = gpu_move_blocked_event(
+            "gpu-7",
+            "GPU 2 stays",
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(b.reason.as_deref(), Some("GpuMoveBlocked"));
+        assert_eq!(b.note.as_deref(), Some("GPU 2 stays"));
+        assert_eq!(b.regarding.unwrap().name.as_deref(), Some("gpu-7"));
     }
 }

@@ -11,7 +11,13 @@
 //!
 //! [`ownership`] splits the GPUs between the two paths: the device plugin advertises only
 //! its GPUs, the DRA driver publishes only its own, and MIG layouts are applied only to
-//! device-plugin GPUs (the DRA driver creates MIG instances per claim).
+//! device-plugin GPUs (the DRA driver creates MIG instances per claim). The split comes
+//! from the flags or, per node, from the config's `tessera.dra.gpus`; it is decided again
+//! at every reload. A GPU in use on its current path ([`usage`]: a prepared claim, a pod
+//! holding it) does not move: the agent reports the blocked move (log, Node Event) and
+//! retries it whenever either checkpoint changes (and every 10 s), moving the GPU once it
+//! is free. GPUs whose owner does not change keep their devices as they are. A GPU moving
+//! to the DRA driver loses the MIG instances the device plugin's layout made.
 //!
 //! A config that fails to parse, names an unknown config, or does not fit the GPUs is
 //! rejected as a whole: the error (naming the field) is logged and recorded, and the last
@@ -32,6 +38,7 @@ use tracing::{error, info, warn};
 pub mod cluster;
 pub mod dra;
 pub mod ownership;
+pub mod usage;
 
 use crate::cdi;
 use crate::cdi::migcaps::MigCaps;
@@ -44,7 +51,8 @@ use crate::gpu::{GpuBackend, Inventory};
 use crate::metrics::{DeviceLabels, HealthLabels, NodeMetrics};
 use crate::partition::config::{self, NodeConfig};
 use crate::partition::layout::{self, Advertisement, NodePlan};
-use ownership::{Owner, Ownership};
+use ownership::{Assignment, BlockedMove, Owner, Ownership};
+use usage::{LocalUsage, UsageProbe};
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -70,6 +78,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// cluster; tests record them).
 pub trait EventRecorder: Send + Sync {
     fn config_rejected(&self, message: &str);
+
+    /// A GPU the config moves to the other kubelet path is in use where it is (the
+    /// message names the GPU and what holds it).
+    fn gpu_move_blocked(&self, message: &str) {
+        warn!(%message, "GPU not moved between kubelet paths");
+    }
 }
 
 /// Logs only (no cluster).
@@ -105,7 +119,7 @@ pub fn build(
     backend: &dyn GpuBackend,
     config: &NodeConfig,
 ) -> Result<(Inventory, NodePlan, Advertisement)> {
-    let built = build_owned(backend, config, &Ownership::default())?;
+    let built = build_owned(backend, config, &Assignment::default())?;
     Ok((built.inventory, built.plan, built.advertisement))
 }
 
@@ -126,7 +140,7 @@ pub struct Built {
 pub fn build_owned(
     backend: &dyn GpuBackend,
     config: &NodeConfig,
-    owners: &Ownership,
+    owners: &Assignment,
 ) -> Result<Built> {
     let inventory = backend.inventory()?;
     let plan = layout::plan(&inventory, config)?;
@@ -187,7 +201,12 @@ struct Agent {
     current: Option<NodeConfig>,
     snapshot: Snapshot,
     tx: watch::Sender<SharedSnapshot>,
-    owners: Ownership,
+    ownership: Ownership,
+    /// The split in force (`None` until a config was applied).
+    assignment: Option<Assignment>,
+    usage: Arc<dyn UsageProbe>,
+    /// Moves the config wants that wait for a GPU to be free (already reported).
+    blocked: Vec<BlockedMove>,
     dra_tx: watch::Sender<Option<dra::DraView>>,
 }
 
@@ -208,6 +227,19 @@ impl Agent {
         self.opts.metrics.reload(outcome);
     }
 
+    /// Apply the config in force again when a blocked move may have become possible.
+    fn recheck(&mut self) {
+        if self.blocked.is_empty() {
+            return;
+        }
+        let Some(config) = self.current.clone() else {
+            return;
+        };
+        if let Err(e) = self.apply(config) {
+            warn!(error = %e, "cannot re-apply the config to move GPUs between paths");
+        }
+    }
+
     fn try_reload(&mut self) -> Result<bool> {
         let config = match &self.opts.config_path {
             Some(path) => config::load(path)?
@@ -215,14 +247,60 @@ impl Agent {
                 .clone(),
             None => NodeConfig::builtin_default(),
         };
-        if self.current.as_ref() == Some(&config) {
+        self.apply(config)
+    }
+
+    /// Report blocked moves that are new, and log the ones that are done.
+    fn report_blocked(&mut self, blocked: Vec<BlockedMove>) {
+        for b in &blocked {
+            if !self.blocked.contains(b) {
+                self.recorder.gpu_move_blocked(&b.to_string());
+            }
+        }
+        for b in &self.blocked {
+            if !blocked.iter().any(|n| n.gpu_uuid == b.gpu_uuid) {
+                info!(gpu = b.gpu_index, uuid = %b.gpu_uuid, "GPU no longer held: its move between paths is no longer blocked");
+            }
+        }
+        self.blocked = blocked;
+    }
+
+    fn apply(&mut self, config: NodeConfig) -> Result<bool> {
+        let before = self.backend.inventory()?;
+        let holders = self.usage.holders(&before);
+        let (assignment, blocked) = ownership::decide(&self.ownership, &before, &config, &holders);
+        if self.current.as_ref() == Some(&config) && self.assignment.as_ref() == Some(&assignment) {
+            self.report_blocked(blocked);
             return Ok(false);
         }
-        let built = build_owned(self.backend.as_ref(), &config, &self.owners)?;
-        let (inventory, _) = self
-            .owners
-            .part(&built.inventory, &built.plan, Owner::DevicePlugin);
-        if self.owners.device_plugin && !inventory.gpus.is_empty() {
+        if self.current.as_ref() != Some(&config) {
+            if let Some(note) = self.ownership.config_note(&config) {
+                info!(config = %config.name, "{note}");
+            }
+        }
+        // GPUs the DRA driver takes over lose the device plugin's MIG layout: the driver
+        // creates instances per claim in slots it assumes free.
+        if let Some(previous) = &self.assignment {
+            let was = previous.dra_uuids(&before);
+            for uuid in assignment.dra_uuids(&before).difference(&was) {
+                if before.gpu(uuid).is_some_and(|g| !g.mig_devices.is_empty()) {
+                    info!(gpu = %uuid, "destroying the device plugin's MIG instances of a GPU moving to the DRA driver");
+                    self.backend.apply_mig_layout(uuid, &[])?;
+                }
+            }
+        }
+        let built = build_owned(self.backend.as_ref(), &config, &assignment)?;
+        for gpu in &before.gpus {
+            let (old, new) = (
+                self.assignment.as_ref().map(|a| a.owner(gpu)),
+                assignment.owner(gpu),
+            );
+            if let Some(old) = old.filter(|o| *o != new) {
+                info!(gpu = gpu.index, uuid = %gpu.uuid, from = %old, to = %new, "GPU moved between kubelet paths");
+            }
+        }
+        let (inventory, _) = assignment.part(&built.inventory, &built.plan, Owner::DevicePlugin);
+        if assignment.device_plugin && !inventory.gpus.is_empty() {
             // The capability table is read only when there is a MIG device to resolve.
             let has_mig = inventory.gpus.iter().any(|g| !g.mig_devices.is_empty());
             let caps = has_mig
@@ -248,8 +326,11 @@ impl Agent {
         self.snapshot.advertisement = advertisement;
         self.snapshot.allocation = config.allocation.clone();
         self.snapshot.topology = Topology::from_inventory(&inventory);
-        info!(config = %config.name, resources = ?self.snapshot.resource_names(), "config applied");
+        info!(config = %config.name, resources = ?self.snapshot.resource_names(),
+              dra_gpus = assignment.dra_uuids(&before).len(), "config applied");
         self.current = Some(config);
+        self.assignment = Some(assignment);
+        self.report_blocked(blocked);
         self.publish();
         Ok(true)
     }
@@ -353,26 +434,7 @@ pub async fn run_with(
         }
         _ => owners,
     };
-    // Start the DRA driver first: it recovers its checkpoint and starts serving while the
-    // first config is applied.
     let (dra_tx, dra_rx) = watch::channel(None);
-    let dra_cancel = cancel.child_token();
-    let mut dra_task = dra_settings.filter(|_| owners.dra).map(|settings| {
-        let dra_gpus = match backend.inventory() {
-            Ok(inventory) => owners.dra_uuids(&inventory),
-            Err(e) => {
-                warn!(error = %e, "no GPU inventory: unowned MIG instances are not cleaned up");
-                BTreeSet::new()
-            }
-        };
-        tokio::spawn(dra::run(
-            settings,
-            backend.clone(),
-            dra_gpus,
-            dra_rx,
-            dra_cancel.clone(),
-        ))
-    });
     let Triggers {
         reload: mut reload_rx,
         config_label,
@@ -384,6 +446,11 @@ pub async fn run_with(
             opts.config_name = Some(name);
         }
     }
+    let dra_checkpoint_dir = dra_settings
+        .as_ref()
+        .filter(|_| owners.dra)
+        .map(|s| s.checkpoint_dir.clone());
+    let probe = LocalUsage::under(&opts.kubelet_dir, dra_checkpoint_dir.clone());
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
     let mut agent = Agent {
         backend: backend.clone(),
@@ -393,17 +460,59 @@ pub async fn run_with(
         current: None,
         snapshot: Snapshot::default(),
         tx,
-        owners: owners.clone(),
+        ownership: owners.clone(),
+        assignment: None,
+        usage: Arc::new(probe),
+        blocked: Vec::new(),
         dra_tx,
     };
+    // The first config decides which GPUs the DRA driver owns (the split reads the DRA
+    // checkpoint, not the driver, so this comes first; it takes milliseconds).
     agent.reload();
+    let dra_cancel = cancel.child_token();
+    let mut dra_task = dra_settings.filter(|_| owners.dra).map(|settings| {
+        let dra_gpus = match (backend.inventory(), &agent.assignment) {
+            (Ok(inventory), Some(a)) => a.dra_uuids(&inventory),
+            (Err(e), _) => {
+                warn!(error = %e, "no GPU inventory: unowned MIG instances are not cleaned up");
+                BTreeSet::new()
+            }
+            (_, None) => {
+                warn!("no config in force: unowned MIG instances are not cleaned up");
+                BTreeSet::new()
+            }
+        };
+        tokio::spawn(dra::run(
+            settings,
+            backend.clone(),
+            dra_gpus,
+            dra_rx,
+            dra_cancel.clone(),
+        ))
+    });
+
+    // Blocked moves are retried when either checkpoint changes, and every 10 s.
+    let (usage_tx, mut usage_rx) = mpsc::unbounded_channel();
+    let mut usage_dirs = vec![opts.kubelet_dir.join("device-plugins")];
+    usage_dirs.extend(dra_checkpoint_dir);
+    let _usage_watchers: Vec<_> = usage_dirs
+        .iter()
+        .filter_map(|dir| {
+            let _ = std::fs::create_dir_all(dir);
+            watch_dir(dir, usage_tx.clone())
+                .map_err(|e| warn!(error = %e, "blocked GPU moves are retried every 10 s only"))
+                .ok()
+        })
+        .collect();
+    let mut retry = tokio::time::interval(Duration::from_secs(10));
+    retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let (health_tx, mut health_rx) = mpsc::unbounded_channel();
     backend.watch_health(health_tx)?;
 
     let (file_tx, mut file_rx) = mpsc::unbounded_channel();
     let _watcher = match &opts.config_path {
-        Some(path) => Some(watch_config(path, file_tx)?),
+        Some(path) => Some(watch_dir(&config_dir(path), file_tx)?),
         None => None,
     };
 
@@ -434,6 +543,12 @@ pub async fn run_with(
                 info!("SIGHUP; reloading config");
                 agent.reload();
             }
+            Some(()) = usage_rx.recv() => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+                while usage_rx.try_recv().is_ok() {}
+                agent.recheck();
+            }
+            _ = retry.tick(), if !agent.blocked.is_empty() => agent.recheck(),
             Ok(()) = async { match label_rx.as_mut() {
                 Some(rx) => rx.changed().await,
                 None => std::future::pending().await,
@@ -486,13 +601,10 @@ pub async fn run_with(
     ended.unwrap_or(Ok(()))
 }
 
-/// Watch the config file's directory (a mounted ConfigMap swaps a `..data` symlink, so the
-/// file itself is never written in place).
-fn watch_config(
-    path: &std::path::Path,
-    tx: mpsc::UnboundedSender<()>,
-) -> Result<notify::RecommendedWatcher> {
-    let dir = if path.is_dir() {
+/// The directory to watch for a config path (a mounted ConfigMap swaps a `..data`
+/// symlink, so the file itself is never written in place).
+fn config_dir(path: &std::path::Path) -> PathBuf {
+    if path.is_dir() {
         path.to_path_buf()
     } else {
         path.parent()
@@ -505,7 +617,14 @@ fn watch_config(
             })
             .unwrap_or(std::path::Path::new("."))
             .to_path_buf()
-    };
+    }
+}
+
+/// Send `()` on every change in `dir` (not recursive; reads are ignored).
+fn watch_dir(
+    dir: &std::path::Path,
+    tx: mpsc::UnboundedSender<()>,
+) -> Result<notify::RecommendedWatcher> {
     let werr = |e: notify::Error| Error::Watch {
         path: dir.display().to_string(),
         reason: e.to_string(),
@@ -519,7 +638,7 @@ fn watch_config(
     })
     .map_err(werr)?;
     watcher
-        .watch(&dir, RecursiveMode::NonRecursive)
+        .watch(dir, RecursiveMode::NonRecursive)
         .map_err(werr)?;
     Ok(watcher)
 }

@@ -1,5 +1,6 @@
 //! Which kubelet path owns each GPU: the device plugin (extended resources) or the DRA
-//! driver (ResourceSlices). Pure: flags in, a per-GPU decision out.
+//! driver (ResourceSlices). Pure: flags, the node config and who holds what in, a
+//! per-GPU decision out.
 //!
 //! A GPU is never advertised by both paths: the scheduler would hand it out twice, once as
 //! `nvidia.com/gpu` and once through a ResourceClaim. The rule:
@@ -8,16 +9,23 @@
 //! |---|---|---|
 //! | on  | off | device plugin (every GPU) |
 //! | off | on  | DRA (every GPU) |
-//! | on  | on  | DRA if `--dra-gpus` selects it, else device plugin (`--dra-gpus` required) |
+//! | on  | on  | DRA if `--dra-gpus` selects it; without the flag, if the node config's `tessera.dra.gpus` does (none when absent); else device plugin |
 //! | off | off | rejected: nothing would be advertised |
 //!
 //! `--dra-gpus` takes `all`, `none`, GPU indices and ranges (`0,1,4-7`), GPU UUIDs
 //! (`GPU-…`, comma-separated), or `model:<text>` (a substring of the NVML product name,
-//! e.g. `model:H100`).
+//! e.g. `model:H100`). Given, it overrides the config (the agent logs that it does).
+//!
+//! A GPU in use on one path is not moved to the other ([`decide`]): a GPU with a prepared
+//! DRA claim stays with the DRA driver, a GPU a pod holds through the device plugin stays
+//! with the device plugin, and the move is reported as a [`BlockedMove`] (the agent retries
+//! it until the GPU is free). GPUs whose owner does not change are untouched.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt;
 
 use crate::gpu::{GpuInfo, Inventory};
+use crate::partition::config::{GpuSelector, NodeConfig};
 use crate::partition::layout::{Advertisement, NodePlan};
 
 /// A bad combination of path flags; names the flag.
@@ -25,15 +33,9 @@ use crate::partition::layout::{Advertisement, NodePlan};
 pub enum OwnershipError {
     #[error("--device-plugin and --dra are both off: nothing would be advertised")]
     NoPath,
-    #[error(
-        "--device-plugin and --dra are both on: say which GPUs the DRA driver owns with \
-         --dra-gpus (all, none, indices like 0,1,4-7, GPU UUIDs, or model:<name>)"
-    )]
-    SplitMissing,
     #[error("--dra-gpus {value:?}: {reason}")]
     Selector { value: String, reason: String },
 }
-
 /// Which GPUs `--dra-gpus` selects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DraGpus {
@@ -105,10 +107,32 @@ impl DraGpus {
 }
 
 /// The path that advertises a GPU.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Owner {
     DevicePlugin,
     Dra,
+}
+
+impl fmt::Display for Owner {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Owner::DevicePlugin => "the device plugin",
+            Owner::Dra => "the DRA driver",
+        })
+    }
+}
+
+/// What decides the split (for the log).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// `--dra=false`: every GPU on the device plugin.
+    DevicePluginOnly,
+    /// `--device-plugin=false`: every GPU on the DRA driver.
+    DraOnly,
+    /// `--dra-gpus`.
+    Flag,
+    /// The node config's `tessera.dra.gpus`.
+    Config,
 }
 
 /// The validated path flags.
@@ -116,7 +140,8 @@ pub enum Owner {
 pub struct Ownership {
     pub device_plugin: bool,
     pub dra: bool,
-    dra_gpus: DraGpus,
+    /// `--dra-gpus`, when given with both paths on.
+    flag: Option<DraGpus>,
 }
 
 impl Default for Ownership {
@@ -125,7 +150,7 @@ impl Default for Ownership {
         Self {
             device_plugin: true,
             dra: false,
-            dra_gpus: DraGpus::None,
+            flag: None,
         }
     }
 }
@@ -138,24 +163,187 @@ impl Ownership {
         dra_gpus: Option<&str>,
     ) -> Result<Self, OwnershipError> {
         let selector = dra_gpus.map(DraGpus::parse).transpose()?;
-        let dra_gpus = match (device_plugin, dra) {
-            (false, false) => return Err(OwnershipError::NoPath),
-            (true, false) => DraGpus::None,
-            (false, true) => DraGpus::All,
-            (true, true) => selector.ok_or(OwnershipError::SplitMissing)?,
-        };
+        if !device_plugin && !dra {
+            return Err(OwnershipError::NoPath);
+        }
         Ok(Self {
             device_plugin,
             dra,
-            dra_gpus,
+            flag: selector.filter(|_| device_plugin && dra),
         })
     }
 
-    pub fn owner(&self, gpu: &GpuInfo) -> Owner {
-        if self.dra && self.dra_gpus.selects(gpu) {
+    /// What decides the split, given the node config.
+    pub fn source(&self) -> Source {
+        match (self.device_plugin, self.dra, &self.flag) {
+            (_, false, _) => Source::DevicePluginOnly,
+            (false, true, _) => Source::DraOnly,
+            (true, true, Some(_)) => Source::Flag,
+            (true, true, None) => Source::Config,
+        }
+    }
+
+    /// The path the flags and `config` choose for `gpu`, before in-use pinning.
+    pub fn desired(&self, gpu: &GpuInfo, config: &NodeConfig) -> Owner {
+        let dra = match self.source() {
+            Source::DevicePluginOnly => false,
+            Source::DraOnly => true,
+            Source::Flag => self.flag.as_ref().is_some_and(|f| f.selects(gpu)),
+            Source::Config => config.dra_gpus.as_ref().is_some_and(|s| s.matches(gpu)),
+        };
+        if dra {
             Owner::Dra
         } else {
             Owner::DevicePlugin
+        }
+    }
+
+    /// Every GPU on its desired path (nothing in use).
+    pub fn assign(&self, inventory: &Inventory, config: &NodeConfig) -> Assignment {
+        decide(self, inventory, config, &Holders::default()).0
+    }
+
+    /// A note for the log when the flags override or ignore the config's
+    /// `tessera.dra.gpus` (`None`: nothing to say).
+    pub fn config_note(&self, config: &NodeConfig) -> Option<String> {
+        let set = config.dra_gpus.as_ref()?;
+        let what = describe(set);
+        match self.source() {
+            Source::Config => None,
+            Source::Flag => Some(format!(
+                "--dra-gpus overrides the config's tessera.dra.gpus ({what})"
+            )),
+            Source::DevicePluginOnly => Some(format!(
+                "the config's tessera.dra.gpus ({what}) is ignored: the DRA path is off (--dra=false)"
+            )),
+            Source::DraOnly => Some(format!(
+                "the config's tessera.dra.gpus ({what}) is ignored: --device-plugin=false gives every GPU to the DRA driver"
+            )),
+        }
+    }
+}
+
+fn describe(s: &GpuSelector) -> String {
+    match s {
+        GpuSelector::All => "all".into(),
+        GpuSelector::Index(i) => format!("index {i:?}"),
+        GpuSelector::Uuid(u) => format!("uuid {u:?}"),
+        GpuSelector::Model(m) => format!("model {m}"),
+    }
+}
+
+/// Who holds each GPU right now (GPU UUID → what holds it: a claim, a pod's container),
+/// per path. Read from the DRA checkpoint and the kubelet's device checkpoint
+/// ([`super::usage`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Holders {
+    pub device_plugin: BTreeMap<String, Vec<String>>,
+    pub dra: BTreeMap<String, Vec<String>>,
+}
+
+impl Holders {
+    fn on(&self, owner: Owner, uuid: &str) -> &[String] {
+        let map = match owner {
+            Owner::DevicePlugin => &self.device_plugin,
+            Owner::Dra => &self.dra,
+        };
+        map.get(uuid).map(Vec::as_slice).unwrap_or_default()
+    }
+}
+
+/// A GPU that should change paths but is in use where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockedMove {
+    pub gpu_uuid: String,
+    pub gpu_index: u32,
+    /// Where it stays.
+    pub from: Owner,
+    /// Where the config wants it.
+    pub to: Owner,
+    pub holders: Vec<String>,
+}
+
+impl fmt::Display for BlockedMove {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "GPU {} ({}) stays with {} instead of moving to {}: in use by {}; it moves once free",
+            self.gpu_index,
+            self.gpu_uuid,
+            self.from,
+            self.to,
+            self.holders.join(", ")
+        )
+    }
+}
+
+/// Each GPU's owner: the desired one, unless the GPU is in use on the other path (and
+/// that path runs), then it stays there and the move is returned as blocked.
+pub fn decide(
+    own: &Ownership,
+    inventory: &Inventory,
+    config: &NodeConfig,
+    holders: &Holders,
+) -> (Assignment, Vec<BlockedMove>) {
+    let mut out = Assignment {
+        device_plugin: own.device_plugin,
+        dra: own.dra,
+        owners: BTreeMap::new(),
+    };
+    let mut blocked = Vec::new();
+    let runs = |o: Owner| match o {
+        Owner::DevicePlugin => own.device_plugin,
+        Owner::Dra => own.dra,
+    };
+    for gpu in &inventory.gpus {
+        let want = own.desired(gpu, config);
+        let other = match want {
+            Owner::DevicePlugin => Owner::Dra,
+            Owner::Dra => Owner::DevicePlugin,
+        };
+        let held = holders.on(other, &gpu.uuid);
+        let owner = if !held.is_empty() && runs(other) {
+            blocked.push(BlockedMove {
+                gpu_uuid: gpu.uuid.clone(),
+                gpu_index: gpu.index,
+                from: other,
+                to: want,
+                holders: held.to_vec(),
+            });
+            other
+        } else {
+            want
+        };
+        out.owners.insert(gpu.uuid.clone(), owner);
+    }
+    (out, blocked)
+}
+
+/// The decided owner of every GPU.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Assignment {
+    pub device_plugin: bool,
+    pub dra: bool,
+    /// GPU UUID → owner; a GPU not listed belongs to the device plugin.
+    owners: BTreeMap<String, Owner>,
+}
+
+impl Default for Assignment {
+    /// The device plugin owns every GPU (no DRA).
+    fn default() -> Self {
+        Self {
+            device_plugin: true,
+            dra: false,
+            owners: BTreeMap::new(),
+        }
+    }
+}
+
+impl Assignment {
+    pub fn owner(&self, gpu: &GpuInfo) -> Owner {
+        match self.owners.get(&gpu.uuid) {
+            Some(Owner::Dra) if self.dra => Owner::Dra,
+            _ => Owner::DevicePlugin,
         }
     }
 
@@ -217,56 +405,162 @@ mod tests {
     use crate::gpu::GpuBackend;
     use crate::partition::{config, layout};
 
+    fn dra_indices(o: &Ownership, inv: &Inventory, cfg: &NodeConfig) -> Vec<u32> {
+        let a = o.assign(inv, cfg);
+        inv.gpus
+            .iter()
+            .filter(|g| a.owner(g) == Owner::Dra)
+            .map(|g| g.index)
+            .collect()
+    }
+
     #[test]
-    fn flags_combine_per_the_table() {
+    fn flags_and_config_combine_per_the_table() {
         type Case<'a> = (
             bool,
             bool,
             Option<&'a str>,
+            &'a str,
             Result<&'a [u32], OwnershipError>,
         );
+        const NONE: &str = "version: v1";
+        const CFG_1_3: &str = "tessera: { dra: { gpus: { index: [1, 3] } } }";
         let cases: &[Case] = &[
-            (true, false, None, Ok(&[])),
-            (true, false, Some("all"), Ok(&[])),
-            (false, true, None, Ok(&[0, 1, 2, 3])),
-            (true, true, Some("1,3"), Ok(&[1, 3])),
-            (true, true, Some("1-2"), Ok(&[1, 2])),
-            (true, true, Some("all"), Ok(&[0, 1, 2, 3])),
-            (true, true, Some("none"), Ok(&[])),
-            (true, true, Some("model:A100"), Ok(&[0, 1, 2, 3])),
-            (true, true, Some("model:H100"), Ok(&[])),
-            (true, true, None, Err(OwnershipError::SplitMissing)),
-            (false, false, None, Err(OwnershipError::NoPath)),
+            (true, false, None, NONE, Ok(&[])),
+            (true, false, Some("all"), NONE, Ok(&[])),
+            (true, false, None, CFG_1_3, Ok(&[])),
+            (false, true, None, NONE, Ok(&[0, 1, 2, 3])),
+            (false, true, None, CFG_1_3, Ok(&[0, 1, 2, 3])),
+            (true, true, Some("1,3"), NONE, Ok(&[1, 3])),
+            (true, true, Some("1-2"), NONE, Ok(&[1, 2])),
+            (true, true, Some("all"), NONE, Ok(&[0, 1, 2, 3])),
+            (true, true, Some("none"), NONE, Ok(&[])),
+            (true, true, Some("model:A100"), NONE, Ok(&[0, 1, 2, 3])),
+            (true, true, Some("model:H100"), NONE, Ok(&[])),
+            // No flag: the config decides (none without a dra section).
+            (true, true, None, NONE, Ok(&[])),
+            (true, true, None, CFG_1_3, Ok(&[1, 3])),
+            (
+                true,
+                true,
+                None,
+                "tessera: { dra: { gpus: all } }",
+                Ok(&[0, 1, 2, 3]),
+            ),
+            (
+                true,
+                true,
+                None,
+                "tessera: { dra: { gpus: none } }",
+                Ok(&[]),
+            ),
+            (
+                true,
+                true,
+                None,
+                "tessera: { dra: { gpus: { model: A100-80GB } } }",
+                Ok(&[0, 1, 2, 3]),
+            ),
+            // The flag overrides the config.
+            (true, true, Some("0"), CFG_1_3, Ok(&[0])),
+            (true, true, Some("none"), CFG_1_3, Ok(&[])),
+            (false, false, None, NONE, Err(OwnershipError::NoPath)),
         ];
         let inv = FakeBackend::from_spec("4xA100-80GB")
             .unwrap()
             .inventory()
             .unwrap();
-        for (dp, dra, sel, want) in cases {
-            let got = Ownership::new(*dp, *dra, *sel).map(|o| {
-                inv.gpus
-                    .iter()
-                    .filter(|g| o.owner(g) == Owner::Dra)
-                    .map(|g| g.index)
-                    .collect::<Vec<_>>()
-            });
+        for (dp, dra, sel, yaml, want) in cases {
+            let cfg = config::parse_config("t", yaml).unwrap();
+            let got = Ownership::new(*dp, *dra, *sel).map(|o| dra_indices(&o, &inv, &cfg));
             match want {
-                Ok(w) => assert_eq!(got.as_deref(), Ok(*w), "{dp} {dra} {sel:?}"),
+                Ok(w) => assert_eq!(got.as_deref(), Ok(*w), "{dp} {dra} {sel:?} {yaml}"),
                 Err(e) => assert_eq!(got.as_ref().unwrap_err(), e, "{dp} {dra} {sel:?}"),
             }
         }
     }
 
     #[test]
+    fn the_log_says_when_the_flags_override_the_config() {
+        let cfg = config::parse_config("t", "tessera: { dra: { gpus: { index: [1] } } }").unwrap();
+        let plain = config::parse_config("t", "version: v1").unwrap();
+        let note = |dp, dra, sel: Option<&str>, c: &NodeConfig| {
+            Ownership::new(dp, dra, sel).unwrap().config_note(c)
+        };
+        assert_eq!(note(true, true, None, &cfg), None);
+        assert!(note(true, true, Some("0"), &cfg)
+            .unwrap()
+            .contains("--dra-gpus overrides"));
+        assert!(note(true, false, None, &cfg)
+            .unwrap()
+            .contains("--dra=false"));
+        assert!(note(false, true, None, &cfg)
+            .unwrap()
+            .contains("--device-plugin=false"));
+        assert_eq!(note(true, true, Some("0"), &plain), None);
+    }
+
+    #[test]
     fn uuids_and_bad_values() {
         let inv = FakeBackend::from_spec("2xL4").unwrap().inventory().unwrap();
+        let cfg = NodeConfig::builtin_default();
         let o = Ownership::new(true, true, Some(&inv.gpus[1].uuid)).unwrap();
-        assert_eq!(o.owner(&inv.gpus[0]), Owner::DevicePlugin);
-        assert_eq!(o.owner(&inv.gpus[1]), Owner::Dra);
+        let a = o.assign(&inv, &cfg);
+        assert_eq!(a.owner(&inv.gpus[0]), Owner::DevicePlugin);
+        assert_eq!(a.owner(&inv.gpus[1]), Owner::Dra);
         for bad in ["", "x", "3-1", "1,,2", "model:"] {
             let e = Ownership::new(true, true, Some(bad)).unwrap_err();
             assert!(e.to_string().starts_with("--dra-gpus"), "{bad}: {e}");
         }
+    }
+
+    #[test]
+    fn a_gpu_in_use_stays_where_it_is() {
+        let inv = FakeBackend::from_spec("4xL4").unwrap().inventory().unwrap();
+        let uuid = |i: usize| inv.gpus[i].uuid.clone();
+        // The config wants GPUs 0 and 1 on DRA; 0 is held by a pod (device plugin), 2 by a
+        // claim (DRA), 3 by a pod where it already is.
+        let cfg =
+            config::parse_config("t", "tessera: { dra: { gpus: { index: [0, 1] } } }").unwrap();
+        let holders = Holders {
+            device_plugin: [
+                (uuid(0), vec!["pod p0".into()]),
+                (uuid(3), vec!["pod p3".into()]),
+            ]
+            .into_iter()
+            .collect(),
+            dra: [(uuid(2), vec!["claim ml/c2".into()])]
+                .into_iter()
+                .collect(),
+        };
+        let both = Ownership::new(true, true, None).unwrap();
+        let (a, blocked) = decide(&both, &inv, &cfg, &holders);
+        let owners: Vec<Owner> = inv.gpus.iter().map(|g| a.owner(g)).collect();
+        use Owner::*;
+        assert_eq!(owners, vec![DevicePlugin, Dra, Dra, DevicePlugin]);
+        assert_eq!(blocked.len(), 2, "{blocked:?}");
+        assert_eq!(
+            (blocked[0].gpu_index, blocked[0].from, blocked[0].to),
+            (0, DevicePlugin, Dra)
+        );
+        assert_eq!(
+            (blocked[1].gpu_index, blocked[1].from, blocked[1].to),
+            (2, Dra, DevicePlugin)
+        );
+        let msg = blocked[1].to_string();
+        assert!(
+            msg.contains("GPU 2") && msg.contains("claim ml/c2") && msg.contains("moves once free"),
+            "{msg}"
+        );
+        // Free: everything goes where the config says.
+        let (a, blocked) = decide(&both, &inv, &cfg, &Holders::default());
+        assert!(blocked.is_empty());
+        assert_eq!(a, both.assign(&inv, &cfg));
+        // A path that does not run cannot keep a GPU: with DRA off, claims pin nothing.
+        let dp_only = Ownership::new(true, false, None).unwrap();
+        let (a, blocked) = decide(&dp_only, &inv, &cfg, &holders);
+        assert!(blocked.is_empty());
+        assert!(inv.gpus.iter().all(|g| a.owner(g) == DevicePlugin));
     }
 
     #[test]
@@ -280,7 +574,9 @@ mod tests {
         let inv = backend.inventory().unwrap();
         let plan = layout::plan(&inv, &cfg).unwrap();
         let ad = layout::advertise(&inv, &cfg, &plan).unwrap();
-        let o = Ownership::new(true, true, Some("0,2")).unwrap();
+        let o = Ownership::new(true, true, Some("0,2"))
+            .unwrap()
+            .assign(&inv, &cfg);
         let dra = o.dra_uuids(&inv);
         let dp = device_plugin_part(&ad, &dra);
         let dp_gpus: BTreeSet<&str> = dp.resources[0]

@@ -82,7 +82,8 @@ pub struct Args {
           num_args = 0..=1, default_missing_value = "true")]
     pub dra: bool,
     /// With both paths on: the GPUs the DRA driver owns (`all`, `none`, `0,1,4-7`, GPU
-    /// UUIDs, `model:H100`); the device plugin gets the rest.
+    /// UUIDs, `model:H100`); the device plugin gets the rest. Overrides the node config's
+    /// `tessera.dra.gpus`, which decides when this flag is not given.
     #[arg(long, env = "TESSERA_DRA_GPUS")]
     pub dra_gpus: Option<String>,
     /// Where MIG counter sets go: `separate` slices (Kubernetes 1.35+) or `inline` (1.34).

@@ -20,13 +20,22 @@
 //!     - match: { model: H100-80GB }
 //!       mode: vgpu
 //!       vgpu: { count: 4, memory: 20g, cores: 25 }
+//!   dra:
+//!     gpus: { index: [0] }     # all | none | { index } | { uuid } | { model }
 //! ```
+//!
+//! `tessera.dra.gpus` says which GPUs the DRA driver (`gpu.tessera.io`) owns when the
+//! agent runs both kubelet paths; the device plugin keeps the others. It is independent of
+//! the `gpus` rules, which still say how each GPU is cut (a DRA GPU with mode `mig` is
+//! published as partitionable, with mode `vgpu` as consumable capacity). The agent's
+//! `--dra-gpus` flag, when given, overrides it (see [`crate::agent::ownership`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
 use serde::Deserialize;
 
+use super::catalog;
 use crate::gpu::health::{HealthPolicy, DEFAULT_IGNORED_XIDS};
 
 /// Name of the config used when the node has no `tessera.io/config` label.
@@ -157,6 +166,15 @@ struct RawTessera {
     health: RawHealth,
     #[serde(default)]
     allocation: RawAllocation,
+    #[serde(default)]
+    dra: Option<RawDra>,
+}
+
+/// `tessera.dra`: the GPUs the DRA driver owns.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawDra {
+    gpus: Option<RawSelector>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -290,6 +308,27 @@ pub enum GpuSelector {
     Model(String),
 }
 
+impl GpuSelector {
+    /// Whether the selector picks `gpu`. A model matches the catalog's short name
+    /// (`A100-80GB`, case-insensitive) or a substring of the NVML product name.
+    pub fn matches(&self, gpu: &crate::gpu::GpuInfo) -> bool {
+        match self {
+            Self::All => true,
+            Self::Index(set) => set.contains(&gpu.index),
+            Self::Uuid(set) => set.contains(&gpu.uuid),
+            Self::Model(model) => {
+                let by_catalog = catalog::lookup(&gpu.product_name, gpu.memory_mib)
+                    .is_some_and(|m| m.model.eq_ignore_ascii_case(model));
+                by_catalog
+                    || gpu
+                        .product_name
+                        .to_ascii_lowercase()
+                        .contains(&model.to_ascii_lowercase())
+            }
+        }
+    }
+}
+
 /// How a MIG layout is given.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum MigLayout {
@@ -388,6 +427,9 @@ pub struct NodeConfig {
     pub gpu_rules: Vec<GpuRule>,
     pub health: HealthPolicy,
     pub allocation: AllocationPolicy,
+    /// `tessera.dra.gpus`: the GPUs the DRA driver owns when both kubelet paths run
+    /// (`None`: none, or the section is absent).
+    pub dra_gpus: Option<GpuSelector>,
 }
 
 impl NodeConfig {
@@ -403,6 +445,7 @@ impl NodeConfig {
             gpu_rules: Vec::new(),
             health: HealthPolicy::default(),
             allocation: AllocationPolicy::default(),
+            dra_gpus: None,
         }
     }
 
@@ -620,6 +663,16 @@ fn validate(name: &str, raw: RawConfig) -> Result<NodeConfig> {
             ))
         }
     };
+    let dra_gpus = match raw.tessera.dra.and_then(|d| d.gpus) {
+        None => None,
+        Some(RawSelector::All(s)) if s == "none" => None,
+        Some(sel) => Some(validate_selector(
+            name,
+            "tessera.dra.gpus",
+            sel,
+            "all, none",
+        )?),
+    };
     let _ = (raw.imex, raw.flags.plugin, raw.flags.gfd);
     Ok(NodeConfig {
         name: name.to_string(),
@@ -634,6 +687,7 @@ fn validate(name: &str, raw: RawConfig) -> Result<NodeConfig> {
             replica_strategy,
             distinct_gpus: raw.tessera.allocation.distinct_gpus.unwrap_or(false),
         },
+        dra_gpus,
     })
 }
 
@@ -756,28 +810,38 @@ fn is_device_ref(s: &str) -> bool {
         || s.starts_with("MIG-")
 }
 
+/// A `match:`-style selector: `all` (or `*`), or exactly one of `index`, `uuid`, `model`.
+/// `words` lists the accepted strings for the error message.
+fn validate_selector(
+    name: &str,
+    field: &str,
+    raw: RawSelector,
+    words: &str,
+) -> Result<GpuSelector> {
+    let err = |reason: String| ConfigError::new(name, field, reason);
+    match raw {
+        RawSelector::All(s) if s == "all" || s == "*" => Ok(GpuSelector::All),
+        RawSelector::All(s) => Err(err(format!(
+            "{s:?}: use {words}, or one of index, uuid, model"
+        ))),
+        RawSelector::Fields(f) => match (f.index, f.uuid, f.model) {
+            (Some(i), None, None) if !i.is_empty() => {
+                Ok(GpuSelector::Index(i.into_iter().collect()))
+            }
+            (None, Some(u), None) if !u.is_empty() => {
+                Ok(GpuSelector::Uuid(u.into_iter().collect()))
+            }
+            (None, None, Some(m)) if !m.is_empty() => Ok(GpuSelector::Model(m)),
+            _ => Err(err(
+                "set exactly one of index, uuid, model (non-empty)".into()
+            )),
+        },
+    }
+}
+
 fn validate_rule(name: &str, field: &str, rule: RawGpuRule) -> Result<GpuRule> {
     let err = |f: &str, reason: String| ConfigError::new(name, format!("{field}.{f}"), reason);
-    let selector = match rule.selector {
-        RawSelector::All(s) if s == "all" || s == "*" => GpuSelector::All,
-        RawSelector::All(s) => {
-            return Err(err(
-                "match",
-                format!("{s:?}: use \"all\" or one of index, uuid, model"),
-            ))
-        }
-        RawSelector::Fields(f) => match (f.index, f.uuid, f.model) {
-            (Some(i), None, None) if !i.is_empty() => GpuSelector::Index(i.into_iter().collect()),
-            (None, Some(u), None) if !u.is_empty() => GpuSelector::Uuid(u.into_iter().collect()),
-            (None, None, Some(m)) if !m.is_empty() => GpuSelector::Model(m),
-            _ => {
-                return Err(err(
-                    "match",
-                    "set exactly one of index, uuid, model (non-empty)".into(),
-                ))
-            }
-        },
-    };
+    let selector = validate_selector(name, &format!("{field}.match"), rule.selector, "\"all\"")?;
     let unused = |present: bool, key: &str, mode: &str| -> Result<()> {
         if present {
             Err(err(
@@ -1124,6 +1188,10 @@ tessera:
             ),
             ("sharing: { timeSlicing: { resources: [] } }", "sharing.timeSlicing.resources", "no resources"),
             ("tessera: { resourcePrefix: Bad_Prefix }", "tessera.resourcePrefix", "DNS"),
+            ("tessera: { dra: { gpus: some } }", "tessera.dra.gpus", "\"some\": use all, none"),
+            ("tessera: { dra: { gpus: { index: [] } } }", "tessera.dra.gpus", "exactly one"),
+            ("tessera: { dra: { gpus: { index: [0], model: A30 } } }", "tessera.dra.gpus", "exactly one"),
+            ("tessera: { dra: { path: dra } }", "tessera.dra.path", "unknown field `path`"),
         ];
         for (yaml, field, reason) in cases {
             let e = parse(yaml).expect_err(yaml);
@@ -1131,6 +1199,34 @@ tessera:
             assert!(e.reason.contains(reason), "{yaml}: {e}");
             assert!(e.to_string().starts_with("config \"t\": "), "{e}");
         }
+    }
+
+    #[test]
+    fn dra_gpus_select_which_gpus_the_dra_driver_owns() {
+        let cases: &[(&str, Option<GpuSelector>)] = &[
+            ("version: v1", None),
+            ("tessera: { dra: {} }", None),
+            ("tessera: { dra: { gpus: none } }", None),
+            ("tessera: { dra: { gpus: all } }", Some(GpuSelector::All)),
+            (
+                "tessera: { dra: { gpus: { index: [4, 5] } } }",
+                Some(GpuSelector::Index([4, 5].into_iter().collect())),
+            ),
+            (
+                "tessera: { dra: { gpus: { model: H100 } } }",
+                Some(GpuSelector::Model("H100".into())),
+            ),
+        ];
+        for (yaml, want) in cases {
+            assert_eq!(&parse(yaml).unwrap().dra_gpus, want, "{yaml}");
+        }
+        // NVIDIA's files stay valid; the section sits beside the per-GPU rules.
+        let cfg = parse(
+            "version: v1\nflags: { migStrategy: mixed }\ntessera: { gpus: [ { match: all, mode: mig, mig: { layout: balanced } } ], dra: { gpus: { uuid: [GPU-1] } } }",
+        )
+        .unwrap();
+        assert_eq!(cfg.gpu_rules.len(), 1);
+        assert!(matches!(cfg.dra_gpus, Some(GpuSelector::Uuid(_))));
     }
 
     #[test]

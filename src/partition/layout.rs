@@ -10,9 +10,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use super::catalog;
-use super::config::{
-    GpuMode, GpuSelector, MigLayout, MigStrategy, NodeConfig, ReplicaDevices, VgpuSlice,
-};
+use super::config::{GpuMode, MigLayout, MigStrategy, NodeConfig, ReplicaDevices, VgpuSlice};
 use crate::gpu::{GpuInfo, Inventory, MigDeviceInfo};
 
 /// Why a config cannot be applied to this node's GPUs.
@@ -180,7 +178,7 @@ pub fn plan(inventory: &Inventory, config: &NodeConfig) -> Result<NodePlan> {
         let mode = config
             .gpu_rules
             .iter()
-            .find(|r| selects(&r.selector, gpu))
+            .find(|r| r.selector.matches(gpu))
             .map(|r| &r.mode);
         let plan = match mode {
             Some(GpuMode::Whole) => GpuPlan::Whole {
@@ -213,23 +211,6 @@ fn gpu_err(gpu: &GpuInfo, reason: impl Into<String>) -> LayoutError {
         index: gpu.index,
         product: gpu.product_name.clone(),
         reason: reason.into(),
-    }
-}
-
-fn selects(selector: &GpuSelector, gpu: &GpuInfo) -> bool {
-    match selector {
-        GpuSelector::All => true,
-        GpuSelector::Index(set) => set.contains(&gpu.index),
-        GpuSelector::Uuid(set) => set.contains(&gpu.uuid),
-        GpuSelector::Model(model) => {
-            let by_catalog = catalog::lookup(&gpu.product_name, gpu.memory_mib)
-                .is_some_and(|m| m.model.eq_ignore_ascii_case(model));
-            by_catalog
-                || gpu
-                    .product_name
-                    .to_ascii_lowercase()
-                    .contains(&model.to_ascii_lowercase())
-        }
     }
 }
 

@@ -61,6 +61,8 @@ pub struct DraAgentBuilder {
     pub dra_gpus: Option<String>,
     pub boot_id: String,
     pub counters: CounterLayout,
+    /// Where rejected configs and blocked GPU moves go (default: the log only).
+    pub recorder: Option<Arc<dyn tessera::agent::EventRecorder>>,
 }
 
 impl DraAgentBuilder {
@@ -73,6 +75,7 @@ impl DraAgentBuilder {
             dra_gpus: None,
             boot_id: "boot-1".into(),
             counters: CounterLayout::Separate,
+            recorder: None,
         }
     }
 
@@ -88,6 +91,23 @@ impl DraAgentBuilder {
     pub fn side_by_side(mut self, dra_gpus: &str) -> Self {
         self.device_plugin = true;
         self.dra_gpus = Some(dra_gpus.into());
+        self
+    }
+
+    /// Both paths on without `--dra-gpus`: the node config's `tessera.dra.gpus` splits
+    /// the GPUs.
+    pub fn both_paths(mut self) -> Self {
+        self.device_plugin = true;
+        self.dra_gpus = None;
+        self
+    }
+
+    /// Record Events on the Node in the API server (as in a cluster).
+    pub fn events_on_node(mut self, api: &ApiServer) -> Self {
+        self.recorder = Some(Arc::new(tessera::agent::cluster::KubeEventRecorder::new(
+            api.client(),
+            NODE.into(),
+        )));
         self
     }
 
@@ -148,7 +168,7 @@ impl DraAgentBuilder {
         let task = tokio::spawn(agent::run_with(
             self.backend.clone(),
             opts,
-            Arc::new(LogRecorder),
+            self.recorder.unwrap_or_else(|| Arc::new(LogRecorder)),
             agent::Triggers {
                 reload: reload_rx,
                 config_label: Some(label_rx),

@@ -1,0 +1,273 @@
+//! Who holds each GPU right now, read from what the node already records: the DRA
+//! driver's checkpoint of prepared claims, and the kubelet's device-manager checkpoint
+//! (`<kubelet-dir>/device-plugins/kubelet_internal_checkpoint`) of the device-plugin
+//! devices it handed to containers. The agent reads both before moving a GPU between
+//! paths ([`super::ownership::decide`]).
+//!
+//! What counts as "in use":
+//! - DRA: a claim in the checkpoint in any phase (started, completed, waiting to be
+//!   prepared again after a reboot) with a device on the GPU. A claim the scheduler has
+//!   allocated but the kubelet has not asked to prepare yet is not seen.
+//! - Device plugin: an entry of the kubelet's checkpoint whose device ID is the GPU, one
+//!   of its MIG devices, or a replica/slice of either (`<uuid>::<n>`). The kubelet drops
+//!   the entries of finished pods when it next admits a pod that needs devices, so a
+//!   finished pod can hold a GPU until then.
+//!
+//! A checkpoint that is missing holds nothing; one that cannot be read or decoded is
+//! logged and counted as holding nothing (the agent must not stop on it).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use serde::Deserialize;
+use tracing::warn;
+
+use super::ownership::Holders;
+use crate::dra::checkpoint::Store;
+use crate::dra::prepare::{parse_device_name, DeviceKind};
+use crate::gpu::Inventory;
+
+/// Where usage is read from (a trait so tests can hold GPUs without files).
+pub trait UsageProbe: Send + Sync {
+    fn holders(&self, inventory: &Inventory) -> Holders;
+}
+
+/// Reads the two checkpoints on this node.
+#[derive(Debug, Clone)]
+pub struct LocalUsage {
+    /// The kubelet's `device-plugins/kubelet_internal_checkpoint`.
+    pub kubelet_checkpoint: PathBuf,
+    /// The DRA driver's checkpoint directory (`None`: the DRA path is off).
+    pub dra_checkpoint_dir: Option<PathBuf>,
+}
+
+impl LocalUsage {
+    /// The kubelet's checkpoint under `kubelet_dir`.
+    pub fn under(kubelet_dir: &std::path::Path, dra_checkpoint_dir: Option<PathBuf>) -> Self {
+        Self {
+            kubelet_checkpoint: kubelet_dir.join("device-plugins/kubelet_internal_checkpoint"),
+            dra_checkpoint_dir,
+        }
+    }
+}
+
+impl UsageProbe for LocalUsage {
+    fn holders(&self, inventory: &Inventory) -> Holders {
+        let mut out = Holders::default();
+        match std::fs::read(&self.kubelet_checkpoint) {
+            Ok(bytes) => match device_plugin_holders(&bytes, inventory) {
+                Ok(h) => out.device_plugin = h,
+                Err(e) => warn!(path = %self.kubelet_checkpoint.display(), error = %e,
+                    "cannot read the kubelet's device checkpoint; assuming no device-plugin GPU is in use"),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => warn!(path = %self.kubelet_checkpoint.display(), error = %e,
+                "cannot read the kubelet's device checkpoint; assuming no device-plugin GPU is in use"),
+        }
+        if let Some(dir) = &self.dra_checkpoint_dir {
+            // A missing checkpoint reads as empty.
+            match Store::new(dir).read() {
+                Ok(data) => out.dra = dra_holders(&data, inventory),
+                Err(e) => {
+                    warn!(error = %e, "cannot read the DRA checkpoint; assuming no DRA GPU is in use")
+                }
+            }
+        }
+        out
+    }
+}
+
+/// GPU UUID → `claim <ns>/<name> (uid <uid>)` for every checkpointed claim.
+pub fn dra_holders(
+    data: &crate::dra::checkpoint::Data,
+    inventory: &Inventory,
+) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for (uid, claim) in &data.claims {
+        let who = format!("claim {}/{} (uid {uid})", claim.namespace, claim.name);
+        for d in &claim.devices {
+            let index = match parse_device_name(&d.device) {
+                Some(
+                    DeviceKind::Whole { gpu }
+                    | DeviceKind::Vgpu { gpu }
+                    | DeviceKind::Mig { gpu, .. },
+                ) => gpu,
+                None => continue,
+            };
+            let Some(gpu) = inventory.gpus.iter().find(|g| g.index == index) else {
+                continue;
+            };
+            let list = out.entry(gpu.uuid.clone()).or_default();
+            if !list.contains(&who) {
+                list.push(who.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The kubelet's device-manager checkpoint (only the fields used here). `DeviceIDs` is a
+/// map NUMA node → IDs since Kubernetes 1.20, a plain list before.
+#[derive(Deserialize)]
+struct KubeletCheckpoint {
+    #[serde(rename = "Data")]
+    data: KubeletData,
+}
+
+#[derive(Deserialize)]
+struct KubeletData {
+    #[serde(rename = "PodDeviceEntries", default)]
+    entries: Option<Vec<PodDevices>>,
+}
+
+#[derive(Deserialize)]
+struct PodDevices {
+    #[serde(rename = "PodUID")]
+    pod_uid: String,
+    #[serde(rename = "ContainerName", default)]
+    container: String,
+    #[serde(rename = "ResourceName", default)]
+    resource: String,
+    #[serde(rename = "DeviceIDs")]
+    device_ids: DeviceIds,
+}
+
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum DeviceIds {
+    ByNuma(BTreeMap<String, Option<Vec<String>>>),
+    Flat(Option<Vec<String>>),
+}
+
+/// GPU UUID → `pod <uid> container <name> (<resource>)` from the kubelet's checkpoint.
+pub fn device_plugin_holders(
+    bytes: &[u8],
+    inventory: &Inventory,
+) -> Result<BTreeMap<String, Vec<String>>, serde_json::Error> {
+    let cp: KubeletCheckpoint = serde_json::from_slice(bytes)?;
+    // Any device ID of ours starts with a GPU or MIG UUID.
+    let mut unit_to_gpu: BTreeMap<&str, &str> = BTreeMap::new();
+    for g in &inventory.gpus {
+        unit_to_gpu.insert(&g.uuid, &g.uuid);
+        for m in &g.mig_devices {
+            unit_to_gpu.insert(&m.uuid, &g.uuid);
+        }
+    }
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for e in cp.data.entries.unwrap_or_default() {
+        let ids: Vec<String> = match e.device_ids {
+            DeviceIds::ByNuma(m) => m.into_values().flatten().flatten().collect(),
+            DeviceIds::Flat(l) => l.unwrap_or_default(),
+        };
+        let who = format!(
+            "pod {} container {} ({})",
+            e.pod_uid, e.container, e.resource
+        );
+        for id in ids {
+            let unit = id.split("::").next().unwrap_or_default();
+            let Some(gpu) = unit_to_gpu.get(unit) else {
+                continue;
+            };
+            let list = out.entry(gpu.to_string()).or_default();
+            if !list.contains(&who) {
+                list.push(who.clone());
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dra::checkpoint::{Data, Phase, PreparedClaim, PreparedDevice};
+    use crate::gpu::fake::FakeBackend;
+    use crate::gpu::GpuBackend;
+
+    fn inv() -> Inventory {
+        FakeBackend::from_yaml(
+            "gpus: [ { model: A100-80GB, count: 3, migEnabled: true, mig: [3g.40gb] } ]",
+        )
+        .unwrap()
+        .inventory()
+        .unwrap()
+    }
+
+    #[test]
+    fn kubelet_checkpoint_both_formats_replicas_and_mig() {
+        let inv = inv();
+        let (g0, g1) = (&inv.gpus[0], &inv.gpus[1]);
+        let mig1 = &g1.mig_devices[0].uuid;
+        let text = format!(
+            r#"{{"Data": {{"PodDeviceEntries": [
+                {{"PodUID": "p-a", "ContainerName": "c", "ResourceName": "nvidia.com/gpu",
+                  "DeviceIDs": {{"-1": ["{}::2"]}}, "AllocResp": "AA=="}},
+                {{"PodUID": "p-b", "ContainerName": "d", "ResourceName": "nvidia.com/mig-3g.40gb",
+                  "DeviceIDs": ["{mig1}"]}},
+                {{"PodUID": "p-c", "ContainerName": "e", "ResourceName": "example.com/nic",
+                  "DeviceIDs": {{"0": ["eth1"], "1": null}}}}
+              ], "RegisteredDevices": {{}}}}, "Checksum": 1}}"#,
+            g0.uuid
+        );
+        let h = device_plugin_holders(text.as_bytes(), &inv).unwrap();
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(h[&g0.uuid], vec!["pod p-a container c (nvidia.com/gpu)"]);
+        assert!(h[&g1.uuid][0].starts_with("pod p-b container d"));
+        // An empty kubelet checkpoint (no entries yet) holds nothing.
+        let empty =
+            br#"{"Data": {"PodDeviceEntries": null, "RegisteredDevices": null}, "Checksum": 0}"#;
+        assert!(device_plugin_holders(empty, &inv).unwrap().is_empty());
+        assert!(device_plugin_holders(b"{", &inv).is_err());
+    }
+
+    #[test]
+    fn dra_checkpoint_claims_in_any_phase() {
+        let inv = inv();
+        let dev = |name: &str| PreparedDevice {
+            pool: "n".into(),
+            device: name.into(),
+            request_names: vec![],
+            cdi_device_ids: vec![],
+            mig: None,
+            time_slice: None,
+        };
+        let mut data = Data::default();
+        for (uid, phase, devices) in [
+            (
+                "u1",
+                Phase::Completed,
+                vec![dev("gpu-0-mig-3g-40gb-4"), dev("gpu-2")],
+            ),
+            ("u2", Phase::Started, vec![dev("gpu-2-vgpu")]),
+            (
+                "u3",
+                Phase::NeedsReprepare,
+                vec![dev("gpu-9"), dev("bogus")],
+            ),
+        ] {
+            data.claims.insert(
+                uid.into(),
+                PreparedClaim {
+                    namespace: "ml".into(),
+                    name: format!("c-{uid}"),
+                    phase,
+                    devices,
+                },
+            );
+        }
+        let h = dra_holders(&data, &inv);
+        assert_eq!(h[&inv.gpus[0].uuid], vec!["claim ml/c-u1 (uid u1)"]);
+        assert_eq!(h[&inv.gpus[2].uuid].len(), 2);
+        assert!(!h.contains_key(&inv.gpus[1].uuid));
+    }
+
+    #[test]
+    fn missing_or_bad_files_hold_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let probe = LocalUsage::under(dir.path(), Some(dir.path().join("dra")));
+        assert_eq!(probe.holders(&inv()), Holders::default());
+        std::fs::create_dir_all(dir.path().join("device-plugins")).unwrap();
+        std::fs::write(&probe.kubelet_checkpoint, "garbage").unwrap();
+        assert_eq!(probe.holders(&inv()), Holders::default());
+    }
+}

@@ -1,0 +1,249 @@
+//! The node config splits a node's GPUs between the device plugin and the DRA driver, end
+//! to end: the agent runs both paths without `--dra-gpus` (the code behind `tessera node
+//! --device-plugin --dra`), the node's `tessera.io/config` label picks a named config
+//! whose `tessera.dra.gpus` says which GPUs go to DRA, with the device-plugin kubelet
+//! emulator, the DRA kubelet emulator (real unix sockets) and the API-server double.
+//!
+//! A label change moves free GPUs at once and leaves unchanged GPUs alone; a GPU in use
+//! (a prepared claim, a pod in the kubelet's device checkpoint) stays where it is, with a
+//! `GpuMoveBlocked` Event on the Node naming the GPU and its holder, and moves once it is
+//! released. An invalid `tessera.dra` is rejected naming the field; the last good split
+//! stays.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::apiserver::ApiServer;
+use support::dra_agent::{DraAgentBuilder, NodeDirs, NODE};
+use support::dra_kubelet::{Claim, DraKubelet};
+use support::kubelet::Kubelet;
+use tessera::gpu::fake::FakeBackend;
+use tessera::gpu::GpuBackend;
+
+const DRIVER: &str = "gpu.tessera.io";
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims";
+const GPU: &str = "nvidia.com/gpu";
+const WAIT: Duration = Duration::from_secs(10);
+
+/// The DRA pool's device names once the pool is complete (one generation, all slices).
+fn dra_devices(api: &ApiServer) -> Option<BTreeSet<String>> {
+    let slices: Vec<Value> = api
+        .objects(SLICES)
+        .into_iter()
+        .filter(|s| s["spec"]["nodeName"] == NODE && s["spec"]["driver"] == DRIVER)
+        .collect();
+    let gens: BTreeSet<i64> = slices
+        .iter()
+        .map(|s| s["spec"]["pool"]["generation"].as_i64().unwrap_or(0))
+        .collect();
+    if let Some(first) = slices.first() {
+        let count = first["spec"]["pool"]["resourceSliceCount"].as_i64()?;
+        if gens.len() != 1 || slices.len() as i64 != count {
+            return None;
+        }
+    }
+    Some(
+        slices
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter_map(|d| d["name"].as_str().map(String::from))
+            .collect(),
+    )
+}
+
+async fn wait_dra(api: &ApiServer, want: &[&str]) {
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    let start = Instant::now();
+    loop {
+        let got = dra_devices(api);
+        if got.as_ref() == Some(&want) {
+            return;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "DRA pool: want {want:?}, have {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The device plugin's latest `nvidia.com/gpu` list as GPU indices.
+async fn wait_dp(plugins: &Kubelet, uuids: &[String], want: &[usize]) {
+    let want: BTreeSet<String> = want.iter().map(|i| uuids[*i].clone()).collect();
+    plugins
+        .wait_until(WAIT, &format!("device plugin lists {want:?}"), |m| {
+            m.get(GPU)
+                .and_then(|s| s.lists.last())
+                .is_some_and(|l| l.iter().map(|d| d.id.clone()).collect::<BTreeSet<_>>() == want)
+        })
+        .await;
+}
+
+fn blocked_events(api: &ApiServer) -> Vec<String> {
+    api.events()
+        .into_iter()
+        .filter(|e| e["reason"] == "GpuMoveBlocked")
+        .filter_map(|e| e["note"].as_str().map(String::from))
+        .collect()
+}
+
+/// What the kubelet's device manager records after Allocate (v2 format: NUMA → IDs).
+fn write_kubelet_checkpoint(dirs: &NodeDirs, entries: &[(&str, &str)]) {
+    let entries: Vec<Value> = entries
+        .iter()
+        .map(|(pod, id)| {
+            json!({"PodUID": pod, "ContainerName": "main", "ResourceName": GPU,
+                   "DeviceIDs": {"-1": [id]}, "AllocResp": ""})
+        })
+        .collect();
+    let body =
+        json!({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 0});
+    let path = dirs
+        .kubelet_dir
+        .join("device-plugins/kubelet_internal_checkpoint");
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, body.to_string()).unwrap();
+    std::fs::rename(tmp, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("TESSERA_TEST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+    let api = ApiServer::start(NODE).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = NodeDirs::under(tmp.path());
+    let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
+    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
+    let backend = Arc::new(FakeBackend::from_spec("5xL4").unwrap());
+    let uuids: Vec<String> = backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    let agent = DraAgentBuilder::new(&dirs, backend.clone())
+        .configs(&[
+            ("default", "version: v1\n"),
+            ("split", "tessera: { dra: { gpus: { index: [2, 3] } } }\n"),
+            ("swap", "tessera: { dra: { gpus: { index: [0, 1, 3] } } }\n"),
+        ])
+        .both_paths()
+        .events_on_node(&api)
+        .start(&api);
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+
+    // No label: the default config has no `tessera.dra`: every GPU on the device plugin.
+    wait_dp(&plugins, &uuids, &[0, 1, 2, 3, 4]).await;
+    wait_dra(&api, &[]).await;
+
+    // Label the node: GPUs 2 and 3 go to DRA.
+    api.set_label("tessera.io/config", Some("split"));
+    wait_dp(&plugins, &uuids, &[0, 1, 4]).await;
+    wait_dra(&api, &["gpu-2", "gpu-3"]).await;
+
+    // GPU 2 gets a prepared claim; a pod holds GPU 1 through the device plugin.
+    api.put_object(
+        CLAIMS,
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "train", "namespace": "ml", "uid": "uid-train"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-2"}]}}}
+        }),
+    );
+    let claim = Claim::new("ml", "train", "uid-train");
+    let out = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(out[&claim.uid].is_ok(), "{out:?}");
+    write_kubelet_checkpoint(&dirs, &[("pod-uid-1", &uuids[1])]);
+    let gpu4_lists_before = plugins.state(GPU).unwrap().lists.len();
+
+    // The swap config wants 0, 1 and 3 on DRA: 0 moves (free), 1 stays on the device
+    // plugin (a pod holds it), 2 stays on DRA (a claim holds it), 3 and 4 do not change.
+    api.set_label("tessera.io/config", Some("swap"));
+    wait_dra(&api, &["gpu-0", "gpu-2", "gpu-3"]).await;
+    wait_dp(&plugins, &uuids, &[1, 4]).await;
+    let start = Instant::now();
+    while blocked_events(&api).len() < 2 {
+        assert!(start.elapsed() < WAIT, "events: {:?}", api.events());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let events = blocked_events(&api);
+    assert!(
+        events.iter().any(|e| e.contains("GPU 1 ")
+            && e.contains(&uuids[1])
+            && e.contains("pod pod-uid-1")
+            && e.contains("stays with the device plugin")),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| e.contains("GPU 2 ")
+            && e.contains("claim ml/train (uid uid-train)")
+            && e.contains("stays with the DRA driver")),
+        "{events:?}"
+    );
+    // The claim is untouched: still prepared, its CDI spec in place.
+    assert!(dirs.claim_spec(&claim.uid).exists());
+    // GPU 4 (unchanged) was in every list the device plugin sent.
+    let lists = plugins.state(GPU).unwrap().lists;
+    assert!(lists[gpu4_lists_before - 1..]
+        .iter()
+        .all(|l| l.iter().any(|d| d.id == uuids[4] && d.health == "Healthy")));
+
+    // An invalid `tessera.dra` in the ConfigMap is rejected naming the field; the split
+    // stays.
+    let broken = dirs.config.join("broken");
+    std::fs::write(
+        &broken,
+        "tessera: { dra: { gpus: { index: [0], uuid: [x] } } }\n",
+    )
+    .unwrap();
+    let start = Instant::now();
+    let rejected = loop {
+        let notes: Vec<String> = api
+            .events()
+            .into_iter()
+            .filter(|e| e["reason"] == "ConfigRejected")
+            .filter_map(|e| e["note"].as_str().map(String::from))
+            .collect();
+        if let Some(n) = notes.into_iter().next() {
+            break n;
+        }
+        assert!(start.elapsed() < WAIT, "no ConfigRejected event");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(rejected.contains("tessera.dra.gpus"), "{rejected}");
+    std::fs::remove_file(&broken).unwrap();
+
+    // Released: the claim is unprepared, the pod's entry leaves the kubelet's checkpoint;
+    // the blocked moves happen (no restart, no reload by hand).
+    let un = kubelet
+        .unprepare(DRIVER, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(un.values().all(|r| r.is_ok()), "{un:?}");
+    wait_dra(&api, &["gpu-0", "gpu-3"]).await;
+    wait_dp(&plugins, &uuids, &[1, 2, 4]).await;
+    write_kubelet_checkpoint(&dirs, &[]);
+    wait_dra(&api, &["gpu-0", "gpu-1", "gpu-3"]).await;
+    wait_dp(&plugins, &uuids, &[2, 4]).await;
+    assert_eq!(
+        blocked_events(&api).len(),
+        2,
+        "each blocked move reported once"
+    );
+    support::schema::validate_all(&api.objects(SLICES), &["1.34.0", "1.35.0"]);
+    agent.shutdown().await;
+}
