@@ -277,3 +277,102 @@ fn the_validator_rejects_what_it_must() {
         }
     }
 }
+
+/// With the driver in a container (`--driver-root /run/nvidia/driver`, which has a `dev`
+/// directory), every device node of a claim's spec (the GPU, its MIG access nodes, the
+/// control nodes) and of the node spec names its host path under the driver root; the
+/// shim and accounting mounts keep their own host paths; `cdiVersion` is 0.5.0.
+#[tokio::test]
+async fn device_nodes_get_host_paths_under_the_driver_root() {
+    use tessera::cdi::devroot::DevRoot;
+    let api = ApiServer::empty().await;
+    let claims = [
+        ("mig", "mig-0001", json!([r("gpu-1-mig-3g-40gb-4")])),
+        (
+            "vgpu",
+            "vgpu-0002",
+            json!([vgpu("gpu-2-vgpu", "8Gi", "20")]),
+        ),
+    ];
+    for (name, uid, results) in &claims {
+        api.put_object(CLAIMS, claim(name, uid, results.clone()));
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let driver_root = tmp.path().join("run/nvidia/driver");
+    std::fs::create_dir_all(driver_root.join("dev")).unwrap();
+    let root = DevRoot::from_driver_root(&driver_root);
+    assert!(!root.is_host());
+    let state = tmp.path().join("state");
+    let mut settings = AllocateSettings::with_state_dir(&state);
+    settings.mig_caps =
+        tessera::cdi::migcaps::write_synthetic(&tmp.path().join("proc"), 4, 508).unwrap();
+    // What `tessera node --driver-root` sets.
+    settings.mig_caps.host_dev_dir = root.caps_dir();
+    settings.host_dev = root.clone();
+    let backend =
+        Arc::new(FakeBackend::from_yaml("gpus: [ { model: A100-80GB, count: 4 } ]").unwrap());
+    let p = NodePreparer {
+        client: api.client(),
+        node: "node-a".into(),
+        backend: backend.clone(),
+        checkpoint: Store::new(&state),
+        cdi_root: tmp.path().join("cdi"),
+        settings: settings.clone(),
+        boot_id: "boot-1".into(),
+    };
+    let refs: Vec<ClaimRef> = claims
+        .iter()
+        .map(|(name, uid, _)| ClaimRef {
+            namespace: "ml".into(),
+            name: name.to_string(),
+            uid: uid.to_string(),
+        })
+        .collect();
+    let out = p.prepare(refs).await;
+    assert!(out.values().all(|r| r.is_ok()), "{out:?}");
+    // The device plugin's node spec, as the agent writes it.
+    let inv = backend.inventory().unwrap();
+    let caps = tessera::cdi::migcaps::MigCaps::load(&settings.mig_caps).unwrap();
+    let node_spec =
+        cdi::devroot::with_host_dev(cdi::node_spec_with(&inv, "/dev", Some(&caps)), &root);
+    cdi::write_spec(&tmp.path().join("cdi"), "tessera.io-gpu", &node_spec).unwrap();
+
+    let files = json_files(&tmp.path().join("cdi"));
+    assert_eq!(files.len(), 3);
+    let prefix = driver_root.display().to_string();
+    let mut caps_nodes = 0;
+    for f in &files {
+        let spec: serde_json::Value = serde_json::from_slice(&std::fs::read(f).unwrap()).unwrap();
+        assert_eq!(spec["cdiVersion"], "0.5.0", "{}", f.display());
+        let mut edits = vec![spec["containerEdits"].clone()];
+        edits.extend(
+            spec["devices"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|d| d["containerEdits"].clone()),
+        );
+        for e in &edits {
+            for n in e["deviceNodes"].as_array().into_iter().flatten() {
+                let path = n["path"].as_str().unwrap();
+                assert!(path.starts_with("/dev/nvidia"), "{n}");
+                assert_eq!(n["hostPath"], format!("{prefix}{path}"), "{}", f.display());
+                caps_nodes += path.starts_with("/dev/nvidia-caps/") as usize;
+            }
+            for m in e["mounts"].as_array().into_iter().flatten() {
+                let host = m["hostPath"].as_str().unwrap();
+                assert!(host.starts_with(&state.display().to_string()), "{m}");
+            }
+        }
+    }
+    // The MIG instance's GPU-instance and compute-instance nodes, in the claim's spec and
+    // in the node spec (built here from the whole inventory, the instance included).
+    assert_eq!(caps_nodes, 4);
+    let vgpu_spec =
+        std::fs::read_to_string(tmp.path().join("cdi/tessera.io-claim-vgpu-0002.json")).unwrap();
+    assert!(
+        vgpu_spec.contains("libtessera_cuda.so"),
+        "the shim mount is there"
+    );
+    validate(&files).unwrap();
+}

@@ -314,7 +314,10 @@ impl Agent {
             cdi::write_spec(
                 &self.opts.cdi_root,
                 CDI_SPEC_STEM,
-                &cdi::node_spec_with(&inventory, &self.opts.dev_root, caps.as_ref()),
+                &cdi::devroot::with_host_dev(
+                    cdi::node_spec_with(&inventory, &self.opts.dev_root, caps.as_ref()),
+                    &self.opts.allocate.host_dev,
+                ),
             )?;
         }
         let advertisement = built.advertisement;

@@ -9,6 +9,10 @@
 //! the runtime, which applies the edits. Files are replaced atomically (write to a
 //! temporary file, rename) so a runtime never reads half a spec. There is no fsync: the
 //! spec is regenerated from the inventory at every start, so a crash can lose nothing.
+//!
+//! Device nodes get a `hostPath` when the NVIDIA driver's nodes are not in the host's
+//! `/dev` (a driver container: `--driver-root`, see [`devroot`]); this applies to the node
+//! spec and to the DRA driver's per-claim specs alike.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -18,6 +22,7 @@ use tracing::warn;
 
 use crate::gpu::Inventory;
 
+pub mod devroot;
 pub mod migcaps;
 
 /// The CDI kind (`vendor/class`) of Tessera's devices.

@@ -12,6 +12,7 @@ use tessera::agent::cluster::{watch_config_label, KubeEventRecorder};
 use tessera::agent::dra::DraSettings;
 use tessera::agent::ownership::Ownership;
 use tessera::agent::{self, AgentOptions, EventRecorder, LogRecorder};
+use tessera::cdi::devroot::DevRoot;
 use tessera::cdi::migcaps::MigCapsPaths;
 use tessera::deviceplugin::allocate::{AllocateSettings, PreloadMode};
 use tessera::dra::registration::RetryPolicy;
@@ -59,6 +60,11 @@ pub struct Args {
     /// Where the host's /dev is mounted in the agent's container.
     #[arg(long, default_value = "/dev")]
     pub dev_root: String,
+    /// Where the NVIDIA driver is installed on the host: `/`, or the driver container's
+    /// root (`/run/nvidia/driver` with NVIDIA's GPU Operator; mount it at the same path).
+    /// When `<root>/dev` exists, CDI specs name the device nodes' host paths under it.
+    #[arg(long, env = "TESSERA_DRIVER_ROOT", default_value = "/")]
+    pub driver_root: PathBuf,
     /// Where the host's /proc is visible to the agent (the NVIDIA driver's MIG capability
     /// table `driver/nvidia-caps/mig-minors` and `devices` are read there).
     #[arg(long, default_value = "/proc")]
@@ -209,6 +215,13 @@ async fn run_async(args: Args) -> Result<()> {
     allocate.cdi = !args.no_cdi;
     // The capability table is read under --proc-root; its nodes live under --dev-root.
     allocate.mig_caps = MigCapsPaths::under(&args.proc_root, &args.dev_root);
+    let host_dev = DevRoot::from_driver_root(&args.driver_root);
+    if !host_dev.is_host() {
+        allocate.mig_caps.host_dev_dir = host_dev.caps_dir();
+    }
+    info!(driver_root = %args.driver_root.display(), host_dev_root = host_dev.as_str(),
+          "CDI specs name the NVIDIA device nodes under <host_dev_root>/dev");
+    allocate.host_dev = host_dev;
     let opts = AgentOptions {
         kubelet_dir: args.kubelet_dir.clone(),
         cdi_root: args.cdi_root.clone(),

@@ -48,6 +48,8 @@ pub struct AllocateSettings {
     pub preload_file_host_path: PathBuf,
     /// The driver's MIG capability table (MIG devices' access nodes).
     pub mig_caps: MigCapsPaths,
+    /// Where the NVIDIA device nodes are on the host (CDI `hostPath`, `--driver-root`).
+    pub host_dev: crate::cdi::devroot::DevRoot,
 }
 
 impl AllocateSettings {
@@ -61,6 +63,7 @@ impl AllocateSettings {
             preload_file_host_path: state_dir.join("lib/ld.so.preload"),
             vgpu_state_dir: state_dir.join("vgpu"),
             mig_caps: MigCapsPaths::default(),
+            host_dev: crate::cdi::devroot::DevRoot::host(),
         }
     }
 }

@@ -346,7 +346,10 @@ impl NodePreparer {
             let dir = self.settings.vgpu_state_dir.join(uid);
             std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
         }
-        Ok((cdi::with_minimum_version(spec), report))
+        Ok((
+            cdi::devroot::with_host_dev(spec, &self.settings.host_dev),
+            report,
+        ))
     }
 
     /// At start-up: roll back claims a crash left half-prepared (their MIG instances and
