@@ -217,3 +217,133 @@ fn committed_crds_match_the_generated_ones() {
         "daemonset/controller/crds.yaml is stale: run `tessera controller crds > daemonset/controller/crds.yaml`"
     );
 }
+
+fn yaml_docs(path: &str) -> Vec<serde_yaml::Value> {
+    let text = std::fs::read_to_string(path).unwrap();
+    serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        .collect()
+}
+
+/// `kubectl apply -k daemonset/` installs every node and DRA manifest (DeviceClasses and
+/// the node agent's RBAC for slices and claims included), and lists only files that exist.
+#[test]
+fn kustomization_installs_the_dra_parts() {
+    let k = &yaml_docs("daemonset/kustomization.yaml")[0];
+    let listed: Vec<&str> = k["resources"]
+        .as_sequence()
+        .unwrap()
+        .iter()
+        .map(|r| r.as_str().unwrap())
+        .collect();
+    for r in &listed {
+        assert!(
+            std::path::Path::new("daemonset").join(r).is_file(),
+            "{r} is listed but missing"
+        );
+    }
+    for dir in ["node", "dra"] {
+        for entry in std::fs::read_dir(format!("daemonset/{dir}")).unwrap() {
+            let name = format!("{dir}/{}", entry.unwrap().file_name().to_string_lossy());
+            assert!(listed.contains(&name.as_str()), "{name} is not installed");
+        }
+    }
+    // The node agent may publish slices and read and report on claims.
+    let rbac = yaml_docs("daemonset/node/rbac.yaml");
+    let rules = rbac[0]["rules"].as_sequence().unwrap();
+    let allows = |resource: &str, verb: &str| {
+        rules.iter().any(|r| {
+            r["apiGroups"][0] == "resource.k8s.io"
+                && r["resources"]
+                    .as_sequence()
+                    .unwrap()
+                    .iter()
+                    .any(|x| x == resource)
+                && r["verbs"].as_sequence().unwrap().iter().any(|x| x == verb)
+        })
+    };
+    for (resource, verb) in [
+        ("resourceslices", "create"),
+        ("resourceslices", "update"),
+        ("resourceslices", "delete"),
+        ("resourceslices", "watch"),
+        ("resourceclaims", "get"),
+        ("resourceclaims/status", "update"),
+    ] {
+        assert!(allows(resource, verb), "node RBAC lacks {verb} {resource}");
+    }
+}
+
+/// The DaemonSet runs both paths and lets each node's config split the GPUs: TESSERA_DRA
+/// on, no TESSERA_DRA_GPUS (which would override every node's config).
+#[test]
+fn daemonset_lets_the_node_config_choose_dra() {
+    let ds = &yaml_docs("daemonset/node/daemonset.yaml")[0];
+    let env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
+        .as_sequence()
+        .unwrap();
+    let value = |name: &str| {
+        env.iter()
+            .find(|e| e["name"] == name)
+            .map(|e| e["value"].as_str().unwrap_or_default().to_string())
+    };
+    assert_eq!(value("TESSERA_DEVICE_PLUGIN").as_deref(), Some("true"));
+    assert_eq!(value("TESSERA_DRA").as_deref(), Some("true"));
+    assert_eq!(value("TESSERA_DRA_GPUS"), None);
+    assert_eq!(value("TESSERA_DRIVER_ROOT").as_deref(), Some("/"));
+    // Every named config splits the GPUs as its comment says.
+    use tessera::agent::ownership::{Owner, Ownership};
+    use tessera::gpu::GpuBackend;
+    let cm = &yaml_docs("daemonset/node/configmap.yaml")[0];
+    let both = Ownership::new(true, true, None).unwrap();
+    let inv = FakeBackend::from_spec("8xH100-80GB")
+        .unwrap()
+        .inventory()
+        .unwrap();
+    let dra_gpus = |name: &str| {
+        let cfg = parse_config(name, cm["data"][name].as_str().unwrap()).unwrap();
+        let a = both.assign(&inv, &cfg);
+        inv.gpus
+            .iter()
+            .filter(|g| a.owner(g) == Owner::Dra)
+            .map(|g| g.index)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(dra_gpus("default"), Vec::<u32>::new());
+    assert_eq!(dra_gpus("mixed"), Vec::<u32>::new());
+    assert_eq!(dra_gpus("dra"), (0..8).collect::<Vec<_>>());
+    assert_eq!(dra_gpus("dra-split"), vec![0, 1, 2, 3]);
+}
+
+/// The no-dra component removes exactly the shipped DeviceClasses and turns off the
+/// agent's DRA path through an env variable the DaemonSet sets.
+#[test]
+fn no_dra_component_undoes_the_dra_parts() {
+    let c = &yaml_docs("daemonset/components/no-dra/kustomization.yaml")[0];
+    assert_eq!(c["kind"], "Component");
+    let classes: std::collections::BTreeSet<String> = yaml_docs("daemonset/dra/deviceclasses.yaml")
+        .iter()
+        .map(|d| d["metadata"]["name"].as_str().unwrap().to_string())
+        .collect();
+    let mut deleted = std::collections::BTreeSet::new();
+    let mut dra_off = false;
+    for p in c["patches"].as_sequence().unwrap() {
+        let patch: serde_yaml::Value = serde_yaml::from_str(p["patch"].as_str().unwrap()).unwrap();
+        match patch["kind"].as_str() {
+            Some("DeviceClass") => {
+                assert_eq!(patch["$patch"], "delete");
+                deleted.insert(patch["metadata"]["name"].as_str().unwrap().to_string());
+            }
+            Some("DaemonSet") => {
+                assert_eq!(patch["metadata"]["name"], "tessera-node");
+                let env = &patch["spec"]["template"]["spec"]["containers"][0]["env"][0];
+                assert_eq!(env["name"], "TESSERA_DRA");
+                assert_eq!(env["value"], "false");
+                dra_off = true;
+            }
+            other => panic!("unexpected patch of {other:?}"),
+        }
+    }
+    assert_eq!(deleted, classes);
+    assert!(dra_off);
+}
