@@ -7,7 +7,7 @@
 //! A label change moves free GPUs at once and leaves unchanged GPUs alone; a GPU in use
 //! (a prepared claim, a pod in the kubelet's device checkpoint) stays where it is, with a
 //! `GpuMoveBlocked` Event on the Node naming the GPU and its holder, and moves once it is
-//! released. An invalid `tessera.dra` is rejected naming the field; the last good split
+//! released. A claim allocated on a GPU but not prepared yet holds it too. An invalid `tessera.dra` is rejected naming the field; the last good split
 //! stays.
 
 mod support;
@@ -118,6 +118,8 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
         .with_test_writer()
         .try_init();
     let api = ApiServer::start(NODE).await;
+    // Cluster-wide LIST of ResourceClaims, as the API server answers it.
+    api.list_across_namespaces();
     let tmp = tempfile::tempdir().unwrap();
     let dirs = NodeDirs::under(tmp.path());
     let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
@@ -227,8 +229,10 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
     assert!(rejected.contains("tessera.dra.gpus"), "{rejected}");
     std::fs::remove_file(&broken).unwrap();
 
-    // Released: the claim is unprepared, the pod's entry leaves the kubelet's checkpoint;
-    // the blocked moves happen (no restart, no reload by hand).
+    // Released: the claim is deallocated (Kubernetes does that once its pod is gone) and
+    // unprepared, the pod's entry leaves the kubelet's checkpoint; the blocked moves
+    // happen (no restart, no reload by hand).
+    assert!(api.delete_object(CLAIMS, "train"));
     let un = kubelet
         .unprepare(DRIVER, std::slice::from_ref(&claim))
         .await
@@ -245,5 +249,34 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
         "each blocked move reported once"
     );
     support::schema::validate_all(&api.objects(SLICES), &["1.34.0", "1.35.0"]);
+
+    // A claim the scheduler allocated on GPU 3 that the kubelet has not prepared yet also
+    // holds it: back to the default config (no DRA), GPU 3 stays on DRA, the rest move.
+    api.put_object(
+        CLAIMS,
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "serve", "namespace": "ml", "uid": "uid-serve"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-3"}]}}}
+        }),
+    );
+    api.set_label("tessera.io/config", None);
+    wait_dra(&api, &["gpu-3"]).await;
+    wait_dp(&plugins, &uuids, &[0, 1, 2, 4]).await;
+    let start = Instant::now();
+    while !blocked_events(&api)
+        .iter()
+        .any(|e| e.contains("GPU 3 ") && e.contains("claim ml/serve (uid uid-serve, allocated)"))
+    {
+        assert!(start.elapsed() < WAIT, "events: {:?}", blocked_events(&api));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // The claim goes away; the next reload (here: the ConfigMap rewritten) moves GPU 3.
+    assert!(api.delete_object(CLAIMS, "serve"));
+    std::fs::write(dirs.config.join("default"), "version: v1\n").unwrap();
+    wait_dra(&api, &[]).await;
+    wait_dp(&plugins, &uuids, &[0, 1, 2, 3, 4]).await;
     agent.shutdown().await;
 }

@@ -205,6 +205,9 @@ struct Agent {
     /// The split in force (`None` until a config was applied).
     assignment: Option<Assignment>,
     usage: Arc<dyn UsageProbe>,
+    /// The API server and this node's name (DRA on): claims allocated on a GPU about to
+    /// leave the DRA driver are looked up there.
+    claims_api: Option<(kube::Client, String)>,
     /// Moves the config wants that wait for a GPU to be free (already reported).
     blocked: Vec<BlockedMove>,
     dra_tx: watch::Sender<Option<dra::DraView>>,
@@ -212,8 +215,8 @@ struct Agent {
 
 impl Agent {
     /// Load, validate and apply the config; on any error keep the last good one.
-    fn reload(&mut self) {
-        let outcome = match self.try_reload() {
+    async fn reload(&mut self) {
+        let outcome = match self.try_reload().await {
             Ok(true) => "applied",
             Ok(false) => {
                 info!("config unchanged");
@@ -228,32 +231,36 @@ impl Agent {
     }
 
     /// Apply the config in force again when a blocked move may have become possible.
-    fn recheck(&mut self) {
+    async fn recheck(&mut self) {
         if self.blocked.is_empty() {
             return;
         }
         let Some(config) = self.current.clone() else {
             return;
         };
-        if let Err(e) = self.apply(config) {
+        if let Err(e) = self.apply(config).await {
             warn!(error = %e, "cannot re-apply the config to move GPUs between paths");
         }
     }
 
-    fn try_reload(&mut self) -> Result<bool> {
+    async fn try_reload(&mut self) -> Result<bool> {
         let config = match &self.opts.config_path {
             Some(path) => config::load(path)?
                 .select(self.opts.config_name.as_deref())?
                 .clone(),
             None => NodeConfig::builtin_default(),
         };
-        self.apply(config)
+        self.apply(config).await
     }
 
     /// Report blocked moves that are new, and log the ones that are done.
     fn report_blocked(&mut self, blocked: Vec<BlockedMove>) {
+        let same = |a: &BlockedMove, b: &BlockedMove| {
+            (&a.gpu_uuid, a.from, a.to) == (&b.gpu_uuid, b.from, b.to)
+        };
         for b in &blocked {
-            if !self.blocked.contains(b) {
+            // Once per blocked move (not again when only its holders change).
+            if !self.blocked.iter().any(|o| same(o, b)) {
                 self.recorder.gpu_move_blocked(&b.to_string());
             }
         }
@@ -265,10 +272,45 @@ impl Agent {
         self.blocked = blocked;
     }
 
-    fn apply(&mut self, config: NodeConfig) -> Result<bool> {
+    async fn apply(&mut self, config: NodeConfig) -> Result<bool> {
         let before = self.backend.inventory()?;
-        let holders = self.usage.holders(&before);
-        let (assignment, blocked) = ownership::decide(&self.ownership, &before, &config, &holders);
+        let mut holders = self.usage.holders(&before);
+        let (mut assignment, mut blocked) =
+            ownership::decide(&self.ownership, &before, &config, &holders);
+        // GPUs about to leave the DRA driver: a claim allocated on one but not prepared
+        // yet holds it too (one LIST, only when such a move is due).
+        let leaving: Vec<String> = match &self.assignment {
+            Some(previous) => previous
+                .dra_uuids(&before)
+                .difference(&assignment.dra_uuids(&before))
+                .cloned()
+                .collect(),
+            None => Vec::new(),
+        };
+        if let (false, Some((client, node))) = (leaving.is_empty(), &self.claims_api) {
+            let allocated =
+                usage::list_allocated(client.clone(), node, &before, Duration::from_secs(5))
+                    .await
+                    .unwrap_or_else(|e| {
+                        // Unknown: keep the GPUs where they are and retry.
+                        leaving
+                            .iter()
+                            .map(|u| (u.clone(), vec![format!("(not known: {e})")]))
+                            .collect()
+                    });
+            for uuid in &leaving {
+                if let Some(who) = allocated.get(uuid) {
+                    let list = holders.dra.entry(uuid.clone()).or_default();
+                    for w in who {
+                        // A prepared claim is already listed from the checkpoint.
+                        if !list.contains(&w.replace(", allocated)", ")")) && !list.contains(w) {
+                            list.push(w.clone());
+                        }
+                    }
+                }
+            }
+            (assignment, blocked) = ownership::decide(&self.ownership, &before, &config, &holders);
+        }
         if self.current.as_ref() == Some(&config) && self.assignment.as_ref() == Some(&assignment) {
             self.report_blocked(blocked);
             return Ok(false);
@@ -466,12 +508,16 @@ pub async fn run_with(
         ownership: owners.clone(),
         assignment: None,
         usage: Arc::new(probe),
+        claims_api: dra_settings
+            .as_ref()
+            .filter(|_| owners.dra)
+            .map(|s| (s.client.clone(), s.node_name.clone())),
         blocked: Vec::new(),
         dra_tx,
     };
     // The first config decides which GPUs the DRA driver owns (the split reads the DRA
     // checkpoint, not the driver, so this comes first; it takes milliseconds).
-    agent.reload();
+    agent.reload().await;
     let dra_cancel = cancel.child_token();
     let mut dra_task = dra_settings.filter(|_| owners.dra).map(|settings| {
         let dra_gpus = match (backend.inventory(), &agent.assignment) {
@@ -540,18 +586,18 @@ pub async fn run_with(
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 while file_rx.try_recv().is_ok() {}
                 info!("config changed on disk; reloading");
-                agent.reload();
+                agent.reload().await;
             }
             Some(()) = reload_rx.recv() => {
                 info!("SIGHUP; reloading config");
-                agent.reload();
+                agent.reload().await;
             }
             Some(()) = usage_rx.recv() => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 while usage_rx.try_recv().is_ok() {}
-                agent.recheck();
+                agent.recheck().await;
             }
-            _ = retry.tick(), if !agent.blocked.is_empty() => agent.recheck(),
+            _ = retry.tick(), if !agent.blocked.is_empty() => agent.recheck().await,
             Ok(()) = async { match label_rx.as_mut() {
                 Some(rx) => rx.changed().await,
                 None => std::future::pending().await,
@@ -559,7 +605,7 @@ pub async fn run_with(
                 let name = label_rx.as_mut().and_then(|rx| rx.borrow_and_update().clone());
                 info!(config = ?name, "node label {} changed; reloading", config::CONFIG_LABEL);
                 agent.opts.config_name = name;
-                agent.reload();
+                agent.reload().await;
             }
             result = async { match supervisor.as_mut() {
                 Some(task) => task.await,

@@ -6,8 +6,10 @@
 //!
 //! What counts as "in use":
 //! - DRA: a claim in the checkpoint in any phase (started, completed, waiting to be
-//!   prepared again after a reboot) with a device on the GPU. A claim the scheduler has
-//!   allocated but the kubelet has not asked to prepare yet is not seen.
+//!   prepared again after a reboot) with a device on the GPU; and, for a GPU about to
+//!   leave the DRA driver, a claim the API server has allocated on it that the kubelet has
+//!   not asked to prepare yet ([`allocated_holders`], one LIST of ResourceClaims when a
+//!   reload would move a GPU off DRA).
 //! - Device plugin: an entry of the kubelet's checkpoint whose device ID is the GPU, one
 //!   of its MIG devices, or a replica/slice of either (`<uuid>::<n>`). The kubelet drops
 //!   the entries of finished pods when it next admits a pod that needs devices, so a
@@ -19,12 +21,14 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use serde::Deserialize;
 use tracing::warn;
 
 use super::ownership::Holders;
 use crate::dra::checkpoint::Store;
 use crate::dra::prepare::{parse_device_name, DeviceKind};
+use crate::dra::slices::DRIVER;
 use crate::gpu::Inventory;
 
 /// Where usage is read from (a trait so tests can hold GPUs without files).
@@ -104,6 +108,68 @@ pub fn dra_holders(
         }
     }
     out
+}
+
+/// GPU UUID → `claim <ns>/<name> (uid <uid>, allocated)` for every claim allocated a
+/// device of this node's pool (driver `gpu.tessera.io`, pool = node name). Pure.
+pub fn allocated_holders(
+    claims: &[ResourceClaim],
+    node: &str,
+    inventory: &Inventory,
+) -> BTreeMap<String, Vec<String>> {
+    let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for c in claims {
+        let results = c
+            .status
+            .as_ref()
+            .and_then(|s| s.allocation.as_ref())
+            .and_then(|a| a.devices.as_ref())
+            .and_then(|d| d.results.as_deref())
+            .unwrap_or_default();
+        let who = format!(
+            "claim {}/{} (uid {}, allocated)",
+            c.metadata.namespace.as_deref().unwrap_or_default(),
+            c.metadata.name.as_deref().unwrap_or_default(),
+            c.metadata.uid.as_deref().unwrap_or_default()
+        );
+        for r in results
+            .iter()
+            .filter(|r| r.driver == DRIVER && r.pool == node)
+        {
+            let index = match parse_device_name(&r.device) {
+                Some(
+                    DeviceKind::Whole { gpu }
+                    | DeviceKind::Vgpu { gpu }
+                    | DeviceKind::Mig { gpu, .. },
+                ) => gpu,
+                None => continue,
+            };
+            let Some(gpu) = inventory.gpus.iter().find(|g| g.index == index) else {
+                continue;
+            };
+            let list = out.entry(gpu.uuid.clone()).or_default();
+            if !list.contains(&who) {
+                list.push(who.clone());
+            }
+        }
+    }
+    out
+}
+
+/// [`allocated_holders`] from one cluster-wide LIST of ResourceClaims (bounded by
+/// `timeout`).
+pub async fn list_allocated(
+    client: kube::Client,
+    node: &str,
+    inventory: &Inventory,
+    timeout: std::time::Duration,
+) -> Result<BTreeMap<String, Vec<String>>, String> {
+    let api: kube::Api<ResourceClaim> = kube::Api::all(client);
+    let list = tokio::time::timeout(timeout, api.list(&kube::api::ListParams::default()))
+        .await
+        .map_err(|_| format!("listing ResourceClaims timed out after {timeout:?}"))?
+        .map_err(|e| format!("cannot list ResourceClaims: {e}"))?;
+    Ok(allocated_holders(&list.items, node, inventory))
 }
 
 /// The kubelet's device-manager checkpoint (only the fields used here). `DeviceIDs` is a
@@ -259,6 +325,40 @@ mod tests {
         assert_eq!(h[&inv.gpus[0].uuid], vec!["claim ml/c-u1 (uid u1)"]);
         assert_eq!(h[&inv.gpus[2].uuid].len(), 2);
         assert!(!h.contains_key(&inv.gpus[1].uuid));
+    }
+
+    #[test]
+    fn allocated_claims_on_this_nodes_pool() {
+        let inv = inv();
+        let claim = |name: &str, results: serde_json::Value| -> ResourceClaim {
+            serde_json::from_value(serde_json::json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "ml", "uid": format!("u-{name}")},
+                "spec": {},
+                "status": {"allocation": {"devices": {"results": results}}}
+            }))
+            .unwrap()
+        };
+        let r = |driver: &str, pool: &str, device: &str| serde_json::json!({"request": "r", "driver": driver, "pool": pool, "device": device});
+        let claims = vec![
+            claim(
+                "a",
+                serde_json::json!([r(DRIVER, "n1", "gpu-1"), r(DRIVER, "n1", "gpu-2-vgpu")]),
+            ),
+            claim("b", serde_json::json!([r(DRIVER, "n2", "gpu-0")])),
+            claim(
+                "c",
+                serde_json::json!([r("other.example.com", "n1", "gpu-0")]),
+            ),
+            claim("d", serde_json::json!([])),
+        ];
+        let h = allocated_holders(&claims, "n1", &inv);
+        assert_eq!(h.len(), 2, "{h:?}");
+        assert_eq!(
+            h[&inv.gpus[1].uuid],
+            vec!["claim ml/a (uid u-a, allocated)"]
+        );
+        assert!(h.contains_key(&inv.gpus[2].uuid));
     }
 
     #[test]
