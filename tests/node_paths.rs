@@ -280,3 +280,89 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
     wait_dp(&plugins, &uuids, &[0, 1, 2, 3, 4]).await;
     agent.shutdown().await;
 }
+
+/// A free GPU the config moves from the device plugin to the DRA driver loses the device
+/// plugin's MIG instances (the driver creates its own per claim); the other GPU's
+/// instances stay exactly as they were, and a MIG claim on the moved GPU prepares.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_moving_to_dra_loses_the_device_plugins_mig_layout_only() {
+    const RULES: &str = "flags: { migStrategy: mixed }\ntessera:\n  gpus: [ { match: all, mode: mig, mig: { layout: balanced } } ]\n";
+    let api = ApiServer::start(NODE).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = NodeDirs::under(tmp.path());
+    let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
+    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let dra_one = format!("{RULES}  dra: {{ gpus: {{ index: [1] }} }}\n");
+    let agent = DraAgentBuilder::new(&dirs, backend.clone())
+        .configs(&[("default", RULES), ("dra-one", &dra_one)])
+        .both_paths()
+        .start(&api);
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    let migs = |gpu: usize| -> Vec<String> {
+        backend.inventory().unwrap().gpus[gpu]
+            .mig_devices
+            .iter()
+            .map(|m| m.uuid.clone())
+            .collect()
+    };
+    plugins
+        .wait_until(WAIT, "MIG devices advertised", |m| {
+            m.keys().any(|k| k.starts_with("nvidia.com/mig-"))
+        })
+        .await;
+    let gpu0 = migs(0);
+    assert!(!gpu0.is_empty() && !migs(1).is_empty());
+
+    api.set_label("tessera.io/config", Some("dra-one"));
+    let start = Instant::now();
+    while !dra_devices(&api).is_some_and(|d| d.iter().any(|n| n.starts_with("gpu-1-mig-"))) {
+        assert!(start.elapsed() < WAIT, "no partitionable devices for GPU 1");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let names = dra_devices(&api).unwrap();
+    assert!(names.iter().all(|n| n.starts_with("gpu-1")), "{names:?}");
+    assert!(
+        migs(1).is_empty(),
+        "the device plugin's instances on GPU 1 are gone"
+    );
+    assert_eq!(migs(0), gpu0, "GPU 0's instances are untouched");
+    // The device plugin advertises GPU 0's MIG devices only.
+    let advertised: BTreeSet<String> = plugins
+        .resources()
+        .iter()
+        .filter(|r| r.starts_with("nvidia.com/mig-"))
+        .flat_map(|r| {
+            plugins
+                .state(r)
+                .unwrap()
+                .lists
+                .last()
+                .cloned()
+                .unwrap_or_default()
+        })
+        .map(|d| d.id)
+        .collect();
+    assert_eq!(advertised, gpu0.iter().cloned().collect());
+
+    // A claim for a MIG device of GPU 1 creates its instance on demand.
+    api.put_object(
+        CLAIMS,
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": "mig", "namespace": "ml", "uid": "uid-mig"},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.gpu.tessera.io"}}]}},
+            "status": {"allocation": {"devices": {"results": [
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-1-mig-3g-40gb-4"}]}}}
+        }),
+    );
+    let claim = Claim::new("ml", "mig", "uid-mig");
+    let out = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&claim))
+        .await
+        .unwrap();
+    assert!(out[&claim.uid].is_ok(), "{out:?}");
+    assert_eq!(migs(1).len(), 1);
+    assert_eq!(migs(0), gpu0);
+    agent.shutdown().await;
+}

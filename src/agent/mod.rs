@@ -321,7 +321,9 @@ impl Agent {
             }
         }
         // GPUs the DRA driver takes over lose the device plugin's MIG layout: the driver
-        // creates instances per claim in slots it assumes free.
+        // creates instances per claim in slots it assumes free. Only once the config is
+        // known to fit the GPUs (a rejected config must change nothing).
+        layout::plan(&before, &config)?;
         if let Some(previous) = &self.assignment {
             let was = previous.dra_uuids(&before);
             for uuid in assignment.dra_uuids(&before).difference(&was) {
