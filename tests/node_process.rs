@@ -157,3 +157,87 @@ fn layout_command_reports_invalid_layouts() {
         "GPU 0 stays whole"
     );
 }
+
+/// The binary with both paths and `--dra-gpus`: the flag overrides the node config's
+/// `tessera.dra.gpus` and says so in the log; `--driver-root` with a `dev` directory puts
+/// the device nodes' host paths under it in the node's CDI spec.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_gpus_flag_overrides_the_config_and_driver_root_maps_host_paths() {
+    use support::apiserver::ApiServer;
+    use support::dra_kubelet::DraKubelet;
+    const NODE: &str = "node-a";
+    let api = ApiServer::start(NODE).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet_dir = tmp.path().join("kubelet");
+    let plugins = Kubelet::start(&kubelet_dir.join("device-plugins")).await;
+    let dra = DraKubelet::start(&kubelet_dir, NODE, api.client()).await;
+    let layouts = tmp.path().join("layouts");
+    std::fs::create_dir_all(&layouts).unwrap();
+    std::fs::write(layouts.join("default"), "tessera: { dra: { gpus: all } }\n").unwrap();
+    let driver_root = tmp.path().join("run/nvidia/driver");
+    std::fs::create_dir_all(driver_root.join("dev")).unwrap();
+    let boot = tmp.path().join("boot_id");
+    std::fs::write(&boot, "boot-1\n").unwrap();
+    let log_path = tmp.path().join("agent.log");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["node", "--gpu-backend", "fake", "--fake-gpus", "2xL4"])
+        .args(["--dra", "--dra-gpus", "0", "--node-name", NODE])
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
+        .arg("--cdi-root")
+        .arg(tmp.path().join("cdi"))
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .arg("--config")
+        .arg(&layouts)
+        .arg("--boot-id-file")
+        .arg(&boot)
+        .arg("--driver-root")
+        .arg(&driver_root)
+        .env(
+            "KUBECONFIG",
+            support::dra_agent::kubeconfig(tmp.path(), &api.url),
+        )
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    dra.wait_registered("gpu.tessera.io", 1, Duration::from_secs(10))
+        .await;
+    // The flag (GPU 0 to DRA) wins over the config (every GPU to DRA).
+    let dp = plugins.devices("nvidia.com/gpu").await;
+    assert_eq!(dp.len(), 1, "{}", log());
+    assert!(
+        log().contains("--dra-gpus overrides the config's tessera.dra.gpus (all)"),
+        "{}",
+        log()
+    );
+    // The node spec (device plugin's GPU): host paths under the driver root.
+    let spec: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(tmp.path().join("cdi/tessera.io-gpu.json")).unwrap())
+            .unwrap();
+    assert_eq!(spec["cdiVersion"], "0.5.0");
+    let node = &spec["devices"][0]["containerEdits"]["deviceNodes"][0];
+    assert_eq!(
+        node["hostPath"],
+        format!(
+            "{}{}",
+            driver_root.display(),
+            node["path"].as_str().unwrap()
+        )
+    );
+
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "agent did not exit on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(status.success(), "exit status {status}: {}", log());
+    assert!(!log().contains("panicked"), "{}", log());
+}
