@@ -5,6 +5,7 @@ use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tessera::controller::config::ControllerConfig;
 use tessera::controller::crd;
 use tessera::controller::reconciler::{self, Config, SystemClock};
 use tessera::controller::webhook_server::{self, ApiClasses};
@@ -48,6 +49,16 @@ pub struct Args {
     /// Do not run the reconcile loop (webhook only).
     #[arg(long)]
     pub webhook_only: bool,
+    /// Configuration file: Kueue's `Configuration` subset (`waitForPodsReady`,
+    /// `resources.deviceClassMappings`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// First retry delay of an eviction refused by a PodDisruptionBudget; doubles per
+    /// refusal up to --eviction-backoff-max.
+    #[arg(long, default_value = "5s")]
+    pub eviction_backoff: String,
+    #[arg(long, default_value = "5m")]
+    pub eviction_backoff_max: String,
 }
 
 /// Subcommands of `tessera controller`.
@@ -83,6 +94,15 @@ async fn run_async(args: Args) -> Result<()> {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "tessera-controller".into()),
     };
+    let file = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--config {}", path.display()))?;
+            ControllerConfig::parse(&text)
+                .with_context(|| format!("--config {}", path.display()))?
+        }
+        None => ControllerConfig::default(),
+    };
     let cfg = Config {
         lease_namespace: args.lease_namespace.clone(),
         lease_name: args.lease_name.clone(),
@@ -90,6 +110,9 @@ async fn run_async(args: Args) -> Result<()> {
         lease_duration: millis("lease-duration", &args.lease_duration)?,
         resync: Duration::from_millis(millis("resync", &args.resync)?.max(100)),
         reporting_controller: "tessera.io/controller".into(),
+        eviction_backoff_base: millis("eviction-backoff", &args.eviction_backoff)?,
+        eviction_backoff_max: millis("eviction-backoff-max", &args.eviction_backoff_max)?,
+        device_classes: file.device_classes,
     };
     let client = kube::Client::try_default()
         .await

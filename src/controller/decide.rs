@@ -12,7 +12,10 @@
 //! running), and while any workload is terminating no new victim is chosen: a preemptor
 //! never evicts a second set of victims for the quota the first set is about to free.
 
+use super::claims::ClaimIndex;
+use super::evictions::Blocked;
 use super::lease::Millis;
+use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex, ServingKind};
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
     PENDING_REASON_ANNOTATION, PRIORITY_ANNOTATION,
@@ -40,6 +43,18 @@ pub struct Snapshot {
     pub pods: Vec<Value>,
     /// batch/v1 Jobs.
     pub jobs: Vec<Value>,
+    /// apps/v1 ReplicaSets, Deployments and StatefulSets (owners of serving replicas).
+    pub replica_sets: Vec<Value>,
+    pub deployments: Vec<Value>,
+    pub stateful_sets: Vec<Value>,
+    /// resource.k8s.io ResourceClaimTemplates and ResourceClaims pods refer to.
+    pub claim_templates: Vec<Value>,
+    pub claims: Vec<Value>,
+    /// DRA device class name → quota resource (Kueue's `deviceClassMappings`); a class
+    /// not listed counts as a resource of its own name.
+    pub device_classes: BTreeMap<String, String>,
+    /// Pods whose eviction was refused (429, a PodDisruptionBudget) and when to retry.
+    pub blocked: BTreeMap<ObjRef, Blocked>,
 }
 
 /// Kind of object a workload is made of.
@@ -47,6 +62,20 @@ pub struct Snapshot {
 pub enum ObjKind {
     Pod,
     Job,
+    /// Owners of serving replicas (only annotated, never admitted themselves).
+    Deployment,
+    ReplicaSet,
+    StatefulSet,
+}
+
+impl From<ServingKind> for ObjKind {
+    fn from(k: ServingKind) -> Self {
+        match k {
+            ServingKind::Deployment => ObjKind::Deployment,
+            ServingKind::ReplicaSet => ObjKind::ReplicaSet,
+            ServingKind::StatefulSet => ObjKind::StatefulSet,
+        }
+    }
 }
 
 /// One object of a workload.
@@ -83,6 +112,8 @@ pub enum Action {
         reason: String,
         message: String,
     },
+    /// Annotate a serving owner with its admitted / desired replicas (`"2/4"`).
+    Replicas { owner: ObjRef, value: String },
 }
 
 /// The outcome of one pass.
@@ -95,6 +126,8 @@ pub struct Plan {
     pub admitted: BTreeSet<String>,
     /// Per ClusterQueue: (admitted, pending) workloads.
     pub queue_counts: BTreeMap<String, (usize, usize)>,
+    /// Per serving owner: (admitted, desired) replicas.
+    pub serving: BTreeMap<Owner, (u32, u32)>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -121,6 +154,8 @@ struct Live {
     admitted_at: Millis,
     /// The reason and message last written on its first object.
     recorded: Option<(String, String)>,
+    /// The Deployment / ReplicaSet / StatefulSet this replica belongs to.
+    serving: Option<Owner>,
 }
 
 /// Parses an RFC 3339 stamp to milliseconds since the epoch.
@@ -241,7 +276,16 @@ fn admitted_at(v: &Value) -> Option<Millis> {
 /// Pods of one group with their workload each.
 type Members<'a> = Vec<(&'a Value, WorkloadInfo)>;
 
-fn collect(s: &Snapshot) -> Vec<Live> {
+/// Charges the pod's DRA claims to `info`; `Err` is its pending reason and message.
+fn charge_claims(
+    claims: &ClaimIndex,
+    info: &mut WorkloadInfo,
+    pod_spec: &Value,
+) -> Option<(String, String)> {
+    claims.charge(info, pod_spec).err()
+}
+
+fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex) -> Vec<Live> {
     let mut out = Vec::new();
     // Pod groups: key -> (total, members).
     let mut groups: BTreeMap<String, (u32, Members)> = BTreeMap::new();
@@ -254,8 +298,20 @@ fn collect(s: &Snapshot) -> Vec<Live> {
         match workload_from_live_pod(pod) {
             Ok(LivePod::Single(mut info)) => {
                 finish_info(&mut info, pod, created(pod));
-                info.name = format!("pod-{}", r.name);
-                out.push(live_of_pods(info.key(), Some(info), &[pod], None));
+                let owner = serving.owner_of(pod);
+                info.name = match &owner {
+                    Some(o) => o.replica_name(&r.name),
+                    None => format!("pod-{}", r.name),
+                };
+                let key = info.key();
+                let bad_claims = charge_claims(claims, &mut info, &pod["spec"]);
+                let mut l = live_of_pods(key, Some(info), &[pod], None);
+                if bad_claims.is_some() {
+                    l.info = None;
+                    l.invalid = bad_claims;
+                }
+                l.serving = owner;
+                out.push(l);
             }
             Ok(LivePod::GroupMember {
                 group,
@@ -263,6 +319,14 @@ fn collect(s: &Snapshot) -> Vec<Live> {
                 pod: mut info,
             }) => {
                 finish_info(&mut info, pod, created(pod));
+                if let Some((reason, why)) = charge_claims(claims, &mut info, &pod["spec"]) {
+                    let key = format!("{}/group-{group}", r.namespace);
+                    let entry = bad_groups
+                        .entry(key)
+                        .or_insert((Vec::new(), format!("{reason}: {why}")));
+                    entry.0.push(pod);
+                    continue;
+                }
                 let key = format!("{}/group-{group}", r.namespace);
                 let e = groups.entry(key).or_insert((total, Vec::new()));
                 e.0 = e.0.max(total);
@@ -329,7 +393,10 @@ fn collect(s: &Snapshot) -> Vec<Live> {
             Ok(mut info) => {
                 finish_info(&mut info, job, created(job));
                 info.name = format!("job-{}", r.name);
-                (Some(info), None)
+                match charge_claims(claims, &mut info, &job["spec"]["template"]["spec"]) {
+                    None => (Some(info), None),
+                    Some(bad) => (None, Some(bad)),
+                }
             }
             Err(e) => (None, Some(("Invalid".to_string(), e.to_string()))),
         };
@@ -343,6 +410,7 @@ fn collect(s: &Snapshot) -> Vec<Live> {
             graces: vec![0],
             admitted_at: admitted_at(job).unwrap_or_else(|| created(job)),
             recorded: recorded_job(job),
+            serving: None,
         });
     }
     out
@@ -383,6 +451,7 @@ fn live_of_pods(
             .min()
             .unwrap_or_else(|| pods.iter().map(|p| created(p)).min().unwrap_or(0)),
         recorded: pods.first().and_then(|p| recorded_pod(p)),
+        serving: None,
     }
 }
 
@@ -414,7 +483,9 @@ pub fn decide(s: &Snapshot) -> Plan {
             plan.problems.push(e.to_string());
         }
     }
-    let mut lives = collect(s);
+    let serving = ServingIndex::new(&s.replica_sets, &s.deployments, &s.stateful_sets);
+    let claims = ClaimIndex::new(&s.claim_templates, &s.claims, &s.device_classes);
+    let mut lives = collect(s, &serving, &claims);
     // Running workloads first, oldest admission first: the books as they were.
     lives.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
     let terminating: Vec<String> = lives
@@ -470,6 +541,9 @@ pub fn decide(s: &Snapshot) -> Plan {
         .map(|f| (f.metadata.name.as_str(), &f.spec.node_labels))
         .collect();
     let defer_preemption = !terminating.is_empty();
+    // Preemptor key -> (pod, backoff, API message) of a victim whose eviction is
+    // refused by a PodDisruptionBudget and not due for a retry yet.
+    let mut blocked_for: BTreeMap<String, (ObjRef, Millis, String)> = BTreeMap::new();
     for ev in &events {
         let Some(l) = by_key.get(ev.workload.as_str()) else {
             continue;
@@ -505,17 +579,28 @@ pub fn decide(s: &Snapshot) -> Plan {
             EventType::Preempted | EventType::Evicted
                 if l.state == State::Running && !defer_preemption =>
             {
-                plan.actions.push(Action::Evict {
-                    workload: l.key.clone(),
-                    objects: l
-                        .objects
-                        .iter()
-                        .cloned()
-                        .zip(l.graces.iter().copied())
-                        .collect(),
-                    reason: ev.reason.clone().unwrap_or_default(),
-                    by: ev.by.clone().unwrap_or_default(),
-                });
+                let by = ev.by.clone().unwrap_or_default();
+                let mut objects = Vec::new();
+                for (r, grace) in l.objects.iter().zip(l.graces.iter().copied()) {
+                    match s.blocked.get(r) {
+                        Some(b) if b.until > now => {
+                            blocked_for.entry(by.clone()).or_insert((
+                                r.clone(),
+                                b.delay,
+                                b.why.clone(),
+                            ));
+                        }
+                        _ => objects.push((r.clone(), grace)),
+                    }
+                }
+                if !objects.is_empty() {
+                    plan.actions.push(Action::Evict {
+                        workload: l.key.clone(),
+                        objects,
+                        reason: ev.reason.clone().unwrap_or_default(),
+                        by,
+                    });
+                }
             }
             _ => {}
         }
@@ -531,6 +616,19 @@ pub fn decide(s: &Snapshot) -> Plan {
             });
         }
     }
+    // Serving owners: admitted replicas (running, or admitted now) of desired.
+    let mut replicas: BTreeMap<Owner, u32> = BTreeMap::new();
+    for l in &lives {
+        if let Some(o) = &l.serving {
+            let admitted = l.state == State::Running
+                || (l.state == State::Waiting && engine.is_admitted(&l.key));
+            *replicas.entry(o.clone()).or_insert(0) += u32::from(admitted);
+        }
+    }
+    for (owner, admitted) in &replicas {
+        let desired = serving.object(owner).map_or(0, desired_replicas);
+        plan.serving.insert(owner.clone(), (*admitted, desired));
+    }
     let engine_pending: BTreeMap<&str, (&str, &str)> = state
         .pending
         .iter()
@@ -544,7 +642,17 @@ pub fn decide(s: &Snapshot) -> Plan {
         {
             (r, m)
         } else if let Some((r, m)) = engine_pending.get(l.key.as_str()) {
-            if *r == "WaitingForPreemptedWorkloads" && defer_preemption {
+            if let Some((pod, delay, why)) = blocked_for.get(&l.key) {
+                (
+                    "EvictionBlocked".to_string(),
+                    format!(
+                        "eviction of {}/{} blocked by a PodDisruptionBudget, retrying in {}s ({why})",
+                        pod.namespace,
+                        pod.name,
+                        delay.div_ceil(1000)
+                    ),
+                )
+            } else if *r == "WaitingForPreemptedWorkloads" && defer_preemption {
                 (
                     r.to_string(),
                     format!(
@@ -558,12 +666,41 @@ pub fn decide(s: &Snapshot) -> Plan {
         } else {
             continue;
         };
+        let message = match &l.serving {
+            Some(o) => {
+                let (admitted, desired) = plan.serving.get(o).copied().unwrap_or_default();
+                format!(
+                    "replica of {} ({admitted} of {desired} admitted): {message}",
+                    o.describe()
+                )
+            }
+            None => message,
+        };
         if l.recorded.as_ref() != Some(&(reason.clone(), message.clone())) {
             plan.actions.push(Action::Pending {
                 workload: l.key.clone(),
                 objects: l.objects.clone(),
                 reason,
                 message,
+            });
+        }
+    }
+    // Owners with queued replicas, or annotated before (scaled to zero since).
+    for (owner, object) in serving.owners() {
+        let (admitted, desired) = match plan.serving.get(&owner) {
+            Some(c) => *c,
+            None if recorded_replicas(object).is_some() => (0, desired_replicas(object)),
+            None => continue,
+        };
+        let value = format!("{admitted}/{desired}");
+        if recorded_replicas(object) != Some(value.as_str()) {
+            plan.actions.push(Action::Replicas {
+                owner: ObjRef {
+                    kind: owner.kind.into(),
+                    namespace: owner.namespace.clone(),
+                    name: owner.name.clone(),
+                },
+                value,
             });
         }
     }

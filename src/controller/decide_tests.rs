@@ -23,7 +23,7 @@ fn snapshot(pods: Vec<Value>) -> Snapshot {
         priority_classes: vec![wpc],
         namespaces: vec![("team".into(), Default::default())],
         pods,
-        jobs: Vec::new(),
+        ..Default::default()
     }
 }
 

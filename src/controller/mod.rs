@@ -4,17 +4,24 @@
 //!
 //! - [`crd`]: the `tessera.io/v1alpha1` queue CRDs, derived from the engine's types.
 //! - [`webhook`] (pure) and [`webhook_server`] (HTTPS): gate pods, suspend Jobs.
-//! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions.
+//! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions;
+//!   [`serving`] (Deployment/StatefulSet replicas) and [`claims`] (DRA devices) feed it.
+//! - [`config`]: the configuration file (Kueue's `waitForPodsReady`, device classes).
+//! - [`evictions`]: retry backoff of evictions a PodDisruptionBudget refuses.
 //! - [`reconciler`]: reads the snapshot, applies the actions, watches, runs the loop.
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
 
+pub mod claims;
+pub mod config;
 pub mod crd;
 pub mod decide;
 #[cfg(test)]
 mod decide_tests;
 pub mod error;
+pub mod evictions;
 pub mod lease;
 pub mod reconciler;
+pub mod serving;
 pub mod webhook;
 pub mod webhook_server;
 

@@ -12,13 +12,16 @@
 
 use super::decide::{decide, Action, ObjKind, ObjRef, Plan, Snapshot};
 use super::error::{Error, Result};
+use super::evictions::EvictionBackoff;
 use super::lease::{Elector, Millis};
+use super::serving::ADMITTED_REPLICAS_ANNOTATION;
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
     PENDING_REASON_ANNOTATION,
 };
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{Namespace, Pod};
 use k8s_openapi::api::events::v1::Event as KubeEvent;
@@ -49,6 +52,43 @@ pub struct Config {
     pub resync: Duration,
     /// Name written as `reportingController` on Events.
     pub reporting_controller: String,
+    /// First retry delay of an eviction refused by a PodDisruptionBudget (429); doubles
+    /// per refusal up to `eviction_backoff_max`.
+    pub eviction_backoff_base: Millis,
+    pub eviction_backoff_max: Millis,
+    /// DRA device class name → quota resource (else the class name is the resource).
+    pub device_classes: BTreeMap<String, String>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            lease_namespace: "tessera-system".into(),
+            lease_name: "tessera-controller".into(),
+            identity: "tessera-controller".into(),
+            lease_duration: 15_000,
+            resync: Duration::from_secs(30),
+            reporting_controller: "tessera.io/controller".into(),
+            eviction_backoff_base: 5_000,
+            eviction_backoff_max: 300_000,
+            device_classes: BTreeMap::new(),
+        }
+    }
+}
+
+/// What the controller remembers between passes: only when to retry evictions that a
+/// PodDisruptionBudget refused. Everything else is read from the API server each pass.
+#[derive(Clone, Debug)]
+pub struct PassState {
+    pub evictions: EvictionBackoff,
+}
+
+impl PassState {
+    pub fn new(cfg: &Config) -> Self {
+        PassState {
+            evictions: EvictionBackoff::new(cfg.eviction_backoff_base, cfg.eviction_backoff_max),
+        }
+    }
 }
 
 /// A source of wall-clock time in milliseconds (injected so tests can steer it).
@@ -79,6 +119,22 @@ const QUEUE_KINDS: [(&str, &str); 4] = [
     ("LocalQueue", "localqueues"),
     ("WorkloadPriorityClass", "workloadpriorityclasses"),
 ];
+
+/// `resource.k8s.io/v1` kinds pods refer to for DRA devices.
+fn dra_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("resource.k8s.io", "v1", kind),
+        plural,
+    )
+}
+
+/// Lists a kind the cluster may not serve (DRA off): 404 reads as none.
+async fn list_optional(client: &kube::Client, ar: &ApiResource) -> Result<Vec<Value>> {
+    match list_values(client, ar).await {
+        Err(e) if e.is_not_found() => Ok(Vec::new()),
+        other => other,
+    }
+}
 
 async fn list_values(client: &kube::Client, ar: &ApiResource) -> Result<Vec<Value>> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
@@ -136,6 +192,7 @@ pub async fn list_priority_classes(client: &kube::Client) -> Result<Vec<Workload
 /// Reads everything a pass needs. Unusable queue objects land in `problems`.
 pub async fn snapshot(
     client: &kube::Client,
+    cfg: &Config,
     now: Millis,
     problems: &mut Vec<String>,
 ) -> Result<Snapshot> {
@@ -174,6 +231,17 @@ pub async fn snapshot(
         namespaces,
         pods: list_values(client, &ApiResource::erase::<Pod>(&())).await?,
         jobs: list_values(client, &ApiResource::erase::<Job>(&())).await?,
+        replica_sets: list_values(client, &ApiResource::erase::<ReplicaSet>(&())).await?,
+        deployments: list_values(client, &ApiResource::erase::<Deployment>(&())).await?,
+        stateful_sets: list_values(client, &ApiResource::erase::<StatefulSet>(&())).await?,
+        claim_templates: list_optional(
+            client,
+            &dra_resource("ResourceClaimTemplate", "resourceclaimtemplates"),
+        )
+        .await?,
+        claims: list_optional(client, &dra_resource("ResourceClaim", "resourceclaims")).await?,
+        device_classes: cfg.device_classes.clone(),
+        blocked: BTreeMap::new(),
     })
 }
 
@@ -181,6 +249,9 @@ fn api_for(client: &kube::Client, r: &ObjRef) -> Api<DynamicObject> {
     let ar = match r.kind {
         ObjKind::Pod => ApiResource::erase::<Pod>(&()),
         ObjKind::Job => ApiResource::erase::<Job>(&()),
+        ObjKind::Deployment => ApiResource::erase::<Deployment>(&()),
+        ObjKind::ReplicaSet => ApiResource::erase::<ReplicaSet>(&()),
+        ObjKind::StatefulSet => ApiResource::erase::<StatefulSet>(&()),
     };
     Api::namespaced_with(client.clone(), &r.namespace, &ar)
 }
@@ -278,7 +349,16 @@ async fn admit(
             set_annotation(&mut v, PENDING_REASON_ANNOTATION, None);
             set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, None);
         }
+        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => return Ok(()),
     }
+    replace(&api, r, v).await
+}
+
+/// Writes `tessera.io/admitted-replicas` on a serving owner.
+async fn annotate_replicas(client: &kube::Client, r: &ObjRef, value: &str) -> Result<()> {
+    let api = api_for(client, r);
+    let mut v = get_value(&api, r).await?;
+    set_annotation(&mut v, ADMITTED_REPLICAS_ANNOTATION, Some(value));
     replace(&api, r, v).await
 }
 
@@ -357,6 +437,7 @@ async fn record_pending(
             set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, Some(message));
             replace(&api, r, v).await
         }
+        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => Ok(()),
     }
 }
 
@@ -381,6 +462,9 @@ pub fn event_for(
     let (api_version, kind) = match r.kind {
         ObjKind::Pod => ("v1", "Pod"),
         ObjKind::Job => ("batch/v1", "Job"),
+        ObjKind::Deployment => ("apps/v1", "Deployment"),
+        ObjKind::ReplicaSet => ("apps/v1", "ReplicaSet"),
+        ObjKind::StatefulSet => ("apps/v1", "StatefulSet"),
     };
     KubeEvent {
         metadata: ObjectMeta {
@@ -424,8 +508,26 @@ async fn emit(
     }
 }
 
+/// A 429 from the Eviction API: the refusal's message (a PodDisruptionBudget blocks).
+fn eviction_refused(e: &Error) -> Option<String> {
+    match e {
+        Error::Api {
+            source: kube::Error::Api(s),
+            ..
+        } if s.code == 429 => Some(s.message.clone()),
+        _ => None,
+    }
+}
+
 /// Applies a plan; returns how many writes failed (retried by the next pass).
-pub async fn apply(client: &kube::Client, cfg: &Config, plan: &Plan, now: Millis) -> usize {
+/// Evictions refused with 429 are recorded in `evictions` for a later retry.
+pub async fn apply(
+    client: &kube::Client,
+    cfg: &Config,
+    plan: &Plan,
+    evictions: &mut EvictionBackoff,
+    now: Millis,
+) -> usize {
     let mut failed = 0;
     for action in &plan.actions {
         match action {
@@ -468,13 +570,21 @@ pub async fn apply(client: &kube::Client, cfg: &Config, plan: &Plan, now: Millis
                     let result = match r.kind {
                         ObjKind::Pod => evict_pod(client, r, *grace).await,
                         ObjKind::Job => suspend_job(client, r).await,
+                        _ => Ok(()),
                     };
                     match result {
                         Ok(()) => {
+                            evictions.clear(r);
                             let note = format!("workload {workload} preempted ({reason}) by {by}");
                             emit(client, cfg, r, "Preempted", &note, true, now).await;
                         }
-                        Err(e) if e.is_not_found() => {}
+                        Err(e) if e.is_not_found() => evictions.clear(r),
+                        Err(e) if eviction_refused(&e).is_some() => {
+                            let why = eviction_refused(&e).unwrap_or_default();
+                            let delay = evictions.refused(r, now, &why);
+                            tracing::info!(%workload, pod = %r.name, delay_ms = delay, %why,
+                                           "eviction refused (PodDisruptionBudget); retrying later");
+                        }
                         Err(e) => {
                             failed += 1;
                             tracing::warn!(error = %e, %workload, "evict");
@@ -502,6 +612,12 @@ pub async fn apply(client: &kube::Client, cfg: &Config, plan: &Plan, now: Millis
                 }
                 if let Some(r) = objects.first() {
                     emit(client, cfg, r, reason, message, false, now).await;
+                }
+            }
+            Action::Replicas { owner, value } => {
+                if let Err(e) = annotate_replicas(client, owner, value).await {
+                    failed += 1;
+                    tracing::warn!(error = %e, owner = %owner.name, "annotating admitted replicas");
                 }
             }
         }
@@ -541,17 +657,44 @@ async fn write_queue_status(client: &kube::Client, plan: &Plan) -> usize {
     failed
 }
 
-/// One pass: snapshot, decide, apply. Returns the plan (for tests and logs).
+/// One pass with nothing remembered from earlier passes (see [`pass_with`]).
 pub async fn pass(client: &kube::Client, cfg: &Config, now: Millis) -> Result<Plan> {
+    pass_with(client, cfg, &mut PassState::new(cfg), now).await
+}
+
+/// One pass: snapshot, decide, apply. Returns the plan (for tests and logs).
+pub async fn pass_with(
+    client: &kube::Client,
+    cfg: &Config,
+    state: &mut PassState,
+    now: Millis,
+) -> Result<Plan> {
     let mut problems = Vec::new();
-    let snap = snapshot(client, now, &mut problems).await?;
+    let mut snap = snapshot(client, cfg, now, &mut problems).await?;
+    let pods: std::collections::BTreeSet<(String, String)> = snap
+        .pods
+        .iter()
+        .map(|p| {
+            (
+                p["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    state.evictions.prune(now, |r| {
+        pods.contains(&(r.namespace.clone(), r.name.clone()))
+    });
+    snap.blocked = state.evictions.blocked().clone();
     let mut plan = decide(&snap);
     problems.append(&mut plan.problems);
     for p in &problems {
         tracing::warn!(problem = %p, "unusable object");
     }
     plan.problems = problems;
-    let mut failed = apply(client, cfg, &plan, now).await;
+    let mut failed = apply(client, cfg, &plan, &mut state.evictions, now).await;
     failed += write_queue_status(client, &plan).await;
     if failed > 0 {
         tracing::info!(failed, "some writes failed; the next pass retries");
@@ -637,10 +780,11 @@ pub async fn run(
     );
     let renew = Duration::from_millis((cfg.lease_duration / 3).max(200));
     let wait = renew.min(cfg.resync);
+    let mut state = PassState::new(&cfg);
     loop {
         let now = clock.now();
         if elector.tick(now).await {
-            if let Err(e) = pass(&client, &cfg, now).await {
+            if let Err(e) = pass_with(&client, &cfg, &mut state, now).await {
                 tracing::warn!(error = %e, "pass failed; retrying");
             }
         }
