@@ -6,6 +6,8 @@
 
 mod support;
 
+#[path = "controller_flow/disruption.rs"]
+mod disruption;
 #[path = "controller_flow/serving.rs"]
 mod serving;
 

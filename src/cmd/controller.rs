@@ -114,9 +114,14 @@ async fn run_async(args: Args) -> Result<()> {
         eviction_backoff_max: millis("eviction-backoff-max", &args.eviction_backoff_max)?,
         device_classes: file.device_classes,
     };
-    let client = kube::Client::try_default()
+    let mut kube_config = kube::Config::infer()
         .await
         .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
+    // kube's default layer retries 429 up to 15 times with backoff up to 1000 s: an
+    // eviction refused by a PodDisruptionBudget would stall the whole pass. Every write
+    // is retried by the next pass instead, and refused evictions with their own backoff.
+    kube_config.default_retry = false;
+    let client = kube::Client::try_from(kube_config).context("building the API client")?;
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
     if !args.no_webhook {

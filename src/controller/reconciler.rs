@@ -39,6 +39,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// Settings of the reconcile loop.
+///
+/// The `kube::Client` given to the loop should be built with `default_retry = false`
+/// (as `tessera controller` does): kube's default retry layer would retry an eviction a
+/// PodDisruptionBudget refuses (429) for many minutes inside one pass, while the loop
+/// retries it after its own backoff and reports it as the preemptor's pending reason.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Namespace of the Lease.

@@ -10,7 +10,9 @@
 //! server whose feature gates are off, it can drop fields on write ([`ApiServer::drop_field`]),
 //! so a client sees the object stored without them.
 //! The Eviction subresource (`POST …/pods/<name>/eviction`) starts a graceful delete and
-//! is recorded ([`ApiServer::evictions`]).
+//! is recorded ([`ApiServer::evictions`]); for pods named in
+//! [`ApiServer::block_evictions`] it answers 429 TooManyRequests, as when a
+//! PodDisruptionBudget allows no disruption.
 //! Not modelled: authentication, admission, field managers / server-side apply, pagination.
 
 #![allow(dead_code)]
@@ -47,6 +49,8 @@ struct Store {
     /// Cluster-wide LIST/WATCH of a namespaced resource (`/api/v1/pods`) also returns
     /// the objects of every namespace (off by default).
     across_namespaces: bool,
+    /// Pods (by name) whose eviction a PodDisruptionBudget refuses (429).
+    eviction_blocked: std::collections::BTreeSet<String>,
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
@@ -374,7 +378,7 @@ impl ApiServer {
     /// `deletionGracePeriodSeconds` (from `deleteOptions.gracePeriodSeconds`, else the
     /// pod's `terminationGracePeriodSeconds`) are set; the pod stays until
     /// [`ApiServer::delete_object`] (the kubelet finishing). PodDisruptionBudgets are not
-    /// modelled.
+    /// evaluated: a test blocks a pod's eviction with [`ApiServer::block_evictions`].
     fn evict(
         &self,
         collection: &str,
@@ -384,10 +388,25 @@ impl ApiServer {
         let Ok(eviction) = serde_json::from_slice::<Value>(body) else {
             return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
         };
-        self.store.lock().unwrap().evictions.push(eviction.clone());
+        let blocked = {
+            let mut st = self.store.lock().unwrap();
+            st.evictions.push(eviction.clone());
+            st.eviction_blocked.contains(name)
+        };
         let Some(mut pod) = self.get(collection, name) else {
             return not_found(name);
         };
+        if blocked {
+            // What the API server answers when a PodDisruptionBudget allows no disruption.
+            return json_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                       "reason": "TooManyRequests", "code": 429,
+                       "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+                       "details": {"causes": [{"reason": "DisruptionBudget",
+                           "message": "The disruption budget pdb needs 1 healthy pods and has 1 currently"}]}}),
+            );
+        }
         if pod["metadata"]["deletionTimestamp"].is_null() {
             let grace = eviction["deleteOptions"]["gracePeriodSeconds"]
                 .as_i64()
@@ -408,6 +427,17 @@ impl ApiServer {
     /// does. Off by default (each collection path is its own store).
     pub fn list_across_namespaces(&self) {
         self.store.lock().unwrap().across_namespaces = true;
+    }
+
+    /// Evictions of pod `name` are refused with 429 (a PodDisruptionBudget) while
+    /// `blocked`; still recorded in [`ApiServer::evictions`].
+    pub fn block_evictions(&self, name: &str, blocked: bool) {
+        let mut st = self.store.lock().unwrap();
+        if blocked {
+            st.eviction_blocked.insert(name.to_string());
+        } else {
+            st.eviction_blocked.remove(name);
+        }
     }
 
     /// Bodies of the evictions requested so far.
