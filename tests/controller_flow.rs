@@ -8,6 +8,8 @@ mod support;
 
 #[path = "controller_flow/disruption.rs"]
 mod disruption;
+#[path = "controller_flow/pods_ready.rs"]
+mod pods_ready;
 #[path = "controller_flow/serving.rs"]
 mod serving;
 

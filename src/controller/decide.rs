@@ -15,6 +15,7 @@
 use super::claims::ClaimIndex;
 use super::evictions::Blocked;
 use super::lease::Millis;
+use super::pods_ready::{self, Hold, Requeue, PODS_READY_TIMEOUT};
 use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex, ServingKind};
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
@@ -25,7 +26,7 @@ use crate::quota::scenario::{
     merge_live_pod_group, workload_from_live_job, workload_from_live_pod, LivePod,
     LAST_CHECKPOINT_ANNOTATION,
 };
-use crate::quota::{Engine, EngineConfig, EventType, WorkloadInfo};
+use crate::quota::{Engine, EngineConfig, EventType, WaitForPodsReady, WorkloadInfo};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -55,6 +56,8 @@ pub struct Snapshot {
     pub device_classes: BTreeMap<String, String>,
     /// Pods whose eviction was refused (429, a PodDisruptionBudget) and when to retry.
     pub blocked: BTreeMap<ObjRef, Blocked>,
+    /// Kueue's `waitForPodsReady`, when enabled.
+    pub pods_ready: Option<WaitForPodsReady>,
 }
 
 /// Kind of object a workload is made of.
@@ -98,13 +101,17 @@ pub enum Action {
         parallelism: Option<u32>,
     },
     /// Evict these pods through the Eviction API with their grace period (seconds) /
-    /// suspend this Job.
+    /// suspend this Job. `by` is the preemptor (empty for a pods-ready timeout);
+    /// `requeue` is the new requeue count of a Job evicted for a pods-ready timeout.
     Evict {
         workload: String,
         objects: Vec<(ObjRef, i64)>,
         reason: String,
         by: String,
+        requeue: Option<u32>,
     },
+    /// All pods of the admitted workload are Ready: record it (the timeout is over).
+    PodsReady { workload: String, object: ObjRef },
     /// Record why the workload waits (pod condition / Job annotations, and an Event).
     Pending {
         workload: String,
@@ -156,6 +163,11 @@ struct Live {
     recorded: Option<(String, String)>,
     /// The Deployment / ReplicaSet / StatefulSet this replica belongs to.
     serving: Option<Owner>,
+    /// All its pods are Ready now / were recorded Ready once.
+    ready: bool,
+    ready_recorded: bool,
+    /// Evicted for pods-ready timeouts before (Jobs).
+    requeue: Option<Requeue>,
 }
 
 /// Parses an RFC 3339 stamp to milliseconds since the epoch.
@@ -411,6 +423,9 @@ fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex) -> Vec<Liv
             admitted_at: admitted_at(job).unwrap_or_else(|| created(job)),
             recorded: recorded_job(job),
             serving: None,
+            ready: pods_ready::job_ready(job),
+            ready_recorded: pods_ready::ready_recorded(job),
+            requeue: pods_ready::requeue_state(job),
         });
     }
     out
@@ -452,6 +467,13 @@ fn live_of_pods(
             .unwrap_or_else(|| pods.iter().map(|p| created(p)).min().unwrap_or(0)),
         recorded: pods.first().and_then(|p| recorded_pod(p)),
         serving: None,
+        ready: !ungated.is_empty()
+            && ungated
+                .iter()
+                .filter(|p| !terminating(p))
+                .all(|p| pods_ready::pod_ready(p)),
+        ready_recorded: pods.iter().any(|p| pods_ready::ready_recorded(p)),
+        requeue: None,
     }
 }
 
@@ -488,6 +510,9 @@ pub fn decide(s: &Snapshot) -> Plan {
     let mut lives = collect(s, &serving, &claims);
     // Running workloads first, oldest admission first: the books as they were.
     lives.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
+    if let Some(cfg) = &s.pods_ready {
+        pods_ready_timeouts(cfg, now, &mut lives, &mut plan);
+    }
     let terminating: Vec<String> = lives
         .iter()
         .filter(|l| l.state == State::Terminating)
@@ -512,8 +537,20 @@ pub fn decide(s: &Snapshot) -> Plan {
     }
     engine.take_events();
     let mut submit_errors: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut held: BTreeMap<String, (String, String)> = BTreeMap::new();
     for l in lives.iter().filter(|l| l.state == State::Waiting) {
-        let Some(info) = l.info.clone() else { continue };
+        let Some(mut info) = l.info.clone() else {
+            continue;
+        };
+        if let (Some(cfg), Some(r)) = (&s.pods_ready, l.requeue) {
+            if let Some(h) = pods_ready::hold(cfg, r, now) {
+                held.insert(l.key.clone(), hold_reason(h, r));
+                continue;
+            }
+            if cfg.requeue_by_eviction_time {
+                info.creation = r.evicted_at;
+            }
+        }
         match engine.submit(now, info) {
             Ok(()) => {
                 pending_keys.insert(l.key.clone());
@@ -599,6 +636,7 @@ pub fn decide(s: &Snapshot) -> Plan {
                         objects,
                         reason: ev.reason.clone().unwrap_or_default(),
                         by,
+                        requeue: None,
                     });
                 }
             }
@@ -639,6 +677,7 @@ pub fn decide(s: &Snapshot) -> Plan {
             .invalid
             .clone()
             .or_else(|| submit_errors.get(&l.key).cloned())
+            .or_else(|| held.get(&l.key).cloned())
         {
             (r, m)
         } else if let Some((r, m)) = engine_pending.get(l.key.as_str()) {
@@ -715,4 +754,67 @@ pub fn decide(s: &Snapshot) -> Plan {
         .map(|q| (q.name.clone(), (q.admitted_workloads, q.pending_workloads)))
         .collect();
     plan
+}
+
+/// Milliseconds since the epoch as an RFC 3339 stamp.
+pub fn rfc3339(ms: Millis) -> String {
+    Timestamp::from_millisecond(ms as i64)
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+        .to_string()
+}
+
+/// The pending reason of a workload held after pods-ready timeouts (the plan's words).
+fn hold_reason(h: Hold, r: Requeue) -> (String, String) {
+    match h {
+        Hold::Backoff(until) => (
+            "Backoff".into(),
+            format!(
+                "evicted after pods were not ready in time ({} time(s)); requeued at {}",
+                r.count,
+                rfc3339(until)
+            ),
+        ),
+        Hold::Deactivated => (
+            "Deactivated".into(),
+            format!(
+                "deactivated after {} requeues (backoffLimitCount reached)",
+                r.count.saturating_sub(1)
+            ),
+        ),
+    }
+}
+
+/// `waitForPodsReady`: records workloads whose pods became Ready, and evicts those
+/// admitted longer than the timeout without it (they keep their quota while their pods
+/// terminate, like preemption victims).
+fn pods_ready_timeouts(cfg: &WaitForPodsReady, now: Millis, lives: &mut [Live], plan: &mut Plan) {
+    for l in lives.iter_mut() {
+        if l.state != State::Running || l.info.is_none() || l.ready_recorded {
+            continue;
+        }
+        let Some(first) = l.objects.first().cloned() else {
+            continue;
+        };
+        if l.ready {
+            plan.actions.push(Action::PodsReady {
+                workload: l.key.clone(),
+                object: first,
+            });
+        } else if pods_ready::timed_out(cfg, l.admitted_at, now) {
+            let is_job = first.kind == ObjKind::Job;
+            plan.actions.push(Action::Evict {
+                workload: l.key.clone(),
+                objects: l
+                    .objects
+                    .iter()
+                    .cloned()
+                    .zip(l.graces.iter().copied())
+                    .collect(),
+                reason: PODS_READY_TIMEOUT.into(),
+                by: String::new(),
+                requeue: is_job.then(|| l.requeue.map_or(0, |r| r.count).saturating_add(1)),
+            });
+            l.state = State::Terminating;
+        }
+    }
 }

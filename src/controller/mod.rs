@@ -7,6 +7,7 @@
 //! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions;
 //!   [`serving`] (Deployment/StatefulSet replicas) and [`claims`] (DRA devices) feed it.
 //! - [`config`]: the configuration file (Kueue's `waitForPodsReady`, device classes).
+//! - [`pods_ready`]: `waitForPodsReady` timeouts and requeue backoff.
 //! - [`evictions`]: retry backoff of evictions a PodDisruptionBudget refuses.
 //! - [`reconciler`]: reads the snapshot, applies the actions, watches, runs the loop.
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
@@ -20,6 +21,7 @@ mod decide_tests;
 pub mod error;
 pub mod evictions;
 pub mod lease;
+pub mod pods_ready;
 pub mod reconciler;
 pub mod serving;
 pub mod webhook;

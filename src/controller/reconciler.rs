@@ -10,16 +10,20 @@
 //! Writes use the resourceVersion just read: a concurrent change makes the write fail
 //! with 409 and the next pass decides again from fresh state.
 
-use super::decide::{decide, Action, ObjKind, ObjRef, Plan, Snapshot};
+use super::decide::{decide, rfc3339, Action, ObjKind, ObjRef, Plan, Snapshot};
 use super::error::{Error, Result};
 use super::evictions::EvictionBackoff;
 use super::lease::{Elector, Millis};
+use super::pods_ready::{
+    EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
+};
 use super::serving::ADMITTED_REPLICAS_ANNOTATION;
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
     PENDING_REASON_ANNOTATION,
 };
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
+use crate::quota::WaitForPodsReady;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -63,6 +67,8 @@ pub struct Config {
     pub eviction_backoff_max: Millis,
     /// DRA device class name → quota resource (else the class name is the resource).
     pub device_classes: BTreeMap<String, String>,
+    /// Kueue's `waitForPodsReady` (off when `None`).
+    pub pods_ready: Option<WaitForPodsReady>,
 }
 
 impl Default for Config {
@@ -77,6 +83,7 @@ impl Default for Config {
             eviction_backoff_base: 5_000,
             eviction_backoff_max: 300_000,
             device_classes: BTreeMap::new(),
+            pods_ready: None,
         }
     }
 }
@@ -247,6 +254,7 @@ pub async fn snapshot(
         claims: list_optional(client, &dra_resource("ResourceClaim", "resourceclaims")).await?,
         device_classes: cfg.device_classes.clone(),
         blocked: BTreeMap::new(),
+        pods_ready: cfg.pods_ready.clone(),
     })
 }
 
@@ -259,12 +267,6 @@ fn api_for(client: &kube::Client, r: &ObjRef) -> Api<DynamicObject> {
         ObjKind::StatefulSet => ApiResource::erase::<StatefulSet>(&()),
     };
     Api::namespaced_with(client.clone(), &r.namespace, &ar)
-}
-
-fn rfc3339(ms: Millis) -> String {
-    Timestamp::from_millisecond(ms as i64)
-        .unwrap_or(Timestamp::UNIX_EPOCH)
-        .to_string()
 }
 
 fn to_dynamic(v: Value, what: &str) -> Result<DynamicObject> {
@@ -394,11 +396,30 @@ async fn evict_pod(client: &kube::Client, r: &ObjRef, grace: i64) -> Result<()> 
     Ok(())
 }
 
-async fn suspend_job(client: &kube::Client, r: &ObjRef) -> Result<()> {
+/// Suspends a Job; `requeue` (a pods-ready timeout) records the requeue count and time.
+async fn suspend_job(
+    client: &kube::Client,
+    r: &ObjRef,
+    requeue: Option<u32>,
+    now: Millis,
+) -> Result<()> {
     let api = api_for(client, r);
     let mut v = get_value(&api, r).await?;
     v["spec"]["suspend"] = json!(true);
     set_annotation(&mut v, ADMITTED_AT_ANNOTATION, None);
+    set_annotation(&mut v, PODS_READY_AT_ANNOTATION, None);
+    if let Some(n) = requeue {
+        set_annotation(&mut v, REQUEUE_COUNT_ANNOTATION, Some(&n.to_string()));
+        set_annotation(&mut v, EVICTED_AT_ANNOTATION, Some(&rfc3339(now)));
+    }
+    replace(&api, r, v).await
+}
+
+/// Records that all pods of the object's workload were Ready (once).
+async fn record_ready(client: &kube::Client, r: &ObjRef, now: Millis) -> Result<()> {
+    let api = api_for(client, r);
+    let mut v = get_value(&api, r).await?;
+    set_annotation(&mut v, PODS_READY_AT_ANNOTATION, Some(&rfc3339(now)));
     replace(&api, r, v).await
 }
 
@@ -569,19 +590,27 @@ pub async fn apply(
                 objects,
                 reason,
                 by,
+                requeue,
             } => {
-                tracing::info!(%workload, %reason, %by, "preempting");
+                tracing::info!(%workload, %reason, %by, "evicting");
                 for (r, grace) in objects {
                     let result = match r.kind {
                         ObjKind::Pod => evict_pod(client, r, *grace).await,
-                        ObjKind::Job => suspend_job(client, r).await,
+                        ObjKind::Job => suspend_job(client, r, *requeue, now).await,
                         _ => Ok(()),
                     };
                     match result {
                         Ok(()) => {
                             evictions.clear(r);
-                            let note = format!("workload {workload} preempted ({reason}) by {by}");
-                            emit(client, cfg, r, "Preempted", &note, true, now).await;
+                            let (event, note) = if by.is_empty() {
+                                ("Evicted", format!("workload {workload} evicted ({reason})"))
+                            } else {
+                                (
+                                    "Preempted",
+                                    format!("workload {workload} preempted ({reason}) by {by}"),
+                                )
+                            };
+                            emit(client, cfg, r, event, &note, true, now).await;
                         }
                         Err(e) if e.is_not_found() => evictions.clear(r),
                         Err(e) if eviction_refused(&e).is_some() => {
@@ -617,6 +646,12 @@ pub async fn apply(
                 }
                 if let Some(r) = objects.first() {
                     emit(client, cfg, r, reason, message, false, now).await;
+                }
+            }
+            Action::PodsReady { workload, object } => {
+                if let Err(e) = record_ready(client, object, now).await {
+                    failed += 1;
+                    tracing::warn!(error = %e, %workload, "recording pods ready");
                 }
             }
             Action::Replicas { owner, value } => {
