@@ -8,6 +8,7 @@ use std::time::Duration;
 use tessera::controller::config::ControllerConfig;
 use tessera::controller::crd;
 use tessera::controller::reconciler::{self, Config, SystemClock};
+use tessera::controller::tls::ReloadingCert;
 use tessera::controller::webhook_server::{self, ApiClasses};
 use tessera::quota::quantity::parse_duration;
 use tokio::signal::unix::{signal, SignalKind};
@@ -43,6 +44,10 @@ pub struct Args {
     /// PEM private key of the webhook.
     #[arg(long, default_value = "/etc/tessera/webhook/tls.key")]
     pub webhook_key: PathBuf,
+    /// How often the certificate files are re-read (a rotated pair is served to new
+    /// connections without a restart).
+    #[arg(long, default_value = "10s")]
+    pub webhook_cert_reload: String,
     /// Do not serve the webhook (e.g. it runs in another Deployment).
     #[arg(long)]
     pub no_webhook: bool,
@@ -125,9 +130,18 @@ async fn run_async(args: Args) -> Result<()> {
     let client = kube::Client::try_from(kube_config).context("building the API client")?;
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
+    let reload_shutdown = shutdown.clone();
     if !args.no_webhook {
-        let tls = webhook_server::tls_config(&args.webhook_cert, &args.webhook_key)
+        let cert = ReloadingCert::load(&args.webhook_cert, &args.webhook_key)
             .context("--webhook-cert/--webhook-key")?;
+        let tls = cert.server_config().context("webhook TLS")?;
+        let every = Duration::from_millis(
+            millis("webhook-cert-reload", &args.webhook_cert_reload)?.max(100),
+        );
+        tasks.push(tokio::spawn(async move {
+            cert.watch(every, reload_shutdown).await;
+            Ok(())
+        }));
         let listener = tokio::net::TcpListener::bind(&args.webhook_addr)
             .await
             .with_context(|| format!("--webhook-addr {}", args.webhook_addr))?;

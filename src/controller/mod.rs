@@ -3,7 +3,8 @@
 //! [`crate::quota`] engine deciding.
 //!
 //! - [`crd`]: the `tessera.io/v1alpha1` queue CRDs, derived from the engine's types.
-//! - [`webhook`] (pure) and [`webhook_server`] (HTTPS): gate pods, suspend Jobs.
+//! - [`webhook`] (pure) and [`webhook_server`] (HTTPS): gate pods, suspend Jobs;
+//!   [`tls`]: its certificate, reloaded when the files rotate.
 //! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions;
 //!   [`serving`] (Deployment/StatefulSet replicas) and [`claims`] (DRA devices) feed it.
 //! - [`config`]: the configuration file (Kueue's `waitForPodsReady`, device classes).
@@ -24,6 +25,7 @@ pub mod lease;
 pub mod pods_ready;
 pub mod reconciler;
 pub mod serving;
+pub mod tls;
 pub mod webhook;
 pub mod webhook_server;
 
