@@ -9,8 +9,9 @@
 //! Engine::schedule(now) ─► Admit (ungate / unsuspend) · Evict (Eviction API / suspend) · Pending
 //! ```
 //! Victims of a preemption still terminating keep their quota (they are restored as
-//! running), and while any workload is terminating no new victim is chosen: a preemptor
-//! never evicts a second set of victims for the quota the first set is about to free.
+//! running), and while any workload of a cohort (or of a ClusterQueue without one) is
+//! terminating no new victim is chosen in it: a preemptor never evicts a second set of
+//! victims for the quota the first set is about to free. Other cohorts are not held up.
 
 use super::claims::ClaimIndex;
 use super::evictions::Blocked;
@@ -513,11 +514,25 @@ pub fn decide(s: &Snapshot) -> Plan {
     if let Some(cfg) = &s.pods_ready {
         pods_ready_timeouts(cfg, now, &mut lives, &mut plan);
     }
-    let terminating: Vec<String> = lives
-        .iter()
-        .filter(|l| l.state == State::Terminating)
-        .map(|l| l.key.clone())
-        .collect();
+    let scopes = Scopes::new(s);
+    // Terminating workloads per preemption scope (cohort, or ClusterQueue without one).
+    let mut terminating: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for l in lives.iter().filter(|l| l.state == State::Terminating) {
+        terminating
+            .entry(scopes.of(l))
+            .or_default()
+            .push(l.key.clone());
+    }
+    // Whether preemptions in `l`'s scope wait, and for which workloads. A terminating
+    // workload whose queue is unknown holds every scope (its quota cannot be placed).
+    let waiting_on = |l: &Live| -> Vec<String> {
+        [scopes.of(l), UNKNOWN_SCOPE.to_string()]
+            .iter()
+            .filter_map(|k| terminating.get(k))
+            .flatten()
+            .cloned()
+            .collect()
+    };
     let mut pending_keys = BTreeSet::new();
     for l in &lives {
         let Some(info) = l.info.clone() else { continue };
@@ -577,7 +592,6 @@ pub fn decide(s: &Snapshot) -> Plan {
         .iter()
         .map(|f| (f.metadata.name.as_str(), &f.spec.node_labels))
         .collect();
-    let defer_preemption = !terminating.is_empty();
     // Preemptor key -> (pod, backoff, API message) of a victim whose eviction is
     // refused by a PodDisruptionBudget and not due for a retry yet.
     let mut blocked_for: BTreeMap<String, (ObjRef, Millis, String)> = BTreeMap::new();
@@ -614,7 +628,7 @@ pub fn decide(s: &Snapshot) -> Plan {
                 });
             }
             EventType::Preempted | EventType::Evicted
-                if l.state == State::Running && !defer_preemption =>
+                if l.state == State::Running && waiting_on(l).is_empty() =>
             {
                 let by = ev.by.clone().unwrap_or_default();
                 let mut objects = Vec::new();
@@ -691,12 +705,12 @@ pub fn decide(s: &Snapshot) -> Plan {
                         delay.div_ceil(1000)
                     ),
                 )
-            } else if *r == "WaitingForPreemptedWorkloads" && defer_preemption {
+            } else if *r == "WaitingForPreemptedWorkloads" && !waiting_on(l).is_empty() {
                 (
                     r.to_string(),
                     format!(
                         "waiting for evicted workloads to terminate: {}",
-                        terminating.join(", ")
+                        waiting_on(l).join(", ")
                     ),
                 )
             } else {
@@ -815,6 +829,58 @@ fn pods_ready_timeouts(cfg: &WaitForPodsReady, now: Millis, lives: &mut [Live], 
                 requeue: is_job.then(|| l.requeue.map_or(0, |r| r.count).saturating_add(1)),
             });
             l.state = State::Terminating;
+        }
+    }
+}
+
+/// Scope of a workload whose LocalQueue or ClusterQueue is unknown.
+const UNKNOWN_SCOPE: &str = "?";
+
+/// Preemption scopes: a workload's cohort, or its ClusterQueue when that has none.
+struct Scopes {
+    local_queues: BTreeMap<(String, String), String>,
+    cohorts: BTreeMap<String, Option<String>>,
+}
+
+impl Scopes {
+    fn new(s: &Snapshot) -> Self {
+        Scopes {
+            local_queues: s
+                .local_queues
+                .iter()
+                .map(|q| {
+                    (
+                        (
+                            q.metadata
+                                .namespace
+                                .clone()
+                                .unwrap_or_else(|| "default".into()),
+                            q.metadata.name.clone(),
+                        ),
+                        q.spec.cluster_queue.clone(),
+                    )
+                })
+                .collect(),
+            cohorts: s
+                .cluster_queues
+                .iter()
+                .map(|q| (q.metadata.name.clone(), q.spec.cohort_name.clone()))
+                .collect(),
+        }
+    }
+
+    fn of(&self, l: &Live) -> String {
+        let Some(info) = &l.info else {
+            return UNKNOWN_SCOPE.into();
+        };
+        let lq = (info.namespace.clone(), info.queue_name.clone());
+        let Some(cq) = self.local_queues.get(&lq) else {
+            return UNKNOWN_SCOPE.into();
+        };
+        match self.cohorts.get(cq) {
+            Some(Some(cohort)) => format!("cohort/{cohort}"),
+            Some(None) => format!("clusterqueue/{cq}"),
+            None => UNKNOWN_SCOPE.into(),
         }
     }
 }

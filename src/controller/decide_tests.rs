@@ -275,3 +275,79 @@ fn preemption_evicts_every_pod_of_the_victim_with_its_grace() {
         "the preemptor waits for the victim"
     );
 }
+
+#[test]
+fn a_terminating_victim_holds_preemptions_only_in_its_own_cohort() {
+    let preempting = |name: &str| {
+        let mut cq = cluster_queue(name)
+            .quota("h100", "nvidia.com/gpu", 4)
+            .build();
+        cq.spec.namespace_selector = Some(Default::default());
+        cq.spec.preemption.within_cluster_queue =
+            crate::quota::api::WithinClusterQueuePolicy::LowerPriority;
+        cq
+    };
+    let in_queue =
+        |p: Value, lq: &str| with(p, "/metadata/labels/tessera.io~1queue-name", json!(lq));
+    let running = |p: Value| with(p, "/spec/schedulingGates", json!([]));
+    let high = |p: Value| {
+        with(
+            p,
+            "/metadata/annotations",
+            json!({"tessera.io/priority": "100"}),
+        )
+    };
+    let pods = vec![
+        // Queue a: a victim still terminating, a running low pod, a high one waiting.
+        with(
+            running(in_queue(pod("a-victim", 2), "lq-a")),
+            "/metadata/deletionTimestamp",
+            json!("2026-11-18T12:00:30Z"),
+        ),
+        running(in_queue(pod("a-low", 2), "lq-a")),
+        high(in_queue(pod("a-high", 2), "lq-a")),
+        // Queue b (no cohort shared with a): a running low pod and a high one.
+        running(in_queue(pod("b-low", 4), "lq-b")),
+        high(in_queue(pod("b-high", 4), "lq-b")),
+    ];
+    let mut s = snapshot(pods);
+    s.cluster_queues = vec![preempting("cq-a"), preempting("cq-b")];
+    s.local_queues = vec![
+        local_queue("team", "lq-a", "cq-a"),
+        local_queue("team", "lq-b", "cq-b"),
+    ];
+    let plan = decide(&s);
+    let evicted: Vec<&str> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Evict { workload, .. } => Some(workload.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(evicted, ["team/pod-b-low"], "{:?}", plan.actions);
+    let message = plan.actions.iter().find_map(|a| match a {
+        Action::Pending {
+            workload, message, ..
+        } if workload == "team/pod-a-high" => Some(message.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        message.as_deref(),
+        Some("waiting for evicted workloads to terminate: team/pod-a-victim")
+    );
+
+    // In one cohort, the victim in a holds b's preemption too.
+    for cq in &mut s.cluster_queues {
+        cq.spec.cohort_name = Some("pool".into());
+    }
+    let plan = decide(&s);
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Evict { .. })),
+        "{:?}",
+        plan.actions
+    );
+}
