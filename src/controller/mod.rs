@@ -10,7 +10,8 @@
 //! - [`config`]: the configuration file (Kueue's `waitForPodsReady`, device classes).
 //! - [`pods_ready`]: `waitForPodsReady` timeouts and requeue backoff.
 //! - [`evictions`]: retry backoff of evictions a PodDisruptionBudget refuses.
-//! - [`reconciler`]: reads the snapshot, applies the actions, watches, runs the loop.
+//! - [`snapshot`]: reads a pass's objects; [`reconciler`]: applies the actions,
+//!   watches, runs the loop.
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
 
 pub mod claims;
@@ -25,6 +26,7 @@ pub mod lease;
 pub mod pods_ready;
 pub mod reconciler;
 pub mod serving;
+pub mod snapshot;
 pub mod tls;
 pub mod webhook;
 pub mod webhook_server;

@@ -1,6 +1,7 @@
 //! The Kubernetes shell around [`super::decide`]: read a snapshot, decide, apply — only
-//! while this instance holds the Lease. Watches on pods, Jobs and the queue objects wake
-//! the loop; a resync interval and the Lease renewal bound the wait.
+//! while this instance holds the Lease. Watches on the queue objects and on pods and
+//! Jobs naming a queue (label selectors) wake the loop; a resync interval and the Lease
+//! renewal bound the wait.
 //!
 //! ```text
 //! watches ──notify──► loop: Elector::tick ─leader?─► snapshot ─► decide ─► apply
@@ -10,7 +11,7 @@
 //! Writes use the resourceVersion just read: a concurrent change makes the write fail
 //! with 409 and the next pass decides again from fresh state.
 
-use super::decide::{decide, rfc3339, Action, ObjKind, ObjRef, Plan, Snapshot};
+use super::decide::{decide, rfc3339, Action, ObjKind, ObjRef, Plan};
 use super::error::{Error, Result};
 use super::evictions::EvictionBackoff;
 use super::lease::{Elector, Millis};
@@ -18,23 +19,22 @@ use super::pods_ready::{
     EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
 };
 use super::serving::ADMITTED_REPLICAS_ANNOTATION;
+use super::snapshot::{crd_resource, QUEUE_KINDS};
+pub use super::snapshot::{list_priority_classes, snapshot};
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
     PENDING_REASON_ANNOTATION,
 };
-use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
+use crate::quota::scenario::QUEUE_LABELS;
 use crate::quota::WaitForPodsReady;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams, WatchEvent,
-    WatchParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -115,147 +115,6 @@ impl Clock for SystemClock {
     fn now(&self) -> Millis {
         Timestamp::now().as_millisecond().max(0) as Millis
     }
-}
-
-fn crd_resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("tessera.io", "v1alpha1", kind),
-        plural,
-    )
-}
-
-/// The four queue kinds: (kind, plural).
-const QUEUE_KINDS: [(&str, &str); 4] = [
-    ("ResourceFlavor", "resourceflavors"),
-    ("ClusterQueue", "clusterqueues"),
-    ("LocalQueue", "localqueues"),
-    ("WorkloadPriorityClass", "workloadpriorityclasses"),
-];
-
-/// `resource.k8s.io/v1` kinds pods refer to for DRA devices.
-fn dra_resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("resource.k8s.io", "v1", kind),
-        plural,
-    )
-}
-
-/// Lists a kind the cluster may not serve (DRA off): 404 reads as none.
-async fn list_optional(client: &kube::Client, ar: &ApiResource) -> Result<Vec<Value>> {
-    match list_values(client, ar).await {
-        Err(e) if e.is_not_found() => Ok(Vec::new()),
-        other => other,
-    }
-}
-
-async fn list_values(client: &kube::Client, ar: &ApiResource) -> Result<Vec<Value>> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::api(format!("list {}", ar.plural)))?;
-    list.items
-        .into_iter()
-        .map(|o| {
-            serde_json::to_value(o).map_err(|source| Error::Json {
-                what: format!("encode {}", ar.plural),
-                source,
-            })
-        })
-        .collect()
-}
-
-/// Converts listed objects to engine types one by one: a bad object is reported and
-/// skipped, never fatal to the pass.
-fn typed<T: serde::de::DeserializeOwned>(
-    values: Vec<Value>,
-    kind: &str,
-    problems: &mut Vec<String>,
-) -> Vec<T> {
-    values
-        .into_iter()
-        .filter_map(|v| {
-            let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
-            match serde_path_to_error::deserialize(v) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    problems.push(format!(
-                        "{kind} {name:?}: field {}: {}",
-                        e.path(),
-                        e.inner()
-                    ));
-                    None
-                }
-            }
-        })
-        .collect()
-}
-
-/// The WorkloadPriorityClasses on the API server (also used by the webhook).
-pub async fn list_priority_classes(client: &kube::Client) -> Result<Vec<WorkloadPriorityClass>> {
-    let values = list_values(
-        client,
-        &crd_resource("WorkloadPriorityClass", "workloadpriorityclasses"),
-    )
-    .await?;
-    Ok(typed(values, "WorkloadPriorityClass", &mut Vec::new()))
-}
-
-/// Reads everything a pass needs. Unusable queue objects land in `problems`.
-pub async fn snapshot(
-    client: &kube::Client,
-    cfg: &Config,
-    now: Millis,
-    problems: &mut Vec<String>,
-) -> Result<Snapshot> {
-    let [rf, cq, lq, wpc] = QUEUE_KINDS.map(|(k, p)| crd_resource(k, p));
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespaces = namespaces
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::api("list namespaces"))?
-        .items
-        .into_iter()
-        .filter_map(|n| {
-            let name = n.metadata.name?;
-            let labels = n.metadata.labels.unwrap_or_default();
-            Some((name, labels))
-        })
-        .collect();
-    Ok(Snapshot {
-        now,
-        flavors: typed::<ResourceFlavor>(
-            list_values(client, &rf).await?,
-            "ResourceFlavor",
-            problems,
-        ),
-        cluster_queues: typed::<ClusterQueue>(
-            list_values(client, &cq).await?,
-            "ClusterQueue",
-            problems,
-        ),
-        local_queues: typed::<LocalQueue>(list_values(client, &lq).await?, "LocalQueue", problems),
-        priority_classes: typed::<WorkloadPriorityClass>(
-            list_values(client, &wpc).await?,
-            "WorkloadPriorityClass",
-            problems,
-        ),
-        namespaces,
-        pods: list_values(client, &ApiResource::erase::<Pod>(&())).await?,
-        jobs: list_values(client, &ApiResource::erase::<Job>(&())).await?,
-        replica_sets: list_values(client, &ApiResource::erase::<ReplicaSet>(&())).await?,
-        deployments: list_values(client, &ApiResource::erase::<Deployment>(&())).await?,
-        stateful_sets: list_values(client, &ApiResource::erase::<StatefulSet>(&())).await?,
-        claim_templates: list_optional(
-            client,
-            &dra_resource("ResourceClaimTemplate", "resourceclaimtemplates"),
-        )
-        .await?,
-        claims: list_optional(client, &dra_resource("ResourceClaim", "resourceclaims")).await?,
-        device_classes: cfg.device_classes.clone(),
-        blocked: BTreeMap::new(),
-        pods_ready: cfg.pods_ready.clone(),
-    })
 }
 
 fn api_for(client: &kube::Client, r: &ObjRef) -> Api<DynamicObject> {
@@ -746,12 +605,18 @@ pub async fn pass_with(
 async fn watch_kind(
     client: kube::Client,
     ar: ApiResource,
+    selector: Option<String>,
     notify: Arc<Notify>,
     shutdown: CancellationToken,
 ) {
     let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let (mut lp, mut wp) = (ListParams::default(), WatchParams::default().timeout(290));
+    if let Some(sel) = &selector {
+        lp = lp.labels(sel);
+        wp = wp.labels(sel);
+    }
     loop {
-        let rv = match api.list(&ListParams::default()).await {
+        let rv = match api.list(&lp).await {
             Ok(l) => l.metadata.resource_version.unwrap_or_default(),
             Err(e) => {
                 tracing::debug!(error = %e, kind = %ar.kind, "list for watch");
@@ -762,7 +627,7 @@ async fn watch_kind(
             }
         };
         notify.notify_one();
-        let stream = match api.watch(&WatchParams::default().timeout(290), &rv).await {
+        let stream = match api.watch(&wp, &rv).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(error = %e, kind = %ar.kind, "watch");
@@ -797,16 +662,20 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let notify = Arc::new(Notify::new());
-    let mut kinds: Vec<ApiResource> = QUEUE_KINDS
+    let mut kinds: Vec<(ApiResource, Option<String>)> = QUEUE_KINDS
         .iter()
-        .map(|(k, p)| crd_resource(k, p))
+        .map(|(k, p)| (crd_resource(k, p), None))
         .collect();
-    kinds.push(ApiResource::erase::<Pod>(&()));
-    kinds.push(ApiResource::erase::<Job>(&()));
-    for ar in kinds {
+    // Pods and Jobs: only those naming a queue (one watch per label).
+    for label in QUEUE_LABELS {
+        kinds.push((ApiResource::erase::<Pod>(&()), Some(label.to_string())));
+        kinds.push((ApiResource::erase::<Job>(&()), Some(label.to_string())));
+    }
+    for (ar, selector) in kinds {
         tokio::spawn(watch_kind(
             client.clone(),
             ar,
+            selector,
             notify.clone(),
             shutdown.child_token(),
         ));

@@ -2,7 +2,7 @@
 //! resource path, with the behaviours clients rely on.
 //!
 //! Modelled: GET, LIST (with `fieldSelector` equality on dotted paths, `labelSelector`
-//! equality), WATCH from a resourceVersion (newline-delimited `WatchEvent`s, ADDED /
+//! `k=v`, `k==v`, `k!=v`, `k` (exists) and `!k` terms), WATCH from a resourceVersion (newline-delimited `WatchEvent`s, ADDED /
 //! MODIFIED / DELETED), POST (with `generateName`, 409 AlreadyExists), PUT (409 Conflict on
 //! a stale `metadata.resourceVersion`), PUT of the `status` subresource (only `status` is
 //! taken from the body; 409 on a stale resourceVersion), DELETE (404 NotFound); one global resourceVersion
@@ -605,10 +605,18 @@ fn selects(object: &Value, query: &BTreeMap<String, String>) -> bool {
         v.as_str() == Some(want.trim_start_matches('='))
     });
     let label_ok = labels.split(',').filter(|t| !t.is_empty()).all(|term| {
-        let Some((k, want)) = term.split_once('=') else {
-            return false;
-        };
-        object["metadata"]["labels"][k].as_str() == Some(want)
+        let label = |k: &str| object["metadata"]["labels"][k].as_str();
+        if let Some((k, want)) = term.split_once("!=") {
+            return label(k) != Some(want);
+        }
+        match term.split_once('=') {
+            Some((k, want)) => label(k) == Some(want.trim_start_matches('=')),
+            // `key` (exists) and `!key` (does not exist).
+            None => match term.strip_prefix('!') {
+                Some(k) => label(k).is_none(),
+                None => label(term).is_some(),
+            },
+        }
     });
     field_ok && label_ok
 }
