@@ -351,3 +351,57 @@ fn a_terminating_victim_holds_preemptions_only_in_its_own_cohort() {
         plan.actions
     );
 }
+
+#[test]
+fn stateful_set_replicas_are_admitted_one_by_one_and_counted_on_their_owner() {
+    let replica = |name: &str, gpus: i64| {
+        with(
+            pod(name, gpus),
+            "/metadata/ownerReferences",
+            json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                    "uid": "u", "controller": true}]),
+        )
+    };
+    let mut s = snapshot(vec![replica("db-0", 2), replica("db-1", 3)]);
+    s.stateful_sets =
+        vec![json!({"metadata": {"name": "db", "namespace": "team"}, "spec": {"replicas": 2}})];
+    let plan = decide(&s);
+    assert_eq!(admitted(&plan.actions), ["team/statefulset-db.db-0"]);
+    let replicas: Vec<(ObjKind, &str, &str)> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Replicas { owner, value } => {
+                Some((owner.kind, owner.name.as_str(), value.as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replicas, [(ObjKind::StatefulSet, "db", "1/2")]);
+    let message = plan.actions.iter().find_map(|a| match a {
+        Action::Pending {
+            workload, message, ..
+        } if workload == "team/statefulset-db.db-1" => Some(message.clone()),
+        _ => None,
+    });
+    let message = message.expect("db-1 waits");
+    assert!(
+        message.starts_with("replica of StatefulSet team/db (1 of 2 admitted): "),
+        "{message}"
+    );
+
+    // Annotated already and unchanged: no write. Scaled to zero: "0/0".
+    s.stateful_sets[0]["metadata"]["annotations"] = json!({"tessera.io/admitted-replicas": "1/2"});
+    let plan = decide(&s);
+    assert!(!plan
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::Replicas { .. })));
+    s.pods.clear();
+    s.stateful_sets[0]["spec"]["replicas"] = json!(0);
+    let plan = decide(&s);
+    assert!(plan
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::Replicas { value, .. } if value == "0/0")));
+}
