@@ -6,6 +6,7 @@
 //! - [`webhook`] (pure) and [`webhook_server`] (HTTPS): gate pods, suspend Jobs;
 //!   [`tls`]: its certificate, reloaded when the files rotate.
 //! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions;
+//!   `workloads` reads the live objects as workloads;
 //!   [`serving`] (Deployment/StatefulSet replicas) and [`claims`] (DRA devices) feed it.
 //! - [`config`]: the configuration file (Kueue's `waitForPodsReady`, device classes).
 //! - [`pods_ready`]: `waitForPodsReady` timeouts and requeue backoff.
@@ -30,6 +31,7 @@ pub mod snapshot;
 pub mod tls;
 pub mod webhook;
 pub mod webhook_server;
+mod workloads;
 
 pub use error::{Error, Result};
 
