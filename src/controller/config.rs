@@ -214,4 +214,16 @@ mod tests {
             assert!(e.contains(field), "{name}: {e}");
         }
     }
+
+    #[test]
+    fn the_shipped_config_map_parses() {
+        let text = std::fs::read_to_string("daemonset/controller/deployment.yaml").unwrap();
+        let doc = serde_yaml::Deserializer::from_str(&text)
+            .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+            .find(|d| d["kind"] == "ConfigMap")
+            .expect("a ConfigMap");
+        let config = doc["data"]["config.yaml"].as_str().unwrap();
+        let parsed = ControllerConfig::parse(config).unwrap();
+        assert!(parsed.wait_for_pods_ready.is_none(), "off by default");
+    }
 }
