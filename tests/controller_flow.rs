@@ -6,6 +6,13 @@
 
 mod support;
 
+#[path = "controller_flow/disruption.rs"]
+mod disruption;
+#[path = "controller_flow/pods_ready.rs"]
+mod pods_ready;
+#[path = "controller_flow/serving.rs"]
+mod serving;
+
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -31,6 +38,7 @@ fn cfg(identity: &str) -> Config {
         lease_duration: 2_000,
         resync: Duration::from_millis(100),
         reporting_controller: "tessera.io/controller".into(),
+        ..Config::default()
     }
 }
 

@@ -1,5 +1,6 @@
 //! The admission webhook over real HTTPS (rustls on loopback): an AdmissionReview for a
-//! pod naming a queue comes back with the scheduling-gate JSONPatch; garbage is a 400.
+//! pod naming a queue comes back with the scheduling-gate JSONPatch; garbage is a 400; a
+//! rotated certificate is served to new connections while open ones keep working.
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -9,6 +10,8 @@ use rustls::pki_types::{CertificateDer, ServerName};
 use serde_json::{json, Value};
 use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
+use tessera::controller::tls::ReloadingCert;
 use tessera::controller::webhook_server::{serve, tls_config, StaticClasses};
 use tokio_util::sync::CancellationToken;
 
@@ -110,4 +113,101 @@ fn bad_key_files_are_named_in_the_error() {
     )
     .unwrap_err();
     assert!(err.to_string().contains("/nonexistent/tls.crt"), "{err}");
+}
+
+/// A TLS connection trusting both test CAs; returns the served leaf certificate and an
+/// HTTP/1 sender on the connection.
+async fn connect(
+    addr: std::net::SocketAddr,
+) -> (
+    Vec<u8>,
+    hyper::client::conn::http1::SendRequest<Full<Bytes>>,
+) {
+    let mut roots = rustls::RootCertStore::empty();
+    for ca in ["ca.crt", "rotated/ca.crt"] {
+        roots
+            .add(CertificateDer::from_pem_file(Path::new(DIR).join(ca)).unwrap())
+            .unwrap();
+    }
+    let config = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let tls = tokio_rustls::TlsConnector::from(Arc::new(config))
+        .connect(ServerName::try_from("localhost").unwrap(), tcp)
+        .await
+        .unwrap();
+    let leaf = tls.get_ref().1.peer_certificates().unwrap()[0].to_vec();
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    (leaf, sender)
+}
+
+async fn healthz(sender: &mut hyper::client::conn::http1::SendRequest<Full<Bytes>>) -> u16 {
+    let req = hyper::Request::get("/healthz")
+        .header("host", "localhost")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    sender.send_request(req).await.unwrap().status().as_u16()
+}
+
+fn der(file: &str) -> Vec<u8> {
+    CertificateDer::from_pem_file(Path::new(DIR).join(file))
+        .unwrap()
+        .to_vec()
+}
+
+#[tokio::test]
+async fn a_rotated_certificate_is_served_without_dropping_the_listener() {
+    let dir = tempfile::tempdir().unwrap();
+    let (cert, key) = (dir.path().join("tls.crt"), dir.path().join("tls.key"));
+    let install = |prefix: &str| {
+        // As the kubelet updates a Secret volume: the new files appear by rename.
+        for (name, to) in [("tls.key", &key), ("tls.crt", &cert)] {
+            let tmp = dir.path().join(format!(".{name}.tmp"));
+            std::fs::copy(Path::new(DIR).join(format!("{prefix}{name}")), &tmp).unwrap();
+            std::fs::rename(&tmp, to).unwrap();
+        }
+    };
+    install("");
+    let reloading = ReloadingCert::load(&cert, &key).unwrap();
+    let tls = reloading.server_config().unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let watcher = tokio::spawn(reloading.watch(Duration::from_millis(20), shutdown.clone()));
+    let classes = Arc::new(StaticClasses(None));
+    let server = tokio::spawn(serve(listener, tls, classes, shutdown.clone()));
+
+    let (leaf, mut old_conn) = connect(addr).await;
+    assert_eq!(leaf, der("tls.crt"));
+    install("rotated/");
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let (leaf, _) = connect(addr).await;
+        if leaf == der("rotated/tls.crt") {
+            break;
+        }
+        assert_eq!(leaf, der("tls.crt"), "only ever the old or the new pair");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "rotation not picked up"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        healthz(&mut old_conn).await,
+        200,
+        "open connections keep working"
+    );
+
+    shutdown.cancel();
+    server.await.unwrap().unwrap();
+    watcher.await.unwrap();
 }

@@ -5,8 +5,10 @@ use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tessera::controller::config::ControllerConfig;
 use tessera::controller::crd;
 use tessera::controller::reconciler::{self, Config, SystemClock};
+use tessera::controller::tls::ReloadingCert;
 use tessera::controller::webhook_server::{self, ApiClasses};
 use tessera::quota::quantity::parse_duration;
 use tokio::signal::unix::{signal, SignalKind};
@@ -42,12 +44,26 @@ pub struct Args {
     /// PEM private key of the webhook.
     #[arg(long, default_value = "/etc/tessera/webhook/tls.key")]
     pub webhook_key: PathBuf,
+    /// How often the certificate files are re-read (a rotated pair is served to new
+    /// connections without a restart).
+    #[arg(long, default_value = "10s")]
+    pub webhook_cert_reload: String,
     /// Do not serve the webhook (e.g. it runs in another Deployment).
     #[arg(long)]
     pub no_webhook: bool,
     /// Do not run the reconcile loop (webhook only).
     #[arg(long)]
     pub webhook_only: bool,
+    /// Configuration file: Kueue's `Configuration` subset (`waitForPodsReady`,
+    /// `resources.deviceClassMappings`).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// First retry delay of an eviction refused by a PodDisruptionBudget; doubles per
+    /// refusal up to --eviction-backoff-max.
+    #[arg(long, default_value = "5s")]
+    pub eviction_backoff: String,
+    #[arg(long, default_value = "5m")]
+    pub eviction_backoff_max: String,
 }
 
 /// Subcommands of `tessera controller`.
@@ -83,6 +99,15 @@ async fn run_async(args: Args) -> Result<()> {
             .filter(|h| !h.is_empty())
             .unwrap_or_else(|| "tessera-controller".into()),
     };
+    let file = match &args.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("--config {}", path.display()))?;
+            ControllerConfig::parse(&text)
+                .with_context(|| format!("--config {}", path.display()))?
+        }
+        None => ControllerConfig::default(),
+    };
     let cfg = Config {
         lease_namespace: args.lease_namespace.clone(),
         lease_name: args.lease_name.clone(),
@@ -90,15 +115,33 @@ async fn run_async(args: Args) -> Result<()> {
         lease_duration: millis("lease-duration", &args.lease_duration)?,
         resync: Duration::from_millis(millis("resync", &args.resync)?.max(100)),
         reporting_controller: "tessera.io/controller".into(),
+        eviction_backoff_base: millis("eviction-backoff", &args.eviction_backoff)?,
+        eviction_backoff_max: millis("eviction-backoff-max", &args.eviction_backoff_max)?,
+        device_classes: file.device_classes,
+        pods_ready: file.wait_for_pods_ready,
     };
-    let client = kube::Client::try_default()
+    let mut kube_config = kube::Config::infer()
         .await
         .context("connecting to the API server (in-cluster config or KUBECONFIG)")?;
+    // kube's default layer retries 429 up to 15 times with backoff up to 1000 s: an
+    // eviction refused by a PodDisruptionBudget would stall the whole pass. Every write
+    // is retried by the next pass instead, and refused evictions with their own backoff.
+    kube_config.default_retry = false;
+    let client = kube::Client::try_from(kube_config).context("building the API client")?;
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
+    let reload_shutdown = shutdown.clone();
     if !args.no_webhook {
-        let tls = webhook_server::tls_config(&args.webhook_cert, &args.webhook_key)
+        let cert = ReloadingCert::load(&args.webhook_cert, &args.webhook_key)
             .context("--webhook-cert/--webhook-key")?;
+        let tls = cert.server_config().context("webhook TLS")?;
+        let every = Duration::from_millis(
+            millis("webhook-cert-reload", &args.webhook_cert_reload)?.max(100),
+        );
+        tasks.push(tokio::spawn(async move {
+            cert.watch(every, reload_shutdown).await;
+            Ok(())
+        }));
         let listener = tokio::net::TcpListener::bind(&args.webhook_addr)
             .await
             .with_context(|| format!("--webhook-addr {}", args.webhook_addr))?;

@@ -9,20 +9,19 @@
 //! Engine::schedule(now) ─► Admit (ungate / unsuspend) · Evict (Eviction API / suspend) · Pending
 //! ```
 //! Victims of a preemption still terminating keep their quota (they are restored as
-//! running), and while any workload is terminating no new victim is chosen: a preemptor
-//! never evicts a second set of victims for the quota the first set is about to free.
+//! running), and while any workload of a cohort (or of a ClusterQueue without one) is
+//! terminating no new victim is chosen in it: a preemptor never evicts a second set of
+//! victims for the quota the first set is about to free. Other cohorts are not held up.
 
+use super::claims::ClaimIndex;
+use super::evictions::Blocked;
 use super::lease::Millis;
-use super::{
-    ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
-    PENDING_REASON_ANNOTATION, PRIORITY_ANNOTATION,
-};
+use super::pods_ready::{self, Hold, Requeue, PODS_READY_TIMEOUT};
+use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex, ServingKind};
+pub use super::workloads::millis;
+use super::workloads::{collect, Live, State};
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
-use crate::quota::scenario::{
-    merge_live_pod_group, workload_from_live_job, workload_from_live_pod, LivePod,
-    LAST_CHECKPOINT_ANNOTATION,
-};
-use crate::quota::{Engine, EngineConfig, EventType, WorkloadInfo};
+use crate::quota::{Engine, EngineConfig, EventType, WaitForPodsReady};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -40,6 +39,20 @@ pub struct Snapshot {
     pub pods: Vec<Value>,
     /// batch/v1 Jobs.
     pub jobs: Vec<Value>,
+    /// apps/v1 ReplicaSets, Deployments and StatefulSets (owners of serving replicas).
+    pub replica_sets: Vec<Value>,
+    pub deployments: Vec<Value>,
+    pub stateful_sets: Vec<Value>,
+    /// resource.k8s.io ResourceClaimTemplates and ResourceClaims pods refer to.
+    pub claim_templates: Vec<Value>,
+    pub claims: Vec<Value>,
+    /// DRA device class name → quota resource (Kueue's `deviceClassMappings`); a class
+    /// not listed counts as a resource of its own name.
+    pub device_classes: BTreeMap<String, String>,
+    /// Pods whose eviction was refused (429, a PodDisruptionBudget) and when to retry.
+    pub blocked: BTreeMap<ObjRef, Blocked>,
+    /// Kueue's `waitForPodsReady`, when enabled.
+    pub pods_ready: Option<WaitForPodsReady>,
 }
 
 /// Kind of object a workload is made of.
@@ -47,6 +60,20 @@ pub struct Snapshot {
 pub enum ObjKind {
     Pod,
     Job,
+    /// Owners of serving replicas (only annotated, never admitted themselves).
+    Deployment,
+    ReplicaSet,
+    StatefulSet,
+}
+
+impl From<ServingKind> for ObjKind {
+    fn from(k: ServingKind) -> Self {
+        match k {
+            ServingKind::Deployment => ObjKind::Deployment,
+            ServingKind::ReplicaSet => ObjKind::ReplicaSet,
+            ServingKind::StatefulSet => ObjKind::StatefulSet,
+        }
+    }
 }
 
 /// One object of a workload.
@@ -69,13 +96,17 @@ pub enum Action {
         parallelism: Option<u32>,
     },
     /// Evict these pods through the Eviction API with their grace period (seconds) /
-    /// suspend this Job.
+    /// suspend this Job. `by` is the preemptor (empty for a pods-ready timeout);
+    /// `requeue` is the new requeue count of a Job evicted for a pods-ready timeout.
     Evict {
         workload: String,
         objects: Vec<(ObjRef, i64)>,
         reason: String,
         by: String,
+        requeue: Option<u32>,
     },
+    /// All pods of the admitted workload are Ready: record it (the timeout is over).
+    PodsReady { workload: String, object: ObjRef },
     /// Record why the workload waits (pod condition / Job annotations, and an Event).
     Pending {
         workload: String,
@@ -83,6 +114,8 @@ pub enum Action {
         reason: String,
         message: String,
     },
+    /// Annotate a serving owner with its admitted / desired replicas (`"2/4"`).
+    Replicas { owner: ObjRef, value: String },
 }
 
 /// The outcome of one pass.
@@ -95,295 +128,8 @@ pub struct Plan {
     pub admitted: BTreeSet<String>,
     /// Per ClusterQueue: (admitted, pending) workloads.
     pub queue_counts: BTreeMap<String, (usize, usize)>,
-}
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
-    /// Gated pods / suspended Job: waiting for admission.
-    Waiting,
-    /// Ungated pods / unsuspended Job: admitted.
-    Running,
-    /// Evicted, still holding its resources (pods being deleted, suspended Job with
-    /// active pods).
-    Terminating,
-}
-
-struct Live {
-    key: String,
-    info: Option<WorkloadInfo>,
-    /// Why the workload cannot be built (shown as its pending reason).
-    invalid: Option<(String, String)>,
-    state: State,
-    objects: Vec<ObjRef>,
-    /// Pods still gated (to ungate on admission, also after a restart mid-way).
-    gated: Vec<ObjRef>,
-    graces: Vec<i64>,
-    admitted_at: Millis,
-    /// The reason and message last written on its first object.
-    recorded: Option<(String, String)>,
-}
-
-/// Parses an RFC 3339 stamp to milliseconds since the epoch.
-pub fn millis(stamp: &str) -> Option<Millis> {
-    stamp
-        .parse::<Timestamp>()
-        .ok()
-        .map(|t| t.as_millisecond().max(0) as Millis)
-}
-
-fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
-    v.pointer(ptr).and_then(Value::as_str)
-}
-
-fn obj_ref(kind: ObjKind, v: &Value) -> ObjRef {
-    ObjRef {
-        kind,
-        namespace: str_at(v, "/metadata/namespace")
-            .unwrap_or("default")
-            .to_string(),
-        name: str_at(v, "/metadata/name").unwrap_or("").to_string(),
-    }
-}
-
-fn annotation<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v["metadata"]["annotations"][key].as_str()
-}
-
-fn names_queue(v: &Value) -> bool {
-    crate::quota::scenario::QUEUE_LABELS
-        .iter()
-        .any(|k| v["metadata"]["labels"][*k].is_string())
-}
-
-fn is_gated(pod: &Value) -> bool {
-    pod["spec"]["schedulingGates"]
-        .as_array()
-        .is_some_and(|g| g.iter().any(|x| x["name"] == ADMISSION_GATE))
-}
-
-fn owned_by_job(pod: &Value) -> bool {
-    pod["metadata"]["ownerReferences"]
-        .as_array()
-        .is_some_and(|r| {
-            r.iter()
-                .any(|o| o["kind"] == "Job" && o["apiVersion"] == "batch/v1")
-        })
-}
-
-fn pod_done(pod: &Value) -> bool {
-    matches!(
-        pod["status"]["phase"].as_str(),
-        Some("Succeeded" | "Failed")
-    )
-}
-
-fn job_done(job: &Value) -> bool {
-    job["status"]["conditions"].as_array().is_some_and(|c| {
-        c.iter().any(|x| {
-            matches!(x["type"].as_str(), Some("Complete" | "Failed")) && x["status"] == "True"
-        })
-    })
-}
-
-fn recorded_pod(pod: &Value) -> Option<(String, String)> {
-    pod["status"]["conditions"]
-        .as_array()?
-        .iter()
-        .find(|c| c["type"] == CONDITION_TYPE && c["status"] == "False")
-        .map(|c| {
-            (
-                c["reason"].as_str().unwrap_or("").to_string(),
-                c["message"].as_str().unwrap_or("").to_string(),
-            )
-        })
-}
-
-fn recorded_job(job: &Value) -> Option<(String, String)> {
-    Some((
-        annotation(job, PENDING_REASON_ANNOTATION)?.to_string(),
-        annotation(job, PENDING_MESSAGE_ANNOTATION)
-            .unwrap_or("")
-            .to_string(),
-    ))
-}
-
-/// Live-object details the plan format does not carry: creation time, priority fixed
-/// by the webhook, last checkpoint as a wall-clock stamp, a grace period of at least
-/// 1 ms (so the engine never admits a preemptor in the same pass as its victims leave).
-fn finish_info(info: &mut WorkloadInfo, object: &Value, created: Millis) {
-    info.creation = created;
-    info.explicit_creation = true;
-    info.runtime = None;
-    info.pods_ready_after = Some(0);
-    if let Some(p) = annotation(object, PRIORITY_ANNOTATION).and_then(|p| p.parse().ok()) {
-        info.priority = Some(p);
-    }
-    info.last_checkpoint = annotation(object, LAST_CHECKPOINT_ANNOTATION).and_then(millis);
-    info.grace_period = info.grace_period.max(1);
-}
-
-fn grace_seconds(pod: &Value) -> i64 {
-    pod["spec"]["terminationGracePeriodSeconds"]
-        .as_i64()
-        .unwrap_or(30)
-}
-
-fn created(v: &Value) -> Millis {
-    str_at(v, "/metadata/creationTimestamp")
-        .and_then(millis)
-        .unwrap_or(0)
-}
-
-fn admitted_at(v: &Value) -> Option<Millis> {
-    annotation(v, ADMITTED_AT_ANNOTATION).and_then(millis)
-}
-
-/// Pods of one group with their workload each.
-type Members<'a> = Vec<(&'a Value, WorkloadInfo)>;
-
-fn collect(s: &Snapshot) -> Vec<Live> {
-    let mut out = Vec::new();
-    // Pod groups: key -> (total, members).
-    let mut groups: BTreeMap<String, (u32, Members)> = BTreeMap::new();
-    let mut bad_groups: BTreeMap<String, (Vec<&Value>, String)> = BTreeMap::new();
-    for pod in &s.pods {
-        if !names_queue(pod) || owned_by_job(pod) || pod_done(pod) {
-            continue;
-        }
-        let r = obj_ref(ObjKind::Pod, pod);
-        match workload_from_live_pod(pod) {
-            Ok(LivePod::Single(mut info)) => {
-                finish_info(&mut info, pod, created(pod));
-                info.name = format!("pod-{}", r.name);
-                out.push(live_of_pods(info.key(), Some(info), &[pod], None));
-            }
-            Ok(LivePod::GroupMember {
-                group,
-                total,
-                pod: mut info,
-            }) => {
-                finish_info(&mut info, pod, created(pod));
-                let key = format!("{}/group-{group}", r.namespace);
-                let e = groups.entry(key).or_insert((total, Vec::new()));
-                e.0 = e.0.max(total);
-                e.1.push((pod, info));
-            }
-            Err(e) => {
-                let group = crate::quota::scenario::POD_GROUP_LABEL_KEYS
-                    .iter()
-                    .find_map(|k| pod["metadata"]["labels"][*k].as_str());
-                match group {
-                    Some(g) => {
-                        let key = format!("{}/group-{g}", r.namespace);
-                        let entry = bad_groups.entry(key).or_insert((Vec::new(), e.to_string()));
-                        entry.0.push(pod);
-                    }
-                    None => {
-                        let key = format!("{}/pod-{}", r.namespace, r.name);
-                        out.push(live_of_pods(key, None, &[pod], Some(e.to_string())));
-                    }
-                }
-            }
-        }
-    }
-    for (key, (pods, why)) in bad_groups {
-        groups.remove(&key);
-        out.push(live_of_pods(key, None, &pods, Some(why)));
-    }
-    for (key, (total, members)) in groups {
-        let pods: Vec<&Value> = members.iter().map(|(p, _)| *p).collect();
-        let running = pods.iter().any(|p| !is_gated(p));
-        let n = members.len() as u32;
-        let group = key
-            .split_once('/')
-            .map_or(key.as_str(), |(_, g)| g)
-            .to_string();
-        let infos: Vec<WorkloadInfo> = members.into_iter().map(|(_, i)| i).collect();
-        if !running && n < total {
-            let why = format!("{n} of {total} pods of the group exist");
-            let mut l = live_of_pods(key, None, &pods, None);
-            l.invalid = Some(("PodGroupIncomplete".into(), why));
-            out.push(l);
-            continue;
-        }
-        let mut info = merge_live_pod_group(&group, infos);
-        if let Some(i) = info.as_mut() {
-            i.name = group;
-        }
-        out.push(live_of_pods(key, info, &pods, None));
-    }
-    for job in &s.jobs {
-        if !names_queue(job) || job_done(job) {
-            continue;
-        }
-        let r = obj_ref(ObjKind::Job, job);
-        let key = format!("{}/job-{}", r.namespace, r.name);
-        let suspended = job["spec"]["suspend"] == true;
-        let active = job["status"]["active"].as_i64().unwrap_or(0);
-        let state = match (suspended, active) {
-            (false, _) => State::Running,
-            (true, 0) => State::Waiting,
-            (true, _) => State::Terminating,
-        };
-        let (info, invalid) = match workload_from_live_job(job) {
-            Ok(mut info) => {
-                finish_info(&mut info, job, created(job));
-                info.name = format!("job-{}", r.name);
-                (Some(info), None)
-            }
-            Err(e) => (None, Some(("Invalid".to_string(), e.to_string()))),
-        };
-        out.push(Live {
-            key,
-            info,
-            invalid,
-            state,
-            objects: vec![r],
-            gated: Vec::new(),
-            graces: vec![0],
-            admitted_at: admitted_at(job).unwrap_or_else(|| created(job)),
-            recorded: recorded_job(job),
-        });
-    }
-    out
-}
-
-fn live_of_pods(
-    key: String,
-    info: Option<WorkloadInfo>,
-    pods: &[&Value],
-    invalid: Option<String>,
-) -> Live {
-    let mut pods: Vec<&Value> = pods.to_vec();
-    pods.sort_by_key(|p| str_at(p, "/metadata/name").unwrap_or("").to_string());
-    let terminating = |p: &Value| !p["metadata"]["deletionTimestamp"].is_null();
-    let ungated: Vec<&&Value> = pods.iter().filter(|p| !is_gated(p)).collect();
-    let state = if ungated.is_empty() {
-        State::Waiting
-    } else if ungated.iter().all(|p| terminating(p)) {
-        State::Terminating
-    } else {
-        State::Running
-    };
-    Live {
-        key,
-        info,
-        invalid: invalid.map(|w| ("Invalid".to_string(), w)),
-        state,
-        objects: pods.iter().map(|p| obj_ref(ObjKind::Pod, p)).collect(),
-        gated: pods
-            .iter()
-            .filter(|p| is_gated(p) && !terminating(p))
-            .map(|p| obj_ref(ObjKind::Pod, p))
-            .collect(),
-        graces: pods.iter().map(|p| grace_seconds(p)).collect(),
-        admitted_at: pods
-            .iter()
-            .filter_map(|p| admitted_at(p))
-            .min()
-            .unwrap_or_else(|| pods.iter().map(|p| created(p)).min().unwrap_or(0)),
-        recorded: pods.first().and_then(|p| recorded_pod(p)),
-    }
+    /// Per serving owner: (admitted, desired) replicas.
+    pub serving: BTreeMap<Owner, (u32, u32)>,
 }
 
 /// Decides one pass over `s`.
@@ -414,14 +160,33 @@ pub fn decide(s: &Snapshot) -> Plan {
             plan.problems.push(e.to_string());
         }
     }
-    let mut lives = collect(s);
+    let serving = ServingIndex::new(&s.replica_sets, &s.deployments, &s.stateful_sets);
+    let claims = ClaimIndex::new(&s.claim_templates, &s.claims, &s.device_classes);
+    let mut lives = collect(s, &serving, &claims);
     // Running workloads first, oldest admission first: the books as they were.
     lives.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
-    let terminating: Vec<String> = lives
-        .iter()
-        .filter(|l| l.state == State::Terminating)
-        .map(|l| l.key.clone())
-        .collect();
+    if let Some(cfg) = &s.pods_ready {
+        pods_ready_timeouts(cfg, now, &mut lives, &mut plan);
+    }
+    let scopes = Scopes::new(s);
+    // Terminating workloads per preemption scope (cohort, or ClusterQueue without one).
+    let mut terminating: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for l in lives.iter().filter(|l| l.state == State::Terminating) {
+        terminating
+            .entry(scopes.of(l))
+            .or_default()
+            .push(l.key.clone());
+    }
+    // Whether preemptions in `l`'s scope wait, and for which workloads. A terminating
+    // workload whose queue is unknown holds every scope (its quota cannot be placed).
+    let waiting_on = |l: &Live| -> Vec<String> {
+        [scopes.of(l), UNKNOWN_SCOPE.to_string()]
+            .iter()
+            .filter_map(|k| terminating.get(k))
+            .flatten()
+            .cloned()
+            .collect()
+    };
     let mut pending_keys = BTreeSet::new();
     for l in &lives {
         let Some(info) = l.info.clone() else { continue };
@@ -441,8 +206,20 @@ pub fn decide(s: &Snapshot) -> Plan {
     }
     engine.take_events();
     let mut submit_errors: BTreeMap<String, (String, String)> = BTreeMap::new();
+    let mut held: BTreeMap<String, (String, String)> = BTreeMap::new();
     for l in lives.iter().filter(|l| l.state == State::Waiting) {
-        let Some(info) = l.info.clone() else { continue };
+        let Some(mut info) = l.info.clone() else {
+            continue;
+        };
+        if let (Some(cfg), Some(r)) = (&s.pods_ready, l.requeue) {
+            if let Some(h) = pods_ready::hold(cfg, r, now) {
+                held.insert(l.key.clone(), hold_reason(h, r));
+                continue;
+            }
+            if cfg.requeue_by_eviction_time {
+                info.creation = r.evicted_at;
+            }
+        }
         match engine.submit(now, info) {
             Ok(()) => {
                 pending_keys.insert(l.key.clone());
@@ -469,7 +246,9 @@ pub fn decide(s: &Snapshot) -> Plan {
         .iter()
         .map(|f| (f.metadata.name.as_str(), &f.spec.node_labels))
         .collect();
-    let defer_preemption = !terminating.is_empty();
+    // Preemptor key -> (pod, backoff, API message) of a victim whose eviction is
+    // refused by a PodDisruptionBudget and not due for a retry yet.
+    let mut blocked_for: BTreeMap<String, (ObjRef, Millis, String)> = BTreeMap::new();
     for ev in &events {
         let Some(l) = by_key.get(ev.workload.as_str()) else {
             continue;
@@ -503,19 +282,31 @@ pub fn decide(s: &Snapshot) -> Plan {
                 });
             }
             EventType::Preempted | EventType::Evicted
-                if l.state == State::Running && !defer_preemption =>
+                if l.state == State::Running && waiting_on(l).is_empty() =>
             {
-                plan.actions.push(Action::Evict {
-                    workload: l.key.clone(),
-                    objects: l
-                        .objects
-                        .iter()
-                        .cloned()
-                        .zip(l.graces.iter().copied())
-                        .collect(),
-                    reason: ev.reason.clone().unwrap_or_default(),
-                    by: ev.by.clone().unwrap_or_default(),
-                });
+                let by = ev.by.clone().unwrap_or_default();
+                let mut objects = Vec::new();
+                for (r, grace) in l.objects.iter().zip(l.graces.iter().copied()) {
+                    match s.blocked.get(r) {
+                        Some(b) if b.until > now => {
+                            blocked_for.entry(by.clone()).or_insert((
+                                r.clone(),
+                                b.delay,
+                                b.why.clone(),
+                            ));
+                        }
+                        _ => objects.push((r.clone(), grace)),
+                    }
+                }
+                if !objects.is_empty() {
+                    plan.actions.push(Action::Evict {
+                        workload: l.key.clone(),
+                        objects,
+                        reason: ev.reason.clone().unwrap_or_default(),
+                        by,
+                        requeue: None,
+                    });
+                }
             }
             _ => {}
         }
@@ -531,6 +322,19 @@ pub fn decide(s: &Snapshot) -> Plan {
             });
         }
     }
+    // Serving owners: admitted replicas (running, or admitted now) of desired.
+    let mut replicas: BTreeMap<Owner, u32> = BTreeMap::new();
+    for l in &lives {
+        if let Some(o) = &l.serving {
+            let admitted = l.state == State::Running
+                || (l.state == State::Waiting && engine.is_admitted(&l.key));
+            *replicas.entry(o.clone()).or_insert(0) += u32::from(admitted);
+        }
+    }
+    for (owner, admitted) in &replicas {
+        let desired = serving.object(owner).map_or(0, desired_replicas);
+        plan.serving.insert(owner.clone(), (*admitted, desired));
+    }
     let engine_pending: BTreeMap<&str, (&str, &str)> = state
         .pending
         .iter()
@@ -541,15 +345,26 @@ pub fn decide(s: &Snapshot) -> Plan {
             .invalid
             .clone()
             .or_else(|| submit_errors.get(&l.key).cloned())
+            .or_else(|| held.get(&l.key).cloned())
         {
             (r, m)
         } else if let Some((r, m)) = engine_pending.get(l.key.as_str()) {
-            if *r == "WaitingForPreemptedWorkloads" && defer_preemption {
+            if let Some((pod, delay, why)) = blocked_for.get(&l.key) {
+                (
+                    "EvictionBlocked".to_string(),
+                    format!(
+                        "eviction of {}/{} blocked by a PodDisruptionBudget, retrying in {}s ({why})",
+                        pod.namespace,
+                        pod.name,
+                        delay.div_ceil(1000)
+                    ),
+                )
+            } else if *r == "WaitingForPreemptedWorkloads" && !waiting_on(l).is_empty() {
                 (
                     r.to_string(),
                     format!(
                         "waiting for evicted workloads to terminate: {}",
-                        terminating.join(", ")
+                        waiting_on(l).join(", ")
                     ),
                 )
             } else {
@@ -558,12 +373,41 @@ pub fn decide(s: &Snapshot) -> Plan {
         } else {
             continue;
         };
+        let message = match &l.serving {
+            Some(o) => {
+                let (admitted, desired) = plan.serving.get(o).copied().unwrap_or_default();
+                format!(
+                    "replica of {} ({admitted} of {desired} admitted): {message}",
+                    o.describe()
+                )
+            }
+            None => message,
+        };
         if l.recorded.as_ref() != Some(&(reason.clone(), message.clone())) {
             plan.actions.push(Action::Pending {
                 workload: l.key.clone(),
                 objects: l.objects.clone(),
                 reason,
                 message,
+            });
+        }
+    }
+    // Owners with queued replicas, or annotated before (scaled to zero since).
+    for (owner, object) in serving.owners() {
+        let (admitted, desired) = match plan.serving.get(&owner) {
+            Some(c) => *c,
+            None if recorded_replicas(object).is_some() => (0, desired_replicas(object)),
+            None => continue,
+        };
+        let value = format!("{admitted}/{desired}");
+        if recorded_replicas(object) != Some(value.as_str()) {
+            plan.actions.push(Action::Replicas {
+                owner: ObjRef {
+                    kind: owner.kind.into(),
+                    namespace: owner.namespace.clone(),
+                    name: owner.name.clone(),
+                },
+                value,
             });
         }
     }
@@ -578,4 +422,119 @@ pub fn decide(s: &Snapshot) -> Plan {
         .map(|q| (q.name.clone(), (q.admitted_workloads, q.pending_workloads)))
         .collect();
     plan
+}
+
+/// Milliseconds since the epoch as an RFC 3339 stamp.
+pub fn rfc3339(ms: Millis) -> String {
+    Timestamp::from_millisecond(ms as i64)
+        .unwrap_or(Timestamp::UNIX_EPOCH)
+        .to_string()
+}
+
+/// The pending reason of a workload held after pods-ready timeouts (the plan's words).
+fn hold_reason(h: Hold, r: Requeue) -> (String, String) {
+    match h {
+        Hold::Backoff(until) => (
+            "Backoff".into(),
+            format!(
+                "evicted after pods were not ready in time ({} time(s)); requeued at {}",
+                r.count,
+                rfc3339(until)
+            ),
+        ),
+        Hold::Deactivated => (
+            "Deactivated".into(),
+            format!(
+                "deactivated after {} requeues (backoffLimitCount reached)",
+                r.count.saturating_sub(1)
+            ),
+        ),
+    }
+}
+
+/// `waitForPodsReady`: records workloads whose pods became Ready, and evicts those
+/// admitted longer than the timeout without it (they keep their quota while their pods
+/// terminate, like preemption victims).
+fn pods_ready_timeouts(cfg: &WaitForPodsReady, now: Millis, lives: &mut [Live], plan: &mut Plan) {
+    for l in lives.iter_mut() {
+        if l.state != State::Running || l.info.is_none() || l.ready_recorded {
+            continue;
+        }
+        let Some(first) = l.objects.first().cloned() else {
+            continue;
+        };
+        if l.ready {
+            plan.actions.push(Action::PodsReady {
+                workload: l.key.clone(),
+                object: first,
+            });
+        } else if pods_ready::timed_out(cfg, l.admitted_at, now) {
+            let is_job = first.kind == ObjKind::Job;
+            plan.actions.push(Action::Evict {
+                workload: l.key.clone(),
+                objects: l
+                    .objects
+                    .iter()
+                    .cloned()
+                    .zip(l.graces.iter().copied())
+                    .collect(),
+                reason: PODS_READY_TIMEOUT.into(),
+                by: String::new(),
+                requeue: is_job.then(|| l.requeue.map_or(0, |r| r.count).saturating_add(1)),
+            });
+            l.state = State::Terminating;
+        }
+    }
+}
+
+/// Scope of a workload whose LocalQueue or ClusterQueue is unknown.
+const UNKNOWN_SCOPE: &str = "?";
+
+/// Preemption scopes: a workload's cohort, or its ClusterQueue when that has none.
+struct Scopes {
+    local_queues: BTreeMap<(String, String), String>,
+    cohorts: BTreeMap<String, Option<String>>,
+}
+
+impl Scopes {
+    fn new(s: &Snapshot) -> Self {
+        Scopes {
+            local_queues: s
+                .local_queues
+                .iter()
+                .map(|q| {
+                    (
+                        (
+                            q.metadata
+                                .namespace
+                                .clone()
+                                .unwrap_or_else(|| "default".into()),
+                            q.metadata.name.clone(),
+                        ),
+                        q.spec.cluster_queue.clone(),
+                    )
+                })
+                .collect(),
+            cohorts: s
+                .cluster_queues
+                .iter()
+                .map(|q| (q.metadata.name.clone(), q.spec.cohort_name.clone()))
+                .collect(),
+        }
+    }
+
+    fn of(&self, l: &Live) -> String {
+        let Some(info) = &l.info else {
+            return UNKNOWN_SCOPE.into();
+        };
+        let lq = (info.namespace.clone(), info.queue_name.clone());
+        let Some(cq) = self.local_queues.get(&lq) else {
+            return UNKNOWN_SCOPE.into();
+        };
+        match self.cohorts.get(cq) {
+            Some(Some(cohort)) => format!("cohort/{cohort}"),
+            Some(None) => format!("clusterqueue/{cq}"),
+            None => UNKNOWN_SCOPE.into(),
+        }
+    }
 }

@@ -23,7 +23,7 @@ fn snapshot(pods: Vec<Value>) -> Snapshot {
         priority_classes: vec![wpc],
         namespaces: vec![("team".into(), Default::default())],
         pods,
-        jobs: Vec::new(),
+        ..Default::default()
     }
 }
 
@@ -274,4 +274,134 @@ fn preemption_evicts_every_pod_of_the_victim_with_its_grace() {
         admitted(&plan.actions).is_empty(),
         "the preemptor waits for the victim"
     );
+}
+
+#[test]
+fn a_terminating_victim_holds_preemptions_only_in_its_own_cohort() {
+    let preempting = |name: &str| {
+        let mut cq = cluster_queue(name)
+            .quota("h100", "nvidia.com/gpu", 4)
+            .build();
+        cq.spec.namespace_selector = Some(Default::default());
+        cq.spec.preemption.within_cluster_queue =
+            crate::quota::api::WithinClusterQueuePolicy::LowerPriority;
+        cq
+    };
+    let in_queue =
+        |p: Value, lq: &str| with(p, "/metadata/labels/tessera.io~1queue-name", json!(lq));
+    let running = |p: Value| with(p, "/spec/schedulingGates", json!([]));
+    let high = |p: Value| {
+        with(
+            p,
+            "/metadata/annotations",
+            json!({"tessera.io/priority": "100"}),
+        )
+    };
+    let pods = vec![
+        // Queue a: a victim still terminating, a running low pod, a high one waiting.
+        with(
+            running(in_queue(pod("a-victim", 2), "lq-a")),
+            "/metadata/deletionTimestamp",
+            json!("2026-11-18T12:00:30Z"),
+        ),
+        running(in_queue(pod("a-low", 2), "lq-a")),
+        high(in_queue(pod("a-high", 2), "lq-a")),
+        // Queue b (no cohort shared with a): a running low pod and a high one.
+        running(in_queue(pod("b-low", 4), "lq-b")),
+        high(in_queue(pod("b-high", 4), "lq-b")),
+    ];
+    let mut s = snapshot(pods);
+    s.cluster_queues = vec![preempting("cq-a"), preempting("cq-b")];
+    s.local_queues = vec![
+        local_queue("team", "lq-a", "cq-a"),
+        local_queue("team", "lq-b", "cq-b"),
+    ];
+    let plan = decide(&s);
+    let evicted: Vec<&str> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Evict { workload, .. } => Some(workload.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(evicted, ["team/pod-b-low"], "{:?}", plan.actions);
+    let message = plan.actions.iter().find_map(|a| match a {
+        Action::Pending {
+            workload, message, ..
+        } if workload == "team/pod-a-high" => Some(message.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        message.as_deref(),
+        Some("waiting for evicted workloads to terminate: team/pod-a-victim")
+    );
+
+    // In one cohort, the victim in a holds b's preemption too.
+    for cq in &mut s.cluster_queues {
+        cq.spec.cohort_name = Some("pool".into());
+    }
+    let plan = decide(&s);
+    assert!(
+        !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Evict { .. })),
+        "{:?}",
+        plan.actions
+    );
+}
+
+#[test]
+fn stateful_set_replicas_are_admitted_one_by_one_and_counted_on_their_owner() {
+    let replica = |name: &str, gpus: i64| {
+        with(
+            pod(name, gpus),
+            "/metadata/ownerReferences",
+            json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "db",
+                    "uid": "u", "controller": true}]),
+        )
+    };
+    let mut s = snapshot(vec![replica("db-0", 2), replica("db-1", 3)]);
+    s.stateful_sets =
+        vec![json!({"metadata": {"name": "db", "namespace": "team"}, "spec": {"replicas": 2}})];
+    let plan = decide(&s);
+    assert_eq!(admitted(&plan.actions), ["team/statefulset-db.db-0"]);
+    let replicas: Vec<(ObjKind, &str, &str)> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Replicas { owner, value } => {
+                Some((owner.kind, owner.name.as_str(), value.as_str()))
+            }
+            _ => None,
+        })
+        .collect();
+    assert_eq!(replicas, [(ObjKind::StatefulSet, "db", "1/2")]);
+    let message = plan.actions.iter().find_map(|a| match a {
+        Action::Pending {
+            workload, message, ..
+        } if workload == "team/statefulset-db.db-1" => Some(message.clone()),
+        _ => None,
+    });
+    let message = message.expect("db-1 waits");
+    assert!(
+        message.starts_with("replica of StatefulSet team/db (1 of 2 admitted): "),
+        "{message}"
+    );
+
+    // Annotated already and unchanged: no write. Scaled to zero: "0/0".
+    s.stateful_sets[0]["metadata"]["annotations"] = json!({"tessera.io/admitted-replicas": "1/2"});
+    let plan = decide(&s);
+    assert!(!plan
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::Replicas { .. })));
+    s.pods.clear();
+    s.stateful_sets[0]["spec"]["replicas"] = json!(0);
+    let plan = decide(&s);
+    assert!(plan
+        .actions
+        .iter()
+        .any(|a| matches!(a, Action::Replicas { value, .. } if value == "0/0")));
 }

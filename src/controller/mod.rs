@@ -3,20 +3,35 @@
 //! [`crate::quota`] engine deciding.
 //!
 //! - [`crd`]: the `tessera.io/v1alpha1` queue CRDs, derived from the engine's types.
-//! - [`webhook`] (pure) and [`webhook_server`] (HTTPS): gate pods, suspend Jobs.
-//! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions.
-//! - [`reconciler`]: reads the snapshot, applies the actions, watches, runs the loop.
+//! - [`webhook`] (pure) and [`webhook_server`] (HTTPS): gate pods, suspend Jobs;
+//!   [`tls`]: its certificate, reloaded when the files rotate.
+//! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions;
+//!   `workloads` reads the live objects as workloads;
+//!   [`serving`] (Deployment/StatefulSet replicas) and [`claims`] (DRA devices) feed it.
+//! - [`config`]: the configuration file (Kueue's `waitForPodsReady`, device classes).
+//! - [`pods_ready`]: `waitForPodsReady` timeouts and requeue backoff.
+//! - [`evictions`]: retry backoff of evictions a PodDisruptionBudget refuses.
+//! - [`snapshot`]: reads a pass's objects; [`reconciler`]: applies the actions,
+//!   watches, runs the loop.
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
 
+pub mod claims;
+pub mod config;
 pub mod crd;
 pub mod decide;
 #[cfg(test)]
 mod decide_tests;
 pub mod error;
+pub mod evictions;
 pub mod lease;
+pub mod pods_ready;
 pub mod reconciler;
+pub mod serving;
+pub mod snapshot;
+pub mod tls;
 pub mod webhook;
 pub mod webhook_server;
+mod workloads;
 
 pub use error::{Error, Result};
 

@@ -1,6 +1,7 @@
 //! The Kubernetes shell around [`super::decide`]: read a snapshot, decide, apply — only
-//! while this instance holds the Lease. Watches on pods, Jobs and the queue objects wake
-//! the loop; a resync interval and the Lease renewal bound the wait.
+//! while this instance holds the Lease. Watches on the queue objects and on pods and
+//! Jobs naming a queue (label selectors) wake the loop; a resync interval and the Lease
+//! renewal bound the wait.
 //!
 //! ```text
 //! watches ──notify──► loop: Elector::tick ─leader?─► snapshot ─► decide ─► apply
@@ -10,24 +11,30 @@
 //! Writes use the resourceVersion just read: a concurrent change makes the write fail
 //! with 409 and the next pass decides again from fresh state.
 
-use super::decide::{decide, Action, ObjKind, ObjRef, Plan, Snapshot};
+use super::decide::{decide, rfc3339, Action, ObjKind, ObjRef, Plan};
 use super::error::{Error, Result};
+use super::evictions::EvictionBackoff;
 use super::lease::{Elector, Millis};
+use super::pods_ready::{
+    EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
+};
+use super::serving::ADMITTED_REPLICAS_ANNOTATION;
+use super::snapshot::{crd_resource, QUEUE_KINDS};
+pub use super::snapshot::{list_priority_classes, snapshot};
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
     PENDING_REASON_ANNOTATION,
 };
-use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
+use crate::quota::scenario::QUEUE_LABELS;
+use crate::quota::WaitForPodsReady;
 use futures::StreamExt;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{
-    Api, ApiResource, DynamicObject, GroupVersionKind, ListParams, PostParams, WatchEvent,
-    WatchParams,
-};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -36,6 +43,11 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// Settings of the reconcile loop.
+///
+/// The `kube::Client` given to the loop should be built with `default_retry = false`
+/// (as `tessera controller` does): kube's default retry layer would retry an eviction a
+/// PodDisruptionBudget refuses (429) for many minutes inside one pass, while the loop
+/// retries it after its own backoff and reports it as the preemptor's pending reason.
 #[derive(Clone, Debug)]
 pub struct Config {
     /// Namespace of the Lease.
@@ -49,6 +61,46 @@ pub struct Config {
     pub resync: Duration,
     /// Name written as `reportingController` on Events.
     pub reporting_controller: String,
+    /// First retry delay of an eviction refused by a PodDisruptionBudget (429); doubles
+    /// per refusal up to `eviction_backoff_max`.
+    pub eviction_backoff_base: Millis,
+    pub eviction_backoff_max: Millis,
+    /// DRA device class name → quota resource (else the class name is the resource).
+    pub device_classes: BTreeMap<String, String>,
+    /// Kueue's `waitForPodsReady` (off when `None`).
+    pub pods_ready: Option<WaitForPodsReady>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            lease_namespace: "tessera-system".into(),
+            lease_name: "tessera-controller".into(),
+            identity: "tessera-controller".into(),
+            lease_duration: 15_000,
+            resync: Duration::from_secs(30),
+            reporting_controller: "tessera.io/controller".into(),
+            eviction_backoff_base: 5_000,
+            eviction_backoff_max: 300_000,
+            device_classes: BTreeMap::new(),
+            pods_ready: None,
+        }
+    }
+}
+
+/// What the controller remembers between passes: only when to retry evictions that a
+/// PodDisruptionBudget refused. Everything else is read from the API server each pass.
+#[derive(Clone, Debug)]
+pub struct PassState {
+    pub evictions: EvictionBackoff,
+}
+
+impl PassState {
+    pub fn new(cfg: &Config) -> Self {
+        PassState {
+            evictions: EvictionBackoff::new(cfg.eviction_backoff_base, cfg.eviction_backoff_max),
+        }
+    }
 }
 
 /// A source of wall-clock time in milliseconds (injected so tests can steer it).
@@ -65,130 +117,15 @@ impl Clock for SystemClock {
     }
 }
 
-fn crd_resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("tessera.io", "v1alpha1", kind),
-        plural,
-    )
-}
-
-/// The four queue kinds: (kind, plural).
-const QUEUE_KINDS: [(&str, &str); 4] = [
-    ("ResourceFlavor", "resourceflavors"),
-    ("ClusterQueue", "clusterqueues"),
-    ("LocalQueue", "localqueues"),
-    ("WorkloadPriorityClass", "workloadpriorityclasses"),
-];
-
-async fn list_values(client: &kube::Client, ar: &ApiResource) -> Result<Vec<Value>> {
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
-    let list = api
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::api(format!("list {}", ar.plural)))?;
-    list.items
-        .into_iter()
-        .map(|o| {
-            serde_json::to_value(o).map_err(|source| Error::Json {
-                what: format!("encode {}", ar.plural),
-                source,
-            })
-        })
-        .collect()
-}
-
-/// Converts listed objects to engine types one by one: a bad object is reported and
-/// skipped, never fatal to the pass.
-fn typed<T: serde::de::DeserializeOwned>(
-    values: Vec<Value>,
-    kind: &str,
-    problems: &mut Vec<String>,
-) -> Vec<T> {
-    values
-        .into_iter()
-        .filter_map(|v| {
-            let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
-            match serde_path_to_error::deserialize(v) {
-                Ok(t) => Some(t),
-                Err(e) => {
-                    problems.push(format!(
-                        "{kind} {name:?}: field {}: {}",
-                        e.path(),
-                        e.inner()
-                    ));
-                    None
-                }
-            }
-        })
-        .collect()
-}
-
-/// The WorkloadPriorityClasses on the API server (also used by the webhook).
-pub async fn list_priority_classes(client: &kube::Client) -> Result<Vec<WorkloadPriorityClass>> {
-    let values = list_values(
-        client,
-        &crd_resource("WorkloadPriorityClass", "workloadpriorityclasses"),
-    )
-    .await?;
-    Ok(typed(values, "WorkloadPriorityClass", &mut Vec::new()))
-}
-
-/// Reads everything a pass needs. Unusable queue objects land in `problems`.
-pub async fn snapshot(
-    client: &kube::Client,
-    now: Millis,
-    problems: &mut Vec<String>,
-) -> Result<Snapshot> {
-    let [rf, cq, lq, wpc] = QUEUE_KINDS.map(|(k, p)| crd_resource(k, p));
-    let namespaces: Api<Namespace> = Api::all(client.clone());
-    let namespaces = namespaces
-        .list(&ListParams::default())
-        .await
-        .map_err(Error::api("list namespaces"))?
-        .items
-        .into_iter()
-        .filter_map(|n| {
-            let name = n.metadata.name?;
-            let labels = n.metadata.labels.unwrap_or_default();
-            Some((name, labels))
-        })
-        .collect();
-    Ok(Snapshot {
-        now,
-        flavors: typed::<ResourceFlavor>(
-            list_values(client, &rf).await?,
-            "ResourceFlavor",
-            problems,
-        ),
-        cluster_queues: typed::<ClusterQueue>(
-            list_values(client, &cq).await?,
-            "ClusterQueue",
-            problems,
-        ),
-        local_queues: typed::<LocalQueue>(list_values(client, &lq).await?, "LocalQueue", problems),
-        priority_classes: typed::<WorkloadPriorityClass>(
-            list_values(client, &wpc).await?,
-            "WorkloadPriorityClass",
-            problems,
-        ),
-        namespaces,
-        pods: list_values(client, &ApiResource::erase::<Pod>(&())).await?,
-        jobs: list_values(client, &ApiResource::erase::<Job>(&())).await?,
-    })
-}
-
 fn api_for(client: &kube::Client, r: &ObjRef) -> Api<DynamicObject> {
     let ar = match r.kind {
         ObjKind::Pod => ApiResource::erase::<Pod>(&()),
         ObjKind::Job => ApiResource::erase::<Job>(&()),
+        ObjKind::Deployment => ApiResource::erase::<Deployment>(&()),
+        ObjKind::ReplicaSet => ApiResource::erase::<ReplicaSet>(&()),
+        ObjKind::StatefulSet => ApiResource::erase::<StatefulSet>(&()),
     };
     Api::namespaced_with(client.clone(), &r.namespace, &ar)
-}
-
-fn rfc3339(ms: Millis) -> String {
-    Timestamp::from_millisecond(ms as i64)
-        .unwrap_or(Timestamp::UNIX_EPOCH)
-        .to_string()
 }
 
 fn to_dynamic(v: Value, what: &str) -> Result<DynamicObject> {
@@ -278,7 +215,16 @@ async fn admit(
             set_annotation(&mut v, PENDING_REASON_ANNOTATION, None);
             set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, None);
         }
+        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => return Ok(()),
     }
+    replace(&api, r, v).await
+}
+
+/// Writes `tessera.io/admitted-replicas` on a serving owner.
+async fn annotate_replicas(client: &kube::Client, r: &ObjRef, value: &str) -> Result<()> {
+    let api = api_for(client, r);
+    let mut v = get_value(&api, r).await?;
+    set_annotation(&mut v, ADMITTED_REPLICAS_ANNOTATION, Some(value));
     replace(&api, r, v).await
 }
 
@@ -309,11 +255,30 @@ async fn evict_pod(client: &kube::Client, r: &ObjRef, grace: i64) -> Result<()> 
     Ok(())
 }
 
-async fn suspend_job(client: &kube::Client, r: &ObjRef) -> Result<()> {
+/// Suspends a Job; `requeue` (a pods-ready timeout) records the requeue count and time.
+async fn suspend_job(
+    client: &kube::Client,
+    r: &ObjRef,
+    requeue: Option<u32>,
+    now: Millis,
+) -> Result<()> {
     let api = api_for(client, r);
     let mut v = get_value(&api, r).await?;
     v["spec"]["suspend"] = json!(true);
     set_annotation(&mut v, ADMITTED_AT_ANNOTATION, None);
+    set_annotation(&mut v, PODS_READY_AT_ANNOTATION, None);
+    if let Some(n) = requeue {
+        set_annotation(&mut v, REQUEUE_COUNT_ANNOTATION, Some(&n.to_string()));
+        set_annotation(&mut v, EVICTED_AT_ANNOTATION, Some(&rfc3339(now)));
+    }
+    replace(&api, r, v).await
+}
+
+/// Records that all pods of the object's workload were Ready (once).
+async fn record_ready(client: &kube::Client, r: &ObjRef, now: Millis) -> Result<()> {
+    let api = api_for(client, r);
+    let mut v = get_value(&api, r).await?;
+    set_annotation(&mut v, PODS_READY_AT_ANNOTATION, Some(&rfc3339(now)));
     replace(&api, r, v).await
 }
 
@@ -357,6 +322,7 @@ async fn record_pending(
             set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, Some(message));
             replace(&api, r, v).await
         }
+        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => Ok(()),
     }
 }
 
@@ -381,6 +347,9 @@ pub fn event_for(
     let (api_version, kind) = match r.kind {
         ObjKind::Pod => ("v1", "Pod"),
         ObjKind::Job => ("batch/v1", "Job"),
+        ObjKind::Deployment => ("apps/v1", "Deployment"),
+        ObjKind::ReplicaSet => ("apps/v1", "ReplicaSet"),
+        ObjKind::StatefulSet => ("apps/v1", "StatefulSet"),
     };
     KubeEvent {
         metadata: ObjectMeta {
@@ -424,8 +393,26 @@ async fn emit(
     }
 }
 
+/// A 429 from the Eviction API: the refusal's message (a PodDisruptionBudget blocks).
+fn eviction_refused(e: &Error) -> Option<String> {
+    match e {
+        Error::Api {
+            source: kube::Error::Api(s),
+            ..
+        } if s.code == 429 => Some(s.message.clone()),
+        _ => None,
+    }
+}
+
 /// Applies a plan; returns how many writes failed (retried by the next pass).
-pub async fn apply(client: &kube::Client, cfg: &Config, plan: &Plan, now: Millis) -> usize {
+/// Evictions refused with 429 are recorded in `evictions` for a later retry.
+pub async fn apply(
+    client: &kube::Client,
+    cfg: &Config,
+    plan: &Plan,
+    evictions: &mut EvictionBackoff,
+    now: Millis,
+) -> usize {
     let mut failed = 0;
     for action in &plan.actions {
         match action {
@@ -462,19 +449,35 @@ pub async fn apply(client: &kube::Client, cfg: &Config, plan: &Plan, now: Millis
                 objects,
                 reason,
                 by,
+                requeue,
             } => {
-                tracing::info!(%workload, %reason, %by, "preempting");
+                tracing::info!(%workload, %reason, %by, "evicting");
                 for (r, grace) in objects {
                     let result = match r.kind {
                         ObjKind::Pod => evict_pod(client, r, *grace).await,
-                        ObjKind::Job => suspend_job(client, r).await,
+                        ObjKind::Job => suspend_job(client, r, *requeue, now).await,
+                        _ => Ok(()),
                     };
                     match result {
                         Ok(()) => {
-                            let note = format!("workload {workload} preempted ({reason}) by {by}");
-                            emit(client, cfg, r, "Preempted", &note, true, now).await;
+                            evictions.clear(r);
+                            let (event, note) = if by.is_empty() {
+                                ("Evicted", format!("workload {workload} evicted ({reason})"))
+                            } else {
+                                (
+                                    "Preempted",
+                                    format!("workload {workload} preempted ({reason}) by {by}"),
+                                )
+                            };
+                            emit(client, cfg, r, event, &note, true, now).await;
                         }
-                        Err(e) if e.is_not_found() => {}
+                        Err(e) if e.is_not_found() => evictions.clear(r),
+                        Err(e) if eviction_refused(&e).is_some() => {
+                            let why = eviction_refused(&e).unwrap_or_default();
+                            let delay = evictions.refused(r, now, &why);
+                            tracing::info!(%workload, pod = %r.name, delay_ms = delay, %why,
+                                           "eviction refused (PodDisruptionBudget); retrying later");
+                        }
                         Err(e) => {
                             failed += 1;
                             tracing::warn!(error = %e, %workload, "evict");
@@ -502,6 +505,18 @@ pub async fn apply(client: &kube::Client, cfg: &Config, plan: &Plan, now: Millis
                 }
                 if let Some(r) = objects.first() {
                     emit(client, cfg, r, reason, message, false, now).await;
+                }
+            }
+            Action::PodsReady { workload, object } => {
+                if let Err(e) = record_ready(client, object, now).await {
+                    failed += 1;
+                    tracing::warn!(error = %e, %workload, "recording pods ready");
+                }
+            }
+            Action::Replicas { owner, value } => {
+                if let Err(e) = annotate_replicas(client, owner, value).await {
+                    failed += 1;
+                    tracing::warn!(error = %e, owner = %owner.name, "annotating admitted replicas");
                 }
             }
         }
@@ -541,17 +556,44 @@ async fn write_queue_status(client: &kube::Client, plan: &Plan) -> usize {
     failed
 }
 
-/// One pass: snapshot, decide, apply. Returns the plan (for tests and logs).
+/// One pass with nothing remembered from earlier passes (see [`pass_with`]).
 pub async fn pass(client: &kube::Client, cfg: &Config, now: Millis) -> Result<Plan> {
+    pass_with(client, cfg, &mut PassState::new(cfg), now).await
+}
+
+/// One pass: snapshot, decide, apply. Returns the plan (for tests and logs).
+pub async fn pass_with(
+    client: &kube::Client,
+    cfg: &Config,
+    state: &mut PassState,
+    now: Millis,
+) -> Result<Plan> {
     let mut problems = Vec::new();
-    let snap = snapshot(client, now, &mut problems).await?;
+    let mut snap = snapshot(client, cfg, now, &mut problems).await?;
+    let pods: std::collections::BTreeSet<(String, String)> = snap
+        .pods
+        .iter()
+        .map(|p| {
+            (
+                p["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect();
+    state.evictions.prune(now, |r| {
+        pods.contains(&(r.namespace.clone(), r.name.clone()))
+    });
+    snap.blocked = state.evictions.blocked().clone();
     let mut plan = decide(&snap);
     problems.append(&mut plan.problems);
     for p in &problems {
         tracing::warn!(problem = %p, "unusable object");
     }
     plan.problems = problems;
-    let mut failed = apply(client, cfg, &plan, now).await;
+    let mut failed = apply(client, cfg, &plan, &mut state.evictions, now).await;
     failed += write_queue_status(client, &plan).await;
     if failed > 0 {
         tracing::info!(failed, "some writes failed; the next pass retries");
@@ -563,12 +605,18 @@ pub async fn pass(client: &kube::Client, cfg: &Config, now: Millis) -> Result<Pl
 async fn watch_kind(
     client: kube::Client,
     ar: ApiResource,
+    selector: Option<String>,
     notify: Arc<Notify>,
     shutdown: CancellationToken,
 ) {
     let api: Api<DynamicObject> = Api::all_with(client, &ar);
+    let (mut lp, mut wp) = (ListParams::default(), WatchParams::default().timeout(290));
+    if let Some(sel) = &selector {
+        lp = lp.labels(sel);
+        wp = wp.labels(sel);
+    }
     loop {
-        let rv = match api.list(&ListParams::default()).await {
+        let rv = match api.list(&lp).await {
             Ok(l) => l.metadata.resource_version.unwrap_or_default(),
             Err(e) => {
                 tracing::debug!(error = %e, kind = %ar.kind, "list for watch");
@@ -579,7 +627,7 @@ async fn watch_kind(
             }
         };
         notify.notify_one();
-        let stream = match api.watch(&WatchParams::default().timeout(290), &rv).await {
+        let stream = match api.watch(&wp, &rv).await {
             Ok(s) => s,
             Err(e) => {
                 tracing::debug!(error = %e, kind = %ar.kind, "watch");
@@ -614,16 +662,20 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let notify = Arc::new(Notify::new());
-    let mut kinds: Vec<ApiResource> = QUEUE_KINDS
+    let mut kinds: Vec<(ApiResource, Option<String>)> = QUEUE_KINDS
         .iter()
-        .map(|(k, p)| crd_resource(k, p))
+        .map(|(k, p)| (crd_resource(k, p), None))
         .collect();
-    kinds.push(ApiResource::erase::<Pod>(&()));
-    kinds.push(ApiResource::erase::<Job>(&()));
-    for ar in kinds {
+    // Pods and Jobs: only those naming a queue (one watch per label).
+    for label in QUEUE_LABELS {
+        kinds.push((ApiResource::erase::<Pod>(&()), Some(label.to_string())));
+        kinds.push((ApiResource::erase::<Job>(&()), Some(label.to_string())));
+    }
+    for (ar, selector) in kinds {
         tokio::spawn(watch_kind(
             client.clone(),
             ar,
+            selector,
             notify.clone(),
             shutdown.child_token(),
         ));
@@ -637,10 +689,11 @@ pub async fn run(
     );
     let renew = Duration::from_millis((cfg.lease_duration / 3).max(200));
     let wait = renew.min(cfg.resync);
+    let mut state = PassState::new(&cfg);
     loop {
         let now = clock.now();
         if elector.tick(now).await {
-            if let Err(e) = pass(&client, &cfg, now).await {
+            if let Err(e) = pass_with(&client, &cfg, &mut state, now).await {
                 tracing::warn!(error = %e, "pass failed; retrying");
             }
         }

@@ -2,8 +2,10 @@
 //! response out. Pods that name a queue get the `tessera.io/admission` scheduling gate;
 //! batch Jobs that name a queue are created suspended; the priority label must name a
 //! WorkloadPriorityClass, whose value is recorded in `tessera.io/priority` at creation
-//! (as Kueue fixes a workload's priority when it is created). The HTTPS shell is
-//! `webhook_server.rs`.
+//! (as Kueue fixes a workload's priority when it is created). A Deployment or
+//! StatefulSet labelled with a queue (Kueue's way) has its queue and priority labels
+//! copied into its pod template, so its replica pods are gated and queued. The HTTPS
+//! shell is `webhook_server.rs`.
 
 use super::{ADMISSION_GATE, PRIORITY_ANNOTATION};
 use crate::quota::scenario::{PRIORITY_LABELS, QUEUE_LABELS};
@@ -73,6 +75,9 @@ pub fn decide(request: &Value, classes: Option<&BTreeMap<String, i32>>) -> Verdi
     let what = match kind {
         ("", "Pod") => "Pod",
         ("batch", "Job") => "Job",
+        ("apps", "Deployment" | "StatefulSet") => {
+            return Verdict::Allow(propagate_labels(&request["object"]))
+        }
         _ => return Verdict::Allow(Vec::new()),
     };
     if !object.is_object() {
@@ -146,6 +151,43 @@ pub fn decide(request: &Value, classes: Option<&BTreeMap<String, i32>>) -> Verdi
         });
     }
     Verdict::Allow(ops)
+}
+
+/// JSONPatch copying the queue and priority labels of a Deployment / StatefulSet into
+/// its pod template (labels the template already has are kept).
+fn propagate_labels(object: &Value) -> Vec<Value> {
+    let labels = &object["metadata"]["labels"];
+    let wanted: Vec<(&str, &str)> = QUEUE_LABELS
+        .iter()
+        .chain(PRIORITY_LABELS.iter())
+        .filter_map(|k| labels[*k].as_str().map(|v| (*k, v)))
+        .collect();
+    let template = &object["spec"]["template"];
+    if wanted.is_empty() || !template.is_object() {
+        return Vec::new();
+    }
+    let have = &template["metadata"]["labels"];
+    let missing: serde_json::Map<String, Value> = wanted
+        .into_iter()
+        .filter(|(k, _)| have[*k].is_null())
+        .map(|(k, v)| (k.to_string(), json!(v)))
+        .collect();
+    if missing.is_empty() {
+        return Vec::new();
+    }
+    if have.is_object() {
+        missing
+            .into_iter()
+            .map(|(k, v)| {
+                let escaped = k.replace('~', "~0").replace('/', "~1");
+                json!({"op": "add", "path": format!("/spec/template/metadata/labels/{escaped}"), "value": v})
+            })
+            .collect()
+    } else if template["metadata"].is_object() {
+        vec![json!({"op": "add", "path": "/spec/template/metadata/labels", "value": missing})]
+    } else {
+        vec![json!({"op": "add", "path": "/spec/template/metadata", "value": {"labels": missing}})]
+    }
 }
 
 fn owned_by_job(object: &Value) -> bool {
@@ -372,7 +414,7 @@ mod tests {
             ),
             (
                 "other kind",
-                ("apps", "Deployment"),
+                ("apps", "DaemonSet"),
                 "CREATE",
                 job,
                 false,
@@ -449,5 +491,66 @@ mod tests {
                        "request": {"uid": "u", "operation": "CREATE", "kind": {"group": "", "kind": "Pod"}}});
         let out = review(&r, None).unwrap();
         assert_eq!(out["response"]["allowed"], false);
+    }
+
+    #[test]
+    fn serving_owners_pass_their_queue_labels_to_the_pod_template() {
+        let deployment = |labels: Value, template_meta: Value| {
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                   "metadata": {"name": "web", "namespace": "ns", "labels": labels},
+                   "spec": {"template": {"metadata": template_meta,
+                                         "spec": {"containers": [{"name": "c"}]}}}})
+        };
+        let kq = json!({"kueue.x-k8s.io/queue-name": "lq", "tessera.io/priority-class": "high"});
+        // (case, object, template labels after)
+        let cases = [
+            (
+                "labels added next to the template's own",
+                deployment(kq.clone(), json!({"labels": {"app": "web"}})),
+                json!({"app": "web", "kueue.x-k8s.io/queue-name": "lq", "tessera.io/priority-class": "high"}),
+            ),
+            (
+                "template without labels",
+                deployment(kq.clone(), json!({})),
+                json!({"kueue.x-k8s.io/queue-name": "lq", "tessera.io/priority-class": "high"}),
+            ),
+            (
+                "template without metadata",
+                deployment(kq.clone(), Value::Null),
+                json!({"kueue.x-k8s.io/queue-name": "lq", "tessera.io/priority-class": "high"}),
+            ),
+            (
+                "the template's own queue wins",
+                deployment(
+                    kq,
+                    json!({"labels": {"kueue.x-k8s.io/queue-name": "other"}}),
+                ),
+                json!({"kueue.x-k8s.io/queue-name": "other", "tessera.io/priority-class": "high"}),
+            ),
+            (
+                "no queue label: untouched",
+                deployment(json!({"app": "web"}), json!({"labels": {"app": "web"}})),
+                json!({"app": "web"}),
+            ),
+        ];
+        for (name, mut object, want) in cases {
+            if object["spec"]["template"]["metadata"].is_null() {
+                object["spec"]["template"]
+                    .as_object_mut()
+                    .unwrap()
+                    .remove("metadata");
+            }
+            for kind in ["Deployment", "StatefulSet"] {
+                let req = review_of(("apps", kind), "CREATE", object.clone());
+                let Verdict::Allow(ops) = decide(&req["request"], Some(&classes())) else {
+                    panic!("{name}: denied");
+                };
+                let after = apply(object.clone(), &ops);
+                assert_eq!(
+                    after["spec"]["template"]["metadata"]["labels"], want,
+                    "{name} ({kind})"
+                );
+            }
+        }
     }
 }

@@ -8,8 +8,6 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Request, Response, StatusCode};
 use hyper_util::rt::TokioIo;
-use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::future::Future;
@@ -55,26 +53,10 @@ impl ClassSource for StaticClasses {
     }
 }
 
-/// TLS settings from PEM files (`tls.crt` chain and `tls.key`, as cert-manager writes them).
+/// TLS settings from PEM files (`tls.crt` chain and `tls.key`, as cert-manager writes
+/// them), loaded once; [`super::tls::ReloadingCert`] also follows rotations.
 pub fn tls_config(cert: &Path, key: &Path) -> Result<Arc<rustls::ServerConfig>> {
-    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(cert)
-        .map_err(|e| Error::Tls(format!("{}: {e}", cert.display())))?
-        .collect::<std::result::Result<_, _>>()
-        .map_err(|e| Error::Tls(format!("{}: {e}", cert.display())))?;
-    if certs.is_empty() {
-        return Err(Error::Tls(format!("{}: no certificate", cert.display())));
-    }
-    let key = PrivateKeyDer::from_pem_file(key)
-        .map_err(|e| Error::Tls(format!("{}: {e}", key.display())))?;
-    let config = rustls::ServerConfig::builder_with_provider(Arc::new(
-        rustls::crypto::ring::default_provider(),
-    ))
-    .with_safe_default_protocol_versions()
-    .map_err(|e| Error::Tls(e.to_string()))?
-    .with_no_client_auth()
-    .with_single_cert(certs, key)
-    .map_err(|e| Error::Tls(e.to_string()))?;
-    Ok(Arc::new(config))
+    super::tls::ReloadingCert::load(cert, key)?.server_config()
 }
 
 /// Serves the webhook on `listener` until `shutdown` is cancelled.

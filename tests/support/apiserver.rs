@@ -2,7 +2,7 @@
 //! resource path, with the behaviours clients rely on.
 //!
 //! Modelled: GET, LIST (with `fieldSelector` equality on dotted paths, `labelSelector`
-//! equality), WATCH from a resourceVersion (newline-delimited `WatchEvent`s, ADDED /
+//! `k=v`, `k==v`, `k!=v`, `k` (exists) and `!k` terms), WATCH from a resourceVersion (newline-delimited `WatchEvent`s, ADDED /
 //! MODIFIED / DELETED), POST (with `generateName`, 409 AlreadyExists), PUT (409 Conflict on
 //! a stale `metadata.resourceVersion`), PUT of the `status` subresource (only `status` is
 //! taken from the body; 409 on a stale resourceVersion), DELETE (404 NotFound); one global resourceVersion
@@ -10,7 +10,9 @@
 //! server whose feature gates are off, it can drop fields on write ([`ApiServer::drop_field`]),
 //! so a client sees the object stored without them.
 //! The Eviction subresource (`POST …/pods/<name>/eviction`) starts a graceful delete and
-//! is recorded ([`ApiServer::evictions`]).
+//! is recorded ([`ApiServer::evictions`]); for pods named in
+//! [`ApiServer::block_evictions`] it answers 429 TooManyRequests, as when a
+//! PodDisruptionBudget allows no disruption.
 //! Not modelled: authentication, admission, field managers / server-side apply, pagination.
 
 #![allow(dead_code)]
@@ -47,6 +49,8 @@ struct Store {
     /// Cluster-wide LIST/WATCH of a namespaced resource (`/api/v1/pods`) also returns
     /// the objects of every namespace (off by default).
     across_namespaces: bool,
+    /// Pods (by name) whose eviction a PodDisruptionBudget refuses (429).
+    eviction_blocked: std::collections::BTreeSet<String>,
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
@@ -374,7 +378,7 @@ impl ApiServer {
     /// `deletionGracePeriodSeconds` (from `deleteOptions.gracePeriodSeconds`, else the
     /// pod's `terminationGracePeriodSeconds`) are set; the pod stays until
     /// [`ApiServer::delete_object`] (the kubelet finishing). PodDisruptionBudgets are not
-    /// modelled.
+    /// evaluated: a test blocks a pod's eviction with [`ApiServer::block_evictions`].
     fn evict(
         &self,
         collection: &str,
@@ -384,10 +388,25 @@ impl ApiServer {
         let Ok(eviction) = serde_json::from_slice::<Value>(body) else {
             return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
         };
-        self.store.lock().unwrap().evictions.push(eviction.clone());
+        let blocked = {
+            let mut st = self.store.lock().unwrap();
+            st.evictions.push(eviction.clone());
+            st.eviction_blocked.contains(name)
+        };
         let Some(mut pod) = self.get(collection, name) else {
             return not_found(name);
         };
+        if blocked {
+            // What the API server answers when a PodDisruptionBudget allows no disruption.
+            return json_response(
+                StatusCode::TOO_MANY_REQUESTS,
+                json!({"apiVersion": "v1", "kind": "Status", "status": "Failure",
+                       "reason": "TooManyRequests", "code": 429,
+                       "message": "Cannot evict pod as it would violate the pod's disruption budget.",
+                       "details": {"causes": [{"reason": "DisruptionBudget",
+                           "message": "The disruption budget pdb needs 1 healthy pods and has 1 currently"}]}}),
+            );
+        }
         if pod["metadata"]["deletionTimestamp"].is_null() {
             let grace = eviction["deleteOptions"]["gracePeriodSeconds"]
                 .as_i64()
@@ -408,6 +427,17 @@ impl ApiServer {
     /// does. Off by default (each collection path is its own store).
     pub fn list_across_namespaces(&self) {
         self.store.lock().unwrap().across_namespaces = true;
+    }
+
+    /// Evictions of pod `name` are refused with 429 (a PodDisruptionBudget) while
+    /// `blocked`; still recorded in [`ApiServer::evictions`].
+    pub fn block_evictions(&self, name: &str, blocked: bool) {
+        let mut st = self.store.lock().unwrap();
+        if blocked {
+            st.eviction_blocked.insert(name.to_string());
+        } else {
+            st.eviction_blocked.remove(name);
+        }
     }
 
     /// Bodies of the evictions requested so far.
@@ -575,10 +605,18 @@ fn selects(object: &Value, query: &BTreeMap<String, String>) -> bool {
         v.as_str() == Some(want.trim_start_matches('='))
     });
     let label_ok = labels.split(',').filter(|t| !t.is_empty()).all(|term| {
-        let Some((k, want)) = term.split_once('=') else {
-            return false;
-        };
-        object["metadata"]["labels"][k].as_str() == Some(want)
+        let label = |k: &str| object["metadata"]["labels"][k].as_str();
+        if let Some((k, want)) = term.split_once("!=") {
+            return label(k) != Some(want);
+        }
+        match term.split_once('=') {
+            Some((k, want)) => label(k) == Some(want.trim_start_matches('=')),
+            // `key` (exists) and `!key` (does not exist).
+            None => match term.strip_prefix('!') {
+                Some(k) => label(k).is_none(),
+                None => label(term).is_some(),
+            },
+        }
     });
     field_ok && label_ok
 }

@@ -1,0 +1,270 @@
+//! DRA claims of live pods counted against quota: each `spec.resourceClaims[]` entry
+//! names a ResourceClaimTemplate (`resourceClaimTemplateName`) or a ResourceClaim
+//! (`resourceClaimName`); every device request in it counts `count` devices (1 when
+//! unset) of its `deviceClassName`, as the resource the device-class mapping names
+//! (Kueue's `resources.deviceClassMappings`), else as a resource named after the class
+//! (`gpu.tessera.io`), exactly as `tessera plan` counts a ResourceClaimTemplate.
+//!
+//! Both API shapes are read: `resource.k8s.io/v1` (`exactly.deviceClassName`,
+//! `firstAvailable[]`, whose first alternative is counted) and `v1beta1`
+//! (`deviceClassName` on the request). A request with `allocationMode: All` has no
+//! count to charge and makes the workload unadmissible, with that reason.
+
+use crate::quota::quantity::Quantity;
+use crate::quota::WorkloadInfo;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Why a pod's claims cannot be counted: (reason, message) for its pending status.
+pub type ClaimError = (String, String);
+
+/// The claim objects of a snapshot and the class → resource mapping.
+#[derive(Clone, Debug)]
+pub struct ClaimIndex<'a> {
+    templates: BTreeMap<(&'a str, &'a str), &'a Value>,
+    claims: BTreeMap<(&'a str, &'a str), &'a Value>,
+    resources: &'a BTreeMap<String, String>,
+}
+
+fn key(v: &Value) -> (&str, &str) {
+    (
+        v["metadata"]["namespace"].as_str().unwrap_or("default"),
+        v["metadata"]["name"].as_str().unwrap_or(""),
+    )
+}
+
+impl<'a> ClaimIndex<'a> {
+    /// `resources`: device class name → quota resource name.
+    pub fn new(
+        templates: &'a [Value],
+        claims: &'a [Value],
+        resources: &'a BTreeMap<String, String>,
+    ) -> Self {
+        ClaimIndex {
+            templates: templates.iter().map(|t| (key(t), t)).collect(),
+            claims: claims.iter().map(|c| (key(c), c)).collect(),
+            resources,
+        }
+    }
+
+    /// Devices per quota resource that one pod with `pod_spec` (in `namespace`) claims.
+    pub fn devices(
+        &self,
+        namespace: &str,
+        pod_spec: &Value,
+    ) -> Result<BTreeMap<String, u32>, ClaimError> {
+        let mut out = BTreeMap::new();
+        let Some(refs) = pod_spec["resourceClaims"].as_array() else {
+            return Ok(out);
+        };
+        for (i, r) in refs.iter().enumerate() {
+            let (what, spec) = if let Some(t) = r["resourceClaimTemplateName"].as_str() {
+                let Some(obj) = self.templates.get(&(namespace, t)) else {
+                    return Err((
+                        "ResourceClaimTemplateNotFound".into(),
+                        format!("spec.resourceClaims[{i}]: ResourceClaimTemplate {namespace}/{t} does not exist"),
+                    ));
+                };
+                (
+                    format!("ResourceClaimTemplate {namespace}/{t}"),
+                    &obj["spec"]["spec"],
+                )
+            } else if let Some(c) = r["resourceClaimName"].as_str() {
+                let Some(obj) = self.claims.get(&(namespace, c)) else {
+                    return Err((
+                        "ResourceClaimNotFound".into(),
+                        format!("spec.resourceClaims[{i}]: ResourceClaim {namespace}/{c} does not exist"),
+                    ));
+                };
+                (format!("ResourceClaim {namespace}/{c}"), &obj["spec"])
+            } else {
+                continue;
+            };
+            let requests = spec["devices"]["requests"]
+                .as_array()
+                .map(Vec::as_slice)
+                .unwrap_or(&[]);
+            for (j, req) in requests.iter().enumerate() {
+                let one = if req["exactly"].is_object() {
+                    &req["exactly"]
+                } else if let Some(first) = req["firstAvailable"].as_array().and_then(|a| a.first())
+                {
+                    first
+                } else {
+                    req
+                };
+                let invalid = |why: &str| {
+                    (
+                        "InvalidResourceClaim".to_string(),
+                        format!("{what}: devices.requests[{j}]: {why}"),
+                    )
+                };
+                let Some(class) = one["deviceClassName"].as_str() else {
+                    return Err(invalid("names no deviceClassName"));
+                };
+                if one["allocationMode"] == "All" {
+                    return Err(invalid(
+                        "allocationMode All has no device count to charge against quota",
+                    ));
+                }
+                let count = match &one["count"] {
+                    Value::Null => 1,
+                    v => v
+                        .as_u64()
+                        .filter(|n| *n >= 1)
+                        .and_then(|n| u32::try_from(n).ok())
+                        .ok_or_else(|| invalid("count is not a positive integer"))?,
+                };
+                let resource = self
+                    .resources
+                    .get(class)
+                    .cloned()
+                    .unwrap_or_else(|| class.to_string());
+                let e = out.entry(resource).or_insert(0u32);
+                *e = e.saturating_add(count);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Adds the claimed devices to every pod set of `info` (all built from `pod_spec`).
+    pub fn charge(&self, info: &mut WorkloadInfo, pod_spec: &Value) -> Result<(), ClaimError> {
+        let devices = self.devices(&info.namespace, pod_spec)?;
+        for ps in &mut info.pod_sets {
+            ps.claim_templates.clear();
+            for (resource, n) in &devices {
+                let q = ps.requests.entry(resource.clone()).or_default();
+                q.0 = q.0.saturating_add(Quantity::units(i64::from(*n)).0);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn template(name: &str, requests: Value) -> Value {
+        json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+               "metadata": {"name": name, "namespace": "team"},
+               "spec": {"spec": {"devices": {"requests": requests}}}})
+    }
+
+    #[test]
+    fn claims_are_counted_by_device_class() {
+        let templates = [
+            template(
+                "two-gpus",
+                json!([{"name": "g", "exactly": {"deviceClassName": "gpu.tessera.io", "count": 2}}]),
+            ),
+            template(
+                "beta",
+                json!([{"name": "g", "deviceClassName": "mig.gpu.tessera.io"}]),
+            ),
+            template(
+                "alternatives",
+                json!([{"name": "g", "firstAvailable": [
+                {"name": "big", "deviceClassName": "gpu.tessera.io", "count": 1},
+                {"name": "small", "deviceClassName": "mig.gpu.tessera.io", "count": 2}]}]),
+            ),
+            template(
+                "all",
+                json!([{"name": "g", "exactly": {"deviceClassName": "gpu.tessera.io", "allocationMode": "All"}}]),
+            ),
+            template("no-class", json!([{"name": "g", "exactly": {"count": 1}}])),
+        ];
+        let claims = [json!({"metadata": {"name": "shared", "namespace": "team"},
+            "spec": {"devices": {"requests": [{"name": "g", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}}})];
+        let mapping: BTreeMap<String, String> = [(
+            "mig.gpu.tessera.io".to_string(),
+            "nvidia.com/mig".to_string(),
+        )]
+        .into();
+        let index = ClaimIndex::new(&templates, &claims, &mapping);
+        let spec = |refs: Value| json!({"resourceClaims": refs});
+        type Want = Result<BTreeMap<String, u32>, String>;
+        let ok = |pairs: &[(&str, u32)]| -> Want {
+            Ok(pairs.iter().map(|(k, v)| (k.to_string(), *v)).collect())
+        };
+        let cases: Vec<(&str, Value, Want)> = vec![
+            ("no claims", json!({}), ok(&[])),
+            (
+                "template, v1 count",
+                spec(json!([{"name": "a", "resourceClaimTemplateName": "two-gpus"}])),
+                ok(&[("gpu.tessera.io", 2)]),
+            ),
+            (
+                "v1beta1 shape, mapped class",
+                spec(json!([{"name": "a", "resourceClaimTemplateName": "beta"}])),
+                ok(&[("nvidia.com/mig", 1)]),
+            ),
+            (
+                "first alternative",
+                spec(json!([{"name": "a", "resourceClaimTemplateName": "alternatives"}])),
+                ok(&[("gpu.tessera.io", 1)]),
+            ),
+            (
+                "claim plus template add up",
+                spec(json!([{"name": "a", "resourceClaimName": "shared"},
+                                                         {"name": "b", "resourceClaimTemplateName": "two-gpus"}])),
+                ok(&[("gpu.tessera.io", 3)]),
+            ),
+            (
+                "missing template",
+                spec(json!([{"name": "a", "resourceClaimTemplateName": "nope"}])),
+                Err("ResourceClaimTemplateNotFound".into()),
+            ),
+            (
+                "missing claim",
+                spec(json!([{"name": "a", "resourceClaimName": "nope"}])),
+                Err("ResourceClaimNotFound".into()),
+            ),
+            (
+                "allocation mode all",
+                spec(json!([{"name": "a", "resourceClaimTemplateName": "all"}])),
+                Err("InvalidResourceClaim".into()),
+            ),
+            (
+                "no class",
+                spec(json!([{"name": "a", "resourceClaimTemplateName": "no-class"}])),
+                Err("InvalidResourceClaim".into()),
+            ),
+        ];
+        for (name, pod_spec, want) in cases {
+            let got = index
+                .devices("team", &pod_spec)
+                .map_err(|(reason, message)| {
+                    assert!(!message.is_empty(), "{name}: a message");
+                    reason
+                });
+            assert_eq!(got, want, "{name}");
+        }
+    }
+
+    #[test]
+    fn charge_adds_devices_to_every_pod_set() {
+        let templates = [template(
+            "two-gpus",
+            json!([{"name": "g", "exactly": {"deviceClassName": "gpu.tessera.io", "count": 2}}]),
+        )];
+        let mapping = BTreeMap::new();
+        let index = ClaimIndex::new(&templates, &[], &mapping);
+        let mut info = WorkloadInfo::new("team/w", "lq");
+        info.pod_sets.push(crate::quota::model::PodSetInfo {
+            name: "main".into(),
+            count: 3,
+            claim_templates: vec!["two-gpus".into()],
+            ..Default::default()
+        });
+        let spec =
+            json!({"resourceClaims": [{"name": "a", "resourceClaimTemplateName": "two-gpus"}]});
+        index.charge(&mut info, &spec).unwrap();
+        assert_eq!(
+            info.pod_sets[0].requests["gpu.tessera.io"],
+            Quantity::units(2)
+        );
+        assert!(info.pod_sets[0].claim_templates.is_empty());
+    }
+}

@@ -1,0 +1,142 @@
+//! `waitForPodsReady` on a live cluster, as Kueue does it: an admitted workload whose
+//! pods are not all Ready within `timeout` of its admission is evicted
+//! (`PodsReadyTimeout`) and requeued after an exponential backoff
+//! (`backoffBaseSeconds * 2^(n-1)`, capped at `backoffMaxSeconds`); after
+//! `backoffLimitCount` requeues it is deactivated.
+//!
+//! The state lives on the object, so a restarted controller continues it:
+//! `tessera.io/pods-ready-at` (written once when all pods were first Ready; the timeout no
+//! longer applies), `tessera.io/requeue-count` and `tessera.io/evicted-at` (on a Job
+//! suspended for the timeout). A timed-out pod or pod group is evicted through the
+//! Eviction API like a preemption victim; its pods are gone afterwards, so the backoff
+//! applies to Jobs (and the replacement pods of a ReplicaSet simply queue again).
+
+use super::decide::millis;
+use super::lease::Millis;
+use crate::quota::WaitForPodsReady;
+use serde_json::Value;
+
+/// When all pods of the workload were first seen Ready (RFC 3339).
+pub const PODS_READY_AT_ANNOTATION: &str = "tessera.io/pods-ready-at";
+/// How many times the workload was evicted for a pods-ready timeout.
+pub const REQUEUE_COUNT_ANNOTATION: &str = "tessera.io/requeue-count";
+/// When it was last evicted for a pods-ready timeout (RFC 3339).
+pub const EVICTED_AT_ANNOTATION: &str = "tessera.io/evicted-at";
+/// Eviction reason, as in Kueue.
+pub const PODS_READY_TIMEOUT: &str = "PodsReadyTimeout";
+
+/// Whether a pod reports the `Ready` condition.
+pub fn pod_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|x| x["type"] == "Ready" && x["status"] == "True")
+    })
+}
+
+/// Whether a Job's pods are ready: `status.ready + status.succeeded` reach its
+/// parallelism (Kueue's rule for batch Jobs).
+pub fn job_ready(job: &Value) -> bool {
+    let want = job["spec"]["parallelism"].as_u64().unwrap_or(1);
+    let have = job["status"]["ready"].as_u64().unwrap_or(0)
+        + job["status"]["succeeded"].as_u64().unwrap_or(0);
+    have >= want
+}
+
+/// Whether the object records that its pods were Ready once.
+pub fn ready_recorded(object: &Value) -> bool {
+    object["metadata"]["annotations"][PODS_READY_AT_ANNOTATION].is_string()
+}
+
+/// Requeue state of an object evicted for a pods-ready timeout.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Requeue {
+    pub count: u32,
+    pub evicted_at: Millis,
+}
+
+/// Reads the requeue annotations (absent or unreadable: never requeued).
+pub fn requeue_state(object: &Value) -> Option<Requeue> {
+    let a = &object["metadata"]["annotations"];
+    let count = a[REQUEUE_COUNT_ANNOTATION].as_str()?.parse().ok()?;
+    let evicted_at = a[EVICTED_AT_ANNOTATION].as_str().and_then(millis)?;
+    Some(Requeue { count, evicted_at })
+}
+
+/// What a requeued workload waits for.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Hold {
+    /// Back in the queue at this time.
+    Backoff(Millis),
+    /// `backoffLimitCount` exceeded: never admitted again (delete or recreate it).
+    Deactivated,
+}
+
+/// Whether a workload requeued `r` must still wait at `now`.
+pub fn hold(cfg: &WaitForPodsReady, r: Requeue, now: Millis) -> Option<Hold> {
+    if r.count == 0 {
+        return None;
+    }
+    if cfg.backoff_limit_count.is_some_and(|limit| r.count > limit) {
+        return Some(Hold::Deactivated);
+    }
+    let delay = cfg
+        .backoff_base
+        .saturating_mul(1u64 << (r.count - 1).min(40))
+        .min(cfg.backoff_max);
+    let until = r.evicted_at.saturating_add(delay);
+    (until > now).then_some(Hold::Backoff(until))
+}
+
+/// Whether an admitted workload whose pods are not Ready has run out of time.
+pub fn timed_out(cfg: &WaitForPodsReady, admitted_at: Millis, now: Millis) -> bool {
+    now >= admitted_at.saturating_add(cfg.timeout)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn readiness_backoff_and_deactivation() {
+        let cfg = WaitForPodsReady {
+            timeout: 60_000,
+            backoff_base: 10_000,
+            backoff_max: 25_000,
+            backoff_limit_count: Some(3),
+            requeue_by_eviction_time: true,
+        };
+        let r = |count| Requeue {
+            count,
+            evicted_at: 1_000,
+        };
+        // (case, requeue count, now, hold)
+        let cases = [
+            (
+                "first requeue waits the base",
+                1,
+                10_999,
+                Some(Hold::Backoff(11_000)),
+            ),
+            ("first requeue over", 1, 11_000, None),
+            ("doubles", 2, 5_000, Some(Hold::Backoff(21_000))),
+            ("capped", 3, 5_000, Some(Hold::Backoff(26_000))),
+            ("limit exceeded", 4, 1_000_000, Some(Hold::Deactivated)),
+            ("never requeued", 0, 0, None),
+        ];
+        for (name, count, now, want) in cases {
+            assert_eq!(hold(&cfg, r(count), now), want, "{name}");
+        }
+        assert!(!timed_out(&cfg, 1_000, 60_999));
+        assert!(timed_out(&cfg, 1_000, 61_000));
+        let ready = json!({"status": {"conditions": [{"type": "Ready", "status": "True"}]}});
+        let not_ready = json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}});
+        assert!(pod_ready(&ready) && !pod_ready(&not_ready) && !pod_ready(&json!({})));
+        let job = |ready: u64, succeeded: u64| json!({"spec": {"parallelism": 3}, "status": {"ready": ready, "succeeded": succeeded}});
+        assert!(job_ready(&job(2, 1)) && !job_ready(&job(2, 0)));
+        let evicted = json!({"metadata": {"annotations": {
+            "tessera.io/requeue-count": "2", "tessera.io/evicted-at": "2026-11-18T12:00:00Z"}}});
+        assert_eq!(requeue_state(&evicted).map(|r| r.count), Some(2));
+        assert_eq!(requeue_state(&json!({})), None);
+    }
+}

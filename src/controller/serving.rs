@@ -1,0 +1,255 @@
+//! Serving workloads: replica pods of a Deployment (through its ReplicaSet), a bare
+//! ReplicaSet or a StatefulSet. Each replica is a workload of its own in the engine (as
+//! `tessera plan` models serving: one workload per replica), named after its owner, so
+//! the replicas of one owner are admitted one by one up to quota and a scale-down (the
+//! ReplicaSet deleting pods) returns their quota to the cohort. The owner gets the
+//! annotation `tessera.io/admitted-replicas: "<admitted>/<desired>"`.
+//!
+//! ```text
+//! Pod ─ownerRef─► ReplicaSet ─ownerRef─► Deployment     owner = Deployment ns/name
+//! Pod ─ownerRef─► ReplicaSet (no owner)                 owner = ReplicaSet ns/name
+//! Pod ─ownerRef─► StatefulSet                           owner = StatefulSet ns/name
+//! ```
+
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+/// Annotation on a serving owner: `"<admitted>/<desired>"` replicas.
+pub const ADMITTED_REPLICAS_ANNOTATION: &str = "tessera.io/admitted-replicas";
+
+/// Kind of a serving owner.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum ServingKind {
+    Deployment,
+    ReplicaSet,
+    StatefulSet,
+}
+
+impl ServingKind {
+    /// The Kubernetes kind.
+    pub fn kind(self) -> &'static str {
+        match self {
+            ServingKind::Deployment => "Deployment",
+            ServingKind::ReplicaSet => "ReplicaSet",
+            ServingKind::StatefulSet => "StatefulSet",
+        }
+    }
+
+    /// Prefix of the replicas' workload names (`deployment-web.<pod>`).
+    fn prefix(self) -> &'static str {
+        match self {
+            ServingKind::Deployment => "deployment",
+            ServingKind::ReplicaSet => "replicaset",
+            ServingKind::StatefulSet => "statefulset",
+        }
+    }
+}
+
+/// The object whose replicas a pod is.
+#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Owner {
+    pub kind: ServingKind,
+    pub namespace: String,
+    pub name: String,
+}
+
+impl Owner {
+    /// Engine name of the replica `pod` of this owner.
+    pub fn replica_name(&self, pod: &str) -> String {
+        format!("{}-{}.{pod}", self.kind.prefix(), self.name)
+    }
+
+    /// `Deployment team/web`.
+    pub fn describe(&self) -> String {
+        format!("{} {}/{}", self.kind.kind(), self.namespace, self.name)
+    }
+}
+
+/// The `apps/v1` controller owner reference of `kind` on `object`, if any.
+fn controller_ref<'a>(object: &'a Value, kinds: &[&str]) -> Option<(&'a str, &'a str)> {
+    object["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .filter(|r| r["apiVersion"] == "apps/v1")
+        .filter(|r| r["controller"].as_bool().unwrap_or(true))
+        .find_map(|r| {
+            let kind = r["kind"].as_str()?;
+            let name = r["name"].as_str()?;
+            kinds.contains(&kind).then_some((kind, name))
+        })
+}
+
+/// Serving objects of a snapshot, by `(namespace, name)`.
+#[derive(Clone, Debug, Default)]
+pub struct ServingIndex<'a> {
+    replica_sets: BTreeMap<(String, String), &'a Value>,
+    owners: BTreeMap<Owner, &'a Value>,
+}
+
+fn ns_name(v: &Value) -> (String, String) {
+    (
+        v["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string(),
+        v["metadata"]["name"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+impl<'a> ServingIndex<'a> {
+    /// Indexes the listed ReplicaSets, Deployments and StatefulSets.
+    pub fn new(replica_sets: &'a [Value], deployments: &'a [Value], stateful: &'a [Value]) -> Self {
+        let mut index = ServingIndex::default();
+        for rs in replica_sets {
+            index.replica_sets.insert(ns_name(rs), rs);
+            let (namespace, name) = ns_name(rs);
+            if controller_ref(rs, &["Deployment"]).is_none() {
+                let o = Owner {
+                    kind: ServingKind::ReplicaSet,
+                    namespace,
+                    name,
+                };
+                index.owners.insert(o, rs);
+            }
+        }
+        for (kind, list) in [
+            (ServingKind::Deployment, deployments),
+            (ServingKind::StatefulSet, stateful),
+        ] {
+            for v in list {
+                let (namespace, name) = ns_name(v);
+                index.owners.insert(
+                    Owner {
+                        kind,
+                        namespace,
+                        name,
+                    },
+                    v,
+                );
+            }
+        }
+        index
+    }
+
+    /// The serving owner of `pod`: its StatefulSet, or its ReplicaSet's Deployment (the
+    /// ReplicaSet itself when it has none, or when it is not listed yet).
+    pub fn owner_of(&self, pod: &Value) -> Option<Owner> {
+        let (namespace, _) = ns_name(pod);
+        let (kind, name) = controller_ref(pod, &["ReplicaSet", "StatefulSet"])?;
+        if kind == "StatefulSet" {
+            return Some(Owner {
+                kind: ServingKind::StatefulSet,
+                namespace,
+                name: name.to_string(),
+            });
+        }
+        let rs = self
+            .replica_sets
+            .get(&(namespace.clone(), name.to_string()));
+        match rs.and_then(|rs| controller_ref(rs, &["Deployment"])) {
+            Some((_, deployment)) => Some(Owner {
+                kind: ServingKind::Deployment,
+                namespace,
+                name: deployment.to_string(),
+            }),
+            None => Some(Owner {
+                kind: ServingKind::ReplicaSet,
+                namespace,
+                name: name.to_string(),
+            }),
+        }
+    }
+
+    /// The owner object as listed (`None` when it is not in the snapshot).
+    pub fn object(&self, owner: &Owner) -> Option<&'a Value> {
+        self.owners.get(owner).copied()
+    }
+
+    /// Every listed owner (ReplicaSets only when no Deployment owns them).
+    pub fn owners(&self) -> impl Iterator<Item = (Owner, &'a Value)> + '_ {
+        self.owners.iter().map(|(o, v)| (o.clone(), *v))
+    }
+}
+
+/// Desired replicas of an owner object (`spec.replicas`, 1 when unset, as the API
+/// server defaults it).
+pub fn desired_replicas(owner: &Value) -> u32 {
+    owner["spec"]["replicas"]
+        .as_u64()
+        .map_or(1, |r| r.min(u32::MAX as u64) as u32)
+}
+
+/// The `tessera.io/admitted-replicas` value last written on the owner.
+pub fn recorded_replicas(owner: &Value) -> Option<&str> {
+    owner["metadata"]["annotations"][ADMITTED_REPLICAS_ANNOTATION].as_str()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn owned(kind: &str, name: &str) -> Value {
+        json!({"metadata": {"name": "p", "namespace": "team",
+               "ownerReferences": [{"apiVersion": "apps/v1", "kind": kind, "name": name,
+                                    "uid": "u", "controller": true}]}})
+    }
+
+    #[test]
+    fn owners_are_resolved_through_replica_sets() {
+        let rs_of_web = json!({"metadata": {"name": "web-6f9", "namespace": "team",
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                 "uid": "d", "controller": true}]}});
+        let bare_rs = json!({"metadata": {"name": "bare", "namespace": "team"}});
+        let rss = [rs_of_web, bare_rs];
+        let deployments = [json!({"metadata": {"name": "web", "namespace": "team"}})];
+        let index = ServingIndex::new(&rss, &deployments, &[]);
+        let owner = |kind, name: &str| {
+            Some(Owner {
+                kind,
+                namespace: "team".into(),
+                name: name.into(),
+            })
+        };
+        let cases = [
+            (
+                "deployment",
+                owned("ReplicaSet", "web-6f9"),
+                owner(ServingKind::Deployment, "web"),
+            ),
+            (
+                "bare replica set",
+                owned("ReplicaSet", "bare"),
+                owner(ServingKind::ReplicaSet, "bare"),
+            ),
+            (
+                "replica set not listed yet",
+                owned("ReplicaSet", "new-1"),
+                owner(ServingKind::ReplicaSet, "new-1"),
+            ),
+            (
+                "stateful set",
+                owned("StatefulSet", "db"),
+                owner(ServingKind::StatefulSet, "db"),
+            ),
+            ("job-owned", owned("Job", "train"), None),
+            (
+                "no owner",
+                json!({"metadata": {"name": "p", "namespace": "team"}}),
+                None,
+            ),
+        ];
+        for (name, pod, want) in cases {
+            assert_eq!(index.owner_of(&pod), want, "{name}");
+        }
+        let web = owner(ServingKind::Deployment, "web").unwrap();
+        assert!(index.object(&web).is_some());
+        assert_eq!(web.replica_name("web-6f9-x"), "deployment-web.web-6f9-x");
+        assert_eq!(
+            desired_replicas(&json!({"spec": {"replicas": 3}})),
+            3,
+            "spec.replicas"
+        );
+        assert_eq!(desired_replicas(&json!({"spec": {}})), 1, "defaulted");
+    }
+}

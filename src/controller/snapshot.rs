@@ -1,0 +1,273 @@
+//! Reading a pass's snapshot from the API server: the queue objects, the pods and Jobs
+//! that name a queue (LIST by label), the owners of serving replicas and the DRA claims
+//! they refer to (only in namespaces with a LocalQueue).
+
+use super::decide::Snapshot;
+use super::error::{Error, Result};
+use super::lease::Millis;
+use super::reconciler::Config;
+use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
+use crate::quota::scenario::QUEUE_LABELS;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
+use k8s_openapi::api::batch::v1::Job;
+use k8s_openapi::api::core::v1::{Namespace, Pod};
+use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
+
+pub(crate) fn crd_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("tessera.io", "v1alpha1", kind),
+        plural,
+    )
+}
+
+/// The four queue kinds: (kind, plural).
+pub(crate) const QUEUE_KINDS: [(&str, &str); 4] = [
+    ("ResourceFlavor", "resourceflavors"),
+    ("ClusterQueue", "clusterqueues"),
+    ("LocalQueue", "localqueues"),
+    ("WorkloadPriorityClass", "workloadpriorityclasses"),
+];
+
+/// `resource.k8s.io/v1` kinds pods refer to for DRA devices.
+fn dra_resource(kind: &str, plural: &str) -> ApiResource {
+    ApiResource::from_gvk_with_plural(
+        &GroupVersionKind::gvk("resource.k8s.io", "v1", kind),
+        plural,
+    )
+}
+
+async fn list_values(client: &kube::Client, ar: &ApiResource) -> Result<Vec<Value>> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    let list = api
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::api(format!("list {}", ar.plural)))?;
+    list.items
+        .into_iter()
+        .map(|o| {
+            serde_json::to_value(o).map_err(|source| Error::Json {
+                what: format!("encode {}", ar.plural),
+                source,
+            })
+        })
+        .collect()
+}
+
+/// Converts listed objects to engine types one by one: a bad object is reported and
+/// skipped, never fatal to the pass.
+fn typed<T: serde::de::DeserializeOwned>(
+    values: Vec<Value>,
+    kind: &str,
+    problems: &mut Vec<String>,
+) -> Vec<T> {
+    values
+        .into_iter()
+        .filter_map(|v| {
+            let name = v["metadata"]["name"].as_str().unwrap_or("").to_string();
+            match serde_path_to_error::deserialize(v) {
+                Ok(t) => Some(t),
+                Err(e) => {
+                    problems.push(format!(
+                        "{kind} {name:?}: field {}: {}",
+                        e.path(),
+                        e.inner()
+                    ));
+                    None
+                }
+            }
+        })
+        .collect()
+}
+
+/// The WorkloadPriorityClasses on the API server (also used by the webhook).
+pub async fn list_priority_classes(client: &kube::Client) -> Result<Vec<WorkloadPriorityClass>> {
+    let values = list_values(
+        client,
+        &crd_resource("WorkloadPriorityClass", "workloadpriorityclasses"),
+    )
+    .await?;
+    Ok(typed(values, "WorkloadPriorityClass", &mut Vec::new()))
+}
+
+/// Label selectors of the objects that name a queue (one LIST each: a selector cannot
+/// say "this label or that one").
+fn queue_selectors() -> [String; 2] {
+    QUEUE_LABELS.map(String::from)
+}
+
+/// Lists `ar` once per label selector (cluster-wide), without duplicates.
+async fn list_selected(
+    client: &kube::Client,
+    ar: &ApiResource,
+    selectors: &[String],
+) -> Result<Vec<Value>> {
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
+    let mut seen = BTreeSet::new();
+    let mut out = Vec::new();
+    for selector in selectors {
+        let list = api
+            .list(&ListParams::default().labels(selector))
+            .await
+            .map_err(Error::api(format!("list {} -l {selector}", ar.plural)))?;
+        for o in list.items {
+            let key = (o.metadata.namespace.clone(), o.metadata.name.clone());
+            if seen.insert(key) {
+                out.push(serde_json::to_value(o).map_err(|source| Error::Json {
+                    what: format!("encode {}", ar.plural),
+                    source,
+                })?);
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Lists `ar` in each of `namespaces` (a kind the cluster may not serve reads as none
+/// when `optional`).
+async fn list_in(
+    client: &kube::Client,
+    ar: &ApiResource,
+    namespaces: &BTreeSet<String>,
+    optional: bool,
+) -> Result<Vec<Value>> {
+    let mut out = Vec::new();
+    for ns in namespaces {
+        let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), ns, ar);
+        let list = match api.list(&ListParams::default()).await {
+            Ok(l) => l,
+            Err(kube::Error::Api(s)) if optional && s.code == 404 => return Ok(Vec::new()),
+            Err(e) => return Err(Error::api(format!("list {} in {ns}", ar.plural))(e)),
+        };
+        for o in list.items {
+            out.push(serde_json::to_value(o).map_err(|source| Error::Json {
+                what: format!("encode {}", ar.plural),
+                source,
+            })?);
+        }
+    }
+    Ok(out)
+}
+
+/// Whether any of `objects` refers to an owner of `kind` / has DRA claims at `claims`.
+fn any_owned_by(objects: &[Value], kind: &str) -> bool {
+    objects.iter().any(|o| {
+        o["metadata"]["ownerReferences"]
+            .as_array()
+            .is_some_and(|r| r.iter().any(|r| r["kind"] == kind))
+    })
+}
+
+fn any_claims(objects: &[Value], spec: &str) -> bool {
+    objects.iter().any(|o| {
+        o.pointer(spec)
+            .and_then(|c| c["resourceClaims"].as_array())
+            .is_some_and(|c| !c.is_empty())
+    })
+}
+
+/// Reads everything a pass needs. Unusable queue objects land in `problems`.
+///
+/// Pods and Jobs are listed by label (only those naming a queue); their owners
+/// (ReplicaSets, Deployments, StatefulSets) and DRA claims only in namespaces that have
+/// a LocalQueue, and only when some queued pod needs them.
+pub async fn snapshot(
+    client: &kube::Client,
+    cfg: &Config,
+    now: Millis,
+    problems: &mut Vec<String>,
+) -> Result<Snapshot> {
+    let [rf, cq, lq, wpc] = QUEUE_KINDS.map(|(k, p)| crd_resource(k, p));
+    let namespaces: Api<Namespace> = Api::all(client.clone());
+    let namespaces = namespaces
+        .list(&ListParams::default())
+        .await
+        .map_err(Error::api("list namespaces"))?
+        .items
+        .into_iter()
+        .filter_map(|n| {
+            let name = n.metadata.name?;
+            let labels = n.metadata.labels.unwrap_or_default();
+            Some((name, labels))
+        })
+        .collect();
+    let local_queues = typed::<LocalQueue>(list_values(client, &lq).await?, "LocalQueue", problems);
+    let queued_ns: BTreeSet<String> = local_queues
+        .iter()
+        .map(|q| {
+            q.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into())
+        })
+        .collect();
+    let selectors = queue_selectors();
+    let pods = list_selected(client, &ApiResource::erase::<Pod>(&()), &selectors).await?;
+    let jobs = list_selected(client, &ApiResource::erase::<Job>(&()), &selectors).await?;
+    let none = BTreeSet::new();
+    let when = |needed: bool| if needed { &queued_ns } else { &none };
+    let replica_owned = any_owned_by(&pods, "ReplicaSet");
+    let claims_used = any_claims(&pods, "/spec") || any_claims(&jobs, "/spec/template/spec");
+    Ok(Snapshot {
+        now,
+        flavors: typed::<ResourceFlavor>(
+            list_values(client, &rf).await?,
+            "ResourceFlavor",
+            problems,
+        ),
+        cluster_queues: typed::<ClusterQueue>(
+            list_values(client, &cq).await?,
+            "ClusterQueue",
+            problems,
+        ),
+        local_queues,
+        priority_classes: typed::<WorkloadPriorityClass>(
+            list_values(client, &wpc).await?,
+            "WorkloadPriorityClass",
+            problems,
+        ),
+        namespaces,
+        replica_sets: list_in(
+            client,
+            &ApiResource::erase::<ReplicaSet>(&()),
+            when(replica_owned),
+            false,
+        )
+        .await?,
+        // Also when no replica is left: an annotated Deployment scaled to zero is updated.
+        deployments: list_in(
+            client,
+            &ApiResource::erase::<Deployment>(&()),
+            &queued_ns,
+            false,
+        )
+        .await?,
+        stateful_sets: list_in(
+            client,
+            &ApiResource::erase::<StatefulSet>(&()),
+            &queued_ns,
+            false,
+        )
+        .await?,
+        claim_templates: list_in(
+            client,
+            &dra_resource("ResourceClaimTemplate", "resourceclaimtemplates"),
+            when(claims_used),
+            true,
+        )
+        .await?,
+        claims: list_in(
+            client,
+            &dra_resource("ResourceClaim", "resourceclaims"),
+            when(claims_used),
+            true,
+        )
+        .await?,
+        pods,
+        jobs,
+        device_classes: cfg.device_classes.clone(),
+        blocked: BTreeMap::new(),
+        pods_ready: cfg.pods_ready.clone(),
+    })
+}

@@ -1,0 +1,361 @@
+//! Live objects as workloads: gated pods, pod groups, serving replicas and batch Jobs
+//! read from a [`Snapshot`] into the engine's [`WorkloadInfo`], with their state
+//! (waiting, running, terminating), the objects to act on and what was recorded on them.
+
+use super::claims::ClaimIndex;
+use super::decide::{ObjKind, ObjRef, Snapshot};
+use super::lease::Millis;
+use super::pods_ready::{self, Requeue};
+use super::serving::{Owner, ServingIndex};
+use super::{
+    ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
+    PENDING_REASON_ANNOTATION, PRIORITY_ANNOTATION,
+};
+use crate::quota::scenario::{
+    merge_live_pod_group, workload_from_live_job, workload_from_live_pod, LivePod,
+    LAST_CHECKPOINT_ANNOTATION,
+};
+use crate::quota::WorkloadInfo;
+use k8s_openapi::jiff::Timestamp;
+use serde_json::Value;
+use std::collections::BTreeMap;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum State {
+    /// Gated pods / suspended Job: waiting for admission.
+    Waiting,
+    /// Ungated pods / unsuspended Job: admitted.
+    Running,
+    /// Evicted, still holding its resources (pods being deleted, suspended Job with
+    /// active pods).
+    Terminating,
+}
+
+pub(super) struct Live {
+    pub(super) key: String,
+    pub(super) info: Option<WorkloadInfo>,
+    /// Why the workload cannot be built (shown as its pending reason).
+    pub(super) invalid: Option<(String, String)>,
+    pub(super) state: State,
+    pub(super) objects: Vec<ObjRef>,
+    /// Pods still gated (to ungate on admission, also after a restart mid-way).
+    pub(super) gated: Vec<ObjRef>,
+    pub(super) graces: Vec<i64>,
+    pub(super) admitted_at: Millis,
+    /// The reason and message last written on its first object.
+    pub(super) recorded: Option<(String, String)>,
+    /// The Deployment / ReplicaSet / StatefulSet this replica belongs to.
+    pub(super) serving: Option<Owner>,
+    /// All its pods are Ready now / were recorded Ready once.
+    pub(super) ready: bool,
+    pub(super) ready_recorded: bool,
+    /// Evicted for pods-ready timeouts before (Jobs).
+    pub(super) requeue: Option<Requeue>,
+}
+
+/// Parses an RFC 3339 stamp to milliseconds since the epoch.
+pub fn millis(stamp: &str) -> Option<Millis> {
+    stamp
+        .parse::<Timestamp>()
+        .ok()
+        .map(|t| t.as_millisecond().max(0) as Millis)
+}
+
+fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
+    v.pointer(ptr).and_then(Value::as_str)
+}
+
+fn obj_ref(kind: ObjKind, v: &Value) -> ObjRef {
+    ObjRef {
+        kind,
+        namespace: str_at(v, "/metadata/namespace")
+            .unwrap_or("default")
+            .to_string(),
+        name: str_at(v, "/metadata/name").unwrap_or("").to_string(),
+    }
+}
+
+fn annotation<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v["metadata"]["annotations"][key].as_str()
+}
+
+fn names_queue(v: &Value) -> bool {
+    crate::quota::scenario::QUEUE_LABELS
+        .iter()
+        .any(|k| v["metadata"]["labels"][*k].is_string())
+}
+
+fn is_gated(pod: &Value) -> bool {
+    pod["spec"]["schedulingGates"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|x| x["name"] == ADMISSION_GATE))
+}
+
+fn owned_by_job(pod: &Value) -> bool {
+    pod["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|r| {
+            r.iter()
+                .any(|o| o["kind"] == "Job" && o["apiVersion"] == "batch/v1")
+        })
+}
+
+fn pod_done(pod: &Value) -> bool {
+    matches!(
+        pod["status"]["phase"].as_str(),
+        Some("Succeeded" | "Failed")
+    )
+}
+
+fn job_done(job: &Value) -> bool {
+    job["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter().any(|x| {
+            matches!(x["type"].as_str(), Some("Complete" | "Failed")) && x["status"] == "True"
+        })
+    })
+}
+
+fn recorded_pod(pod: &Value) -> Option<(String, String)> {
+    pod["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == CONDITION_TYPE && c["status"] == "False")
+        .map(|c| {
+            (
+                c["reason"].as_str().unwrap_or("").to_string(),
+                c["message"].as_str().unwrap_or("").to_string(),
+            )
+        })
+}
+
+fn recorded_job(job: &Value) -> Option<(String, String)> {
+    Some((
+        annotation(job, PENDING_REASON_ANNOTATION)?.to_string(),
+        annotation(job, PENDING_MESSAGE_ANNOTATION)
+            .unwrap_or("")
+            .to_string(),
+    ))
+}
+
+/// Live-object details the plan format does not carry: creation time, priority fixed
+/// by the webhook, last checkpoint as a wall-clock stamp, a grace period of at least
+/// 1 ms (so the engine never admits a preemptor in the same pass as its victims leave).
+fn finish_info(info: &mut WorkloadInfo, object: &Value, created: Millis) {
+    info.creation = created;
+    info.explicit_creation = true;
+    info.runtime = None;
+    info.pods_ready_after = Some(0);
+    if let Some(p) = annotation(object, PRIORITY_ANNOTATION).and_then(|p| p.parse().ok()) {
+        info.priority = Some(p);
+    }
+    info.last_checkpoint = annotation(object, LAST_CHECKPOINT_ANNOTATION).and_then(millis);
+    info.grace_period = info.grace_period.max(1);
+}
+
+fn grace_seconds(pod: &Value) -> i64 {
+    pod["spec"]["terminationGracePeriodSeconds"]
+        .as_i64()
+        .unwrap_or(30)
+}
+
+fn created(v: &Value) -> Millis {
+    str_at(v, "/metadata/creationTimestamp")
+        .and_then(millis)
+        .unwrap_or(0)
+}
+
+fn admitted_at(v: &Value) -> Option<Millis> {
+    annotation(v, ADMITTED_AT_ANNOTATION).and_then(millis)
+}
+
+/// Pods of one group with their workload each.
+type Members<'a> = Vec<(&'a Value, WorkloadInfo)>;
+
+/// Charges the pod's DRA claims to `info`; `Err` is its pending reason and message.
+fn charge_claims(
+    claims: &ClaimIndex,
+    info: &mut WorkloadInfo,
+    pod_spec: &Value,
+) -> Option<(String, String)> {
+    claims.charge(info, pod_spec).err()
+}
+
+pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex) -> Vec<Live> {
+    let mut out = Vec::new();
+    // Pod groups: key -> (total, members).
+    let mut groups: BTreeMap<String, (u32, Members)> = BTreeMap::new();
+    let mut bad_groups: BTreeMap<String, (Vec<&Value>, String)> = BTreeMap::new();
+    for pod in &s.pods {
+        if !names_queue(pod) || owned_by_job(pod) || pod_done(pod) {
+            continue;
+        }
+        let r = obj_ref(ObjKind::Pod, pod);
+        match workload_from_live_pod(pod) {
+            Ok(LivePod::Single(mut info)) => {
+                finish_info(&mut info, pod, created(pod));
+                let owner = serving.owner_of(pod);
+                info.name = match &owner {
+                    Some(o) => o.replica_name(&r.name),
+                    None => format!("pod-{}", r.name),
+                };
+                let key = info.key();
+                let bad_claims = charge_claims(claims, &mut info, &pod["spec"]);
+                let mut l = live_of_pods(key, Some(info), &[pod], None);
+                if bad_claims.is_some() {
+                    l.info = None;
+                    l.invalid = bad_claims;
+                }
+                l.serving = owner;
+                out.push(l);
+            }
+            Ok(LivePod::GroupMember {
+                group,
+                total,
+                pod: mut info,
+            }) => {
+                finish_info(&mut info, pod, created(pod));
+                if let Some((reason, why)) = charge_claims(claims, &mut info, &pod["spec"]) {
+                    let key = format!("{}/group-{group}", r.namespace);
+                    let entry = bad_groups
+                        .entry(key)
+                        .or_insert((Vec::new(), format!("{reason}: {why}")));
+                    entry.0.push(pod);
+                    continue;
+                }
+                let key = format!("{}/group-{group}", r.namespace);
+                let e = groups.entry(key).or_insert((total, Vec::new()));
+                e.0 = e.0.max(total);
+                e.1.push((pod, info));
+            }
+            Err(e) => {
+                let group = crate::quota::scenario::POD_GROUP_LABEL_KEYS
+                    .iter()
+                    .find_map(|k| pod["metadata"]["labels"][*k].as_str());
+                match group {
+                    Some(g) => {
+                        let key = format!("{}/group-{g}", r.namespace);
+                        let entry = bad_groups.entry(key).or_insert((Vec::new(), e.to_string()));
+                        entry.0.push(pod);
+                    }
+                    None => {
+                        let key = format!("{}/pod-{}", r.namespace, r.name);
+                        out.push(live_of_pods(key, None, &[pod], Some(e.to_string())));
+                    }
+                }
+            }
+        }
+    }
+    for (key, (pods, why)) in bad_groups {
+        groups.remove(&key);
+        out.push(live_of_pods(key, None, &pods, Some(why)));
+    }
+    for (key, (total, members)) in groups {
+        let pods: Vec<&Value> = members.iter().map(|(p, _)| *p).collect();
+        let running = pods.iter().any(|p| !is_gated(p));
+        let n = members.len() as u32;
+        let group = key
+            .split_once('/')
+            .map_or(key.as_str(), |(_, g)| g)
+            .to_string();
+        let infos: Vec<WorkloadInfo> = members.into_iter().map(|(_, i)| i).collect();
+        if !running && n < total {
+            let why = format!("{n} of {total} pods of the group exist");
+            let mut l = live_of_pods(key, None, &pods, None);
+            l.invalid = Some(("PodGroupIncomplete".into(), why));
+            out.push(l);
+            continue;
+        }
+        let mut info = merge_live_pod_group(&group, infos);
+        if let Some(i) = info.as_mut() {
+            i.name = group;
+        }
+        out.push(live_of_pods(key, info, &pods, None));
+    }
+    for job in &s.jobs {
+        if !names_queue(job) || job_done(job) {
+            continue;
+        }
+        let r = obj_ref(ObjKind::Job, job);
+        let key = format!("{}/job-{}", r.namespace, r.name);
+        let suspended = job["spec"]["suspend"] == true;
+        let active = job["status"]["active"].as_i64().unwrap_or(0);
+        let state = match (suspended, active) {
+            (false, _) => State::Running,
+            (true, 0) => State::Waiting,
+            (true, _) => State::Terminating,
+        };
+        let (info, invalid) = match workload_from_live_job(job) {
+            Ok(mut info) => {
+                finish_info(&mut info, job, created(job));
+                info.name = format!("job-{}", r.name);
+                match charge_claims(claims, &mut info, &job["spec"]["template"]["spec"]) {
+                    None => (Some(info), None),
+                    Some(bad) => (None, Some(bad)),
+                }
+            }
+            Err(e) => (None, Some(("Invalid".to_string(), e.to_string()))),
+        };
+        out.push(Live {
+            key,
+            info,
+            invalid,
+            state,
+            objects: vec![r],
+            gated: Vec::new(),
+            graces: vec![0],
+            admitted_at: admitted_at(job).unwrap_or_else(|| created(job)),
+            recorded: recorded_job(job),
+            serving: None,
+            ready: pods_ready::job_ready(job),
+            ready_recorded: pods_ready::ready_recorded(job),
+            requeue: pods_ready::requeue_state(job),
+        });
+    }
+    out
+}
+
+fn live_of_pods(
+    key: String,
+    info: Option<WorkloadInfo>,
+    pods: &[&Value],
+    invalid: Option<String>,
+) -> Live {
+    let mut pods: Vec<&Value> = pods.to_vec();
+    pods.sort_by_key(|p| str_at(p, "/metadata/name").unwrap_or("").to_string());
+    let terminating = |p: &Value| !p["metadata"]["deletionTimestamp"].is_null();
+    let ungated: Vec<&&Value> = pods.iter().filter(|p| !is_gated(p)).collect();
+    let state = if ungated.is_empty() {
+        State::Waiting
+    } else if ungated.iter().all(|p| terminating(p)) {
+        State::Terminating
+    } else {
+        State::Running
+    };
+    Live {
+        key,
+        info,
+        invalid: invalid.map(|w| ("Invalid".to_string(), w)),
+        state,
+        objects: pods.iter().map(|p| obj_ref(ObjKind::Pod, p)).collect(),
+        gated: pods
+            .iter()
+            .filter(|p| is_gated(p) && !terminating(p))
+            .map(|p| obj_ref(ObjKind::Pod, p))
+            .collect(),
+        graces: pods.iter().map(|p| grace_seconds(p)).collect(),
+        admitted_at: pods
+            .iter()
+            .filter_map(|p| admitted_at(p))
+            .min()
+            .unwrap_or_else(|| pods.iter().map(|p| created(p)).min().unwrap_or(0)),
+        recorded: pods.first().and_then(|p| recorded_pod(p)),
+        serving: None,
+        ready: !ungated.is_empty()
+            && ungated
+                .iter()
+                .filter(|p| !terminating(p))
+                .all(|p| pods_ready::pod_ready(p)),
+        ready_recorded: pods.iter().any(|p| pods_ready::ready_recorded(p)),
+        requeue: None,
+    }
+}
