@@ -141,17 +141,20 @@ async fn serving(socket: &std::path::Path, claim: &Claim, timeout: Duration) -> 
     }
 }
 
-/// What the checkpoint's two-phase record costs the disk alone: two atomic writes (write,
-/// fsync, rename) of a checkpoint-sized file in `dir`, the second (`Completed`) with the
-/// directory fsync, as `Store` does them.
-fn two_atomic_writes(dir: &std::path::Path, bytes: usize) -> Duration {
+/// What the disk alone costs: atomic writes of a checkpoint-sized file in `dir` (write,
+/// optional fsync, rename, optional directory fsync), one per `(fsync, dir fsync)` entry.
+/// The old two-phase record was `[(true, false), (true, true)]` (3 fsyncs); one durable
+/// write is `[(true, false)]`.
+fn atomic_writes(dir: &std::path::Path, bytes: usize, writes: &[(bool, bool)]) -> Duration {
     use std::io::Write;
     let t = Instant::now();
-    for sync_dir in [false, true] {
+    for &(sync, sync_dir) in writes {
         let tmp = dir.join("floor.tmp");
         let mut f = std::fs::File::create(&tmp).unwrap();
         f.write_all(&vec![b'x'; bytes]).unwrap();
-        f.sync_all().unwrap();
+        if sync {
+            f.sync_all().unwrap();
+        }
         drop(f);
         std::fs::rename(&tmp, dir.join("floor.json")).unwrap();
         if sync_dir {
@@ -161,33 +164,64 @@ fn two_atomic_writes(dir: &std::path::Path, bytes: usize) -> Duration {
     t.elapsed()
 }
 
+/// The agent's `tessera::dra::timing` debug lines whose message is `what`, as
+/// `(claim name, value of field key)` (ANSI colours stripped).
+fn timing_fields<'a>(
+    log: &'a str,
+    what: &'a str,
+    key: &'a str,
+) -> impl Iterator<Item = (String, String)> + 'a {
+    log.lines()
+        .filter(move |l| l.contains(what))
+        .filter_map(move |line| {
+            // Strip ANSI colour sequences (ESC [ … m).
+            let mut plain = String::with_capacity(line.len());
+            let mut chars = line.chars();
+            while let Some(ch) = chars.next() {
+                if ch == '\u{1b}' {
+                    for c in chars.by_ref() {
+                        if c == 'm' {
+                            break;
+                        }
+                    }
+                } else {
+                    plain.push(ch);
+                }
+            }
+            let field = |k: &str| {
+                plain
+                    .split_whitespace()
+                    .find_map(|t| t.strip_prefix(k).map(str::to_string))
+            };
+            Some((field("claim=ml/")?, field(key)?))
+        })
+}
+
 /// The agent's own claim GET times (µs) by claim name, from its `tessera::dra::timing`
 /// debug lines (`claim GET claim=ml/NAME get_us=N`).
 fn agent_get_times(log: &str) -> std::collections::BTreeMap<String, u64> {
-    let mut out = std::collections::BTreeMap::new();
-    for line in log.lines().filter(|l| l.contains("claim GET")) {
-        // Strip ANSI colour sequences (ESC [ … m).
-        let mut plain = String::with_capacity(line.len());
-        let mut chars = line.chars();
-        while let Some(ch) = chars.next() {
-            if ch == '\u{1b}' {
-                for c in chars.by_ref() {
-                    if c == 'm' {
-                        break;
-                    }
-                }
-            } else {
-                plain.push(ch);
-            }
-        }
-        let field = |k: &str| {
-            plain
-                .split_whitespace()
-                .find_map(|t| t.strip_prefix(k).map(str::to_string))
+    timing_fields(log, "claim GET", "get_us=")
+        .filter_map(|(claim, us)| Some((claim, us.parse().ok()?)))
+        .collect()
+}
+
+/// Per-step times of the prepares of claims named `<prefix><number>`, from the agent's
+/// `prepare steps … steps=a=12,b=40` lines: each step's samples, in first-seen order.
+fn agent_steps(log: &str, prefix: &str) -> Vec<(String, Vec<Duration>)> {
+    let mut out: Vec<(String, Vec<Duration>)> = Vec::new();
+    for (claim, steps) in timing_fields(log, "prepare steps", "steps=") {
+        let Some(n) = claim.strip_prefix(prefix) else {
+            continue;
         };
-        if let (Some(claim), Some(us)) = (field("claim=ml/"), field("get_us=")) {
-            if let Ok(us) = us.parse() {
-                out.insert(claim, us);
+        if n.parse::<u32>().is_err() {
+            continue;
+        }
+        for (step, us) in steps.split(',').filter_map(|kv| kv.split_once('=')) {
+            let Ok(us) = us.parse::<u64>() else { continue };
+            let d = Duration::from_micros(us);
+            match out.iter_mut().find(|(s, _)| s == step) {
+                Some((_, v)) => v.push(d),
+                None => out.push((step.to_string(), vec![d])),
             }
         }
     }
@@ -279,12 +313,21 @@ async fn main() {
     let mut raw = v1::dra_plugin_client::DraPluginClient::new(ch);
     let claims_api: kube::Api<ResourceClaim> = kube::Api::namespaced(api.client(), "ml");
     let (mut empty, mut get, mut whole, mut mig) = (vec![], vec![], vec![], vec![]);
-    let mut floor = vec![];
+    let (mut floor, mut floor1) = (vec![], vec![]);
     let checkpoint_bytes = std::fs::metadata(dirs.checkpoint_dir().join("checkpoint.json"))
         .map(|m| m.len() as usize)
         .unwrap_or(16 * 1024);
     for i in 0..samples {
-        floor.push(two_atomic_writes(&dirs.state_dir, checkpoint_bytes));
+        floor.push(atomic_writes(
+            &dirs.state_dir,
+            checkpoint_bytes,
+            &[(true, false), (true, true)],
+        ));
+        floor1.push(atomic_writes(
+            &dirs.state_dir,
+            checkpoint_bytes,
+            &[(true, false)],
+        ));
         let t = Instant::now();
         raw.node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![] })
             .await
@@ -307,7 +350,12 @@ async fn main() {
         mig.push((m.name.clone(), t.elapsed()));
         unprepare_ok(&kubelet, &[w, m]).await;
     }
-    let agent_gets = agent_get_times(&dra_agent::binary_log(&dirs));
+    let log = dra_agent::binary_log(&dirs);
+    let agent_gets = agent_get_times(&log);
+    let step_tables = [
+        ("whole GPU", agent_steps(&log, "w")),
+        ("MIG", agent_steps(&log, "m")),
+    ];
     let (e50, e99) = stats(empty);
     let (g50, g99) = stats(get);
     let (a50, a99) = stats(
@@ -322,6 +370,7 @@ async fn main() {
     let (w50, w99) = stats(whole.into_iter().map(|(_, d)| d).collect());
     let (m50, m99) = stats(mig.into_iter().map(|(_, d)| d).collect());
     let (f50, f99) = stats(floor);
+    let (o50, o99) = stats(floor1);
     rows.push((
         "NodePrepareResources, whole GPU (p50 / p99)".into(),
         format!("{:.2} / {:.2} ms", ms(w50), ms(w99)),
@@ -339,6 +388,12 @@ async fn main() {
         format!("{:.2} / {:.2} ms", ms(f50), ms(f99)),
         "same directory, same size".into(),
         format!("prepare p50 = {:.2}x floor", ms(w50) / ms(f50)),
+    ));
+    rows.push((
+        "  disk floor: 1 checkpoint write, 1 fsync (p50/p99)".into(),
+        format!("{:.2} / {:.2} ms", ms(o50), ms(o99)),
+        "same directory, same size".into(),
+        format!("prepare p50 = {:.2}x floor", ms(w50) / ms(o50)),
     ));
     rows.push((
         "NodePrepareResources, MIG on demand (p50 / p99)".into(),
@@ -501,5 +556,20 @@ async fn main() {
     );
     for (a, b, c, d) in rows {
         println!("{a:<54} {b:<36} {c:<28} {d}");
+    }
+    // Where a single claim's prepare goes, step by step (the agent's own clock).
+    for (kind, steps) in step_tables {
+        println!(
+            "\nprepare steps, {kind} (µs, p50 / p99, {} claims):",
+            steps.first().map_or(0, |s| s.1.len())
+        );
+        for (step, samples) in steps {
+            let (p50, p99) = stats(samples);
+            println!(
+                "  {step:<12} {:>7} / {:>7}",
+                p50.as_micros(),
+                p99.as_micros()
+            );
+        }
     }
 }
