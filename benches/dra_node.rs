@@ -228,6 +228,38 @@ fn agent_steps(log: &str, prefix: &str) -> Vec<(String, Vec<Duration>)> {
     out
 }
 
+/// A restarted agent's milestones from its log (`log` holds only its lines): exec → its
+/// first line, → "DRA checkpoint recovered", → the first "NodePrepareResources" it
+/// logged, → `total` (the bench's answer). `spawned` is the wall clock at exec.
+fn restart_phases(
+    log: &str,
+    spawned: std::time::SystemTime,
+    total: Duration,
+) -> Option<[Duration; 4]> {
+    let at = |what: &str| -> Option<Duration> {
+        let line = log.lines().find(|l| l.contains(what))?;
+        // Strip ANSI colour sequences (ESC [ … m).
+        let mut parts = line.split('\u{1b}');
+        let mut plain = parts.next().unwrap_or_default().to_string();
+        for part in parts {
+            plain.push_str(part.split_once('m').map_or(part, |(_, rest)| rest));
+        }
+        let stamp = plain.split_whitespace().next()?;
+        let t: k8s_openapi::jiff::Timestamp = stamp.parse().ok()?;
+        let t = std::time::SystemTime::from(t);
+        t.duration_since(spawned).ok()
+    };
+    let started = at("starting node agent")?;
+    let recovered = at("DRA checkpoint recovered")?;
+    let request = at("NodePrepareResources")?;
+    Some([
+        started,
+        recovered.saturating_sub(started),
+        request.saturating_sub(recovered),
+        total.saturating_sub(request),
+    ])
+}
+
 /// Round trips minus the agent's own GET of that claim.
 fn excluding_get(
     rtt: &[(String, Duration)],
@@ -503,7 +535,16 @@ async fn main() {
     // --- SIGKILL → restarted agent serving --------------------------------------------
     let (mut restart, mut bare) = (vec![], vec![]);
     let (mut on_cpu, mut queued) = (vec![], vec![]);
+    let mut phases: Vec<[Duration; 4]> = vec![];
     let probe = background[0].clone();
+    // The restarted agents also log their start-up milestones (info), for the breakdown.
+    std::env::set_var(
+        "TESSERA_TEST_LOG",
+        format!(
+            "{},tessera::cmd::node=info,tessera::agent::dra=info,tessera::dra::plugin=info",
+            std::env::var("TESSERA_TEST_LOG").unwrap_or_default()
+        ),
+    );
     for _ in 0..reps {
         let t = Instant::now();
         let out = std::process::Command::new(bin)
@@ -514,10 +555,16 @@ async fn main() {
         bare.push(t.elapsed());
         kill(Pid::from_raw(agent.id() as i32), Signal::SIGKILL).unwrap();
         agent.wait().unwrap();
+        let log_len = dra_agent::binary_log(&dirs).len();
         let start = Instant::now();
+        let wall = std::time::SystemTime::now();
         agent = spawn_binary(bin, &dirs, &api, GPUS, "boot-1");
         serving(&socket, &probe, Duration::from_secs(10)).await;
         restart.push(start.elapsed());
+        let log = dra_agent::binary_log(&dirs);
+        if let Some(p) = restart_phases(&log[log_len..], wall, start.elapsed()) {
+            phases.push(p);
+        }
         let (run, wait) = cpu_and_wait(agent.id());
         on_cpu.push(run);
         queued.push(wait);
@@ -544,6 +591,22 @@ async fn main() {
         format!("{:.2}x of 300 ms (max)", ms(cmax) / 300.0),
     ));
 
+    // Where the restart goes (agent log timestamps against the bench's clock), p50 each.
+    let phase_names = [
+        "exec → first log line (process start, flags, fake GPUs)",
+        "→ checkpoint recovered (API client, first config, recovery)",
+        "→ the probe's NodePrepareResources arrives (serve, dial, HTTP/2)",
+        "→ answer received by the bench",
+    ];
+    let restart_breakdown: Vec<String> = phase_names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let (p50, _) = stats(phases.iter().map(|p| p[i]).collect());
+            format!("  {name:<66} {:>6.1} ms", ms(p50))
+        })
+        .collect();
+
     kill(Pid::from_raw(agent.id() as i32), Signal::SIGTERM).unwrap();
     agent.wait().unwrap();
     if std::env::var_os("DRA_BENCH_LOG").is_some() {
@@ -556,6 +619,13 @@ async fn main() {
     );
     for (a, b, c, d) in rows {
         println!("{a:<54} {b:<36} {c:<28} {d}");
+    }
+    println!(
+        "\nrestart phases (p50 of {} restarts; sums need not match the p50 total):",
+        phases.len()
+    );
+    for line in restart_breakdown {
+        println!("{line}");
     }
     // Where a single claim's prepare goes, step by step (the agent's own clock).
     for (kind, steps) in step_tables {

@@ -132,15 +132,17 @@ fn checksum(data: &serde_json::Value) -> Result<String, serde_json::Error> {
     ))
 }
 
-/// Encode `data` as a checkpoint file body.
+/// Encode `data` as a checkpoint file body: one line of JSON whose `data` is the canonical
+/// encoding the checksum covers (serialised once, not again for the file; `jq .` shows
+/// it indented).
 pub fn encode(data: &Data) -> Result<Vec<u8>, serde_json::Error> {
-    let value = serde_json::to_value(data)?;
-    let env = Envelope {
-        version: VERSION,
-        checksum: checksum(&value)?,
-        data: value,
-    };
-    serde_json::to_vec_pretty(&env)
+    let canonical = serde_json::to_vec(&serde_json::to_value(data)?)?;
+    let checksum = format!("{:08x}", crc32fast::hash(&canonical));
+    let mut body = format!(r#"{{"version":{VERSION},"checksum":"{checksum}","data":"#).into_bytes();
+    body.reserve(canonical.len() + 2);
+    body.extend_from_slice(&canonical);
+    body.extend_from_slice(b"}\n");
+    Ok(body)
 }
 
 /// Decode a checkpoint file body; `path` only names it in errors.
@@ -606,6 +608,15 @@ mod tests {
     fn round_trip_and_corruption_is_detected() {
         let bytes = encode(&data()).unwrap();
         assert_eq!(decode("c", &bytes).unwrap(), data());
+        // The same envelope a generic JSON writer produces (what earlier releases wrote).
+        let value = serde_json::to_value(data()).unwrap();
+        let generic = serde_json::json!({
+            "version": VERSION, "checksum": checksum(&value).unwrap(), "data": value,
+        });
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap(),
+            generic
+        );
 
         let text = String::from_utf8(bytes.clone()).unwrap();
         let tampered = text.replace("train-gpu", "train-gpx");
@@ -615,7 +626,7 @@ mod tests {
         assert!(matches!(e, Error::Corrupt { .. }), "{e}");
         let e = decode(
             "c",
-            text.replace("\"version\": 2", "\"version\": 200")
+            text.replace("\"version\":2,", "\"version\":200,")
                 .as_bytes(),
         )
         .unwrap_err();
