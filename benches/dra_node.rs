@@ -559,7 +559,19 @@ async fn main() {
         let start = Instant::now();
         let wall = std::time::SystemTime::now();
         agent = spawn_binary(bin, &dirs, &api, GPUS, "boot-1");
-        serving(&socket, &probe, Duration::from_secs(10)).await;
+        // The prober stands for the kubelet, a process of its own: it gets a thread and a
+        // runtime of its own, so it does not queue behind the API double (same process,
+        // busy answering the restarted agent's ResourceSlice LIST and WATCH).
+        let (sock, claim) = (socket.clone(), probe.clone());
+        tokio::task::spawn_blocking(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(serving(&sock, &claim, Duration::from_secs(10)))
+        })
+        .await
+        .unwrap();
         restart.push(start.elapsed());
         let log = dra_agent::binary_log(&dirs);
         if let Some(p) = restart_phases(&log[log_len..], wall, start.elapsed()) {
