@@ -141,17 +141,20 @@ async fn serving(socket: &std::path::Path, claim: &Claim, timeout: Duration) -> 
     }
 }
 
-/// What the checkpoint's two-phase record costs the disk alone: two atomic writes (write,
-/// fsync, rename) of a checkpoint-sized file in `dir`, the second (`Completed`) with the
-/// directory fsync, as `Store` does them.
-fn two_atomic_writes(dir: &std::path::Path, bytes: usize) -> Duration {
+/// What the disk alone costs: atomic writes of a checkpoint-sized file in `dir` (write,
+/// optional fsync, rename, optional directory fsync), one per `(fsync, dir fsync)` entry.
+/// The old two-phase record was `[(true, false), (true, true)]` (3 fsyncs); one durable
+/// write is `[(true, false)]`.
+fn atomic_writes(dir: &std::path::Path, bytes: usize, writes: &[(bool, bool)]) -> Duration {
     use std::io::Write;
     let t = Instant::now();
-    for sync_dir in [false, true] {
+    for &(sync, sync_dir) in writes {
         let tmp = dir.join("floor.tmp");
         let mut f = std::fs::File::create(&tmp).unwrap();
         f.write_all(&vec![b'x'; bytes]).unwrap();
-        f.sync_all().unwrap();
+        if sync {
+            f.sync_all().unwrap();
+        }
         drop(f);
         std::fs::rename(&tmp, dir.join("floor.json")).unwrap();
         if sync_dir {
@@ -161,37 +164,100 @@ fn two_atomic_writes(dir: &std::path::Path, bytes: usize) -> Duration {
     t.elapsed()
 }
 
+/// The agent's `tessera::dra::timing` debug lines whose message is `what`, as
+/// `(claim name, value of field key)` (ANSI colours stripped).
+fn timing_fields<'a>(
+    log: &'a str,
+    what: &'a str,
+    key: &'a str,
+) -> impl Iterator<Item = (String, String)> + 'a {
+    log.lines()
+        .filter(move |l| l.contains(what))
+        .filter_map(move |line| {
+            // Strip ANSI colour sequences (ESC [ … m).
+            let mut plain = String::with_capacity(line.len());
+            let mut chars = line.chars();
+            while let Some(ch) = chars.next() {
+                if ch == '\u{1b}' {
+                    for c in chars.by_ref() {
+                        if c == 'm' {
+                            break;
+                        }
+                    }
+                } else {
+                    plain.push(ch);
+                }
+            }
+            let field = |k: &str| {
+                plain
+                    .split_whitespace()
+                    .find_map(|t| t.strip_prefix(k).map(str::to_string))
+            };
+            Some((field("claim=ml/")?, field(key)?))
+        })
+}
+
 /// The agent's own claim GET times (µs) by claim name, from its `tessera::dra::timing`
 /// debug lines (`claim GET claim=ml/NAME get_us=N`).
 fn agent_get_times(log: &str) -> std::collections::BTreeMap<String, u64> {
-    let mut out = std::collections::BTreeMap::new();
-    for line in log.lines().filter(|l| l.contains("claim GET")) {
-        // Strip ANSI colour sequences (ESC [ … m).
-        let mut plain = String::with_capacity(line.len());
-        let mut chars = line.chars();
-        while let Some(ch) = chars.next() {
-            if ch == '\u{1b}' {
-                for c in chars.by_ref() {
-                    if c == 'm' {
-                        break;
-                    }
-                }
-            } else {
-                plain.push(ch);
-            }
-        }
-        let field = |k: &str| {
-            plain
-                .split_whitespace()
-                .find_map(|t| t.strip_prefix(k).map(str::to_string))
+    timing_fields(log, "claim GET", "get_us=")
+        .filter_map(|(claim, us)| Some((claim, us.parse().ok()?)))
+        .collect()
+}
+
+/// Per-step times of the prepares of claims named `<prefix><number>`, from the agent's
+/// `prepare steps … steps=a=12,b=40` lines: each step's samples, in first-seen order.
+fn agent_steps(log: &str, prefix: &str) -> Vec<(String, Vec<Duration>)> {
+    let mut out: Vec<(String, Vec<Duration>)> = Vec::new();
+    for (claim, steps) in timing_fields(log, "prepare steps", "steps=") {
+        let Some(n) = claim.strip_prefix(prefix) else {
+            continue;
         };
-        if let (Some(claim), Some(us)) = (field("claim=ml/"), field("get_us=")) {
-            if let Ok(us) = us.parse() {
-                out.insert(claim, us);
+        if n.parse::<u32>().is_err() {
+            continue;
+        }
+        for (step, us) in steps.split(',').filter_map(|kv| kv.split_once('=')) {
+            let Ok(us) = us.parse::<u64>() else { continue };
+            let d = Duration::from_micros(us);
+            match out.iter_mut().find(|(s, _)| s == step) {
+                Some((_, v)) => v.push(d),
+                None => out.push((step.to_string(), vec![d])),
             }
         }
     }
     out
+}
+
+/// A restarted agent's milestones from its log (`log` holds only its lines): exec → its
+/// first line, → "DRA checkpoint recovered", → the first "NodePrepareResources" it
+/// logged, → `total` (the bench's answer). `spawned` is the wall clock at exec.
+fn restart_phases(
+    log: &str,
+    spawned: std::time::SystemTime,
+    total: Duration,
+) -> Option<[Duration; 4]> {
+    let at = |what: &str| -> Option<Duration> {
+        let line = log.lines().find(|l| l.contains(what))?;
+        // Strip ANSI colour sequences (ESC [ … m).
+        let mut parts = line.split('\u{1b}');
+        let mut plain = parts.next().unwrap_or_default().to_string();
+        for part in parts {
+            plain.push_str(part.split_once('m').map_or(part, |(_, rest)| rest));
+        }
+        let stamp = plain.split_whitespace().next()?;
+        let t: k8s_openapi::jiff::Timestamp = stamp.parse().ok()?;
+        let t = std::time::SystemTime::from(t);
+        t.duration_since(spawned).ok()
+    };
+    let started = at("starting node agent")?;
+    let recovered = at("DRA checkpoint recovered")?;
+    let request = at("NodePrepareResources")?;
+    Some([
+        started,
+        recovered.saturating_sub(started),
+        request.saturating_sub(recovered),
+        total.saturating_sub(request),
+    ])
 }
 
 /// Round trips minus the agent's own GET of that claim.
@@ -279,12 +345,21 @@ async fn main() {
     let mut raw = v1::dra_plugin_client::DraPluginClient::new(ch);
     let claims_api: kube::Api<ResourceClaim> = kube::Api::namespaced(api.client(), "ml");
     let (mut empty, mut get, mut whole, mut mig) = (vec![], vec![], vec![], vec![]);
-    let mut floor = vec![];
+    let (mut floor, mut floor1) = (vec![], vec![]);
     let checkpoint_bytes = std::fs::metadata(dirs.checkpoint_dir().join("checkpoint.json"))
         .map(|m| m.len() as usize)
         .unwrap_or(16 * 1024);
     for i in 0..samples {
-        floor.push(two_atomic_writes(&dirs.state_dir, checkpoint_bytes));
+        floor.push(atomic_writes(
+            &dirs.state_dir,
+            checkpoint_bytes,
+            &[(true, false), (true, true)],
+        ));
+        floor1.push(atomic_writes(
+            &dirs.state_dir,
+            checkpoint_bytes,
+            &[(true, false)],
+        ));
         let t = Instant::now();
         raw.node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![] })
             .await
@@ -307,7 +382,12 @@ async fn main() {
         mig.push((m.name.clone(), t.elapsed()));
         unprepare_ok(&kubelet, &[w, m]).await;
     }
-    let agent_gets = agent_get_times(&dra_agent::binary_log(&dirs));
+    let log = dra_agent::binary_log(&dirs);
+    let agent_gets = agent_get_times(&log);
+    let step_tables = [
+        ("whole GPU", agent_steps(&log, "w")),
+        ("MIG", agent_steps(&log, "m")),
+    ];
     let (e50, e99) = stats(empty);
     let (g50, g99) = stats(get);
     let (a50, a99) = stats(
@@ -322,6 +402,7 @@ async fn main() {
     let (w50, w99) = stats(whole.into_iter().map(|(_, d)| d).collect());
     let (m50, m99) = stats(mig.into_iter().map(|(_, d)| d).collect());
     let (f50, f99) = stats(floor);
+    let (o50, o99) = stats(floor1);
     rows.push((
         "NodePrepareResources, whole GPU (p50 / p99)".into(),
         format!("{:.2} / {:.2} ms", ms(w50), ms(w99)),
@@ -339,6 +420,12 @@ async fn main() {
         format!("{:.2} / {:.2} ms", ms(f50), ms(f99)),
         "same directory, same size".into(),
         format!("prepare p50 = {:.2}x floor", ms(w50) / ms(f50)),
+    ));
+    rows.push((
+        "  disk floor: 1 checkpoint write, 1 fsync (p50/p99)".into(),
+        format!("{:.2} / {:.2} ms", ms(o50), ms(o99)),
+        "same directory, same size".into(),
+        format!("prepare p50 = {:.2}x floor", ms(w50) / ms(o50)),
     ));
     rows.push((
         "NodePrepareResources, MIG on demand (p50 / p99)".into(),
@@ -448,7 +535,16 @@ async fn main() {
     // --- SIGKILL → restarted agent serving --------------------------------------------
     let (mut restart, mut bare) = (vec![], vec![]);
     let (mut on_cpu, mut queued) = (vec![], vec![]);
+    let mut phases: Vec<[Duration; 4]> = vec![];
     let probe = background[0].clone();
+    // The restarted agents also log their start-up milestones (info), for the breakdown.
+    std::env::set_var(
+        "TESSERA_TEST_LOG",
+        format!(
+            "{},tessera::cmd::node=info,tessera::agent::dra=info,tessera::dra::plugin=info",
+            std::env::var("TESSERA_TEST_LOG").unwrap_or_default()
+        ),
+    );
     for _ in 0..reps {
         let t = Instant::now();
         let out = std::process::Command::new(bin)
@@ -459,10 +555,28 @@ async fn main() {
         bare.push(t.elapsed());
         kill(Pid::from_raw(agent.id() as i32), Signal::SIGKILL).unwrap();
         agent.wait().unwrap();
+        let log_len = dra_agent::binary_log(&dirs).len();
         let start = Instant::now();
+        let wall = std::time::SystemTime::now();
         agent = spawn_binary(bin, &dirs, &api, GPUS, "boot-1");
-        serving(&socket, &probe, Duration::from_secs(10)).await;
+        // The prober stands for the kubelet, a process of its own: it gets a thread and a
+        // runtime of its own, so it does not queue behind the API double (same process,
+        // busy answering the restarted agent's ResourceSlice LIST and WATCH).
+        let (sock, claim) = (socket.clone(), probe.clone());
+        tokio::task::spawn_blocking(move || {
+            tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(serving(&sock, &claim, Duration::from_secs(10)))
+        })
+        .await
+        .unwrap();
         restart.push(start.elapsed());
+        let log = dra_agent::binary_log(&dirs);
+        if let Some(p) = restart_phases(&log[log_len..], wall, start.elapsed()) {
+            phases.push(p);
+        }
         let (run, wait) = cpu_and_wait(agent.id());
         on_cpu.push(run);
         queued.push(wait);
@@ -489,6 +603,22 @@ async fn main() {
         format!("{:.2}x of 300 ms (max)", ms(cmax) / 300.0),
     ));
 
+    // Where the restart goes (agent log timestamps against the bench's clock), p50 each.
+    let phase_names = [
+        "exec → first log line (process start, flags, fake GPUs)",
+        "→ checkpoint recovered (API client, first config, recovery)",
+        "→ the probe's NodePrepareResources arrives (serve, dial, HTTP/2)",
+        "→ answer received by the bench",
+    ];
+    let restart_breakdown: Vec<String> = phase_names
+        .iter()
+        .enumerate()
+        .map(|(i, name)| {
+            let (p50, _) = stats(phases.iter().map(|p| p[i]).collect());
+            format!("  {name:<66} {:>6.1} ms", ms(p50))
+        })
+        .collect();
+
     kill(Pid::from_raw(agent.id() as i32), Signal::SIGTERM).unwrap();
     agent.wait().unwrap();
     if std::env::var_os("DRA_BENCH_LOG").is_some() {
@@ -501,5 +631,27 @@ async fn main() {
     );
     for (a, b, c, d) in rows {
         println!("{a:<54} {b:<36} {c:<28} {d}");
+    }
+    println!(
+        "\nrestart phases (p50 of {} restarts; sums need not match the p50 total):",
+        phases.len()
+    );
+    for line in restart_breakdown {
+        println!("{line}");
+    }
+    // Where a single claim's prepare goes, step by step (the agent's own clock).
+    for (kind, steps) in step_tables {
+        println!(
+            "\nprepare steps, {kind} (µs, p50 / p99, {} claims):",
+            steps.first().map_or(0, |s| s.1.len())
+        );
+        for (step, samples) in steps {
+            let (p50, p99) = stats(samples);
+            println!(
+                "  {step:<12} {:>7} / {:>7}",
+                p50.as_micros(),
+                p99.as_micros()
+            );
+        }
     }
 }

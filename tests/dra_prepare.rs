@@ -628,3 +628,108 @@ async fn start_destroys_unowned_mig_on_dra_gpus_and_recover_keeps_an_unchanged_f
     assert!(rebooted.recover().unwrap().rebooted);
     assert_ne!(std::fs::metadata(&file).unwrap().ino(), inode);
 }
+
+#[tokio::test]
+async fn a_lost_started_record_leaves_nothing_behind_after_the_start_up_sweep() {
+    // The `Started` record is written but not fsynced, the directory not fsynced after a
+    // rename: a power loss can take the newest records with it. What their prepares left
+    // on disk or on the GPUs is found at start without them: CDI specs of claims the
+    // checkpoint does not hold as Completed, MIG instances no claim owns.
+    let api = ApiServer::empty().await;
+    api.put_object(
+        CLAIMS,
+        claim("train", "uid-1", json!([r("gpu-0-mig-3g-40gb-4")])),
+    );
+    api.put_object(CLAIMS, claim("keep", "uid-2", json!([r("gpu-1")])));
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let refs = |name: &str, uid: &str| ClaimRef {
+        namespace: "ml".into(),
+        name: name.into(),
+        uid: uid.into(),
+    };
+    let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    assert!(p.prepare(vec![refs("keep", "uid-2")]).await["uid-2"].is_ok());
+    let file = tmp.path().join("state/checkpoint.json");
+    let before_train = std::fs::read(&file).unwrap();
+    assert!(p.prepare(vec![refs("train", "uid-1")]).await["uid-1"].is_ok());
+    drop(p);
+    // The records of "train" are lost; its instance and spec are not.
+    std::fs::write(&file, before_train).unwrap();
+    let cdi = tmp.path().join("cdi");
+    std::fs::write(cdi.join("tessera.io-gpu.json"), "{}").unwrap();
+    std::fs::write(cdi.join("vendor.example.com-nic.json"), "{}").unwrap();
+    std::fs::write(cdi.join(".tessera.io-claim-uid-7.json.tmp"), "{").unwrap();
+
+    let restarted = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    restarted.recover().unwrap();
+    let gpus: std::collections::BTreeSet<String> = backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    assert_eq!(restarted.destroy_unowned_migs(&gpus).unwrap(), 1);
+    assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
+    let mut left: Vec<String> = std::fs::read_dir(&cdi)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [
+            "tessera.io-claim-uid-2.json",
+            "tessera.io-gpu.json",
+            "vendor.example.com-nic.json"
+        ],
+        "only the orphans are removed"
+    );
+    // The kubelet retries "train": prepared again from scratch.
+    assert!(restarted.prepare(vec![refs("train", "uid-1")]).await["uid-1"].is_ok());
+    assert_eq!(backend.inventory().unwrap().gpus[0].mig_devices.len(), 1);
+}
+
+#[tokio::test]
+async fn concurrent_prepares_lose_no_entry_and_create_no_instance_twice() {
+    let api = ApiServer::empty().await;
+    // 2 GPUs × 7 one-slice MIG placements, and the same claim asked for 4 more times.
+    let mut refs = Vec::new();
+    for i in 0..14u32 {
+        let (name, uid) = (format!("c{i}"), format!("uid-c{i}"));
+        let device = format!("gpu-{}-mig-1g-10gb-{}", i / 7, i % 7);
+        api.put_object(CLAIMS, claim(&name, &uid, json!([r(&device)])));
+        refs.push(ClaimRef {
+            namespace: "ml".into(),
+            name,
+            uid,
+        });
+    }
+    for _ in 0..4 {
+        refs.push(refs[0].clone());
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let p = Arc::new(preparer(&api, backend.clone(), tmp.path(), "boot-1"));
+    let calls = refs.iter().cloned().map(|c| {
+        let p = p.clone();
+        tokio::spawn(async move { p.prepare(vec![c]).await })
+    });
+    let mut answers = std::collections::BTreeMap::new();
+    for out in futures::future::join_all(calls).await {
+        for (uid, r) in out.unwrap() {
+            let devices = r.unwrap();
+            if let Some(earlier) = answers.insert(uid, devices.clone()) {
+                assert_eq!(earlier, devices, "the same claim gets the same answer");
+            }
+        }
+    }
+    assert_eq!(answers.len(), 14);
+    let cp = p.checkpoint.read().unwrap();
+    assert_eq!(cp.claims.len(), 14, "no lost checkpoint entry");
+    assert!(cp.claims.values().all(|c| c.phase == Phase::Completed));
+    let inv = backend.inventory().unwrap();
+    let instances: Vec<usize> = inv.gpus.iter().map(|g| g.mig_devices.len()).collect();
+    assert_eq!(instances, [7, 7], "one instance per claim, none twice");
+}

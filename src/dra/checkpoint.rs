@@ -14,15 +14,26 @@
 //! keeps the claims but marks them for re-preparation, so the kubelet's next
 //! NodePrepareResources re-creates them instead of failing.
 //!
-//! Writes are atomic (temporary file, fsync, rename, fsync of the directory); a file lock
-//! serialises prepare/unprepare across processes.
+//! Writes are atomic: a temporary file, written, fsynced (`Completed` and unprepare
+//! records: [`Durability::Durable`]) and renamed over the checkpoint. A `Started` record
+//! is renamed into place without its fsync ([`Durability::Written`]), and no write fsyncs
+//! the directory: what that leaves to a power loss does not matter after one (see
+//! [`Session::commit`]).
+//!
+//! The file is read once per process: a [`Session`] works on an in-memory copy, checks
+//! with a `stat` that nobody else wrote the file since, and [`Session::commit`] writes the
+//! copy back; concurrent requests share one write and one fsync (group commit). A file
+//! lock, held while any session of the process is open, serialises prepare/unprepare
+//! across processes.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use serde::{Deserialize, Serialize};
+use tracing::warn;
 
 /// The format written by this release (major 0, minor 2). Minor 2 added
 /// `devices[].timeSlice`; minor-1 readers ignore it.
@@ -121,15 +132,17 @@ fn checksum(data: &serde_json::Value) -> Result<String, serde_json::Error> {
     ))
 }
 
-/// Encode `data` as a checkpoint file body.
+/// Encode `data` as a checkpoint file body: one line of JSON whose `data` is the canonical
+/// encoding the checksum covers (serialised once, not again for the file; `jq .` shows
+/// it indented).
 pub fn encode(data: &Data) -> Result<Vec<u8>, serde_json::Error> {
-    let value = serde_json::to_value(data)?;
-    let env = Envelope {
-        version: VERSION,
-        checksum: checksum(&value)?,
-        data: value,
-    };
-    serde_json::to_vec_pretty(&env)
+    let canonical = serde_json::to_vec(&serde_json::to_value(data)?)?;
+    let checksum = format!("{:08x}", crc32fast::hash(&canonical));
+    let mut body = format!(r#"{{"version":{VERSION},"checksum":"{checksum}","data":"#).into_bytes();
+    body.reserve(canonical.len() + 2);
+    body.extend_from_slice(&canonical);
+    body.extend_from_slice(b"}\n");
+    Ok(body)
 }
 
 /// Decode a checkpoint file body; `path` only names it in errors.
@@ -199,11 +212,19 @@ pub fn recover(mut data: Data, boot_id: &str) -> Loaded {
     }
 }
 
-/// The checkpoint file and its lock, in the driver's state directory.
-#[derive(Debug, Clone)]
+/// The checkpoint file and its lock, in the driver's state directory, and this process's
+/// copy of its content (shared by clones; see [`Session`]).
+#[derive(Clone)]
 pub struct Store {
     path: PathBuf,
     lock_path: PathBuf,
+    live: Arc<Live>,
+}
+
+impl std::fmt::Debug for Store {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Store").field("path", &self.path).finish()
+    }
 }
 
 /// Held while preparing or unpreparing; released on drop.
@@ -214,6 +235,7 @@ impl Store {
         Self {
             path: dir.join("checkpoint.json"),
             lock_path: dir.join("checkpoint.lock"),
+            live: Arc::default(),
         }
     }
 
@@ -249,36 +271,296 @@ impl Store {
         }
     }
 
-    /// Write atomically and durably.
+    /// Write `data` atomically and durably (write, fsync, rename), bypassing this
+    /// process's in-memory copy (the next [`Session`] notices the new file and reads it).
     pub fn write(&self, data: &Data) -> Result<()> {
-        self.write_opts(data, true)
-    }
-
-    /// Write atomically, without the directory fsync after the rename: a process crash
-    /// keeps the rename (it is in the kernel); only a power loss can undo it, leaving the
-    /// previous, whole checkpoint. For records whose loss on power failure is harmless
-    /// (the `Started` record: after a power loss the MIG instances and time-slices are gone
-    /// with the reboot, and instances left otherwise are destroyed at start as unowned).
-    pub fn write_without_dir_sync(&self, data: &Data) -> Result<()> {
-        self.write_opts(data, false)
-    }
-
-    fn write_opts(&self, data: &Data, sync_dir: bool) -> Result<()> {
         let body = encode(data).map_err(|e| self.io(std::io::Error::other(e)))?;
+        self.write_body(&body, true).map(|_| ())
+    }
+
+    /// Write `body` to a temporary file, fsync it when `sync`, rename it over the
+    /// checkpoint; returns the new file's [`Stamp`].
+    fn write_body(&self, body: &[u8], sync: bool) -> Result<Stamp> {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| self.io(e))?;
         let tmp = self.path.with_extension("json.tmp");
         let mut f = File::create(&tmp).map_err(|e| self.io(e))?;
-        f.write_all(&body).map_err(|e| self.io(e))?;
-        f.sync_all().map_err(|e| self.io(e))?;
+        f.write_all(body).map_err(|e| self.io(e))?;
+        if sync {
+            f.sync_all().map_err(|e| self.io(e))?;
+        }
+        let stamp = Stamp::of(&f.metadata().map_err(|e| self.io(e))?);
         drop(f);
         std::fs::rename(&tmp, &self.path).map_err(|e| self.io(e))?;
-        if !sync_dir {
+        Ok(stamp)
+    }
+
+    /// Open a [`Session`]: the first open session of the process takes the file lock and
+    /// brings the in-memory copy up to date with the file (re-read only when another
+    /// writer changed it; a corrupt file is reported and replaced by an empty record).
+    pub fn session(&self) -> Result<Session<'_>> {
+        let mut lease = lock(&self.live.lease);
+        if lease.holders == 0 {
+            let file_lock = self.lock()?;
+            self.refresh()?;
+            lease.lock = Some(file_lock);
+        }
+        lease.holders += 1;
+        Ok(Session { store: self })
+    }
+
+    fn stamp(&self) -> Result<Option<Stamp>> {
+        match std::fs::metadata(&self.path) {
+            Ok(m) => Ok(Some(Stamp::of(&m))),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(self.io(e)),
+        }
+    }
+
+    /// Under the file lock: re-read the file if it is not the one this process last saw.
+    fn refresh(&self) -> Result<()> {
+        let stamp = self.stamp()?;
+        let mut w = lock(&self.live.writer);
+        let mut mem = lock(&self.live.mem);
+        if mem.data.is_some() && mem.stamp == stamp {
             return Ok(());
         }
-        File::open(dir)
-            .and_then(|d| d.sync_all())
-            .map_err(|e| self.io(e))
+        let data = match self.read() {
+            Ok(d) => d,
+            Err(e @ Error::Corrupt { .. }) => {
+                // Never a crash loop: start from an empty record (the kubelet re-sends
+                // every claim it still needs); the next write replaces the file.
+                warn!(error = %e, "starting from an empty checkpoint");
+                Data::default()
+            }
+            Err(e) => return Err(e),
+        };
+        mem.data = Some(data);
+        mem.stamp = stamp;
+        mem.seq += 1;
+        w.written = mem.seq;
+        w.durable = mem.seq;
+        Ok(())
+    }
+
+    /// A claim's `Completed` record from the in-memory copy, without the lock: only when
+    /// that copy is known to match the file (same [`Stamp`]: nobody else wrote it since) and
+    /// no request of this process is working on the claim. `None`: look under a session.
+    pub fn completed_hint(&self, uid: &str) -> Option<PreparedClaim> {
+        let stamp = self.stamp().ok()??;
+        let mem = lock(&self.live.mem);
+        if mem.stamp != Some(stamp) || mem.in_flight.contains(uid) {
+            return None;
+        }
+        mem.data
+            .as_ref()?
+            .claims
+            .get(uid)
+            .filter(|c| c.phase == Phase::Completed)
+            .cloned()
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// This process's copy of the checkpoint: read once, changed in memory, written back.
+
+/// How far a [`Session::commit`] must go.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Durability {
+    /// Written and renamed into place, not fsynced: survives a crash of this process (the
+    /// kernel has it), not necessarily a power loss. For `Started` records: see
+    /// [`Session::commit`].
+    Written,
+    /// Written, fsynced, renamed: the checkpoint as the issue defines it.
+    Durable,
+}
+
+/// One change to the in-memory copy; [`Session::commit`] makes it (and every earlier one)
+/// reach the file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Ticket(u64);
+
+/// The checkpoint file's identity as this process last wrote or read it: when the file on
+/// disk still has it, nobody else wrote it since and the in-memory copy is current.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: i64,
+    mtime_nsec: i64,
+}
+
+impl Stamp {
+    fn of(m: &std::fs::Metadata) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        Self {
+            dev: m.dev(),
+            ino: m.ino(),
+            len: m.len(),
+            mtime: m.mtime(),
+            mtime_nsec: m.mtime_nsec(),
+        }
+    }
+}
+
+#[derive(Default)]
+struct Mem {
+    /// `None` until the first session loads the file.
+    data: Option<Data>,
+    /// Bumped by every change.
+    seq: u64,
+    stamp: Option<Stamp>,
+    /// Claims a request of this process is preparing or unpreparing.
+    in_flight: BTreeSet<String>,
+}
+
+/// What reached the file: the last change written, and the last one fsynced.
+#[derive(Default)]
+struct Written {
+    written: u64,
+    durable: u64,
+}
+
+/// The file lock, held while at least one session of this process is open.
+#[derive(Default)]
+struct Lease {
+    holders: usize,
+    lock: Option<Lock>,
+}
+
+/// Shared by the clones of one [`Store`]. Lock order: `lease`, `work`, `writer`, `mem`.
+#[derive(Default)]
+struct Live {
+    mem: Mutex<Mem>,
+    /// Signalled when a claim leaves `in_flight`.
+    idle: Condvar,
+    /// Held by the one thread writing the file (the group commit's leader).
+    writer: Mutex<Written>,
+    lease: Mutex<Lease>,
+    /// Serialises the side effects of prepares and unprepares in this process.
+    work: Mutex<()>,
+}
+
+/// A poisoned lock means a panic elsewhere; the data it guards is still consistent (every
+/// change is one assignment), so carry on.
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+static EMPTY: Data = Data {
+    boot_id: String::new(),
+    claims: BTreeMap::new(),
+};
+
+/// Open while a prepare, an unprepare or the start-up recovery works on the checkpoint.
+/// The first open session of the process takes the file lock (other processes wait); the
+/// last one to close releases it. Opening one checks the file against the in-memory copy
+/// (a `stat`) and re-reads it only when another writer changed it.
+pub struct Session<'a> {
+    store: &'a Store,
+}
+
+/// Marks a claim as being worked on by this request (see [`Session::begin`]).
+pub struct InFlight<'a> {
+    live: &'a Live,
+    uid: String,
+}
+
+impl Drop for InFlight<'_> {
+    fn drop(&mut self) {
+        lock(&self.live.mem).in_flight.remove(&self.uid);
+        self.live.idle.notify_all();
+    }
+}
+
+impl Drop for Session<'_> {
+    fn drop(&mut self) {
+        let mut lease = lock(&self.store.live.lease);
+        lease.holders = lease.holders.saturating_sub(1);
+        if lease.holders == 0 {
+            lease.lock = None;
+        }
+    }
+}
+
+impl Session<'_> {
+    /// Read the in-memory copy.
+    pub fn view<R>(&self, f: impl FnOnce(&Data) -> R) -> R {
+        let mem = lock(&self.store.live.mem);
+        f(mem.data.as_ref().unwrap_or(&EMPTY))
+    }
+
+    /// Change the in-memory copy; commit the ticket to write it.
+    pub fn update<R>(&self, f: impl FnOnce(&mut Data) -> R) -> (R, Ticket) {
+        let mut mem = lock(&self.store.live.mem);
+        let Mem { data, seq, .. } = &mut *mem;
+        let r = f(data.get_or_insert_with(Data::default));
+        *seq += 1;
+        (r, Ticket(*seq))
+    }
+
+    /// Wait until no other request of this process works on claim `uid`, then hold it
+    /// until the returned guard drops: two requests for one claim never interleave.
+    pub fn begin(&self, uid: &str) -> InFlight<'_> {
+        let live = &*self.store.live;
+        let mut mem = lock(&live.mem);
+        while mem.in_flight.contains(uid) {
+            mem = live.idle.wait(mem).unwrap_or_else(PoisonError::into_inner);
+        }
+        mem.in_flight.insert(uid.to_string());
+        InFlight {
+            live,
+            uid: uid.to_string(),
+        }
+    }
+
+    /// Serialise side effects (MIG layout changes read the GPU's current layout and
+    /// write a new one) with the other requests of this process.
+    pub fn work(&self) -> MutexGuard<'_, ()> {
+        lock(&self.store.live.work)
+    }
+
+    /// Make the change `ticket` (and every earlier one) reach the file, as far as
+    /// `durability` says. Group commit: one thread writes at a time, the whole in-memory
+    /// copy as it is when it starts; a caller whose change was covered by another's write
+    /// returns without writing, so concurrent requests share one write and one fsync.
+    ///
+    /// A `Durable` commit whose change is already written (not fsynced) only fsyncs the
+    /// file in place. The directory is not fsynced after the rename: a crash of the
+    /// process keeps the rename (it is in the kernel), and what only a power loss can undo
+    /// (the rename, leaving the previous whole file) does not matter after one: the node
+    /// reboots, [`recover`] sees the new boot ID and every claim is prepared again (MIG
+    /// instances, compute time-slices and `/var/run/cdi` did not survive), and what
+    /// persists on disk is swept at start (unowned MIG instances, CDI specs of claims the
+    /// checkpoint does not hold as `Completed`).
+    pub fn commit(&self, ticket: Ticket, durability: Durability) -> Result<()> {
+        let store = self.store;
+        let live = &*store.live;
+        let mut w = lock(&live.writer);
+        let durable = durability == Durability::Durable;
+        if w.durable >= ticket.0 || (!durable && w.written >= ticket.0) {
+            return Ok(());
+        }
+        if durable && w.written >= ticket.0 {
+            File::open(&store.path)
+                .and_then(|f| f.sync_data())
+                .map_err(|e| store.io(e))?;
+            w.durable = w.written;
+            return Ok(());
+        }
+        let (body, seq) = {
+            let mem = lock(&live.mem);
+            (encode(mem.data.as_ref().unwrap_or(&EMPTY)), mem.seq)
+        };
+        let body = body.map_err(|e| store.io(std::io::Error::other(e)))?;
+        let stamp = store.write_body(&body, durable)?;
+        w.written = seq;
+        if durable {
+            w.durable = seq;
+        }
+        lock(&live.mem).stamp = Some(stamp);
+        Ok(())
     }
 }
 
@@ -326,6 +608,15 @@ mod tests {
     fn round_trip_and_corruption_is_detected() {
         let bytes = encode(&data()).unwrap();
         assert_eq!(decode("c", &bytes).unwrap(), data());
+        // The same envelope a generic JSON writer produces (what earlier releases wrote).
+        let value = serde_json::to_value(data()).unwrap();
+        let generic = serde_json::json!({
+            "version": VERSION, "checksum": checksum(&value).unwrap(), "data": value,
+        });
+        assert_eq!(
+            serde_json::from_slice::<serde_json::Value>(&bytes).unwrap(),
+            generic
+        );
 
         let text = String::from_utf8(bytes.clone()).unwrap();
         let tampered = text.replace("train-gpu", "train-gpx");
@@ -335,7 +626,7 @@ mod tests {
         assert!(matches!(e, Error::Corrupt { .. }), "{e}");
         let e = decode(
             "c",
-            text.replace("\"version\": 2", "\"version\": 200")
+            text.replace("\"version\":2,", "\"version\":200,")
                 .as_bytes(),
         )
         .unwrap_err();
@@ -416,5 +707,125 @@ mod tests {
             .open(dir.path().join("checkpoint.lock"))
             .unwrap();
         assert!(nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_err());
+    }
+
+    fn lock_is_free(dir: &Path) -> bool {
+        let f = File::options()
+            .write(true)
+            .open(dir.join("checkpoint.lock"))
+            .unwrap();
+        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusiveNonblock).is_ok()
+    }
+
+    #[test]
+    fn sessions_keep_the_file_locked_and_commit_what_changed() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let s1 = store.session().unwrap();
+        let s2 = store.session().unwrap();
+        assert!(!lock_is_free(dir.path()), "held while a session is open");
+        let ((), t1) = s1.update(|d| {
+            d.claims.insert("uid-done".into(), claim(Phase::Started));
+        });
+        let ((), t2) = s2.update(|d| {
+            d.claims.get_mut("uid-done").unwrap().phase = Phase::Completed;
+        });
+        assert!(t2 > t1);
+        // Nothing reaches the file before a commit.
+        assert_eq!(store.read().unwrap(), Data::default());
+        // One write covers both changes: the earlier ticket is already in the file.
+        s2.commit(t2, Durability::Durable).unwrap();
+        let mtime = std::fs::metadata(dir.path().join("checkpoint.json"))
+            .unwrap()
+            .modified()
+            .unwrap();
+        s1.commit(t1, Durability::Durable).unwrap();
+        assert_eq!(
+            std::fs::metadata(dir.path().join("checkpoint.json"))
+                .unwrap()
+                .modified()
+                .unwrap(),
+            mtime,
+            "covered by the later write: no second write"
+        );
+        assert_eq!(
+            store.read().unwrap().claims["uid-done"].phase,
+            Phase::Completed
+        );
+        drop((s1, s2));
+        assert!(lock_is_free(dir.path()), "released by the last session");
+    }
+
+    #[test]
+    fn a_file_written_by_someone_else_is_read_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        {
+            let s = store.session().unwrap();
+            let ((), t) = s.update(|d| {
+                d.claims.insert("uid-done".into(), claim(Phase::Completed));
+            });
+            s.commit(t, Durability::Written).unwrap();
+        }
+        assert!(store.completed_hint("uid-done").is_some());
+        // Another process (or release) rewrites the file: the copy in memory is stale.
+        let other = Store::new(dir.path());
+        let mut changed = data();
+        changed.claims.remove("uid-done");
+        other.write(&changed).unwrap();
+        assert_eq!(store.completed_hint("uid-done"), None, "stale: not trusted");
+        let s = store.session().unwrap();
+        assert_eq!(s.view(|d| d.clone()), changed);
+        drop(s);
+
+        // A corrupt file is reported and replaced by an empty record, not an error.
+        std::fs::write(dir.path().join("checkpoint.json"), b"{ not json").unwrap();
+        let s = store.session().unwrap();
+        assert_eq!(s.view(|d| d.claims.len()), 0);
+        let ((), t) = s.update(|d| d.boot_id = "boot-3".into());
+        s.commit(t, Durability::Durable).unwrap();
+        assert_eq!(store.read().unwrap().boot_id, "boot-3");
+    }
+
+    #[test]
+    fn one_request_per_claim_at_a_time_and_concurrent_commits_all_land() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let busy = AtomicBool::new(false);
+        std::thread::scope(|scope| {
+            for i in 0..16 {
+                let (store, busy) = (&store, &busy);
+                scope.spawn(move || {
+                    let s = store.session().unwrap();
+                    // Half the threads work on the same claim: never two at once.
+                    let uid = if i % 2 == 0 {
+                        "shared".to_string()
+                    } else {
+                        format!("uid-{i}")
+                    };
+                    let _mine = s.begin(&uid);
+                    if i % 2 == 0 {
+                        assert!(
+                            !busy.swap(true, Ordering::SeqCst),
+                            "two requests on one claim"
+                        );
+                        std::thread::sleep(std::time::Duration::from_millis(2));
+                        busy.store(false, Ordering::SeqCst);
+                    }
+                    let ((), t) = s.update(|d| {
+                        d.claims.insert(uid.clone(), claim(Phase::Completed));
+                    });
+                    s.commit(t, Durability::Durable).unwrap();
+                });
+            }
+        });
+        let on_disk = store.read().unwrap();
+        assert_eq!(
+            on_disk.claims.len(),
+            9,
+            "8 claims of their own + the shared one"
+        );
+        assert!(lock_is_free(dir.path()));
     }
 }

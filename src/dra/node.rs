@@ -1,13 +1,15 @@
 //! The real [`ClaimPreparer`]: NodePrepareResources / NodeUnprepareResources on this node.
 //!
 //! ```text
-//! prepare(claim) ── lock checkpoint ── already Completed? ──▶ answer from the checkpoint
+//! prepare(claim) ── already Completed (in memory)? ──▶ answer from the checkpoint
 //!                      │ no
 //!                      ▼
-//!   GET claim ─▶ plan_claim (pure; opaque config parsed strictly) ─▶ time-slice clash?
-//!   ─▶ checkpoint: Started ─▶ read the MIG capability table (MIG claims; missing: fail)
+//!   GET claim ─▶ session (file lock) ─▶ Completed meanwhile? ─▶ work lock ─▶ plan_claim
+//!   (pure; opaque config parsed strictly) ─▶ MIG capability table (cached; missing: fail)
+//!   ─▶ time-slice clash? ─▶ checkpoint: Started (written, not fsynced)
 //!   ─▶ set time-slices, create MIG instances (+ their gi/ci access nodes) ─▶ accounting dir
-//!   ─▶ write the claim's CDI spec ─▶ checkpoint: Completed
+//!   ─▶ write the claim's CDI spec ─▶ Completed in memory ─▶ release the work lock
+//!   ─▶ checkpoint: Completed (write, fsync, rename; one for all concurrent requests)
 //!   ─▶ PUT status.devices (Ready=True, or Ready=False with the error on any failure)
 //! unprepare(claim) ── remove CDI spec ─▶ destroy its MIG instances ─▶ default time-slice
 //!   if no other claim time-slices the GPU ─▶ drop from checkpoint ─▶ clear status.devices
@@ -20,18 +22,24 @@
 //!
 //! A failure between Started and Completed leaves the claim `Started`: the next start of
 //! the agent rolls it back (see [`super::checkpoint::recover`]); a retried prepare redoes
-//! it from scratch (every step is idempotent).
+//! it from scratch (every step is idempotent). At start, CDI specs of claims the
+//! checkpoint does not hold as `Completed` are removed and MIG instances no claim owns are
+//! destroyed, so a `Started` record lost to a power loss leaves nothing behind.
 //!
-//! Concurrency: the claim GET and the status write run on the async runtime without the
-//! lock, so concurrent requests overlap their API round trips; everything under the
-//! checkpoint's file lock (a blocking `flock`, then local reads, NVML calls, fsyncs) runs
-//! on the blocking pool (`spawn_blocking`), never on the runtime's threads. The checkpoint
-//! is re-read under the lock, so each claim's Started/Completed writes see every other
-//! claim's record (no lost entry).
+//! Concurrency and cost: an already prepared claim is answered from the checkpoint's
+//! in-memory copy before the GET. The claim GET and the status write run on the async
+//! runtime, so concurrent requests overlap their API round trips; the rest runs in one
+//! hop to the blocking pool (`spawn_blocking`): a checkpoint [`Session`] (file lock,
+//! in-memory copy), one request per claim at a time, the plan, the `Started` record and
+//! the side effects under an in-process work lock (MIG layouts are read-modify-write),
+//! then the `Completed` record's durable write outside it, shared by concurrent requests
+//! (group commit: a burst costs a few fsyncs, not one per claim). The MIG capability
+//! table is read once and re-read only when its files change ([`mig_caps`]). Each
+//! prepare's step times are logged at debug level on `tessera::dra::timing`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
@@ -40,14 +48,16 @@ use kube::api::{Api, PostParams};
 use kube::Client;
 use tracing::{debug, info, instrument, warn};
 
-use super::checkpoint::{self, Phase, PreparedClaim, Store, TimeSliceRecord};
+use super::checkpoint::{
+    self, Durability, Phase, PreparedClaim, Session, Store, Ticket, TimeSliceRecord,
+};
 use super::plugin::{ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 use super::prepare::{cdi_device_name, plan_claim, ClaimPlan};
 use super::status;
 use crate::cdi;
-use crate::cdi::migcaps::MigCaps;
+use crate::cdi::migcaps::{MigCaps, MigCapsPaths};
 use crate::deviceplugin::allocate::AllocateSettings;
-use crate::gpu::{GpuBackend, TimeSlice};
+use crate::gpu::{GpuBackend, Inventory, TimeSlice};
 
 /// Tries of the read-modify-write of a claim's status before giving up.
 const STATUS_ATTEMPTS: usize = 5;
@@ -65,18 +75,6 @@ pub struct NodePreparer {
 }
 
 impl NodePreparer {
-    fn read_checkpoint(&self) -> checkpoint::Data {
-        match self.checkpoint.read() {
-            Ok(d) => d,
-            Err(e) => {
-                // Never a crash loop: start from an empty record (the kubelet re-sends
-                // every claim it still needs).
-                warn!(error = %e, "starting from an empty checkpoint");
-                checkpoint::Data::default()
-            }
-        }
-    }
-
     /// Run `f` on a clone of `self` on the blocking pool.
     async fn blocking<T: Send + 'static>(
         &self,
@@ -88,22 +86,14 @@ impl NodePreparer {
             .map_err(|e| format!("driver task failed: {e}"))?
     }
 
-    /// The claim's record when it is already prepared (read without the lock: writes are
-    /// atomic renames, so the file is always whole).
-    fn completed(&self, uid: &str) -> Option<PreparedClaim> {
-        self.checkpoint
-            .read()
-            .ok()?
-            .claims
-            .remove(uid)
-            .filter(|p| p.phase == Phase::Completed)
-    }
-
     async fn prepare_one(&self, c: &ClaimRef) -> Result<Vec<PreparedDevice>, String> {
-        let uid = c.uid.clone();
-        if let Some(done) = self.blocking(move |me| Ok(me.completed(&uid))).await? {
+        let mut steps = Steps::new();
+        // Already prepared: answered from memory (a `stat` checks nobody else wrote the
+        // file), without the GET.
+        if let Some(done) = self.checkpoint.completed_hint(&c.uid) {
             return Ok(answer(&done));
         }
+        steps.mark("precheck");
         let claims: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
         let get_started = Instant::now();
         let claim = claims
@@ -113,16 +103,26 @@ impl NodePreparer {
         // For benchmarks: the issue's prepare budget excludes the claim GET.
         debug!(target: "tessera::dra::timing", claim = %format!("{}/{}", c.namespace, c.name),
                get_us = get_started.elapsed().as_micros() as u64, "claim GET");
-        let outcome = {
+        steps.mark("get");
+        let (outcome, inner) = {
             let (c, claim) = (c.clone(), claim.clone());
-            self.blocking(move |me| Ok(me.prepare_locked(&c, &claim)))
-                .await?
+            let queued = Instant::now();
+            self.blocking(move |me| {
+                let mut steps = Steps::new();
+                steps.add("hop", queued.elapsed());
+                let r = me.prepare_locked(&c, &claim, &mut steps);
+                Ok((r, steps))
+            })
+            .await?
         };
+        steps.merge(inner);
         match outcome {
             Ok(Locked::Done(record)) => Ok(answer(&record)),
             Ok(Locked::Prepared(record, report)) => {
                 self.write_status(c, claim, &status::Outcome::Prepared(report))
                     .await;
+                steps.mark("status");
+                steps.log(c);
                 info!(claim = %format!("{}/{}", c.namespace, c.name), devices = record.devices.len(), "claim prepared");
                 Ok(answer(&record))
             }
@@ -137,35 +137,59 @@ impl NodePreparer {
         }
     }
 
-    /// Under the lock (blocking): re-read the checkpoint (another request may have
-    /// prepared the claim meanwhile), then [`Self::prepare_fetched`].
-    fn prepare_locked(&self, c: &ClaimRef, claim: &ResourceClaim) -> Result<Locked, String> {
-        let _lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
-        let mut data = self.read_checkpoint();
-        data.boot_id = self.boot_id.clone();
-        if let Some(done) = data
-            .claims
-            .get(&c.uid)
-            .filter(|p| p.phase == Phase::Completed)
-        {
-            return Ok(Locked::Done(done.clone()));
+    /// In a checkpoint session (blocking): the claim may have been prepared meanwhile;
+    /// otherwise [`Self::prepare_fetched`] under the work lock, then the `Completed`
+    /// record's durable write outside it, shared with concurrent requests (group commit).
+    fn prepare_locked(
+        &self,
+        c: &ClaimRef,
+        claim: &ResourceClaim,
+        steps: &mut Steps,
+    ) -> Result<Locked, String> {
+        let session = self.checkpoint.session().map_err(|e| e.to_string())?;
+        let _mine = session.begin(&c.uid);
+        steps.mark("lock");
+        if let Some(done) = session.view(|d| completed(d, &c.uid)) {
+            return Ok(Locked::Done(done));
         }
-        let (record, report) = self.prepare_fetched(c, claim, &mut data)?;
+        let (record, report, ticket) = {
+            let _work = session.work();
+            steps.mark("work_lock");
+            self.prepare_fetched(c, claim, &session, steps)?
+        };
+        if let Err(e) = session.commit(ticket, Durability::Durable) {
+            // Not answered as prepared: a retry redoes it (the file may say Started).
+            session.update(|d| {
+                if let Some(r) = d.claims.get_mut(&c.uid) {
+                    r.phase = Phase::Started;
+                }
+            });
+            return Err(e.to_string());
+        }
+        steps.mark("completed");
         Ok(Locked::Prepared(record, report))
     }
 
-    /// Plan, record `Started`, apply, write the CDI spec, record `Completed`. Returns the
-    /// record and the `status.devices` data per device.
+    /// Plan, record `Started` (written before any side effect), apply, write the CDI
+    /// spec, record `Completed` in memory. Returns the record, the `status.devices` data
+    /// per device, and the ticket to commit.
     fn prepare_fetched(
         &self,
         c: &ClaimRef,
         claim: &ResourceClaim,
-        data: &mut checkpoint::Data,
-    ) -> Result<(PreparedClaim, BTreeMap<String, serde_json::Value>), String> {
+        session: &Session<'_>,
+        steps: &mut Steps,
+    ) -> Result<(PreparedClaim, BTreeMap<String, serde_json::Value>, Ticket), String> {
         let inventory = self.backend.inventory().map_err(|e| e.to_string())?;
+        steps.mark("inventory");
         let plan = plan_claim(claim, &c.uid, &self.node, &inventory, &self.settings)
             .map_err(|e| e.to_string())?;
-        check_time_slices(&c.uid, &plan, data)?;
+        // Without the capability table a MIG claim fails before any side effect.
+        let caps = match plan.devices.iter().any(|d| d.mig.is_some()) {
+            true => Some(mig_caps(&self.settings.mig_caps)?),
+            false => None,
+        };
+        steps.mark("plan");
         let mut record = PreparedClaim {
             namespace: c.namespace.clone(),
             name: c.name.clone(),
@@ -186,25 +210,39 @@ impl NodePreparer {
                 })
                 .collect(),
         };
-        data.claims.insert(c.uid.clone(), record.clone());
-        // No directory fsync for Started: see `Store::write_without_dir_sync`.
-        self.checkpoint
-            .write_without_dir_sync(data)
-            .map_err(|e| e.to_string())?;
+        let (checked, ticket) = session.update(|data| {
+            check_time_slices(&c.uid, &plan, data)?;
+            data.boot_id = self.boot_id.clone();
+            data.claims.insert(c.uid.clone(), record.clone());
+            Ok::<_, String>(())
+        });
+        checked?;
+        // `Started` is written (renamed into place) but not fsynced: it must survive a
+        // crash of this process, which it does (the kernel has it); a power loss takes the
+        // side effects it guards with it (MIG instances, time-slices, `/var/run/cdi`), and
+        // what persists is swept at start (see `Session::commit`).
+        if let Err(e) = session.commit(ticket, Durability::Written) {
+            session.update(|d| d.claims.remove(&c.uid));
+            return Err(e.to_string());
+        }
+        steps.mark("started");
 
         let report = device_report(&plan);
-        let (spec, report) = self.apply(&c.uid, plan, report)?;
+        let (spec, report) = self.apply(&c.uid, plan, report, &inventory, caps.as_deref())?;
+        steps.mark("apply");
         cdi::write_spec(
             &self.cdi_root,
             &format!("tessera.io-claim-{}", c.uid),
             &spec,
         )
         .map_err(|e| e.to_string())?;
+        steps.mark("cdi");
 
         record.phase = Phase::Completed;
-        data.claims.insert(c.uid.clone(), record.clone());
-        self.checkpoint.write(data).map_err(|e| e.to_string())?;
-        Ok((record, report))
+        let ((), ticket) = session.update(|d| {
+            d.claims.insert(c.uid.clone(), record.clone());
+        });
+        Ok((record, report, ticket))
     }
 
     /// Write our `status.devices` entries of the claim (status subresource, optimistic
@@ -270,22 +308,20 @@ impl NodePreparer {
     /// Side effects: MIG instances (their UUIDs replace the parent GPU in the visible
     /// devices, and in the status data; their GPU-instance and compute-instance access
     /// nodes join the device's CDI edits), compute time-slices, and the vGPU accounting
-    /// directory. Returns the final CDI spec and status data. The driver's MIG capability
-    /// table is read before any side effect: without it a MIG claim fails at once.
+    /// directory. Returns the final CDI spec and status data. Runs under the work lock, so
+    /// `inventory` (read under it) is the GPUs' current MIG layout; instances this claim
+    /// creates are added to it as they come.
     fn apply(
         &self,
         uid: &str,
         plan: ClaimPlan,
         mut report: BTreeMap<String, serde_json::Value>,
+        inventory: &Inventory,
+        caps: Option<&MigCaps>,
     ) -> Result<(cdi::Spec, BTreeMap<String, serde_json::Value>), String> {
-        let caps = match plan.devices.iter().any(|d| d.mig.is_some()) {
-            true => Some(
-                MigCaps::load(&self.settings.mig_caps)
-                    .map_err(|e| format!("MIG devices need their capability nodes: {e}"))?,
-            ),
-            false => None,
-        };
         let mut spec = plan.cdi;
+        // Per GPU: the MIG layout as it is now (this claim's instances included).
+        let mut layouts: BTreeMap<&str, Vec<(String, u8)>> = BTreeMap::new();
         for d in &plan.devices {
             if let Some(interval) = d.time_slice {
                 self.backend
@@ -293,23 +329,26 @@ impl NodePreparer {
                     .map_err(|e| e.to_string())?;
             }
             let Some(mig) = &d.mig else { continue };
-            let inventory = self.backend.inventory().map_err(|e| e.to_string())?;
             let gpu = inventory
                 .gpu(&mig.gpu_uuid)
                 .ok_or_else(|| format!("GPU {} is gone", mig.gpu_uuid))?;
-            let gpu_minor = gpu.minor;
-            let mut layout: Vec<(String, u8)> = gpu
-                .mig_devices
-                .iter()
-                .map(|m| (m.profile.clone(), m.start))
-                .collect();
+            let layout = layouts.entry(gpu.uuid.as_str()).or_insert_with(|| {
+                gpu.mig_devices
+                    .iter()
+                    .map(|m| (m.profile.clone(), m.start))
+                    .collect()
+            });
             if !layout.contains(&(mig.profile.clone(), mig.start)) {
                 layout.push((mig.profile.clone(), mig.start));
             }
             let devices = self
                 .backend
-                .apply_mig_layout(&mig.gpu_uuid, &layout)
+                .apply_mig_layout(&mig.gpu_uuid, layout)
                 .map_err(|e| format!("creating MIG {} at {}: {e}", mig.profile, mig.start))?;
+            *layout = devices
+                .iter()
+                .map(|m| (m.profile.clone(), m.start))
+                .collect();
             let created = devices
                 .iter()
                 .find(|m| m.profile == mig.profile && m.start == mig.start)
@@ -317,9 +356,9 @@ impl NodePreparer {
             if let Some(serde_json::Value::Object(o)) = report.get_mut(&d.device) {
                 o.insert("uuid".into(), created.uuid.clone().into());
             }
-            if let Some(caps) = &caps {
+            if let Some(caps) = caps {
                 let nodes = caps
-                    .nodes(gpu_minor, created.gi_id, created.ci_id)
+                    .nodes(gpu.minor, created.gi_id, created.ci_id)
                     .map_err(|e| format!("MIG device {}: {e}", created.uuid))?;
                 let name = cdi_device_name(uid, &d.device);
                 if let Some(dev) = spec.devices.iter_mut().find(|x| x.name == name) {
@@ -352,24 +391,60 @@ impl NodePreparer {
         ))
     }
 
-    /// At start-up: roll back claims a crash left half-prepared (their MIG instances and
-    /// CDI specs), and after a reboot mark every claim for re-preparation. A corrupt
-    /// checkpoint is replaced by an empty one (the kubelet re-sends the claims it needs).
-    /// The checkpoint is rewritten only when that changed it.
+    /// At start-up: roll back claims a crash left half-prepared (their MIG instances,
+    /// time-slices and CDI specs), remove the CDI specs of claims the checkpoint does not
+    /// hold as `Completed` (left by a crash before the `Started` record reached the file,
+    /// or stale after a reboot), and after a reboot mark every claim for re-preparation. A
+    /// corrupt checkpoint is replaced by an empty one (the kubelet re-sends the claims it
+    /// needs). The checkpoint is rewritten only when that changed it.
     pub fn recover(&self) -> Result<checkpoint::Loaded, String> {
-        let _lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
-        let before = self.checkpoint.read().ok();
-        let loaded = checkpoint::recover(self.read_checkpoint(), &self.boot_id);
+        let session = self.checkpoint.session().map_err(|e| e.to_string())?;
+        let _work = session.work();
+        let before = session.view(|d| d.clone());
+        let loaded = checkpoint::recover(before.clone(), &self.boot_id);
         for (uid, claim) in &loaded.rollback {
             warn!(claim = %format!("{}/{}", claim.namespace, claim.name), "rolling back a half-prepared claim");
-            self.undo(uid, claim, &loaded.data)?;
+            self.undo(uid, claim, &time_sliced_gpus(&loaded.data, uid))?;
         }
-        if before.as_ref() != Some(&loaded.data) {
-            self.checkpoint
-                .write(&loaded.data)
+        self.remove_orphan_specs(&loaded.data)?;
+        if before != loaded.data {
+            let ((), ticket) = session.update(|d| *d = loaded.data.clone());
+            session
+                .commit(ticket, Durability::Durable)
                 .map_err(|e| e.to_string())?;
         }
         Ok(loaded)
+    }
+
+    /// Remove `tessera.io-claim-<uid>.json` (and a temporary file a crash left) for every
+    /// claim that `data` does not hold as `Completed`.
+    fn remove_orphan_specs(&self, data: &checkpoint::Data) -> Result<(), String> {
+        let entries = match std::fs::read_dir(&self.cdi_root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(format!("{}: {e}", self.cdi_root.display())),
+        };
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let Some(uid) = name
+                .to_str()
+                .map(|n| n.trim_start_matches('.'))
+                .and_then(|n| n.strip_prefix("tessera.io-claim-"))
+                .and_then(|n| n.strip_suffix(".json.tmp").or(n.strip_suffix(".json")))
+            else {
+                continue;
+            };
+            if completed(data, uid).is_none() {
+                warn!(claim_uid = %uid, "removing the CDI spec of a claim that is not prepared");
+                let path = entry.path();
+                match std::fs::remove_file(&path) {
+                    Ok(()) => {}
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                    Err(e) => return Err(format!("{}: {e}", path.display())),
+                }
+            }
+        }
+        Ok(())
     }
 
     /// At start-up, after [`Self::recover`]: destroy MIG instances on `gpus` (the GPUs the
@@ -377,22 +452,23 @@ impl NodePreparer {
     /// device-plugin layout, or created by a prepare whose `Started` record was lost.
     /// Returns how many were destroyed.
     pub fn destroy_unowned_migs(&self, gpus: &BTreeSet<String>) -> Result<usize, String> {
-        let _lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
-        let data = self.read_checkpoint();
-        let owned: BTreeSet<(&str, &str, u8)> = data
-            .claims
-            .values()
-            .flat_map(|c| &c.devices)
-            .filter_map(|d| d.mig.as_ref())
-            .map(|m| (m.gpu_uuid.as_str(), m.profile.as_str(), m.start))
-            .collect();
+        let session = self.checkpoint.session().map_err(|e| e.to_string())?;
+        let _work = session.work();
+        let owned: BTreeSet<(String, String, u8)> = session.view(|data| {
+            data.claims
+                .values()
+                .flat_map(|c| &c.devices)
+                .filter_map(|d| d.mig.as_ref())
+                .map(|m| (m.gpu_uuid.clone(), m.profile.clone(), m.start))
+                .collect()
+        });
         let inventory = self.backend.inventory().map_err(|e| e.to_string())?;
         let mut destroyed = 0;
         for gpu in inventory.gpus.iter().filter(|g| gpus.contains(&g.uuid)) {
             let (keep, drop): (Vec<_>, Vec<_>) = gpu
                 .mig_devices
                 .iter()
-                .partition(|m| owned.contains(&(gpu.uuid.as_str(), m.profile.as_str(), m.start)));
+                .partition(|m| owned.contains(&(gpu.uuid.clone(), m.profile.clone(), m.start)));
             if drop.is_empty() {
                 continue;
             }
@@ -410,12 +486,13 @@ impl NodePreparer {
     }
 
     /// Remove a claim's CDI spec, destroy the MIG instances it recorded, and put back the
-    /// default time-slice on GPUs no other claim in `others` still time-slices.
+    /// default time-slice on its GPUs that are not in `still_time_sliced` (GPUs other
+    /// claims time-slice).
     fn undo(
         &self,
         uid: &str,
         record: &PreparedClaim,
-        others: &checkpoint::Data,
+        still_time_sliced: &BTreeSet<String>,
     ) -> Result<(), String> {
         let spec = self.cdi_root.join(format!("tessera.io-claim-{uid}.json"));
         match std::fs::remove_file(&spec) {
@@ -423,32 +500,27 @@ impl NodePreparer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("{}: {e}", spec.display())),
         }
-        for mig in record.devices.iter().filter_map(|d| d.mig.as_ref()) {
+        if record.devices.iter().any(|d| d.mig.is_some()) {
             let inventory = self.backend.inventory().map_err(|e| e.to_string())?;
-            if let Some(gpu) = inventory.gpu(&mig.gpu_uuid) {
-                let layout: Vec<(String, u8)> = gpu
-                    .mig_devices
-                    .iter()
-                    .filter(|m| !(m.profile == mig.profile && m.start == mig.start))
-                    .map(|m| (m.profile.clone(), m.start))
-                    .collect();
+            let mut layouts: BTreeMap<&str, Vec<(String, u8)>> = BTreeMap::new();
+            for mig in record.devices.iter().filter_map(|d| d.mig.as_ref()) {
+                let Some(gpu) = inventory.gpu(&mig.gpu_uuid) else {
+                    continue;
+                };
+                let layout = layouts.entry(gpu.uuid.as_str()).or_insert_with(|| {
+                    gpu.mig_devices
+                        .iter()
+                        .map(|m| (m.profile.clone(), m.start))
+                        .collect()
+                });
+                layout.retain(|(p, s)| !(*p == mig.profile && *s == mig.start));
                 self.backend
-                    .apply_mig_layout(&mig.gpu_uuid, &layout)
+                    .apply_mig_layout(&mig.gpu_uuid, layout)
                     .map_err(|e| format!("destroying MIG {}: {e}", mig.profile))?;
             }
         }
         for ts in record.devices.iter().filter_map(|d| d.time_slice.as_ref()) {
-            let still_used = others
-                .claims
-                .iter()
-                .filter(|(other, _)| other.as_str() != uid)
-                .flat_map(|(_, c)| &c.devices)
-                .any(|d| {
-                    d.time_slice
-                        .as_ref()
-                        .is_some_and(|t| t.gpu_uuid == ts.gpu_uuid)
-                });
-            if !still_used {
+            if !still_time_sliced.contains(&ts.gpu_uuid) {
                 self.backend
                     .set_time_slice(&ts.gpu_uuid, TimeSlice::Default)
                     .map_err(|e| e.to_string())?;
@@ -458,17 +530,28 @@ impl NodePreparer {
     }
 
     fn unprepare_local(&self, c: &ClaimRef) -> Result<(), String> {
-        let _lock = self.checkpoint.lock().map_err(|e| e.to_string())?;
-        let mut data = self.read_checkpoint();
-        let record = data.claims.remove(&c.uid).unwrap_or(PreparedClaim {
-            namespace: c.namespace.clone(),
-            name: c.name.clone(),
-            phase: Phase::Completed,
-            devices: Vec::new(),
-        });
-        self.undo(&c.uid, &record, &data)?;
-        // Unknown claims are fine: unprepare is idempotent.
-        self.checkpoint.write(&data).map_err(|e| e.to_string())
+        let session = self.checkpoint.session().map_err(|e| e.to_string())?;
+        let _mine = session.begin(&c.uid);
+        let ticket = {
+            let _work = session.work();
+            let (record, others) =
+                session.view(|d| (d.claims.get(&c.uid).cloned(), time_sliced_gpus(d, &c.uid)));
+            // Unknown claims are fine: unprepare is idempotent.
+            let Some(record) = record else {
+                let empty = PreparedClaim {
+                    namespace: c.namespace.clone(),
+                    name: c.name.clone(),
+                    phase: Phase::Completed,
+                    devices: Vec::new(),
+                };
+                return self.undo(&c.uid, &empty, &others);
+            };
+            self.undo(&c.uid, &record, &others)?;
+            session.update(|d| d.claims.remove(&c.uid)).1
+        };
+        session
+            .commit(ticket, Durability::Durable)
+            .map_err(|e| e.to_string())
     }
 
     async fn unprepare_one(&self, c: &ClaimRef) -> Result<(), String> {
@@ -487,6 +570,51 @@ impl NodePreparer {
             Err(e) => warn!(claim = %c.name, error = %e, "cannot read claim to clear its status"),
         }
         Ok(())
+    }
+}
+
+/// Wall time of each step of one prepare, logged at debug level on the
+/// `tessera::dra::timing` target (`prepare steps claim=NS/NAME steps=get=210,lock=12,…`, in
+/// µs): `benches/dra_node.rs` turns the target on and reports each step's p50/p99.
+struct Steps {
+    last: Instant,
+    out: Vec<(&'static str, u64)>,
+}
+
+impl Steps {
+    fn new() -> Self {
+        Self {
+            last: Instant::now(),
+            out: Vec::new(),
+        }
+    }
+
+    /// The time since the previous mark (or the start) was spent on `step`.
+    fn mark(&mut self, step: &'static str) {
+        let now = Instant::now();
+        self.add(step, now - self.last);
+        self.last = now;
+    }
+
+    fn add(&mut self, step: &'static str, d: std::time::Duration) {
+        self.out.push((step, d.as_micros() as u64));
+    }
+
+    /// Take `inner`'s steps (run elsewhere), and count from now on.
+    fn merge(&mut self, inner: Steps) {
+        let back = inner.last.elapsed();
+        self.out.extend(inner.out);
+        self.add("hop_back", back);
+        self.last = Instant::now();
+    }
+
+    fn log(&self, c: &ClaimRef) {
+        if !tracing::enabled!(target: "tessera::dra::timing", tracing::Level::DEBUG) {
+            return;
+        }
+        let steps: Vec<String> = self.out.iter().map(|(s, us)| format!("{s}={us}")).collect();
+        debug!(target: "tessera::dra::timing", claim = %format!("{}/{}", c.namespace, c.name),
+               steps = %steps.join(","), "prepare steps");
     }
 }
 
@@ -522,6 +650,62 @@ fn check_time_slices(uid: &str, plan: &ClaimPlan, data: &checkpoint::Data) -> Re
         }
     }
     Ok(())
+}
+
+/// The claim's record when it is prepared.
+fn completed(data: &checkpoint::Data, uid: &str) -> Option<PreparedClaim> {
+    data.claims
+        .get(uid)
+        .filter(|p| p.phase == Phase::Completed)
+        .cloned()
+}
+
+/// The GPUs some claim other than `uid` time-slices.
+fn time_sliced_gpus(data: &checkpoint::Data, uid: &str) -> BTreeSet<String> {
+    data.claims
+        .iter()
+        .filter(|(other, _)| other.as_str() != uid)
+        .flat_map(|(_, c)| &c.devices)
+        .filter_map(|d| d.time_slice.as_ref())
+        .map(|t| t.gpu_uuid.clone())
+        .collect()
+}
+
+/// A file's identity: device, inode, size, modification time.
+type FileId = (u64, u64, u64, i64, i64);
+
+fn file_id(path: &std::path::Path) -> std::io::Result<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path)?;
+    Ok((m.dev(), m.ino(), m.len(), m.mtime(), m.mtime_nsec()))
+}
+
+/// The driver's MIG capability table, read and parsed once and reused while both files
+/// keep their identity ([`FileId`]): a claim costs a `stat` of each instead of a read and
+/// a parse. A missing or unreadable file is still an error for every claim that needs it.
+/// One memo per process, keyed by the paths (it caches file contents, nothing else).
+fn mig_caps(paths: &MigCapsPaths) -> Result<Arc<MigCaps>, String> {
+    type Memo = Option<(MigCapsPaths, [FileId; 2], Arc<MigCaps>)>;
+    static MEMO: Mutex<Memo> = Mutex::new(None);
+    let ids = match (file_id(&paths.mig_minors), file_id(&paths.proc_devices)) {
+        (Ok(a), Ok(b)) => Some([a, b]),
+        // `load` names the missing file.
+        _ => None,
+    };
+    let mut memo = MEMO.lock().unwrap_or_else(PoisonError::into_inner);
+    if let (Some(ids), Some((p, have, caps))) = (ids, memo.as_ref()) {
+        if p == paths && *have == ids {
+            return Ok(caps.clone());
+        }
+    }
+    let caps = Arc::new(
+        MigCaps::load(paths)
+            .map_err(|e| format!("MIG devices need their capability nodes: {e}"))?,
+    );
+    if let Some(ids) = ids {
+        *memo = Some((paths.clone(), ids, caps.clone()));
+    }
+    Ok(caps)
 }
 
 /// The `status.devices` data of each planned device (MIG UUIDs are added once created).
