@@ -217,6 +217,11 @@ pub(crate) struct Wl {
     /// Victims this workload preempted that may still be terminating: while any is, it
     /// keeps the head of its queue (see `Engine::still_terminating_for`).
     pub awaiting: Vec<WlId>,
+    /// Quota held for this workload while it waits for its victims (`reserve.rs`):
+    /// counted as usage of its queue, so no other workload takes it meanwhile.
+    pub reserved: Vec<(FrId, i64)>,
+    /// What the waiting preemptor needs: its reservation grows up to this.
+    pub reserve_target: Vec<(FrId, i64)>,
 }
 
 impl Wl {
@@ -377,6 +382,8 @@ impl Engine {
         let cohort_key = spec.cohort.clone();
         let id = match self.cq_by_name.get(&name) {
             Some(&id) => {
+                // Reservations were sized for the old limits: give them back first.
+                self.end_reservations_in(id, now);
                 let old_cohort = self.cqs[id].cohort;
                 self.cohorts[old_cohort].members.retain(|&m| m != id);
                 self.recompute_cohort(old_cohort);
@@ -484,6 +491,8 @@ impl Engine {
             preempted_in_at: None,
             preempted_by: None,
             awaiting: Vec::new(),
+            reserved: Vec::new(),
+            reserve_target: Vec::new(),
             first_admitted: None,
             evicting: None,
         });

@@ -34,7 +34,7 @@ impl Engine {
             Timer::Wake(id, _) => self.wake(id),
             Timer::TerminateDone(id, _) => {
                 let cause = self.wls[id].evicting.take();
-                self.release_admission(id, at);
+                self.release_admission(id, at, preemptor(cause.as_ref()));
                 if let Some(cause) = cause {
                     self.after_eviction(id, at, cause);
                 }
@@ -174,18 +174,23 @@ impl Engine {
             w.evicting = Some(cause);
             self.set_timer(now.saturating_add(grace), Timer::TerminateDone(id, gen));
         } else {
-            self.release_admission(id, now);
+            self.release_admission(id, now, preemptor(Some(&cause)));
             self.after_eviction(id, now, cause);
         }
     }
 
-    pub(crate) fn release_admission(&mut self, id: WlId, now: Time) {
+    /// Frees a workload's quota. `by`: the preemptor it was evicted for, which gets the
+    /// quota reserved if it still waits (see `reserve.rs`).
+    pub(crate) fn release_admission(&mut self, id: WlId, now: Time, by: Option<WlId>) {
         let prio = self.wls[id].priority;
         let Some(adm) = self.wls[id].admission.take() else {
             return;
         };
         for (fr, v) in adm.usage {
             self.release(adm.cq, fr, v, prio, now);
+            if let Some(by) = by {
+                self.victim_released(id, by, fr, v);
+            }
         }
     }
 
@@ -251,7 +256,10 @@ impl Engine {
             .admission
             .as_ref()
             .map(|a| self.cqs[a.cq].spec.name.clone());
-        self.release_admission(id, now);
+        let by = preemptor(self.wls[id].evicting.as_ref());
+        self.release_admission(id, now, by);
+        // A preemptor that leaves while waiting gives its reservation back.
+        self.end_reservation(id, now);
         let w = &mut self.wls[id];
         w.state = WlState::Finished;
         w.gen += 1;
@@ -261,5 +269,13 @@ impl Engine {
             ev.reason = Some(reason.to_string());
             self.events.push(ev);
         }
+    }
+}
+
+/// The preemptor an eviction was for.
+fn preemptor(cause: Option<&EvictCause>) -> Option<WlId> {
+    match cause {
+        Some(EvictCause::Preempted { by, .. }) => Some(*by),
+        _ => None,
     }
 }
