@@ -268,3 +268,36 @@ fn preemptor_waits_for_victims_grace_period() {
     );
     assert_eq!(admitted_at(&out, "ml/urgent"), vec![180.0]);
 }
+
+/// Kueue's "Sequential Admission with Ready Pods": with `blockAdmission`, job2 (which fits
+/// once quick is done at 1 s) waits for job1's pods to be ready (8 s), and late waits for
+/// the never-ready stuck job until its 1m timeout evicts it. Without it both start as
+/// soon as they fit.
+#[test]
+fn block_admission_admits_one_workload_at_a_time_until_pods_are_ready() {
+    let path = format!(
+        "{}/tests/scenarios/plan/block-admission.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let unblocked = text.replace("blockAdmission: true", "blockAdmission: false");
+    assert_ne!(text, unblocked);
+    let table = [
+        // (file, job2 admitted at, late admitted at)
+        (text.as_str(), 8.0, 80.0),
+        (unblocked.as_str(), 1.0, 21.0),
+    ];
+    for (file, job2, late) in table {
+        let out = plan_str(file, &PlanOptions::default()).unwrap();
+        assert_eq!(admitted_at(&out, "ml/quick"), vec![0.0]);
+        assert_eq!(admitted_at(&out, "ml/job1"), vec![0.0]);
+        assert_eq!(admitted_at(&out, "ml/job2"), vec![job2], "job2");
+        assert_eq!(admitted_at(&out, "ml/stuck"), vec![20.0]);
+        assert_eq!(admitted_at(&out, "ml/late"), vec![late], "late");
+        assert_eq!(final_reason(&out, "ml/stuck"), Some("Deactivated"));
+        let waited = events(&out, EventType::Pending, "ml/job2")
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("WaitingForPodsReady"));
+        assert_eq!(waited, job2 == 8.0, "job2's pending reason");
+    }
+}

@@ -114,6 +114,7 @@ fn pods_ready_config() -> EngineConfig {
             backoff_max: 16_000,
             backoff_limit_count: Some(3),
             requeue_by_eviction_time: true,
+            block_admission: false,
         }),
         ..EngineConfig::default()
     }

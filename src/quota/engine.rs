@@ -43,6 +43,9 @@ pub struct WaitForPodsReady {
     /// `requeuingStrategy.timestamp: Eviction` (default) orders a requeued workload by
     /// its eviction time; `Creation` keeps its creation time.
     pub requeue_by_eviction_time: bool,
+    /// `blockAdmission`: while an admitted workload's pods are not all ready, nothing
+    /// else is admitted (Kueue's sequential admission).
+    pub block_admission: bool,
 }
 
 impl Default for WaitForPodsReady {
@@ -53,6 +56,7 @@ impl Default for WaitForPodsReady {
             backoff_max: 3_600_000,
             backoff_limit_count: None,
             requeue_by_eviction_time: true,
+            block_admission: false,
         }
     }
 }
@@ -238,6 +242,8 @@ pub(crate) enum Timer {
     BackoffEnd(WlId, u64),
     Wake(WlId, u64),
     TerminateDone(WlId, u64),
+    /// Its pods became ready (tracked for `blockAdmission`).
+    PodsReady(WlId, u64),
 }
 
 /// The quota admission engine.
@@ -261,6 +267,10 @@ pub struct Engine {
     pub(crate) ready: BTreeSet<CqId>,
     /// Preemptors whose victims are gone: evaluated first in their queue next cycle.
     pub(crate) urgent: BTreeSet<WlId>,
+    /// `blockAdmission`: admitted workloads whose pods are not all ready yet.
+    pub(crate) unready: BTreeSet<WlId>,
+    /// `blockAdmission`: queues with work held until `unready` is empty.
+    pub(crate) held: BTreeSet<CqId>,
     pub(crate) timers: BinaryHeap<Reverse<(Time, u64, Timer)>>,
     pub(crate) events: Vec<Event>,
     /// Workloads whose pending reason may need an event at the end of `schedule`.
@@ -294,6 +304,8 @@ impl Engine {
             orphans: BTreeSet::new(),
             ready: BTreeSet::new(),
             urgent: BTreeSet::new(),
+            unready: BTreeSet::new(),
+            held: BTreeSet::new(),
             timers: BinaryHeap::new(),
             events: Vec::new(),
             dirty: Vec::new(),
@@ -577,6 +589,13 @@ impl Engine {
     /// One scheduling cycle: the head of every queue with work, best first.
     fn cycle(&mut self, now: Time) {
         self.stats.cycles += 1;
+        if self.admission_blocked() {
+            let ready = std::mem::take(&mut self.ready);
+            for cq in ready {
+                self.hold(cq);
+            }
+            return;
+        }
         let ready = std::mem::take(&mut self.ready);
         let urgent = std::mem::take(&mut self.urgent);
         let mut heads = Vec::new();
@@ -616,6 +635,16 @@ impl Engine {
             (behind_preemptor, *borrows, *key)
         });
         for (_, key, decision, version) in decisions {
+            // An admission earlier in this cycle may have started a wait for pods ready.
+            if self.admission_blocked() {
+                if urgent.contains(&key.3) {
+                    self.urgent.insert(key.3);
+                }
+                if let Some(cq) = self.wls[key.3].cq {
+                    self.hold(cq);
+                }
+                continue;
+            }
             let co = self.cohort_of_wl(key.3);
             let decision = if self.cohorts[co].version != version {
                 self.evaluate(key.3, now)
@@ -833,4 +862,39 @@ pub(crate) enum EvictCause {
     Preempted { by: WlId, reason: &'static str },
     PodsReadyTimeout,
     Drained,
+}
+
+impl Engine {
+    /// `blockAdmission`: whether an admitted workload's pods are not all ready yet.
+    pub(crate) fn admission_blocked(&self) -> bool {
+        !self.unready.is_empty()
+    }
+
+    /// Holds queue `cq` until every admitted workload is ready; its head says why.
+    fn hold(&mut self, cq: CqId) {
+        let q = &self.cqs[cq];
+        if q.spec.stop != StopPolicy::None || q.blocked.is_some() || q.pending.is_empty() {
+            return;
+        }
+        let head = self
+            .urgent
+            .iter()
+            .copied()
+            .find(|&id| self.wls[id].cq == Some(cq))
+            .or_else(|| q.pending.first().map(|k| k.3));
+        self.held.insert(cq);
+        if let Some(id) = head {
+            self.wls[id].reason = PendingReason::WaitingForPodsReady;
+            self.dirty.push(id);
+        }
+    }
+
+    /// `blockAdmission`: `id`'s pods are ready, or it no longer runs. When the last such
+    /// workload is done, the held queues go back to scheduling.
+    pub(crate) fn pods_ready(&mut self, id: WlId) {
+        if self.unready.remove(&id) && self.unready.is_empty() {
+            let held = std::mem::take(&mut self.held);
+            self.ready.extend(held);
+        }
+    }
 }

@@ -21,7 +21,8 @@ impl Engine {
             | Timer::ReadyTimeout(i, g)
             | Timer::BackoffEnd(i, g)
             | Timer::Wake(i, g)
-            | Timer::TerminateDone(i, g) => (i, g),
+            | Timer::TerminateDone(i, g)
+            | Timer::PodsReady(i, g) => (i, g),
         };
         self.wls.get(id).is_some_and(|w| w.gen == gen)
     }
@@ -32,6 +33,7 @@ impl Engine {
             Timer::ReadyTimeout(id, _) => self.evict(id, at, EvictCause::PodsReadyTimeout),
             Timer::BackoffEnd(id, _) => self.enqueue(id, at),
             Timer::Wake(id, _) => self.wake(id),
+            Timer::PodsReady(id, _) => self.pods_ready(id),
             Timer::TerminateDone(id, _) => {
                 let cause = self.wls[id].evicting.take();
                 self.release_admission(id, at, preemptor(cause.as_ref()));
@@ -115,6 +117,22 @@ impl Engine {
                 self.set_timer(now.saturating_add(t), Timer::ReadyTimeout(id, gen));
             }
         }
+        let blocks = self
+            .cfg
+            .wait_for_pods_ready
+            .as_ref()
+            .is_some_and(|c| c.block_admission);
+        match ready_after {
+            // Not ready until its timeout evicts it.
+            _ if blocks && !ready_in_time => {
+                self.unready.insert(id);
+            }
+            Some(r) if blocks && r > 0 => {
+                self.unready.insert(id);
+                self.set_timer(now.saturating_add(r), Timer::PodsReady(id, gen));
+            }
+            _ => {}
+        }
         if let (true, Some(r), Some(rem)) = (ready_in_time, ready_after, remaining) {
             self.set_timer(
                 now.saturating_add(r).saturating_add(rem),
@@ -168,6 +186,7 @@ impl Engine {
             self.events.push(ev);
         }
         self.cqs[cq].admitted.remove(&id);
+        self.pods_ready(id);
         if grace > 0 {
             let w = &mut self.wls[id];
             w.state = WlState::Terminating;
@@ -252,6 +271,7 @@ impl Engine {
             q.admitted.remove(&id);
         }
         self.orphans.remove(&id);
+        self.pods_ready(id);
         let cq_name = self.wls[id]
             .admission
             .as_ref()

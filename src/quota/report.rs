@@ -185,6 +185,11 @@ impl Engine {
     /// Parked workloads that could be admitted (or could preempt) right now: after
     /// [`Engine::schedule`] this must be empty, or a wake-up was missed. For tests.
     pub fn admissible_but_parked(&mut self, now: super::quantity::Time) -> Vec<String> {
+        // While admission is blocked on pods ready nothing is admissible; the held
+        // queues are scheduled again when the block ends.
+        if self.admission_blocked() {
+            return Vec::new();
+        }
         let mut keys = Vec::new();
         for q in &self.cqs {
             if q.spec.stop != super::api::StopPolicy::None {
