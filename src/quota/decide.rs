@@ -212,12 +212,6 @@ impl Engine {
                 assignment,
                 victims,
             } => {
-                // It waits for these victims and any earlier ones still terminating; what
-                // they release is held for it (also at once, for victims without grace).
-                let mut awaiting = self.still_terminating_for(id);
-                awaiting.extend(victims.iter().copied());
-                self.wls[id].awaiting = awaiting;
-                self.wls[id].reserve_target = assignment.usage.clone();
                 let mut grace = 0;
                 for &v in &victims {
                     let reason = if self.wls[v].admission.as_ref().map(|a| a.cq) == Some(cq) {
@@ -237,6 +231,12 @@ impl Engine {
                     self.end_reservation(id, now);
                     self.admit(id, cq, assignment, now);
                 } else {
+                    // It waits for these victims and any earlier ones still terminating;
+                    // the quota it needs is held for it: what is free now (victims without
+                    // a grace period included), and what the others release as they go.
+                    let mut awaiting = self.still_terminating_for(id);
+                    awaiting.extend(victims.iter().copied());
+                    self.wls[id].awaiting = awaiting;
                     self.reserve_for(id, &assignment.usage, now);
                     let left = self.still_terminating_for(id);
                     let reason = self.waiting_for(&left);

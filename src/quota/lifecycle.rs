@@ -55,6 +55,7 @@ impl Engine {
             .any(|&(fr, _)| self.usage(cq, fr) > self.nominal(cq, fr));
         let w = &mut self.wls[id];
         w.state = WlState::Admitted;
+        w.awaiting.clear();
         w.first_admitted.get_or_insert(now);
         w.gen += 1;
         w.reported = None;
