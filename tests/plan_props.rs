@@ -543,3 +543,62 @@ fn ending_a_reservation_wakes_workloads_that_may_preempt_the_preemptor() -> Resu
     prop_assert_eq!(e.next_timer(), None, "no fixed point within an hour");
     Ok(())
 }
+
+/// Known, not fixed (found by `PROPTEST_CASES=3000 ... grace`; no preemption and no
+/// reservation is involved): j9 (q2, 6 GPUs, `borrowWithinCohort`) parks at 113 s as
+/// `WaitingForQuota` although its only possible victim, j12 of q0, is merely protected by
+/// q0's 20 s `minimumRuntime` until 118 s; it should have parked as `MinimumRuntime` with
+/// a wake-up then. At 121 s the missed-wake-up check finds it could preempt j12.
+/// Ignored so CI stays green; run with `--ignored` (see docs/plan.md "Not done").
+#[test]
+#[ignore = "known missed wake-up after a minimumRuntime protection ends"]
+fn missed_wake_up_when_minimum_runtime_protection_ends() -> Result<(), TestCaseError> {
+    let q = |nominal, lending, policy| Queue {
+        nominal,
+        borrowing: None,
+        lending,
+        policy,
+        strict: false,
+    };
+    let queues = [
+        q([5, 4], Some(2), 3),
+        q([1, 1], None, 4),
+        q([2, 5], None, 4),
+    ];
+    #[allow(clippy::type_complexity)]
+    let table: [(usize, u64, i64, u32, i32, Option<u64>, u64, Option<u64>); 13] = [
+        // (queue, gap, gpus, count, priority, runtime, grace, ready after)
+        (0, 0, 2, 1, 0, Some(24), 0, None),
+        (0, 19, 3, 1, 0, Some(52), 0, Some(0)),
+        (0, 18, 2, 1, 0, None, 0, Some(0)),
+        (0, 0, 1, 1, 0, Some(5), 0, Some(0)),
+        (2, 14, 1, 1, 0, None, 0, None),
+        (2, 0, 1, 2, 0, Some(5), 0, None),
+        (2, 0, 1, 1, 0, Some(5), 0, None),
+        (0, 0, 3, 1, 0, None, 13, None),
+        (1, 19, 1, 1, 0, None, 0, None),
+        (2, 1, 3, 2, 5, None, 0, None),
+        (0, 0, 1, 1, 0, None, 0, None),
+        (1, 6, 1, 1, 0, None, 0, None),
+        (0, 10, 2, 2, 0, None, 0, Some(0)),
+    ];
+    let jobs: Vec<Job> = table
+        .iter()
+        .map(
+            |&(queue, gap, gpus, count, priority, runtime, grace, ready)| Job {
+                queue,
+                gap,
+                gpus,
+                count,
+                min: None,
+                priority,
+                runtime,
+                checkpoint: None,
+                grace,
+                ready,
+            },
+        )
+        .collect();
+    run_until(&queues, &jobs, pods_ready_config(), Some(3_600_000))?;
+    Ok(())
+}

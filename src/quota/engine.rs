@@ -392,10 +392,24 @@ impl Engine {
         let spec = CqSpec::compile(cq, |f, r| intern_fr(names, by_name, f, r))?;
         let name = spec.name.clone();
         let cohort_key = spec.cohort.clone();
+        // Reservations were sized for the old limits of the cohorts this queue leaves or
+        // joins: give them back first.
+        let touched: Vec<usize> = [
+            self.cq_by_name.get(&name).map(|&id| self.cqs[id].cohort),
+            cohort_key
+                .as_ref()
+                .and_then(|c| self.cohort_by_name.get(c).copied()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        for co in touched {
+            for m in self.cohorts[co].members.clone() {
+                self.end_reservations_in(m, now);
+            }
+        }
         let id = match self.cq_by_name.get(&name) {
             Some(&id) => {
-                // Reservations were sized for the old limits: give them back first.
-                self.end_reservations_in(id, now);
                 let old_cohort = self.cqs[id].cohort;
                 self.cohorts[old_cohort].members.retain(|&m| m != id);
                 self.recompute_cohort(old_cohort);

@@ -323,3 +323,40 @@ fn quota_freed_for_a_waiting_preemptor_is_held_until_it_is_done() {
         assert_eq!(e.is_admitted("ml/b"), !readmitted, "{fate}");
     }
 }
+
+/// Re-applying a queue of the cohort (here: the lender lowers its quota) while a
+/// preemptor holds a reservation gives the reservation back first, so the books never
+/// hold more than the new limits.
+#[test]
+fn reapplying_a_cohort_queue_ends_reservations() {
+    let lender = |nominal| {
+        cluster_queue("lender")
+            .cohort("c")
+            .quota_with("h100", GPU, nominal, None, Some(nominal))
+            .preemption("reclaimWithinCohort: Any")
+            .build()
+    };
+    let borrower = cluster_queue("borrower")
+        .cohort("c")
+        .quota_with("h100", GPU, 0, Some(2), None)
+        .build();
+    let mut e = engine(&[lender(2), borrower]);
+    for (name, grace) in [("ml/a1", 1_000), ("ml/a2", 10_000)] {
+        let mut w = job(name, "borrower", 1);
+        w.grace_period = grace;
+        submit(&mut e, 0, w);
+    }
+    submit(&mut e, 100, job("ml/b", "lender", 2));
+    e.advance_to(1_500).unwrap();
+    assert_eq!(e.usage_total(), 2_000, "a2 holds 1 GPU, b's reservation 1");
+    e.apply_cluster_queue(&lender(1), 1_600).unwrap();
+    e.schedule(1_600).unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!(e.usage_total(), 1_000, "only a2 is left");
+    e.advance_to(20_000).unwrap();
+    e.check_invariants().unwrap();
+    assert!(
+        !e.is_admitted("ml/b"),
+        "2 GPUs exceed the lender's new quota"
+    );
+}
