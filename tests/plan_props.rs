@@ -544,14 +544,14 @@ fn ending_a_reservation_wakes_workloads_that_may_preempt_the_preemptor() -> Resu
     Ok(())
 }
 
-/// Known, not fixed (found by `PROPTEST_CASES=3000 ... grace`; no preemption and no
-/// reservation is involved): j9 (q2, 6 GPUs, `borrowWithinCohort`) parks at 113 s as
-/// `WaitingForQuota` although its only possible victim, j12 of q0, is merely protected by
-/// q0's 20 s `minimumRuntime` until 118 s; it should have parked as `MinimumRuntime` with
-/// a wake-up then. At 121 s the missed-wake-up check finds it could preempt j12.
-/// Ignored so CI stays green; run with `--ignored` (see docs/plan.md "Not done").
+/// Found by `PROPTEST_CASES=3000 ... grace` (no preemption and no reservation
+/// involved): j9 (q2, 6 GPUs, `borrowWithinCohort`) parked at 113 s as `WaitingForQuota`
+/// although j12 of q0, protected by q0's 20 s `minimumRuntime` until 118 s, suffices as
+/// its victim: the search over every candidate took the also-protected j7 first, which
+/// stopped q0 from borrowing and ruled j12 out. At 121 s the missed-wake-up check found
+/// it could preempt j12. Now each protection end is tried in turn: j9 waits as
+/// `MinimumRuntime` until 118 s.
 #[test]
-#[ignore = "known missed wake-up after a minimumRuntime protection ends"]
 fn missed_wake_up_when_minimum_runtime_protection_ends() -> Result<(), TestCaseError> {
     let q = |nominal, lending, policy| Queue {
         nominal,
