@@ -301,3 +301,28 @@ fn block_admission_admits_one_workload_at_a_time_until_pods_are_ready() {
         assert_eq!(waited, job2 == 8.0, "job2's pending reason");
     }
 }
+
+/// Reclaim with grace periods: the 2 GPUs `fast` frees at 1m10s stay with the waiting
+/// preemptor `mine`; `fast` waits for quota instead of borrowing them back, `mine` runs
+/// when `slow` is gone at 2m, and both victims return when it finishes at 7m.
+#[test]
+fn quota_freed_by_victims_is_held_for_the_waiting_preemptor() {
+    let out = plan("reclaim-grace-reserved");
+    let mut victims: Vec<(&str, &str, &str)> = preempted(&out);
+    victims.sort();
+    assert_eq!(
+        victims,
+        vec![
+            ("ml/fast", "ml/mine", "InCohortReclamation"),
+            ("ml/slow", "ml/mine", "InCohortReclamation"),
+        ]
+    );
+    assert_eq!(admitted_at(&out, "ml/mine"), vec![120.0]);
+    assert_eq!(admitted_at(&out, "ml/fast"), vec![0.0, 420.0]);
+    assert_eq!(admitted_at(&out, "ml/slow"), vec![0.0, 420.0]);
+    let fast_waits: Vec<(f64, &str)> = events(&out, EventType::Pending, "ml/fast")
+        .iter()
+        .map(|e| (e.time, e.reason.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(fast_waits, vec![(70.0, "WaitingForQuota")]);
+}
