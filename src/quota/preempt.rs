@@ -8,8 +8,9 @@
 //! admitted) and a checkpoint-aware one (borrowing queues first, lowest priority, least
 //! expected rework). Each gives a minimal set; the set losing the least work wins
 //! (ties: fewer victims, then Kueue's). Whether preemption is possible at all is
-//! decided by Kueue's order alone, so it never depends on the clock. Victims younger than their queue's
-//! `minimumRuntime` are never taken; if only they could make room the preemptor waits.
+//! decided by Kueue's order alone, so it never depends on the clock. Victims younger
+//! than their queue's `minimumRuntime` are never taken; if only they could make room,
+//! the preemptor waits until the first protection end after which victims exist.
 //! A workload admitted by preempting others cannot itself be a victim in the same
 //! instant, so one scheduling pass never preempts in a cycle.
 
