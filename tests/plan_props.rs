@@ -455,8 +455,8 @@ fn quota_freed_for_a_waiting_preemptor_stays_reserved() -> Result<(), TestCaseEr
         preempted.len(),
         &events[..events.len().min(30)]
     );
-    // j3 reclaims j1 and j2 once per admission (it never gets ready: 3 pods-ready
-    // timeouts, then it is deactivated), never a victim that came back meanwhile.
+    // j3 reclaims j1 and j2 once per admission (it never gets ready: deactivated at its
+    // fourth pods-ready timeout), never a victim that came back meanwhile.
     prop_assert!(
         preempted.len() <= 8,
         "{} preemptions: {events:?}",
