@@ -345,6 +345,43 @@ proptest! {
         let (_, again) = run_until(&queues, &jobs, pods_ready_config(), Some(hour))?;
         prop_assert_eq!(events, again);
     }
+
+    /// The same with `blockAdmission`: the books balance, held queues are always let go
+    /// (the run reaches a fixed point), and no admission happens while an admitted
+    /// workload's pods are not ready.
+    #[test]
+    fn block_admission_holds_admissions_until_pods_are_ready((queues, jobs) in timed_scenario()) {
+        let mut cfg = pods_ready_config();
+        if let Some(w) = cfg.wait_for_pods_ready.as_mut() {
+            w.block_admission = true;
+        }
+        let (mut e, events) = run_until(&queues, &jobs, cfg, Some(3_600_000))?;
+        prop_assert_eq!(e.next_timer(), None, "no fixed point");
+        // Replay: track when each admitted workload gets ready (or stops running).
+        let ready_after: BTreeMap<String, Option<u64>> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| (format!("ns/j{i}"), j.ready.filter(|&r| r <= 15).map(|r| r * 1000)))
+            .collect();
+        let mut unready: BTreeMap<String, Option<f64>> = BTreeMap::new();
+        for ev in &events {
+            unready.retain(|_, until| until.is_none_or(|t| t > ev.time));
+            match ev.kind {
+                EventType::Admitted => {
+                    prop_assert!(unready.is_empty(), "{} admitted at {} while {:?} not ready", ev.workload, ev.time, unready);
+                    match ready_after.get(&ev.workload).copied().flatten() {
+                        Some(0) => {}
+                        Some(r) => { unready.insert(ev.workload.clone(), Some(ev.time + r as f64 / 1000.0)); }
+                        None => { unready.insert(ev.workload.clone(), None); }
+                    }
+                }
+                EventType::Preempted | EventType::Evicted | EventType::Finished => {
+                    unready.remove(&ev.workload);
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 /// Minimised by proptest from `grace_periods_and_pods_ready_timeouts`: j1 preempts j0

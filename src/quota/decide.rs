@@ -287,14 +287,17 @@ impl Engine {
         ))
     }
 
+    /// Whether `victim` is still terminating after being preempted by `by`.
+    pub(crate) fn terminating_for(&self, victim: WlId, by: WlId) -> bool {
+        let w = &self.wls[victim];
+        w.state == WlState::Terminating
+            && matches!(w.evicting, Some(EvictCause::Preempted { by: b, .. }) if b == by)
+    }
+
     /// The victims of `id` still terminating for it; forgets the ones that are gone.
     pub(crate) fn still_terminating_for(&mut self, id: WlId) -> Vec<WlId> {
         let mut awaiting = std::mem::take(&mut self.wls[id].awaiting);
-        awaiting.retain(|&v| {
-            let w = &self.wls[v];
-            w.state == WlState::Terminating
-                && matches!(w.evicting, Some(EvictCause::Preempted { by, .. }) if by == id)
-        });
+        awaiting.retain(|&v| self.terminating_for(v, id));
         self.wls[id].awaiting = awaiting.clone();
         awaiting
     }

@@ -33,7 +33,14 @@ impl Engine {
     /// quota count as free. Leaves the books as they were (cached decisions see a new
     /// cohort version).
     pub(crate) fn evaluate_waiting(&mut self, id: WlId, cq: CqId, now: Time) -> Decision {
-        let left = self.still_terminating_for(id);
+        // Read only: `awaiting` changes when the decision is applied, which a held queue
+        // (`blockAdmission`) may postpone; until then it still waits for them.
+        let left: Vec<WlId> = self.wls[id]
+            .awaiting
+            .iter()
+            .copied()
+            .filter(|&v| self.terminating_for(v, id))
+            .collect();
         let held = self.lift_reservation(id);
         for &v in &left {
             self.sim_remove(v);
