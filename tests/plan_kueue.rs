@@ -268,3 +268,61 @@ fn preemptor_waits_for_victims_grace_period() {
     );
     assert_eq!(admitted_at(&out, "ml/urgent"), vec![180.0]);
 }
+
+/// Kueue's "Sequential Admission with Ready Pods": with `blockAdmission`, job2 (which fits
+/// once quick is done at 1 s) waits for job1's pods to be ready (8 s), and late waits for
+/// the never-ready stuck job until its 1m timeout evicts it. Without it both start as
+/// soon as they fit.
+#[test]
+fn block_admission_admits_one_workload_at_a_time_until_pods_are_ready() {
+    let path = format!(
+        "{}/tests/scenarios/plan/block-admission.yaml",
+        env!("CARGO_MANIFEST_DIR")
+    );
+    let text = std::fs::read_to_string(&path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let unblocked = text.replace("blockAdmission: true", "blockAdmission: false");
+    assert_ne!(text, unblocked);
+    let table = [
+        // (file, job2 admitted at, late admitted at)
+        (text.as_str(), 8.0, 80.0),
+        (unblocked.as_str(), 1.0, 21.0),
+    ];
+    for (file, job2, late) in table {
+        let out = plan_str(file, &PlanOptions::default()).unwrap();
+        assert_eq!(admitted_at(&out, "ml/quick"), vec![0.0]);
+        assert_eq!(admitted_at(&out, "ml/job1"), vec![0.0]);
+        assert_eq!(admitted_at(&out, "ml/job2"), vec![job2], "job2");
+        assert_eq!(admitted_at(&out, "ml/stuck"), vec![20.0]);
+        assert_eq!(admitted_at(&out, "ml/late"), vec![late], "late");
+        assert_eq!(final_reason(&out, "ml/stuck"), Some("Deactivated"));
+        let waited = events(&out, EventType::Pending, "ml/job2")
+            .iter()
+            .any(|e| e.reason.as_deref() == Some("WaitingForPodsReady"));
+        assert_eq!(waited, job2 == 8.0, "job2's pending reason");
+    }
+}
+
+/// Reclaim with grace periods: the 2 GPUs `fast` frees at 1m10s stay with the waiting
+/// preemptor `mine`; `fast` waits for quota instead of borrowing them back, `mine` runs
+/// when `slow` is gone at 2m, and both victims return when it finishes at 7m.
+#[test]
+fn quota_freed_by_victims_is_held_for_the_waiting_preemptor() {
+    let out = plan("reclaim-grace-reserved");
+    let mut victims: Vec<(&str, &str, &str)> = preempted(&out);
+    victims.sort();
+    assert_eq!(
+        victims,
+        vec![
+            ("ml/fast", "ml/mine", "InCohortReclamation"),
+            ("ml/slow", "ml/mine", "InCohortReclamation"),
+        ]
+    );
+    assert_eq!(admitted_at(&out, "ml/mine"), vec![120.0]);
+    assert_eq!(admitted_at(&out, "ml/fast"), vec![0.0, 420.0]);
+    assert_eq!(admitted_at(&out, "ml/slow"), vec![0.0, 420.0]);
+    let fast_waits: Vec<(f64, &str)> = events(&out, EventType::Pending, "ml/fast")
+        .iter()
+        .map(|e| (e.time, e.reason.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(fast_waits, vec![(70.0, "WaitingForQuota")]);
+}

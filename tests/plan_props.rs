@@ -114,6 +114,7 @@ fn pods_ready_config() -> EngineConfig {
             backoff_max: 16_000,
             backoff_limit_count: Some(3),
             requeue_by_eviction_time: true,
+            block_admission: false,
         }),
         ..EngineConfig::default()
     }
@@ -309,13 +310,20 @@ proptest! {
 
     /// Random grace periods and pods-ready timeouts (with requeue backoff and
     /// deactivation): the books balance after every step, nothing is lost or admitted
-    /// twice, no wake-up is missed, and runs are deterministic. Runs stop one simulated
-    /// hour after the last arrival: a rare cross-queue reclaim chain still never ends
-    /// (see docs/plan.md "Not done").
+    /// twice, no wake-up is missed, runs are deterministic, and every run reaches a fixed
+    /// point (no timer left) within one simulated hour after the last arrival: no
+    /// endless preemption chain.
     #[test]
     fn grace_periods_and_pods_ready_timeouts((queues, jobs) in timed_scenario()) {
         let hour = 3_600_000;
-        let (e, events) = run_until(&queues, &jobs, pods_ready_config(), Some(hour))?;
+        let (mut e, events) = run_until(&queues, &jobs, pods_ready_config(), Some(hour))?;
+        if let Some(t) = e.next_timer() {
+            let preempted = events.iter().filter(|e| e.kind == EventType::Preempted).count();
+            return Err(TestCaseError::fail(format!(
+                "no fixed point: a timer at {t} ms after {preempted} preemptions; first events: {:?}",
+                &events[..events.len().min(40)]
+            )));
+        }
         let f = e.final_state();
         let mut seen: Vec<&str> = f.admitted.iter().map(|a| a.workload.as_str())
             .chain(f.pending.iter().map(|p| p.workload.as_str()))
@@ -336,6 +344,43 @@ proptest! {
         }
         let (_, again) = run_until(&queues, &jobs, pods_ready_config(), Some(hour))?;
         prop_assert_eq!(events, again);
+    }
+
+    /// The same with `blockAdmission`: the books balance, held queues are always let go
+    /// (the run reaches a fixed point), and no admission happens while an admitted
+    /// workload's pods are not ready.
+    #[test]
+    fn block_admission_holds_admissions_until_pods_are_ready((queues, jobs) in timed_scenario()) {
+        let mut cfg = pods_ready_config();
+        if let Some(w) = cfg.wait_for_pods_ready.as_mut() {
+            w.block_admission = true;
+        }
+        let (mut e, events) = run_until(&queues, &jobs, cfg, Some(3_600_000))?;
+        prop_assert_eq!(e.next_timer(), None, "no fixed point");
+        // Replay: track when each admitted workload gets ready (or stops running).
+        let ready_after: BTreeMap<String, Option<u64>> = jobs
+            .iter()
+            .enumerate()
+            .map(|(i, j)| (format!("ns/j{i}"), j.ready.filter(|&r| r <= 15).map(|r| r * 1000)))
+            .collect();
+        let mut unready: BTreeMap<String, Option<f64>> = BTreeMap::new();
+        for ev in &events {
+            unready.retain(|_, until| until.is_none_or(|t| t > ev.time));
+            match ev.kind {
+                EventType::Admitted => {
+                    prop_assert!(unready.is_empty(), "{} admitted at {} while {:?} not ready", ev.workload, ev.time, unready);
+                    match ready_after.get(&ev.workload).copied().flatten() {
+                        Some(0) => {}
+                        Some(r) => { unready.insert(ev.workload.clone(), Some(ev.time + r as f64 / 1000.0)); }
+                        None => { unready.insert(ev.workload.clone(), None); }
+                    }
+                }
+                EventType::Preempted | EventType::Evicted | EventType::Finished => {
+                    unready.remove(&ev.workload);
+                }
+                _ => {}
+            }
+        }
     }
 }
 
@@ -391,5 +436,206 @@ fn preemptor_keeps_its_head_until_all_victims_are_gone() -> Result<(), TestCaseE
         !readmitted_early,
         "a victim took back its preemptor's quota: {events:?}"
     );
+    Ok(())
+}
+
+/// Minimised by proptest from `grace_periods_and_pods_ready_timeouts` with termination
+/// asserted: q0 (no nominal quota, borrows up to 3) and q1 (2+2 GPUs, all lendable) in
+/// one cohort. q1's j3 reclaims both of q0's borrowing jobs, j1 (1 s grace) and j2 (2 s
+/// grace). When j1 is gone j3 still waits for j2; j1 used to borrow the freed GPU back
+/// at once, be reclaimed again when j2 left, and so on every 1-2 s forever. Now the
+/// quota j3's victims free stays reserved for j3 until it is admitted, and the run
+/// reaches a fixed point.
+#[test]
+fn quota_freed_for_a_waiting_preemptor_stays_reserved() -> Result<(), TestCaseError> {
+    let q0 = Queue {
+        nominal: [0, 0],
+        borrowing: Some(3),
+        lending: Some(2),
+        policy: 2,
+        strict: false,
+    };
+    let q1 = Queue {
+        nominal: [2, 2],
+        borrowing: None,
+        lending: Some(2),
+        policy: 4,
+        strict: false,
+    };
+    let job = |queue, gpus, count, grace, ready| Job {
+        queue,
+        gap: 0,
+        gpus,
+        count,
+        min: None,
+        priority: 0,
+        runtime: None,
+        checkpoint: None,
+        grace,
+        ready,
+    };
+    let jobs = [
+        job(1, 1, 2, 0, Some(0)),
+        job(0, 1, 1, 1, Some(0)),
+        job(0, 1, 1, 2, None),
+        job(1, 2, 1, 0, None),
+    ];
+    let (mut e, events) = run_until(&[q0, q1], &jobs, pods_ready_config(), Some(3_600_000))?;
+    let preempted: Vec<&Event> = events
+        .iter()
+        .filter(|e| e.kind == EventType::Preempted)
+        .collect();
+    prop_assert_eq!(
+        e.next_timer(),
+        None,
+        "no fixed point within an hour after {} preemptions: {:?}",
+        preempted.len(),
+        &events[..events.len().min(30)]
+    );
+    // j3 reclaims j1 and j2 once per admission (it never gets ready: deactivated at its
+    // fourth pods-ready timeout), never a victim that came back meanwhile.
+    prop_assert!(
+        preempted.len() <= 8,
+        "{} preemptions: {events:?}",
+        preempted.len()
+    );
+    // From j3's preemption until its admission, q0 admits nothing.
+    let mut waiting = false;
+    for ev in &events {
+        match ev.kind {
+            EventType::Preempted if ev.by.as_deref() == Some("ns/j3") => waiting = true,
+            EventType::Admitted if ev.workload == "ns/j3" => waiting = false,
+            EventType::Admitted if waiting => prop_assert!(
+                ev.cluster_queue.as_deref() != Some("q0"),
+                "{} took back quota freed for its preemptor at {}: {events:?}",
+                ev.workload,
+                ev.time
+            ),
+            _ => {}
+        }
+    }
+    Ok(())
+}
+
+/// Found by `PROPTEST_CASES=3000` after the reservation fix: j9 (priority 5) waits for
+/// its victim j1 with quota reserved; j6 (priority 10, partial admission) comes back
+/// from backoff, cannot preempt the reservation and parks; j9 is then admitted, and j6
+/// could preempt it but was never woken (admitting j9 turned unpreemptible reserved
+/// quota into a preemptible workload). Ending a reservation now always releases it with
+/// wake-ups; `run_until` checks for missed wake-ups after every step.
+#[test]
+fn ending_a_reservation_wakes_workloads_that_may_preempt_the_preemptor() -> Result<(), TestCaseError>
+{
+    let queues = [Queue {
+        nominal: [0, 4],
+        borrowing: None,
+        lending: None,
+        policy: 1,
+        strict: false,
+    }];
+    #[allow(clippy::type_complexity)]
+    let table: [(
+        u64,
+        i64,
+        u32,
+        Option<u32>,
+        i32,
+        Option<u64>,
+        u64,
+        Option<u64>,
+    ); 13] = [
+        // (gap, gpus, count, minCount, priority, runtime, grace, ready after)
+        (0, 1, 2, None, 0, None, 0, None),
+        (0, 1, 1, None, 0, None, 15, Some(0)),
+        (0, 2, 2, None, 10, Some(5), 0, None),
+        (4, 2, 2, None, 10, Some(17), 0, Some(7)),
+        (1, 3, 1, None, 0, None, 0, None),
+        (14, 4, 1, None, 10, None, 10, None),
+        (7, 2, 2, Some(1), 10, None, 6, None),
+        (13, 1, 1, None, 10, Some(24), 0, Some(2)),
+        (4, 4, 1, None, 0, None, 0, None),
+        (24, 2, 1, None, 5, None, 0, None),
+        (20, 1, 1, None, 0, None, 0, None),
+        (28, 1, 1, None, 10, None, 10, None),
+        (0, 3, 1, None, 0, None, 0, None),
+    ];
+    let jobs: Vec<Job> = table
+        .iter()
+        .map(
+            |&(gap, gpus, count, min, priority, runtime, grace, ready)| Job {
+                queue: 0,
+                gap,
+                gpus,
+                count,
+                min,
+                priority,
+                runtime,
+                checkpoint: None,
+                grace,
+                ready,
+            },
+        )
+        .collect();
+    let (mut e, _) = run_until(&queues, &jobs, pods_ready_config(), Some(3_600_000))?;
+    prop_assert_eq!(e.next_timer(), None, "no fixed point within an hour");
+    Ok(())
+}
+
+/// Found by `PROPTEST_CASES=3000 ... grace` (no preemption and no reservation
+/// involved): j9 (q2, 6 GPUs, `borrowWithinCohort`) parked at 113 s as `WaitingForQuota`
+/// although j12 of q0, protected by q0's 20 s `minimumRuntime` until 118 s, suffices as
+/// its victim: the search over every candidate took the also-protected j7 first, which
+/// stopped q0 from borrowing and ruled j12 out. At 121 s the missed-wake-up check found
+/// it could preempt j12. Now each protection end is tried in turn: j9 waits as
+/// `MinimumRuntime` until 118 s.
+#[test]
+fn missed_wake_up_when_minimum_runtime_protection_ends() -> Result<(), TestCaseError> {
+    let q = |nominal, lending, policy| Queue {
+        nominal,
+        borrowing: None,
+        lending,
+        policy,
+        strict: false,
+    };
+    let queues = [
+        q([5, 4], Some(2), 3),
+        q([1, 1], None, 4),
+        q([2, 5], None, 4),
+    ];
+    #[allow(clippy::type_complexity)]
+    let table: [(usize, u64, i64, u32, i32, Option<u64>, u64, Option<u64>); 13] = [
+        // (queue, gap, gpus, count, priority, runtime, grace, ready after)
+        (0, 0, 2, 1, 0, Some(24), 0, None),
+        (0, 19, 3, 1, 0, Some(52), 0, Some(0)),
+        (0, 18, 2, 1, 0, None, 0, Some(0)),
+        (0, 0, 1, 1, 0, Some(5), 0, Some(0)),
+        (2, 14, 1, 1, 0, None, 0, None),
+        (2, 0, 1, 2, 0, Some(5), 0, None),
+        (2, 0, 1, 1, 0, Some(5), 0, None),
+        (0, 0, 3, 1, 0, None, 13, None),
+        (1, 19, 1, 1, 0, None, 0, None),
+        (2, 1, 3, 2, 5, None, 0, None),
+        (0, 0, 1, 1, 0, None, 0, None),
+        (1, 6, 1, 1, 0, None, 0, None),
+        (0, 10, 2, 2, 0, None, 0, Some(0)),
+    ];
+    let jobs: Vec<Job> = table
+        .iter()
+        .map(
+            |&(queue, gap, gpus, count, priority, runtime, grace, ready)| Job {
+                queue,
+                gap,
+                gpus,
+                count,
+                min: None,
+                priority,
+                runtime,
+                checkpoint: None,
+                grace,
+                ready,
+            },
+        )
+        .collect();
+    run_until(&queues, &jobs, pods_ready_config(), Some(3_600_000))?;
     Ok(())
 }

@@ -78,6 +78,10 @@ impl Engine {
                 wake_at: None,
             };
         }
+        // A preemptor waiting for its victims decides with what is on its way to it.
+        if self.is_waiting_preemptor(id) || !self.wls[id].reserved.is_empty() {
+            return self.evaluate_waiting(id, cq, now);
+        }
         // An identical workload just failed against the same books: same answer.
         let shape = self.shape_in(id, cq);
         let version = self.cohorts[self.cqs[cq].cohort].version;
@@ -105,7 +109,7 @@ impl Engine {
         shape
     }
 
-    fn evaluate_fresh(&mut self, id: WlId, cq: usize, now: Time) -> Decision {
+    pub(crate) fn evaluate_fresh(&mut self, id: WlId, cq: usize, now: Time) -> Decision {
         let full: Vec<u32> = self.wls[id].info.pod_sets.iter().map(|p| p.count).collect();
         let a = self.assign(id, cq, &full, now);
         let mut failure = a.failure.clone();
@@ -191,8 +195,18 @@ impl Engine {
         let Some(cq) = self.wls[id].cq else { return };
         match decision {
             Decision::Admit(a) => {
-                self.cqs[cq].pending.remove(&key);
-                self.admit(id, cq, a, now);
+                // A waiting preemptor decided as if its victims were gone: it is admitted
+                // once they are, or now if the quota it holds and the free quota suffice.
+                let left = self.still_terminating_for(id);
+                if left.is_empty() || self.fits_with_reservation(id, cq, &a.usage) {
+                    self.cqs[cq].pending.remove(&key);
+                    self.end_reservation(id, now);
+                    self.admit(id, cq, a, now);
+                } else {
+                    self.reserve_for(id, &a.usage, now);
+                    let reason = self.waiting_for(&left);
+                    self.park(id, key, reason, &[], None);
+                }
             }
             Decision::Preempt {
                 assignment,
@@ -211,13 +225,21 @@ impl Engine {
                     self.evict(v, now, EvictCause::Preempted { by: id, reason });
                 }
                 self.stats.preemptions += victims.len() as u64;
-                if grace == 0 && self.fits(cq, &assignment.usage, true) {
+                if self.fits_with_reservation(id, cq, &assignment.usage) {
                     self.cqs[cq].pending.remove(&key);
                     self.wls[id].preempted_in_at = Some(now);
+                    self.end_reservation(id, now);
                     self.admit(id, cq, assignment, now);
                 } else {
-                    let reason = self.waiting_for(&victims);
-                    self.wls[id].awaiting = victims;
+                    // It waits for these victims and any earlier ones still terminating;
+                    // the quota it needs is held for it: what is free now (victims without
+                    // a grace period included), and what the others release as they go.
+                    let mut awaiting = self.still_terminating_for(id);
+                    awaiting.extend(victims.iter().copied());
+                    self.wls[id].awaiting = awaiting;
+                    self.reserve_for(id, &assignment.usage, now);
+                    let left = self.still_terminating_for(id);
+                    let reason = self.waiting_for(&left);
                     self.park(
                         id,
                         key,
@@ -239,6 +261,7 @@ impl Engine {
                 // behind it, and it would preempt them again, forever.
                 let left = self.still_terminating_for(id);
                 if left.is_empty() {
+                    self.end_reservation(id, now);
                     self.park(id, key, reason, &shortfalls, wake_at);
                 } else {
                     let reason = self.waiting_for(&left);
@@ -264,14 +287,17 @@ impl Engine {
         ))
     }
 
+    /// Whether `victim` is still terminating after being preempted by `by`.
+    pub(crate) fn terminating_for(&self, victim: WlId, by: WlId) -> bool {
+        let w = &self.wls[victim];
+        w.state == WlState::Terminating
+            && matches!(w.evicting, Some(EvictCause::Preempted { by: b, .. }) if b == by)
+    }
+
     /// The victims of `id` still terminating for it; forgets the ones that are gone.
     pub(crate) fn still_terminating_for(&mut self, id: WlId) -> Vec<WlId> {
         let mut awaiting = std::mem::take(&mut self.wls[id].awaiting);
-        awaiting.retain(|&v| {
-            let w = &self.wls[v];
-            w.state == WlState::Terminating
-                && matches!(w.evicting, Some(EvictCause::Preempted { by, .. }) if by == id)
-        });
+        awaiting.retain(|&v| self.terminating_for(v, id));
         self.wls[id].awaiting = awaiting.clone();
         awaiting
     }

@@ -43,6 +43,9 @@ pub struct WaitForPodsReady {
     /// `requeuingStrategy.timestamp: Eviction` (default) orders a requeued workload by
     /// its eviction time; `Creation` keeps its creation time.
     pub requeue_by_eviction_time: bool,
+    /// `blockAdmission`: while an admitted workload's pods are not all ready, nothing
+    /// else is admitted (Kueue's sequential admission).
+    pub block_admission: bool,
 }
 
 impl Default for WaitForPodsReady {
@@ -53,6 +56,7 @@ impl Default for WaitForPodsReady {
             backoff_max: 3_600_000,
             backoff_limit_count: None,
             requeue_by_eviction_time: true,
+            block_admission: false,
         }
     }
 }
@@ -217,6 +221,11 @@ pub(crate) struct Wl {
     /// Victims this workload preempted that may still be terminating: while any is, it
     /// keeps the head of its queue (see `Engine::still_terminating_for`).
     pub awaiting: Vec<WlId>,
+    /// Quota held for this workload while it waits for its victims (`reserve.rs`):
+    /// counted as usage of its queue, so no other workload takes it meanwhile.
+    pub reserved: Vec<(FrId, i64)>,
+    /// What the waiting preemptor needs: its reservation grows up to this.
+    pub reserve_target: Vec<(FrId, i64)>,
 }
 
 impl Wl {
@@ -233,6 +242,8 @@ pub(crate) enum Timer {
     BackoffEnd(WlId, u64),
     Wake(WlId, u64),
     TerminateDone(WlId, u64),
+    /// Its pods became ready (tracked for `blockAdmission`).
+    PodsReady(WlId, u64),
 }
 
 /// The quota admission engine.
@@ -256,6 +267,10 @@ pub struct Engine {
     pub(crate) ready: BTreeSet<CqId>,
     /// Preemptors whose victims are gone: evaluated first in their queue next cycle.
     pub(crate) urgent: BTreeSet<WlId>,
+    /// `blockAdmission`: admitted workloads whose pods are not all ready yet.
+    pub(crate) unready: BTreeSet<WlId>,
+    /// `blockAdmission`: queues with work held until `unready` is empty.
+    pub(crate) held: BTreeSet<CqId>,
     pub(crate) timers: BinaryHeap<Reverse<(Time, u64, Timer)>>,
     pub(crate) events: Vec<Event>,
     /// Workloads whose pending reason may need an event at the end of `schedule`.
@@ -289,6 +304,8 @@ impl Engine {
             orphans: BTreeSet::new(),
             ready: BTreeSet::new(),
             urgent: BTreeSet::new(),
+            unready: BTreeSet::new(),
+            held: BTreeSet::new(),
             timers: BinaryHeap::new(),
             events: Vec::new(),
             dirty: Vec::new(),
@@ -375,6 +392,22 @@ impl Engine {
         let spec = CqSpec::compile(cq, |f, r| intern_fr(names, by_name, f, r))?;
         let name = spec.name.clone();
         let cohort_key = spec.cohort.clone();
+        // Reservations were sized for the old limits of the cohorts this queue leaves or
+        // joins: give them back first.
+        let touched: Vec<usize> = [
+            self.cq_by_name.get(&name).map(|&id| self.cqs[id].cohort),
+            cohort_key
+                .as_ref()
+                .and_then(|c| self.cohort_by_name.get(c).copied()),
+        ]
+        .into_iter()
+        .flatten()
+        .collect();
+        for co in touched {
+            for m in self.cohorts[co].members.clone() {
+                self.end_reservations_in(m, now);
+            }
+        }
         let id = match self.cq_by_name.get(&name) {
             Some(&id) => {
                 let old_cohort = self.cqs[id].cohort;
@@ -484,6 +517,8 @@ impl Engine {
             preempted_in_at: None,
             preempted_by: None,
             awaiting: Vec::new(),
+            reserved: Vec::new(),
+            reserve_target: Vec::new(),
             first_admitted: None,
             evicting: None,
         });
@@ -568,6 +603,13 @@ impl Engine {
     /// One scheduling cycle: the head of every queue with work, best first.
     fn cycle(&mut self, now: Time) {
         self.stats.cycles += 1;
+        if self.admission_blocked() {
+            let ready = std::mem::take(&mut self.ready);
+            for cq in ready {
+                self.hold(cq);
+            }
+            return;
+        }
         let ready = std::mem::take(&mut self.ready);
         let urgent = std::mem::take(&mut self.urgent);
         let mut heads = Vec::new();
@@ -607,6 +649,16 @@ impl Engine {
             (behind_preemptor, *borrows, *key)
         });
         for (_, key, decision, version) in decisions {
+            // An admission earlier in this cycle may have started a wait for pods ready.
+            if self.admission_blocked() {
+                if urgent.contains(&key.3) {
+                    self.urgent.insert(key.3);
+                }
+                if let Some(cq) = self.wls[key.3].cq {
+                    self.hold(cq);
+                }
+                continue;
+            }
             let co = self.cohort_of_wl(key.3);
             let decision = if self.cohorts[co].version != version {
                 self.evaluate(key.3, now)
@@ -824,4 +876,39 @@ pub(crate) enum EvictCause {
     Preempted { by: WlId, reason: &'static str },
     PodsReadyTimeout,
     Drained,
+}
+
+impl Engine {
+    /// `blockAdmission`: whether an admitted workload's pods are not all ready yet.
+    pub(crate) fn admission_blocked(&self) -> bool {
+        !self.unready.is_empty()
+    }
+
+    /// Holds queue `cq` until every admitted workload is ready; its head says why.
+    fn hold(&mut self, cq: CqId) {
+        let q = &self.cqs[cq];
+        if q.spec.stop != StopPolicy::None || q.blocked.is_some() || q.pending.is_empty() {
+            return;
+        }
+        let head = self
+            .urgent
+            .iter()
+            .copied()
+            .find(|&id| self.wls[id].cq == Some(cq))
+            .or_else(|| q.pending.first().map(|k| k.3));
+        self.held.insert(cq);
+        if let Some(id) = head {
+            self.wls[id].reason = PendingReason::WaitingForPodsReady;
+            self.dirty.push(id);
+        }
+    }
+
+    /// `blockAdmission`: `id`'s pods are ready, or it no longer runs. When the last such
+    /// workload is done, the held queues go back to scheduling.
+    pub(crate) fn pods_ready(&mut self, id: WlId) {
+        if self.unready.remove(&id) && self.unready.is_empty() {
+            let held = std::mem::take(&mut self.held);
+            self.ready.extend(held);
+        }
+    }
 }

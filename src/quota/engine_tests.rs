@@ -272,3 +272,91 @@ fn missing_cluster_queue_is_a_pending_reason_until_it_appears() {
     assert!(e.is_admitted("ml/early"));
     e.check_invariants().unwrap();
 }
+
+/// Two borrowing victims with 1 s and 10 s grace periods, reclaimed by a 2-GPU job of
+/// the lending queue: the GPU the first one frees is held for the preemptor (the victim
+/// does not borrow it back), and goes back to the cohort, waking the victim, as soon as
+/// the preemptor admits with less, or leaves.
+#[test]
+fn quota_freed_for_a_waiting_preemptor_is_held_until_it_is_done() {
+    let lender = cluster_queue("lender")
+        .cohort("c")
+        .quota_with("h100", GPU, 2, None, Some(2))
+        .preemption("reclaimWithinCohort: Any")
+        .build();
+    let borrower = cluster_queue("borrower")
+        .cohort("c")
+        .quota_with("h100", GPU, 0, Some(2), None)
+        .build();
+    // (what happens to the preemptor at 2 s, victim a1 admitted again at 2 s?)
+    let table = [("deleted", true), ("kept", false)];
+    for (fate, readmitted) in table {
+        let mut e = engine(&[lender.clone(), borrower.clone()]);
+        for (name, grace) in [("ml/a1", 1_000), ("ml/a2", 10_000)] {
+            let mut w = job(name, "borrower", 1);
+            w.grace_period = grace;
+            submit(&mut e, 0, w);
+        }
+        submit(&mut e, 100, job("ml/b", "lender", 2));
+        assert_eq!(
+            e.pending_reason("ml/b"),
+            Some("WaitingForPreemptedWorkloads")
+        );
+        e.advance_to(1_500).unwrap();
+        e.check_invariants().unwrap();
+        assert_eq!(e.pending_reason("ml/a1"), Some("WaitingForQuota"), "{fate}");
+        assert_eq!(
+            e.pending_reason("ml/b"),
+            Some("WaitingForPreemptedWorkloads")
+        );
+        assert_eq!(e.usage_total(), 2_000, "a2 still holds 1 GPU, b holds 1");
+        if fate == "deleted" {
+            e.remove(2_000, "ml/b").unwrap();
+        }
+        e.advance_to(2_000).unwrap();
+        e.schedule(2_000).unwrap();
+        e.check_invariants().unwrap();
+        assert_eq!(e.is_admitted("ml/a1"), readmitted, "{fate}");
+        assert!(e.admissible_but_parked(2_000).is_empty(), "{fate}");
+        e.advance_to(10_100).unwrap();
+        e.check_invariants().unwrap();
+        assert_eq!(e.is_admitted("ml/b"), !readmitted, "{fate}");
+    }
+}
+
+/// Re-applying a queue of the cohort (here: the lender lowers its quota) while a
+/// preemptor holds a reservation gives the reservation back first, so the books never
+/// hold more than the new limits.
+#[test]
+fn reapplying_a_cohort_queue_ends_reservations() {
+    let lender = |nominal| {
+        cluster_queue("lender")
+            .cohort("c")
+            .quota_with("h100", GPU, nominal, None, Some(nominal))
+            .preemption("reclaimWithinCohort: Any")
+            .build()
+    };
+    let borrower = cluster_queue("borrower")
+        .cohort("c")
+        .quota_with("h100", GPU, 0, Some(2), None)
+        .build();
+    let mut e = engine(&[lender(2), borrower]);
+    for (name, grace) in [("ml/a1", 1_000), ("ml/a2", 10_000)] {
+        let mut w = job(name, "borrower", 1);
+        w.grace_period = grace;
+        submit(&mut e, 0, w);
+    }
+    submit(&mut e, 100, job("ml/b", "lender", 2));
+    e.advance_to(1_500).unwrap();
+    assert_eq!(e.usage_total(), 2_000, "a2 holds 1 GPU, b's reservation 1");
+    e.apply_cluster_queue(&lender(1), 1_600).unwrap();
+    e.schedule(1_600).unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!(e.usage_total(), 1_000, "only a2 is left");
+    e.advance_to(20_000).unwrap();
+    e.check_invariants().unwrap();
+    assert!(
+        !e.is_admitted("ml/b"),
+        "2 GPUs exceed the lender's new quota"
+    );
+}

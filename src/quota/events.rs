@@ -29,6 +29,8 @@ pub enum PendingReason {
     },
     /// The ClusterQueue has a stopPolicy.
     ClusterQueueStopped,
+    /// `waitForPodsReady.blockAdmission`: an admitted workload's pods are not all ready.
+    WaitingForPodsReady,
     /// Evicted after a waitForPodsReady timeout; requeued at `until`.
     Backoff {
         until: Time,
@@ -53,6 +55,7 @@ impl PendingReason {
             PendingReason::WaitingForPreemptedWorkloads(_) => "WaitingForPreemptedWorkloads",
             PendingReason::MinimumRuntime { .. } => "MinimumRuntime",
             PendingReason::ClusterQueueStopped => "ClusterQueueStopped",
+            PendingReason::WaitingForPodsReady => "WaitingForPodsReady",
             PendingReason::Backoff { .. } => "Backoff",
             PendingReason::Deactivated(_) => "Deactivated",
             PendingReason::LocalQueueNotFound => "LocalQueueNotFound",
@@ -77,6 +80,10 @@ impl PendingReason {
                 super::quantity::format_duration(*until)
             ),
             PendingReason::ClusterQueueStopped => "the ClusterQueue is stopped (stopPolicy)".into(),
+            PendingReason::WaitingForPodsReady => {
+                "waiting for all admitted workloads to be in PodsReady condition (blockAdmission)"
+                    .into()
+            }
             PendingReason::Backoff { until, count } => format!(
                 "evicted after pods were not ready in time ({count} time(s)); requeued at {}",
                 super::quantity::format_duration(*until)

@@ -21,7 +21,8 @@ impl Engine {
             | Timer::ReadyTimeout(i, g)
             | Timer::BackoffEnd(i, g)
             | Timer::Wake(i, g)
-            | Timer::TerminateDone(i, g) => (i, g),
+            | Timer::TerminateDone(i, g)
+            | Timer::PodsReady(i, g) => (i, g),
         };
         self.wls.get(id).is_some_and(|w| w.gen == gen)
     }
@@ -32,9 +33,10 @@ impl Engine {
             Timer::ReadyTimeout(id, _) => self.evict(id, at, EvictCause::PodsReadyTimeout),
             Timer::BackoffEnd(id, _) => self.enqueue(id, at),
             Timer::Wake(id, _) => self.wake(id),
+            Timer::PodsReady(id, _) => self.pods_ready(id),
             Timer::TerminateDone(id, _) => {
                 let cause = self.wls[id].evicting.take();
-                self.release_admission(id, at);
+                self.release_admission(id, at, preemptor(cause.as_ref()));
                 if let Some(cause) = cause {
                     self.after_eviction(id, at, cause);
                 }
@@ -53,6 +55,7 @@ impl Engine {
             .any(|&(fr, _)| self.usage(cq, fr) > self.nominal(cq, fr));
         let w = &mut self.wls[id];
         w.state = WlState::Admitted;
+        w.awaiting.clear();
         w.first_admitted.get_or_insert(now);
         w.gen += 1;
         w.reported = None;
@@ -115,6 +118,22 @@ impl Engine {
                 self.set_timer(now.saturating_add(t), Timer::ReadyTimeout(id, gen));
             }
         }
+        let blocks = self
+            .cfg
+            .wait_for_pods_ready
+            .as_ref()
+            .is_some_and(|c| c.block_admission);
+        match ready_after {
+            // Not ready until its timeout evicts it.
+            _ if blocks && !ready_in_time => {
+                self.unready.insert(id);
+            }
+            Some(r) if blocks && r > 0 => {
+                self.unready.insert(id);
+                self.set_timer(now.saturating_add(r), Timer::PodsReady(id, gen));
+            }
+            _ => {}
+        }
         if let (true, Some(r), Some(rem)) = (ready_in_time, ready_after, remaining) {
             self.set_timer(
                 now.saturating_add(r).saturating_add(rem),
@@ -168,24 +187,30 @@ impl Engine {
             self.events.push(ev);
         }
         self.cqs[cq].admitted.remove(&id);
+        self.pods_ready(id);
         if grace > 0 {
             let w = &mut self.wls[id];
             w.state = WlState::Terminating;
             w.evicting = Some(cause);
             self.set_timer(now.saturating_add(grace), Timer::TerminateDone(id, gen));
         } else {
-            self.release_admission(id, now);
+            self.release_admission(id, now, preemptor(Some(&cause)));
             self.after_eviction(id, now, cause);
         }
     }
 
-    pub(crate) fn release_admission(&mut self, id: WlId, now: Time) {
+    /// Frees a workload's quota. `by`: the preemptor it was evicted for, which gets the
+    /// quota reserved if it still waits (see `reserve.rs`).
+    pub(crate) fn release_admission(&mut self, id: WlId, now: Time, by: Option<WlId>) {
         let prio = self.wls[id].priority;
         let Some(adm) = self.wls[id].admission.take() else {
             return;
         };
         for (fr, v) in adm.usage {
             self.release(adm.cq, fr, v, prio, now);
+            if let Some(by) = by {
+                self.victim_released(id, by, fr, v);
+            }
         }
     }
 
@@ -247,11 +272,15 @@ impl Engine {
             q.admitted.remove(&id);
         }
         self.orphans.remove(&id);
+        self.pods_ready(id);
         let cq_name = self.wls[id]
             .admission
             .as_ref()
             .map(|a| self.cqs[a.cq].spec.name.clone());
-        self.release_admission(id, now);
+        let by = preemptor(self.wls[id].evicting.as_ref());
+        self.release_admission(id, now, by);
+        // A preemptor that leaves while waiting gives its reservation back.
+        self.end_reservation(id, now);
         let w = &mut self.wls[id];
         w.state = WlState::Finished;
         w.gen += 1;
@@ -261,5 +290,13 @@ impl Engine {
             ev.reason = Some(reason.to_string());
             self.events.push(ev);
         }
+    }
+}
+
+/// The preemptor an eviction was for.
+fn preemptor(cause: Option<&EvictCause>) -> Option<WlId> {
+    match cause {
+        Some(EvictCause::Preempted { by, .. }) => Some(*by),
+        _ => None,
     }
 }

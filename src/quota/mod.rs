@@ -8,8 +8,9 @@
 //!
 //! Module map: `accounting` (fit rule, usage), `assign` (flavors and fungibility),
 //! `preempt` (victims, checkpoint-aware), `decide` (one attempt), `lifecycle` (admit,
-//! evict, requeue, finish), `wake` (parking without per-cycle cost), `report`,
-//! `restore` (record running workloads after a controller restart).
+//! evict, requeue, finish), `wake` (parking without per-cycle cost), `reserve` (quota
+//! held for a preemptor while its victims terminate), `report`, `restore` (record
+//! running workloads after a controller restart).
 
 mod accounting;
 pub mod api;
@@ -24,6 +25,7 @@ pub mod model;
 mod preempt;
 pub mod quantity;
 mod report;
+mod reserve;
 mod restore;
 pub mod scenario;
 mod wake;

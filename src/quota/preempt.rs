@@ -8,8 +8,9 @@
 //! admitted) and a checkpoint-aware one (borrowing queues first, lowest priority, least
 //! expected rework). Each gives a minimal set; the set losing the least work wins
 //! (ties: fewer victims, then Kueue's). Whether preemption is possible at all is
-//! decided by Kueue's order alone, so it never depends on the clock. Victims younger than their queue's
-//! `minimumRuntime` are never taken; if only they could make room the preemptor waits.
+//! decided by Kueue's order alone, so it never depends on the clock. Victims younger
+//! than their queue's `minimumRuntime` are never taken; if only they could make room,
+//! the preemptor waits until the first protection end after which victims exist.
 //! A workload admitted by preempting others cannot itself be a victim in the same
 //! instant, so one scheduling pass never preempts in a cycle.
 
@@ -107,25 +108,40 @@ impl Engine {
             .collect();
         let result = match self.best_targets(cq, usage, &needed, free) {
             Some((victims, rework)) => Victims::Found { victims, rework },
-            None if cands.iter().any(|c| c.protected_until.is_some()) => {
-                match self.best_targets(cq, usage, &needed, cands.clone()) {
-                    Some((victims, _)) => {
-                        let until = victims
-                            .iter()
-                            .filter_map(|v| cands.iter().find(|c| c.wl == *v))
-                            .filter_map(|c| c.protected_until)
-                            .max()
-                            .unwrap_or(now);
-                        Victims::Gated { until }
-                    }
-                    None => Victims::None,
-                }
-            }
-            None => Victims::None,
+            None => self.gated_until(cq, usage, &needed, &cands),
         };
         self.cohorts[co].version = version;
         self.victim_memo = Some((id, usage.to_vec(), now, version, result.clone()));
         result
+    }
+
+    /// When only protected candidates could make room: the first instant a protection
+    /// ends after which victims exist among the candidates free by then. Each instant is
+    /// tried in turn, not only "all candidates": the target heuristics are not monotone
+    /// (taking a protected victim first can stop its queue from borrowing and rule out
+    /// the one victim that suffices), so "no set with every candidate" does not mean
+    /// "no set later".
+    fn gated_until(
+        &mut self,
+        cq: CqId,
+        usage: &[(FrId, i64)],
+        needed: &[FrId],
+        cands: &[Cand],
+    ) -> Victims {
+        let mut times: Vec<Time> = cands.iter().filter_map(|c| c.protected_until).collect();
+        times.sort_unstable();
+        times.dedup();
+        for until in times {
+            let free_then: Vec<Cand> = cands
+                .iter()
+                .filter(|c| c.protected_until.is_none_or(|t| t <= until))
+                .cloned()
+                .collect();
+            if self.best_targets(cq, usage, needed, free_then).is_some() {
+                return Victims::Gated { until };
+            }
+        }
+        Victims::None
     }
 
     fn candidates(&self, id: WlId, cq: CqId, needed: &[FrId], now: Time) -> Vec<Cand> {

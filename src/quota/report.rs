@@ -90,7 +90,7 @@ impl Engine {
         out
     }
 
-    /// Checks the books: usage equals the sum of admissions, no queue above
+    /// Checks the books: usage equals the sum of admissions and reservations, no queue above
     /// `nominal + borrowingLimit`, no cohort above its lendable pool, every workload in
     /// exactly one place. Returns the first violation.
     pub fn check_invariants(&self) -> Result<(), String> {
@@ -104,6 +104,18 @@ impl Engine {
                     w.state,
                     w.admission.is_some()
                 ));
+            }
+            if !w.reserved.is_empty() {
+                let waiting = w.state == WlState::Pending && !w.awaiting.is_empty();
+                let Some(cq) = w.cq.filter(|_| waiting) else {
+                    return Err(format!(
+                        "{} holds a reservation but waits for no victim",
+                        w.key
+                    ));
+                };
+                for &(fr, v) in &w.reserved {
+                    *expect.entry((cq, fr)).or_default() += v;
+                }
             }
             if let Some(a) = &w.admission {
                 for &(fr, v) in &a.usage {
@@ -131,7 +143,7 @@ impl Engine {
                 let e = expect.get(&(cq, fr)).copied().unwrap_or(0);
                 if u != e {
                     return Err(format!(
-                        "queue {} usage {u} != admitted sum {e}",
+                        "queue {} usage {u} != admitted and reserved sum {e}",
                         q.spec.name
                     ));
                 }
@@ -173,6 +185,11 @@ impl Engine {
     /// Parked workloads that could be admitted (or could preempt) right now: after
     /// [`Engine::schedule`] this must be empty, or a wake-up was missed. For tests.
     pub fn admissible_but_parked(&mut self, now: super::quantity::Time) -> Vec<String> {
+        // While admission is blocked on pods ready nothing is admissible; the held
+        // queues are scheduled again when the block ends.
+        if self.admission_blocked() {
+            return Vec::new();
+        }
         let mut keys = Vec::new();
         for q in &self.cqs {
             if q.spec.stop != super::api::StopPolicy::None {

@@ -72,6 +72,9 @@ struct Configuration {
 struct WaitForPodsReadyConfig {
     #[serde(default)]
     enable: bool,
+    /// Kueue: `true` turns `enable` on too.
+    #[serde(default)]
+    block_admission: bool,
     #[serde(default)]
     timeout: Option<String>,
     #[serde(default)]
@@ -309,7 +312,10 @@ impl Scenario {
             let object = match kind.as_str() {
                 "Configuration" => {
                     let c: Configuration = typed(value, &kind, &err)?;
-                    if let Some(w) = c.wait_for_pods_ready.filter(|w| w.enable) {
+                    if let Some(w) = c
+                        .wait_for_pods_ready
+                        .filter(|w| w.enable || w.block_admission)
+                    {
                         config.wait_for_pods_ready = Some(
                             wait_config(&w).map_err(|e| err(format!("waitForPodsReady: {e}")))?,
                         );
@@ -578,7 +584,10 @@ fn parse_time(s: &str) -> Result<Time> {
 }
 
 fn wait_config(w: &WaitForPodsReadyConfig) -> Result<WaitForPodsReady> {
-    let mut out = WaitForPodsReady::default();
+    let mut out = WaitForPodsReady {
+        block_admission: w.block_admission,
+        ..WaitForPodsReady::default()
+    };
     if let Some(t) = &w.timeout {
         out.timeout = parse_duration(t)?;
     }
