@@ -11,6 +11,7 @@ use support::apiserver::ApiServer;
 use tessera::deviceplugin::allocate::AllocateSettings;
 use tessera::dra::checkpoint::{Phase, Store};
 use tessera::dra::node::NodePreparer;
+use tessera::dra::owned::OwnedDevices;
 use tessera::dra::plugin::{ClaimPreparer, ClaimRef};
 use tessera::gpu::fake::FakeBackend;
 use tessera::gpu::GpuBackend;
@@ -176,7 +177,6 @@ fn preparer(
     NodePreparer {
         client: api.client(),
         node: "node-a".into(),
-        backend,
         checkpoint: Store::new(&root.join("state")),
         cdi_root: root.join("cdi"),
         settings: AllocateSettings {
@@ -184,6 +184,9 @@ fn preparer(
             ..AllocateSettings::with_state_dir(root.join("state"))
         },
         boot_id: boot.into(),
+        // Every device of every GPU: these tests are about preparing, not the split.
+        owned: OwnedDevices::every_device_of(&backend.inventory().unwrap()),
+        backend,
     }
 }
 
@@ -330,7 +333,8 @@ async fn claim_status_devices_are_reported_kept_for_others_and_cleared() {
 #[tokio::test]
 async fn failed_prepare_reports_ready_false_and_gate_off_is_survived() {
     let api = ApiServer::empty().await;
-    // A MIG placement the A100 does not have: planning fails after the claim was read.
+    // A MIG placement the A100 does not have (never published): refused after the claim
+    // was read.
     api.put_object(
         CLAIMS,
         claim("bad", "uid-b", json!([r("gpu-0-mig-3g-40gb-1")])),
