@@ -19,6 +19,11 @@
 //! is free. GPUs whose owner does not change keep their devices as they are. A GPU moving
 //! to the DRA driver loses the MIG instances the device plugin's layout made.
 //!
+//! The split is put in force for the DRA driver ([`crate::dra::owned::OwnedDevices`])
+//! before anything is built for it: from then on the driver refuses claims on GPUs it
+//! gave up, and a GPU a claim is being prepared on (admitted, not recorded yet) is not
+//! taken from it (the split is decided again with that claim as a holder).
+//!
 //! A config that fails to parse, names an unknown config, or does not fit the GPUs is
 //! rejected as a whole: the error (naming the field) is logged and recorded, and the last
 //! good config stays in force. If the very first config is bad, nothing is advertised
