@@ -14,6 +14,7 @@ use tessera::cdi;
 use tessera::deviceplugin::allocate::{AllocateSettings, PreloadMode};
 use tessera::dra::checkpoint::Store;
 use tessera::dra::node::NodePreparer;
+use tessera::dra::owned::OwnedDevices;
 use tessera::dra::plugin::{ClaimPreparer, ClaimRef};
 use tessera::gpu::fake::FakeBackend;
 use tessera::gpu::GpuBackend;
@@ -156,10 +157,12 @@ async fn dra_claim_specs_are_valid_with_their_minimum_version() {
         settings.mig_caps =
             tessera::cdi::migcaps::write_synthetic(&tmp.path().join("proc"), 4, 508).unwrap();
         settings.preload = preload;
+        let backend = Arc::new(FakeBackend::from_yaml(yaml).unwrap());
         let p = NodePreparer {
             client: api.client(),
             node: "node-a".into(),
-            backend: Arc::new(FakeBackend::from_yaml(yaml).unwrap()),
+            owned: OwnedDevices::every_device_of(&backend.inventory().unwrap()),
+            backend,
             checkpoint: Store::new(&tmp.path().join("state")),
             cdi_root: tmp.path().join("cdi"),
             settings,
@@ -314,6 +317,7 @@ async fn device_nodes_get_host_paths_under_the_driver_root() {
     let p = NodePreparer {
         client: api.client(),
         node: "node-a".into(),
+        owned: OwnedDevices::every_device_of(&backend.inventory().unwrap()),
         backend: backend.clone(),
         checkpoint: Store::new(&state),
         cdi_root: tmp.path().join("cdi"),

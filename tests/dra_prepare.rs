@@ -1,6 +1,7 @@
 //! NodePrepareResources / NodeUnprepareResources against the API-server double and the
 //! fake GPUs: MIG instances created on demand and destroyed on unprepare, one CDI spec per
-//! claim, the checkpoint's phases, idempotent retries, and clear per-claim errors.
+//! claim, the checkpoint's phases, idempotent retries, and clear per-claim errors (also
+//! for claims on GPUs or devices the driver does not own or publish).
 
 mod support;
 
@@ -11,6 +12,7 @@ use support::apiserver::ApiServer;
 use tessera::deviceplugin::allocate::AllocateSettings;
 use tessera::dra::checkpoint::{Phase, Store};
 use tessera::dra::node::NodePreparer;
+use tessera::dra::owned::{GpuSplit, OwnedDevices};
 use tessera::dra::plugin::{ClaimPreparer, ClaimRef};
 use tessera::gpu::fake::FakeBackend;
 use tessera::gpu::GpuBackend;
@@ -176,7 +178,6 @@ fn preparer(
     NodePreparer {
         client: api.client(),
         node: "node-a".into(),
-        backend,
         checkpoint: Store::new(&root.join("state")),
         cdi_root: root.join("cdi"),
         settings: AllocateSettings {
@@ -184,6 +185,9 @@ fn preparer(
             ..AllocateSettings::with_state_dir(root.join("state"))
         },
         boot_id: boot.into(),
+        // Every device of every GPU: these tests are about preparing, not the split.
+        owned: OwnedDevices::every_device_of(&backend.inventory().unwrap()),
+        backend,
     }
 }
 
@@ -330,7 +334,8 @@ async fn claim_status_devices_are_reported_kept_for_others_and_cleared() {
 #[tokio::test]
 async fn failed_prepare_reports_ready_false_and_gate_off_is_survived() {
     let api = ApiServer::empty().await;
-    // A MIG placement the A100 does not have: planning fails after the claim was read.
+    // A MIG placement the A100 does not have (never published): refused after the claim
+    // was read.
     api.put_object(
         CLAIMS,
         claim("bad", "uid-b", json!([r("gpu-0-mig-3g-40gb-1")])),
@@ -732,4 +737,159 @@ async fn concurrent_prepares_lose_no_entry_and_create_no_instance_twice() {
     let inv = backend.inventory().unwrap();
     let instances: Vec<usize> = inv.gpus.iter().map(|g| g.mig_devices.len()).collect();
     assert_eq!(instances, [7, 7], "one instance per claim, none twice");
+}
+
+/// What the driver owns as the agent sets it after a reload: GPU 0 on the DRA driver
+/// (partitionable, two placements published), GPU 1 moved to the device plugin.
+fn owned_after_reload(inv: &tessera::gpu::Inventory) -> OwnedDevices {
+    let split = |gpu1_dra: bool| {
+        vec![
+            GpuSplit {
+                index: 0,
+                uuid: inv.gpus[0].uuid.clone(),
+                dra: true,
+            },
+            GpuSplit {
+                index: 1,
+                uuid: inv.gpus[1].uuid.clone(),
+                dra: gpu1_dra,
+            },
+        ]
+    };
+    let owned = OwnedDevices::new();
+    owned.set_split(&split(true), "the agent's start (config \"a\")");
+    owned.set_split(
+        &split(false),
+        "the config reload applied at T (config \"b\")",
+    );
+    owned.publish(["gpu-0", "gpu-0-mig-3g-40gb-4", "gpu-0-mig-1g-10gb-0"].map(String::from));
+    owned
+}
+
+#[tokio::test]
+async fn claims_outside_the_drivers_gpus_or_slices_are_refused_and_change_nothing() {
+    let api = ApiServer::empty().await;
+    for (name, uid, devices) in [
+        ("kept", "uid-k", vec!["gpu-0-mig-1g-10gb-0"]),
+        ("moved", "uid-m", vec!["gpu-1"]),
+        ("typo", "uid-t", vec!["gpu-3-mig-1g.10gb-0"]),
+        ("stale", "uid-s", vec!["gpu-0-mig-3g-40gb-0"]),
+        ("half", "uid-h", vec!["gpu-0-mig-3g-40gb-4", "gpu-1"]),
+        ("fresh", "uid-f", vec!["gpu-0-mig-3g-40gb-4"]),
+        ("late", "uid-l", vec!["gpu-0"]),
+    ] {
+        let results: Vec<_> = devices.into_iter().map(r).collect();
+        api.put_object(CLAIMS, claim(name, uid, json!(results)));
+    }
+    let refs = |list: &[(&str, &str)]| -> Vec<ClaimRef> {
+        list.iter()
+            .map(|(name, uid)| ClaimRef {
+                namespace: "ml".into(),
+                name: name.to_string(),
+                uid: uid.to_string(),
+            })
+            .collect()
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let inv = backend.inventory().unwrap();
+    let mut p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    p.owned = owned_after_reload(&inv);
+    let out = p.prepare(refs(&[("kept", "uid-k")])).await;
+    assert!(out["uid-k"].is_ok(), "{out:?}");
+    let checkpoint = tmp.path().join("state/checkpoint.json");
+    let before = std::fs::read(&checkpoint).unwrap();
+
+    // Refused, each with its reason; nothing created, the checkpoint file untouched.
+    let out = p
+        .prepare(refs(&[
+            ("moved", "uid-m"),
+            ("typo", "uid-t"),
+            ("stale", "uid-s"),
+            ("half", "uid-h"),
+        ]))
+        .await;
+    let err = |uid: &str| out[uid].as_ref().unwrap_err().clone();
+    let moved = format!(
+        "claim ml/moved: device gpu-1: {} (GPU 1) is served by the device-plugin path since the config reload applied at T (config \"b\")",
+        inv.gpus[1].uuid
+    );
+    assert!(err("uid-m").starts_with(&moved), "{}", err("uid-m"));
+    assert!(
+        err("uid-t").contains("device gpu-3-mig-1g.10gb-0 is not published by this node"),
+        "{}",
+        err("uid-t")
+    );
+    assert!(
+        err("uid-s").contains(&format!(
+            "device gpu-0-mig-3g-40gb-0 is not published by this node (GPU 0 ({}) has no such device in its current layout)",
+            inv.gpus[0].uuid
+        )),
+        "{}",
+        err("uid-s")
+    );
+    assert!(err("uid-h").contains("device gpu-1: "), "{}", err("uid-h"));
+    assert_eq!(std::fs::read(&checkpoint).unwrap(), before);
+    for uid in ["uid-m", "uid-t", "uid-s", "uid-h"] {
+        assert!(!tmp
+            .path()
+            .join(format!("cdi/tessera.io-claim-{uid}.json"))
+            .exists());
+    }
+    let migs = |b: &FakeBackend| -> Vec<usize> {
+        b.inventory()
+            .unwrap()
+            .gpus
+            .iter()
+            .map(|g| g.mig_devices.len())
+            .collect()
+    };
+    assert_eq!(migs(&backend), [1, 0], "only the kept claim's instance");
+
+    // A refused claim does not hold back the others of its request.
+    let out = p
+        .prepare(refs(&[("moved", "uid-m"), ("fresh", "uid-f")]))
+        .await;
+    assert!(out["uid-m"].is_err());
+    assert_eq!(out["uid-f"].as_ref().unwrap().len(), 1);
+    let cp = p.checkpoint.read().unwrap();
+    assert_eq!(cp.claims.keys().collect::<Vec<_>>(), ["uid-f", "uid-k"]);
+    assert_eq!(migs(&backend), [2, 0]);
+
+    // Prepared claims are prepared again after a restart and after a reboot, whatever
+    // the split says by then (a real agent keeps their GPU with the driver anyway); a
+    // new claim is held to the split.
+    let gone = OwnedDevices::new();
+    gone.set_split(
+        &[0, 1].map(|i| GpuSplit {
+            index: i,
+            uuid: inv.gpus[i as usize].uuid.clone(),
+            dra: false,
+        }),
+        "later",
+    );
+    gone.publish(Vec::new());
+    let mut restarted = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    restarted.owned = gone.clone();
+    restarted.recover().unwrap();
+    let again = restarted.prepare(refs(&[("kept", "uid-k")])).await;
+    assert!(again["uid-k"].is_ok(), "{again:?}");
+    let fresh_gpus = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    std::fs::remove_dir_all(tmp.path().join("cdi")).unwrap();
+    let mut rebooted = preparer(&api, fresh_gpus.clone(), tmp.path(), "boot-2");
+    rebooted.owned = gone;
+    assert!(rebooted.recover().unwrap().rebooted);
+    let out = rebooted
+        .prepare(refs(&[
+            ("kept", "uid-k"),
+            ("fresh", "uid-f"),
+            ("late", "uid-l"),
+        ]))
+        .await;
+    assert!(out["uid-k"].is_ok() && out["uid-f"].is_ok(), "{out:?}");
+    assert!(out["uid-l"]
+        .as_ref()
+        .unwrap_err()
+        .contains("is served by the device-plugin path since later"));
+    assert_eq!(migs(&fresh_gpus), [2, 0]);
 }

@@ -366,3 +366,297 @@ async fn a_gpu_moving_to_dra_loses_the_device_plugins_mig_layout_only() {
     assert_eq!(migs(0), gpu0);
     agent.shutdown().await;
 }
+
+/// A claim the scheduler allocated `devices` of this node's DRA pool.
+fn put_claim(api: &ApiServer, name: &str, devices: &[&str]) -> Claim {
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}))
+        .collect();
+    let uid = format!("uid-{name}");
+    api.put_object(
+        CLAIMS,
+        json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "ml", "uid": uid},
+            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}},
+            "status": {"allocation": {"devices": {"results": results}}}
+        }),
+    );
+    Claim::new("ml", name, &uid)
+}
+
+/// After a reload moved GPU 1 to the device plugin, a claim the scheduler allocated on it
+/// (from the slices before the reload) is refused, as are devices the driver does not
+/// publish; nothing is created for them, the checkpoint stays as it was, the other claims
+/// of the request are prepared, and a prepared claim is prepared again (also by a
+/// restarted agent).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_on_gpus_the_driver_gave_up_or_never_published_are_refused() {
+    let api = ApiServer::start(NODE).await;
+    api.list_across_namespaces();
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = NodeDirs::under(tmp.path());
+    let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
+    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
+    let backend = Arc::new(FakeBackend::from_spec("4xA100-80GB").unwrap());
+    let uuids: Vec<String> = backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    let configs = [
+        ("default", "version: v1\n"),
+        (
+            "split",
+            "tessera: { dra: { gpus: { index: [1, 2, 3] } } }\n",
+        ),
+        ("moved", "tessera: { dra: { gpus: { index: [2, 3] } } }\n"),
+    ];
+    let agent = DraAgentBuilder::new(&dirs, backend.clone())
+        .configs(&configs)
+        .both_paths()
+        .start(&api);
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    api.set_label("tessera.io/config", Some("split"));
+    wait_dra(&api, &["gpu-1", "gpu-2", "gpu-3"]).await;
+    let pinned = put_claim(&api, "pinned", &["gpu-2"]);
+    let first = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&pinned))
+        .await
+        .unwrap();
+    assert!(first[&pinned.uid].is_ok(), "{first:?}");
+
+    api.set_label("tessera.io/config", Some("moved"));
+    wait_dra(&api, &["gpu-2", "gpu-3"]).await;
+    wait_dp(&plugins, &uuids, &[0, 1]).await;
+    // The scheduler allocated GPU 1 from the slices before the reload, after the agent's
+    // LIST of allocated claims (the window docs/dra.md names).
+    let late = put_claim(&api, "late", &["gpu-1"]);
+
+    let typo = put_claim(&api, "typo", &["gpu-3-mig-1g.10gb-0"]);
+    // A MIG placement of GPU 3, which is published whole only.
+    let placement = put_claim(&api, "placement", &["gpu-3-mig-3g-40gb-4"]);
+    let half = put_claim(&api, "half", &["gpu-3", "gpu-1"]);
+    let checkpoint = dirs.checkpoint_dir().join("checkpoint.json");
+    let before = std::fs::read(&checkpoint).unwrap();
+    let refused = [late.clone(), typo, placement, half];
+    let out = kubelet.prepare(DRIVER, &refused).await.unwrap();
+    let err = |c: &Claim| out[&c.uid].as_ref().unwrap_err().clone();
+    let late_err = err(&refused[0]);
+    assert!(
+        late_err.contains(&format!(
+            "device gpu-1: {} (GPU 1) is served by the device-plugin path since the config reload applied at ",
+        uuids[1])) && late_err.contains("(config \"moved\")"),
+        "{late_err}"
+    );
+    assert!(
+        err(&refused[1]).contains("device gpu-3-mig-1g.10gb-0 is not published by this node"),
+        "{out:?}"
+    );
+    assert!(
+        err(&refused[2]).contains("device gpu-3-mig-3g-40gb-4 is not published by this node"),
+        "{out:?}"
+    );
+    assert!(err(&refused[3]).contains("device gpu-1: "), "{out:?}");
+    assert_eq!(
+        std::fs::read(&checkpoint).unwrap(),
+        before,
+        "checkpoint unchanged"
+    );
+    for c in &refused {
+        assert!(!dirs.claim_spec(&c.uid).exists(), "{}", c.uid);
+    }
+    assert!(backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .all(|g| g.mig_devices.is_empty()));
+
+    // In one request with a refused claim, a claim on a device the driver owns prepares;
+    // a prepared claim is answered again.
+    let fine = put_claim(&api, "fine", &["gpu-3"]);
+    let out = kubelet
+        .prepare(DRIVER, &[late.clone(), fine.clone(), pinned.clone()])
+        .await
+        .unwrap();
+    assert!(out[&late.uid].is_err(), "{out:?}");
+    assert!(out[&fine.uid].is_ok(), "{out:?}");
+    assert_eq!(out[&pinned.uid], first[&pinned.uid]);
+    assert!(dirs.claim_spec(&fine.uid).exists());
+    let prepared = |dirs: &NodeDirs| -> Vec<String> {
+        let text = std::fs::read_to_string(dirs.checkpoint_dir().join("checkpoint.json")).unwrap();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        v["data"]["claims"]
+            .as_object()
+            .unwrap()
+            .keys()
+            .cloned()
+            .collect()
+    };
+    assert_eq!(prepared(&dirs), ["uid-fine", "uid-pinned"]);
+
+    // A restarted agent prepares the prepared claims again and still refuses the late one.
+    agent.shutdown().await;
+    let agent = DraAgentBuilder::new(&dirs, backend.clone())
+        .configs(&configs)
+        .both_paths()
+        .start(&api);
+    kubelet.wait_registered(DRIVER, 2, WAIT).await;
+    wait_dra(&api, &["gpu-2", "gpu-3"]).await;
+    let out = kubelet
+        .prepare(DRIVER, &[pinned.clone(), fine.clone(), late.clone()])
+        .await
+        .unwrap();
+    assert_eq!(out[&pinned.uid], first[&pinned.uid]);
+    assert!(out[&fine.uid].is_ok(), "{out:?}");
+    assert!(
+        out[&late.uid]
+            .as_ref()
+            .unwrap_err()
+            .contains("is served by the device-plugin path"),
+        "{out:?}"
+    );
+    assert_eq!(prepared(&dirs), ["uid-fine", "uid-pinned"]);
+    agent.shutdown().await;
+}
+
+/// The fake GPUs, with a one-shot stall: once armed, the next `inventory()` call tells the
+/// test it arrived and waits until the test lets it go. The preparer reads the inventory
+/// right after admitting a claim and before writing its `Started` record: the moment the
+/// claim holds its GPU only in memory.
+struct StallingBackend {
+    inner: FakeBackend,
+    armed: std::sync::Mutex<Option<Stall>>,
+}
+
+struct Stall {
+    arrived: tokio::sync::oneshot::Sender<()>,
+    release: std::sync::mpsc::Receiver<()>,
+}
+
+impl tessera::gpu::GpuBackend for StallingBackend {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+    fn inventory(&self) -> tessera::gpu::Result<tessera::gpu::Inventory> {
+        let stall = self.armed.lock().unwrap().take();
+        if let Some(s) = stall {
+            let _ = s.arrived.send(());
+            let _ = s.release.recv_timeout(WAIT);
+        }
+        self.inner.inventory()
+    }
+    fn watch_health(&self, tx: tessera::gpu::HealthSender) -> tessera::gpu::Result<()> {
+        self.inner.watch_health(tx)
+    }
+    fn apply_mig_layout(
+        &self,
+        gpu_uuid: &str,
+        layout: &[(String, u8)],
+    ) -> tessera::gpu::Result<Vec<tessera::gpu::MigDeviceInfo>> {
+        self.inner.apply_mig_layout(gpu_uuid, layout)
+    }
+    fn set_time_slice(
+        &self,
+        gpu_uuid: &str,
+        interval: tessera::gpu::TimeSlice,
+    ) -> tessera::gpu::Result<()> {
+        self.inner.set_time_slice(gpu_uuid, interval)
+    }
+}
+
+/// A reload that would move GPU 1 to the device plugin while a claim on it is being
+/// prepared (admitted, its checkpoint record not written yet) leaves GPU 1 with the
+/// driver, reports the claim as its holder, and never lets the device plugin advertise
+/// it; the claim prepares. Once the claim is gone, GPU 1 moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_gpu_a_claim_is_being_prepared_on_does_not_go_to_the_device_plugin() {
+    let api = ApiServer::start(NODE).await;
+    api.list_across_namespaces();
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = NodeDirs::under(tmp.path());
+    let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
+    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
+    let backend = Arc::new(StallingBackend {
+        inner: FakeBackend::from_spec("3xL4").unwrap(),
+        armed: std::sync::Mutex::new(None),
+    });
+    let uuids: Vec<String> = backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    let agent = DraAgentBuilder::new(&dirs, backend.clone())
+        .configs(&[
+            ("default", "version: v1\n"),
+            ("split", "tessera: { dra: { gpus: { index: [1, 2] } } }\n"),
+            ("moved", "tessera: { dra: { gpus: { index: [2] } } }\n"),
+        ])
+        .both_paths()
+        .events_on_node(&api)
+        .start(&api);
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    api.set_label("tessera.io/config", Some("split"));
+    wait_dra(&api, &["gpu-1", "gpu-2"]).await;
+    wait_dp(&plugins, &uuids, &[0]).await;
+    // The claim on GPU 1; the stall below keeps its prepare between admission and record.
+    let racer = put_claim(&api, "racer", &["gpu-1"]);
+
+    let (arrived_tx, arrived) = tokio::sync::oneshot::channel();
+    let (release, release_rx) = std::sync::mpsc::channel();
+    *backend.armed.lock().unwrap() = Some(Stall {
+        arrived: arrived_tx,
+        release: release_rx,
+    });
+    let lists_before = plugins.state(GPU).unwrap().lists.len();
+    let prepare = kubelet.prepare(DRIVER, std::slice::from_ref(&racer));
+    let reload = async {
+        tokio::time::timeout(WAIT, arrived).await.unwrap().unwrap();
+        // Admitted, no record yet: only the driver's memory says the claim holds GPU 1.
+        let checkpoint = dirs.checkpoint_dir().join("checkpoint.json");
+        let recorded = std::fs::read_to_string(&checkpoint).unwrap_or_default();
+        assert!(!recorded.contains("uid-racer"), "{recorded}");
+        // The claim is deallocated from the API server's view, so only the driver knows.
+        assert!(api.delete_object(CLAIMS, "racer"));
+        api.set_label("tessera.io/config", Some("moved"));
+        let start = Instant::now();
+        while !blocked_events(&api).iter().any(|e| {
+            e.contains("GPU 1 ")
+                && e.contains("claim ml/racer (uid uid-racer, preparing)")
+                && e.contains("stays with the DRA driver")
+        }) {
+            assert!(start.elapsed() < WAIT, "events: {:?}", blocked_events(&api));
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        release.send(()).unwrap();
+    };
+    let (out, ()) = tokio::join!(prepare, reload);
+    let out = out.unwrap();
+    // The GET happened before the delete: the claim prepares.
+    assert!(out[&racer.uid].is_ok(), "{out:?}");
+    assert!(dirs.claim_spec(&racer.uid).exists());
+    wait_dra(&api, &["gpu-1", "gpu-2"]).await;
+    let lists = plugins.state(GPU).unwrap().lists;
+    assert!(
+        lists[lists_before - 1..]
+            .iter()
+            .all(|l| l.iter().all(|d| d.id != uuids[1])),
+        "the device plugin never advertised GPU 1"
+    );
+
+    // Unprepared: GPU 1 is free and moves.
+    let un = kubelet
+        .unprepare(DRIVER, std::slice::from_ref(&racer))
+        .await
+        .unwrap();
+    assert!(un.values().all(|r| r.is_ok()), "{un:?}");
+    wait_dra(&api, &["gpu-2"]).await;
+    wait_dp(&plugins, &uuids, &[0, 1]).await;
+    agent.shutdown().await;
+}

@@ -24,6 +24,11 @@
 //! lock and its locked, blocking part on the blocking pool, so requests overlap their API
 //! round trips while the checkpoint stays consistent.
 //!
+//! What the driver owns is shared with the agent ([`OwnedDevices`]): the agent sets the
+//! split before anything is built for it, the publisher sets the device names whenever it
+//! builds the slices (before health withholds any), and a claim allocated outside them is
+//! refused at NodePrepareResources.
+//!
 //! At start, after the checkpoint is recovered, MIG instances on the DRA GPUs that no
 //! checkpointed claim owns are destroyed (`NodePreparer::destroy_unowned_migs`).
 
@@ -41,6 +46,7 @@ use crate::dra::checkpoint::Store;
 use crate::dra::health::{devices_from_slices, HealthOptions, HealthService, TaintMode};
 use crate::dra::kubelet::{self, DraPaths};
 use crate::dra::node::NodePreparer;
+use crate::dra::owned::OwnedDevices;
 use crate::dra::publish::Publisher;
 use crate::dra::registration::RetryPolicy;
 use crate::dra::slices::{apply_taints, build_slices, CounterLayout, SliceOptions, DRIVER};
@@ -93,12 +99,14 @@ pub fn slices_for(
 }
 
 /// Run the DRA path until `cancel`: recover, destroy MIG instances on `dra_gpus` that no
-/// claim owns, serve the kubelet, publish every view.
+/// claim owns, serve the kubelet, publish every view. `owned` is the split the agent put
+/// in force; the published device names are added to it here.
 pub async fn run(
     settings: DraSettings,
     backend: Arc<dyn GpuBackend>,
     dra_gpus: BTreeSet<String>,
     mut views: watch::Receiver<Option<DraView>>,
+    owned: OwnedDevices,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
     let preparer = Arc::new(NodePreparer {
@@ -109,6 +117,7 @@ pub async fn run(
         cdi_root: settings.cdi_root.clone(),
         settings: settings.allocate.clone(),
         boot_id: settings.boot_id.clone(),
+        owned: owned.clone(),
     });
     let recovering = preparer.clone();
     let recovered = tokio::task::spawn_blocking(move || {
@@ -150,7 +159,7 @@ pub async fn run(
         settings.retry,
         cancel.child_token(),
     ));
-    let publishing = publish_views(&settings, &mut views, &health, cancel.clone());
+    let publishing = publish_views(&settings, &mut views, &health, &owned, cancel.clone());
     tokio::pin!(publishing);
     let mut server = server;
     let served = tokio::select! {
@@ -170,12 +179,14 @@ pub async fn run(
     }
 }
 
-/// The slices of `view` with GPU health applied (`mode`); the health service learns the
-/// full device list (withheld devices included). `None` when the slices cannot be built.
+/// The slices of `view` with GPU health applied (`mode`); the health service and `owned`
+/// learn the full device list (withheld devices included). `None` when the slices cannot
+/// be built.
 fn desired_slices(
     view: &DraView,
     settings: &DraSettings,
     health: &HealthService,
+    owned: &OwnedDevices,
     mode: TaintMode,
 ) -> Option<Vec<ResourceSlice>> {
     let mut slices = match slices_for(view, &settings.node_name, settings.counters) {
@@ -185,7 +196,9 @@ fn desired_slices(
             return None;
         }
     };
-    health.set_devices(devices_from_slices(&slices, &view.inventory));
+    let devices = devices_from_slices(&slices, &view.inventory);
+    owned.publish(devices.iter().map(|d| d.device.clone()));
+    health.set_devices(devices);
     apply_taints(&mut slices, &view.inventory, &health.state().taints(), mode);
     Some(slices)
 }
@@ -196,6 +209,7 @@ async fn publish_views(
     settings: &DraSettings,
     views: &mut watch::Receiver<Option<DraView>>,
     health: &HealthService,
+    owned: &OwnedDevices,
     cancel: CancellationToken,
 ) {
     // Wait for the first applied config.
@@ -212,7 +226,7 @@ async fn publish_views(
     let mut mode = TaintMode::Taint;
     let mut health_rx = health.subscribe();
     // Nothing published when the first view cannot be built: the last slices stay (none).
-    let initial = desired_slices(&view, settings, health, mode).unwrap_or_default();
+    let initial = desired_slices(&view, settings, health, owned, mode).unwrap_or_default();
     health_rx.borrow_and_update();
     let (desired_tx, desired_rx) = watch::channel(initial);
     let (status_tx, mut status_rx) = watch::channel(None);
@@ -241,7 +255,7 @@ async fn publish_views(
             }
         }
         // The last slices stay when the new ones cannot be built.
-        let Some(slices) = desired_slices(&view, settings, health, mode) else {
+        let Some(slices) = desired_slices(&view, settings, health, owned, mode) else {
             continue;
         };
         // set_devices may have signalled a change that this rebuild already covers.

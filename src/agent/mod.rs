@@ -19,6 +19,11 @@
 //! is free. GPUs whose owner does not change keep their devices as they are. A GPU moving
 //! to the DRA driver loses the MIG instances the device plugin's layout made.
 //!
+//! The split is put in force for the DRA driver ([`crate::dra::owned::OwnedDevices`])
+//! before anything is built for it: from then on the driver refuses claims on GPUs it
+//! gave up, and a GPU a claim is being prepared on (admitted, not recorded yet) is not
+//! taken from it (the split is decided again with that claim as a holder).
+//!
 //! A config that fails to parse, names an unknown config, or does not fit the GPUs is
 //! rejected as a whole: the error (naming the field) is logged and recorded, and the last
 //! good config stays in force. If the very first config is bad, nothing is advertised
@@ -46,6 +51,7 @@ use crate::deviceplugin::allocate::AllocateSettings;
 use crate::deviceplugin::preferred::Topology;
 use crate::deviceplugin::snapshot::{SharedSnapshot, Snapshot};
 use crate::deviceplugin::supervisor::{self, SupervisorConfig};
+use crate::dra::owned::{GpuSplit, OwnedDevices, SplitBefore};
 use crate::gpu::health::HealthTracker;
 use crate::gpu::{GpuBackend, Inventory};
 use crate::metrics::{DeviceLabels, HealthLabels, NodeMetrics};
@@ -68,6 +74,8 @@ pub enum Error {
     DevicePlugin(#[from] crate::deviceplugin::Error),
     #[error(transparent)]
     Dra(#[from] dra::Error),
+    #[error("cannot split the GPUs between the paths: {0}")]
+    Split(String),
     #[error("cannot watch {path}: {reason}")]
     Watch { path: String, reason: String },
 }
@@ -192,6 +200,34 @@ pub fn build_owned(
     })
 }
 
+/// Each GPU's path in `assignment`, for the DRA driver's [`OwnedDevices`].
+fn split_of(inventory: &Inventory, assignment: &Assignment) -> Vec<GpuSplit> {
+    inventory
+        .gpus
+        .iter()
+        .map(|g| GpuSplit {
+            index: g.index,
+            uuid: g.uuid.clone(),
+            dra: assignment.owner(g) == Owner::Dra,
+        })
+        .collect()
+}
+
+/// Add `more` (GPU UUID → holders) to `into`, without duplicates.
+fn merge_holders(
+    into: &mut std::collections::BTreeMap<String, Vec<String>>,
+    more: std::collections::BTreeMap<String, Vec<String>>,
+) {
+    for (uuid, who) in more {
+        let list = into.entry(uuid).or_default();
+        for w in who {
+            if !list.contains(&w) {
+                list.push(w);
+            }
+        }
+    }
+}
+
 /// The running agent's state.
 struct Agent {
     backend: Arc<dyn GpuBackend>,
@@ -211,6 +247,9 @@ struct Agent {
     /// Moves the config wants that wait for a GPU to be free (already reported).
     blocked: Vec<BlockedMove>,
     dra_tx: watch::Sender<Option<dra::DraView>>,
+    /// What the DRA driver owns (DRA on): the split is put in force here, before anything
+    /// is built for it, and never takes a GPU a claim is being prepared on.
+    owned: Option<OwnedDevices>,
 }
 
 impl Agent {
@@ -275,6 +314,11 @@ impl Agent {
     async fn apply(&mut self, config: NodeConfig) -> Result<bool> {
         let before = self.backend.inventory()?;
         let mut holders = self.usage.holders(&before);
+        // Claims being prepared right now hold their GPUs too (their checkpoint record may
+        // not be written yet).
+        if let Some(owned) = &self.owned {
+            merge_holders(&mut holders.dra, owned.in_flight());
+        }
         let (mut assignment, mut blocked) =
             ownership::decide(&self.ownership, &before, &config, &holders);
         // GPUs about to leave the DRA driver: a claim allocated on one but not prepared
@@ -324,16 +368,32 @@ impl Agent {
         // creates instances per claim in slots it assumes free. Only once the config is
         // known to fit the GPUs (a rejected config must change nothing).
         layout::plan(&before, &config)?;
-        if let Some(previous) = &self.assignment {
-            let was = previous.dra_uuids(&before);
-            for uuid in assignment.dra_uuids(&before).difference(&was) {
-                if before.gpu(uuid).is_some_and(|g| !g.mig_devices.is_empty()) {
-                    info!(gpu = %uuid, "destroying the device plugin's MIG instances of a GPU moving to the DRA driver");
-                    self.backend.apply_mig_layout(uuid, &[])?;
+        // Put the split in force for the DRA driver before anything is built for it: from
+        // here on it refuses claims on the GPUs it gives up.
+        let split_before = match &self.owned {
+            Some(owned) => {
+                let before_split;
+                (assignment, blocked, before_split) =
+                    self.commit_split(owned, &before, &config, &mut holders, assignment, blocked)?;
+                if self.current.as_ref() == Some(&config)
+                    && self.assignment.as_ref() == Some(&assignment)
+                {
+                    self.report_blocked(blocked);
+                    return Ok(false);
                 }
+                Some(before_split)
             }
-        }
-        let built = build_owned(self.backend.as_ref(), &config, &assignment)?;
+            None => None,
+        };
+        let built = match self.take_over_and_build(&before, &config, &assignment) {
+            Ok(built) => built,
+            Err(e) => {
+                if let (Some(owned), Some(split)) = (&self.owned, split_before) {
+                    owned.restore(split);
+                }
+                return Err(e);
+            }
+        };
         for gpu in &before.gpus {
             let (old, new) = (
                 self.assignment.as_ref().map(|a| a.owner(gpu)),
@@ -380,6 +440,65 @@ impl Agent {
         self.report_blocked(blocked);
         self.publish();
         Ok(true)
+    }
+
+    /// Put `assignment`'s split in force in `owned`. A GPU it takes from the DRA driver
+    /// that a claim is being prepared on (or got prepared on since `holders` was read)
+    /// stays with the driver: the holders are added, the split decided again, and tried
+    /// again (each round pins at least one more GPU, so this ends). Returns the split
+    /// decided and the one it replaced.
+    fn commit_split(
+        &self,
+        owned: &OwnedDevices,
+        before: &Inventory,
+        config: &NodeConfig,
+        holders: &mut ownership::Holders,
+        mut assignment: Assignment,
+        mut blocked: Vec<BlockedMove>,
+    ) -> Result<(Assignment, Vec<BlockedMove>, SplitBefore)> {
+        let cause = match &self.assignment {
+            None => format!("the agent's start (config {:?})", config.name),
+            Some(_) => format!(
+                "the config reload applied at {} (config {:?})",
+                k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ"),
+                config.name
+            ),
+        };
+        let usage = self.usage.clone();
+        for _ in 0..=before.gpus.len() {
+            let split = split_of(before, &assignment);
+            match owned.try_set_split(&split, &cause, || usage.holders(before).dra) {
+                Ok(replaced) => return Ok((assignment, blocked, replaced)),
+                Err(held) => {
+                    merge_holders(&mut holders.dra, held);
+                    (assignment, blocked) =
+                        ownership::decide(&self.ownership, before, config, holders);
+                }
+            }
+        }
+        Err(Error::Split(
+            "the GPUs kept being taken by new claims while the split was decided".into(),
+        ))
+    }
+
+    /// Destroy the device plugin's MIG instances on GPUs the DRA driver takes over, then
+    /// build the node's devices for `assignment`.
+    fn take_over_and_build(
+        &self,
+        before: &Inventory,
+        config: &NodeConfig,
+        assignment: &Assignment,
+    ) -> Result<Built> {
+        if let Some(previous) = &self.assignment {
+            let was = previous.dra_uuids(before);
+            for uuid in assignment.dra_uuids(before).difference(&was) {
+                if before.gpu(uuid).is_some_and(|g| !g.mig_devices.is_empty()) {
+                    info!(gpu = %uuid, "destroying the device plugin's MIG instances of a GPU moving to the DRA driver");
+                    self.backend.apply_mig_layout(uuid, &[])?;
+                }
+            }
+        }
+        build_owned(self.backend.as_ref(), config, assignment)
     }
 
     fn on_health(&mut self, event: crate::gpu::HealthEvent) {
@@ -498,6 +617,10 @@ pub async fn run_with(
         .filter(|_| owners.dra)
         .map(|s| s.checkpoint_dir.clone());
     let probe = LocalUsage::under(&opts.kubelet_dir, dra_checkpoint_dir.clone());
+    let owned = dra_settings
+        .as_ref()
+        .filter(|_| owners.dra)
+        .map(|_| OwnedDevices::new());
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
     let mut agent = Agent {
         backend: backend.clone(),
@@ -516,6 +639,7 @@ pub async fn run_with(
             .map(|s| (s.client.clone(), s.node_name.clone())),
         blocked: Vec::new(),
         dra_tx,
+        owned: owned.clone(),
     };
     // The first config decides which GPUs the DRA driver owns (the split reads the DRA
     // checkpoint, not the driver, so this comes first; it takes milliseconds).
@@ -538,6 +662,7 @@ pub async fn run_with(
             backend.clone(),
             dra_gpus,
             dra_rx,
+            owned.clone().unwrap_or_default(),
             dra_cancel.clone(),
         ))
     });

@@ -9,7 +9,10 @@
 //!   prepared again after a reboot) with a device on the GPU; and, for a GPU about to
 //!   leave the DRA driver, a claim the API server has allocated on it that the kubelet has
 //!   not asked to prepare yet ([`allocated_holders`], one LIST of ResourceClaims when a
-//!   reload would move a GPU off DRA).
+//!   reload would move a GPU off DRA). A claim being prepared whose `Started` record is
+//!   not written yet is not in the file: the agent adds those from
+//!   [`crate::dra::owned::OwnedDevices::in_flight`], and the split's commit re-checks both
+//!   under one lock.
 //! - Device plugin: an entry of the kubelet's checkpoint whose device ID is the GPU, one
 //!   of its MIG devices, or a replica/slice of either (`<uuid>::<n>`). The kubelet drops
 //!   the entries of finished pods when it next admits a pod that needs devices, so a

@@ -7,6 +7,7 @@
 //! - [`status`]: the claims' `status.devices` entries (pure);
 //! - [`health`]: GPU health as the `DRAResourceHealth` stream and device taints;
 //! - [`checkpoint`]: the crash-safe record of prepared claims;
+//! - [`owned`]: the GPUs and devices the driver owns now; claims outside them are refused;
 //! - [`node`]: the real `ClaimPreparer` (MIG on demand, CDI spec per claim, checkpoint);
 //! - [`kubelet`]: socket paths, errors and [`kubelet::serve`]: both kubelet-facing servers;
 //! - [`registration`]: plugin-watcher registration (`GetInfo`, re-offer on rejection);
@@ -16,6 +17,7 @@ pub mod checkpoint;
 pub mod health;
 pub mod kubelet;
 pub mod node;
+pub mod owned;
 pub mod plugin;
 pub mod prepare;
 pub mod publish;

@@ -4,7 +4,10 @@
 //! prepare(claim) ── already Completed (in memory)? ──▶ answer from the checkpoint
 //!                      │ no
 //!                      ▼
-//!   GET claim ─▶ session (file lock) ─▶ Completed meanwhile? ─▶ work lock ─▶ plan_claim
+//!   GET claim ─▶ session (file lock) ─▶ Completed meanwhile? ─▶ recorded already with
+//!   the same devices (a re-prepare)? else admit: every device published, its GPU owned by
+//!   the DRA driver ([`super::owned`]; refused: per-claim error, nothing written)
+//!   ─▶ work lock ─▶ plan_claim
 //!   (pure; opaque config parsed strictly) ─▶ MIG capability table (cached; missing: fail)
 //!   ─▶ time-slice clash? ─▶ checkpoint: Started (written, not fsynced)
 //!   ─▶ set time-slices, create MIG instances (+ their gi/ci access nodes) ─▶ accounting dir
@@ -19,6 +22,12 @@
 //! resourceVersion (re-read and retried on a conflict), replacing only this driver's
 //! entries for this node (see [`super::status`]); a failure to write it is logged and does
 //! not fail the prepare.
+//!
+//! The admission holds the claim's GPUs (the agent does not hand them to the device plugin)
+//! until the claim's checkpoint record is written, which holds them from then on. A claim
+//! the checkpoint already records with the same devices (Completed, or to be prepared
+//! again after a reboot) is not checked again: its record pins its GPUs to the driver, so
+//! a split that changed since has left them where they were.
 //!
 //! A failure between Started and Completed leaves the claim `Started`: the next start of
 //! the agent rolls it back (see [`super::checkpoint::recover`]); a retried prepare redoes
@@ -51,8 +60,9 @@ use tracing::{debug, info, instrument, warn};
 use super::checkpoint::{
     self, Durability, Phase, PreparedClaim, Session, Store, Ticket, TimeSliceRecord,
 };
+use super::owned::{Admission, OwnedDevices};
 use super::plugin::{ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
-use super::prepare::{cdi_device_name, plan_claim, ClaimPlan};
+use super::prepare::{cdi_device_name, devices_here, plan_claim, ClaimPlan};
 use super::status;
 use crate::cdi;
 use crate::cdi::migcaps::{MigCaps, MigCapsPaths};
@@ -72,6 +82,8 @@ pub struct NodePreparer {
     pub cdi_root: PathBuf,
     pub settings: AllocateSettings,
     pub boot_id: String,
+    /// The GPUs and devices the driver owns now: claims outside them are refused.
+    pub owned: OwnedDevices,
 }
 
 impl NodePreparer {
@@ -152,6 +164,9 @@ impl NodePreparer {
         if let Some(done) = session.view(|d| completed(d, &c.uid)) {
             return Ok(Locked::Done(done));
         }
+        // Held until the record below is written (or the prepare failed).
+        let _admitted = self.admit(c, claim, &session)?;
+        steps.mark("admit");
         let (record, report, ticket) = {
             let _work = session.work();
             steps.mark("work_lock");
@@ -168,6 +183,45 @@ impl NodePreparer {
         }
         steps.mark("completed");
         Ok(Locked::Prepared(record, report))
+    }
+
+    /// Check the claim's devices against what the driver owns and publishes now, and hold
+    /// their GPUs ([`OwnedDevices::admit`]). Not for a claim the checkpoint records with
+    /// the same devices (a re-prepare), nor for a claim that is not the kubelet's or not
+    /// allocated (planning reports those).
+    fn admit(
+        &self,
+        c: &ClaimRef,
+        claim: &ResourceClaim,
+        session: &Session<'_>,
+    ) -> Result<Option<Admission>, String> {
+        if claim.metadata.uid.as_deref() != Some(c.uid.as_str()) {
+            return Ok(None);
+        }
+        let devices = devices_here(claim, &self.node);
+        if devices.is_empty() {
+            return Ok(None);
+        }
+        let recorded = session.view(|d| {
+            d.claims.get(&c.uid).map(|r| {
+                r.devices
+                    .iter()
+                    .map(|d| d.device.as_str())
+                    .collect::<BTreeSet<_>>()
+                    == devices.iter().map(String::as_str).collect()
+            })
+        });
+        if recorded == Some(true) {
+            return Ok(None);
+        }
+        let who = format!(
+            "claim {}/{} (uid {}, preparing)",
+            c.namespace, c.name, c.uid
+        );
+        self.owned
+            .admit(&who, &devices)
+            .map(Some)
+            .map_err(|e| format!("claim {}/{}: {e}", c.namespace, c.name))
     }
 
     /// Plan, record `Started` (written before any side effect), apply, write the CDI

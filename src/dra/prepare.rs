@@ -290,6 +290,22 @@ pub fn plan_claim(
     })
 }
 
+/// The devices of `claim`'s allocation that this driver prepares on `node` (driver
+/// `gpu.tessera.io`, pool = the node's), in allocation order; empty when not allocated.
+pub fn devices_here(claim: &ResourceClaim, node: &str) -> Vec<String> {
+    claim
+        .status
+        .as_ref()
+        .and_then(|s| s.allocation.as_ref())
+        .and_then(|a| a.devices.as_ref())
+        .and_then(|d| d.results.as_deref())
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r.driver == DRIVER && r.pool == node)
+        .map(|r| r.device.clone())
+        .collect()
+}
+
 /// CDI device name of a claim's device: unique per claim.
 pub fn cdi_device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
@@ -496,6 +512,30 @@ mod tests {
         assert!(env.iter().any(|e| e.starts_with("LD_PRELOAD=")));
         assert_eq!(plan.cdi.devices[0].name, "u1-gpu-0-mig-3g-40gb-4");
         assert_eq!(plan.cdi_file, "tessera.io-claim-u1");
+    }
+
+    #[test]
+    fn devices_here_are_this_drivers_in_this_pool() {
+        let mut c = claim(
+            "u1",
+            vec![
+                ("node-a", "gpu-0", None),
+                ("node-b", "gpu-1", None),
+                ("node-a", "gpu-1-vgpu", None),
+            ],
+        );
+        if let Some(r) = c
+            .status
+            .as_mut()
+            .and_then(|s| s.allocation.as_mut())
+            .and_then(|a| a.devices.as_mut())
+            .and_then(|d| d.results.as_mut())
+        {
+            r[0].driver = "nic.example.com".into();
+        }
+        assert_eq!(devices_here(&c, "node-a"), vec!["gpu-1-vgpu"]);
+        c.status = None;
+        assert!(devices_here(&c, "node-a").is_empty());
     }
 
     #[test]

@@ -95,6 +95,21 @@ pub fn label(s: &str) -> String {
         .collect()
 }
 
+/// The device name of a whole GPU: `gpu-<index>`.
+pub fn whole_name(index: u32) -> String {
+    format!("gpu-{index}")
+}
+
+/// The device name of a GPU's vGPU capacity: `gpu-<index>-vgpu`.
+pub fn vgpu_name(index: u32) -> String {
+    format!("gpu-{index}-vgpu")
+}
+
+/// The device name of a MIG placement: `gpu-<index>-mig-<profile label>-<start>`.
+pub fn mig_name(index: u32, profile: &str, start: u8) -> String {
+    format!("gpu-{index}-mig-{}-{start}", label(profile))
+}
+
 fn q(v: impl ToString) -> Quantity {
     Quantity(v.to_string())
 }
@@ -190,7 +205,7 @@ struct GpuDevices {
 
 fn whole_device(gpu: &GpuInfo, driver_version: &str) -> Device {
     Device {
-        name: format!("gpu-{}", gpu.index),
+        name: whole_name(gpu.index),
         attributes: Some(gpu_attributes(gpu, driver_version)),
         capacity: Some(capacity(&[
             ("memory", mib(gpu.memory_mib)),
@@ -254,7 +269,7 @@ fn mig_devices(gpu: &GpuInfo, driver_version: &str) -> Result<GpuDevices, SliceE
             attrs.insert("placementStart".into(), int(i64::from(start)));
             attrs.remove("uuid");
             devices.push(Device {
-                name: format!("gpu-{}-mig-{}-{start}", gpu.index, label(p.name)),
+                name: mig_name(gpu.index, p.name, start),
                 attributes: Some(attrs),
                 capacity: Some(capacity(&[
                     ("memory", mib(p.memory_mib)),
@@ -313,7 +328,7 @@ fn vgpu_device(gpu: &GpuInfo, driver_version: &str, opts: &SliceOptions) -> Devi
         },
     );
     Device {
-        name: format!("gpu-{}-vgpu", gpu.index),
+        name: vgpu_name(gpu.index),
         attributes: Some(attrs),
         capacity: Some(cap),
         allow_multiple_allocations: Some(true),
