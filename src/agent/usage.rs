@@ -84,6 +84,29 @@ impl UsageProbe for LocalUsage {
     }
 }
 
+/// Record `who` as a holder of the GPU a device name of this driver lives on (names
+/// that are not ours, or of a GPU no longer in the inventory, hold nothing).
+fn add_holder(
+    out: &mut BTreeMap<String, Vec<String>>,
+    inventory: &Inventory,
+    device: &str,
+    who: &str,
+) {
+    let index = match parse_device_name(device) {
+        Some(
+            DeviceKind::Whole { gpu } | DeviceKind::Vgpu { gpu } | DeviceKind::Mig { gpu, .. },
+        ) => gpu,
+        None => return,
+    };
+    let Some(gpu) = inventory.gpus.iter().find(|g| g.index == index) else {
+        return;
+    };
+    let list = out.entry(gpu.uuid.clone()).or_default();
+    if !list.iter().any(|w| w == who) {
+        list.push(who.to_string());
+    }
+}
+
 /// GPU UUID → `claim <ns>/<name> (uid <uid>)` for every checkpointed claim.
 pub fn dra_holders(
     data: &crate::dra::checkpoint::Data,
@@ -93,21 +116,7 @@ pub fn dra_holders(
     for (uid, claim) in &data.claims {
         let who = format!("claim {}/{} (uid {uid})", claim.namespace, claim.name);
         for d in &claim.devices {
-            let index = match parse_device_name(&d.device) {
-                Some(
-                    DeviceKind::Whole { gpu }
-                    | DeviceKind::Vgpu { gpu }
-                    | DeviceKind::Mig { gpu, .. },
-                ) => gpu,
-                None => continue,
-            };
-            let Some(gpu) = inventory.gpus.iter().find(|g| g.index == index) else {
-                continue;
-            };
-            let list = out.entry(gpu.uuid.clone()).or_default();
-            if !list.contains(&who) {
-                list.push(who.clone());
-            }
+            add_holder(&mut out, inventory, &d.device, &who);
         }
     }
     out
@@ -139,21 +148,7 @@ pub fn allocated_holders(
             .iter()
             .filter(|r| r.driver == DRIVER && r.pool == node)
         {
-            let index = match parse_device_name(&r.device) {
-                Some(
-                    DeviceKind::Whole { gpu }
-                    | DeviceKind::Vgpu { gpu }
-                    | DeviceKind::Mig { gpu, .. },
-                ) => gpu,
-                None => continue,
-            };
-            let Some(gpu) = inventory.gpus.iter().find(|g| g.index == index) else {
-                continue;
-            };
-            let list = out.entry(gpu.uuid.clone()).or_default();
-            if !list.contains(&who) {
-                list.push(who.clone());
-            }
+            add_holder(&mut out, inventory, &r.device, &who);
         }
     }
     out
