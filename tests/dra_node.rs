@@ -33,13 +33,8 @@ const MIG_AND_VGPU: &str = "tessera: { gpus: [ \
     { match: { index: [1] }, mode: vgpu, vgpu: { count: 2, memory: 10g, cores: 50 } } ] }";
 const ALL_MIG: &str = "tessera: { gpus: [ { match: all, mode: mig, mig: { layout: balanced } } ] }";
 
-fn claim_object(name: &str, uid: &str, results: Value) -> Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "ml", "uid": uid},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}},
-        "status": {"allocation": {"devices": {"results": results}}}
-    })
+fn claim_object(name: &str, uid: &str, results: serde_json::Value) -> serde_json::Value {
+    support::dra_agent::allocated_claim(name, uid, "gpu.tessera.io", results)
 }
 
 fn result(device: &str) -> Value {

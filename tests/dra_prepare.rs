@@ -20,12 +20,7 @@ use tessera::gpu::GpuBackend;
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims";
 
 fn claim(name: &str, uid: &str, results: serde_json::Value) -> serde_json::Value {
-    json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "ml", "uid": uid},
-        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}},
-        "status": {"allocation": {"devices": {"results": results}}}
-    })
+    support::dra_agent::allocated_claim(name, uid, "gpu.tessera.io", results)
 }
 
 fn r(device: &str) -> serde_json::Value {

@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::apiserver::ApiServer;
+use support::dra_agent::allocated_claim;
 use support::dra_agent::{DraAgentBuilder, NodeDirs, NODE};
 use support::dra_kubelet::{Claim, DraKubelet};
 use support::kubelet::Kubelet;
@@ -155,13 +156,13 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
     // GPU 2 gets a prepared claim; a pod holds GPU 1 through the device plugin.
     api.put_object(
         CLAIMS,
-        json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "train", "namespace": "ml", "uid": "uid-train"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-2"}]}}}
-        }),
+        allocated_claim(
+            "train",
+            "uid-train",
+            "gpu.tessera.io",
+            json!([
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-2"}]),
+        ),
     );
     let claim = Claim::new("ml", "train", "uid-train");
     let out = kubelet
@@ -254,13 +255,13 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
     // holds it: back to the default config (no DRA), GPU 3 stays on DRA, the rest move.
     api.put_object(
         CLAIMS,
-        json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "serve", "namespace": "ml", "uid": "uid-serve"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-3"}]}}}
-        }),
+        allocated_claim(
+            "serve",
+            "uid-serve",
+            "gpu.tessera.io",
+            json!([
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-3"}]),
+        ),
     );
     api.set_label("tessera.io/config", None);
     wait_dra(&api, &["gpu-3"]).await;
@@ -348,13 +349,8 @@ async fn a_gpu_moving_to_dra_loses_the_device_plugins_mig_layout_only() {
     // A claim for a MIG device of GPU 1 creates its instance on demand.
     api.put_object(
         CLAIMS,
-        json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": "mig", "namespace": "ml", "uid": "uid-mig"},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "mig.gpu.tessera.io"}}]}},
-            "status": {"allocation": {"devices": {"results": [
-                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-1-mig-3g-40gb-4"}]}}}
-        }),
+        allocated_claim("mig", "uid-mig", "mig.gpu.tessera.io", json!([
+                {"request": "gpu", "driver": DRIVER, "pool": NODE, "device": "gpu-1-mig-3g-40gb-4"}])),
     );
     let claim = Claim::new("ml", "mig", "uid-mig");
     let out = kubelet
@@ -376,12 +372,7 @@ fn put_claim(api: &ApiServer, name: &str, devices: &[&str]) -> Claim {
     let uid = format!("uid-{name}");
     api.put_object(
         CLAIMS,
-        json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": name, "namespace": "ml", "uid": uid},
-            "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": "gpu.tessera.io"}}]}},
-            "status": {"allocation": {"devices": {"results": results}}}
-        }),
+        allocated_claim(name, &uid, "gpu.tessera.io", json!(results)),
     );
     Claim::new("ml", name, &uid)
 }

@@ -276,3 +276,19 @@ pub fn spawn_binary(
 pub fn binary_log(dirs: &NodeDirs) -> String {
     std::fs::read_to_string(dirs.root.join("agent.log")).unwrap_or_default()
 }
+
+/// A ResourceClaim in namespace `ml` for class `class`, allocated `results` (the
+/// scheduler's `status.allocation.devices.results`), as the API server would hold it.
+pub fn allocated_claim(
+    name: &str,
+    uid: &str,
+    class: &str,
+    results: serde_json::Value,
+) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "ml", "uid": uid},
+        "spec": {"devices": {"requests": [{"name": "gpu", "exactly": {"deviceClassName": class}}]}},
+        "status": {"allocation": {"devices": {"results": results}}}
+    })
+}
