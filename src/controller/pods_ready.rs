@@ -105,6 +105,7 @@ mod tests {
             backoff_max: 25_000,
             backoff_limit_count: Some(3),
             requeue_by_eviction_time: true,
+            block_admission: false,
         };
         let r = |count| Requeue {
             count,

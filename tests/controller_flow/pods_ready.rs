@@ -28,6 +28,7 @@ async fn pods_not_ready_in_time_are_evicted_and_jobs_requeued_with_backoff() {
             backoff_max: 100_000,
             backoff_limit_count: Some(1),
             requeue_by_eviction_time: true,
+            block_admission: false,
         }),
         ..cfg("a")
     };
