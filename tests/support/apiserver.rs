@@ -1,7 +1,7 @@
 //! An API-server double over real HTTP/1.1 on loopback: an in-memory object store for any
 //! resource path, with the behaviours clients rely on.
 //!
-//! Modelled: GET, LIST (with `fieldSelector` equality on dotted paths, `labelSelector`
+//! Modelled: GET, LIST (counted with their bytes, [`ApiServer::list_stats`]; with `fieldSelector` equality on dotted paths, `labelSelector`
 //! `k=v`, `k==v`, `k!=v`, `k` (exists) and `!k` terms), WATCH from a resourceVersion (newline-delimited `WatchEvent`s, ADDED /
 //! MODIFIED / DELETED), POST (with `generateName`, 409 AlreadyExists), PUT (409 Conflict on
 //! a stale `metadata.resourceVersion`), PUT of the `status` subresource (only `status` is
@@ -51,6 +51,9 @@ struct Store {
     across_namespaces: bool,
     /// Pods (by name) whose eviction a PodDisruptionBudget refuses (429).
     eviction_blocked: std::collections::BTreeSet<String>,
+    /// LIST requests answered and the bytes of their bodies.
+    lists: u64,
+    list_bytes: u64,
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
@@ -198,6 +201,12 @@ impl ApiServer {
         st.log.iter().map(|(m, p)| format!("{m} {p}")).collect()
     }
 
+    /// LIST requests answered so far and the bytes of their response bodies.
+    pub fn list_stats(&self) -> (u64, u64) {
+        let st = self.store.lock().unwrap();
+        (st.lists, st.list_bytes)
+    }
+
     /// Number of write requests (POST/PUT/DELETE) seen so far.
     pub fn writes(&self) -> usize {
         let st = self.store.lock().unwrap();
@@ -261,10 +270,18 @@ impl ApiServer {
                         .unwrap_or_default()
                 };
                 let rv = st.resource_version.to_string();
-                json_response(
-                    StatusCode::OK,
-                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": items}),
-                )
+                drop(st);
+                let body = serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "List",
+                    "metadata": {"resourceVersion": rv}, "items": items}))
+                .unwrap();
+                let mut st = self.store.lock().unwrap();
+                st.lists += 1;
+                st.list_bytes += body.len() as u64;
+                Response::builder()
+                    .status(StatusCode::OK)
+                    .header("content-type", "application/json")
+                    .body(BodyExt::boxed(Full::new(Bytes::from(body))))
+                    .unwrap()
             }
             (Method::POST, None) => {
                 let body = req.into_body().collect().await.unwrap().to_bytes();
