@@ -111,7 +111,9 @@ impl Store {
         let mut inner = self.write();
         let k = key_of(&v);
         if let Some(old) = inner.objects.get(&k) {
-            if !not_older(rv_of(&v), rv_of(old)) {
+            let (new_rv, old_rv) = (rv_of(&v), rv_of(old));
+            // Older, or the watch echo of this instance's own write: nothing changes.
+            if !not_older(new_rv, old_rv) || (!new_rv.is_empty() && new_rv == old_rv) {
                 return;
             }
         }
@@ -429,7 +431,8 @@ mod tests {
             ("5", 1, 1),
             ("7", 2, 2),
             ("6", 3, 2), // a late watch event after a write-through: ignored
-            ("7", 4, 4), // the same version again (its watch event): taken
+            ("7", 4, 2), // the same version again (its watch echo): nothing changes
+            ("8", 4, 4),
             ("opaque", 5, 5),
         ];
         for (rv, x, want) in cases {
@@ -466,6 +469,7 @@ mod tests {
     fn removes_and_counts_changes() {
         let s = store();
         let g0 = s.generation();
+        s.upsert(obj("", "a", "1", 1));
         s.upsert(obj("", "a", "1", 1));
         s.remove(&("".into(), "a".into()));
         s.remove(&("".into(), "a".into()));

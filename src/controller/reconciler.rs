@@ -100,6 +100,16 @@ pub struct PassState {
     pub evictions: EvictionBackoff,
     /// Read by passes instead of LISTs when set (fed by [`Cache::spawn_feeders`]).
     pub cache: Option<Arc<Cache>>,
+    /// Set by a cached pass that reached a fixed point (see [`PassState::settled`]).
+    settled: Option<Settled>,
+}
+
+/// A cached pass that decided nothing to do: the cache's generation it read and the
+/// engine's next timer.
+#[derive(Clone, Copy, Debug)]
+struct Settled {
+    generation: u64,
+    next_timer: Option<Millis>,
 }
 
 impl std::fmt::Debug for PassState {
@@ -107,6 +117,7 @@ impl std::fmt::Debug for PassState {
         f.debug_struct("PassState")
             .field("evictions", &self.evictions)
             .field("cached", &self.cache.is_some())
+            .field("settled", &self.settled)
             .finish()
     }
 }
@@ -117,7 +128,26 @@ impl PassState {
         PassState {
             evictions: EvictionBackoff::new(cfg.eviction_backoff_base, cfg.eviction_backoff_max),
             cache: None,
+            settled: None,
         }
+    }
+
+    /// Whether a pass at `now` would decide exactly as the last one, which had nothing
+    /// to do: no cached object changed since (same generation), no engine timer is
+    /// due, and nothing else runs on time (no `waitForPodsReady`, no eviction waiting
+    /// out a PodDisruptionBudget backoff — a settled pass is only recorded then).
+    pub fn settled(&self, now: Millis) -> bool {
+        match (&self.cache, &self.settled) {
+            (Some(cache), Some(s)) => {
+                s.generation == cache.generation() && s.next_timer.is_none_or(|t| now < t)
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets the fixed point (the next pass decides again).
+    pub fn unsettle(&mut self) {
+        self.settled = None;
     }
 
     /// Passes read `cache` (which must be fed) and put their own writes into it.
@@ -670,6 +700,8 @@ pub async fn pass_with(
     now: Millis,
 ) -> Result<Plan> {
     let mut problems = Vec::new();
+    state.settled = None;
+    let generation = state.cache.as_ref().map(|c| c.generation());
     let mut snap = match &state.cache {
         Some(cache) if !cache.synced() => return Err(Error::NotSynced),
         Some(cache) => snapshot_cached(cache, cfg, now, &mut problems),
@@ -712,6 +744,15 @@ pub async fn pass_with(
     if failed > 0 {
         tracing::info!(failed, "some writes failed; the next pass retries");
     }
+    if let Some(generation) = generation {
+        let timed = cfg.pods_ready.is_some() || !state.evictions.blocked().is_empty();
+        if failed == 0 && plan.actions.is_empty() && !timed {
+            state.settled = Some(Settled {
+                generation,
+                next_timer: plan.next_timer,
+            });
+        }
+    }
     Ok(plan)
 }
 
@@ -735,9 +776,18 @@ pub async fn run(
     let renew = Duration::from_millis((cfg.lease_duration / 3).max(200));
     let wait = renew.min(cfg.resync);
     let mut state = PassState::with_cache(&cfg, cache);
+    // A settled pass is still redone once per resync interval, as a safety net.
+    let mut last_pass: Option<Millis> = None;
+    let resync_ms = cfg.resync.as_millis() as Millis;
     loop {
         let now = clock.now();
-        if elector.tick(now).await {
+        if !elector.tick(now).await {
+            state.unsettle();
+        } else if state.settled(now) && last_pass.is_some_and(|t| now.saturating_sub(t) < resync_ms)
+        {
+            tracing::trace!("nothing changed since the last pass; skipped");
+        } else {
+            last_pass = Some(now);
             match pass_with(&client, &cfg, &mut state, now).await {
                 Ok(_) => {}
                 Err(Error::NotSynced) => tracing::debug!("caches not synced yet"),

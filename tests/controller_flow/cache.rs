@@ -1,7 +1,8 @@
 //! Passes that read the watch-fed cache instead of LISTing: no LIST per pass, a pass
 //! right after another reads its own writes (no double admission before the watch
 //! events arrive), a restart with a fresh cache keeps the admitted set and writes
-//! nothing, and a pod deleted by another client frees its quota through the watch.
+//! nothing, a pod deleted by another client frees its quota through the watch, and a
+//! pass with nothing to do is recognised as settled until an object changes.
 
 use super::{cfg, cluster, condition, create_pod, gated, pod, ungated_pods, wait_for, NOW, PODS};
 use crate::support::apiserver::ApiServer;
@@ -64,6 +65,11 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
     assert_eq!(again.admitted, plan.admitted);
     assert_eq!(s.writes(), writes, "nothing written twice");
     assert_eq!(s.list_stats().0, lists, "passes LIST nothing");
+    // A fixed point: until an object changes, a pass would decide the same.
+    assert!(
+        state.settled(NOW + 2),
+        "nothing changed since a pass with nothing to do"
+    );
 
     // Restart: a fresh cache (one LIST per store) decides the same and writes nothing.
     stop.cancel();
@@ -89,6 +95,11 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
         .unwrap();
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     assert!(!gated(&pod(&s, "low-3")));
+    let quiet = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
+        .await
+        .unwrap();
+    assert!(quiet.actions.is_empty(), "{:?}", quiet.actions);
+    assert!(state.settled(NOW + 3));
     // A pod created after the LISTs arrives through the watch.
     create_pod(&s, "late", 2, "low", json!({}), None);
     let key = ("team".to_string(), "late".to_string());
@@ -96,6 +107,7 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
         cache.pods[0].get(&key).is_some()
     })
     .await;
+    assert!(!state.settled(NOW + 4), "a new pod unsettles");
     reconciler::pass_with(&client, &c, &mut state, NOW + 4)
         .await
         .unwrap();
