@@ -293,7 +293,9 @@ fn to_value(o: DynamicObject) -> Option<Value> {
 enum WatchEnd {
     /// The server closed it (timeout): resume from the last resourceVersion.
     Closed,
-    /// 410 Gone, a decode error or a broken connection: LIST again.
+    /// 410 Gone (history compacted): LIST again at once.
+    Gone,
+    /// Another error or a broken connection: LIST again after a pause.
     Relist,
     Shutdown,
 }
@@ -349,12 +351,15 @@ pub async fn feed(
         loop {
             match watch_once(&api, &wp, &mut rv, store, &notify, &shutdown).await {
                 WatchEnd::Closed => continue,
-                WatchEnd::Relist => break,
+                WatchEnd::Gone => break,
+                WatchEnd::Relist => {
+                    if !pause(1).await {
+                        return;
+                    }
+                    break;
+                }
                 WatchEnd::Shutdown => return,
             }
-        }
-        if !pause(1).await {
-            return;
         }
     }
 }
@@ -399,7 +404,11 @@ async fn watch_once(
             Some(Ok(WatchEvent::Error(e))) => {
                 tracing::debug!(code = e.code, message = %e.message, kind = %store.resource.plural,
                                 "watch error; listing again");
-                return WatchEnd::Relist;
+                return if e.code == 410 {
+                    WatchEnd::Gone
+                } else {
+                    WatchEnd::Relist
+                };
             }
             Some(Err(e)) => {
                 tracing::debug!(error = %e, kind = %store.resource.plural, "watch stream");

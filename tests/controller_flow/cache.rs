@@ -2,7 +2,8 @@
 //! right after another reads its own writes (no double admission before the watch
 //! events arrive), a restart with a fresh cache keeps the admitted set and writes
 //! nothing, a pod deleted by another client frees its quota through the watch, and a
-//! pass with nothing to do is recognised as settled until an object changes.
+//! pass with nothing to do is recognised as settled until an object changes; a watch
+//! ended by a compaction (410 Gone) LISTs again and misses nothing.
 
 use super::{cfg, cluster, condition, create_pod, gated, pod, ungated_pods, wait_for, NOW, PODS};
 use crate::support::apiserver::ApiServer;
@@ -113,5 +114,38 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
         .unwrap();
     assert_eq!(condition(&pod(&s, "late")).0, "WaitingForQuota");
     assert_eq!(s.list_stats().0, lists + cache.stores().len() as u64);
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_compacted_watch_lists_again_and_misses_nothing() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    create_pod(&s, "p-1", 4, "low", json!({}), None);
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    let lists = s.list_stats().0;
+    s.compact();
+    // Changes right after the compaction reach the cache through the new LISTs.
+    assert!(s.delete_object(PODS, "p-1"));
+    create_pod(&s, "p-2", 4, "low", json!({}), None);
+    let stores = cache.stores().len() as u64;
+    wait_for("every store to LIST again", || {
+        s.list_stats().0 >= lists + stores
+    })
+    .await;
+    let (gone, new) = (
+        ("team".to_string(), "p-1".to_string()),
+        ("team".to_string(), "p-2".to_string()),
+    );
+    wait_for("the cache to catch up", || {
+        cache.pods[0].get(&gone).is_none() && cache.pods[0].get(&new).is_some()
+    })
+    .await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    assert!(!gated(&pod(&s, "p-2")));
     stop.cancel();
 }
