@@ -2,10 +2,13 @@
 //! admitted within quota (the rest keep the gate and get a reason), a higher-priority
 //! arrival evicts a victim through the Eviction API with its grace period, Jobs are
 //! suspended and unsuspended, a restart keeps the admitted set, of two instances only
-//! the Lease holder acts, and a clean shutdown hands the Lease over at once.
+//! the Lease holder acts, and a clean shutdown hands the Lease over at once; passes
+//! that read the watch-fed cache (`controller_flow/cache.rs`) keep the same guarantees.
 
 mod support;
 
+#[path = "controller_flow/cache.rs"]
+mod cache;
 #[path = "controller_flow/disruption.rs"]
 mod disruption;
 #[path = "controller_flow/pods_ready.rs"]

@@ -32,7 +32,8 @@ pub struct Args {
     /// Lease duration: a standby takes over this long after the leader's last renewal.
     #[arg(long, default_value = "15s")]
     pub lease_duration: String,
-    /// Longest time between two passes when nothing changes.
+    /// Longest time between two passes when nothing changes (an unchanged cluster is
+    /// decided again this often, as a safety net).
     #[arg(long, default_value = "30s")]
     pub resync: String,
     /// Address of the HTTPS admission webhook.

@@ -130,6 +130,9 @@ pub struct Plan {
     pub queue_counts: BTreeMap<String, (usize, usize)>,
     /// Per serving owner: (admitted, desired) replicas.
     pub serving: BTreeMap<Owner, (u32, u32)>,
+    /// The engine's earliest timer after this pass (a minimum runtime running out, …):
+    /// until then, the same objects decide the same.
+    pub next_timer: Option<Millis>,
 }
 
 /// Decides one pass over `s`.
@@ -239,6 +242,7 @@ pub fn decide(s: &Snapshot) -> Plan {
         plan.problems.push(format!("scheduling: {e}"));
     }
     let events = engine.take_events();
+    plan.next_timer = engine.next_timer();
     let state = engine.final_state();
     let by_key: BTreeMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
     let flavor_labels: BTreeMap<&str, &BTreeMap<String, String>> = s

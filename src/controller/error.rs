@@ -23,6 +23,9 @@ pub enum Error {
     /// The webhook's certificate or key could not be loaded.
     #[error("TLS: {0}")]
     Tls(String),
+    /// A pass was asked to read the watch-fed cache before its first LISTs completed.
+    #[error("the object caches have not completed their first LIST yet")]
+    NotSynced,
     /// A listener could not be bound or accepted on.
     #[error("{what}: {source}")]
     Io {

@@ -11,10 +11,11 @@
 //! - [`config`]: the configuration file (Kueue's `waitForPodsReady`, device classes).
 //! - [`pods_ready`]: `waitForPodsReady` timeouts and requeue backoff.
 //! - [`evictions`]: retry backoff of evictions a PodDisruptionBudget refuses.
-//! - [`snapshot`]: reads a pass's objects; [`reconciler`]: applies the actions,
-//!   watches, runs the loop.
+//! - [`snapshot`]: reads a pass's objects (by LIST, or from the watch-fed [`cache`]);
+//!   [`reconciler`]: applies the actions, runs the loop.
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
 
+pub mod cache;
 pub mod claims;
 pub mod config;
 pub mod crd;

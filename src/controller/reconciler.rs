@@ -1,16 +1,22 @@
 //! The Kubernetes shell around [`super::decide`]: read a snapshot, decide, apply — only
-//! while this instance holds the Lease. Watches on the queue objects and on pods and
-//! Jobs naming a queue (label selectors) wake the loop; a resync interval and the Lease
-//! renewal bound the wait.
+//! while this instance holds the Lease. [`run`] keeps a watch-fed [`Cache`] of every kind
+//! a pass reads (queue objects, pods and Jobs naming a queue, serving owners, DRA
+//! claims); its changes wake the loop, and a pass snapshots from it without a request.
+//! A resync interval and the Lease renewal bound the wait.
 //!
 //! ```text
-//! watches ──notify──► loop: Elector::tick ─leader?─► snapshot ─► decide ─► apply
-//!                        ▲                                              │ PUT pods/Jobs,
-//!                        └────────── resync / renew interval ◄──────────┘ POST eviction, Events
+//! watches ─► Cache ─notify─► loop: Elector::tick ─leader?─► snapshot ─► decide ─► apply
+//!              ▲                ▲                                              │ PUT pods/Jobs,
+//!              │ own writes     └────────── resync / renew interval ◄──────────┘ POST eviction, Events
+//!              └───────────────────────────────────────────────────────────────┘
 //! ```
-//! Writes use the resourceVersion just read: a concurrent change makes the write fail
-//! with 409 and the next pass decides again from fresh state.
+//! Writes GET the object and PUT it back with that resourceVersion: a concurrent change
+//! makes the write fail with 409 and the next pass decides again. What the API server
+//! answers to a write goes into the cache at once, so the next pass reads its own writes
+//! even before their watch events arrive. Without a cache ([`pass`], [`PassState::new`])
+//! a pass LISTs everything instead.
 
+use super::cache::{Cache, Key};
 use super::decide::{decide, rfc3339, Action, ObjKind, ObjRef, Plan};
 use super::error::{Error, Result};
 use super::evictions::EvictionBackoff;
@@ -20,21 +26,19 @@ use super::pods_ready::{
 };
 use super::serving::ADMITTED_REPLICAS_ANNOTATION;
 use super::snapshot::{crd_resource, QUEUE_KINDS};
-pub use super::snapshot::{list_priority_classes, snapshot};
+pub use super::snapshot::{list_priority_classes, snapshot, snapshot_cached};
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
     PENDING_REASON_ANNOTATION,
 };
-use crate::quota::scenario::QUEUE_LABELS;
 use crate::quota::WaitForPodsReady;
-use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, PostParams, WatchEvent, WatchParams};
+use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -88,17 +92,69 @@ impl Default for Config {
     }
 }
 
-/// What the controller remembers between passes: only when to retry evictions that a
-/// PodDisruptionBudget refused. Everything else is read from the API server each pass.
-#[derive(Clone, Debug)]
+/// What the controller remembers between passes: when to retry evictions that a
+/// PodDisruptionBudget refused, and (optionally) the watch-fed cache a pass reads
+/// instead of LISTing. Every decision is still made from the objects themselves.
+#[derive(Clone)]
 pub struct PassState {
     pub evictions: EvictionBackoff,
+    /// Read by passes instead of LISTs when set (fed by [`Cache::spawn_feeders`]).
+    pub cache: Option<Arc<Cache>>,
+    /// Set by a cached pass that reached a fixed point (see [`PassState::settled`]).
+    settled: Option<Settled>,
+}
+
+/// A cached pass that decided nothing to do: the cache's generation it read and the
+/// engine's next timer.
+#[derive(Clone, Copy, Debug)]
+struct Settled {
+    generation: u64,
+    next_timer: Option<Millis>,
+}
+
+impl std::fmt::Debug for PassState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PassState")
+            .field("evictions", &self.evictions)
+            .field("cached", &self.cache.is_some())
+            .field("settled", &self.settled)
+            .finish()
+    }
 }
 
 impl PassState {
+    /// Passes LIST what they read.
     pub fn new(cfg: &Config) -> Self {
         PassState {
             evictions: EvictionBackoff::new(cfg.eviction_backoff_base, cfg.eviction_backoff_max),
+            cache: None,
+            settled: None,
+        }
+    }
+
+    /// Whether a pass at `now` would decide exactly as the last one, which had nothing
+    /// to do: no cached object changed since (same generation), no engine timer is
+    /// due, and nothing else runs on time (no `waitForPodsReady`, no eviction waiting
+    /// out a PodDisruptionBudget backoff — a settled pass is only recorded then).
+    pub fn settled(&self, now: Millis) -> bool {
+        match (&self.cache, &self.settled) {
+            (Some(cache), Some(s)) => {
+                s.generation == cache.generation() && s.next_timer.is_none_or(|t| now < t)
+            }
+            _ => false,
+        }
+    }
+
+    /// Forgets the fixed point (the next pass decides again).
+    pub fn unsettle(&mut self) {
+        self.settled = None;
+    }
+
+    /// Passes read `cache` (which must be fed) and put their own writes into it.
+    pub fn with_cache(cfg: &Config, cache: Arc<Cache>) -> Self {
+        PassState {
+            cache: Some(cache),
+            ..Self::new(cfg)
         }
     }
 }
@@ -175,12 +231,20 @@ fn merge_selector(target: &mut Value, selector: &BTreeMap<String, String>) {
     }
 }
 
-async fn replace(api: &Api<DynamicObject>, r: &ObjRef, v: Value) -> Result<()> {
+/// The object as the API server stored it after a write (for the cache).
+type Written = Option<Value>;
+
+fn written(obj: DynamicObject) -> Written {
+    serde_json::to_value(obj).ok()
+}
+
+async fn replace(api: &Api<DynamicObject>, r: &ObjRef, v: Value) -> Result<Written> {
     let obj = to_dynamic(v, &r.name)?;
-    api.replace(&r.name, &PostParams::default(), &obj)
+    let obj = api
+        .replace(&r.name, &PostParams::default(), &obj)
         .await
         .map_err(Error::api(format!("update {}/{}", r.namespace, r.name)))?;
-    Ok(())
+    Ok(written(obj))
 }
 
 async fn admit(
@@ -189,7 +253,7 @@ async fn admit(
     selector: &BTreeMap<String, String>,
     parallelism: Option<u32>,
     now: Millis,
-) -> Result<()> {
+) -> Result<Written> {
     let api = api_for(client, r);
     let mut v = get_value(&api, r).await?;
     set_annotation(&mut v, ADMITTED_AT_ANNOTATION, Some(&rfc3339(now)));
@@ -215,21 +279,27 @@ async fn admit(
             set_annotation(&mut v, PENDING_REASON_ANNOTATION, None);
             set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, None);
         }
-        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => return Ok(()),
+        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => return Ok(None),
     }
     replace(&api, r, v).await
 }
 
 /// Writes `tessera.io/admitted-replicas` on a serving owner.
-async fn annotate_replicas(client: &kube::Client, r: &ObjRef, value: &str) -> Result<()> {
+async fn annotate_replicas(client: &kube::Client, r: &ObjRef, value: &str) -> Result<Written> {
     let api = api_for(client, r);
     let mut v = get_value(&api, r).await?;
     set_annotation(&mut v, ADMITTED_REPLICAS_ANNOTATION, Some(value));
     replace(&api, r, v).await
 }
 
-/// POSTs a `policy/v1` Eviction with the pod's grace period in `deleteOptions`.
-async fn evict_pod(client: &kube::Client, r: &ObjRef, grace: i64) -> Result<()> {
+/// POSTs a `policy/v1` Eviction with the pod's grace period in `deleteOptions`; the
+/// answer is a Status, so the pod is read back (for the cache) only when `read_back`.
+async fn evict_pod(
+    client: &kube::Client,
+    r: &ObjRef,
+    grace: i64,
+    read_back: bool,
+) -> Result<Written> {
     let body = json!({
         "apiVersion": "policy/v1",
         "kind": "Eviction",
@@ -252,7 +322,11 @@ async fn evict_pod(client: &kube::Client, r: &ObjRef, grace: i64) -> Result<()> 
         .request::<Value>(req)
         .await
         .map_err(Error::api(what))?;
-    Ok(())
+    if !read_back {
+        return Ok(None);
+    }
+    // Terminating (deletionTimestamp set); if it cannot be read, its watch event will do.
+    Ok(get_value(&api_for(client, r), r).await.ok())
 }
 
 /// Suspends a Job; `requeue` (a pods-ready timeout) records the requeue count and time.
@@ -261,7 +335,7 @@ async fn suspend_job(
     r: &ObjRef,
     requeue: Option<u32>,
     now: Millis,
-) -> Result<()> {
+) -> Result<Written> {
     let api = api_for(client, r);
     let mut v = get_value(&api, r).await?;
     v["spec"]["suspend"] = json!(true);
@@ -275,7 +349,7 @@ async fn suspend_job(
 }
 
 /// Records that all pods of the object's workload were Ready (once).
-async fn record_ready(client: &kube::Client, r: &ObjRef, now: Millis) -> Result<()> {
+async fn record_ready(client: &kube::Client, r: &ObjRef, now: Millis) -> Result<Written> {
     let api = api_for(client, r);
     let mut v = get_value(&api, r).await?;
     set_annotation(&mut v, PODS_READY_AT_ANNOTATION, Some(&rfc3339(now)));
@@ -288,7 +362,7 @@ async fn record_pending(
     reason: &str,
     message: &str,
     now: Millis,
-) -> Result<()> {
+) -> Result<Written> {
     let api = api_for(client, r);
     let mut v = get_value(&api, r).await?;
     match r.kind {
@@ -309,20 +383,21 @@ async fn record_pending(
             conds.push(condition);
             v["status"]["conditions"] = Value::Array(conds);
             let obj = to_dynamic(v, &r.name)?;
-            api.replace_status(&r.name, &PostParams::default(), &obj)
+            let obj = api
+                .replace_status(&r.name, &PostParams::default(), &obj)
                 .await
                 .map_err(Error::api(format!(
                     "update status {}/{}",
                     r.namespace, r.name
                 )))?;
-            Ok(())
+            Ok(written(obj))
         }
         ObjKind::Job => {
             set_annotation(&mut v, PENDING_REASON_ANNOTATION, Some(reason));
             set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, Some(message));
             replace(&api, r, v).await
         }
-        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => Ok(()),
+        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => Ok(None),
     }
 }
 
@@ -404,13 +479,46 @@ fn eviction_refused(e: &Error) -> Option<String> {
     }
 }
 
+fn kind_name(k: ObjKind) -> &'static str {
+    match k {
+        ObjKind::Pod => "Pod",
+        ObjKind::Job => "Job",
+        ObjKind::Deployment => "Deployment",
+        ObjKind::ReplicaSet => "ReplicaSet",
+        ObjKind::StatefulSet => "StatefulSet",
+    }
+}
+
+/// Puts a write's outcome into the cache (if any): the stored object, or its absence.
+fn seen(cache: Option<&Cache>, r: &ObjRef, result: Result<Written>) -> Result<()> {
+    let Some(cache) = cache else {
+        return result.map(|_| ());
+    };
+    match result {
+        Ok(Some(v)) => {
+            cache.observe(kind_name(r.kind), &v);
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(e) => {
+            if e.is_not_found() {
+                let key: Key = (r.namespace.clone(), r.name.clone());
+                cache.forget(kind_name(r.kind), &key);
+            }
+            Err(e)
+        }
+    }
+}
+
 /// Applies a plan; returns how many writes failed (retried by the next pass).
-/// Evictions refused with 429 are recorded in `evictions` for a later retry.
+/// Evictions refused with 429 are recorded in `evictions` for a later retry. What the
+/// API server answers is put into `cache` (when passes read one).
 pub async fn apply(
     client: &kube::Client,
     cfg: &Config,
     plan: &Plan,
     evictions: &mut EvictionBackoff,
+    cache: Option<&Cache>,
     now: Millis,
 ) -> usize {
     let mut failed = 0;
@@ -424,7 +532,8 @@ pub async fn apply(
             } => {
                 tracing::info!(%workload, "admitting");
                 for r in objects {
-                    match admit(client, r, node_selector, *parallelism, now).await {
+                    let result = admit(client, r, node_selector, *parallelism, now).await;
+                    match seen(cache, r, result) {
                         Ok(()) => {
                             emit(
                                 client,
@@ -454,11 +563,11 @@ pub async fn apply(
                 tracing::info!(%workload, %reason, %by, "evicting");
                 for (r, grace) in objects {
                     let result = match r.kind {
-                        ObjKind::Pod => evict_pod(client, r, *grace).await,
+                        ObjKind::Pod => evict_pod(client, r, *grace, cache.is_some()).await,
                         ObjKind::Job => suspend_job(client, r, *requeue, now).await,
-                        _ => Ok(()),
+                        _ => Ok(None),
                     };
-                    match result {
+                    match seen(cache, r, result) {
                         Ok(()) => {
                             evictions.clear(r);
                             let (event, note) = if by.is_empty() {
@@ -498,7 +607,8 @@ pub async fn apply(
                         objects.len()
                     },
                 ) {
-                    if let Err(e) = record_pending(client, r, reason, message, now).await {
+                    let result = record_pending(client, r, reason, message, now).await;
+                    if let Err(e) = seen(cache, r, result) {
                         failed += 1;
                         tracing::warn!(error = %e, %workload, "recording pending reason");
                     }
@@ -508,13 +618,15 @@ pub async fn apply(
                 }
             }
             Action::PodsReady { workload, object } => {
-                if let Err(e) = record_ready(client, object, now).await {
+                let result = record_ready(client, object, now).await;
+                if let Err(e) = seen(cache, object, result) {
                     failed += 1;
                     tracing::warn!(error = %e, %workload, "recording pods ready");
                 }
             }
             Action::Replicas { owner, value } => {
-                if let Err(e) = annotate_replicas(client, owner, value).await {
+                let result = annotate_replicas(client, owner, value).await;
+                if let Err(e) = seen(cache, owner, result) {
                     failed += 1;
                     tracing::warn!(error = %e, owner = %owner.name, "annotating admitted replicas");
                 }
@@ -526,28 +638,45 @@ pub async fn apply(
 
 /// Writes `status.admittedWorkloads` / `pendingWorkloads` of each ClusterQueue that
 /// changed; returns the number of failed writes.
-async fn write_queue_status(client: &kube::Client, plan: &Plan) -> usize {
+async fn write_queue_status(client: &kube::Client, plan: &Plan, cache: Option<&Cache>) -> usize {
     let (kind, plural) = QUEUE_KINDS[1];
     let api: Api<DynamicObject> = Api::all_with(client.clone(), &crd_resource(kind, plural));
     let mut failed = 0;
     for (name, (admitted, pending)) in &plan.queue_counts {
+        if let Some(cached) = cache.and_then(|c| c.queues[1].get(&(String::new(), name.clone()))) {
+            let status = &cached["status"];
+            if status["admittedWorkloads"] == json!(admitted)
+                && status["pendingWorkloads"] == json!(pending)
+            {
+                continue;
+            }
+        }
         let result = async {
             let Some(mut cq) = api.get_opt(name).await? else {
-                return Ok(());
+                return Ok(None);
             };
             let want = json!({"admittedWorkloads": admitted, "pendingWorkloads": pending});
             let status = cq.data.get("status").cloned().unwrap_or(Value::Null);
             if status["admittedWorkloads"] == want["admittedWorkloads"]
                 && status["pendingWorkloads"] == want["pendingWorkloads"]
             {
-                return Ok(());
+                return Ok(None);
             }
             cq.data["status"] = want;
             api.replace_status(name, &PostParams::default(), &cq)
                 .await
-                .map(|_| ())
+                .map(Some)
         }
         .await;
+        let result = match (result, cache) {
+            (Ok(Some(obj)), Some(c)) => {
+                if let Some(v) = written(obj) {
+                    c.observe(kind, &v);
+                }
+                Ok(())
+            }
+            (r, _) => r.map(|_| ()),
+        };
         if let Err(e) = result {
             failed += 1;
             tracing::warn!(error = %e, queue = %name, "writing ClusterQueue status");
@@ -561,7 +690,9 @@ pub async fn pass(client: &kube::Client, cfg: &Config, now: Millis) -> Result<Pl
     pass_with(client, cfg, &mut PassState::new(cfg), now).await
 }
 
-/// One pass: snapshot, decide, apply. Returns the plan (for tests and logs).
+/// One pass: snapshot (from `state.cache` when set, else by LIST), decide, apply.
+/// Returns the plan (for tests and logs); [`Error::NotSynced`] while the cache has not
+/// completed its first LISTs.
 pub async fn pass_with(
     client: &kube::Client,
     cfg: &Config,
@@ -569,7 +700,13 @@ pub async fn pass_with(
     now: Millis,
 ) -> Result<Plan> {
     let mut problems = Vec::new();
-    let mut snap = snapshot(client, cfg, now, &mut problems).await?;
+    state.settled = None;
+    let generation = state.cache.as_ref().map(|c| c.generation());
+    let mut snap = match &state.cache {
+        Some(cache) if !cache.synced() => return Err(Error::NotSynced),
+        Some(cache) => snapshot_cached(cache, cfg, now, &mut problems),
+        None => snapshot(client, cfg, now, &mut problems).await?,
+    };
     let pods: std::collections::BTreeSet<(String, String)> = snap
         .pods
         .iter()
@@ -593,65 +730,30 @@ pub async fn pass_with(
         tracing::warn!(problem = %p, "unusable object");
     }
     plan.problems = problems;
-    let mut failed = apply(client, cfg, &plan, &mut state.evictions, now).await;
-    failed += write_queue_status(client, &plan).await;
+    let cache = state.cache.clone();
+    let mut failed = apply(
+        client,
+        cfg,
+        &plan,
+        &mut state.evictions,
+        cache.as_deref(),
+        now,
+    )
+    .await;
+    failed += write_queue_status(client, &plan, cache.as_deref()).await;
     if failed > 0 {
         tracing::info!(failed, "some writes failed; the next pass retries");
     }
-    Ok(plan)
-}
-
-/// Watches one kind and pokes `notify` on every change; re-lists after errors.
-async fn watch_kind(
-    client: kube::Client,
-    ar: ApiResource,
-    selector: Option<String>,
-    notify: Arc<Notify>,
-    shutdown: CancellationToken,
-) {
-    let api: Api<DynamicObject> = Api::all_with(client, &ar);
-    let (mut lp, mut wp) = (ListParams::default(), WatchParams::default().timeout(290));
-    if let Some(sel) = &selector {
-        lp = lp.labels(sel);
-        wp = wp.labels(sel);
-    }
-    loop {
-        let rv = match api.list(&lp).await {
-            Ok(l) => l.metadata.resource_version.unwrap_or_default(),
-            Err(e) => {
-                tracing::debug!(error = %e, kind = %ar.kind, "list for watch");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(2)) => continue,
-                }
-            }
-        };
-        notify.notify_one();
-        let stream = match api.watch(&wp, &rv).await {
-            Ok(s) => s,
-            Err(e) => {
-                tracing::debug!(error = %e, kind = %ar.kind, "watch");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return,
-                    _ = tokio::time::sleep(Duration::from_secs(2)) => continue,
-                }
-            }
-        };
-        futures::pin_mut!(stream);
-        loop {
-            let next = tokio::select! {
-                _ = shutdown.cancelled() => return,
-                n = stream.next() => n,
-            };
-            match next {
-                Some(Ok(
-                    WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_),
-                )) => notify.notify_one(),
-                Some(Ok(WatchEvent::Bookmark(_))) => {}
-                Some(Ok(WatchEvent::Error(_)) | Err(_)) | None => break,
-            }
+    if let Some(generation) = generation {
+        let timed = cfg.pods_ready.is_some() || !state.evictions.blocked().is_empty();
+        if failed == 0 && plan.actions.is_empty() && !timed {
+            state.settled = Some(Settled {
+                generation,
+                next_timer: plan.next_timer,
+            });
         }
     }
+    Ok(plan)
 }
 
 /// Runs the controller until `shutdown`: watches, leader election, passes.
@@ -662,24 +764,8 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let notify = Arc::new(Notify::new());
-    let mut kinds: Vec<(ApiResource, Option<String>)> = QUEUE_KINDS
-        .iter()
-        .map(|(k, p)| (crd_resource(k, p), None))
-        .collect();
-    // Pods and Jobs: only those naming a queue (one watch per label).
-    for label in QUEUE_LABELS {
-        kinds.push((ApiResource::erase::<Pod>(&()), Some(label.to_string())));
-        kinds.push((ApiResource::erase::<Job>(&()), Some(label.to_string())));
-    }
-    for (ar, selector) in kinds {
-        tokio::spawn(watch_kind(
-            client.clone(),
-            ar,
-            selector,
-            notify.clone(),
-            shutdown.child_token(),
-        ));
-    }
+    let cache = Arc::new(Cache::new());
+    cache.spawn_feeders(&client, notify.clone(), &shutdown);
     let mut elector = Elector::new(
         client.clone(),
         &cfg.lease_namespace,
@@ -689,12 +775,23 @@ pub async fn run(
     );
     let renew = Duration::from_millis((cfg.lease_duration / 3).max(200));
     let wait = renew.min(cfg.resync);
-    let mut state = PassState::new(&cfg);
+    let mut state = PassState::with_cache(&cfg, cache);
+    // A settled pass is still redone once per resync interval, as a safety net.
+    let mut last_pass: Option<Millis> = None;
+    let resync_ms = cfg.resync.as_millis() as Millis;
     loop {
         let now = clock.now();
-        if elector.tick(now).await {
-            if let Err(e) = pass_with(&client, &cfg, &mut state, now).await {
-                tracing::warn!(error = %e, "pass failed; retrying");
+        if !elector.tick(now).await {
+            state.unsettle();
+        } else if state.settled(now) && last_pass.is_some_and(|t| now.saturating_sub(t) < resync_ms)
+        {
+            tracing::trace!("nothing changed since the last pass; skipped");
+        } else {
+            last_pass = Some(now);
+            match pass_with(&client, &cfg, &mut state, now).await {
+                Ok(_) => {}
+                Err(Error::NotSynced) => tracing::debug!("caches not synced yet"),
+                Err(e) => tracing::warn!(error = %e, "pass failed; retrying"),
             }
         }
         tokio::select! {

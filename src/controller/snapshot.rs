@@ -1,7 +1,9 @@
 //! Reading a pass's snapshot from the API server: the queue objects, the pods and Jobs
 //! that name a queue (LIST by label), the owners of serving replicas and the DRA claims
-//! they refer to (only in namespaces with a LocalQueue).
+//! they refer to (only in namespaces with a LocalQueue) — by LIST ([`snapshot`]) or from
+//! the watch-fed [`Cache`] ([`snapshot_cached`], no request at all).
 
+use super::cache::Cache;
 use super::decide::Snapshot;
 use super::error::{Error, Result};
 use super::lease::Millis;
@@ -31,7 +33,7 @@ pub(crate) const QUEUE_KINDS: [(&str, &str); 4] = [
 ];
 
 /// `resource.k8s.io/v1` kinds pods refer to for DRA devices.
-fn dra_resource(kind: &str, plural: &str) -> ApiResource {
+pub(crate) fn dra_resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource::from_gvk_with_plural(
         &GroupVersionKind::gvk("resource.k8s.io", "v1", kind),
         plural,
@@ -270,4 +272,97 @@ pub async fn snapshot(
         blocked: BTreeMap::new(),
         pods_ready: cfg.pods_ready.clone(),
     })
+}
+
+/// The same snapshot as [`snapshot`], read from the watch-fed stores (no request).
+/// Owners and claims are kept only in namespaces with a LocalQueue, and only when some
+/// queued pod needs them, as the LISTs do.
+pub fn snapshot_cached(
+    cache: &Cache,
+    cfg: &Config,
+    now: Millis,
+    problems: &mut Vec<String>,
+) -> Snapshot {
+    let [rf, cq, lq, wpc] = &cache.queues;
+    let namespaces = cache
+        .namespaces
+        .values()
+        .into_iter()
+        .filter_map(|n| {
+            let name = n["metadata"]["name"].as_str()?.to_string();
+            let labels = n["metadata"]["labels"]
+                .as_object()
+                .map(|l| {
+                    l.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some((name, labels))
+        })
+        .collect();
+    let local_queues = typed::<LocalQueue>(lq.values(), "LocalQueue", problems);
+    let queued_ns: BTreeSet<String> = local_queues
+        .iter()
+        .map(|q| {
+            q.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into())
+        })
+        .collect();
+    let union = |stores: &[super::cache::Store]| -> Vec<Value> {
+        let mut seen = BTreeSet::new();
+        let mut out = Vec::new();
+        for s in stores {
+            for v in s.values() {
+                let key = (
+                    v["metadata"]["namespace"].as_str().map(String::from),
+                    v["metadata"]["name"].as_str().map(String::from),
+                );
+                if seen.insert(key) {
+                    out.push(v);
+                }
+            }
+        }
+        out
+    };
+    let pods = union(&cache.pods);
+    let jobs = union(&cache.jobs);
+    let none = BTreeSet::new();
+    let when = |needed: bool| if needed { &queued_ns } else { &none };
+    let in_ns = |store: &super::cache::Store, ns: &BTreeSet<String>| -> Vec<Value> {
+        if ns.is_empty() {
+            return Vec::new();
+        }
+        store.values_where(|v| {
+            v["metadata"]["namespace"]
+                .as_str()
+                .is_some_and(|n| ns.contains(n))
+        })
+    };
+    let replica_owned = any_owned_by(&pods, "ReplicaSet");
+    let claims_used = any_claims(&pods, "/spec") || any_claims(&jobs, "/spec/template/spec");
+    Snapshot {
+        now,
+        flavors: typed::<ResourceFlavor>(rf.values(), "ResourceFlavor", problems),
+        cluster_queues: typed::<ClusterQueue>(cq.values(), "ClusterQueue", problems),
+        local_queues,
+        priority_classes: typed::<WorkloadPriorityClass>(
+            wpc.values(),
+            "WorkloadPriorityClass",
+            problems,
+        ),
+        namespaces,
+        replica_sets: in_ns(&cache.replica_sets, when(replica_owned)),
+        deployments: in_ns(&cache.deployments, &queued_ns),
+        stateful_sets: in_ns(&cache.stateful_sets, &queued_ns),
+        claim_templates: in_ns(&cache.claim_templates, when(claims_used)),
+        claims: in_ns(&cache.claims, when(claims_used)),
+        pods,
+        jobs,
+        device_classes: cfg.device_classes.clone(),
+        blocked: BTreeMap::new(),
+        pods_ready: cfg.pods_ready.clone(),
+    }
 }

@@ -1,7 +1,7 @@
 //! An API-server double over real HTTP/1.1 on loopback: an in-memory object store for any
 //! resource path, with the behaviours clients rely on.
 //!
-//! Modelled: GET, LIST (with `fieldSelector` equality on dotted paths, `labelSelector`
+//! Modelled: GET, LIST (counted with their bytes, [`ApiServer::list_stats`]; with `fieldSelector` equality on dotted paths, `labelSelector`
 //! `k=v`, `k==v`, `k!=v`, `k` (exists) and `!k` terms), WATCH from a resourceVersion (newline-delimited `WatchEvent`s, ADDED /
 //! MODIFIED / DELETED), POST (with `generateName`, 409 AlreadyExists), PUT (409 Conflict on
 //! a stale `metadata.resourceVersion`), PUT of the `status` subresource (only `status` is
@@ -12,7 +12,8 @@
 //! The Eviction subresource (`POST …/pods/<name>/eviction`) starts a graceful delete and
 //! is recorded ([`ApiServer::evictions`]); for pods named in
 //! [`ApiServer::block_evictions`] it answers 429 TooManyRequests, as when a
-//! PodDisruptionBudget allows no disruption.
+//! PodDisruptionBudget allows no disruption. [`ApiServer::compact`] ends open watches
+//! with `410 Gone`, as an etcd compaction does.
 //! Not modelled: authentication, admission, field managers / server-side apply, pagination.
 
 #![allow(dead_code)]
@@ -51,6 +52,11 @@ struct Store {
     across_namespaces: bool,
     /// Pods (by name) whose eviction a PodDisruptionBudget refuses (429).
     eviction_blocked: std::collections::BTreeSet<String>,
+    /// LIST requests answered and the bytes of their bodies.
+    lists: u64,
+    list_bytes: u64,
+    /// History before this resourceVersion is compacted ([`ApiServer::compact`]).
+    compacted: u64,
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
@@ -198,6 +204,27 @@ impl ApiServer {
         st.log.iter().map(|(m, p)| format!("{m} {p}")).collect()
     }
 
+    /// Compacts the change history, as etcd does: every open watch receives an `ERROR`
+    /// event with a `410 Gone` Status and ends, and a watch from an older
+    /// resourceVersion is answered the same way (the client must LIST again).
+    pub fn compact(&self) {
+        let mut st = self.store.lock().unwrap();
+        st.compacted = st.resource_version;
+        st.history.clear();
+        drop(st);
+        let _ = self.changes.send(Change {
+            collection: String::new(),
+            kind: "ERROR",
+            object: gone(),
+        });
+    }
+
+    /// LIST requests answered so far and the bytes of their response bodies.
+    pub fn list_stats(&self) -> (u64, u64) {
+        let st = self.store.lock().unwrap();
+        (st.lists, st.list_bytes)
+    }
+
     /// Number of write requests (POST/PUT/DELETE) seen so far.
     pub fn writes(&self) -> usize {
         let st = self.store.lock().unwrap();
@@ -261,10 +288,18 @@ impl ApiServer {
                         .unwrap_or_default()
                 };
                 let rv = st.resource_version.to_string();
-                json_response(
-                    StatusCode::OK,
-                    json!({"apiVersion": "v1", "kind": "List", "metadata": {"resourceVersion": rv}, "items": items}),
-                )
+                drop(st);
+                let body = serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "List",
+                    "metadata": {"resourceVersion": rv}, "items": items}))
+                .unwrap();
+                let mut st = self.store.lock().unwrap();
+                st.lists += 1;
+                st.list_bytes += body.len() as u64;
+                Response::builder()
+                    .status(StatusCode::OK)
+                    .header("content-type", "application/json")
+                    .body(BodyExt::boxed(Full::new(Bytes::from(body))))
+                    .unwrap()
             }
             (Method::POST, None) => {
                 let body = req.into_body().collect().await.unwrap().to_bytes();
@@ -469,18 +504,28 @@ impl ApiServer {
         // Like the API server, a watch from resourceVersion R first replays every change
         // after R. Subscribing and copying the history under one lock means no change is
         // missed; a live change already replayed is skipped by its resourceVersion.
-        let (rx, past, across) = {
+        let (rx, past, across, compacted) = {
             let st = self.store.lock().unwrap();
             (
                 self.changes.subscribe(),
                 st.history.clone(),
                 st.across_namespaces,
+                st.compacted,
             )
         };
         let since: u64 = query
             .get("resourceVersion")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
+        if since > 0 && since < compacted {
+            let mut line = serde_json::to_vec(&json!({"type": "ERROR", "object": gone()})).unwrap();
+            line.push(b'\n');
+            return Response::builder()
+                .status(StatusCode::OK)
+                .header("content-type", "application/json")
+                .body(BodyExt::boxed(Full::new(Bytes::from(line))))
+                .unwrap();
+        }
         let rv_of = |c: &Change| -> u64 {
             c.object["metadata"]["resourceVersion"]
                 .as_str()
@@ -489,16 +534,30 @@ impl ApiServer {
         };
         let last_past = past.last().map(rv_of).unwrap_or(0);
         let replay: std::collections::VecDeque<Change> = past.into_iter().collect();
-        let state = (rx, collection, query, replay);
+        let state = (rx, collection, query, replay, false);
         let stream = futures::stream::unfold(
             state,
-            move |(mut rx, collection, query, mut replay)| async move {
+            move |(mut rx, collection, query, mut replay, ended)| async move {
+                if ended {
+                    return None;
+                }
                 loop {
                     let (live, next) = match replay.pop_front() {
                         Some(c) => (false, Ok(c)),
                         None => (true, rx.recv().await),
                     };
                     match next {
+                        Ok(c) if c.kind == "ERROR" => {
+                            // Compacted: tell the watcher and end the stream.
+                            let mut line =
+                                serde_json::to_vec(&json!({"type": "ERROR", "object": c.object}))
+                                    .unwrap();
+                            line.push(b'\n');
+                            return Some((
+                                Ok::<_, Infallible>(Frame::data(Bytes::from(line))),
+                                (rx, collection, query, replay, true),
+                            ));
+                        }
                         Ok(c) => {
                             let rv = rv_of(&c);
                             if (live && rv <= last_past)
@@ -515,7 +574,7 @@ impl ApiServer {
                             line.push(b'\n');
                             return Some((
                                 Ok::<_, Infallible>(Frame::data(Bytes::from(line))),
-                                (rx, collection, query, replay),
+                                (rx, collection, query, replay, false),
                             ));
                         }
                         Err(broadcast::error::RecvError::Lagged(_)) => continue,
@@ -642,6 +701,12 @@ fn remove_path(v: &mut Value, parts: &[&str]) {
             }
         }
     }
+}
+
+/// The Status a watch receives when its resourceVersion was compacted away.
+fn gone() -> Value {
+    json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Expired",
+           "message": "too old resource version", "code": 410})
 }
 
 fn not_found(name: &str) -> Response<BoxBody<Bytes, Infallible>> {

@@ -1,0 +1,267 @@
+//! Controller pass benchmark: the cost of the pass that admits one small pod while N
+//! pods wait in a full ClusterQueue, against the API-server double on loopback.
+//!
+//! Run: `cargo bench --bench controller_pass` (`BENCH_ROUNDS=N` measured passes per
+//! point, default 5; `BENCH_SIZES=100,1000` picks the N). For N = 100 / 1,000 / 5,000
+//! pending pods it prints, side by side for the two ways a pass reads its objects:
+//! - `list`: the pass LISTs everything it reads (the controller before the cache;
+//!   [`PassState::new`]);
+//! - `cache`: the pass reads the watch-fed stores ([`PassState::with_cache`]) that
+//!   `tessera controller` now keeps;
+//!
+//! the pass time (p50 over the rounds), the LIST requests and LIST bytes the double
+//! served during the pass, the time of an idle pass (nothing changed), and for `cache`
+//! the time from the pod's creation until the cache holds it (watch delivery, not part
+//! of the pass), and the two in-memory parts of a cached pass that still grow with N:
+//! copying the snapshot out of the stores and `decide` (the engine rebuilt from it).
+//!
+//! Shape: ClusterQueue `full` (4 GPUs) is used up by one admitted 4-GPU pod; N pods of
+//! 1 GPU wait in it (their pending reasons already recorded, so they cause no writes);
+//! ClusterQueue `free` (1,000 GPUs) takes the small 1-GPU pods, one per round.
+//!
+//! `cargo test --all-targets` runs it once with N = 50 and one round, as a smoke test.
+
+#[path = "../tests/support/apiserver.rs"]
+mod apiserver;
+#[path = "support/stats.rs"]
+mod stats;
+
+use apiserver::ApiServer;
+use serde_json::{json, Value};
+use stats::stats;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera::controller::cache::Cache;
+use tessera::controller::decide::decide;
+use tessera::controller::reconciler::{pass_with, snapshot_cached, Config, PassState};
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+const PODS: &str = "/api/v1/namespaces/team/pods";
+const GATE: &str = "tessera.io/admission";
+/// Pods are created at 12:00, passes run from 12:01.
+const NOW: u64 = 1_795_003_260_000;
+
+fn cfg() -> Config {
+    Config {
+        identity: "bench".into(),
+        resync: Duration::from_secs(3600),
+        ..Config::default()
+    }
+}
+
+fn queue(name: &str, gpus: u64) -> Value {
+    json!({"apiVersion": "tessera.io/v1alpha1", "kind": "ClusterQueue", "metadata": {"name": name},
+           "spec": {"namespaceSelector": {}, "queueingStrategy": "BestEffortFIFO",
+                    "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"],
+                        "flavors": [{"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}]}})
+}
+
+fn gated_pod(name: &str, local_queue: &str, gpus: u64, created: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team", "creationTimestamp": created,
+                     "labels": {"tessera.io/queue-name": local_queue}},
+        "spec": {"schedulingGates": [{"name": GATE}],
+                 "containers": [{"name": "train", "image": "trainer",
+                                 "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}})
+}
+
+async fn cluster(pending: usize) -> ApiServer {
+    let s = ApiServer::empty().await;
+    s.list_across_namespaces();
+    s.put_object(
+        "/api/v1/namespaces",
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "team", "labels": {}}}),
+    );
+    let g = "/apis/tessera.io/v1alpha1";
+    s.put_object(
+        &format!("{g}/resourceflavors"),
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "ResourceFlavor",
+               "metadata": {"name": "h100"}, "spec": {"nodeLabels": {"gpu": "h100"}}}),
+    );
+    s.put_object(&format!("{g}/clusterqueues"), queue("full", 4));
+    s.put_object(&format!("{g}/clusterqueues"), queue("free", 1000));
+    for (lq, cq) in [("lq-full", "full"), ("lq-free", "free")] {
+        s.put_object(
+            &format!("{g}/namespaces/team/localqueues"),
+            json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
+                   "metadata": {"name": lq, "namespace": "team"}, "spec": {"clusterQueue": cq}}),
+        );
+    }
+    s.put_object(PODS, gated_pod("big", "lq-full", 4, "2026-11-18T11:00:00Z"));
+    for i in 0..pending {
+        s.put_object(
+            PODS,
+            gated_pod(
+                &format!("wait-{i:05}"),
+                "lq-full",
+                1,
+                "2026-11-18T12:00:00Z",
+            ),
+        );
+    }
+    s
+}
+
+fn gated(s: &ApiServer, name: &str) -> bool {
+    s.objects(PODS).iter().any(|p| {
+        p["metadata"]["name"] == name
+            && p["spec"]["schedulingGates"]
+                .as_array()
+                .is_some_and(|g| g.iter().any(|x| x["name"] == GATE))
+    })
+}
+
+#[derive(Default)]
+struct Point {
+    pass: Vec<Duration>,
+    idle: Vec<Duration>,
+    delivery: Vec<Duration>,
+    /// The cached pass's in-memory parts: copying the snapshot out of the stores, and
+    /// deciding from it (the engine's books rebuilt from scratch).
+    snapshot: Vec<Duration>,
+    decide: Vec<Duration>,
+    lists: u64,
+    list_bytes: u64,
+}
+
+async fn wait_until(what: &str, f: impl Fn() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_micros(200)).await;
+    }
+}
+
+async fn measure(pending: usize, cached: bool, rounds: usize) -> Point {
+    let s = cluster(pending).await;
+    let client = s.client();
+    let c = cfg();
+    let shutdown = CancellationToken::new();
+    let mut state = if cached {
+        let cache = Arc::new(Cache::new());
+        cache.spawn_feeders(&client, Arc::new(Notify::new()), &shutdown);
+        wait_until("the caches' first LISTs", || cache.synced()).await;
+        PassState::with_cache(&c, cache)
+    } else {
+        PassState::new(&c)
+    };
+    // Warm-up: admits `big`, records the N pending reasons; the second pass writes nothing.
+    for i in 0..2 {
+        pass_with(&client, &c, &mut state, NOW + i).await.unwrap();
+    }
+    assert!(!gated(&s, "big"), "the 4-GPU pod is admitted");
+    let mut point = Point::default();
+    for r in 0..rounds {
+        let name = format!("small-{r}");
+        let created = Instant::now();
+        s.put_object(PODS, gated_pod(&name, "lq-free", 1, "2026-11-18T12:30:00Z"));
+        if let Some(cache) = &state.cache {
+            let key = ("team".to_string(), name.clone());
+            wait_until("the small pod in the cache", || {
+                cache.pods[0].get(&key).is_some()
+            })
+            .await;
+            point.delivery.push(created.elapsed());
+        }
+        let (lists, bytes) = s.list_stats();
+        let t = Instant::now();
+        let plan = pass_with(&client, &c, &mut state, NOW + 10 + r as u64)
+            .await
+            .unwrap();
+        point.pass.push(t.elapsed());
+        let (lists_after, bytes_after) = s.list_stats();
+        point.lists += lists_after - lists;
+        point.list_bytes += bytes_after - bytes;
+        assert!(!gated(&s, &name), "{name} admitted: {:?}", plan.actions);
+        assert!(gated(&s, "wait-00000"), "the full queue admits nothing");
+        // Let the admission's watch events land before timing an idle pass.
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        let t = Instant::now();
+        let idle = pass_with(&client, &c, &mut state, NOW + 10 + r as u64)
+            .await
+            .unwrap();
+        point.idle.push(t.elapsed());
+        assert!(idle.actions.is_empty(), "idle pass: {:?}", idle.actions);
+        if let Some(cache) = &state.cache {
+            let t = Instant::now();
+            let snap = snapshot_cached(cache, &c, NOW + 10, &mut Vec::new());
+            point.snapshot.push(t.elapsed());
+            let t = Instant::now();
+            let plan = decide(&snap);
+            point.decide.push(t.elapsed());
+            assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+        }
+    }
+    point.lists /= rounds as u64;
+    point.list_bytes /= rounds as u64;
+    shutdown.cancel();
+    point
+}
+
+fn ms(d: Duration) -> String {
+    format!("{:.2} ms", d.as_secs_f64() * 1e3)
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() {
+    let full = std::env::args().any(|a| a == "--bench");
+    let rounds: usize = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(if full { 5 } else { 1 })
+        .max(1);
+    let sizes: Vec<usize> = std::env::var("BENCH_SIZES")
+        .ok()
+        .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
+        .unwrap_or_else(|| {
+            if full {
+                vec![100, 1_000, 5_000]
+            } else {
+                vec![50]
+            }
+        });
+    println!("controller pass admitting 1 small pod beside N pending pods ({rounds} rounds, p50)");
+    println!(
+        "{:>6} | {:>10} {:>6} {:>11} {:>10} | {:>10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9} | {:>7}",
+        "N",
+        "list pass",
+        "LISTs",
+        "LIST bytes",
+        "list idle",
+        "cache pass",
+        "LISTs",
+        "cache idle",
+        "delivery",
+        "snapshot",
+        "decide",
+        "µs/pend.",
+        "ratio"
+    );
+    for n in sizes {
+        let list = measure(n, false, rounds).await;
+        let cache = measure(n, true, rounds).await;
+        let (lp, _) = stats(list.pass.clone());
+        let (li, _) = stats(list.idle.clone());
+        let (cp, _) = stats(cache.pass.clone());
+        let (ci, _) = stats(cache.idle.clone());
+        let (cd, _) = stats(cache.delivery.clone());
+        println!(
+            "{:>6} | {:>10} {:>6} {:>11} {:>10} | {:>10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9.1} | {:>6.1}x",
+            n,
+            ms(lp),
+            list.lists,
+            list.list_bytes,
+            ms(li),
+            ms(cp),
+            cache.lists,
+            ms(ci),
+            ms(cd),
+            ms(stats(cache.snapshot.clone()).0),
+            ms(stats(cache.decide.clone()).0),
+            cp.as_secs_f64() * 1e6 / n.max(1) as f64,
+            lp.as_secs_f64() / cp.as_secs_f64().max(1e-9),
+        );
+        assert_eq!(cache.lists, 0, "a cached pass LISTs nothing");
+    }
+}

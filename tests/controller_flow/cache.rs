@@ -1,0 +1,151 @@
+//! Passes that read the watch-fed cache instead of LISTing: no LIST per pass, a pass
+//! right after another reads its own writes (no double admission before the watch
+//! events arrive), a restart with a fresh cache keeps the admitted set and writes
+//! nothing, a pod deleted by another client frees its quota through the watch, and a
+//! pass with nothing to do is recognised as settled until an object changes; a watch
+//! ended by a compaction (410 Gone) LISTs again and misses nothing.
+
+use super::{cfg, cluster, condition, create_pod, gated, pod, ungated_pods, wait_for, NOW, PODS};
+use crate::support::apiserver::ApiServer;
+use serde_json::json;
+use std::sync::Arc;
+use tessera::controller::cache::Cache;
+use tessera::controller::decide::Action;
+use tessera::controller::reconciler::{self, Config, PassState};
+use tessera::controller::Error;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
+
+/// A fed cache and the pass state reading it; the token stops the feeders.
+async fn cached(s: &ApiServer, c: &Config) -> (PassState, Arc<Cache>, CancellationToken) {
+    let cache = Arc::new(Cache::new());
+    let stop = CancellationToken::new();
+    let mut state = PassState::with_cache(c, cache.clone());
+    if !cache.synced() {
+        let early = reconciler::pass_with(&s.client(), c, &mut state, NOW).await;
+        assert!(matches!(early, Err(Error::NotSynced)), "{early:?}");
+    }
+    cache.spawn_feeders(&s.client(), Arc::new(Notify::new()), &stop);
+    wait_for("the caches' first LISTs", || cache.synced()).await;
+    (state, cache, stop)
+}
+
+fn admits(actions: &[Action]) -> usize {
+    actions
+        .iter()
+        .filter(|a| matches!(a, Action::Admit { .. }))
+        .count()
+}
+
+#[tokio::test]
+async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    for name in ["low-1", "low-2", "low-3"] {
+        create_pod(&s, name, 2, "low", json!({}), None);
+    }
+    let (mut state, _cache, stop) = cached(&s, &c).await;
+    let lists = s.list_stats().0;
+
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+    assert_eq!(
+        ungated_pods(&s),
+        ["low-1", "low-2"].map(String::from).into()
+    );
+    assert_eq!(condition(&pod(&s, "low-3")).0, "WaitingForQuota");
+    // At once, before any watch event could land: the pass sees its own writes.
+    let writes = s.writes();
+    let again = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert!(again.actions.is_empty(), "{:?}", again.actions);
+    assert_eq!(again.admitted, plan.admitted);
+    assert_eq!(s.writes(), writes, "nothing written twice");
+    assert_eq!(s.list_stats().0, lists, "passes LIST nothing");
+    // A fixed point: until an object changes, a pass would decide the same.
+    assert!(
+        state.settled(NOW + 2),
+        "nothing changed since a pass with nothing to do"
+    );
+
+    // Restart: a fresh cache (one LIST per store) decides the same and writes nothing.
+    stop.cancel();
+    let c = cfg("b");
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    let restarted = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
+        .await
+        .unwrap();
+    assert_eq!(admits(&restarted.actions), 0, "{:?}", restarted.actions);
+    assert_eq!(restarted.admitted, plan.admitted);
+    assert_eq!(s.writes(), writes);
+
+    // Another client deletes an admitted pod: once the watch tells, its quota goes to
+    // the waiting one.
+    assert!(s.delete_object(PODS, "low-1"));
+    let key = ("team".to_string(), "low-1".to_string());
+    wait_for("the deletion in the cache", || {
+        cache.pods.iter().all(|p| p.get(&key).is_none())
+    })
+    .await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    assert!(!gated(&pod(&s, "low-3")));
+    let quiet = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
+        .await
+        .unwrap();
+    assert!(quiet.actions.is_empty(), "{:?}", quiet.actions);
+    assert!(state.settled(NOW + 3));
+    // A pod created after the LISTs arrives through the watch.
+    create_pod(&s, "late", 2, "low", json!({}), None);
+    let key = ("team".to_string(), "late".to_string());
+    wait_for("the new pod in the cache", || {
+        cache.pods[0].get(&key).is_some()
+    })
+    .await;
+    assert!(!state.settled(NOW + 4), "a new pod unsettles");
+    reconciler::pass_with(&client, &c, &mut state, NOW + 4)
+        .await
+        .unwrap();
+    assert_eq!(condition(&pod(&s, "late")).0, "WaitingForQuota");
+    assert_eq!(s.list_stats().0, lists + cache.stores().len() as u64);
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_compacted_watch_lists_again_and_misses_nothing() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    create_pod(&s, "p-1", 4, "low", json!({}), None);
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    let lists = s.list_stats().0;
+    s.compact();
+    // Changes right after the compaction reach the cache through the new LISTs.
+    assert!(s.delete_object(PODS, "p-1"));
+    create_pod(&s, "p-2", 4, "low", json!({}), None);
+    let stores = cache.stores().len() as u64;
+    wait_for("every store to LIST again", || {
+        s.list_stats().0 >= lists + stores
+    })
+    .await;
+    let (gone, new) = (
+        ("team".to_string(), "p-1".to_string()),
+        ("team".to_string(), "p-2".to_string()),
+    );
+    wait_for("the cache to catch up", || {
+        cache.pods[0].get(&gone).is_none() && cache.pods[0].get(&new).is_some()
+    })
+    .await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    assert!(!gated(&pod(&s, "p-2")));
+    stop.cancel();
+}
