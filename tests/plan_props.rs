@@ -712,3 +712,54 @@ fn missed_wake_up_of_a_high_priority_reclaimer() -> Result<(), TestCaseError> {
     prop_assert!(reclaimed, "j7 did not reclaim j6 at 83 s: {events:?}");
     Ok(())
 }
+
+/// Found by `PROPTEST_CASES=3000 ... runs_are_deterministic` (no grace periods, q0 and
+/// q1 with a 20 s `minimumRuntime`, reclaim `Any`): j8 (q0, 4 GPUs, priority 5) parks at
+/// 5 s; q0 uses 3 of its 4 nominal GPUs in flavor b (j5, priority 5, and j7, priority
+/// 0). Reclaiming from q1 needs j8 within q0's nominal quota, and its wake-up key counted
+/// that as q0 releasing 3 GPUs, forgetting that preempting j7 in q0 frees 2 of them.
+/// When j5 ended at 22 s (1 GPU), j8 could reclaim j2 with j7 (protected until 25 s),
+/// but was not woken; at 45 s the missed-wake-up check found it admissible. Now the key
+/// subtracts what preemption within its own queue can free.
+#[test]
+fn missed_wake_up_under_minimum_runtime_without_grace() -> Result<(), TestCaseError> {
+    let q = |nominal, lending| Queue {
+        nominal,
+        borrowing: Some(3),
+        lending: Some(lending),
+        policy: 3,
+        strict: false,
+    };
+    let queues = [q([1, 4], 2), q([0, 5], 1)];
+    #[allow(clippy::type_complexity)]
+    let table: [(usize, u64, i64, u32, i32, Option<u64>); 10] = [
+        // (queue, gap, gpus, count, priority, runtime)
+        (0, 0, 1, 1, 0, Some(45)),
+        (0, 0, 1, 1, 0, Some(5)),
+        (1, 0, 2, 1, 0, None),
+        (0, 0, 1, 1, 0, Some(5)),
+        (0, 0, 3, 2, 0, None),
+        (0, 0, 1, 1, 5, Some(22)),
+        (1, 0, 2, 2, 0, None),
+        (0, 1, 1, 2, 0, None),
+        (0, 4, 4, 1, 5, None),
+        (0, 0, 3, 1, 0, None),
+    ];
+    let jobs: Vec<Job> = table
+        .iter()
+        .map(|&(queue, gap, gpus, count, priority, runtime)| Job {
+            queue,
+            gap,
+            gpus,
+            count,
+            min: None,
+            priority,
+            runtime,
+            checkpoint: None,
+            grace: 0,
+            ready: Some(0),
+        })
+        .collect();
+    run(&queues, &jobs, EngineConfig::default())?;
+    Ok(())
+}

@@ -66,7 +66,10 @@ impl Engine {
             let others = |pred: &dyn Fn(i32) -> bool| {
                 self.usage_where(co, None, fr, pred) - self.usage_where(co, Some(cq), fr, pred)
             };
-            let within_nominal = self.usage(cq, fr) + val <= self.nominal(cq, fr);
+            // Reclaim needs the request within nominal once the victims in its own
+            // queue (at most `same`) are gone, not with them still there.
+            let excess = self.usage(cq, fr) - same + val - self.nominal(cq, fr);
+            let within_nominal = excess <= 0;
             let mut cross = 0;
             if bwc {
                 cross = cross.max(others(&|p| p < pw));
@@ -75,7 +78,7 @@ impl Engine {
             match pre.reclaim_within_cohort {
                 ReclaimPolicy::Never => {}
                 _ if !within_nominal => {
-                    local = Some(self.usage(cq, fr) + val - self.nominal(cq, fr));
+                    local = Some(excess);
                 }
                 ReclaimPolicy::LowerPriority => cross = cross.max(others(&|p| p < pw)),
                 ReclaimPolicy::Any => cross = cross.max(others(&|_| true)),
