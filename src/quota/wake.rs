@@ -18,7 +18,10 @@
 //! One refinement keeps reclaim-capable queues cheap: reclaiming from other queues is
 //! only possible when the workload fits within its own queue's nominal quota, so while
 //! it does not, cross-queue usage is left out of the bound and a second entry waits on
-//! the workload's own queue releasing the excess.
+//! the workload's own queue releasing the excess (less what preemption within that
+//! queue can free). An eviction with a grace period frees nothing yet but removes a
+//! preemption candidate, which can help a reclaimer (the target heuristics are not
+//! monotone): it wakes the cohort's reclaimers.
 
 use super::api::{BorrowWithinCohortPolicy, ReclaimPolicy, StopPolicy, WithinClusterQueuePolicy};
 use super::engine::{Engine, Requeue, WakeIndex};
