@@ -639,3 +639,127 @@ fn missed_wake_up_when_minimum_runtime_protection_ends() -> Result<(), TestCaseE
     run_until(&queues, &jobs, pods_ready_config(), Some(3_600_000))?;
     Ok(())
 }
+
+/// Found by a random run of `grace_periods_and_pods_ready_timeouts` on main: three
+/// queues in one cohort; j7 (q2, 2x4 GPUs, priority 10, reclaim `Any` and
+/// `borrowWithinCohort`) parks at 82 s: q0 borrows flavor b with j6 (4 GPUs) and j2 (2
+/// GPUs, 3 s grace), and Kueue's order takes the newer j2 first, which ends q0's
+/// borrowing and rules out j6, the victim that suffices. At 83 s j2's pods-ready timeout
+/// evicts it: it stops being a candidate but keeps its quota until 86 s, so no release
+/// woke j7, although it could now reclaim j6. Now an eviction with a grace period wakes
+/// the cohort's reclaimers (and the missed-wake-up check passes at every step).
+#[test]
+fn missed_wake_up_of_a_high_priority_reclaimer() -> Result<(), TestCaseError> {
+    let q = |nominal, borrowing, policy, strict| Queue {
+        nominal,
+        borrowing,
+        lending: None,
+        policy,
+        strict,
+    };
+    let queues = [
+        q([5, 5], Some(2), 1, true),
+        q([2, 0], Some(2), 0, false),
+        q([4, 5], None, 4, false),
+    ];
+    #[allow(clippy::type_complexity)]
+    let table: [(
+        usize,
+        u64,
+        i64,
+        u32,
+        i32,
+        Option<u64>,
+        Option<u64>,
+        u64,
+        Option<u64>,
+    ); 8] = [
+        // (queue, gap, gpus, count, priority, runtime, checkpoint, grace, ready after)
+        (0, 0, 4, 1, 5, None, None, 0, Some(0)),
+        (1, 0, 1, 2, 0, None, None, 0, Some(0)),
+        (0, 0, 1, 2, 0, None, None, 3, None),
+        (2, 0, 1, 1, 0, None, None, 0, None),
+        (0, 20, 1, 1, 0, Some(5), None, 0, Some(0)),
+        (0, 11, 2, 1, 0, None, None, 0, None),
+        (0, 0, 2, 2, 0, None, None, 0, Some(0)),
+        (2, 1, 4, 2, 10, Some(51), Some(15), 3, Some(15)),
+    ];
+    let jobs: Vec<Job> = table
+        .iter()
+        .map(
+            |&(queue, gap, gpus, count, priority, runtime, checkpoint, grace, ready)| Job {
+                queue,
+                gap,
+                gpus,
+                count,
+                min: None,
+                priority,
+                runtime,
+                checkpoint,
+                grace,
+                ready,
+            },
+        )
+        .collect();
+    let (mut e, events) = run_until(&queues, &jobs, pods_ready_config(), Some(3_600_000))?;
+    prop_assert_eq!(e.next_timer(), None, "no fixed point within an hour");
+    let reclaimed = events.iter().any(|ev| {
+        ev.kind == EventType::Preempted
+            && ev.workload == "ns/j6"
+            && ev.by.as_deref() == Some("ns/j7")
+            && ev.time == 83.0
+    });
+    prop_assert!(reclaimed, "j7 did not reclaim j6 at 83 s: {events:?}");
+    Ok(())
+}
+
+/// Found by `PROPTEST_CASES=3000 ... runs_are_deterministic` (no grace periods, q0 and
+/// q1 with a 20 s `minimumRuntime`, reclaim `Any`): j8 (q0, 4 GPUs, priority 5) parks at
+/// 5 s; q0 uses 3 of its 4 nominal GPUs in flavor b (j5, priority 5, and j7, priority
+/// 0). Reclaiming from q1 needs j8 within q0's nominal quota, and its wake-up key counted
+/// that as q0 releasing 3 GPUs, forgetting that preempting j7 in q0 frees 2 of them.
+/// When j5 ended at 22 s (1 GPU), j8 could reclaim j2 with j7 (protected until 25 s),
+/// but was not woken; at 45 s the missed-wake-up check found it admissible. Now the key
+/// subtracts what preemption within its own queue can free.
+#[test]
+fn missed_wake_up_under_minimum_runtime_without_grace() -> Result<(), TestCaseError> {
+    let q = |nominal, lending| Queue {
+        nominal,
+        borrowing: Some(3),
+        lending: Some(lending),
+        policy: 3,
+        strict: false,
+    };
+    let queues = [q([1, 4], 2), q([0, 5], 1)];
+    #[allow(clippy::type_complexity)]
+    let table: [(usize, u64, i64, u32, i32, Option<u64>); 10] = [
+        // (queue, gap, gpus, count, priority, runtime)
+        (0, 0, 1, 1, 0, Some(45)),
+        (0, 0, 1, 1, 0, Some(5)),
+        (1, 0, 2, 1, 0, None),
+        (0, 0, 1, 1, 0, Some(5)),
+        (0, 0, 3, 2, 0, None),
+        (0, 0, 1, 1, 5, Some(22)),
+        (1, 0, 2, 2, 0, None),
+        (0, 1, 1, 2, 0, None),
+        (0, 4, 4, 1, 5, None),
+        (0, 0, 3, 1, 0, None),
+    ];
+    let jobs: Vec<Job> = table
+        .iter()
+        .map(|&(queue, gap, gpus, count, priority, runtime)| Job {
+            queue,
+            gap,
+            gpus,
+            count,
+            min: None,
+            priority,
+            runtime,
+            checkpoint: None,
+            grace: 0,
+            ready: Some(0),
+        })
+        .collect();
+    run(&queues, &jobs, EngineConfig::default())?;
+    Ok(())
+}

@@ -189,6 +189,12 @@ impl Engine {
         self.cqs[cq].admitted.remove(&id);
         self.pods_ready(id);
         if grace > 0 {
+            let frs: Vec<_> = self.wls[id]
+                .admission
+                .as_ref()
+                .map(|a| a.usage.iter().map(|(fr, _)| *fr).collect())
+                .unwrap_or_default();
+            self.candidate_gone(cq, &frs, now);
             let w = &mut self.wls[id];
             w.state = WlState::Terminating;
             w.evicting = Some(cause);

@@ -18,7 +18,10 @@
 //! One refinement keeps reclaim-capable queues cheap: reclaiming from other queues is
 //! only possible when the workload fits within its own queue's nominal quota, so while
 //! it does not, cross-queue usage is left out of the bound and a second entry waits on
-//! the workload's own queue releasing the excess.
+//! the workload's own queue releasing the excess (less what preemption within that
+//! queue can free). An eviction with a grace period frees nothing yet but removes a
+//! preemption candidate, which can help a reclaimer (the target heuristics are not
+//! monotone): it wakes the cohort's reclaimers.
 
 use super::api::{BorrowWithinCohortPolicy, ReclaimPolicy, StopPolicy, WithinClusterQueuePolicy};
 use super::engine::{Engine, Requeue, WakeIndex};
@@ -66,7 +69,10 @@ impl Engine {
             let others = |pred: &dyn Fn(i32) -> bool| {
                 self.usage_where(co, None, fr, pred) - self.usage_where(co, Some(cq), fr, pred)
             };
-            let within_nominal = self.usage(cq, fr) + val <= self.nominal(cq, fr);
+            // Reclaim needs the request within nominal once the victims in its own
+            // queue (at most `same`) are gone, not with them still there.
+            let excess = self.usage(cq, fr) - same + val - self.nominal(cq, fr);
+            let within_nominal = excess <= 0;
             let mut cross = 0;
             if bwc {
                 cross = cross.max(others(&|p| p < pw));
@@ -75,7 +81,7 @@ impl Engine {
             match pre.reclaim_within_cohort {
                 ReclaimPolicy::Never => {}
                 _ if !within_nominal => {
-                    local = Some(self.usage(cq, fr) + val - self.nominal(cq, fr));
+                    local = Some(excess);
                 }
                 ReclaimPolicy::LowerPriority => cross = cross.max(others(&|p| p < pw)),
                 ReclaimPolicy::Any => cross = cross.max(others(&|_| true)),
@@ -163,19 +169,61 @@ impl Engine {
     /// After an admission in `cq`: where it now borrows, its workloads are new reclaim
     /// candidates, and removing one can free more than the admission took.
     pub(crate) fn wake_reclaimers(&mut self, cq: CqId, frs: &[FrId]) {
-        let co = self.cqs[cq].cohort;
         for &fr in frs {
             if self.usage(cq, fr) <= self.nominal(cq, fr) {
                 continue;
             }
-            let Some(map) = self.cohorts[co].reclaimers.remove(&fr) else {
+            self.wake_reclaimers_of(cq, fr);
+        }
+    }
+
+    /// An admitted workload of `cq` holding `frs` was evicted with a grace period: it
+    /// stops being a preemption candidate while its quota stays booked, so no release
+    /// wakes anyone. The target heuristics are not monotone (taking it first could stop
+    /// its queue from borrowing and rule out a victim that suffices), so a parked
+    /// reclaimer may find victims now: wake the reclaimers of its resources while its
+    /// queue borrows, and let cached decisions of the cohort go stale.
+    pub(crate) fn candidate_gone(&mut self, cq: CqId, frs: &[FrId], now: Time) {
+        let co = self.cqs[cq].cohort;
+        self.cohorts[co].version += 1;
+        if self.cfg.requeue == Requeue::FullRescan {
+            self.wake_cohort_all(co, now);
+            return;
+        }
+        let q = &self.cqs[cq];
+        let borrows = q.usage.iter().any(|(&fr, &u)| u > self.nominal(cq, fr));
+        if !borrows {
+            return;
+        }
+        for &fr in frs {
+            self.wake_reclaimers_of(cq, fr);
+        }
+    }
+
+    /// Wakes the parked reclaimers of `fr` outside `cq` (only another queue's
+    /// workloads can be their cross-queue victims); those of `cq` keep their entries.
+    fn wake_reclaimers_of(&mut self, cq: CqId, fr: FrId) {
+        let co = self.cqs[cq].cohort;
+        let Some(map) = self.cohorts[co].reclaimers.remove(&fr) else {
+            return;
+        };
+        let mut keep = BTreeMap::new();
+        for (k, (id, gen)) in map {
+            if self.wls[id].gen != gen {
                 continue;
-            };
-            for (id, gen) in map.into_values() {
-                if self.wls[id].gen == gen && self.wls[id].cq != Some(cq) {
-                    self.wake(id);
-                }
             }
+            if self.wls[id].cq == Some(cq) {
+                keep.insert(k, (id, gen));
+            } else {
+                self.wake(id);
+            }
+        }
+        if !keep.is_empty() {
+            self.cohorts[co]
+                .reclaimers
+                .entry(fr)
+                .or_default()
+                .extend(keep);
         }
     }
 
