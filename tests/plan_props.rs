@@ -246,31 +246,50 @@ fn has_cycle(edges: &[(String, String)]) -> bool {
         .any(|n| visit(n, &graph, &mut BTreeSet::new(), &mut done))
 }
 
+/// Every workload ends in exactly one place (admitted, pending or finished), none is
+/// lost, and every admission is balanced by a finish or an eviction, or still holds quota.
+fn nothing_lost_and_books_balance(
+    e: &Engine,
+    events: &[Event],
+    jobs: usize,
+) -> Result<(), TestCaseError> {
+    let f = e.final_state();
+    let mut seen: Vec<&str> = f
+        .admitted
+        .iter()
+        .map(|a| a.workload.as_str())
+        .chain(f.pending.iter().map(|p| p.workload.as_str()))
+        .chain(f.finished.iter().map(String::as_str))
+        .collect();
+    seen.sort();
+    let before = seen.len();
+    seen.dedup();
+    prop_assert_eq!(before, seen.len(), "a workload is in two places");
+    prop_assert_eq!(seen.len(), jobs, "a workload was lost");
+    for i in 0..jobs {
+        let key = format!("ns/j{i}");
+        let count = |k: EventType| {
+            events
+                .iter()
+                .filter(|ev| ev.kind == k && ev.workload == key)
+                .count()
+        };
+        let admits = count(EventType::Admitted);
+        let ends =
+            count(EventType::Finished) + count(EventType::Preempted) + count(EventType::Evicted);
+        let holding = f.admitted.iter().any(|a| a.workload == key) as usize;
+        prop_assert_eq!(admits, ends + holding, "{}", key);
+    }
+    Ok(())
+}
+
 proptest! {
     #![proptest_config(ProptestConfig { cases: 96, timeout: 20_000, ..ProptestConfig::default() })]
 
     #[test]
     fn books_balance_and_nothing_is_lost((queues, jobs) in scenario()) {
         let (e, events) = run(&queues, &jobs, EngineConfig::default())?;
-        let f = e.final_state();
-        let mut seen: Vec<&str> = f.admitted.iter().map(|a| a.workload.as_str())
-            .chain(f.pending.iter().map(|p| p.workload.as_str()))
-            .chain(f.finished.iter().map(String::as_str))
-            .collect();
-        seen.sort();
-        let before = seen.len();
-        seen.dedup();
-        prop_assert_eq!(before, seen.len(), "a workload is in two places");
-        prop_assert_eq!(seen.len(), jobs.len(), "a workload was lost");
-        // Every admission is balanced by a finish or an eviction, or still holds quota.
-        for (i, _) in jobs.iter().enumerate() {
-            let key = format!("ns/j{i}");
-            let count = |k: EventType| events.iter().filter(|ev| ev.kind == k && ev.workload == key).count();
-            let admits = count(EventType::Admitted);
-            let ends = count(EventType::Finished) + count(EventType::Preempted) + count(EventType::Evicted);
-            let holding = f.admitted.iter().any(|a| a.workload == key) as usize;
-            prop_assert_eq!(admits, ends + holding, "{}", key);
-        }
+        nothing_lost_and_books_balance(&e, &events, jobs.len())?;
     }
 
     #[test]
@@ -324,24 +343,7 @@ proptest! {
                 &events[..events.len().min(40)]
             )));
         }
-        let f = e.final_state();
-        let mut seen: Vec<&str> = f.admitted.iter().map(|a| a.workload.as_str())
-            .chain(f.pending.iter().map(|p| p.workload.as_str()))
-            .chain(f.finished.iter().map(String::as_str))
-            .collect();
-        seen.sort();
-        let before = seen.len();
-        seen.dedup();
-        prop_assert_eq!(before, seen.len(), "a workload is in two places");
-        prop_assert_eq!(seen.len(), jobs.len(), "a workload was lost");
-        for (i, _) in jobs.iter().enumerate() {
-            let key = format!("ns/j{i}");
-            let count = |k: EventType| events.iter().filter(|ev| ev.kind == k && ev.workload == key).count();
-            let admits = count(EventType::Admitted);
-            let ends = count(EventType::Finished) + count(EventType::Preempted) + count(EventType::Evicted);
-            let holding = f.admitted.iter().any(|a| a.workload == key) as usize;
-            prop_assert_eq!(admits, ends + holding, "{}", key);
-        }
+        nothing_lost_and_books_balance(&e, &events, jobs.len())?;
         let (_, again) = run_until(&queues, &jobs, pods_ready_config(), Some(hour))?;
         prop_assert_eq!(events, again);
     }
