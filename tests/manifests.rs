@@ -274,8 +274,9 @@ fn kustomization_installs_the_dra_parts() {
     }
 }
 
-/// The DaemonSet runs both paths and lets each node's config split the GPUs: TESSERA_DRA
-/// on, no TESSERA_DRA_GPUS (which would override every node's config).
+/// The DaemonSet runs both paths and lets each node's config split the GPUs and decide
+/// whether the DRA path serves at all: TESSERA_DRA auto, no TESSERA_DRA_GPUS (which would
+/// override every node's config).
 #[test]
 fn daemonset_lets_the_node_config_choose_dra() {
     let ds = &yaml_docs("daemonset/node/daemonset.yaml")[0];
@@ -288,14 +289,16 @@ fn daemonset_lets_the_node_config_choose_dra() {
             .map(|e| e["value"].as_str().unwrap_or_default().to_string())
     };
     assert_eq!(value("TESSERA_DEVICE_PLUGIN").as_deref(), Some("true"));
-    assert_eq!(value("TESSERA_DRA").as_deref(), Some("true"));
+    assert_eq!(value("TESSERA_DRA").as_deref(), Some("auto"));
     assert_eq!(value("TESSERA_DRA_GPUS"), None);
     assert_eq!(value("TESSERA_DRIVER_ROOT").as_deref(), Some("/"));
     // Every named config splits the GPUs as its comment says.
-    use tessera::agent::ownership::{Owner, Ownership};
+    use clap::ValueEnum;
+    use tessera::agent::ownership::{DraMode, Owner, Ownership};
+    assert_eq!(DraMode::from_str("auto", false), Ok(DraMode::Auto));
     use tessera::gpu::GpuBackend;
     let cm = &yaml_docs("daemonset/node/configmap.yaml")[0];
-    let both = Ownership::new(true, true, None).unwrap();
+    let both = Ownership::with_mode(true, DraMode::Auto, None).unwrap();
     let inv = FakeBackend::from_spec("8xH100-80GB")
         .unwrap()
         .inventory()
@@ -311,6 +314,9 @@ fn daemonset_lets_the_node_config_choose_dra() {
     };
     assert_eq!(dra_gpus("default"), Vec::<u32>::new());
     assert_eq!(dra_gpus("mixed"), Vec::<u32>::new());
+    // Nodes on these configs neither register the DRA plugin nor publish a pool.
+    assert!(!both.dra_serves(dra_gpus("default").len()));
+    assert!(both.dra_serves(dra_gpus("dra").len()));
     assert_eq!(dra_gpus("dra"), (0..8).collect::<Vec<_>>());
     assert_eq!(dra_gpus("dra-split"), vec![0, 1, 2, 3]);
 }
@@ -338,7 +344,7 @@ fn no_dra_component_undoes_the_dra_parts() {
                 assert_eq!(patch["metadata"]["name"], "tessera-node");
                 let env = &patch["spec"]["template"]["spec"]["containers"][0]["env"][0];
                 assert_eq!(env["name"], "TESSERA_DRA");
-                assert_eq!(env["value"], "false");
+                assert_eq!(env["value"], "off");
                 dra_off = true;
             }
             other => panic!("unexpected patch of {other:?}"),

@@ -31,6 +31,13 @@
 //!
 //! At start, after the checkpoint is recovered, MIG instances on the DRA GPUs that no
 //! checkpointed claim owns are destroyed (`NodePreparer::destroy_unowned_migs`).
+//!
+//! Serving follows the view ([`DraView::active`]): the agent marks a view inactive when
+//! the DRA path owns no GPU (with `--dra=auto`) and no move off it is still being
+//! confirmed. Active: `dra.sock` and the registration socket are served and the pool is
+//! published. Inactive: no slices at all (stale ones are deleted) and no sockets, so the
+//! kubelet unregisters the plugin; a later active view registers and publishes again.
+//! The checkpoint, health watch and publisher live on in between.
 
 use std::collections::BTreeSet;
 use std::path::PathBuf;
@@ -76,6 +83,10 @@ pub struct DraSettings {
     pub counters: CounterLayout,
     pub allocate: AllocateSettings,
     pub retry: RetryPolicy,
+    /// How long the API server must show slices without a GPU leaving the driver before
+    /// the agent looks for claims that slipped onto it and hands it to the device plugin
+    /// (covers the scheduler's watch lag).
+    pub move_settle: std::time::Duration,
 }
 
 /// What the DRA driver publishes: its GPUs (post-MIG inventory) and their plan, and the
@@ -85,6 +96,8 @@ pub struct DraView {
     pub inventory: Inventory,
     pub plan: NodePlan,
     pub health: HealthPolicy,
+    /// Serve the kubelet and publish (false: withdraw, see the module doc).
+    pub active: bool,
 }
 
 /// The slices for a view (the pool generation is the publisher's business).
@@ -99,14 +112,16 @@ pub fn slices_for(
 }
 
 /// Run the DRA path until `cancel`: recover, destroy MIG instances on `dra_gpus` that no
-/// claim owns, serve the kubelet, publish every view. `owned` is the split the agent put
-/// in force; the published device names are added to it here.
+/// claim owns, serve the kubelet while the view is active (from the start when
+/// `serve_at_start`, before any view: `--dra=on`), publish every view. `owned` is the
+/// split the agent put in force; the published device names are added to it here.
 pub async fn run(
     settings: DraSettings,
     backend: Arc<dyn GpuBackend>,
     dra_gpus: BTreeSet<String>,
     mut views: watch::Receiver<Option<DraView>>,
     owned: OwnedDevices,
+    serve_at_start: bool,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
     let preparer = Arc::new(NodePreparer {
@@ -151,15 +166,24 @@ pub async fn run(
         })
     };
 
-    let paths = DraPaths::under(&settings.kubelet_dir);
-    let server = tokio::spawn(kubelet::serve_with_health(
-        paths,
+    let active = views.borrow().as_ref().map_or(serve_at_start, |v| v.active);
+    let (serve_tx, serve_rx) = watch::channel(active);
+    let server = tokio::spawn(serve_while_active(
+        DraPaths::under(&settings.kubelet_dir),
         preparer,
         health.clone(),
         settings.retry,
+        serve_rx,
         cancel.child_token(),
     ));
-    let publishing = publish_views(&settings, &mut views, &health, &owned, cancel.clone());
+    let publishing = publish_views(
+        &settings,
+        &mut views,
+        &health,
+        &owned,
+        &serve_tx,
+        cancel.clone(),
+    );
     tokio::pin!(publishing);
     let mut server = server;
     let served = tokio::select! {
@@ -179,9 +203,69 @@ pub async fn run(
     }
 }
 
+/// Serve the kubelet (`dra.sock`, then the registration socket) while `active` says so,
+/// until `cancel`. Going inactive stops both servers (their sockets are removed, so the
+/// kubelet's plugin watcher unregisters the driver) and ends the health streams they
+/// served; going active again offers the registration anew.
+async fn serve_while_active(
+    paths: DraPaths,
+    preparer: Arc<NodePreparer>,
+    health: HealthService,
+    retry: RetryPolicy,
+    mut active: watch::Receiver<bool>,
+    cancel: CancellationToken,
+) -> Result<(), kubelet::Error> {
+    let flatten = |r: Result<Result<(), kubelet::Error>, tokio::task::JoinError>| match r {
+        Ok(r) => r,
+        Err(e) => Err(kubelet::Error::Serve {
+            socket: paths.plugin_socket.display().to_string(),
+            source: std::io::Error::other(e.to_string()),
+        }),
+    };
+    loop {
+        while !*active.borrow_and_update() {
+            tokio::select! {
+                _ = cancel.cancelled() => return Ok(()),
+                r = active.changed() => if r.is_err() { return Ok(()) },
+            }
+        }
+        info!("the DRA driver serves the kubelet (registration offered)");
+        let stop = cancel.child_token();
+        let session = health.session();
+        let mut server = tokio::spawn(kubelet::serve_with_health(
+            paths.clone(),
+            preparer.clone(),
+            session.clone(),
+            retry,
+            stop.clone(),
+        ));
+        let ended = loop {
+            tokio::select! {
+                r = &mut server => break Some(r),
+                _ = cancel.cancelled() => break None,
+                r = active.changed() => {
+                    if r.is_err() || !*active.borrow_and_update() {
+                        break None;
+                    }
+                }
+            }
+        };
+        if let Some(r) = ended {
+            return flatten(r);
+        }
+        stop.cancel();
+        session.close();
+        flatten(server.await)?;
+        if cancel.is_cancelled() {
+            return Ok(());
+        }
+        info!("the DRA driver owns no GPU: withdrawn from the kubelet (sockets removed)");
+    }
+}
+
 /// The slices of `view` with GPU health applied (`mode`); the health service and `owned`
 /// learn the full device list (withheld devices included). `None` when the slices cannot
-/// be built.
+/// be built. An inactive view has no slices (and publishes no device).
 fn desired_slices(
     view: &DraView,
     settings: &DraSettings,
@@ -189,6 +273,11 @@ fn desired_slices(
     owned: &OwnedDevices,
     mode: TaintMode,
 ) -> Option<Vec<ResourceSlice>> {
+    if !view.active {
+        owned.publish(std::iter::empty());
+        health.set_devices(Vec::new());
+        return Some(Vec::new());
+    }
     let mut slices = match slices_for(view, &settings.node_name, settings.counters) {
         Ok(s) => s,
         Err(e) => {
@@ -204,12 +293,14 @@ fn desired_slices(
 }
 
 /// Turn views and health into slices and keep them published, until `cancel` or the
-/// views end.
+/// views end; say on `serve` whether the kubelet is to be served (set before the slices
+/// of an active view are sent, after the empty set of an inactive one).
 async fn publish_views(
     settings: &DraSettings,
     views: &mut watch::Receiver<Option<DraView>>,
     health: &HealthService,
     owned: &OwnedDevices,
+    serve: &watch::Sender<bool>,
     cancel: CancellationToken,
 ) {
     // Wait for the first applied config.
@@ -223,6 +314,7 @@ async fn publish_views(
         }
     };
     health.set_policy(view.health.clone());
+    serve.send_if_modified(|s| std::mem::replace(s, view.active) != view.active);
     let mut mode = TaintMode::Taint;
     let mut health_rx = health.subscribe();
     // Nothing published when the first view cannot be built: the last slices stay (none).
@@ -260,6 +352,9 @@ async fn publish_views(
         };
         // set_devices may have signalled a change that this rebuild already covers.
         health_rx.borrow_and_update();
+        if view.active {
+            serve.send_if_modified(|s| !std::mem::replace(s, true));
+        }
         desired_tx.send_if_modified(|cur| {
             let changed = *cur != slices;
             if changed {
@@ -272,6 +367,9 @@ async fn publish_views(
             }
             changed
         });
+        if !view.active {
+            serve.send_if_modified(|s| std::mem::replace(s, false));
+        }
     }
     cancel.cancel();
     let _ = task.await;

@@ -19,6 +19,12 @@
 //! is free. GPUs whose owner does not change keep their devices as they are. A GPU moving
 //! to the DRA driver loses the MIG instances the device plugin's layout made.
 //!
+//! A GPU leaving the DRA driver moves in two phases ([`withdraw`]): the driver stops
+//! publishing it, and only once the API server's slices no longer name it and no claim
+//! slipped onto it does the device plugin list it; a claim that did rolls the move back.
+//! With `--dra=auto` the DRA path serves the kubelet only while it owns a GPU
+//! ([`dra::DraView::active`]).
+//!
 //! The split is put in force for the DRA driver ([`crate::dra::owned::OwnedDevices`])
 //! before anything is built for it: from then on the driver refuses claims on GPUs it
 //! gave up, and a GPU a claim is being prepared on (admitted, not recorded yet) is not
@@ -30,7 +36,7 @@
 //! until a good one arrives (advertising a default instead could hand out whole GPUs the
 //! operator meant to partition).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -44,6 +50,7 @@ pub mod cluster;
 pub mod dra;
 pub mod ownership;
 pub mod usage;
+pub mod withdraw;
 
 use crate::cdi;
 use crate::cdi::migcaps::MigCaps;
@@ -57,7 +64,7 @@ use crate::gpu::{GpuBackend, Inventory};
 use crate::metrics::{DeviceLabels, HealthLabels, NodeMetrics};
 use crate::partition::config::{self, NodeConfig};
 use crate::partition::layout::{self, Advertisement, NodePlan};
-use ownership::{Assignment, BlockedMove, Owner, Ownership};
+use ownership::{Assignment, BlockedMove, DraMode, Owner, Ownership};
 use usage::{LocalUsage, UsageProbe};
 
 #[derive(Debug, thiserror::Error)]
@@ -190,6 +197,7 @@ pub fn build_owned(
             inventory,
             plan,
             health: config.health.clone(),
+            active: true,
         }
     });
     Ok(Built {
@@ -250,6 +258,15 @@ struct Agent {
     /// What the DRA driver owns (DRA on): the split is put in force here, before anything
     /// is built for it, and never takes a GPU a claim is being prepared on.
     owned: Option<OwnedDevices>,
+    /// GPUs leaving the DRA driver whose move is not confirmed yet ([`withdraw`]): in the
+    /// split they are the device plugin's, but no path advertises them.
+    withdrawing: BTreeSet<String>,
+    /// Since when the API server's slices name none of `withdrawing`.
+    clear_since: Option<tokio::time::Instant>,
+    /// See [`dra::DraSettings::move_settle`].
+    move_settle: Duration,
+    /// The split the last build used (`assignment` with `withdrawing` on DRA).
+    built: Option<Assignment>,
 }
 
 impl Agent {
@@ -279,6 +296,51 @@ impl Agent {
         };
         if let Err(e) = self.apply(config).await {
             warn!(error = %e, "cannot re-apply the config to move GPUs between paths");
+        }
+    }
+
+    /// Phase 2 of the moves off the DRA driver ([`withdraw`]): once the API server's slices
+    /// name none of the withdrawing GPUs (for `move_settle`), LIST the claims allocated on
+    /// this node; hand the GPUs no claim slipped onto to the device plugin and take the
+    /// others back (a `GpuMoveBlocked` Event names the claim). Errors are retried.
+    async fn confirm_withdrawal(&mut self) {
+        if self.withdrawing.is_empty() {
+            return;
+        }
+        let (Some((client, node)), Some(config)) = (self.claims_api.clone(), self.current.clone())
+        else {
+            return;
+        };
+        let inventory = match self.backend.inventory() {
+            Ok(i) => i,
+            Err(e) => return warn!(error = %e, "no GPU inventory: GPU moves wait"),
+        };
+        let timeout = Duration::from_secs(5);
+        match withdraw::list_published(client.clone(), &node, &inventory, timeout).await {
+            Ok(published) if published.is_disjoint(&self.withdrawing) => {}
+            Ok(_) => {
+                self.clear_since = None;
+                return;
+            }
+            Err(e) => return warn!(error = %e, "GPU moves off the DRA driver wait"),
+        }
+        let since = *self
+            .clear_since
+            .get_or_insert_with(tokio::time::Instant::now);
+        if since.elapsed() < self.move_settle {
+            return;
+        }
+        let allocated = match usage::list_allocated(client, &node, &inventory, timeout).await {
+            Ok(a) => a,
+            Err(e) => return warn!(error = %e, "GPU moves off the DRA driver wait"),
+        };
+        let (done, back) = withdraw::settle(&self.withdrawing, &allocated);
+        for (uuid, who) in &back {
+            warn!(gpu = %uuid, claims = ?who,
+                "a claim was allocated on a GPU while it left the DRA driver; it goes back to the driver");
+        }
+        if let Err(e) = self.apply_with(config, back, &done).await {
+            warn!(error = %e, "cannot finish moving GPUs off the DRA driver; retrying");
         }
     }
 
@@ -312,6 +374,47 @@ impl Agent {
     }
 
     async fn apply(&mut self, config: NodeConfig) -> Result<bool> {
+        self.apply_with(config, BTreeMap::new(), &BTreeSet::new())
+            .await
+    }
+
+    /// GPUs leaving the DRA driver under `assignment` whose move is not confirmed: the
+    /// ones still withdrawing (less `settled`) and the ones leaving now, as long as the
+    /// split gives them to the device plugin.
+    fn withdrawing_under(
+        &self,
+        inventory: &Inventory,
+        assignment: &Assignment,
+        settled: &BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        if self.owned.is_none() || !assignment.device_plugin {
+            return BTreeSet::new();
+        }
+        let mut out: BTreeSet<String> = self.withdrawing.difference(settled).cloned().collect();
+        if let Some(previous) = &self.assignment {
+            out.extend(
+                previous
+                    .dra_uuids(inventory)
+                    .difference(&assignment.dra_uuids(inventory))
+                    .cloned(),
+            );
+        }
+        out.retain(|uuid| {
+            inventory
+                .gpu(uuid)
+                .is_some_and(|g| assignment.owner(g) == Owner::DevicePlugin)
+        });
+        out
+    }
+
+    /// [`Self::apply`] with `extra` holders of DRA GPUs (claims found on GPUs leaving the
+    /// driver) and the withdrawing GPUs whose move is confirmed (`settled`).
+    async fn apply_with(
+        &mut self,
+        config: NodeConfig,
+        extra: BTreeMap<String, Vec<String>>,
+        settled: &BTreeSet<String>,
+    ) -> Result<bool> {
         let before = self.backend.inventory()?;
         let mut holders = self.usage.holders(&before);
         // Claims being prepared right now hold their GPUs too (their checkpoint record may
@@ -319,6 +422,7 @@ impl Agent {
         if let Some(owned) = &self.owned {
             merge_holders(&mut holders.dra, owned.in_flight());
         }
+        merge_holders(&mut holders.dra, extra);
         let (mut assignment, mut blocked) =
             ownership::decide(&self.ownership, &before, &config, &holders);
         // GPUs about to leave the DRA driver: a claim allocated on one but not prepared
@@ -355,7 +459,11 @@ impl Agent {
             }
             (assignment, blocked) = ownership::decide(&self.ownership, &before, &config, &holders);
         }
-        if self.current.as_ref() == Some(&config) && self.assignment.as_ref() == Some(&assignment) {
+        let mut withdrawing = self.withdrawing_under(&before, &assignment, settled);
+        if self.current.as_ref() == Some(&config)
+            && self.assignment.as_ref() == Some(&assignment)
+            && withdrawing == self.withdrawing
+        {
             self.report_blocked(blocked);
             return Ok(false);
         }
@@ -375,8 +483,10 @@ impl Agent {
                 let before_split;
                 (assignment, blocked, before_split) =
                     self.commit_split(owned, &before, &config, &mut holders, assignment, blocked)?;
+                withdrawing = self.withdrawing_under(&before, &assignment, settled);
                 if self.current.as_ref() == Some(&config)
                     && self.assignment.as_ref() == Some(&assignment)
+                    && withdrawing == self.withdrawing
                 {
                     self.report_blocked(blocked);
                     return Ok(false);
@@ -385,7 +495,10 @@ impl Agent {
             }
             None => None,
         };
-        let built = match self.take_over_and_build(&before, &config, &assignment) {
+        // Withdrawing GPUs stay off the device plugin (no MIG layout, not listed) until
+        // their move is confirmed.
+        let staged = assignment.with_dra(&withdrawing);
+        let built = match self.take_over_and_build(&before, &config, &staged) {
             Ok(built) => built,
             Err(e) => {
                 if let (Some(owned), Some(split)) = (&self.owned, split_before) {
@@ -403,7 +516,7 @@ impl Agent {
                 info!(gpu = gpu.index, uuid = %gpu.uuid, from = %old, to = %new, "GPU moved between kubelet paths");
             }
         }
-        let (inventory, _) = assignment.part(&built.inventory, &built.plan, Owner::DevicePlugin);
+        let (inventory, _) = staged.part(&built.inventory, &built.plan, Owner::DevicePlugin);
         if assignment.device_plugin && !inventory.gpus.is_empty() {
             // The capability table is read only when there is a MIG device to resolve.
             let has_mig = inventory.gpus.iter().any(|g| !g.mig_devices.is_empty());
@@ -425,10 +538,33 @@ impl Agent {
             )?;
         }
         let advertisement = built.advertisement;
-        if let Some(view) = built.dra {
-            info!(gpus = view.inventory.gpus.len(), "DRA devices updated");
+        if let Some(mut view) = built.dra {
+            // Serve while the driver owns a GPU or a move off it is being confirmed.
+            view.active = self.ownership.dra_serves(view.inventory.gpus.len());
+            view.inventory
+                .gpus
+                .retain(|g| !withdrawing.contains(&g.uuid));
+            view.plan.gpus.retain(|uuid, _| !withdrawing.contains(uuid));
+            info!(
+                gpus = view.inventory.gpus.len(),
+                withdrawing = withdrawing.len(),
+                active = view.active,
+                "DRA devices updated"
+            );
             self.dra_tx.send_replace(Some(view));
         }
+        if withdrawing != self.withdrawing {
+            self.clear_since = None;
+        }
+        for uuid in self.withdrawing.difference(&withdrawing) {
+            if assignment.dra_uuids(&before).contains(uuid) {
+                info!(gpu = %uuid, "GPU move off the DRA driver rolled back");
+            } else {
+                info!(gpu = %uuid, "GPU move off the DRA driver confirmed: the device plugin lists it");
+            }
+        }
+        self.withdrawing = withdrawing;
+        self.built = Some(staged);
         self.health.set_policy(config.health.clone());
         self.snapshot.advertisement = advertisement;
         self.snapshot.allocation = config.allocation.clone();
@@ -489,7 +625,7 @@ impl Agent {
         config: &NodeConfig,
         assignment: &Assignment,
     ) -> Result<Built> {
-        if let Some(previous) = &self.assignment {
+        if let Some(previous) = &self.built {
             let was = previous.dra_uuids(before);
             for uuid in assignment.dra_uuids(before).difference(&was) {
                 if before.gpu(uuid).is_some_and(|g| !g.mig_devices.is_empty()) {
@@ -600,6 +736,7 @@ pub async fn run_with(
         }
         _ => owners,
     };
+    info!(dra = %owners.dra_mode(), "DRA path mode");
     let (dra_tx, dra_rx) = watch::channel(None);
     let Triggers {
         reload: mut reload_rx,
@@ -640,6 +777,12 @@ pub async fn run_with(
         blocked: Vec::new(),
         dra_tx,
         owned: owned.clone(),
+        withdrawing: BTreeSet::new(),
+        clear_since: None,
+        move_settle: dra_settings
+            .as_ref()
+            .map_or(Duration::from_secs(1), |s| s.move_settle),
+        built: None,
     };
     // The first config decides which GPUs the DRA driver owns (the split reads the DRA
     // checkpoint, not the driver, so this comes first; it takes milliseconds).
@@ -663,6 +806,7 @@ pub async fn run_with(
             dra_gpus,
             dra_rx,
             owned.clone().unwrap_or_default(),
+            owners.dra_mode() == DraMode::On,
             dra_cancel.clone(),
         ))
     });
@@ -682,6 +826,9 @@ pub async fn run_with(
         .collect();
     let mut retry = tokio::time::interval(Duration::from_secs(10));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // Moves off the DRA driver are confirmed by polling the API server while one is due.
+    let mut withdrawal = tokio::time::interval(Duration::from_millis(100));
+    withdrawal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let (health_tx, mut health_rx) = mpsc::unbounded_channel();
     backend.watch_health(health_tx)?;
@@ -725,6 +872,7 @@ pub async fn run_with(
                 agent.recheck().await;
             }
             _ = retry.tick(), if !agent.blocked.is_empty() => agent.recheck().await,
+            _ = withdrawal.tick(), if !agent.withdrawing.is_empty() => agent.confirm_withdrawal().await,
             Ok(()) = async { match label_rx.as_mut() {
                 Some(rx) => rx.changed().await,
                 None => std::future::pending().await,

@@ -8,9 +8,13 @@
 //! | `--device-plugin` | `--dra` | owner of a GPU |
 //! |---|---|---|
 //! | on  | off | device plugin (every GPU) |
-//! | off | on  | DRA (every GPU) |
-//! | on  | on  | DRA if `--dra-gpus` selects it; without the flag, if the node config's `tessera.dra.gpus` does (none when absent); else device plugin |
+//! | off | on, auto | DRA (every GPU) |
+//! | on  | on, auto | DRA if `--dra-gpus` selects it; without the flag, if the node config's `tessera.dra.gpus` does (none when absent); else device plugin |
 //! | off | off | rejected: nothing would be advertised |
+//!
+//! `--dra` ([`DraMode`]) also says when the DRA path serves the kubelet: `on` always (an
+//! empty pool when it owns no GPU), `auto` (the default) only while it owns a GPU, so a
+//! node whose config gives DRA nothing registers no DRA plugin and publishes no pool.
 //!
 //! `--dra-gpus` takes `all`, `none`, GPU indices and ranges (`0,1,4-7`), GPU UUIDs
 //! (`GPU-…`, comma-separated), or `model:<text>` (a substring of the NVML product name,
@@ -36,6 +40,31 @@ pub enum OwnershipError {
     #[error("--dra-gpus {value:?}: {reason}")]
     Selector { value: String, reason: String },
 }
+/// `--dra`: whether the DRA path runs, and when it serves the kubelet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum DraMode {
+    /// Never: every GPU stays with the device plugin.
+    #[value(alias = "false")]
+    Off,
+    /// Always: registered and publishing, an empty pool when it owns no GPU.
+    #[value(alias = "true")]
+    On,
+    /// While the split (node config or `--dra-gpus`) gives it a GPU, or a claim still
+    /// holds one: registers and publishes then, withdraws when it owns none.
+    #[default]
+    Auto,
+}
+
+impl fmt::Display for DraMode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            DraMode::Off => "off",
+            DraMode::On => "on",
+            DraMode::Auto => "auto",
+        })
+    }
+}
+
 /// Which GPUs `--dra-gpus` selects.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DraGpus {
@@ -139,7 +168,9 @@ pub enum Source {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Ownership {
     pub device_plugin: bool,
+    /// The DRA path runs (`--dra` on or auto).
     pub dra: bool,
+    mode: DraMode,
     /// `--dra-gpus`, when given with both paths on.
     flag: Option<DraGpus>,
 }
@@ -150,27 +181,59 @@ impl Default for Ownership {
         Self {
             device_plugin: true,
             dra: false,
+            mode: DraMode::Off,
             flag: None,
         }
     }
 }
 
 impl Ownership {
-    /// Validate the flags (see the module table).
+    /// Validate the flags (see the module table); `dra` true is `--dra=on`.
     pub fn new(
         device_plugin: bool,
         dra: bool,
         dra_gpus: Option<&str>,
     ) -> Result<Self, OwnershipError> {
+        let mode = if dra { DraMode::On } else { DraMode::Off };
+        Self::with_mode(device_plugin, mode, dra_gpus)
+    }
+
+    /// [`Self::new`] with `--dra` as on, off or auto.
+    pub fn with_mode(
+        device_plugin: bool,
+        mode: DraMode,
+        dra_gpus: Option<&str>,
+    ) -> Result<Self, OwnershipError> {
         let selector = dra_gpus.map(DraGpus::parse).transpose()?;
+        let dra = mode != DraMode::Off;
         if !device_plugin && !dra {
             return Err(OwnershipError::NoPath);
         }
         Ok(Self {
             device_plugin,
             dra,
+            mode,
             flag: selector.filter(|_| device_plugin && dra),
         })
+    }
+
+    /// `--dra` as given (off when the path cannot run).
+    pub fn dra_mode(&self) -> DraMode {
+        if self.dra {
+            self.mode
+        } else {
+            DraMode::Off
+        }
+    }
+
+    /// Whether the DRA path serves the kubelet when it owns the GPUs `dra_gpus` counts
+    /// (withdrawing ones included): always with `--dra=on`, only with a GPU with `auto`.
+    pub fn dra_serves(&self, dra_gpus: usize) -> bool {
+        match self.dra_mode() {
+            DraMode::Off => false,
+            DraMode::On => true,
+            DraMode::Auto => dra_gpus > 0,
+        }
     }
 
     /// What decides the split, given the node config.
@@ -214,7 +277,7 @@ impl Ownership {
                 "--dra-gpus overrides the config's tessera.dra.gpus ({what})"
             )),
             Source::DevicePluginOnly => Some(format!(
-                "the config's tessera.dra.gpus ({what}) is ignored: the DRA path is off (--dra=false)"
+                "the config's tessera.dra.gpus ({what}) is ignored: the DRA path is off (--dra=off)"
             )),
             Source::DraOnly => Some(format!(
                 "the config's tessera.dra.gpus ({what}) is ignored: --device-plugin=false gives every GPU to the DRA driver"
@@ -377,6 +440,17 @@ impl Assignment {
         )
     }
 
+    /// This split with `uuids` on the DRA driver too (GPUs leaving it that no path
+    /// advertises until the move is confirmed: no device-plugin MIG layout, not in the
+    /// device plugin's lists).
+    pub fn with_dra(&self, uuids: &BTreeSet<String>) -> Assignment {
+        let mut out = self.clone();
+        for uuid in uuids {
+            out.owners.insert(uuid.clone(), Owner::Dra);
+        }
+        out
+    }
+
     /// UUIDs of the GPUs the DRA driver owns.
     pub fn dra_uuids(&self, inventory: &Inventory) -> BTreeSet<String> {
         inventory
@@ -491,13 +565,57 @@ mod tests {
         assert!(note(true, true, Some("0"), &cfg)
             .unwrap()
             .contains("--dra-gpus overrides"));
-        assert!(note(true, false, None, &cfg)
-            .unwrap()
-            .contains("--dra=false"));
+        assert!(note(true, false, None, &cfg).unwrap().contains("--dra=off"));
         assert!(note(false, true, None, &cfg)
             .unwrap()
             .contains("--device-plugin=false"));
         assert_eq!(note(true, true, Some("0"), &plain), None);
+    }
+
+    #[test]
+    fn dra_mode_decides_when_the_driver_serves() {
+        use clap::ValueEnum;
+        // (flag value, device plugin on, GPUs the split gives DRA, serves?)
+        let cases: &[(&str, bool, usize, Result<bool, OwnershipError>)] = &[
+            ("auto", true, 0, Ok(false)),
+            ("auto", true, 2, Ok(true)),
+            ("auto", false, 0, Ok(false)),
+            ("on", true, 0, Ok(true)),
+            ("true", true, 0, Ok(true)),
+            ("on", true, 3, Ok(true)),
+            ("off", true, 3, Ok(false)),
+            ("false", true, 3, Ok(false)),
+            ("off", false, 0, Err(OwnershipError::NoPath)),
+        ];
+        for (value, dp, gpus, want) in cases {
+            let mode = DraMode::from_str(value, false).unwrap();
+            let got = Ownership::with_mode(*dp, mode, None).map(|o| o.dra_serves(*gpus));
+            assert_eq!(&got, want, "--dra={value} dp={dp} gpus={gpus}");
+        }
+        assert!(DraMode::from_str("maybe", false).is_err());
+        assert_eq!(DraMode::default(), DraMode::Auto);
+        // `new` keeps its meaning: true is on, false is off.
+        assert_eq!(
+            Ownership::new(true, true, None).unwrap().dra_mode(),
+            DraMode::On
+        );
+        assert_eq!(
+            Ownership::new(true, false, None).unwrap().dra_mode(),
+            DraMode::Off
+        );
+        // auto splits like on.
+        let inv = FakeBackend::from_spec("2xL4").unwrap().inventory().unwrap();
+        let cfg = config::parse_config("t", "tessera: { dra: { gpus: { index: [1] } } }").unwrap();
+        let auto = Ownership::with_mode(true, DraMode::Auto, None).unwrap();
+        assert_eq!(dra_indices(&auto, &inv, &cfg), vec![1]);
+        let a = auto.assign(&inv, &cfg);
+        let both = a.with_dra(&[inv.gpus[0].uuid.clone()].into_iter().collect());
+        assert_eq!(both.dra_uuids(&inv).len(), 2);
+        assert_eq!(
+            a.dra_uuids(&inv).len(),
+            1,
+            "with_dra leaves the split alone"
+        );
     }
 
     #[test]

@@ -10,7 +10,7 @@ use tracing::info;
 
 use tessera::agent::cluster::{watch_config_label, KubeEventRecorder};
 use tessera::agent::dra::DraSettings;
-use tessera::agent::ownership::Ownership;
+use tessera::agent::ownership::{DraMode, Ownership};
 use tessera::agent::{self, AgentOptions, EventRecorder, LogRecorder};
 use tessera::cdi::devroot::DevRoot;
 use tessera::cdi::migcaps::MigCapsPaths;
@@ -82,11 +82,14 @@ pub struct Args {
     #[arg(long, env = "TESSERA_DEVICE_PLUGIN", default_value_t = true, action = clap::ArgAction::Set,
           num_args = 0..=1, default_missing_value = "true")]
     pub device_plugin: bool,
-    /// Run the DRA driver `gpu.tessera.io` (ResourceSlices and the kubelet's DRA socket);
-    /// needs the API server (Kubernetes 1.34+) and `--node-name`.
-    #[arg(long, env = "TESSERA_DRA", default_value_t = false, action = clap::ArgAction::Set,
-          num_args = 0..=1, default_missing_value = "true")]
-    pub dra: bool,
+    /// The DRA driver `gpu.tessera.io` (ResourceSlices and the kubelet's DRA socket):
+    /// `auto` registers and publishes only while the split (the node config's
+    /// `tessera.dra.gpus`, or `--dra-gpus`) gives it a GPU, `on` always, `off` never
+    /// (`true`/`false` are `on`/`off`; `--dra` alone is `on`). Needs the API server
+    /// (Kubernetes 1.34+) and `--node-name`; without them `auto` stays off.
+    #[arg(long, value_enum, env = "TESSERA_DRA", default_value = "auto",
+          num_args = 0..=1, default_missing_value = "on")]
+    pub dra: DraMode,
     /// With both paths on: the GPUs the DRA driver owns (`all`, `none`, `0,1,4-7`, GPU
     /// UUIDs, `model:H100`); the device plugin gets the rest. Overrides the node config's
     /// `tessera.dra.gpus`, which decides when this flag is not given.
@@ -169,10 +172,23 @@ fn backend(args: &Args) -> Result<Arc<dyn GpuBackend>> {
 
 /// The kubelet paths to run (`--device-plugin`, `--dra`, `--dra-gpus`).
 fn paths(args: &Args, opts: &AgentOptions, client: Option<kube::Client>) -> Result<agent::Paths> {
-    let ownership = Ownership::new(args.device_plugin, args.dra, args.dra_gpus.as_deref())?;
-    if !args.dra {
+    let ownership = Ownership::with_mode(args.device_plugin, args.dra, args.dra_gpus.as_deref())?;
+    if !ownership.dra {
         return Ok(agent::Paths {
             ownership,
+            dra: None,
+        });
+    }
+    // `--dra=auto` beside the device plugin, outside a cluster: the DRA path stays off.
+    let missing = match (&args.node_name, &client) {
+        (None, _) => Some("--node-name"),
+        (_, None) => Some("the API server"),
+        _ => None,
+    };
+    if let (Some(what), DraMode::Auto, true) = (missing, args.dra, args.device_plugin) {
+        info!("--dra=auto without {what}: the DRA path stays off");
+        return Ok(agent::Paths {
+            ownership: Ownership::with_mode(true, DraMode::Off, None)?,
             dra: None,
         });
     }
@@ -198,6 +214,7 @@ fn paths(args: &Args, opts: &AgentOptions, client: Option<kube::Client>) -> Resu
         },
         allocate: opts.allocate.clone(),
         retry: RetryPolicy::default(),
+        move_settle: std::time::Duration::from_secs(1),
     };
     Ok(agent::Paths {
         ownership,
@@ -207,7 +224,7 @@ fn paths(args: &Args, opts: &AgentOptions, client: Option<kube::Client>) -> Resu
 
 async fn run_async(args: Args) -> Result<()> {
     // Bad path flags fail before anything starts.
-    Ownership::new(args.device_plugin, args.dra, args.dra_gpus.as_deref())?;
+    Ownership::with_mode(args.device_plugin, args.dra, args.dra_gpus.as_deref())?;
     let backend = backend(&args)?;
     let metrics = Arc::new(tessera::metrics::NodeMetrics::new());
     let mut allocate = AllocateSettings::with_state_dir(&args.state_dir);

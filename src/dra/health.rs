@@ -350,6 +350,17 @@ impl HealthService {
         self.closed.cancel();
     }
 
+    /// The same service (devices, state, changes) whose streams [`Self::close`] ends
+    /// without ending the streams of `self` or of other sessions; closing `self` ends
+    /// them too. For a server that stops while the service lives on (the DRA driver
+    /// withdrawing from the kubelet).
+    pub fn session(&self) -> Self {
+        Self {
+            closed: self.closed.child_token(),
+            ..self.clone()
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
         // Every critical section is a plain assignment: a poisoned lock is still sound.
         self.inner.lock().unwrap_or_else(|p| p.into_inner())

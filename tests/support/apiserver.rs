@@ -57,9 +57,13 @@ struct Store {
     list_bytes: u64,
     /// History before this resourceVersion is compacted ([`ApiServer::compact`]).
     compacted: u64,
+    /// Writes another client makes right after the next LIST of a collection was read
+    /// (collection path → hook, [`ApiServer::after_next_list`]).
+    after_list: Vec<(String, ListHook)>,
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
+type ListHook = Box<dyn FnOnce(&ApiServer) + Send>;
 
 #[derive(Clone, Debug)]
 struct Change {
@@ -139,6 +143,23 @@ impl ApiServer {
             .unwrap()
             .before_status_put
             .push(Box::new(change));
+    }
+
+    /// Right after the next LIST of `collection` (e.g. the cluster-wide
+    /// `/apis/resource.k8s.io/v1/resourceclaims`) has read the store, and before its answer
+    /// is sent, `change` runs (as another client writing at that instant): the lister
+    /// never sees the change in that answer, and anything it does after reading the
+    /// answer happens after the change. One hook per LIST, in order.
+    pub fn after_next_list(
+        &self,
+        collection: &str,
+        change: impl FnOnce(&ApiServer) + Send + 'static,
+    ) {
+        self.store
+            .lock()
+            .unwrap()
+            .after_list
+            .push((collection.to_string(), Box::new(change)));
     }
 
     /// Create or replace an object directly (as another client would).
@@ -295,6 +316,15 @@ impl ApiServer {
                 let mut st = self.store.lock().unwrap();
                 st.lists += 1;
                 st.list_bytes += body.len() as u64;
+                let hook = st
+                    .after_list
+                    .iter()
+                    .position(|(c, _)| *c == collection)
+                    .map(|i| st.after_list.remove(i).1);
+                drop(st);
+                if let Some(change) = hook {
+                    change(self);
+                }
                 Response::builder()
                     .status(StatusCode::OK)
                     .header("content-type", "application/json")

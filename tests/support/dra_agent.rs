@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use tessera::agent::dra::DraSettings;
-use tessera::agent::ownership::Ownership;
+use tessera::agent::ownership::{DraMode, Ownership};
 use tessera::agent::{self, AgentOptions, LogRecorder, Paths};
 use tessera::deviceplugin::allocate::AllocateSettings;
 use tessera::dra::registration::RetryPolicy;
@@ -63,6 +63,10 @@ pub struct DraAgentBuilder {
     pub counters: CounterLayout,
     /// Where rejected configs and blocked GPU moves go (default: the log only).
     pub recorder: Option<Arc<dyn tessera::agent::EventRecorder>>,
+    /// `--dra` (default `on`, as these tests were written for).
+    pub dra: DraMode,
+    /// [`DraSettings::move_settle`] (default 20 ms).
+    pub move_settle: std::time::Duration,
 }
 
 impl DraAgentBuilder {
@@ -76,7 +80,15 @@ impl DraAgentBuilder {
             boot_id: "boot-1".into(),
             counters: CounterLayout::Separate,
             recorder: None,
+            dra: DraMode::On,
+            move_settle: std::time::Duration::from_millis(20),
         }
+    }
+
+    /// `--dra` as given (`auto`: registered and published only while it owns a GPU).
+    pub fn dra_mode(mut self, mode: DraMode) -> Self {
+        self.dra = mode;
+        self
     }
 
     pub fn configs(mut self, configs: &[(&str, &str)]) -> Self {
@@ -151,7 +163,8 @@ impl DraAgentBuilder {
             metrics: Arc::new(tessera::metrics::NodeMetrics::new()),
         };
         let paths = Paths {
-            ownership: Ownership::new(self.device_plugin, true, self.dra_gpus.as_deref()).unwrap(),
+            ownership: Ownership::with_mode(self.device_plugin, self.dra, self.dra_gpus.as_deref())
+                .unwrap(),
             dra: Some(DraSettings {
                 client,
                 node_name: NODE.into(),
@@ -162,6 +175,7 @@ impl DraAgentBuilder {
                 counters: self.counters,
                 allocate,
                 retry: RetryPolicy::default(),
+                move_settle: self.move_settle,
             }),
         };
         let (_reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();

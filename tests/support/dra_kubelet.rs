@@ -287,6 +287,19 @@ impl DraKubelet {
         }
     }
 
+    /// Wait until `driver` is not registered (its registration socket went away), or
+    /// panic after `timeout`.
+    pub async fn wait_unregistered(&self, driver: &str, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        while self.plugin(driver).is_some() {
+            assert!(
+                Instant::now() < deadline,
+                "timed out after {timeout:?} waiting for {driver} to unregister"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     async fn channel(&self, driver: &str) -> Result<(Channel, String), tonic::Status> {
         let plugin = self
             .plugin(driver)

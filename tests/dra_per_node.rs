@@ -1,0 +1,405 @@
+//! The DRA path per node, and GPUs leaving it, end to end: the agent runs both paths
+//! (`agent::run_with`, the code behind `tessera node`), the node's `tessera.io/config`
+//! label picks a named config, with the device-plugin and DRA kubelet emulators over real
+//! sockets and the API-server double.
+//!
+//! - `--dra=auto`: the DRA driver registers and publishes only while the node config
+//!   gives it a GPU (or a claim still holds one), and withdraws (slices deleted, sockets
+//!   removed, the kubelet unregisters) when a reload takes the last one away.
+//! - A claim the scheduler allocates on a GPU between the agent's LIST of claims and the
+//!   slices without that GPU (made deterministic with the double's
+//!   [`ApiServer::after_next_list`]) rolls the move back: the GPU is republished to the
+//!   DRA driver, never listed by the device plugin, a `GpuMoveBlocked` Event names the
+//!   claim, and the claim prepares.
+
+mod support;
+
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use support::apiserver::ApiServer;
+use support::dra_agent::{allocated_claim, DraAgentBuilder, NodeDirs, NODE};
+use support::dra_kubelet::{Claim, DraKubelet};
+use support::kubelet::Kubelet;
+use tessera::agent::ownership::DraMode;
+use tessera::gpu::fake::FakeBackend;
+use tessera::gpu::GpuBackend;
+
+const DRIVER: &str = "gpu.tessera.io";
+const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
+const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims";
+/// The cluster-wide LIST the agent makes before a GPU leaves the driver.
+const ALL_CLAIMS: &str = "/apis/resource.k8s.io/v1/resourceclaims";
+const GPU: &str = "nvidia.com/gpu";
+const WAIT: Duration = Duration::from_secs(10);
+
+fn our_slices(api: &ApiServer) -> Vec<Value> {
+    api.objects(SLICES)
+        .into_iter()
+        .filter(|s| s["spec"]["nodeName"] == NODE && s["spec"]["driver"] == DRIVER)
+        .collect()
+}
+
+/// The DRA pool's device names once the pool is complete (one generation, all slices).
+fn dra_devices(api: &ApiServer) -> Option<BTreeSet<String>> {
+    let slices = our_slices(api);
+    let gens: BTreeSet<i64> = slices
+        .iter()
+        .map(|s| s["spec"]["pool"]["generation"].as_i64().unwrap_or(0))
+        .collect();
+    if let Some(first) = slices.first() {
+        let count = first["spec"]["pool"]["resourceSliceCount"].as_i64()?;
+        if gens.len() != 1 || slices.len() as i64 != count {
+            return None;
+        }
+    }
+    Some(
+        slices
+            .iter()
+            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
+            .filter_map(|d| d["name"].as_str().map(String::from))
+            .collect(),
+    )
+}
+
+async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
+    let start = Instant::now();
+    while !done() {
+        assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+async fn wait_dra(api: &ApiServer, want: &[&str]) {
+    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
+    let start = Instant::now();
+    loop {
+        let got = dra_devices(api);
+        if got.as_ref() == Some(&want) && !our_slices(api).is_empty() {
+            return;
+        }
+        assert!(
+            start.elapsed() < WAIT,
+            "DRA pool: want {want:?}, have {got:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The device plugin's latest `nvidia.com/gpu` list as GPU indices.
+async fn wait_dp(plugins: &Kubelet, uuids: &[String], want: &[usize]) {
+    let want: BTreeSet<String> = want.iter().map(|i| uuids[*i].clone()).collect();
+    plugins
+        .wait_until(WAIT, &format!("device plugin lists {want:?}"), |m| {
+            m.get(GPU)
+                .and_then(|s| s.lists.last())
+                .is_some_and(|l| l.iter().map(|d| d.id.clone()).collect::<BTreeSet<_>>() == want)
+        })
+        .await;
+}
+
+/// Whether any `nvidia.com/gpu` list the device plugin sent from list `from` on named `uuid`.
+fn dp_ever_listed(plugins: &Kubelet, from: usize, uuid: &str) -> bool {
+    plugins.state(GPU).is_some_and(|s| {
+        s.lists[from.min(s.lists.len())..]
+            .iter()
+            .any(|l| l.iter().any(|d| d.id == uuid))
+    })
+}
+
+fn blocked_events(api: &ApiServer) -> Vec<String> {
+    api.events()
+        .into_iter()
+        .filter(|e| e["reason"] == "GpuMoveBlocked")
+        .filter_map(|e| e["note"].as_str().map(String::from))
+        .collect()
+}
+
+async fn wait_blocked(api: &ApiServer, gpu: usize, holder: &str) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some(e) = blocked_events(api)
+            .into_iter()
+            .find(|e| e.contains(&format!("GPU {gpu} ")) && e.contains(holder))
+        {
+            return e;
+        }
+        assert!(start.elapsed() < WAIT, "events: {:?}", blocked_events(api));
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A claim the scheduler allocated `devices` of this node's DRA pool.
+fn claim_object(name: &str, devices: &[&str]) -> Value {
+    let results: Vec<Value> = devices
+        .iter()
+        .map(|d| json!({"request": "gpu", "driver": DRIVER, "pool": NODE, "device": d}))
+        .collect();
+    allocated_claim(name, &format!("uid-{name}"), DRIVER, json!(results))
+}
+
+fn put_claim(api: &ApiServer, name: &str, devices: &[&str]) -> Claim {
+    api.put_object(CLAIMS, claim_object(name, devices));
+    Claim::new("ml", name, &format!("uid-{name}"))
+}
+
+/// Arrange for claim `name` on `devices` to be allocated right after the agent's next
+/// cluster-wide LIST of claims has been read; the flag says it happened.
+fn allocate_after_next_list(api: &ApiServer, name: &str, devices: &[&str]) -> Arc<AtomicBool> {
+    let fired = Arc::new(AtomicBool::new(false));
+    let (object, flag) = (claim_object(name, devices), fired.clone());
+    api.after_next_list(ALL_CLAIMS, move |api| {
+        api.put_object(CLAIMS, object);
+        flag.store(true, Ordering::SeqCst);
+    });
+    fired
+}
+
+struct Node {
+    api: ApiServer,
+    dirs: NodeDirs,
+    plugins: Kubelet,
+    kubelet: DraKubelet,
+    uuids: Vec<String>,
+    _tmp: tempfile::TempDir,
+}
+
+async fn node(gpus: &str) -> (Node, Arc<FakeBackend>) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("TESSERA_TEST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+    let api = ApiServer::start(NODE).await;
+    api.list_across_namespaces();
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = NodeDirs::under(tmp.path());
+    let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
+    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
+    let backend = Arc::new(FakeBackend::from_spec(gpus).unwrap());
+    let uuids = backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    let node = Node {
+        api,
+        dirs,
+        plugins,
+        kubelet,
+        uuids,
+        _tmp: tmp,
+    };
+    (node, backend)
+}
+
+/// `--dra=auto`: no registration and no pool while the config gives DRA nothing; a label
+/// that gives it a GPU registers and publishes; a label that takes it away keeps the
+/// driver serving while a claim holds the GPU and withdraws it once the claim is gone; a
+/// claim allocated on the GPU while it leaves (after the LIST) keeps the driver serving.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_dra_serves_only_while_the_node_config_gives_it_gpus() {
+    let (n, backend) = node("3xL4").await;
+    let (api, kubelet, plugins, uuids) = (&n.api, &n.kubelet, &n.plugins, &n.uuids);
+    let reg_socket = n
+        .dirs
+        .kubelet_dir
+        .join("plugins_registry/gpu.tessera.io-reg.sock");
+    let dra_socket = n.dirs.kubelet_dir.join("plugins/gpu.tessera.io/dra.sock");
+    // A stale pool left by an earlier agent on this node is withdrawn too.
+    let mut stale = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "node-a-gpu.tessera.io-old"},
+        "spec": {"driver": DRIVER, "nodeName": NODE,
+                 "pool": {"name": NODE, "generation": 3, "resourceSliceCount": 1},
+                 "devices": [{"name": "gpu-2"}]}});
+    api.put_object(SLICES, stale.take());
+    let agent = DraAgentBuilder::new(&n.dirs, backend.clone())
+        .configs(&[
+            ("default", "version: v1\n"),
+            ("one", "tessera: { dra: { gpus: { index: [1] } } }\n"),
+        ])
+        .both_paths()
+        .dra_mode(DraMode::Auto)
+        .events_on_node(api)
+        .start(api);
+
+    // The default config gives DRA nothing: no registration, no pool, every GPU on the
+    // device plugin.
+    wait_dp(plugins, uuids, &[0, 1, 2]).await;
+    wait_for("the stale pool deleted", || our_slices(api).is_empty()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(kubelet.plugin(DRIVER).is_none(), "registered without GPUs");
+    assert!(!reg_socket.exists() && !dra_socket.exists());
+    assert!(our_slices(api).is_empty(), "{:?}", our_slices(api));
+
+    // The label gives it GPU 1: registered, published; the device plugin drops GPU 1.
+    api.set_label("tessera.io/config", Some("one"));
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    wait_dra(api, &["gpu-1"]).await;
+    wait_dp(plugins, uuids, &[0, 2]).await;
+    support::schema::validate_all(&our_slices(api), &["1.34.0", "1.35.0"]);
+
+    // A prepared claim on GPU 1: the label goes, the driver keeps serving it.
+    let train = put_claim(api, "train", &["gpu-1"]);
+    let out = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&train))
+        .await
+        .unwrap();
+    assert!(out[&train.uid].is_ok(), "{out:?}");
+    api.set_label("tessera.io/config", None);
+    wait_blocked(api, 1, "claim ml/train (uid uid-train)").await;
+    wait_dra(api, &["gpu-1"]).await;
+    assert!(kubelet.plugin(DRIVER).is_some());
+    wait_dp(plugins, uuids, &[0, 2]).await;
+
+    // The claim is deallocated and unprepared: GPU 1 goes to the device plugin and the
+    // driver withdraws (no slice, no socket, the kubelet unregisters it).
+    assert!(api.delete_object(CLAIMS, "train"));
+    let un = kubelet
+        .unprepare(DRIVER, std::slice::from_ref(&train))
+        .await
+        .unwrap();
+    assert!(un.values().all(|r| r.is_ok()), "{un:?}");
+    wait_dp(plugins, uuids, &[0, 1, 2]).await;
+    kubelet.wait_unregistered(DRIVER, WAIT).await;
+    wait_for("no DRA slices", || our_slices(api).is_empty()).await;
+    wait_for("sockets removed", || {
+        !reg_socket.exists() && !dra_socket.exists()
+    })
+    .await;
+
+    // Given GPU 1 again: registered again and published.
+    api.set_label("tessera.io/config", Some("one"));
+    kubelet.wait_registered(DRIVER, 2, WAIT).await;
+    wait_dra(api, &["gpu-1"]).await;
+    wait_dp(plugins, uuids, &[0, 2]).await;
+
+    // The scheduler allocates GPU 1 right after the agent's LIST of claims when the label
+    // goes: the driver does not withdraw, GPU 1 stays its own, the claim prepares.
+    let lists_before = plugins.state(GPU).unwrap().lists.len();
+    let fired = allocate_after_next_list(api, "late", &["gpu-1"]);
+    api.set_label("tessera.io/config", None);
+    let event = wait_blocked(api, 1, "claim ml/late (uid uid-late, allocated)").await;
+    assert!(fired.load(Ordering::SeqCst));
+    assert!(event.contains("stays with the DRA driver"), "{event}");
+    wait_dra(api, &["gpu-1"]).await;
+    let late = Claim::new("ml", "late", "uid-late");
+    let out = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    assert!(out[&late.uid].is_ok(), "{out:?}");
+    assert_eq!(
+        kubelet.plugin(DRIVER).map(|p| p.registrations),
+        Some(2),
+        "never unregistered"
+    );
+    assert!(
+        !dp_ever_listed(plugins, lists_before, &uuids[1]),
+        "the device plugin listed GPU 1"
+    );
+
+    // Gone: the driver withdraws.
+    assert!(api.delete_object(CLAIMS, "late"));
+    let un = kubelet
+        .unprepare(DRIVER, std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    assert!(un.values().all(|r| r.is_ok()), "{un:?}");
+    wait_dp(plugins, uuids, &[0, 1, 2]).await;
+    kubelet.wait_unregistered(DRIVER, WAIT).await;
+    wait_for("no DRA slices", || our_slices(api).is_empty()).await;
+    agent.shutdown().await;
+}
+
+/// The GPU-move race: a claim allocated on GPU 1 after the agent's LIST of claims and
+/// before the slices without GPU 1 are published. After publishing them the agent lists
+/// the claims again, finds it, and moves GPU 1 back: republished, never listed by the
+/// device plugin, an Event names the claim, and the claim prepares. GPU 1 moves once the
+/// claim is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_allocated_between_the_list_and_the_new_slices_moves_the_gpu_back() {
+    let (n, backend) = node("3xL4").await;
+    let (api, kubelet, plugins, uuids) = (&n.api, &n.kubelet, &n.plugins, &n.uuids);
+    let agent = DraAgentBuilder::new(&n.dirs, backend.clone())
+        .configs(&[
+            ("default", "version: v1\n"),
+            ("split", "tessera: { dra: { gpus: { index: [1, 2] } } }\n"),
+            ("moved", "tessera: { dra: { gpus: { index: [2] } } }\n"),
+        ])
+        .both_paths()
+        .events_on_node(api)
+        .start(api);
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    api.set_label("tessera.io/config", Some("split"));
+    wait_dra(api, &["gpu-1", "gpu-2"]).await;
+    wait_dp(plugins, uuids, &[0]).await;
+
+    let lists_before = plugins.state(GPU).unwrap().lists.len();
+    let requests_before = api.requests().len();
+    let fired = allocate_after_next_list(api, "late", &["gpu-1"]);
+    api.set_label("tessera.io/config", Some("moved"));
+    let event = wait_blocked(api, 1, "claim ml/late (uid uid-late, allocated)").await;
+    assert!(fired.load(Ordering::SeqCst), "the claim was not allocated");
+    assert!(
+        event.contains(&uuids[1]) && event.contains("stays with the DRA driver"),
+        "{event}"
+    );
+    wait_dra(api, &["gpu-1", "gpu-2"]).await;
+
+    // The interleaving, from the API server's log: the LIST the claim slipped past, the
+    // slices without GPU 1, the second LIST that found the claim, GPU 1 republished.
+    let log: Vec<String> = api.requests()[requests_before..].to_vec();
+    let first = |from: usize, pred: &dyn Fn(&str) -> bool| -> usize {
+        from + log[from..]
+            .iter()
+            .position(|r| pred(r))
+            .unwrap_or_else(|| panic!("not in the log after {from}: {log:#?}"))
+    };
+    let is_claims_list = |r: &str| r.starts_with(&format!("GET {ALL_CLAIMS}?"));
+    let is_slice_write = |r: &str| {
+        (r.starts_with("PUT ") || r.starts_with("POST ") || r.starts_with("DELETE "))
+            && r.contains("/resourceslices")
+    };
+    let list1 = first(0, &is_claims_list);
+    let without = first(list1 + 1, &is_slice_write);
+    let list2 = first(without + 1, &is_claims_list);
+    let _republished = first(list2 + 1, &is_slice_write);
+
+    // The claim prepares on GPU 1; the device plugin never listed GPU 1.
+    let late = Claim::new("ml", "late", "uid-late");
+    let out = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    assert!(out[&late.uid].is_ok(), "{out:?}");
+    assert!(n.dirs.claim_spec(&late.uid).exists());
+    assert!(
+        !dp_ever_listed(plugins, lists_before - 1, &uuids[1]),
+        "the device plugin listed GPU 1"
+    );
+    assert_eq!(
+        blocked_events(api)
+            .iter()
+            .filter(|e| e.contains("GPU 1 "))
+            .count(),
+        1,
+        "reported once"
+    );
+
+    // The claim is deallocated and unprepared: GPU 1 moves (without a reload by hand).
+    assert!(api.delete_object(CLAIMS, "late"));
+    let un = kubelet
+        .unprepare(DRIVER, std::slice::from_ref(&late))
+        .await
+        .unwrap();
+    assert!(un.values().all(|r| r.is_ok()), "{un:?}");
+    wait_dra(api, &["gpu-2"]).await;
+    wait_dp(plugins, uuids, &[0, 1]).await;
+    support::schema::validate_all(&our_slices(api), &["1.34.0", "1.35.0"]);
+    agent.shutdown().await;
+}
