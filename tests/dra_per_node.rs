@@ -211,12 +211,12 @@ async fn auto_dra_serves_only_while_the_node_config_gives_it_gpus() {
         .join("plugins_registry/gpu.tessera.io-reg.sock");
     let dra_socket = n.dirs.kubelet_dir.join("plugins/gpu.tessera.io/dra.sock");
     // A stale pool left by an earlier agent on this node is withdrawn too.
-    let mut stale = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+    let stale = json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
         "metadata": {"name": "node-a-gpu.tessera.io-old"},
         "spec": {"driver": DRIVER, "nodeName": NODE,
                  "pool": {"name": NODE, "generation": 3, "resourceSliceCount": 1},
                  "devices": [{"name": "gpu-2"}]}});
-    api.put_object(SLICES, stale.take());
+    api.put_object(SLICES, stale);
     let agent = DraAgentBuilder::new(&n.dirs, backend.clone())
         .configs(&[
             ("default", "version: v1\n"),
