@@ -11,6 +11,8 @@
 //!   [`ApiServer::after_next_list`]) rolls the move back: the GPU is republished to the
 //!   DRA driver, never listed by the device plugin, a `GpuMoveBlocked` Event names the
 //!   claim, and the claim prepares.
+//! - The `tessera` binary with `TESSERA_DRA=auto`, as the DaemonSet runs it, following its
+//!   config file.
 
 mod support;
 
@@ -402,4 +404,82 @@ async fn a_claim_allocated_between_the_list_and_the_new_slices_moves_the_gpu_bac
     wait_dp(plugins, uuids, &[0, 1]).await;
     support::schema::validate_all(&our_slices(api), &["1.34.0", "1.35.0"]);
     agent.shutdown().await;
+}
+
+/// The binary as the DaemonSet runs it (`TESSERA_DRA=auto`, both paths, no
+/// `--dra-gpus`): no DRA registration while the config gives DRA nothing; the config file
+/// changed to give it GPU 0 registers and publishes; changed back, the driver withdraws
+/// (after the move's settle time) and the device plugin gets GPU 0 again. SIGTERM exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_with_tessera_dra_auto_follows_the_config_file() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let (n, _) = node("2xL4").await;
+    let (api, kubelet, plugins) = (&n.api, &n.kubelet, &n.plugins);
+    let layouts = &n.dirs.config;
+    std::fs::create_dir_all(layouts).unwrap();
+    std::fs::write(layouts.join("default"), "version: v1\n").unwrap();
+    let boot = n.dirs.root.join("boot_id");
+    std::fs::write(&boot, "boot-1\n").unwrap();
+    let log_path = n.dirs.root.join("agent.log");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["node", "--gpu-backend", "fake", "--fake-gpus", "2xL4"])
+        .args(["--node-name", NODE])
+        .arg("--kubelet-dir")
+        .arg(&n.dirs.kubelet_dir)
+        .arg("--cdi-root")
+        .arg(&n.dirs.cdi_root)
+        .arg("--state-dir")
+        .arg(&n.dirs.state_dir)
+        .arg("--config")
+        .arg(layouts)
+        .arg("--boot-id-file")
+        .arg(&boot)
+        .env("TESSERA_DRA", "auto")
+        .env(
+            "KUBECONFIG",
+            support::dra_agent::kubeconfig(&n.dirs.root, &api.url),
+        )
+        .env("RUST_LOG", "info")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::fs::File::create(&log_path).unwrap())
+        .spawn()
+        .unwrap();
+    let log = || std::fs::read_to_string(&log_path).unwrap_or_default();
+    let reg_socket = n
+        .dirs
+        .kubelet_dir
+        .join("plugins_registry/gpu.tessera.io-reg.sock");
+    wait_dp(plugins, &n.uuids, &[0, 1]).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(kubelet.plugin(DRIVER).is_none(), "{}", log());
+    assert!(!reg_socket.exists());
+    assert!(our_slices(api).is_empty());
+    assert!(log().contains("DRA path mode"), "{}", log());
+
+    std::fs::write(
+        layouts.join("default"),
+        "tessera: { dra: { gpus: { index: [0] } } }\n",
+    )
+    .unwrap();
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    wait_dra(api, &["gpu-0"]).await;
+    wait_dp(plugins, &n.uuids, &[1]).await;
+
+    std::fs::write(layouts.join("default"), "version: v1\n").unwrap();
+    wait_dp(plugins, &n.uuids, &[0, 1]).await;
+    kubelet.wait_unregistered(DRIVER, WAIT).await;
+    wait_for("no DRA slices", || our_slices(api).is_empty()).await;
+    assert!(!reg_socket.exists());
+
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + WAIT;
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "agent did not exit on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(status.success(), "{}", log());
 }
