@@ -21,7 +21,7 @@ use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex, S
 pub use super::workloads::millis;
 use super::workloads::{collect, Live, State};
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
-use crate::quota::{Engine, EngineConfig, EventType, WaitForPodsReady};
+use crate::quota::{Engine, EventType, WaitForPodsReady};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -139,7 +139,7 @@ pub struct Plan {
 pub fn decide(s: &Snapshot) -> Plan {
     let now = s.now;
     let mut plan = Plan::default();
-    let mut engine = Engine::new(EngineConfig::default());
+    let mut engine = Engine::new(pods_ready::engine_config(s.pods_ready.as_ref()));
     for (name, labels) in &s.namespaces {
         engine.apply_namespace(name, labels.clone(), now);
     }
@@ -192,7 +192,10 @@ pub fn decide(s: &Snapshot) -> Plan {
     };
     let mut pending_keys = BTreeSet::new();
     for l in &lives {
-        let Some(info) = l.info.clone() else { continue };
+        let Some(mut info) = l.info.clone() else {
+            continue;
+        };
+        pods_ready::engine_readiness(s.pods_ready.as_ref(), l, &mut info);
         match l.state {
             State::Running | State::Terminating => {
                 match engine.restore_admitted(now, info, l.admitted_at) {
@@ -214,6 +217,7 @@ pub fn decide(s: &Snapshot) -> Plan {
         let Some(mut info) = l.info.clone() else {
             continue;
         };
+        pods_ready::engine_readiness(s.pods_ready.as_ref(), l, &mut info);
         if let (Some(cfg), Some(r)) = (&s.pods_ready, l.requeue) {
             if let Some(h) = pods_ready::hold(cfg, r, now) {
                 held.insert(l.key.clone(), hold_reason(h, r));

@@ -10,10 +10,17 @@
 //! suspended for the timeout). A timed-out pod or pod group is evicted through the
 //! Eviction API like a preemption victim; its pods are gone afterwards, so the backoff
 //! applies to Jobs (and the replacement pods of a ReplicaSet simply queue again).
+//!
+//! `blockAdmission` is the engine's (Kueue's sequential admission): the pass gives the
+//! engine `waitForPodsReady` only then, and tells it which restored workloads are Ready
+//! ([`engine_readiness`]); while one is not, every queue is held (`WaitingForPodsReady`),
+//! and a workload admitted in a pass holds the rest of that pass. The timeout and the
+//! requeue backoff stay the controller's (above), so the engine's own timers never act.
 
 use super::decide::millis;
 use super::lease::Millis;
-use crate::quota::WaitForPodsReady;
+use super::workloads::{Live, State};
+use crate::quota::{EngineConfig, Time, WaitForPodsReady, WorkloadInfo};
 use serde_json::Value;
 
 /// When all pods of the workload were first seen Ready (RFC 3339).
@@ -85,6 +92,30 @@ pub fn hold(cfg: &WaitForPodsReady, r: Requeue, now: Millis) -> Option<Hold> {
         .min(cfg.backoff_max);
     let until = r.evicted_at.saturating_add(delay);
     (until > now).then_some(Hold::Backoff(until))
+}
+
+/// The engine's settings for a pass: `waitForPodsReady` only with `blockAdmission`.
+pub fn engine_config(cfg: Option<&WaitForPodsReady>) -> EngineConfig {
+    EngineConfig {
+        wait_for_pods_ready: cfg.filter(|c| c.block_admission).cloned(),
+        ..EngineConfig::default()
+    }
+}
+
+/// With `blockAdmission`, what the engine is told of `l`'s readiness: ready now (its
+/// pods are Ready or were once, or it is being evicted and no longer counts, as an
+/// evicted workload is no longer admitted in Kueue) or not ready (its pods are gated or
+/// starting). Without it `info` is left as it is.
+pub(super) fn engine_readiness(cfg: Option<&WaitForPodsReady>, l: &Live, info: &mut WorkloadInfo) {
+    if !cfg.is_some_and(|c| c.block_admission) {
+        return;
+    }
+    let ready = match l.state {
+        State::Running => l.ready || l.ready_recorded,
+        State::Terminating => true,
+        State::Waiting => false,
+    };
+    info.pods_ready_after = ready.then_some(0 as Time);
 }
 
 /// Whether an admitted workload whose pods are not Ready has run out of time.
