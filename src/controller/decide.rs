@@ -97,7 +97,8 @@ pub enum Action {
     },
     /// Evict these pods through the Eviction API with their grace period (seconds) /
     /// suspend this Job. `by` is the preemptor (empty for a pods-ready timeout);
-    /// `requeue` is the new requeue count of a Job evicted for a pods-ready timeout.
+    /// `requeue` is the new requeue count of a workload evicted for a pods-ready timeout,
+    /// recorded on every object (a serving owner listed here is only annotated).
     Evict {
         workload: String,
         objects: Vec<(ObjRef, i64)>,
@@ -477,18 +478,19 @@ fn pods_ready_timeouts(cfg: &WaitForPodsReady, now: Millis, lives: &mut [Live], 
                 object: first,
             });
         } else if pods_ready::timed_out(cfg, l.admitted_at, now) {
-            let is_job = first.kind == ObjKind::Job;
+            let mut objects: Vec<(ObjRef, i64)> = l
+                .objects
+                .iter()
+                .cloned()
+                .zip(l.graces.iter().copied())
+                .collect();
+            objects.extend(pods_ready::requeue_carrier(l).map(|o| (o, 0)));
             plan.actions.push(Action::Evict {
                 workload: l.key.clone(),
-                objects: l
-                    .objects
-                    .iter()
-                    .cloned()
-                    .zip(l.graces.iter().copied())
-                    .collect(),
+                objects,
                 reason: PODS_READY_TIMEOUT.into(),
                 by: String::new(),
-                requeue: is_job.then(|| l.requeue.map_or(0, |r| r.count).saturating_add(1)),
+                requeue: Some(l.requeue.map_or(0, |r| r.count).saturating_add(1)),
             });
             l.state = State::Terminating;
         }

@@ -7,9 +7,14 @@
 //! The state lives on the object, so a restarted controller continues it:
 //! `tessera.io/pods-ready-at` (written once when all pods were first Ready; the timeout no
 //! longer applies), `tessera.io/requeue-count` and `tessera.io/evicted-at` (on a Job
-//! suspended for the timeout). A timed-out pod or pod group is evicted through the
-//! Eviction API like a preemption victim; its pods are gone afterwards, so the backoff
-//! applies to Jobs (and the replacement pods of a ReplicaSet simply queue again).
+//! suspended for the timeout, on the pods of a timed-out pod or pod group before they
+//! are evicted through the Eviction API, and on the serving owner of a replica). Pods
+//! are gone after their eviction, so their workload's state is read from every object
+//! that still carries it ([`latest`]): its own pods, a pod group's evicted members while
+//! they terminate, and the replica's owner (Deployment, ReplicaSet or StatefulSet),
+//! which outlives its pods: the replacement replicas it creates wait out the backoff,
+//! and past `backoffLimitCount` stay gated as `Deactivated` (remove the annotations
+//! from the owner to start over).
 //!
 //! `blockAdmission` is the engine's (Kueue's sequential admission): the pass gives the
 //! engine `waitForPodsReady` only then, and tells it which restored workloads are Ready
@@ -67,6 +72,29 @@ pub fn requeue_state(object: &Value) -> Option<Requeue> {
     let count = a[REQUEUE_COUNT_ANNOTATION].as_str()?.parse().ok()?;
     let evicted_at = a[EVICTED_AT_ANNOTATION].as_str().and_then(millis)?;
     Some(Requeue { count, evicted_at })
+}
+
+/// The later of two requeue states (more requeues, then the later eviction).
+pub fn latest(a: Option<Requeue>, b: Option<Requeue>) -> Option<Requeue> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(if (y.count, y.evicted_at) > (x.count, x.evicted_at) {
+            y
+        } else {
+            x
+        }),
+        (x, y) => x.or(y),
+    }
+}
+
+/// The object that carries a timed-out pod workload's requeue state beyond its pods:
+/// its serving owner, if any (a Job carries its own).
+pub(super) fn requeue_carrier(l: &Live) -> Option<super::decide::ObjRef> {
+    let o = l.serving.as_ref()?;
+    Some(super::decide::ObjRef {
+        kind: o.kind.into(),
+        namespace: o.namespace.clone(),
+        name: o.name.clone(),
+    })
 }
 
 /// What a requeued workload waits for.
@@ -170,5 +198,17 @@ mod tests {
             "tessera.io/requeue-count": "2", "tessera.io/evicted-at": "2026-11-18T12:00:00Z"}}});
         assert_eq!(requeue_state(&evicted).map(|r| r.count), Some(2));
         assert_eq!(requeue_state(&json!({})), None);
+        // (a, b, the later) over pods and owners: more requeues win, then the later eviction.
+        let at = |count, evicted_at| Some(Requeue { count, evicted_at });
+        let later = [
+            (None, None, None),
+            (at(1, 5), None, at(1, 5)),
+            (None, at(1, 5), at(1, 5)),
+            (at(2, 5), at(1, 9), at(2, 5)),
+            (at(1, 5), at(1, 9), at(1, 9)),
+        ];
+        for (a, b, want) in later {
+            assert_eq!(latest(a, b), want, "{a:?} {b:?}");
+        }
     }
 }
