@@ -326,3 +326,26 @@ fn quota_freed_by_victims_is_held_for_the_waiting_preemptor() {
         .collect();
     assert_eq!(fast_waits, vec![(70.0, "WaitingForQuota")]);
 }
+
+/// A higher-priority job arriving in the queue of a waiting preemptor goes first (Kueue's
+/// queue order): `urgent` takes the 2 GPUs held for `mine` and waits for `slow`, runs at
+/// 2m; `mine` runs after it at 3m. `fast` does not borrow the held GPUs back meanwhile.
+#[test]
+fn a_higher_priority_job_takes_over_a_waiting_preemptors_reservation() {
+    let out = plan("reservation-overtaken");
+    let waits: Vec<(f64, &str)> = events(&out, EventType::Pending, "ml/urgent")
+        .iter()
+        .map(|e| (e.time, e.reason.as_deref().unwrap_or("")))
+        .collect();
+    assert_eq!(waits, vec![(80.0, "WaitingForPreemptedWorkloads")]);
+    assert_eq!(admitted_at(&out, "ml/urgent"), vec![120.0]);
+    assert_eq!(admitted_at(&out, "ml/mine"), vec![180.0]);
+    assert_eq!(admitted_at(&out, "ml/fast"), vec![0.0, 480.0]);
+    assert_eq!(admitted_at(&out, "ml/slow"), vec![0.0, 480.0]);
+    let victims: Vec<&str> = preempted(&out).iter().map(|v| v.0).collect();
+    assert_eq!(
+        victims.len(),
+        2,
+        "no victim is preempted twice: {victims:?}"
+    );
+}

@@ -7,6 +7,7 @@
 //! kind: Configuration                         # optional; must be this when given
 //! waitForPodsReady:
 //!   enable: true
+//!   blockAdmission: true      # admit one workload at a time until its pods are Ready
 //!   timeout: 5m
 //!   requeuingStrategy: {backoffLimitCount: 5, backoffBaseSeconds: 60, backoffMaxSeconds: 3600}
 //! resources:
@@ -46,6 +47,9 @@ struct Raw {
 struct RawWait {
     #[serde(default)]
     enable: bool,
+    /// As in Kueue, `true` turns `enable` on.
+    #[serde(default)]
+    block_admission: bool,
     #[serde(default)]
     timeout: Option<String>,
     #[serde(default)]
@@ -108,8 +112,14 @@ impl ControllerConfig {
             }
         }
         let mut out = ControllerConfig::default();
-        if let Some(w) = raw.wait_for_pods_ready.filter(|w| w.enable) {
-            let mut cfg = WaitForPodsReady::default();
+        if let Some(w) = raw
+            .wait_for_pods_ready
+            .filter(|w| w.enable || w.block_admission)
+        {
+            let mut cfg = WaitForPodsReady {
+                block_admission: w.block_admission,
+                ..WaitForPodsReady::default()
+            };
             if let Some(t) = &w.timeout {
                 cfg.timeout = parse_duration(t)
                     .map_err(|e| err("waitForPodsReady.timeout", e.to_string()))?;
@@ -193,6 +203,31 @@ mod tests {
             (120_000, 10_000, 100_000, Some(3))
         );
         assert!(!w.requeue_by_eviction_time);
+        assert!(!w.block_admission, "off unless asked for");
+        // (text, enabled, blockAdmission)
+        let block = [
+            (
+                "waitForPodsReady: {enable: true, blockAdmission: true}",
+                true,
+                true,
+            ),
+            ("waitForPodsReady: {blockAdmission: true}", true, true),
+            (
+                "waitForPodsReady: {enable: true, blockAdmission: false}",
+                true,
+                false,
+            ),
+            (
+                "waitForPodsReady: {enable: false, blockAdmission: false}",
+                false,
+                false,
+            ),
+        ];
+        for (text, enabled, blocks) in block {
+            let w = ControllerConfig::parse(text).unwrap().wait_for_pods_ready;
+            assert_eq!(w.is_some(), enabled, "{text}");
+            assert_eq!(w.is_some_and(|w| w.block_admission), blocks, "{text}");
+        }
         assert_eq!(cfg.device_classes["mig.gpu.tessera.io"], "nvidia.com/gpu");
         let empty = ControllerConfig::parse("{}").unwrap();
         assert_eq!(empty, ControllerConfig::default());

@@ -21,7 +21,7 @@ use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex, S
 pub use super::workloads::millis;
 use super::workloads::{collect, Live, State};
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
-use crate::quota::{Engine, EngineConfig, EventType, WaitForPodsReady};
+use crate::quota::{Engine, EventType, WaitForPodsReady};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -97,7 +97,8 @@ pub enum Action {
     },
     /// Evict these pods through the Eviction API with their grace period (seconds) /
     /// suspend this Job. `by` is the preemptor (empty for a pods-ready timeout);
-    /// `requeue` is the new requeue count of a Job evicted for a pods-ready timeout.
+    /// `requeue` is the new requeue count of a workload evicted for a pods-ready timeout,
+    /// recorded on every object (a serving owner listed here is only annotated).
     Evict {
         workload: String,
         objects: Vec<(ObjRef, i64)>,
@@ -139,7 +140,7 @@ pub struct Plan {
 pub fn decide(s: &Snapshot) -> Plan {
     let now = s.now;
     let mut plan = Plan::default();
-    let mut engine = Engine::new(EngineConfig::default());
+    let mut engine = Engine::new(pods_ready::engine_config(s.pods_ready.as_ref()));
     for (name, labels) in &s.namespaces {
         engine.apply_namespace(name, labels.clone(), now);
     }
@@ -192,7 +193,10 @@ pub fn decide(s: &Snapshot) -> Plan {
     };
     let mut pending_keys = BTreeSet::new();
     for l in &lives {
-        let Some(info) = l.info.clone() else { continue };
+        let Some(mut info) = l.info.clone() else {
+            continue;
+        };
+        pods_ready::engine_readiness(s.pods_ready.as_ref(), l, &mut info);
         match l.state {
             State::Running | State::Terminating => {
                 match engine.restore_admitted(now, info, l.admitted_at) {
@@ -214,6 +218,7 @@ pub fn decide(s: &Snapshot) -> Plan {
         let Some(mut info) = l.info.clone() else {
             continue;
         };
+        pods_ready::engine_readiness(s.pods_ready.as_ref(), l, &mut info);
         if let (Some(cfg), Some(r)) = (&s.pods_ready, l.requeue) {
             if let Some(h) = pods_ready::hold(cfg, r, now) {
                 held.insert(l.key.clone(), hold_reason(h, r));
@@ -473,18 +478,19 @@ fn pods_ready_timeouts(cfg: &WaitForPodsReady, now: Millis, lives: &mut [Live], 
                 object: first,
             });
         } else if pods_ready::timed_out(cfg, l.admitted_at, now) {
-            let is_job = first.kind == ObjKind::Job;
+            let mut objects: Vec<(ObjRef, i64)> = l
+                .objects
+                .iter()
+                .cloned()
+                .zip(l.graces.iter().copied())
+                .collect();
+            objects.extend(pods_ready::requeue_carrier(l).map(|o| (o, 0)));
             plan.actions.push(Action::Evict {
                 workload: l.key.clone(),
-                objects: l
-                    .objects
-                    .iter()
-                    .cloned()
-                    .zip(l.graces.iter().copied())
-                    .collect(),
+                objects,
                 reason: PODS_READY_TIMEOUT.into(),
                 by: String::new(),
-                requeue: is_job.then(|| l.requeue.map_or(0, |r| r.count).saturating_add(1)),
+                requeue: Some(l.requeue.map_or(0, |r| r.count).saturating_add(1)),
             });
             l.state = State::Terminating;
         }

@@ -7,13 +7,25 @@
 //! The state lives on the object, so a restarted controller continues it:
 //! `tessera.io/pods-ready-at` (written once when all pods were first Ready; the timeout no
 //! longer applies), `tessera.io/requeue-count` and `tessera.io/evicted-at` (on a Job
-//! suspended for the timeout). A timed-out pod or pod group is evicted through the
-//! Eviction API like a preemption victim; its pods are gone afterwards, so the backoff
-//! applies to Jobs (and the replacement pods of a ReplicaSet simply queue again).
+//! suspended for the timeout, on the pods of a timed-out pod or pod group before they
+//! are evicted through the Eviction API, and on the serving owner of a replica). Pods
+//! are gone after their eviction, so their workload's state is read from every object
+//! that still carries it ([`latest`]): its own pods, a pod group's evicted members while
+//! they terminate, and the replica's owner (Deployment, ReplicaSet or StatefulSet),
+//! which outlives its pods: the replacement replicas it creates wait out the backoff,
+//! and past `backoffLimitCount` stay gated as `Deactivated` (remove the annotations
+//! from the owner to start over).
+//!
+//! `blockAdmission` is the engine's (Kueue's sequential admission): the pass gives the
+//! engine `waitForPodsReady` only then, and tells it which restored workloads are Ready
+//! ([`engine_readiness`]); while one is not, every queue is held (`WaitingForPodsReady`),
+//! and a workload admitted in a pass holds the rest of that pass. The timeout and the
+//! requeue backoff stay the controller's (above), so the engine's own timers never act.
 
 use super::decide::millis;
 use super::lease::Millis;
-use crate::quota::WaitForPodsReady;
+use super::workloads::{Live, State};
+use crate::quota::{EngineConfig, Time, WaitForPodsReady, WorkloadInfo};
 use serde_json::Value;
 
 /// When all pods of the workload were first seen Ready (RFC 3339).
@@ -62,6 +74,29 @@ pub fn requeue_state(object: &Value) -> Option<Requeue> {
     Some(Requeue { count, evicted_at })
 }
 
+/// The later of two requeue states (more requeues, then the later eviction).
+pub fn latest(a: Option<Requeue>, b: Option<Requeue>) -> Option<Requeue> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(if (y.count, y.evicted_at) > (x.count, x.evicted_at) {
+            y
+        } else {
+            x
+        }),
+        (x, y) => x.or(y),
+    }
+}
+
+/// The object that carries a timed-out pod workload's requeue state beyond its pods:
+/// its serving owner, if any (a Job carries its own).
+pub(super) fn requeue_carrier(l: &Live) -> Option<super::decide::ObjRef> {
+    let o = l.serving.as_ref()?;
+    Some(super::decide::ObjRef {
+        kind: o.kind.into(),
+        namespace: o.namespace.clone(),
+        name: o.name.clone(),
+    })
+}
+
 /// What a requeued workload waits for.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Hold {
@@ -85,6 +120,30 @@ pub fn hold(cfg: &WaitForPodsReady, r: Requeue, now: Millis) -> Option<Hold> {
         .min(cfg.backoff_max);
     let until = r.evicted_at.saturating_add(delay);
     (until > now).then_some(Hold::Backoff(until))
+}
+
+/// The engine's settings for a pass: `waitForPodsReady` only with `blockAdmission`.
+pub fn engine_config(cfg: Option<&WaitForPodsReady>) -> EngineConfig {
+    EngineConfig {
+        wait_for_pods_ready: cfg.filter(|c| c.block_admission).cloned(),
+        ..EngineConfig::default()
+    }
+}
+
+/// With `blockAdmission`, what the engine is told of `l`'s readiness: ready now (its
+/// pods are Ready or were once, or it is being evicted and no longer counts, as an
+/// evicted workload is no longer admitted in Kueue) or not ready (its pods are gated or
+/// starting). Without it `info` is left as it is.
+pub(super) fn engine_readiness(cfg: Option<&WaitForPodsReady>, l: &Live, info: &mut WorkloadInfo) {
+    if !cfg.is_some_and(|c| c.block_admission) {
+        return;
+    }
+    let ready = match l.state {
+        State::Running => l.ready || l.ready_recorded,
+        State::Terminating => true,
+        State::Waiting => false,
+    };
+    info.pods_ready_after = ready.then_some(0 as Time);
 }
 
 /// Whether an admitted workload whose pods are not Ready has run out of time.
@@ -139,5 +198,17 @@ mod tests {
             "tessera.io/requeue-count": "2", "tessera.io/evicted-at": "2026-11-18T12:00:00Z"}}});
         assert_eq!(requeue_state(&evicted).map(|r| r.count), Some(2));
         assert_eq!(requeue_state(&json!({})), None);
+        // (a, b, the later) over pods and owners: more requeues win, then the later eviction.
+        let at = |count, evicted_at| Some(Requeue { count, evicted_at });
+        let later = [
+            (None, None, None),
+            (at(1, 5), None, at(1, 5)),
+            (None, at(1, 5), at(1, 5)),
+            (at(2, 5), at(1, 9), at(2, 5)),
+            (at(1, 5), at(1, 9), at(1, 9)),
+        ];
+        for (a, b, want) in later {
+            assert_eq!(latest(a, b), want, "{a:?} {b:?}");
+        }
     }
 }

@@ -348,6 +348,21 @@ async fn suspend_job(
     replace(&api, r, v).await
 }
 
+/// Records a pods-ready timeout on a pod or a serving owner (the requeue count and
+/// time), as `suspend_job` does on a Job: the workload's next pods are held by them.
+async fn record_requeue(
+    client: &kube::Client,
+    r: &ObjRef,
+    count: u32,
+    now: Millis,
+) -> Result<Written> {
+    let api = api_for(client, r);
+    let mut v = get_value(&api, r).await?;
+    set_annotation(&mut v, REQUEUE_COUNT_ANNOTATION, Some(&count.to_string()));
+    set_annotation(&mut v, EVICTED_AT_ANNOTATION, Some(&rfc3339(now)));
+    replace(&api, r, v).await
+}
+
 /// Records that all pods of the object's workload were Ready (once).
 async fn record_ready(client: &kube::Client, r: &ObjRef, now: Millis) -> Result<Written> {
     let api = api_for(client, r);
@@ -562,10 +577,22 @@ pub async fn apply(
             } => {
                 tracing::info!(%workload, %reason, %by, "evicting");
                 for (r, grace) in objects {
-                    let result = match r.kind {
-                        ObjKind::Pod => evict_pod(client, r, *grace, cache.is_some()).await,
-                        ObjKind::Job => suspend_job(client, r, *requeue, now).await,
-                        _ => Ok(None),
+                    // A pods-ready timeout is recorded on the pod before it goes, and on
+                    // its serving owner, which outlives it (`pods_ready.rs`).
+                    if let (Some(n), ObjKind::Pod) = (requeue, r.kind) {
+                        let result = record_requeue(client, r, *n, now).await;
+                        if let Err(e) = seen(cache, r, result) {
+                            if !e.is_not_found() {
+                                failed += 1;
+                                tracing::warn!(error = %e, %workload, "recording requeue");
+                            }
+                        }
+                    }
+                    let result = match (r.kind, requeue) {
+                        (ObjKind::Pod, _) => evict_pod(client, r, *grace, cache.is_some()).await,
+                        (ObjKind::Job, _) => suspend_job(client, r, *requeue, now).await,
+                        (_, Some(n)) => record_requeue(client, r, *n, now).await,
+                        (_, None) => Ok(None),
                     };
                     match seen(cache, r, result) {
                         Ok(()) => {

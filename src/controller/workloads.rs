@@ -49,7 +49,7 @@ pub(super) struct Live {
     /// All its pods are Ready now / were recorded Ready once.
     pub(super) ready: bool,
     pub(super) ready_recorded: bool,
-    /// Evicted for pods-ready timeouts before (Jobs).
+    /// Evicted for pods-ready timeouts before (the Job, its pods, or a replica's owner).
     pub(super) requeue: Option<Requeue>,
 }
 
@@ -205,6 +205,10 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
                     l.info = None;
                     l.invalid = bad_claims;
                 }
+                // A replica's owner outlives its pods: it carries their requeue state.
+                let owned = owner.as_ref().and_then(|o| serving.object(o));
+                l.requeue =
+                    pods_ready::latest(l.requeue, owned.and_then(pods_ready::requeue_state));
                 l.serving = owner;
                 out.push(l);
             }
@@ -356,6 +360,9 @@ fn live_of_pods(
                 .filter(|p| !terminating(p))
                 .all(|p| pods_ready::pod_ready(p)),
         ready_recorded: pods.iter().any(|p| pods_ready::ready_recorded(p)),
-        requeue: None,
+        requeue: pods
+            .iter()
+            .map(|p| pods_ready::requeue_state(p))
+            .fold(None, pods_ready::latest),
     }
 }

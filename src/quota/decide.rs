@@ -78,8 +78,9 @@ impl Engine {
                 wake_at: None,
             };
         }
-        // A preemptor waiting for its victims decides with what is on its way to it.
-        if self.is_waiting_preemptor(id) || !self.wls[id].reserved.is_empty() {
+        // A preemptor waiting for its victims decides with what is on its way to it, and
+        // so does a workload ahead of one in its queue (`reserve.rs`).
+        if self.claims_reservations(id, cq) {
             return self.evaluate_waiting(id, cq, now);
         }
         // An identical workload just failed against the same books: same answer.
@@ -195,15 +196,23 @@ impl Engine {
         let Some(cq) = self.wls[id].cq else { return };
         match decision {
             Decision::Admit(a) => {
-                // A waiting preemptor decided as if its victims were gone: it is admitted
-                // once they are, or now if the quota it holds and the free quota suffice.
-                let left = self.still_terminating_for(id);
+                // A waiting preemptor (or a workload ahead of one) decided as if the
+                // victims were gone: it is admitted once they are, or now if the quota
+                // held and the free quota suffice.
+                let own = self.still_terminating_for(id);
+                let mut left = own.clone();
+                left.extend(self.holders_victims(id, cq));
                 if left.is_empty() || self.fits_with_reservation(id, cq, &a.usage) {
                     self.cqs[cq].pending.remove(&key);
-                    self.end_reservation(id, now);
-                    self.admit(id, cq, a, now);
+                    self.admit_claiming(id, cq, a, now);
                 } else {
-                    self.reserve_for(id, &a.usage, now);
+                    // Quota is held only for a workload's own victims; one waiting for a
+                    // holder's victims counts on the holder's reservation.
+                    if own.is_empty() {
+                        self.end_reservation(id, now);
+                    } else {
+                        self.reserve_for(id, &a.usage, now);
+                    }
                     let reason = self.waiting_for(&left);
                     self.park(id, key, reason, &[], None);
                 }
@@ -228,17 +237,24 @@ impl Engine {
                 if self.fits_with_reservation(id, cq, &assignment.usage) {
                     self.cqs[cq].pending.remove(&key);
                     self.wls[id].preempted_in_at = Some(now);
-                    self.end_reservation(id, now);
-                    self.admit(id, cq, assignment, now);
+                    self.admit_claiming(id, cq, assignment, now);
                 } else {
                     // It waits for these victims and any earlier ones still terminating;
                     // the quota it needs is held for it: what is free now (victims without
                     // a grace period included), and what the others release as they go.
                     let mut awaiting = self.still_terminating_for(id);
                     awaiting.extend(victims.iter().copied());
-                    self.wls[id].awaiting = awaiting;
-                    self.reserve_for(id, &assignment.usage, now);
-                    let left = self.still_terminating_for(id);
+                    awaiting.retain(|&v| self.terminating_for(v, id));
+                    // No victim of its own left (it counts on a holder's, see
+                    // `reserve.rs`): it holds nothing itself.
+                    self.wls[id].awaiting = awaiting.clone();
+                    if awaiting.is_empty() {
+                        self.end_reservation(id, now);
+                    } else {
+                        self.reserve_for(id, &assignment.usage, now);
+                    }
+                    let mut left = awaiting;
+                    left.extend(self.holders_victims(id, cq));
                     let reason = self.waiting_for(&left);
                     self.park(
                         id,

@@ -130,6 +130,9 @@ pub(crate) struct Cq {
     /// StrictFIFO: the head that does not fit and blocks the queue.
     pub blocked: Option<OrderKey>,
     pub admitted: BTreeSet<WlId>,
+    /// Waiting preemptors of this queue that held a reservation (pruned lazily, see
+    /// `reserve.rs`): a workload ahead of them in queue order may use what they hold.
+    pub holders: BTreeSet<WlId>,
     pub released: HashMap<FrId, i64>,
     pub wake: WakeIndex,
     /// Level keys: wake when this queue's usage drops to `-key` or below.
@@ -265,8 +268,6 @@ pub struct Engine {
     pub(crate) orphans: BTreeSet<WlId>,
     /// Queues with workloads to evaluate.
     pub(crate) ready: BTreeSet<CqId>,
-    /// Preemptors whose victims are gone: evaluated first in their queue next cycle.
-    pub(crate) urgent: BTreeSet<WlId>,
     /// `blockAdmission`: admitted workloads whose pods are not all ready yet.
     pub(crate) unready: BTreeSet<WlId>,
     /// `blockAdmission`: queues with work held until `unready` is empty.
@@ -303,7 +304,6 @@ impl Engine {
             wl_by_key: HashMap::new(),
             orphans: BTreeSet::new(),
             ready: BTreeSet::new(),
-            urgent: BTreeSet::new(),
             unready: BTreeSet::new(),
             held: BTreeSet::new(),
             timers: BinaryHeap::new(),
@@ -428,6 +428,7 @@ impl Engine {
                     classes: HashMap::new(),
                     blocked: None,
                     admitted: BTreeSet::new(),
+                    holders: BTreeSet::new(),
                     released: HashMap::new(),
                     wake: HashMap::new(),
                     wake_usage: HashMap::new(),
@@ -611,20 +612,17 @@ impl Engine {
             return;
         }
         let ready = std::mem::take(&mut self.ready);
-        let urgent = std::mem::take(&mut self.urgent);
         let mut heads = Vec::new();
         for cq in ready {
             let q = &self.cqs[cq];
             if q.spec.stop != StopPolicy::None || q.blocked.is_some() {
                 continue;
             }
-            // A preemptor whose victims just left goes first, whatever woke up ahead of
-            // it meanwhile: it gets the quota it made room for.
-            let first = urgent
-                .iter()
-                .map(|&id| self.wls[id].order_key(id))
-                .find(|k| self.wls[k.3].cq == Some(cq) && q.pending.contains(k));
-            if let Some(key) = first.or_else(|| q.pending.first().copied()) {
+            // Queue order decides, waiting preemptors included: a workload ahead of one
+            // (higher priority, or older) is evaluated with the quota held for it and its
+            // terminating victims counted as free (`reserve.rs`), as Kueue's queue head
+            // gets quota freed by evictions it did not issue.
+            if let Some(&key) = q.pending.first() {
                 heads.push(key);
             }
         }
@@ -651,9 +649,6 @@ impl Engine {
         for (_, key, decision, version) in decisions {
             // An admission earlier in this cycle may have started a wait for pods ready.
             if self.admission_blocked() {
-                if urgent.contains(&key.3) {
-                    self.urgent.insert(key.3);
-                }
                 if let Some(cq) = self.wls[key.3].cq {
                     self.hold(cq);
                 }
@@ -890,12 +885,7 @@ impl Engine {
         if q.spec.stop != StopPolicy::None || q.blocked.is_some() || q.pending.is_empty() {
             return;
         }
-        let head = self
-            .urgent
-            .iter()
-            .copied()
-            .find(|&id| self.wls[id].cq == Some(cq))
-            .or_else(|| q.pending.first().map(|k| k.3));
+        let head = q.pending.first().map(|k| k.3);
         self.held.insert(cq);
         if let Some(id) = head {
             self.wls[id].reason = PendingReason::WaitingForPodsReady;

@@ -360,3 +360,124 @@ fn reapplying_a_cohort_queue_ends_reservations() {
         "2 GPUs exceed the lender's new quota"
     );
 }
+
+/// Lender (4 GPUs, reclaims with `Any`, `withinClusterQueue: LowerPriority`) and a
+/// borrower running `fast` (2 GPUs, 1 s grace) and `slow` (2 GPUs, 10 s grace), both
+/// reclaimed at 0.1 s by `mine` (4 GPUs). `fast` is gone at 1.1 s: `mine` holds 2 GPUs.
+fn reservation_held_at_1500() -> Engine {
+    let lender = cluster_queue("lender")
+        .cohort("c")
+        .quota_with("h100", GPU, 4, None, Some(4))
+        .preemption("{reclaimWithinCohort: Any, withinClusterQueue: LowerPriority}")
+        .build();
+    let borrower = cluster_queue("borrower")
+        .cohort("c")
+        .quota_with("h100", GPU, 0, Some(4), None)
+        .build();
+    let mut e = engine(&[lender, borrower]);
+    for (name, grace) in [("ml/fast", 1_000), ("ml/slow", 10_000)] {
+        let mut w = job(name, "borrower", 2);
+        w.grace_period = grace;
+        submit(&mut e, 0, w);
+    }
+    submit(&mut e, 100, job("ml/mine", "lender", 4).runtime(60_000));
+    e.advance_to(1_500).unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!(
+        e.usage_total(),
+        4_000,
+        "slow holds 2 GPUs, mine's reservation 2"
+    );
+    e
+}
+
+/// A higher-priority workload arriving in the waiting preemptor's own queue goes first,
+/// as in Kueue's queue order: it uses the reserved quota and the victims' quota on its
+/// way. One that fits in what is reserved now is admitted at once (the holder keeps the
+/// rest and goes on waiting); one that needs the victims gone waits for them at the head
+/// of the queue; one of lower priority waits behind the holder.
+#[test]
+fn a_higher_priority_workload_in_the_queue_takes_over_a_reservation() {
+    let table = [
+        // (gpus, priority, urgent admitted at, its reason at 1.5 s, mine admitted at)
+        (1, 10, Some(1_500), None, 10_100),
+        (
+            4,
+            10,
+            Some(10_100),
+            Some("WaitingForPreemptedWorkloads"),
+            15_100,
+        ),
+        (1, -10, None, Some("Queued"), 10_100),
+    ];
+    for (gpus, prio, urgent_at, reason, mine_at) in table {
+        let mut e = reservation_held_at_1500();
+        let w = job("ml/urgent", "lender", gpus)
+            .priority(prio)
+            .created(1_500)
+            .runtime(5_000);
+        submit(&mut e, 1_500, w);
+        assert_eq!(e.pending_reason("ml/urgent"), reason, "{gpus} {prio}");
+        if urgent_at == Some(1_500) {
+            assert_eq!(e.usage_total(), 4_000, "urgent took 1 of mine's 2 GPUs");
+        }
+        assert_eq!(
+            e.pending_reason("ml/mine"),
+            Some("WaitingForPreemptedWorkloads"),
+            "mine keeps waiting for slow"
+        );
+        e.advance_to(20_000).unwrap();
+        e.schedule(20_000).unwrap();
+        e.check_invariants().unwrap();
+        assert!(e.admissible_but_parked(20_000).is_empty(), "{gpus} {prio}");
+        assert_eq!(e.first_admitted_at("ml/urgent"), urgent_at, "{gpus} {prio}");
+        assert_eq!(
+            e.first_admitted_at("ml/mine"),
+            Some(mine_at),
+            "{gpus} {prio}"
+        );
+    }
+}
+
+/// The holder, or the workload waiting ahead of it for its victims, is deleted. The one
+/// left carries on with the reservation (the holder passes it on): the victim `fast`
+/// does not borrow the 2 GPUs back, and the one left runs when `slow` is gone.
+#[test]
+fn a_deleted_holder_or_taker_leaves_the_reservation_to_the_other() {
+    for (deleted, other) in [("ml/mine", "ml/urgent"), ("ml/urgent", "ml/mine")] {
+        let mut e = reservation_held_at_1500();
+        let w = job("ml/urgent", "lender", 4)
+            .priority(10)
+            .created(1_500)
+            .runtime(5_000);
+        submit(&mut e, 1_500, w);
+        e.remove(2_000, deleted).unwrap();
+        e.schedule(2_000).unwrap();
+        e.check_invariants().unwrap();
+        assert_eq!(e.usage_total(), 4_000, "{deleted}: slow 2 GPUs, reserved 2");
+        assert!(!e.is_admitted("ml/fast"), "{deleted}");
+        assert_eq!(
+            e.pending_reason(other),
+            Some("WaitingForPreemptedWorkloads"),
+            "{deleted}"
+        );
+        e.advance_to(10_100).unwrap();
+        e.check_invariants().unwrap();
+        assert_eq!(e.first_admitted_at(other), Some(10_100), "{deleted}");
+    }
+}
+
+/// Without anyone waiting for its victims, a holder that leaves gives its reservation
+/// back to the cohort at once.
+#[test]
+fn a_deleted_holder_releases_its_reservation() {
+    let mut e = reservation_held_at_1500();
+    e.remove(2_000, "ml/mine").unwrap();
+    e.schedule(2_000).unwrap();
+    e.check_invariants().unwrap();
+    assert!(e.is_admitted("ml/fast"), "fast borrows the 2 GPUs back");
+    assert_eq!(e.usage_total(), 4_000, "slow 2 GPUs (terminating), fast 2");
+    e.advance_to(10_100).unwrap();
+    e.check_invariants().unwrap();
+    assert!(e.is_admitted("ml/slow"), "slow borrows what it frees back");
+}

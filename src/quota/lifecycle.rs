@@ -285,8 +285,11 @@ impl Engine {
             .map(|a| self.cqs[a.cq].spec.name.clone());
         let by = preemptor(self.wls[id].evicting.as_ref());
         self.release_admission(id, now, by);
-        // A preemptor that leaves while waiting gives its reservation back.
+        // A preemptor that leaves while waiting passes its victims and reservation on to
+        // the workload ahead of it waiting for them, or gives the reservation back.
+        self.pass_on_reservation(id);
         self.end_reservation(id, now);
+        self.wake_waiting_head(id);
         let w = &mut self.wls[id];
         w.state = WlState::Finished;
         w.gen += 1;

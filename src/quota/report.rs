@@ -109,8 +109,8 @@ impl Engine {
                 let waiting = w.state == WlState::Pending && !w.awaiting.is_empty();
                 let Some(cq) = w.cq.filter(|_| waiting) else {
                     return Err(format!(
-                        "{} holds a reservation but waits for no victim",
-                        w.key
+                        "{} holds a reservation but waits for no victim ({:?}, {:?})",
+                        w.key, w.state, w.reason
                     ));
                 };
                 for &(fr, v) in &w.reserved {

@@ -280,12 +280,6 @@ impl Engine {
             self.release_class_head(cq, shape, key);
             return;
         }
-        if matches!(
-            self.wls[id].reason,
-            super::events::PendingReason::WaitingForPreemptedWorkloads(_)
-        ) {
-            self.urgent.insert(id);
-        }
         let q = &mut self.cqs[cq];
         if q.blocked == Some(key) {
             q.blocked = None;

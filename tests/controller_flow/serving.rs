@@ -56,7 +56,7 @@ fn deployment(replicas: u32) -> Value {
 
 /// Sets the Deployment's replicas and, as the ReplicaSet controller would, creates the
 /// missing pods (through the webhook) or deletes surplus ones, gated pods first.
-fn scale(s: &ApiServer, replicas: u32) {
+pub fn scale(s: &ApiServer, replicas: u32) {
     let mut d = s
         .objects(DEPLOYMENTS)
         .into_iter()
