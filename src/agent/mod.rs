@@ -22,6 +22,9 @@
 //! A GPU leaving the DRA driver moves in two phases ([`withdraw`]): the driver stops
 //! publishing it, and only once the API server's slices no longer name it and no claim
 //! slipped onto it does the device plugin list it; a claim that did rolls the move back.
+//! At start the split an earlier run left is inferred from what survives (slices,
+//! allocated claims, the checkpoints), so a config changed while the agent was down moves
+//! GPUs the same way; a phase 2 that waits long is reported (`GpuMoveStalled`).
 //! With `--dra=auto` the DRA path serves the kubelet only while it owns a GPU
 //! ([`dra::DraView::active`]).
 //!
