@@ -469,7 +469,8 @@ impl Agent {
         if to_device_plugin.is_empty() || !assignment.device_plugin {
             return (BTreeSet::new(), None);
         }
-        let found = withdraw::inherited(client.clone(), node, before, Duration::from_secs(5)).await;
+        // Both paths wait for this answer at start: bounded tighter than later LISTs.
+        let found = withdraw::inherited(client.clone(), node, before, Duration::from_secs(2)).await;
         // What the kubelet records as the device plugin's was not the driver's.
         let mut device_plugin = self.usage.device_plugin_registered(before);
         device_plugin.extend(holders.device_plugin.keys().cloned());

@@ -18,6 +18,10 @@
 //!   the entries of finished pods when it next admits a pod that needs devices, so a
 //!   finished pod can hold a GPU until then.
 //!
+//! The kubelet's checkpoint also records the devices the device plugin last listed
+//! (`RegisteredDevices`, healthy ones): at start, the device plugin's part of the split an
+//! earlier run left ([`UsageProbe::device_plugin_registered`], [`super::withdraw`]).
+//!
 //! A checkpoint that is missing holds nothing; one that cannot be read or decoded is
 //! logged and counted as holding nothing (the agent must not stop on it).
 
