@@ -483,3 +483,186 @@ async fn the_binary_with_tessera_dra_auto_follows_the_config_file() {
     };
     assert!(status.success(), "{}", log());
 }
+
+fn stalled_events(api: &ApiServer) -> Vec<String> {
+    api.events()
+        .into_iter()
+        .filter(|e| e["reason"] == "GpuMoveStalled")
+        .filter_map(|e| e["note"].as_str().map(String::from))
+        .collect()
+}
+
+async fn wait_stalled(api: &ApiServer, gpu: usize, reason: &str) -> String {
+    let start = Instant::now();
+    loop {
+        if let Some(e) = stalled_events(api)
+            .into_iter()
+            .find(|e| e.starts_with(&format!("GPU {gpu} ")) && e.contains(reason))
+        {
+            return e;
+        }
+        assert!(start.elapsed() < WAIT, "events: {:?}", api.events());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// The config changes while the agent is down: GPUs 1–3 were the DRA driver's, now none
+/// is. At start the agent reads what survives of the old split: GPU 1 has a prepared
+/// claim (checkpoint), GPU 2 a claim allocated but never prepared (API server), GPU 3
+/// only the old slices. GPUs 1 and 2 stay with the driver (one Event each naming the
+/// claim; the device plugin never lists them) until their claims are gone; GPU 3 moves
+/// in two phases; GPU 0, never the driver's, is in the device plugin's first list.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_config_changed_while_the_agent_was_down_does_not_take_claimed_gpus_from_the_driver() {
+    let (n, backend) = node("4xL4").await;
+    let (api, kubelet, plugins, uuids) = (&n.api, &n.kubelet, &n.plugins, &n.uuids);
+    let start = || {
+        DraAgentBuilder::new(&n.dirs, backend.clone())
+            .configs(&[
+                ("default", "version: v1\n"),
+                (
+                    "split",
+                    "tessera: { dra: { gpus: { index: [1, 2, 3] } } }\n",
+                ),
+            ])
+            .both_paths()
+            .dra_mode(DraMode::Auto)
+            .events_on_node(api)
+            .start(api)
+    };
+    api.set_label("tessera.io/config", Some("split"));
+    let agent = start();
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    wait_dra(api, &["gpu-1", "gpu-2", "gpu-3"]).await;
+    wait_dp(plugins, uuids, &[0]).await;
+    let train = put_claim(api, "train", &["gpu-1"]);
+    let out = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&train))
+        .await
+        .unwrap();
+    assert!(out[&train.uid].is_ok(), "{out:?}");
+    agent.shutdown().await;
+
+    // While the agent is down: the scheduler allocates GPU 2 (from the slices still on
+    // the API server), and the node's config is changed to give DRA nothing.
+    let serve = put_claim(api, "serve", &["gpu-2"]);
+    api.set_label("tessera.io/config", None);
+    let agent = start();
+    kubelet.wait_registered(DRIVER, 2, WAIT).await;
+    wait_blocked(api, 1, "claim ml/train (uid uid-train)").await;
+    wait_blocked(api, 2, "claim ml/serve (uid uid-serve, allocated)").await;
+    wait_dp(plugins, uuids, &[0, 3]).await;
+    wait_dra(api, &["gpu-1", "gpu-2"]).await;
+    let first = plugins.state(GPU).unwrap().lists[0].clone();
+    assert!(
+        first.iter().any(|d| d.id == uuids[0]),
+        "GPU 0 not in the first list: {first:?}"
+    );
+    let out = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&serve))
+        .await
+        .unwrap();
+    assert!(out[&serve.uid].is_ok(), "{out:?}");
+    for (i, uuid) in uuids.iter().enumerate().take(3).skip(1) {
+        assert!(
+            !dp_ever_listed(plugins, 0, uuid),
+            "the device plugin listed GPU {i}"
+        );
+    }
+
+    // The claims are gone: both GPUs move, the driver withdraws.
+    for claim in [&train, &serve] {
+        assert!(api.delete_object(CLAIMS, &claim.name));
+        let un = kubelet
+            .unprepare(DRIVER, std::slice::from_ref(claim))
+            .await
+            .unwrap();
+        assert!(un.values().all(|r| r.is_ok()), "{un:?}");
+    }
+    wait_dp(plugins, uuids, &[0, 1, 2, 3]).await;
+    kubelet.wait_unregistered(DRIVER, WAIT).await;
+    wait_for("no DRA slices", || our_slices(api).is_empty()).await;
+    assert!(stalled_events(api).is_empty(), "{:?}", stalled_events(api));
+    agent.shutdown().await;
+}
+
+/// Without the API server at start the agent cannot tell which GPUs the driver had: the
+/// GPUs the config gives to the device plugin wait (on neither path, a `GpuMoveStalled`
+/// Event each) until it answers, then go to the device plugin.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_start_without_the_api_server_gpus_wait_until_it_answers() {
+    let (n, backend) = node("2xL4").await;
+    let (api, kubelet, plugins, uuids) = (&n.api, &n.kubelet, &n.plugins, &n.uuids);
+    api.fail_requests(&["GET"], ALL_CLAIMS);
+    let agent = DraAgentBuilder::new(&n.dirs, backend.clone())
+        .both_paths()
+        .dra_mode(DraMode::Auto)
+        .events_on_node(api)
+        .start(api);
+    let event = wait_stalled(api, 0, "the API server does not answer").await;
+    assert!(event.contains(&uuids[0]), "{event}");
+    wait_stalled(api, 1, "the API server does not answer").await;
+    assert!(!dp_ever_listed(plugins, 0, &uuids[0]) && !dp_ever_listed(plugins, 0, &uuids[1]));
+    assert!(kubelet.plugin(DRIVER).is_none(), "the driver registered");
+    api.stop_failing();
+    wait_dp(plugins, uuids, &[0, 1]).await;
+    assert!(kubelet.plugin(DRIVER).is_none(), "the driver registered");
+    agent.shutdown().await;
+}
+
+/// Phase 2 that cannot finish is reported, not silent: while the driver cannot write its
+/// slices, GPU 1 (leaving it) stays on neither path and one `GpuMoveStalled` Event names
+/// it and the reason; once writes work, it moves. The same when the claims LIST of phase 2
+/// fails (GPU 2).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_move_off_the_driver_is_reported_and_retried() {
+    let (n, backend) = node("3xL4").await;
+    let (api, kubelet, plugins, uuids) = (&n.api, &n.kubelet, &n.plugins, &n.uuids);
+    let agent = DraAgentBuilder::new(&n.dirs, backend.clone())
+        .configs(&[
+            ("default", "version: v1\n"),
+            ("split", "tessera: { dra: { gpus: { index: [1, 2] } } }\n"),
+            ("moved", "tessera: { dra: { gpus: { index: [2] } } }\n"),
+        ])
+        .both_paths()
+        .events_on_node(api)
+        .start(api);
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    api.set_label("tessera.io/config", Some("split"));
+    wait_dra(api, &["gpu-1", "gpu-2"]).await;
+    wait_dp(plugins, uuids, &[0]).await;
+
+    // The driver's slice writes fail: the slices keep naming GPU 1.
+    let lists_before = plugins.state(GPU).unwrap().lists.len();
+    api.fail_requests(&["POST", "PUT", "DELETE"], SLICES);
+    api.set_label("tessera.io/config", Some("moved"));
+    let event = wait_stalled(api, 1, "ResourceSlices on the API server still name it").await;
+    assert!(
+        event.contains(&uuids[1]) && event.contains("neither kubelet path"),
+        "{event}"
+    );
+    // Retried, still reported once, never on the device plugin meanwhile.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(stalled_events(api).len(), 1, "{:?}", stalled_events(api));
+    assert!(!dp_ever_listed(plugins, lists_before - 1, &uuids[1]));
+    assert_eq!(
+        dra_devices(api),
+        Some(["gpu-1", "gpu-2"].map(String::from).into())
+    );
+    api.stop_failing();
+    wait_dra(api, &["gpu-2"]).await;
+    wait_dp(plugins, uuids, &[0, 1]).await;
+
+    // The claims LIST of phase 2 fails (it answers the reload's LIST, then fails).
+    let lists_before = plugins.state(GPU).unwrap().lists.len();
+    api.after_next_list(ALL_CLAIMS, |api| api.fail_requests(&["GET"], ALL_CLAIMS));
+    api.set_label("tessera.io/config", None);
+    let event = wait_stalled(api, 2, "the API server does not answer").await;
+    assert!(event.contains("ResourceClaims"), "{event}");
+    wait_dra(api, &[]).await;
+    assert!(!dp_ever_listed(plugins, lists_before, &uuids[2]));
+    api.stop_failing();
+    wait_dp(plugins, uuids, &[0, 1, 2]).await;
+    assert_eq!(stalled_events(api).len(), 2, "{:?}", stalled_events(api));
+    agent.shutdown().await;
+}

@@ -490,7 +490,18 @@ async fn claims_on_gpus_the_driver_gave_up_or_never_published_are_refused() {
     };
     assert_eq!(prepared(&dirs), ["uid-fine", "uid-pinned"]);
 
-    // A restarted agent prepares the prepared claims again and still refuses the late one.
+    // A restarted agent prepares the prepared claims again and still refuses the late one:
+    // the kubelet's checkpoint records GPU 1 as the device plugin's (as the kubelet writes
+    // it after each device list), so the claim allocated on it is not taken for one the
+    // scheduler made while the agent was down.
+    let registered = json!({"Data": {"PodDeviceEntries": null,
+        "RegisteredDevices": {"nvidia.com/gpu": [uuids[0], uuids[1]]}}, "Checksum": 0});
+    std::fs::write(
+        dirs.kubelet_dir
+            .join("device-plugins/kubelet_internal_checkpoint"),
+        registered.to_string(),
+    )
+    .unwrap();
     agent.shutdown().await;
     let agent = DraAgentBuilder::new(&dirs, backend.clone())
         .configs(&configs)

@@ -124,6 +124,15 @@ pub fn gpu_move_blocked_event(
     node_event(node, "GpuMoveBlocked", "MoveGpu", message, now)
 }
 
+/// The Event of a GPU whose move off the DRA driver waits long (on neither path).
+pub fn gpu_move_stalled_event(
+    node: &str,
+    message: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Event {
+    node_event(node, "GpuMoveStalled", "MoveGpu", message, now)
+}
+
 /// A Warning Event about the Node.
 fn node_event(
     node: &str,
@@ -181,6 +190,12 @@ impl EventRecorder for KubeEventRecorder {
         let now = k8s_openapi::jiff::Timestamp::now();
         self.post(gpu_move_blocked_event(&self.node, message, now));
     }
+
+    fn gpu_move_stalled(&self, message: &str) {
+        super::LogRecorder.gpu_move_stalled(message);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        self.post(gpu_move_stalled_event(&self.node, message, now));
+    }
 }
 
 #[cfg(test)]
@@ -205,5 +220,12 @@ mod tests {
         assert_eq!(b.reason.as_deref(), Some("GpuMoveBlocked"));
         assert_eq!(b.note.as_deref(), Some("GPU 2 stays"));
         assert_eq!(b.regarding.unwrap().name.as_deref(), Some("gpu-7"));
+        let s = gpu_move_stalled_event(
+            "gpu-7",
+            "GPU 1 waits",
+            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
+        );
+        assert_eq!(s.reason.as_deref(), Some("GpuMoveStalled"));
+        assert_eq!(s.type_.as_deref(), Some("Warning"));
     }
 }

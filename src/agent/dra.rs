@@ -87,6 +87,10 @@ pub struct DraSettings {
     /// the agent looks for claims that slipped onto it and hands it to the device plugin
     /// (covers the scheduler's watch lag).
     pub move_settle: std::time::Duration,
+    /// How long a GPU may wait in phase 2 of its move off the driver (on neither path)
+    /// before the agent warns (log, `GpuMoveStalled` Event, metric); the log repeats at
+    /// most once per this interval while it waits.
+    pub move_stall_warn: std::time::Duration,
 }
 
 /// What the DRA driver publishes: its GPUs (post-MIG inventory) and their plan, and the

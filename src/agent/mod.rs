@@ -22,6 +22,9 @@
 //! A GPU leaving the DRA driver moves in two phases ([`withdraw`]): the driver stops
 //! publishing it, and only once the API server's slices no longer name it and no claim
 //! slipped onto it does the device plugin list it; a claim that did rolls the move back.
+//! At start the split an earlier run left is inferred from what survives (slices,
+//! allocated claims, the checkpoints), so a config changed while the agent was down moves
+//! GPUs the same way; a phase 2 that waits long is reported (`GpuMoveStalled`).
 //! With `--dra=auto` the DRA path serves the kubelet only while it owns a GPU
 //! ([`dra::DraView::active`]).
 //!
@@ -98,6 +101,13 @@ pub trait EventRecorder: Send + Sync {
     /// message names the GPU and what holds it).
     fn gpu_move_blocked(&self, message: &str) {
         warn!(%message, "GPU not moved between kubelet paths");
+    }
+
+    /// A GPU leaving the DRA driver has waited long in phase 2 ([`withdraw`]): on neither
+    /// path, because the slices still name it or the API server does not answer (the
+    /// message names the GPU and the reason). Once per GPU and wait.
+    fn gpu_move_stalled(&self, message: &str) {
+        warn!(%message, "GPU move off the DRA driver stalled");
     }
 }
 
@@ -265,6 +275,12 @@ struct Agent {
     clear_since: Option<tokio::time::Instant>,
     /// See [`dra::DraSettings::move_settle`].
     move_settle: Duration,
+    /// See [`dra::DraSettings::move_stall_warn`].
+    move_stall_warn: Duration,
+    /// Whether phase 2 of the current withdrawal waits long enough to warn.
+    stall: withdraw::Stall,
+    /// Whether the last DRA view sent serves the kubelet.
+    dra_serving: bool,
     /// The split the last build used (`assignment` with `withdrawing` on DRA).
     built: Option<Assignment>,
 }
@@ -318,11 +334,26 @@ impl Agent {
         let timeout = Duration::from_secs(5);
         match withdraw::list_published(client.clone(), &node, &inventory, timeout).await {
             Ok(published) if published.is_disjoint(&self.withdrawing) => {}
-            Ok(_) => {
+            Ok(published) => {
                 self.clear_since = None;
-                return;
+                let named: BTreeSet<String> =
+                    published.intersection(&self.withdrawing).cloned().collect();
+                return self.stalled(
+                    &inventory,
+                    &named,
+                    "this node's ResourceSlices on the API server still name it (the DRA \
+                     driver has not published its slices without it; see its \
+                     \"ResourceSlices not published\" warnings)",
+                );
             }
-            Err(e) => return warn!(error = %e, "GPU moves off the DRA driver wait"),
+            Err(e) => {
+                let all = self.withdrawing.clone();
+                return self.stalled(
+                    &inventory,
+                    &all,
+                    &format!("the API server does not answer ({e})"),
+                );
+            }
         }
         let since = *self
             .clear_since
@@ -332,7 +363,14 @@ impl Agent {
         }
         let allocated = match usage::list_allocated(client, &node, &inventory, timeout).await {
             Ok(a) => a,
-            Err(e) => return warn!(error = %e, "GPU moves off the DRA driver wait"),
+            Err(e) => {
+                let all = self.withdrawing.clone();
+                return self.stalled(
+                    &inventory,
+                    &all,
+                    &format!("the API server does not answer ({e})"),
+                );
+            }
         };
         let (done, back) = withdraw::settle(&self.withdrawing, &allocated);
         for (uuid, who) in &back {
@@ -341,6 +379,35 @@ impl Agent {
         }
         if let Err(e) = self.apply_with(config, back, &done).await {
             warn!(error = %e, "cannot finish moving GPUs off the DRA driver; retrying");
+        }
+    }
+
+    /// Phase 2 could not finish for `gpus` because of `reason`: once it has waited
+    /// `move_stall_warn`, warn naming each GPU and the reason (then at most once per that
+    /// interval), record one `GpuMoveStalled` Event per GPU and wait, and set the gauge.
+    /// Nothing else changes: the next poll retries.
+    fn stalled(&mut self, inventory: &Inventory, gpus: &BTreeSet<String>, reason: &str) {
+        let Some(waited) = self
+            .stall
+            .due(tokio::time::Instant::now(), self.move_stall_warn)
+        else {
+            return;
+        };
+        self.opts.metrics.gpu_moves_stalled.set(gpus.len() as i64);
+        for uuid in gpus {
+            let index = inventory
+                .gpu(uuid)
+                .map_or_else(|| "?".to_string(), |g| g.index.to_string());
+            let message = format!(
+                "GPU {index} ({uuid}) is on neither kubelet path: its move off the DRA driver \
+                 has waited {:.1} s because {reason}; retrying",
+                waited.as_secs_f64()
+            );
+            if self.stall.first_report(uuid) {
+                self.recorder.gpu_move_stalled(&message);
+            } else {
+                warn!(%message, "GPU move off the DRA driver stalled");
+            }
         }
     }
 
@@ -373,32 +440,88 @@ impl Agent {
         self.blocked = blocked;
     }
 
+    /// At start (no split in force yet): the GPUs an earlier run may have given the DRA
+    /// driver that `assignment` gives to the device plugin ([`withdraw::inherited`]), and
+    /// the claims LIST made to find them. Nothing is listed when DRA is off or no GPU
+    /// goes to the device plugin. A GPU the kubelet records as the device plugin's (its
+    /// checkpoint: listed by it last, or held by a pod) was not the driver's. When the API
+    /// server cannot say, every other GPU the assignment gives to the device plugin counts
+    /// as the driver's (it then waits in phase 2, on neither path, until the API server
+    /// answers).
+    async fn inherited_split(
+        &self,
+        before: &Inventory,
+        assignment: &Assignment,
+        holders: &ownership::Holders,
+    ) -> (
+        BTreeSet<String>,
+        Option<std::result::Result<BTreeMap<String, Vec<String>>, String>>,
+    ) {
+        let (Some(_), Some((client, node))) = (&self.owned, &self.claims_api) else {
+            return (BTreeSet::new(), None);
+        };
+        let to_device_plugin: BTreeSet<String> = before
+            .gpus
+            .iter()
+            .filter(|g| assignment.owner(g) == Owner::DevicePlugin)
+            .map(|g| g.uuid.clone())
+            .collect();
+        if to_device_plugin.is_empty() || !assignment.device_plugin {
+            return (BTreeSet::new(), None);
+        }
+        // Both paths wait for this answer at start: bounded tighter than later LISTs.
+        let found = withdraw::inherited(client.clone(), node, before, Duration::from_secs(2)).await;
+        // What the kubelet records as the device plugin's was not the driver's.
+        let mut device_plugin = self.usage.device_plugin_registered(before);
+        device_plugin.extend(holders.device_plugin.keys().cloned());
+        let gpus = match (&found.published, &found.allocated) {
+            (Ok(published), Ok(allocated)) => {
+                withdraw::inherited_gpus(published, allocated, &holders.dra, &device_plugin)
+            }
+            (Err(e), _) | (_, Err(e)) => {
+                let unknown: BTreeSet<String> = to_device_plugin
+                    .difference(&device_plugin)
+                    .cloned()
+                    .collect();
+                if !unknown.is_empty() {
+                    warn!(error = %e, gpus = unknown.len(),
+                        "the DRA driver's split before this start is not known: GPUs the config gives to the device plugin wait until the API server answers");
+                }
+                unknown
+            }
+        };
+        let moving: BTreeSet<String> = gpus.intersection(&to_device_plugin).cloned().collect();
+        if !moving.is_empty() {
+            info!(gpus = ?moving, "GPUs the DRA driver may have had before this start go to the device plugin: they move in two phases");
+        }
+        (gpus, Some(found.allocated))
+    }
+
     async fn apply(&mut self, config: NodeConfig) -> Result<bool> {
         self.apply_with(config, BTreeMap::new(), &BTreeSet::new())
             .await
     }
 
     /// GPUs leaving the DRA driver under `assignment` whose move is not confirmed: the
-    /// ones still withdrawing (less `settled`) and the ones leaving now, as long as the
-    /// split gives them to the device plugin.
+    /// ones still withdrawing (less `settled`) and the ones leaving now (the driver's
+    /// before this apply, `previous_dra`), as long as the split gives them to the device
+    /// plugin.
     fn withdrawing_under(
         &self,
         inventory: &Inventory,
         assignment: &Assignment,
         settled: &BTreeSet<String>,
+        previous_dra: &BTreeSet<String>,
     ) -> BTreeSet<String> {
         if self.owned.is_none() || !assignment.device_plugin {
             return BTreeSet::new();
         }
         let mut out: BTreeSet<String> = self.withdrawing.difference(settled).cloned().collect();
-        if let Some(previous) = &self.assignment {
-            out.extend(
-                previous
-                    .dra_uuids(inventory)
-                    .difference(&assignment.dra_uuids(inventory))
-                    .cloned(),
-            );
-        }
+        out.extend(
+            previous_dra
+                .difference(&assignment.dra_uuids(inventory))
+                .cloned(),
+        );
         out.retain(|uuid| {
             inventory
                 .gpu(uuid)
@@ -425,27 +548,40 @@ impl Agent {
         merge_holders(&mut holders.dra, extra);
         let (mut assignment, mut blocked) =
             ownership::decide(&self.ownership, &before, &config, &holders);
+        // The GPUs the DRA driver had before this apply; at start, what an earlier run
+        // left of its split (with the claims LIST made to find it).
+        let (previous_dra, mut listed) = match &self.assignment {
+            Some(previous) => (previous.dra_uuids(&before), None),
+            None => self.inherited_split(&before, &assignment, &holders).await,
+        };
         // GPUs about to leave the DRA driver: a claim allocated on one but not prepared
         // yet holds it too (one LIST, only when such a move is due).
-        let leaving: Vec<String> = match &self.assignment {
-            Some(previous) => previous
-                .dra_uuids(&before)
-                .difference(&assignment.dra_uuids(&before))
-                .cloned()
-                .collect(),
-            None => Vec::new(),
-        };
+        let leaving: Vec<String> = previous_dra
+            .difference(&assignment.dra_uuids(&before))
+            .cloned()
+            .collect();
         if let (false, Some((client, node))) = (leaving.is_empty(), &self.claims_api) {
-            let allocated =
-                usage::list_allocated(client.clone(), node, &before, Duration::from_secs(5))
-                    .await
-                    .unwrap_or_else(|e| {
-                        // Unknown: keep the GPUs where they are and retry.
-                        leaving
-                            .iter()
-                            .map(|u| (u.clone(), vec![format!("(not known: {e})")]))
-                            .collect()
-                    });
+            let allocated = match listed.take() {
+                Some(listed) => listed,
+                None => {
+                    usage::list_allocated(client.clone(), node, &before, Duration::from_secs(5))
+                        .await
+                }
+            };
+            let allocated = match allocated {
+                Ok(a) => a,
+                // At start the GPUs are not served by either path yet: they wait in phase
+                // 2, which lists the claims again before the device plugin gets them.
+                Err(e) if self.assignment.is_none() => {
+                    warn!(error = %e, "cannot list ResourceClaims at start: GPUs the config gives to the device plugin wait until the API server answers");
+                    BTreeMap::new()
+                }
+                // Unknown: keep the GPUs where they are and retry.
+                Err(e) => leaving
+                    .iter()
+                    .map(|u| (u.clone(), vec![format!("(not known: {e})")]))
+                    .collect(),
+            };
             for uuid in &leaving {
                 if let Some(who) = allocated.get(uuid) {
                     let list = holders.dra.entry(uuid.clone()).or_default();
@@ -459,7 +595,7 @@ impl Agent {
             }
             (assignment, blocked) = ownership::decide(&self.ownership, &before, &config, &holders);
         }
-        let mut withdrawing = self.withdrawing_under(&before, &assignment, settled);
+        let mut withdrawing = self.withdrawing_under(&before, &assignment, settled, &previous_dra);
         if self.current.as_ref() == Some(&config)
             && self.assignment.as_ref() == Some(&assignment)
             && withdrawing == self.withdrawing
@@ -483,7 +619,7 @@ impl Agent {
                 let before_split;
                 (assignment, blocked, before_split) =
                     self.commit_split(owned, &before, &config, &mut holders, assignment, blocked)?;
-                withdrawing = self.withdrawing_under(&before, &assignment, settled);
+                withdrawing = self.withdrawing_under(&before, &assignment, settled, &previous_dra);
                 if self.current.as_ref() == Some(&config)
                     && self.assignment.as_ref() == Some(&assignment)
                     && withdrawing == self.withdrawing
@@ -539,12 +675,17 @@ impl Agent {
         }
         let advertisement = built.advertisement;
         if let Some(mut view) = built.dra {
-            // Serve while the driver owns a GPU or a move off it is being confirmed.
-            view.active = self.ownership.dra_serves(view.inventory.gpus.len());
+            // Serve while the driver owns a GPU, or a move off it is being confirmed and it
+            // already serves (a driver that does not serve, e.g. at start, does not begin
+            // to only to withdraw).
+            let with_withdrawing = view.inventory.gpus.len();
             view.inventory
                 .gpus
                 .retain(|g| !withdrawing.contains(&g.uuid));
             view.plan.gpus.retain(|uuid, _| !withdrawing.contains(uuid));
+            view.active = self.ownership.dra_serves(view.inventory.gpus.len())
+                || (self.dra_serving && self.ownership.dra_serves(with_withdrawing));
+            self.dra_serving = view.active;
             info!(
                 gpus = view.inventory.gpus.len(),
                 withdrawing = withdrawing.len(),
@@ -555,6 +696,11 @@ impl Agent {
         }
         if withdrawing != self.withdrawing {
             self.clear_since = None;
+            if self.stall.warned() {
+                info!(gpus = ?withdrawing, "the stalled GPU move off the DRA driver went on");
+            }
+            self.stall = withdraw::Stall::default();
+            self.opts.metrics.gpu_moves_stalled.set(0);
         }
         for uuid in self.withdrawing.difference(&withdrawing) {
             if assignment.dra_uuids(&before).contains(uuid) {
@@ -782,6 +928,11 @@ pub async fn run_with(
         move_settle: dra_settings
             .as_ref()
             .map_or(Duration::from_secs(1), |s| s.move_settle),
+        move_stall_warn: dra_settings
+            .as_ref()
+            .map_or(Duration::from_secs(10), |s| s.move_stall_warn),
+        stall: withdraw::Stall::default(),
+        dra_serving: false,
         built: None,
     };
     // The first config decides which GPUs the DRA driver owns (the split reads the DRA

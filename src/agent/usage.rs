@@ -18,10 +18,14 @@
 //!   the entries of finished pods when it next admits a pod that needs devices, so a
 //!   finished pod can hold a GPU until then.
 //!
+//! The kubelet's checkpoint also records the devices the device plugin last listed
+//! (`RegisteredDevices`, healthy ones): at start, the device plugin's part of the split an
+//! earlier run left ([`UsageProbe::device_plugin_registered`], [`super::withdraw`]).
+//!
 //! A checkpoint that is missing holds nothing; one that cannot be read or decoded is
 //! logged and counted as holding nothing (the agent must not stop on it).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 
 use k8s_openapi::api::resource::v1::ResourceClaim;
@@ -37,6 +41,13 @@ use crate::gpu::Inventory;
 /// Where usage is read from (a trait so tests can hold GPUs without files).
 pub trait UsageProbe: Send + Sync {
     fn holders(&self, inventory: &Inventory) -> Holders;
+
+    /// UUIDs of the GPUs the device plugin last advertised as far as the kubelet recorded
+    /// it (its checkpoint's `RegisteredDevices`): at start, the device plugin's part of
+    /// the split an earlier run left. Empty when not known.
+    fn device_plugin_registered(&self, _inventory: &Inventory) -> BTreeSet<String> {
+        BTreeSet::new()
+    }
 }
 
 /// Reads the two checkpoints on this node.
@@ -81,6 +92,17 @@ impl UsageProbe for LocalUsage {
             }
         }
         out
+    }
+
+    fn device_plugin_registered(&self, inventory: &Inventory) -> BTreeSet<String> {
+        match std::fs::read(&self.kubelet_checkpoint) {
+            Ok(bytes) => registered_gpus(&bytes, inventory).unwrap_or_else(|e| {
+                warn!(path = %self.kubelet_checkpoint.display(), error = %e,
+                    "cannot read the kubelet's device checkpoint; the device plugin's devices before this start are not known");
+                BTreeSet::new()
+            }),
+            Err(_) => BTreeSet::new(),
+        }
     }
 }
 
@@ -182,6 +204,9 @@ struct KubeletCheckpoint {
 struct KubeletData {
     #[serde(rename = "PodDeviceEntries", default)]
     entries: Option<Vec<PodDevices>>,
+    /// Resource name → the device IDs its plugin last listed as healthy.
+    #[serde(rename = "RegisteredDevices", default)]
+    registered: Option<BTreeMap<String, Option<Vec<String>>>>,
 }
 
 #[derive(Deserialize)]
@@ -203,20 +228,48 @@ enum DeviceIds {
     Flat(Option<Vec<String>>),
 }
 
+/// Any device ID of ours starts with a GPU or MIG UUID (`<uuid>` or `<uuid>::<n>`): unit
+/// UUID → GPU UUID.
+fn unit_to_gpu(inventory: &Inventory) -> BTreeMap<&str, &str> {
+    let mut out: BTreeMap<&str, &str> = BTreeMap::new();
+    for g in &inventory.gpus {
+        out.insert(&g.uuid, &g.uuid);
+        for m in &g.mig_devices {
+            out.insert(&m.uuid, &g.uuid);
+        }
+    }
+    out
+}
+
+/// UUIDs of the GPUs a device ID of the kubelet checkpoint's `RegisteredDevices` lives on
+/// (any resource: whole GPUs, MIG devices, replicas).
+pub fn registered_gpus(
+    bytes: &[u8],
+    inventory: &Inventory,
+) -> Result<BTreeSet<String>, serde_json::Error> {
+    let cp: KubeletCheckpoint = serde_json::from_slice(bytes)?;
+    let units = unit_to_gpu(inventory);
+    Ok(cp
+        .data
+        .registered
+        .unwrap_or_default()
+        .into_values()
+        .flatten()
+        .flatten()
+        .filter_map(|id| {
+            let unit = id.split("::").next().unwrap_or_default();
+            units.get(unit).map(|g| g.to_string())
+        })
+        .collect())
+}
+
 /// GPU UUID → `pod <uid> container <name> (<resource>)` from the kubelet's checkpoint.
 pub fn device_plugin_holders(
     bytes: &[u8],
     inventory: &Inventory,
 ) -> Result<BTreeMap<String, Vec<String>>, serde_json::Error> {
     let cp: KubeletCheckpoint = serde_json::from_slice(bytes)?;
-    // Any device ID of ours starts with a GPU or MIG UUID.
-    let mut unit_to_gpu: BTreeMap<&str, &str> = BTreeMap::new();
-    for g in &inventory.gpus {
-        unit_to_gpu.insert(&g.uuid, &g.uuid);
-        for m in &g.mig_devices {
-            unit_to_gpu.insert(&m.uuid, &g.uuid);
-        }
-    }
+    let unit_to_gpu = unit_to_gpu(inventory);
     let mut out: BTreeMap<String, Vec<String>> = BTreeMap::new();
     for e in cp.data.entries.unwrap_or_default() {
         let ids: Vec<String> = match e.device_ids {
@@ -282,6 +335,39 @@ mod tests {
             br#"{"Data": {"PodDeviceEntries": null, "RegisteredDevices": null}, "Checksum": 0}"#;
         assert!(device_plugin_holders(empty, &inv).unwrap().is_empty());
         assert!(device_plugin_holders(b"{", &inv).is_err());
+    }
+
+    #[test]
+    fn registered_devices_of_the_kubelet_checkpoint() {
+        let inv = inv();
+        let (g0, g1) = (&inv.gpus[0], &inv.gpus[1]);
+        let mig1 = &g1.mig_devices[0].uuid;
+        let doc = |registered: &str| {
+            format!(
+                r#"{{"Data": {{"PodDeviceEntries": null, "RegisteredDevices": {registered}}}, "Checksum": 1}}"#
+            )
+        };
+        let uuids = |v: &[&str]| -> BTreeSet<String> { v.iter().map(|s| s.to_string()).collect() };
+        let cases: Vec<(String, BTreeSet<String>)> = vec![
+            ("null".into(), uuids(&[])),
+            ("{}".into(), uuids(&[])),
+            (
+                format!(
+                    r#"{{"nvidia.com/gpu": ["{}::0", "{}::1"], "example.com/nic": ["eth0"]}}"#,
+                    g0.uuid, g0.uuid
+                ),
+                uuids(&[&g0.uuid]),
+            ),
+            (
+                format!(r#"{{"nvidia.com/mig-3g.40gb": ["{mig1}"], "nvidia.com/gpu": null}}"#),
+                uuids(&[&g1.uuid]),
+            ),
+        ];
+        for (registered, want) in cases {
+            let got = registered_gpus(doc(&registered).as_bytes(), &inv).unwrap();
+            assert_eq!(got, want, "{registered}");
+        }
+        assert!(registered_gpus(b"[]", &inv).is_err());
     }
 
     #[test]

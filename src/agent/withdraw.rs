@@ -21,7 +21,23 @@
 //! server is the one window left). When the last GPU leaves a driver in `--dra=auto`, the
 //! driver keeps serving through phase 2 and withdraws from the kubelet only after it.
 //!
-//! The decisions are pure ([`published_gpus`], [`settle`]); the agent does the I/O.
+//! At start the agent does not know the split an earlier run left, so it reads what
+//! survives of it ([`inherited`]): the GPUs this node's stored slices name and the GPUs
+//! claims of this node's pool are allocated on (the DRA checkpoint's claims already hold
+//! their GPUs). A GPU among them that the config now gives to the device plugin moves in
+//! the same two phases (or stays with the driver while a claim holds it). When the API
+//! server cannot say (a LIST fails), every GPU the config gives to the device plugin is
+//! treated as possibly the driver's: it waits in phase 2, on neither path, until the API
+//! server answers.
+//!
+//! Phase 2 can wait for long: a publisher that cannot write leaves the old slices in
+//! place, a LIST fails. [`Stall`] says when to warn (after `move_stall_warn`, then at most
+//! once per that interval); the agent logs the GPU and the reason, records one
+//! `GpuMoveStalled` Event per GPU and wait, and sets the `tessera_gpu_moves_stalled`
+//! gauge.
+//!
+//! The decisions are pure ([`published_gpus`], [`settle`], [`inherited_gpus`],
+//! [`Stall`]); the agent does the I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -69,6 +85,94 @@ pub fn settle(
         }
     }
     (done, back)
+}
+
+/// The GPUs an earlier run may have given the DRA driver: named by this node's stored
+/// slices (`published`), allocated to a claim of this node's pool (`allocated`, GPU UUID
+/// → claims), or held by a claim in the DRA checkpoint (`checkpoint`). A GPU the kubelet
+/// records as the device plugin's (`device_plugin`: listed by it last, or a pod holds it)
+/// was not the driver's, unless the checkpoint holds it: a slice or an allocated claim
+/// naming it is left from before it moved (e.g. a claim refused at NodePrepareResources).
+/// Pure.
+pub fn inherited_gpus(
+    published: &BTreeSet<String>,
+    allocated: &BTreeMap<String, Vec<String>>,
+    checkpoint: &BTreeMap<String, Vec<String>>,
+    device_plugin: &BTreeSet<String>,
+) -> BTreeSet<String> {
+    published
+        .iter()
+        .chain(allocated.keys())
+        .filter(|g| !device_plugin.contains(*g))
+        .chain(checkpoint.keys())
+        .cloned()
+        .collect()
+}
+
+/// What survives at start of the split an earlier run left: the GPUs this node's stored
+/// slices name (`Err`: the LIST failed) and the claims allocated on this node's GPUs
+/// (`Err`: the LIST failed). Both LISTs run concurrently, each bounded by `timeout`.
+pub struct Inherited {
+    pub published: Result<BTreeSet<String>, String>,
+    pub allocated: Result<BTreeMap<String, Vec<String>>, String>,
+}
+
+/// Read [`Inherited`] from the API server.
+pub async fn inherited(
+    client: kube::Client,
+    node: &str,
+    inventory: &Inventory,
+    timeout: Duration,
+) -> Inherited {
+    let (published, allocated) = tokio::join!(
+        list_published(client.clone(), node, inventory, timeout),
+        super::usage::list_allocated(client, node, inventory, timeout),
+    );
+    Inherited {
+        published,
+        allocated,
+    }
+}
+
+/// When a phase 2 that cannot finish is worth a warning: once it has waited `after`, then
+/// at most once per `after`. Reset when the set of withdrawing GPUs changes.
+#[derive(Debug, Clone, Default)]
+pub struct Stall {
+    /// Since when phase 2 waits (the first poll that could not finish).
+    since: Option<tokio::time::Instant>,
+    /// The last warning.
+    warned: Option<tokio::time::Instant>,
+    /// GPUs already named in an Event during this wait.
+    reported: BTreeSet<String>,
+}
+
+impl Stall {
+    /// Phase 2 could not finish at `now`: whether to warn, and for how long it has waited.
+    pub fn due(&mut self, now: tokio::time::Instant, after: Duration) -> Option<Duration> {
+        let since = *self.since.get_or_insert(now);
+        let waited = now.saturating_duration_since(since);
+        if waited < after {
+            return None;
+        }
+        if self
+            .warned
+            .is_some_and(|w| now.saturating_duration_since(w) < after)
+        {
+            return None;
+        }
+        self.warned = Some(now);
+        Some(waited)
+    }
+
+    /// Whether `gpu` is named in an Event for the first time in this wait (records it).
+    pub fn first_report(&mut self, gpu: &str) -> bool {
+        self.reported.insert(gpu.to_string())
+    }
+
+    /// Whether a warning was given in this wait.
+    pub fn warned(&self) -> bool {
+        self.warned.is_some()
+    }
 }
 
 /// [`published_gpus`] of this node's stored slices (one LIST with a field selector,
@@ -134,6 +238,82 @@ mod tests {
             let want: BTreeSet<String> = want.iter().map(|i| inv.gpus[*i].uuid.clone()).collect();
             assert_eq!(published_gpus(slices, &inv), want, "{want:?}");
         }
+    }
+
+    #[test]
+    fn inherited_gpus_are_the_union_of_what_survives() {
+        let set = |v: &[&str]| -> BTreeSet<String> { v.iter().map(|s| s.to_string()).collect() };
+        let map = |v: &[&str]| -> BTreeMap<String, Vec<String>> {
+            v.iter()
+                .map(|s| (s.to_string(), vec!["x".to_string()]))
+                .collect()
+        };
+        // (published, allocated, checkpoint, the device plugin's, want)
+        type Case<'a> = (
+            &'a [&'a str],
+            &'a [&'a str],
+            &'a [&'a str],
+            &'a [&'a str],
+            &'a [&'a str],
+        );
+        let cases: &[Case] = &[
+            (&[], &[], &[], &[], &[]),
+            (&["a"], &[], &[], &[], &["a"]),
+            (&[], &["b"], &[], &[], &["b"]),
+            (&[], &[], &["c"], &[], &["c"]),
+            (&["a", "b"], &["b", "c"], &["d"], &[], &["a", "b", "c", "d"]),
+            // The device plugin's: a stale slice or a stranded claim does not make it the
+            // driver's; a checkpointed claim does.
+            (&["a"], &["b"], &["c"], &["a", "b", "c"], &["c"]),
+            (&["a", "e"], &[], &[], &["a"], &["e"]),
+        ];
+        for (published, allocated, checkpoint, device_plugin, want) in cases {
+            assert_eq!(
+                inherited_gpus(
+                    &set(published),
+                    &map(allocated),
+                    &map(checkpoint),
+                    &set(device_plugin)
+                ),
+                set(want),
+                "{published:?} {allocated:?} {checkpoint:?} {device_plugin:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn stall_warns_after_the_wait_then_at_most_once_per_interval() {
+        let after = Duration::from_secs(10);
+        let t0 = tokio::time::Instant::now();
+        let at = |s: u64| t0 + Duration::from_secs(s);
+        let mut stall = Stall::default();
+        // (seconds since the first poll, warned with this wait)
+        let cases: &[(u64, Option<u64>)] = &[
+            (0, None),
+            (5, None),
+            (10, Some(10)),
+            (11, None),
+            (19, None),
+            (20, Some(20)),
+            (45, Some(45)),
+            (50, None),
+        ];
+        for (t, want) in cases {
+            assert_eq!(
+                stall.due(at(*t), after),
+                want.map(Duration::from_secs),
+                "at {t} s"
+            );
+        }
+        assert!(stall.warned());
+        assert!(stall.first_report("g"));
+        assert!(!stall.first_report("g"));
+        assert!(stall.first_report("h"));
+        // A new wait starts over.
+        let mut stall = Stall::default();
+        assert!(!stall.warned());
+        assert_eq!(stall.due(at(100), after), None);
+        assert_eq!(stall.due(at(110), after), Some(after));
     }
 
     #[test]

@@ -215,6 +215,7 @@ fn paths(args: &Args, opts: &AgentOptions, client: Option<kube::Client>) -> Resu
         allocate: opts.allocate.clone(),
         retry: RetryPolicy::default(),
         move_settle: std::time::Duration::from_secs(1),
+        move_stall_warn: std::time::Duration::from_secs(10),
     };
     Ok(agent::Paths {
         ownership,

@@ -56,6 +56,9 @@ pub struct NodeMetrics {
     pub allocation_errors: Family<ErrorLabels, Counter>,
     pub health_transitions: Family<HealthLabels, Counter>,
     pub config_reloads: Family<OutcomeLabels, Counter>,
+    /// GPUs on neither kubelet path whose move off the DRA driver has waited past its
+    /// warning threshold (`agent::withdraw`).
+    pub gpu_moves_stalled: Gauge,
 }
 
 impl Default for NodeMetrics {
@@ -72,6 +75,7 @@ impl NodeMetrics {
         let allocation_errors = Family::<ErrorLabels, Counter>::default();
         let health_transitions = Family::<HealthLabels, Counter>::default();
         let config_reloads = Family::<OutcomeLabels, Counter>::default();
+        let gpu_moves_stalled = Gauge::default();
         registry.register(
             "devices",
             "Devices advertised to the kubelet",
@@ -97,6 +101,11 @@ impl NodeMetrics {
             "Layout config reloads by outcome",
             config_reloads.clone(),
         );
+        registry.register(
+            "gpu_moves_stalled",
+            "GPUs on neither kubelet path whose move off the DRA driver is stalled",
+            gpu_moves_stalled.clone(),
+        );
         Self {
             registry,
             devices,
@@ -104,6 +113,7 @@ impl NodeMetrics {
             allocation_errors,
             health_transitions,
             config_reloads,
+            gpu_moves_stalled,
         }
     }
 

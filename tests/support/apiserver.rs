@@ -14,6 +14,8 @@
 //! [`ApiServer::block_evictions`] it answers 429 TooManyRequests, as when a
 //! PodDisruptionBudget allows no disruption. [`ApiServer::compact`] ends open watches
 //! with `410 Gone`, as an etcd compaction does.
+//! [`ApiServer::fail_requests`] makes chosen requests fail with `500 InternalError` (a
+//! driver's writes, a cluster-wide LIST) until [`ApiServer::stop_failing`].
 //! Not modelled: authentication, admission, field managers / server-side apply, pagination.
 
 #![allow(dead_code)]
@@ -60,6 +62,8 @@ struct Store {
     /// Writes another client makes right after the next LIST of a collection was read
     /// (collection path → hook, [`ApiServer::after_next_list`]).
     after_list: Vec<(String, ListHook)>,
+    /// Requests answered `500` ([`ApiServer::fail_requests`]): methods and path prefix.
+    failing: Vec<(Vec<String>, String)>,
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
@@ -160,6 +164,21 @@ impl ApiServer {
             .unwrap()
             .after_list
             .push((collection.to_string(), Box::new(change)));
+    }
+
+    /// From now on, requests with one of `methods` whose path (without the query) starts
+    /// with `path_prefix` are answered `500 InternalError` and change nothing (counted in
+    /// [`Self::requests`]), until [`Self::stop_failing`].
+    pub fn fail_requests(&self, methods: &[&str], path_prefix: &str) {
+        self.store.lock().unwrap().failing.push((
+            methods.iter().map(|m| m.to_string()).collect(),
+            path_prefix.to_string(),
+        ));
+    }
+
+    /// Ends every [`Self::fail_requests`].
+    pub fn stop_failing(&self) {
+        self.store.lock().unwrap().failing.clear();
     }
 
     /// Create or replace an object directly (as another client would).
@@ -275,10 +294,23 @@ impl ApiServer {
         let method = req.method().clone();
         let path = req.uri().path().trim_end_matches('/').to_string();
         let query = parse_query(req.uri().query().unwrap_or(""));
-        self.store.lock().unwrap().log.push((
-            method.to_string(),
-            format!("{path}?{}", req.uri().query().unwrap_or("")),
-        ));
+        let fails = {
+            let mut st = self.store.lock().unwrap();
+            st.log.push((
+                method.to_string(),
+                format!("{path}?{}", req.uri().query().unwrap_or("")),
+            ));
+            st.failing
+                .iter()
+                .any(|(m, p)| m.iter().any(|m| m == method.as_str()) && path.starts_with(p))
+        };
+        if fails {
+            return status(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "InternalError",
+                "injected failure (ApiServer::fail_requests)",
+            );
+        }
         // `/…/<collection>` or `/…/<collection>/<name>`: collections end in a plural.
         let (collection, name) = split_path(&path);
         if method == Method::PUT && path.ends_with("/status") {

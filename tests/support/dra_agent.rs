@@ -67,6 +67,8 @@ pub struct DraAgentBuilder {
     pub dra: DraMode,
     /// [`DraSettings::move_settle`] (default 20 ms).
     pub move_settle: std::time::Duration,
+    /// [`DraSettings::move_stall_warn`] (default 200 ms).
+    pub move_stall_warn: std::time::Duration,
 }
 
 impl DraAgentBuilder {
@@ -82,6 +84,7 @@ impl DraAgentBuilder {
             recorder: None,
             dra: DraMode::On,
             move_settle: std::time::Duration::from_millis(20),
+            move_stall_warn: std::time::Duration::from_millis(200),
         }
     }
 
@@ -176,6 +179,7 @@ impl DraAgentBuilder {
                 allocate,
                 retry: RetryPolicy::default(),
                 move_settle: self.move_settle,
+                move_stall_warn: self.move_stall_warn,
             }),
         };
         let (_reload_tx, reload_rx) = tokio::sync::mpsc::unbounded_channel();
