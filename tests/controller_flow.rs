@@ -485,8 +485,9 @@ fn lease_spec(s: &ApiServer) -> Value {
         .unwrap_or(Value::Null)
 }
 
+/// Polls `f` every 20 ms for up to 10 s (generous: CI's 2 cores may be busy).
 async fn wait_for(what: &str, f: impl Fn() -> bool) {
-    for _ in 0..100 {
+    for _ in 0..500 {
         if f() {
             return;
         }

@@ -374,6 +374,9 @@ async fn watch_once(
 ) -> WatchEnd {
     let stream = match api.watch(wp, rv).await {
         Ok(s) => s,
+        // A server may refuse a too-old resourceVersion on the request itself rather
+        // than in the stream: LIST again at once, as for the in-stream 410.
+        Err(kube::Error::Api(s)) if s.code == 410 => return WatchEnd::Gone,
         Err(e) => {
             tracing::debug!(error = %e, kind = %store.resource.plural, "watch");
             return WatchEnd::Relist;
