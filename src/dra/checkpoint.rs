@@ -303,9 +303,18 @@ impl Store {
     }
 
     /// Read the checkpoint (the snapshot with the log's records applied); missing files
-    /// are an empty checkpoint.
+    /// are an empty checkpoint. Needs no lock: a read that a compaction overlapped (the
+    /// snapshot replaced between the two reads) is done again.
     pub fn read(&self) -> Result<Data> {
-        self.read_files(false).map(|d| d.data)
+        let mut tries = 0;
+        loop {
+            let before = self.stamp()?;
+            let read = self.read_files(false);
+            tries += 1;
+            if tries >= 5 || self.stamp()? == before {
+                return read.map(|d| d.data);
+            }
+        }
     }
 
     /// Read the snapshot and its log; with `for_writing`, keep the log open to append to.
