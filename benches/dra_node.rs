@@ -164,6 +164,31 @@ fn atomic_writes(dir: &std::path::Path, bytes: usize, writes: &[(bool, bool)]) -
     t.elapsed()
 }
 
+/// What the disk alone costs for one durable checkpoint-log record: a `pwrite` of `bytes`
+/// into `file` (preallocated, zero-filled) at `at`, then `fdatasync`.
+fn log_record_write(file: &std::fs::File, at: u64, bytes: usize) -> Duration {
+    use std::os::unix::fs::FileExt;
+    let t = Instant::now();
+    file.write_all_at(&vec![b'x'; bytes], at).unwrap();
+    file.sync_data().unwrap();
+    t.elapsed()
+}
+
+/// A preallocated file for [`log_record_write`] in `dir` (as the agent's log is).
+fn log_floor_file(dir: &std::path::Path) -> std::fs::File {
+    use std::io::Write;
+    let mut f = std::fs::File::options()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(dir.join("floor.log"))
+        .unwrap();
+    f.write_all(&vec![0u8; 1 << 20]).unwrap();
+    f.sync_all().unwrap();
+    f
+}
+
 /// The agent's `tessera::dra::timing` debug lines whose message is `what`, as
 /// `(claim name, value of field key)` (ANSI colours stripped).
 fn timing_fields<'a>(
@@ -345,7 +370,8 @@ async fn main() {
     let mut raw = v1::dra_plugin_client::DraPluginClient::new(ch);
     let claims_api: kube::Api<ResourceClaim> = kube::Api::namespaced(api.client(), "ml");
     let (mut empty, mut get, mut whole, mut mig) = (vec![], vec![], vec![], vec![]);
-    let (mut floor, mut floor1) = (vec![], vec![]);
+    let (mut floor, mut floor1, mut floor_log) = (vec![], vec![], vec![]);
+    let floor_file = log_floor_file(&dirs.state_dir);
     let checkpoint_bytes = std::fs::metadata(dirs.checkpoint_dir().join("checkpoint.json"))
         .map(|m| m.len() as usize)
         .unwrap_or(16 * 1024);
@@ -360,6 +386,7 @@ async fn main() {
             checkpoint_bytes,
             &[(true, false)],
         ));
+        floor_log.push(log_record_write(&floor_file, (i as u64 % 1000) * 1024, 600));
         let t = Instant::now();
         raw.node_prepare_resources(v1::NodePrepareResourcesRequest { claims: vec![] })
             .await
@@ -403,6 +430,7 @@ async fn main() {
     let (m50, m99) = stats(mig.into_iter().map(|(_, d)| d).collect());
     let (f50, f99) = stats(floor);
     let (o50, o99) = stats(floor1);
+    let (l50, l99) = stats(floor_log);
     rows.push((
         "NodePrepareResources, whole GPU (p50 / p99)".into(),
         format!("{:.2} / {:.2} ms", ms(w50), ms(w99)),
@@ -426,6 +454,12 @@ async fn main() {
         format!("{:.2} / {:.2} ms", ms(o50), ms(o99)),
         "same directory, same size".into(),
         format!("prepare p50 = {:.2}x floor", ms(w50) / ms(o50)),
+    ));
+    rows.push((
+        "  disk floor: 1 log record, pwrite + fdatasync (p50/p99)".into(),
+        format!("{:.2} / {:.2} ms", ms(l50), ms(l99)),
+        "600 bytes, preallocated file".into(),
+        format!("prepare p50 = {:.2}x floor", ms(w50) / ms(l50)),
     ));
     rows.push((
         "NodePrepareResources, MIG on demand (p50 / p99)".into(),

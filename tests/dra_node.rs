@@ -690,12 +690,29 @@ async fn the_binary_serves_dra_survives_sigkill_and_exits_cleanly() {
         .unwrap();
     assert!(un[&c.uid].is_ok(), "{un:?}");
     assert!(!dirs.claim_spec(&c.uid).exists());
+    // Prepared when SIGTERM comes: its records are in the checkpoint's log...
+    let kept = allocate(&api, "kept", &[result("gpu-0")]);
+    let out = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&kept))
+        .await
+        .unwrap();
+    assert!(out[&kept.uid].is_ok(), "{out:?}");
+    let snapshot_claims = || -> Value {
+        let text = std::fs::read_to_string(dirs.checkpoint_dir().join("checkpoint.json")).unwrap();
+        serde_json::from_str::<Value>(&text).unwrap()["data"]["claims"].clone()
+    };
+    assert!(
+        snapshot_claims().get(&kept.uid).is_none(),
+        "in the log only"
+    );
 
     kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
     let status = child.wait().unwrap();
     let log = support::dra_agent::binary_log(&dirs);
     assert!(status.success(), "exit status {status}: {log}");
     assert!(!log.contains("panicked"), "{log}");
+    // ...and after SIGTERM in the snapshot, the one file a 0.2 release reads (rollback).
+    assert_eq!(snapshot_claims()[&kept.uid]["phase"], "Completed", "{log}");
     for socket in [
         "plugins/gpu.tessera.io/dra.sock",
         "plugins_registry/gpu.tessera.io-reg.sock",

@@ -606,9 +606,16 @@ async fn start_destroys_unowned_mig_on_dra_gpus_and_recover_keeps_an_unchanged_f
     };
     assert_eq!(migs(0).len(), 2);
 
+    // The first start folds the prepare's log records into the snapshot; the next one,
+    // with nothing changed, rewrites neither file.
+    let first = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    first.recover().unwrap();
+    drop(first);
     let restarted = preparer(&api, backend.clone(), tmp.path(), "boot-1");
     let file = tmp.path().join("state/checkpoint.json");
+    let log = tmp.path().join("state/checkpoint.log");
     let inode = std::fs::metadata(&file).unwrap().ino();
+    let log_before = std::fs::read(&log).unwrap();
     let loaded = restarted.recover().unwrap();
     assert!(loaded.rollback.is_empty() && !loaded.rebooted);
     assert_eq!(
@@ -616,6 +623,7 @@ async fn start_destroys_unowned_mig_on_dra_gpus_and_recover_keeps_an_unchanged_f
         inode,
         "nothing changed: the checkpoint is not rewritten"
     );
+    assert_eq!(std::fs::read(&log).unwrap(), log_before, "nor its log");
     let dra: std::collections::BTreeSet<String> = [uuids[0].clone()].into();
     assert_eq!(restarted.destroy_unowned_migs(&dra).unwrap(), 1);
     gpu0.truncate(1);
@@ -651,11 +659,13 @@ async fn a_lost_started_record_leaves_nothing_behind_after_the_start_up_sweep() 
     let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
     assert!(p.prepare(vec![refs("keep", "uid-2")]).await["uid-2"].is_ok());
     let file = tmp.path().join("state/checkpoint.json");
-    let before_train = std::fs::read(&file).unwrap();
+    let log = tmp.path().join("state/checkpoint.log");
+    let before_train = (std::fs::read(&file).unwrap(), std::fs::read(&log).unwrap());
     assert!(p.prepare(vec![refs("train", "uid-1")]).await["uid-1"].is_ok());
     drop(p);
     // The records of "train" are lost; its instance and spec are not.
-    std::fs::write(&file, before_train).unwrap();
+    std::fs::write(&file, before_train.0).unwrap();
+    std::fs::write(&log, before_train.1).unwrap();
     let cdi = tmp.path().join("cdi");
     std::fs::write(cdi.join("tessera.io-gpu.json"), "{}").unwrap();
     std::fs::write(cdi.join("vendor.example.com-nic.json"), "{}").unwrap();
@@ -792,8 +802,11 @@ async fn claims_outside_the_drivers_gpus_or_slices_are_refused_and_change_nothin
     p.owned = owned_after_reload(&inv);
     let out = p.prepare(refs(&[("kept", "uid-k")])).await;
     assert!(out["uid-k"].is_ok(), "{out:?}");
-    let checkpoint = tmp.path().join("state/checkpoint.json");
-    let before = std::fs::read(&checkpoint).unwrap();
+    let checkpoint = || {
+        ["checkpoint.json", "checkpoint.log"]
+            .map(|f| std::fs::read(tmp.path().join("state").join(f)).unwrap())
+    };
+    let before = checkpoint();
 
     // Refused, each with its reason; nothing created, the checkpoint file untouched.
     let out = p
@@ -824,7 +837,7 @@ async fn claims_outside_the_drivers_gpus_or_slices_are_refused_and_change_nothin
         err("uid-s")
     );
     assert!(err("uid-h").contains("device gpu-1: "), "{}", err("uid-h"));
-    assert_eq!(std::fs::read(&checkpoint).unwrap(), before);
+    assert!(checkpoint() == before, "snapshot and log unchanged");
     for uid in ["uid-m", "uid-t", "uid-s", "uid-h"] {
         assert!(!tmp
             .path()
@@ -887,4 +900,107 @@ async fn claims_outside_the_drivers_gpus_or_slices_are_refused_and_change_nothin
         .unwrap_err()
         .contains("is served by the device-plugin path since later"));
     assert_eq!(migs(&fresh_gpus), [2, 0]);
+}
+
+/// Offsets just past each record of the checkpoint log under `state`.
+fn log_record_ends(state: &std::path::Path) -> Vec<usize> {
+    let bytes = std::fs::read(state.join("checkpoint.log")).unwrap();
+    let mut out = Vec::new();
+    let mut pos = tessera::dra::checkpoint::log::HEADER_LEN as usize;
+    while bytes[pos] != 0 {
+        pos += bytes[pos..].iter().position(|&b| b == b'\n').unwrap() + 1;
+        out.push(pos);
+    }
+    out
+}
+
+#[tokio::test]
+async fn a_torn_or_corrupt_log_record_is_recovered_from_at_start() {
+    // The checkpoint's log after a crash: (1) the `Completed` record of a MIG claim torn
+    // (the crash hit its write): the claim reads as `Started` and is rolled back, then
+    // prepared again on the kubelet's retry; (2) a damaged record with good ones after it
+    // (not a crash): reported, the checkpoint starts empty, and the start-up sweep removes
+    // what no record holds (never a crash loop).
+    let api = ApiServer::empty().await;
+    api.put_object(
+        CLAIMS,
+        claim("train", "uid-1", json!([r("gpu-0-mig-3g-40gb-4")])),
+    );
+    api.put_object(CLAIMS, claim("keep", "uid-2", json!([r("gpu-1")])));
+    let refs = |name: &str, uid: &str| ClaimRef {
+        namespace: "ml".into(),
+        name: name.into(),
+        uid: uid.into(),
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let state = tmp.path().join("state");
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let p = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    p.recover().unwrap();
+    assert!(p.prepare(vec![refs("keep", "uid-2")]).await["uid-2"].is_ok());
+    assert!(p.prepare(vec![refs("train", "uid-1")]).await["uid-1"].is_ok());
+    drop(p);
+    let ends = log_record_ends(&state);
+    assert_eq!(ends.len(), 4, "Started + Completed per claim");
+    let intact = std::fs::read(state.join("checkpoint.log")).unwrap();
+
+    // (1) Torn: half of train's Completed record reached the file.
+    let mut torn = intact.clone();
+    torn[ends[2] + 40..ends[3] + 1].fill(0);
+    std::fs::write(state.join("checkpoint.log"), &torn).unwrap();
+    let restarted = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    let loaded = restarted.recover().unwrap();
+    assert_eq!(loaded.rollback.len(), 1);
+    assert_eq!(loaded.rollback[0].0, "uid-1");
+    assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
+    assert!(!tmp.path().join("cdi/tessera.io-claim-uid-1.json").exists());
+    assert!(tmp.path().join("cdi/tessera.io-claim-uid-2.json").exists());
+    assert!(restarted.prepare(vec![refs("train", "uid-1")]).await["uid-1"].is_ok());
+    assert_eq!(backend.inventory().unwrap().gpus[0].mig_devices.len(), 1);
+    let cp = restarted.checkpoint.read().unwrap();
+    assert_eq!(cp.claims["uid-1"].phase, Phase::Completed);
+    assert_eq!(cp.claims["uid-2"].phase, Phase::Completed);
+    drop(restarted);
+
+    // (2) Corrupt: a flipped byte in the first record after the header, good records
+    // after it.
+    let restarted = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    restarted.recover().unwrap();
+    api.put_object(CLAIMS, claim("later", "uid-3", json!([r("gpu-1")])));
+    // uid-2 holds gpu-1: unprepare it, prepare the later claim (two records).
+    assert!(restarted.unprepare(vec![refs("keep", "uid-2")]).await["uid-2"].is_ok());
+    assert!(restarted.prepare(vec![refs("later", "uid-3")]).await["uid-3"].is_ok());
+    drop(restarted);
+    let ends = log_record_ends(&state);
+    assert!(ends.len() >= 2, "{ends:?}");
+    let mut bytes = std::fs::read(state.join("checkpoint.log")).unwrap();
+    bytes[ends[0] - 10] ^= 0x01;
+    std::fs::write(state.join("checkpoint.log"), &bytes).unwrap();
+    let e = restarted_read_error(&state);
+    assert!(
+        e.contains("checkpoint.log") && e.contains("is damaged"),
+        "{e}"
+    );
+    let restarted = preparer(&api, backend.clone(), tmp.path(), "boot-1");
+    let loaded = restarted.recover().unwrap();
+    assert!(loaded.data.claims.is_empty(), "rebuilt: starts empty");
+    let gpus: std::collections::BTreeSet<String> = backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    assert_eq!(restarted.destroy_unowned_migs(&gpus).unwrap(), 1);
+    assert!(!tmp.path().join("cdi/tessera.io-claim-uid-1.json").exists());
+    assert!(!tmp.path().join("cdi/tessera.io-claim-uid-3.json").exists());
+    // The files were replaced: a clean read, and the kubelet's retries prepare again.
+    assert!(restarted.checkpoint.read().unwrap().claims.is_empty());
+    assert!(restarted.prepare(vec![refs("train", "uid-1")]).await["uid-1"].is_ok());
+    assert!(restarted.prepare(vec![refs("later", "uid-3")]).await["uid-3"].is_ok());
+    assert_eq!(restarted.checkpoint.read().unwrap().claims.len(), 2);
+}
+
+fn restarted_read_error(state: &std::path::Path) -> String {
+    Store::new(state).read().unwrap_err().to_string()
 }

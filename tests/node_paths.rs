@@ -431,8 +431,8 @@ async fn claims_on_gpus_the_driver_gave_up_or_never_published_are_refused() {
     // A MIG placement of GPU 3, which is published whole only.
     let placement = put_claim(&api, "placement", &["gpu-3-mig-3g-40gb-4"]);
     let half = put_claim(&api, "half", &["gpu-3", "gpu-1"]);
-    let checkpoint = dirs.checkpoint_dir().join("checkpoint.json");
-    let before = std::fs::read(&checkpoint).unwrap();
+    let checkpoint = checkpoint_files(&dirs);
+    let before = checkpoint();
     let refused = [late.clone(), typo, placement, half];
     let out = kubelet.prepare(DRIVER, &refused).await.unwrap();
     let err = |c: &Claim| out[&c.uid].as_ref().unwrap_err().clone();
@@ -452,10 +452,9 @@ async fn claims_on_gpus_the_driver_gave_up_or_never_published_are_refused() {
         "{out:?}"
     );
     assert!(err(&refused[3]).contains("device gpu-1: "), "{out:?}");
-    assert_eq!(
-        std::fs::read(&checkpoint).unwrap(),
-        before,
-        "checkpoint unchanged"
+    assert!(
+        checkpoint() == before,
+        "checkpoint unchanged (snapshot and log)"
     );
     for c in &refused {
         assert!(!dirs.claim_spec(&c.uid).exists(), "{}", c.uid);
@@ -479,13 +478,11 @@ async fn claims_on_gpus_the_driver_gave_up_or_never_published_are_refused() {
     assert_eq!(out[&pinned.uid], first[&pinned.uid]);
     assert!(dirs.claim_spec(&fine.uid).exists());
     let prepared = |dirs: &NodeDirs| -> Vec<String> {
-        let text = std::fs::read_to_string(dirs.checkpoint_dir().join("checkpoint.json")).unwrap();
-        let v: Value = serde_json::from_str(&text).unwrap();
-        v["data"]["claims"]
-            .as_object()
+        tessera::dra::checkpoint::Store::new(&dirs.checkpoint_dir())
+            .read()
             .unwrap()
-            .keys()
-            .cloned()
+            .claims
+            .into_keys()
             .collect()
     };
     assert_eq!(prepared(&dirs), ["uid-fine", "uid-pinned"]);
@@ -621,9 +618,10 @@ async fn a_gpu_a_claim_is_being_prepared_on_does_not_go_to_the_device_plugin() {
     let reload = async {
         tokio::time::timeout(WAIT, arrived).await.unwrap().unwrap();
         // Admitted, no record yet: only the driver's memory says the claim holds GPU 1.
-        let checkpoint = dirs.checkpoint_dir().join("checkpoint.json");
-        let recorded = std::fs::read_to_string(&checkpoint).unwrap_or_default();
-        assert!(!recorded.contains("uid-racer"), "{recorded}");
+        let recorded = tessera::dra::checkpoint::Store::new(&dirs.checkpoint_dir())
+            .read()
+            .unwrap();
+        assert!(!recorded.claims.contains_key("uid-racer"), "{recorded:?}");
         // The claim is deallocated from the API server's view, so only the driver knows.
         assert!(api.delete_object(CLAIMS, "racer"));
         api.set_label("tessera.io/config", Some("moved"));
@@ -661,4 +659,15 @@ async fn a_gpu_a_claim_is_being_prepared_on_does_not_go_to_the_device_plugin() {
     wait_dra(&api, &["gpu-2"]).await;
     wait_dp(&plugins, &uuids, &[0, 1]).await;
     agent.shutdown().await;
+}
+
+/// The bytes of the DRA checkpoint's files (snapshot, log), read when called.
+fn checkpoint_files(dirs: &NodeDirs) -> impl Fn() -> Vec<Vec<u8>> {
+    let dir = dirs.checkpoint_dir();
+    move || {
+        ["checkpoint.json", "checkpoint.log"]
+            .iter()
+            .map(|f| std::fs::read(dir.join(f)).unwrap_or_default())
+            .collect()
+    }
 }

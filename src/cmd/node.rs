@@ -295,5 +295,29 @@ async fn run_async(args: Args) -> Result<()> {
     let result = agent::run_with(backend, opts, recorder, triggers, paths, cancel.clone()).await;
     cancel.cancel();
     signals.abort();
+    if args.dra {
+        settle_dra_checkpoint(args.state_dir.join("dra")).await;
+    }
     result.context("node agent")
+}
+
+/// At shutdown (SIGTERM, the agent stopped): fold the DRA checkpoint's log into its
+/// snapshot, so that a rollback to a release that reads only the snapshot (0.2 and
+/// earlier) finds every prepared claim there.
+async fn settle_dra_checkpoint(dir: PathBuf) {
+    let settled = tokio::task::spawn_blocking(move || {
+        let store = tessera::dra::checkpoint::Store::new(&dir);
+        let session = store.session()?;
+        session.settle()
+    })
+    .await;
+    match settled {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "cannot fold the DRA checkpoint log into its snapshot")
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot fold the DRA checkpoint log into its snapshot")
+        }
+    }
 }

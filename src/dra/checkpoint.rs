@@ -1,12 +1,17 @@
 //! The DRA driver's checkpoint of prepared claims: what survives an agent restart.
 //!
-//! File format (JSON), readable by older and newer releases alike:
-//! `{"version": 2, "checksum": "<crc32 of data>", "data": {"bootId": …, "claims": {…}}}`.
-//! `version` is `100 × major + minor`. Readers accept any version with the major they know
-//! and ignore unknown fields (minor bumps only add fields), so an upgrade or a rollback
-//! never turns a good checkpoint into garbage. A checksum mismatch,
+//! Two files in the state directory: the snapshot `checkpoint.json` and the intent log
+//! `checkpoint.log` ([`log`]); the content is the snapshot with the log's records applied.
+//!
+//! Snapshot format (JSON), readable by older and newer releases alike:
+//! `{"version": 3, "checksum": "<crc32 of data>", "data": {"bootId": …, "claims": {…},
+//! "logEpoch": …}}`. `version` is `100 × major + minor`. Readers accept any version with
+//! the major they know and ignore unknown fields (minor bumps only add fields), so an
+//! upgrade or a rollback never turns a good checkpoint into garbage. A checksum mismatch,
 //! a newer major version, or undecodable JSON is reported as [`Error::Corrupt`]: the caller
-//! rebuilds from the API server's claims instead of crash-looping on it.
+//! rebuilds from the API server's claims instead of crash-looping on it. Minor 3 added
+//! `logEpoch`: the log whose header carries that epoch continues this snapshot; a snapshot
+//! without it (written by an earlier release, which does not know the log) has no log.
 //!
 //! Each claim records two phases: `Started` is written *before* any side effect (MIG
 //! instance creation, CDI spec), `Completed` after. On start, `Started` claims are rolled
@@ -14,30 +19,34 @@
 //! keeps the claims but marks them for re-preparation, so the kubelet's next
 //! NodePrepareResources re-creates them instead of failing.
 //!
-//! Writes are atomic: a temporary file, written, fsynced (`Completed` and unprepare
-//! records: [`Durability::Durable`]) and renamed over the checkpoint. A `Started` record
-//! is renamed into place without its fsync ([`Durability::Written`]), and no write fsyncs
-//! the directory: what that leaves to a power loss does not matter after one (see
-//! [`Session::commit`]).
+//! Writes: a commit appends one checksummed record of its changes to the log, in place in
+//! the preallocated file (`Completed` and unprepare records: [`Durability::Durable`],
+//! `fdatasync`ed; `Started`: [`Durability::Written`], in the kernel, not synced; see
+//! [`Session::commit`]). A record torn by a crash is ignored on reading. A compaction
+//! ([`Session::settle`]: at start-up and on shutdown, and when the log is full or
+//! damaged) writes the whole content atomically as a new snapshot (temporary file, fsync,
+//! rename, directory fsync) with a new epoch, then empties the log for that epoch.
 //!
-//! The file is read once per process: a [`Session`] works on an in-memory copy, checks
-//! with a `stat` that nobody else wrote the file since, and [`Session::commit`] writes the
-//! copy back; concurrent requests share one write and one fsync (group commit). A file
-//! lock, held while any session of the process is open, serialises prepare/unprepare
-//! across processes.
+//! The files are read once per process: a [`Session`] works on an in-memory copy, checks
+//! with a `stat` and a `pread` that nobody else wrote them since, and [`Session::commit`]
+//! writes the changes; concurrent requests share one record and one `fdatasync` (group
+//! commit). A file lock, held while any session of the process is open, serialises
+//! prepare/unprepare across processes.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::io::Write;
+use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
-/// The format written by this release (major 0, minor 2). Minor 2 added
-/// `devices[].timeSlice`; minor-1 readers ignore it.
-pub const VERSION: u32 = 2;
+pub mod log;
+
+/// The snapshot format written by this release (major 0, minor 3). Minor 2 added
+/// `devices[].timeSlice`, minor 3 `logEpoch`; readers of earlier minors ignore them.
+pub const VERSION: u32 = 3;
 
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -132,11 +141,20 @@ fn checksum(data: &serde_json::Value) -> Result<String, serde_json::Error> {
     ))
 }
 
-/// Encode `data` as a checkpoint file body: one line of JSON whose `data` is the canonical
-/// encoding the checksum covers (serialised once, not again for the file; `jq .` shows
-/// it indented).
+/// Encode `data` as a snapshot body without a log: one line of JSON whose `data` is the
+/// canonical encoding the checksum covers (serialised once, not again for the file; `jq .`
+/// shows it indented).
 pub fn encode(data: &Data) -> Result<Vec<u8>, serde_json::Error> {
-    let canonical = serde_json::to_vec(&serde_json::to_value(data)?)?;
+    encode_snapshot(data, 0)
+}
+
+/// Encode `data` as a snapshot body continued by the log of `log_epoch` (0: none).
+pub fn encode_snapshot(data: &Data, log_epoch: u64) -> Result<Vec<u8>, serde_json::Error> {
+    let mut value = serde_json::to_value(data)?;
+    if let (serde_json::Value::Object(o), true) = (&mut value, log_epoch != 0) {
+        o.insert("logEpoch".into(), log_epoch.into());
+    }
+    let canonical = serde_json::to_vec(&value)?;
     let checksum = format!("{:08x}", crc32fast::hash(&canonical));
     let mut body = format!(r#"{{"version":{VERSION},"checksum":"{checksum}","data":"#).into_bytes();
     body.reserve(canonical.len() + 2);
@@ -145,8 +163,13 @@ pub fn encode(data: &Data) -> Result<Vec<u8>, serde_json::Error> {
     Ok(body)
 }
 
-/// Decode a checkpoint file body; `path` only names it in errors.
+/// Decode a snapshot body; `path` only names it in errors.
 pub fn decode(path: &str, bytes: &[u8]) -> Result<Data> {
+    decode_snapshot(path, bytes).map(|(data, _)| data)
+}
+
+/// Decode a snapshot body and the epoch of the log that continues it (0: none).
+pub fn decode_snapshot(path: &str, bytes: &[u8]) -> Result<(Data, u64)> {
     let corrupt = |reason: String| Error::Corrupt {
         path: path.to_string(),
         reason,
@@ -166,7 +189,14 @@ pub fn decode(path: &str, bytes: &[u8]) -> Result<Data> {
             env.checksum
         )));
     }
-    serde_json::from_value(env.data).map_err(|e| corrupt(format!("bad content: {e}")))
+    let epoch = env
+        .data
+        .get("logEpoch")
+        .and_then(serde_json::Value::as_u64)
+        .unwrap_or(0);
+    let data =
+        serde_json::from_value(env.data).map_err(|e| corrupt(format!("bad content: {e}")))?;
+    Ok((data, epoch))
 }
 
 /// What loading found.
@@ -212,11 +242,13 @@ pub fn recover(mut data: Data, boot_id: &str) -> Loaded {
     }
 }
 
-/// The checkpoint file and its lock, in the driver's state directory, and this process's
-/// copy of its content (shared by clones; see [`Session`]).
+/// The checkpoint's files (snapshot, log) and their lock, in the driver's state
+/// directory, and this process's copy of their content (shared by clones; see
+/// [`Session`]).
 #[derive(Clone)]
 pub struct Store {
     path: PathBuf,
+    log_path: PathBuf,
     lock_path: PathBuf,
     live: Arc<Live>,
 }
@@ -234,6 +266,7 @@ impl Store {
     pub fn new(dir: &Path) -> Self {
         Self {
             path: dir.join("checkpoint.json"),
+            log_path: dir.join(log::FILE_NAME),
             lock_path: dir.join("checkpoint.lock"),
             live: Arc::default(),
         }
@@ -242,6 +275,13 @@ impl Store {
     fn io(&self, source: std::io::Error) -> Error {
         Error::Io {
             path: self.path.display().to_string(),
+            source,
+        }
+    }
+
+    fn log_io(&self, source: std::io::Error) -> Error {
+        Error::Io {
+            path: self.log_path.display().to_string(),
             source,
         }
     }
@@ -262,25 +302,92 @@ impl Store {
             .map_err(|(_, errno)| self.io(std::io::Error::from(errno)))
     }
 
-    /// Read the checkpoint; a missing file is an empty checkpoint.
+    /// Read the checkpoint (the snapshot with the log's records applied); missing files
+    /// are an empty checkpoint. Needs no lock: a read that a compaction overlapped (the
+    /// snapshot replaced between the two reads) is done again.
     pub fn read(&self) -> Result<Data> {
-        match std::fs::read(&self.path) {
-            Ok(bytes) => decode(&self.path.display().to_string(), &bytes),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Data::default()),
-            Err(e) => Err(self.io(e)),
+        let mut tries = 0;
+        loop {
+            let before = self.stamp()?;
+            let read = self.read_files(false);
+            tries += 1;
+            if tries >= 5 || self.stamp()? == before {
+                return read.map(|d| d.data);
+            }
         }
     }
 
-    /// Write `data` atomically and durably (write, fsync, rename), bypassing this
-    /// process's in-memory copy (the next [`Session`] notices the new file and reads it).
+    /// Read the snapshot and its log; with `for_writing`, keep the log open to append to.
+    fn read_files(&self, for_writing: bool) -> Result<OnDisk> {
+        let (mut data, epoch) = match std::fs::read(&self.path) {
+            Ok(bytes) => decode_snapshot(&self.path.display().to_string(), &bytes)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Data::default(), 0),
+            Err(e) => return Err(self.io(e)),
+        };
+        let file = match File::options()
+            .read(true)
+            .write(for_writing)
+            .open(&self.log_path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(OnDisk {
+                    data,
+                    epoch_seen: epoch,
+                    log: None,
+                    compact: true,
+                })
+            }
+            Err(e) => return Err(self.log_io(e)),
+        };
+        let mut bytes = Vec::new();
+        (&file)
+            .read_to_end(&mut bytes)
+            .map_err(|e| self.log_io(e))?;
+        let mut parsed = log::parse(&bytes).map_err(|reason| Error::Corrupt {
+            path: self.log_path.display().to_string(),
+            reason,
+        })?;
+        let log = match for_writing {
+            true => Some(log::LogFile::found(file, &parsed).map_err(|e| self.log_io(e))?),
+            false => None,
+        };
+        let epoch_seen = epoch.max(parsed.epoch);
+        if epoch == 0 || parsed.epoch != epoch {
+            // Not this snapshot's log: left by a compaction interrupted after the new
+            // snapshot (which holds all of it), or the snapshot was written by a release
+            // without a log (which read its own snapshot only). Reused after a compaction.
+            return Ok(OnDisk {
+                data,
+                epoch_seen,
+                log,
+                compact: true,
+            });
+        }
+        if parsed.torn {
+            warn!(path = %self.log_path.display(), at = parsed.end,
+                  "ignoring a record torn by a crash at the end of the checkpoint log");
+        }
+        log::apply(&mut data, std::mem::take(&mut parsed.ops));
+        Ok(OnDisk {
+            data,
+            epoch_seen,
+            log,
+            compact: parsed.torn,
+        })
+    }
+
+    /// Write `data` as the snapshot, atomically and durably (write, fsync, rename),
+    /// without a log (its records no longer apply), bypassing this process's in-memory
+    /// copy (the next [`Session`] notices the new file and reads it).
     pub fn write(&self, data: &Data) -> Result<()> {
         let body = encode(data).map_err(|e| self.io(std::io::Error::other(e)))?;
-        self.write_body(&body, true).map(|_| ())
+        self.write_body(&body, true, false).map(|_| ())
     }
 
     /// Write `body` to a temporary file, fsync it when `sync`, rename it over the
-    /// checkpoint; returns the new file's [`Stamp`].
-    fn write_body(&self, body: &[u8], sync: bool) -> Result<Stamp> {
+    /// snapshot, fsync the directory when `sync_dir`; returns the new file's [`Stamp`].
+    fn write_body(&self, body: &[u8], sync: bool, sync_dir: bool) -> Result<Stamp> {
         let dir = self.path.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(dir).map_err(|e| self.io(e))?;
         let tmp = self.path.with_extension("json.tmp");
@@ -292,7 +399,65 @@ impl Store {
         let stamp = Stamp::of(&f.metadata().map_err(|e| self.io(e))?);
         drop(f);
         std::fs::rename(&tmp, &self.path).map_err(|e| self.io(e))?;
+        if sync_dir {
+            File::open(dir)
+                .and_then(|d| d.sync_all())
+                .map_err(|e| self.io(e))?;
+        }
         Ok(stamp)
+    }
+
+    /// A compaction, under the writer lock: the in-memory copy becomes a new snapshot with
+    /// a new log epoch (temporary file, fsync, rename, directory fsync), and only then is
+    /// the log emptied for that epoch (its header rewritten in place and `fdatasync`ed, or
+    /// a new log created). In that order, a crash or power loss at any point leaves either
+    /// the old snapshot with its whole log, or the new snapshot with a log that does not
+    /// apply to it (older header, torn header) or is empty: never a log whose records are
+    /// missing from the snapshot it applies to.
+    fn compact(&self, w: &mut Written) -> Result<()> {
+        let (data, seq) = {
+            let mem = lock(&self.live.mem);
+            (mem.data.clone().unwrap_or_default(), mem.seq)
+        };
+        let epoch = next_epoch(w.epoch);
+        let body = encode_snapshot(&data, epoch).map_err(|e| self.io(std::io::Error::other(e)))?;
+        let stamp = self.write_body(&body, true, true)?;
+        w.epoch = epoch;
+        w.on_file = data;
+        w.written = seq;
+        w.durable = seq;
+        lock(&self.live.mem).stamp = Some(stamp);
+        let reused = match w.log.as_mut() {
+            Some(log) => log.reset(epoch),
+            None => Ok(false),
+        };
+        let fresh = match reused {
+            Ok(true) => Ok(None),
+            Ok(false) => {
+                let dir = self.log_path.parent().unwrap_or(Path::new("."));
+                log::LogFile::create(dir, epoch).map(Some)
+            }
+            Err(e) => Err(e),
+        };
+        match fresh {
+            Ok(fresh) => {
+                if let Some(fresh) = fresh {
+                    w.log = Some(fresh);
+                }
+                w.compact = false;
+                lock(&self.live.mem).tail = w.log.as_ref().map(log::LogFile::tail);
+            }
+            Err(e) => {
+                // The snapshot holds everything and the log does not apply to it: the
+                // change is durable; the next commit compacts again.
+                warn!(path = %self.log_path.display(), error = %e,
+                      "cannot empty the checkpoint log; the next change rewrites the snapshot");
+                w.log = None;
+                w.compact = true;
+                lock(&self.live.mem).tail = None;
+            }
+        }
+        Ok(())
     }
 
     /// Open a [`Session`]: the first open session of the process takes the file lock and
@@ -317,29 +482,40 @@ impl Store {
         }
     }
 
-    /// Under the file lock: re-read the file if it is not the one this process last saw.
+    /// Under the file lock: re-read the files if they are not the ones this process last
+    /// saw (another snapshot, or a record after the log's end).
     fn refresh(&self) -> Result<()> {
         let stamp = self.stamp()?;
         let mut w = lock(&self.live.writer);
         let mut mem = lock(&self.live.mem);
-        if mem.data.is_some() && mem.stamp == stamp {
+        if mem.data.is_some() && mem.stamp == stamp && tail_unchanged(&mem) {
             return Ok(());
         }
-        let data = match self.read() {
+        let disk = match self.read_files(true) {
             Ok(d) => d,
             Err(e @ Error::Corrupt { .. }) => {
                 // Never a crash loop: start from an empty record (the kubelet re-sends
-                // every claim it still needs); the next write replaces the file.
+                // every claim it still needs); the next write replaces both files.
                 warn!(error = %e, "starting from an empty checkpoint");
-                Data::default()
+                OnDisk {
+                    data: Data::default(),
+                    epoch_seen: 0,
+                    log: None,
+                    compact: true,
+                }
             }
             Err(e) => return Err(e),
         };
-        mem.data = Some(data);
+        mem.data = Some(disk.data.clone());
         mem.stamp = stamp;
+        mem.tail = disk.log.as_ref().map(log::LogFile::tail);
         mem.seq += 1;
         w.written = mem.seq;
         w.durable = mem.seq;
+        w.on_file = disk.data;
+        w.log = disk.log;
+        w.compact = disk.compact;
+        w.epoch = w.epoch.max(disk.epoch_seen);
         Ok(())
     }
 
@@ -349,7 +525,7 @@ impl Store {
     pub fn completed_hint(&self, uid: &str) -> Option<PreparedClaim> {
         let stamp = self.stamp().ok()??;
         let mem = lock(&self.live.mem);
-        if mem.stamp != Some(stamp) || mem.in_flight.contains(uid) {
+        if mem.stamp != Some(stamp) || mem.in_flight.contains(uid) || !tail_unchanged(&mem) {
             return None;
         }
         mem.data
@@ -367,11 +543,11 @@ impl Store {
 /// How far a [`Session::commit`] must go.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Durability {
-    /// Written and renamed into place, not fsynced: survives a crash of this process (the
-    /// kernel has it), not necessarily a power loss. For `Started` records: see
-    /// [`Session::commit`].
+    /// Written, not synced: survives a crash of this process (the kernel has it), not
+    /// necessarily a power loss. For `Started` records: see [`Session::commit`].
     Written,
-    /// Written, fsynced, renamed: the checkpoint as the issue defines it.
+    /// Written and synced (`fdatasync` of the log record; a compaction: snapshot written,
+    /// fsynced, renamed, directory fsynced).
     Durable,
 }
 
@@ -411,15 +587,49 @@ struct Mem {
     /// Bumped by every change.
     seq: u64,
     stamp: Option<Stamp>,
+    /// Where the log ended when this process last wrote or read it.
+    tail: Option<log::Tail>,
     /// Claims a request of this process is preparing or unpreparing.
     in_flight: BTreeSet<String>,
 }
 
-/// What reached the file: the last change written, and the last one fsynced.
+/// What reached the files: the last change written, and the last one made durable; what
+/// they hold, and the log this process appends to.
 #[derive(Default)]
 struct Written {
     written: u64,
     durable: u64,
+    /// The content of the files (the snapshot with the log applied).
+    on_file: Data,
+    log: Option<log::LogFile>,
+    /// The next commit must be a compaction: no log for this snapshot, or a torn tail
+    /// (appending after it could leave parts of the torn record behind).
+    compact: bool,
+    /// The highest log epoch seen or written: a new one exceeds it.
+    epoch: u64,
+}
+
+/// What [`Store::read_files`] found.
+struct OnDisk {
+    data: Data,
+    epoch_seen: u64,
+    log: Option<log::LogFile>,
+    compact: bool,
+}
+
+/// No other writer appended to the log since this process last saw its end.
+fn tail_unchanged(mem: &Mem) -> bool {
+    mem.tail.as_ref().is_none_or(log::Tail::unchanged)
+}
+
+/// A log epoch above `seen`, and above the clock's nanoseconds (epochs of files this
+/// process has not seen, e.g. behind a corrupt snapshot, came from an earlier clock).
+fn next_epoch(seen: u64) -> u64 {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    seen.max(now) + 1
 }
 
 /// The file lock, held while at least one session of this process is open.
@@ -521,46 +731,94 @@ impl Session<'_> {
         lock(&self.store.live.work)
     }
 
-    /// Make the change `ticket` (and every earlier one) reach the file, as far as
-    /// `durability` says. Group commit: one thread writes at a time, the whole in-memory
-    /// copy as it is when it starts; a caller whose change was covered by another's write
-    /// returns without writing, so concurrent requests share one write and one fsync.
+    /// Make the change `ticket` (and every earlier one) reach the files, as far as
+    /// `durability` says. Group commit: one thread writes at a time, every change of the
+    /// in-memory copy since the last write as one log record (a compaction when the log is
+    /// full, missing or damaged); a caller whose change another's write covered returns
+    /// without writing, so concurrent requests share one record and one `fdatasync`.
     ///
-    /// A `Durable` commit whose change is already written (not fsynced) only fsyncs the
-    /// file in place. The directory is not fsynced after the rename: a crash of the
-    /// process keeps the rename (it is in the kernel), and what only a power loss can undo
-    /// (the rename, leaving the previous whole file) does not matter after one: the node
-    /// reboots, [`recover`] sees the new boot ID and every claim is prepared again (MIG
-    /// instances, compute time-slices and `/var/run/cdi` did not survive), and what
-    /// persists on disk is swept at start (unowned MIG instances, CDI specs of claims the
-    /// checkpoint does not hold as `Completed`).
+    /// A `Durable` commit whose change is already written (not synced) only `fdatasync`s
+    /// the log. A `Written` record (the `Started` phase) is not synced: a crash of the
+    /// process keeps it (the kernel has it); what only a power loss can undo (the record,
+    /// lost or torn, ignored on reading) does not matter after one: the node reboots,
+    /// [`recover`] sees the new boot ID and every claim is prepared again (MIG instances,
+    /// compute time-slices and `/var/run/cdi` did not survive), and what persists on disk
+    /// is swept at start (unowned MIG instances, CDI specs of claims the checkpoint does
+    /// not hold as `Completed`).
     pub fn commit(&self, ticket: Ticket, durability: Durability) -> Result<()> {
         let store = self.store;
         let live = &*store.live;
-        let mut w = lock(&live.writer);
+        let mut guard = lock(&live.writer);
+        let w = &mut *guard;
         let durable = durability == Durability::Durable;
         if w.durable >= ticket.0 || (!durable && w.written >= ticket.0) {
             return Ok(());
         }
         if durable && w.written >= ticket.0 {
-            File::open(&store.path)
-                .and_then(|f| f.sync_data())
-                .map_err(|e| store.io(e))?;
+            if let Some(log) = &w.log {
+                log.sync().map_err(|e| store.log_io(e))?;
+            }
             w.durable = w.written;
             return Ok(());
         }
-        let (body, seq) = {
+        let (ops, seq) = {
             let mem = lock(&live.mem);
-            (encode(mem.data.as_ref().unwrap_or(&EMPTY)), mem.seq)
+            (
+                log::diff(&w.on_file, mem.data.as_ref().unwrap_or(&EMPTY)),
+                mem.seq,
+            )
         };
-        let body = body.map_err(|e| store.io(std::io::Error::other(e)))?;
-        let stamp = store.write_body(&body, durable)?;
+        let record = match (&w.log, w.compact) {
+            (Some(log), false) => {
+                let r = log::record(log.epoch(), &ops)
+                    .map_err(|e| store.log_io(std::io::Error::other(e)))?;
+                log.fits(r.len()).then_some(r)
+            }
+            _ => None,
+        };
+        let (Some(record), Some(log)) = (record, w.log.as_mut()) else {
+            return store.compact(w);
+        };
+        if ops.is_empty() {
+            // Nothing new: the files already hold the copy as of `seq`.
+            if durable && w.durable < w.written {
+                log.sync().map_err(|e| store.log_io(e))?;
+                w.durable = w.written;
+            }
+            if w.durable == w.written {
+                w.durable = seq;
+            }
+            w.written = seq;
+            return Ok(());
+        }
+        if let Err(e) = log.append(&record, durable) {
+            // What reached the file is unknown: rewrite the snapshot next time.
+            w.compact = true;
+            return Err(store.log_io(e));
+        }
+        let tail = log.tail();
+        log::apply(&mut w.on_file, ops);
         w.written = seq;
         if durable {
             w.durable = seq;
         }
-        lock(&live.mem).stamp = Some(stamp);
+        lock(&live.mem).tail = Some(tail);
         Ok(())
+    }
+
+    /// Fold the log into a new snapshot ([`Store::compact`]) when it holds records, is
+    /// missing or damaged, or changes are not written yet; nothing when the log is empty
+    /// and current (no write on a clean start). Called at start-up, after recovery, and at
+    /// shutdown, so that a release that reads only the snapshot (0.2 and earlier) finds
+    /// every claim there after a restart or a rollback.
+    pub fn settle(&self) -> Result<()> {
+        let store = self.store;
+        let mut w = lock(&store.live.writer);
+        let seq = lock(&store.live.mem).seq;
+        if !w.compact && w.written >= seq && w.log.as_ref().is_some_and(log::LogFile::is_empty) {
+            return Ok(());
+        }
+        store.compact(&mut w)
     }
 }
 
@@ -626,7 +884,7 @@ mod tests {
         assert!(matches!(e, Error::Corrupt { .. }), "{e}");
         let e = decode(
             "c",
-            text.replace("\"version\":2,", "\"version\":200,")
+            text.replace(&format!("\"version\":{VERSION},"), "\"version\":200,")
                 .as_bytes(),
         )
         .unwrap_err();
@@ -827,5 +1085,252 @@ mod tests {
             "8 claims of their own + the shared one"
         );
         assert!(lock_is_free(dir.path()));
+    }
+
+    /// Release 0.2's reader, as it was: major 0, checksum over `data`, unknown fields
+    /// ignored, the log unknown.
+    fn read_as_release_0_2(dir: &Path) -> Data {
+        let bytes = std::fs::read(dir.join("checkpoint.json")).unwrap();
+        let env: Envelope = serde_json::from_slice(&bytes).unwrap();
+        assert_eq!(env.version / 100, 0, "a major 0.2 reads");
+        assert_eq!(checksum(&env.data).unwrap(), env.checksum);
+        serde_json::from_value(env.data).unwrap()
+    }
+
+    fn put(s: &Session<'_>, uid: &str, phase: Phase, durability: Durability) {
+        let ((), t) = s.update(|d| {
+            d.boot_id = "boot-1".into();
+            d.claims.insert(uid.into(), claim(phase));
+        });
+        s.commit(t, durability).unwrap();
+    }
+
+    fn log_bytes(dir: &Path) -> Vec<u8> {
+        std::fs::read(dir.join(log::FILE_NAME)).unwrap()
+    }
+
+    #[test]
+    fn commits_append_to_the_log_and_settle_folds_it_into_the_snapshot() {
+        use std::os::unix::fs::MetadataExt;
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let s = store.session().unwrap();
+        s.settle().unwrap();
+        let snapshot = dir.path().join("checkpoint.json");
+        let ino = std::fs::metadata(&snapshot).unwrap().ino();
+        put(&s, "uid-a", Phase::Started, Durability::Written);
+        put(&s, "uid-a", Phase::Completed, Durability::Durable);
+        put(&s, "uid-b", Phase::Started, Durability::Written);
+        assert_eq!(
+            std::fs::metadata(&snapshot).unwrap().ino(),
+            ino,
+            "no snapshot rewrite"
+        );
+        let parsed = log::parse(&log_bytes(dir.path())).unwrap();
+        assert_eq!(parsed.ops.len(), 4, "{:?}", parsed.ops);
+        // Another process (a restart after a crash) reads the snapshot and the log,
+        // the unsynced `Started` record included.
+        let read = Store::new(dir.path()).read().unwrap();
+        assert_eq!(read.claims["uid-a"].phase, Phase::Completed);
+        assert_eq!(read.claims["uid-b"].phase, Phase::Started);
+        // Release 0.2 reads the snapshot written by this release, without the log...
+        assert!(read_as_release_0_2(dir.path()).claims.is_empty());
+        // ...and everything once the log is folded in (start-up, shutdown).
+        s.settle().unwrap();
+        assert_ne!(std::fs::metadata(&snapshot).unwrap().ino(), ino);
+        assert_eq!(read_as_release_0_2(dir.path()), read);
+        assert_eq!(Store::new(dir.path()).read().unwrap(), read);
+        let parsed = log::parse(&log_bytes(dir.path())).unwrap();
+        assert!(parsed.ops.is_empty(), "log emptied");
+        // A clean settle writes nothing.
+        let ino = std::fs::metadata(&snapshot).unwrap().ino();
+        s.settle().unwrap();
+        assert_eq!(std::fs::metadata(&snapshot).unwrap().ino(), ino);
+    }
+
+    #[test]
+    fn a_full_log_is_compacted_and_nothing_is_lost() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        let s = store.session().unwrap();
+        // ~500 bytes a record: a few compactions in a 1 MiB log.
+        for i in 0..5000 {
+            let phase = [Phase::Started, Phase::Completed][i % 2];
+            // Mostly unsynced: the test is about compactions, not the disk.
+            let durability = match i % 100 {
+                99 => Durability::Durable,
+                _ => Durability::Written,
+            };
+            put(&s, &format!("uid-{}", i % 40), phase, durability);
+        }
+        let want = s.view(|d| d.clone());
+        assert_eq!(want.claims.len(), 40);
+        assert_eq!(Store::new(dir.path()).read().unwrap(), want);
+        assert_eq!(
+            std::fs::metadata(dir.path().join(log::FILE_NAME))
+                .unwrap()
+                .len(),
+            log::SIZE
+        );
+    }
+
+    #[test]
+    fn crash_tests_torn_append_corrupt_record_interrupted_compaction() {
+        let prepared = |dir: &Path| {
+            let store = Store::new(dir);
+            let s = store.session().unwrap();
+            s.settle().unwrap(); // as at start-up: the log exists, empty
+            put(&s, "uid-a", Phase::Completed, Durability::Durable);
+            put(&s, "uid-b", Phase::Completed, Durability::Durable);
+            put(&s, "uid-c", Phase::Started, Durability::Written);
+        };
+        let ends = |dir: &Path| -> Vec<usize> {
+            let bytes = log_bytes(dir);
+            let mut out = vec![];
+            let mut pos = log::HEADER_LEN as usize;
+            while bytes[pos] != 0 {
+                pos += bytes[pos..].iter().position(|&b| b == b'\n').unwrap() + 1;
+                out.push(pos);
+            }
+            out
+        };
+
+        // Torn append: the crash cut the last record (uid-c's Started) short; it is
+        // ignored, the rest is read, and the next commit rewrites the snapshot instead of
+        // appending after the torn bytes.
+        let dir = tempfile::tempdir().unwrap();
+        prepared(dir.path());
+        let e = ends(dir.path());
+        let mut bytes = log_bytes(dir.path());
+        bytes[e[1] + 30..e[2] + 1].fill(0);
+        std::fs::write(dir.path().join(log::FILE_NAME), &bytes).unwrap();
+        let store = Store::new(dir.path());
+        let read = store.read().unwrap();
+        assert_eq!(read.claims.keys().collect::<Vec<_>>(), ["uid-a", "uid-b"]);
+        let s = store.session().unwrap();
+        put(&s, "uid-d", Phase::Completed, Durability::Durable);
+        let snapshot = read_as_release_0_2(dir.path());
+        assert_eq!(snapshot.claims.len(), 3, "rewritten as a snapshot");
+        drop(s);
+        assert_eq!(Store::new(dir.path()).read().unwrap().claims.len(), 3);
+
+        // Corrupt record: a flipped byte in the first record with good records after it
+        // is not a crash: reported, the checkpoint starts empty, the next write replaces
+        // both files (never a crash loop).
+        let dir = tempfile::tempdir().unwrap();
+        prepared(dir.path());
+        let e = ends(dir.path());
+        let mut bytes = log_bytes(dir.path());
+        bytes[e[0] - 10] ^= 0x01;
+        std::fs::write(dir.path().join(log::FILE_NAME), &bytes).unwrap();
+        let err = Store::new(dir.path()).read().unwrap_err();
+        assert!(matches!(err, Error::Corrupt { .. }), "{err}");
+        assert!(err.to_string().contains("checkpoint.log"), "{err}");
+        let store = Store::new(dir.path());
+        let s = store.session().unwrap();
+        assert!(s.view(|d| d.claims.is_empty()));
+        put(&s, "uid-e", Phase::Completed, Durability::Durable);
+        drop(s);
+        let read = Store::new(dir.path()).read().unwrap();
+        assert_eq!(read.claims.keys().collect::<Vec<_>>(), ["uid-e"]);
+
+        // Interrupted compaction, at each point: (1) the new snapshot's temporary file
+        // written, not renamed; (2) renamed, the log's header not yet rewritten (the old
+        // log no longer applies: the new snapshot holds it all); (3) the header rewrite
+        // torn. Every point reads the same content.
+        let dir = tempfile::tempdir().unwrap();
+        prepared(dir.path());
+        let want = Store::new(dir.path()).read().unwrap();
+        assert_eq!(want.claims.len(), 3);
+        let old_snapshot = std::fs::read(dir.path().join("checkpoint.json")).unwrap();
+        let old_log = log_bytes(dir.path());
+        let old_epoch = log::parse(&old_log).unwrap().epoch;
+        let new_snapshot = encode_snapshot(&want, old_epoch + 1).unwrap();
+        let mut torn_header = old_log.clone();
+        torn_header[..20].copy_from_slice(&log::header(old_epoch + 1)[..20]);
+        // (point, snapshot, temporary snapshot, log)
+        type Point<'a> = (&'a str, &'a [u8], Option<&'a [u8]>, &'a [u8]);
+        let points: [Point<'_>; 3] = [
+            (
+                "temporary snapshot only",
+                &old_snapshot,
+                Some(&new_snapshot),
+                &old_log,
+            ),
+            (
+                "snapshot renamed, old header",
+                &new_snapshot,
+                None,
+                &old_log,
+            ),
+            ("header rewrite torn", &new_snapshot, None, &torn_header),
+        ];
+        for (point, snapshot, tmp, log_file) in points {
+            let dir = tempfile::tempdir().unwrap();
+            std::fs::write(dir.path().join("checkpoint.json"), snapshot).unwrap();
+            if let Some(tmp) = tmp {
+                std::fs::write(dir.path().join("checkpoint.json.tmp"), tmp).unwrap();
+            }
+            std::fs::write(dir.path().join(log::FILE_NAME), log_file).unwrap();
+            let store = Store::new(dir.path());
+            assert_eq!(store.read().unwrap(), want, "{point}");
+            // And the process that starts next carries on from there.
+            let s = store.session().unwrap();
+            s.settle().unwrap();
+            put(&s, "uid-f", Phase::Completed, Durability::Durable);
+            drop(s);
+            let read = Store::new(dir.path()).read().unwrap();
+            assert_eq!(read.claims.len(), 4, "{point}");
+        }
+    }
+
+    #[test]
+    fn a_record_appended_by_another_writer_is_seen() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::new(dir.path());
+        {
+            let s = store.session().unwrap();
+            put(&s, "uid-done", Phase::Completed, Durability::Durable);
+        }
+        assert!(store.completed_hint("uid-done").is_some());
+        // Another process takes the lock and appends (the snapshot is not rewritten).
+        let other = Store::new(dir.path());
+        {
+            let s = other.session().unwrap();
+            let ((), t) = s.update(|d| {
+                d.claims.remove("uid-done");
+            });
+            s.commit(t, Durability::Durable).unwrap();
+        }
+        assert_eq!(store.completed_hint("uid-done"), None, "stale: not trusted");
+        let s = store.session().unwrap();
+        assert!(s.view(|d| d.claims.is_empty()));
+    }
+
+    #[test]
+    fn a_snapshot_without_log_epoch_ignores_the_log() {
+        // A rollback to 0.2 rewrote the snapshot (without `logEpoch`), then an upgrade:
+        // the log's records are older than that snapshot and must not be replayed.
+        let dir = tempfile::tempdir().unwrap();
+        {
+            let store = Store::new(dir.path());
+            let s = store.session().unwrap();
+            put(&s, "uid-a", Phase::Completed, Durability::Durable);
+        }
+        let mut by_old = Data::default();
+        by_old
+            .claims
+            .insert("uid-z".into(), claim(Phase::Completed));
+        std::fs::write(
+            dir.path().join("checkpoint.json"),
+            serde_json::to_vec(&serde_json::json!({
+                "version": 2,
+                "checksum": checksum(&serde_json::to_value(&by_old).unwrap()).unwrap(),
+                "data": by_old,
+            }))
+            .unwrap(),
+        )
+        .unwrap();
+        assert_eq!(Store::new(dir.path()).read().unwrap(), by_old);
     }
 }

@@ -9,10 +9,10 @@
 //!   the DRA driver ([`super::owned`]; refused: per-claim error, nothing written)
 //!   ─▶ work lock ─▶ plan_claim
 //!   (pure; opaque config parsed strictly) ─▶ MIG capability table (cached; missing: fail)
-//!   ─▶ time-slice clash? ─▶ checkpoint: Started (written, not fsynced)
+//!   ─▶ time-slice clash? ─▶ checkpoint: Started (a log record, written, not synced)
 //!   ─▶ set time-slices, create MIG instances (+ their gi/ci access nodes) ─▶ accounting dir
 //!   ─▶ write the claim's CDI spec ─▶ Completed in memory ─▶ release the work lock
-//!   ─▶ checkpoint: Completed (write, fsync, rename; one for all concurrent requests)
+//!   ─▶ checkpoint: Completed (a log record + fdatasync; one for all concurrent requests)
 //!   ─▶ PUT status.devices (Ready=True, or Ready=False with the error on any failure)
 //! unprepare(claim) ── remove CDI spec ─▶ destroy its MIG instances ─▶ default time-slice
 //!   if no other claim time-slices the GPU ─▶ drop from checkpoint ─▶ clear status.devices
@@ -271,7 +271,7 @@ impl NodePreparer {
             Ok::<_, String>(())
         });
         checked?;
-        // `Started` is written (renamed into place) but not fsynced: it must survive a
+        // `Started` is written (a log record) but not synced: it must survive a
         // crash of this process, which it does (the kernel has it); a power loss takes the
         // side effects it guards with it (MIG instances, time-slices, `/var/run/cdi`), and
         // what persists is swept at start (see `Session::commit`).
@@ -450,7 +450,8 @@ impl NodePreparer {
     /// hold as `Completed` (left by a crash before the `Started` record reached the file,
     /// or stale after a reboot), and after a reboot mark every claim for re-preparation. A
     /// corrupt checkpoint is replaced by an empty one (the kubelet re-sends the claims it
-    /// needs). The checkpoint is rewritten only when that changed it.
+    /// needs). The snapshot is rewritten only when that changed it or the log holds
+    /// records ([`Session::settle`]).
     pub fn recover(&self) -> Result<checkpoint::Loaded, String> {
         let session = self.checkpoint.session().map_err(|e| e.to_string())?;
         let _work = session.work();
@@ -462,11 +463,11 @@ impl NodePreparer {
         }
         self.remove_orphan_specs(&loaded.data)?;
         if before != loaded.data {
-            let ((), ticket) = session.update(|d| *d = loaded.data.clone());
-            session
-                .commit(ticket, Durability::Durable)
-                .map_err(|e| e.to_string())?;
+            session.update(|d| *d = loaded.data.clone());
         }
+        // The log folded into a new snapshot (only when it holds records, the change
+        // above, or damage): a release that reads only the snapshot sees every claim.
+        session.settle().map_err(|e| e.to_string())?;
         Ok(loaded)
     }
 
