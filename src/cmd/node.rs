@@ -295,8 +295,14 @@ async fn run_async(args: Args) -> Result<()> {
     let result = agent::run_with(backend, opts, recorder, triggers, paths, cancel.clone()).await;
     cancel.cancel();
     signals.abort();
-    if args.dra {
-        settle_dra_checkpoint(args.state_dir.join("dra")).await;
+    let dra_dir = args.state_dir.join("dra");
+    // `auto` may never have run the driver: fold only a log that exists.
+    if args.dra != DraMode::Off
+        && dra_dir
+            .join(tessera::dra::checkpoint::log::FILE_NAME)
+            .exists()
+    {
+        settle_dra_checkpoint(dra_dir).await;
     }
     result.context("node agent")
 }
