@@ -189,34 +189,42 @@ pub(super) fn admit_action(
     }
 }
 
-/// Decides one pass over `s`, returning what was built on the way.
-pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
+/// An engine holding the queue objects, namespaces and priority classes of `s` (no
+/// workload yet); objects it cannot use land in `problems`.
+pub(super) fn engine_with_queues(s: &Snapshot, problems: &mut Vec<String>) -> Engine {
     let now = s.now;
-    let mut plan = Plan::default();
     let mut engine = Engine::new(EngineConfig::default());
     for (name, labels) in &s.namespaces {
         engine.apply_namespace(name, labels.clone(), now);
     }
     for f in &s.flavors {
         if let Err(e) = engine.apply_flavor(f, now) {
-            plan.problems.push(e.to_string());
+            problems.push(e.to_string());
         }
     }
     for c in &s.priority_classes {
         if let Err(e) = engine.apply_priority_class(c) {
-            plan.problems.push(e.to_string());
+            problems.push(e.to_string());
         }
     }
     for q in &s.cluster_queues {
         if let Err(e) = engine.apply_cluster_queue(q, now) {
-            plan.problems.push(e.to_string());
+            problems.push(e.to_string());
         }
     }
     for q in &s.local_queues {
         if let Err(e) = engine.apply_local_queue(q, now) {
-            plan.problems.push(e.to_string());
+            problems.push(e.to_string());
         }
     }
+    engine
+}
+
+/// Decides one pass over `s`, returning what was built on the way.
+pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
+    let now = s.now;
+    let mut plan = Plan::default();
+    let mut engine = engine_with_queues(s, &mut plan.problems);
     let queue_problems = plan.problems.clone();
     let serving = ServingIndex::new(&s.replica_sets, &s.deployments, &s.stateful_sets);
     let claims = ClaimIndex::new(&s.claim_templates, &s.claims, &s.device_classes);

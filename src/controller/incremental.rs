@@ -15,15 +15,18 @@
 //! replicas; evictions blocked by a PodDisruptionBudget; a running workload that no
 //! longer fits; an engine timer due; a workload changed in a way the engine has no
 //! update for (requests changed, running again after an eviction, a key reused); an
-//! admission the objects do not show yet (a write that failed); a running workload
-//! removed from (or admitted into) a ClusterQueue in a cohort or with several flavors
-//! in a resource group (a from-scratch pass re-assigns flavors and borrowing in
-//! admission order, which the kept books may not match).
+//! admission the objects do not show yet (a write that failed); books that a fresh
+//! restore would assign differently. A from-scratch pass restores running workloads in
+//! admission order, re-assigning flavors and borrowing; for a ClusterQueue in a cohort
+//! or with several flavors in a resource group that may differ from the kept books, so
+//! after an admission into (or a removal from) one the pass first restores the running
+//! workloads alone onto the queue objects and compares (cost: the running workloads).
 
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
 use super::decide::{
-    admit_action, collect, decide_full, Action, Built, Live, ObjRef, Plan, Snapshot, State,
+    admit_action, collect, decide_full, engine_with_queues, Action, Built, Live, ObjRef, Plan,
+    Snapshot, State,
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
@@ -133,8 +136,11 @@ struct Kept {
     admitted: BTreeSet<String>,
     /// Admitted by the engine while the objects still show them waiting.
     admitted_waiting: BTreeSet<String>,
-    /// The next pass decides from scratch.
-    rebuild: bool,
+    /// The books may differ from a fresh restore (admissions into, or removals from, a
+    /// ClusterQueue in a cohort or with several flavors): check before deciding.
+    verify: bool,
+    /// The queue objects and namespaces (no workloads), for that check.
+    base: Snapshot,
     /// ClusterQueues with admissions in the last pass: reasons decided before an
     /// admission in the same pass are re-decided in the next (a fresh pass does).
     stale: BTreeSet<String>,
@@ -290,7 +296,15 @@ fn keep(
         gated_running: BTreeSet::new(),
         admitted: plan.admitted.clone(),
         admitted_waiting: BTreeSet::new(),
-        rebuild: false,
+        verify: false,
+        base: Snapshot {
+            flavors: snap.flavors.clone(),
+            cluster_queues: snap.cluster_queues.clone(),
+            local_queues: snap.local_queues.clone(),
+            priority_classes: snap.priority_classes.clone(),
+            namespaces: snap.namespaces.clone(),
+            ..Snapshot::default()
+        },
         stale: BTreeSet::new(),
         queued_ns,
         engine,
@@ -309,7 +323,7 @@ fn keep(
         .iter()
         .filter_map(|k| kept.engine.cluster_queue_of(k).map(String::from))
         .collect();
-    kept.rebuild = kept.stale.iter().any(|cq| !kept.simple_cqs.contains(cq));
+    kept.verify = kept.stale.iter().any(|cq| !kept.simple_cqs.contains(cq));
     Some(kept)
 }
 
@@ -376,6 +390,33 @@ impl Kept {
             }
         }
         self.admitted_waiting.remove(&l.key);
+    }
+
+    /// Whether the engine's admissions are those a fresh pass would restore: every
+    /// running workload restored in admission order onto the queues alone gets the
+    /// same flavors, borrowing and counts. Costs the running workloads, not the waiting.
+    fn books_match(&self, now: Millis) -> bool {
+        let mut base = self.base.clone();
+        base.now = now;
+        let mut scratch = engine_with_queues(&base, &mut Vec::new());
+        let mut running: Vec<&Live> = self
+            .lives
+            .values()
+            .filter(|l| l.state == State::Running && l.info.is_some())
+            .collect();
+        running.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
+        for l in &running {
+            let Some(info) = &l.info else { continue };
+            if !matches!(
+                scratch.restore_admitted(now, info.clone(), l.admitted_at),
+                Ok(true)
+            ) {
+                return false;
+            }
+        }
+        running
+            .iter()
+            .all(|l| scratch.admission_of(&l.key) == self.engine.admission_of(&l.key))
     }
 
     fn simple(&self, key: &str) -> bool {
@@ -479,7 +520,7 @@ impl Kept {
         match (old.state, new) {
             (State::Waiting | State::Running, None) => {
                 if admitted && !self.simple(wk) {
-                    return Err("a running workload left a ClusterQueue in a cohort or with several flavors");
+                    self.verify = true;
                 }
                 if let Some(cq) = self.engine.cluster_queue_of(wk) {
                     touched.insert(cq.to_string());
@@ -539,10 +580,6 @@ fn fast_pass(
     blocked: &BTreeMap<ObjRef, Blocked>,
 ) -> Result<(Plan, Kept), &'static str> {
     let checks = [
-        (
-            kept.rebuild,
-            "an admission into a ClusterQueue in a cohort or with several flavors",
-        ),
         (now < kept.now, "time went back"),
         (cfg.pods_ready.is_some(), "waitForPodsReady"),
         (!blocked.is_empty(), "evictions blocked"),
@@ -659,6 +696,12 @@ fn fast_pass(
     if !kept.admitted_waiting.is_empty() {
         return Err("an admission not written yet");
     }
+    if kept.verify {
+        if !kept.books_match(now) {
+            return Err("the kept books differ from a fresh restore");
+        }
+        kept.verify = false;
+    }
     // Parked workloads keep the reason (and its numbers) they were parked with: those
     // of every cohort whose books moved are re-decided, as a fresh pass would.
     let mut refreshed: BTreeSet<String> = BTreeSet::new();
@@ -704,7 +747,7 @@ fn fast_pass(
                 }
                 if let Some(cq) = &ev.cluster_queue {
                     if !kept.simple_cqs.contains(cq) {
-                        kept.rebuild = true;
+                        kept.verify = true;
                     }
                     touched.insert(cq.clone());
                 }
@@ -730,7 +773,19 @@ fn fast_pass(
     // Pending reasons: of the workloads that changed, that were not recorded yet, whose
     // reason the engine re-decided, and of every workload of a queue whose line moved.
     let mut entries: HashMap<String, (String, String)> = HashMap::new();
-    for cq in &touched {
+    // A queue with many candidates is read in one walk (a position costs a walk).
+    let mut per_cq: BTreeMap<&str, usize> = BTreeMap::new();
+    for k in &candidates {
+        if let Some(cq) = kept.engine.cluster_queue_of(k) {
+            *per_cq.entry(cq).or_default() += 1;
+        }
+    }
+    let crowded: Vec<String> = per_cq
+        .into_iter()
+        .filter(|(_, n)| *n > 16)
+        .map(|(cq, _)| cq.to_string())
+        .collect();
+    for cq in touched.iter().chain(&crowded) {
         for (key, reason, message) in kept.engine.pending_entries_in(cq) {
             candidates.insert(key.clone());
             entries.insert(key, (reason, message));

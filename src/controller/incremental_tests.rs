@@ -466,3 +466,27 @@ fn steady_passes_apply_only_the_changes() {
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     assert!(inc.stats.incremental >= 12, "{:?}", inc.stats);
 }
+
+/// Admissions into ClusterQueues of a cohort stay incremental while the kept books are
+/// those a fresh restore gives (checked against the running workloads alone).
+#[test]
+fn cohort_admissions_stay_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    for _ in 0..6 {
+        w.add_pods(2, 1, false, 0, 0);
+    }
+    for round in 0..6 {
+        w.now += 1000;
+        // Later creation each round: a creation tie would be submitted out of order.
+        w.add_pods(1 + round % 2, 1, false, 1 + round, 0);
+        let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+        assert_eq!(plan, decide_cached(&w.cache, &c, w.now, &blocked));
+        w.apply(&plan, None);
+        let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+        assert_eq!(plan, decide_cached(&w.cache, &c, w.now, &blocked));
+        w.apply(&plan, None);
+    }
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+}

@@ -736,10 +736,11 @@ pub async fn pass_with(
             });
             let blocked = state.evictions.blocked().clone();
             match &state.incremental {
-                Some(inc) => inc
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .decide(cache, cfg, now, &blocked),
+                Some(inc) => {
+                    // Held only while deciding (no await): a pass is not interleaved.
+                    let mut inc = inc.lock().unwrap_or_else(|e| e.into_inner());
+                    inc.decide(cache, cfg, now, &blocked)
+                }
                 None => decide_cached(cache, cfg, now, &blocked),
             }
         }

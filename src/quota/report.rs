@@ -151,6 +151,18 @@ impl Engine {
             .flatten()
     }
 
+    /// Where admitted `key` holds its quota: flavors per pod set and resource, whether it
+    /// borrows, and its admitted pod counts (`None` unless admitted).
+    pub fn admission_of(&self, key: &str) -> Option<(super::events::FlavorMap, bool, Vec<u32>)> {
+        let &id = self.wl_by_key.get(key)?;
+        let w = &self.wls[id];
+        if w.state != WlState::Admitted {
+            return None;
+        }
+        let a = w.admission.as_ref()?;
+        Some((a.flavors.clone(), a.borrowing, a.counts.clone()))
+    }
+
     /// Whether `key` was ever submitted (a finished workload keeps its key: it cannot be
     /// submitted again).
     pub fn knows(&self, key: &str) -> bool {
