@@ -490,3 +490,45 @@ fn cohort_admissions_stay_incremental() {
     }
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }
+
+/// Prints the time of `Incremental::decide` alone (no API server) for the pass that
+/// admits one new pod and the pass that sees its admission back, beside N pods waiting
+/// in a full queue. Run: `cargo test --lib decision_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn decision_cost_beside_n_waiting() {
+    for n in [2_000usize, 8_000] {
+        let mut w = World::new();
+        let mut inc = Incremental::new();
+        let (c, blocked) = (cfg(), BTreeMap::new());
+        w.add_pods(0, 4, false, 0, 0);
+        for _ in 0..n {
+            w.add_pods(0, 1, false, 1, 0);
+        }
+        for _ in 0..2 {
+            let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+            w.apply(&plan, None);
+        }
+        let (mut admit, mut seen) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            w.now += 1000;
+            w.add_pods(3, 1, false, 2, 0);
+            let t = std::time::Instant::now();
+            let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+            admit.push(t.elapsed());
+            assert_eq!(plan.actions.len(), 1, "{:?}", plan.actions);
+            w.apply(&plan, None);
+            let t = std::time::Instant::now();
+            let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+            seen.push(t.elapsed());
+            assert!(plan.actions.is_empty());
+        }
+        admit.sort();
+        seen.sort();
+        assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+        eprintln!(
+            "N = {n}: admitting pass {:?}, admission seen back {:?} (median of 5)",
+            admit[2], seen[2]
+        );
+    }
+}
