@@ -7,7 +7,7 @@
 //!   submit (new) · remove (deleted, finished) · nothing (recorded reason, Ready, own admit seen)
 //! Engine::schedule(now) ─► Admit from events · Pending for the workloads whose reason may move
 //! ```
-//! [`decide`] over a fresh snapshot stays the reference: an incremental pass gives the
+//! [`decide`](super::decide::decide) over a fresh snapshot stays the reference: an incremental pass gives the
 //! same [`Plan`] (a property test drives both). Whatever the kept engine cannot follow
 //! exactly makes the pass decide from scratch instead, and start keeping again from
 //! there: queue objects, namespaces or configuration changed; a store re-LISTed; a
@@ -15,7 +15,9 @@
 //! replicas; evictions blocked by a PodDisruptionBudget; a running workload that no
 //! longer fits; an engine timer due; a workload changed in a way the engine has no
 //! update for (requests changed, running again after an eviction, a key reused); an
-//! admission the objects do not show yet (a write that failed); books that a fresh
+//! admission the objects do not show yet (a write that failed); a new workload tied on
+//! creation time with a waiting one of a later name (the engine breaks creation ties by
+//! submission, a fresh pass submits by name); books that a fresh
 //! restore would assign differently. A from-scratch pass restores running workloads in
 //! admission order, re-assigning flavors and borrowing; for a ClusterQueue in a cohort
 //! or with several flavors in a resource group that may differ from the kept books, so
