@@ -2,18 +2,21 @@
 //! pods wait in a full ClusterQueue, against the API-server double on loopback.
 //!
 //! Run: `cargo bench --bench controller_pass` (`BENCH_ROUNDS=N` measured passes per
-//! point, default 5; `BENCH_SIZES=100,1000` picks the N). For N = 100 / 1,000 / 5,000
-//! pending pods it prints, side by side for the two ways a pass reads its objects:
+//! point, default 5; `BENCH_SIZES=100,1000` picks the N, default 100 / 1,000 / 5,000 /
+//! 50,000; `BENCH_LIST_MAX=N`: the largest N the LIST-based pass is run for, default
+//! 5,000). It prints, side by side for the three ways a pass can read and decide:
 //! - `list`: the pass LISTs everything it reads (the controller before the cache;
 //!   [`PassState::new`]);
-//! - `cache`: the pass reads the watch-fed stores ([`PassState::with_cache`]) that
-//!   `tessera controller` now keeps;
+//! - `rebuild`: the pass reads the watch-fed stores and decides from scratch
+//!   ([`PassState::with_cache_rebuilding`]): the engine rebuilt from every object;
+//! - `incr`: the pass reads the stores and decides from the changes since the last
+//!   one ([`PassState::with_cache`], what `tessera controller` runs);
 //!
-//! the pass time (p50 over the rounds), the LIST requests and LIST bytes the double
-//! served during the pass, the time of an idle pass (nothing changed), and for `cache`
-//! the time from the pod's creation until the cache holds it (watch delivery, not part
-//! of the pass), and the two in-memory parts of a cached pass that still grow with N:
-//! copying the snapshot out of the stores and `decide` (the engine rebuilt from it).
+//! the pass time (p50 over the rounds), the LIST requests the double served during the
+//! pass, the time of an idle pass (nothing changed), for the cached passes the time
+//! from the pod's creation until the cache holds it (watch delivery, not part of the
+//! pass), and the ratios rebuild / incr and list / incr. `full` counts the incremental
+//! decider's passes from scratch over the whole run (the first pass of each run is one).
 //!
 //! Shape: ClusterQueue `full` (4 GPUs) is used up by one admitted 4-GPU pod; N pods of
 //! 1 GPU wait in it (their pending reasons already recorded, so they cause no writes);
@@ -32,8 +35,7 @@ use stats::stats;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera::controller::cache::Cache;
-use tessera::controller::decide::decide;
-use tessera::controller::reconciler::{pass_with, snapshot_cached, Config, PassState};
+use tessera::controller::reconciler::{pass_with, Config, PassState};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -117,34 +119,43 @@ struct Point {
     pass: Vec<Duration>,
     idle: Vec<Duration>,
     delivery: Vec<Duration>,
-    /// The cached pass's in-memory parts: copying the snapshot out of the stores, and
-    /// deciding from it (the engine's books rebuilt from scratch).
-    snapshot: Vec<Duration>,
-    decide: Vec<Duration>,
     lists: u64,
-    list_bytes: u64,
+    /// Passes the incremental decider made from scratch / from the changes.
+    full: u64,
+    incremental: u64,
 }
 
 async fn wait_until(what: &str, f: impl Fn() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(120);
+    let deadline = Instant::now() + Duration::from_secs(600);
     while !f() {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_micros(200)).await;
     }
 }
 
-async fn measure(pending: usize, cached: bool, rounds: usize) -> Point {
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    List,
+    Rebuild,
+    Incremental,
+}
+
+async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
     let s = cluster(pending).await;
     let client = s.client();
     let c = cfg();
     let shutdown = CancellationToken::new();
-    let mut state = if cached {
+    let mut state = if mode == Mode::List {
+        PassState::new(&c)
+    } else {
         let cache = Arc::new(Cache::new());
         cache.spawn_feeders(&client, Arc::new(Notify::new()), &shutdown);
         wait_until("the caches' first LISTs", || cache.synced()).await;
-        PassState::with_cache(&c, cache)
-    } else {
-        PassState::new(&c)
+        if mode == Mode::Rebuild {
+            PassState::with_cache_rebuilding(&c, cache)
+        } else {
+            PassState::with_cache(&c, cache)
+        }
     };
     // Warm-up: admits `big`, records the N pending reasons; the second pass writes nothing.
     for i in 0..2 {
@@ -164,15 +175,14 @@ async fn measure(pending: usize, cached: bool, rounds: usize) -> Point {
             .await;
             point.delivery.push(created.elapsed());
         }
-        let (lists, bytes) = s.list_stats();
+        let (lists, _) = s.list_stats();
         let t = Instant::now();
         let plan = pass_with(&client, &c, &mut state, NOW + 10 + r as u64)
             .await
             .unwrap();
         point.pass.push(t.elapsed());
-        let (lists_after, bytes_after) = s.list_stats();
+        let (lists_after, _) = s.list_stats();
         point.lists += lists_after - lists;
-        point.list_bytes += bytes_after - bytes;
         assert!(!gated(&s, &name), "{name} admitted: {:?}", plan.actions);
         assert!(gated(&s, "wait-00000"), "the full queue admits nothing");
         // Let the admission's watch events land before timing an idle pass.
@@ -183,18 +193,12 @@ async fn measure(pending: usize, cached: bool, rounds: usize) -> Point {
             .unwrap();
         point.idle.push(t.elapsed());
         assert!(idle.actions.is_empty(), "idle pass: {:?}", idle.actions);
-        if let Some(cache) = &state.cache {
-            let t = Instant::now();
-            let snap = snapshot_cached(cache, &c, NOW + 10, &mut Vec::new());
-            point.snapshot.push(t.elapsed());
-            let t = Instant::now();
-            let plan = decide(&snap);
-            point.decide.push(t.elapsed());
-            assert!(plan.actions.is_empty(), "{:?}", plan.actions);
-        }
     }
     point.lists /= rounds as u64;
-    point.list_bytes /= rounds as u64;
+    if let Some(st) = state.incremental_stats() {
+        point.full = st.full;
+        point.incremental = st.incremental;
+    }
     shutdown.cancel();
     point
 }
@@ -203,65 +207,84 @@ fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
 
+fn p50(v: &[Duration]) -> Duration {
+    if v.is_empty() {
+        return Duration::ZERO;
+    }
+    stats(v.to_vec()).0
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let full = std::env::args().any(|a| a == "--bench");
-    let rounds: usize = std::env::var("BENCH_ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
+    let env_num = |k: &str| {
+        std::env::var(k)
+            .ok()
+            .and_then(|v| v.trim().parse::<usize>().ok())
+    };
+    let rounds = env_num("BENCH_ROUNDS")
         .unwrap_or(if full { 5 } else { 1 })
         .max(1);
+    let list_max = env_num("BENCH_LIST_MAX").unwrap_or(5_000);
     let sizes: Vec<usize> = std::env::var("BENCH_SIZES")
         .ok()
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
         .unwrap_or_else(|| {
             if full {
-                vec![100, 1_000, 5_000]
+                vec![100, 1_000, 5_000, 50_000]
             } else {
                 vec![50]
             }
         });
     println!("controller pass admitting 1 small pod beside N pending pods ({rounds} rounds, p50)");
     println!(
-        "{:>6} | {:>10} {:>6} {:>11} {:>10} | {:>10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9} | {:>7}",
+        "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>9} {:>11} | {:>13} {:>10} | {:>8}",
         "N",
         "list pass",
         "LISTs",
-        "LIST bytes",
-        "list idle",
-        "cache pass",
-        "LISTs",
-        "cache idle",
+        "rebuild pass",
+        "rebuild idle",
+        "incr pass",
+        "incr idle",
         "delivery",
-        "snapshot",
-        "decide",
-        "µs/pend.",
-        "ratio"
+        "full/incr",
+        "rebuild/incr",
+        "list/incr",
+        "µs/pend."
     );
     for n in sizes {
-        let list = measure(n, false, rounds).await;
-        let cache = measure(n, true, rounds).await;
-        let (lp, _) = stats(list.pass.clone());
-        let (li, _) = stats(list.idle.clone());
-        let (cp, _) = stats(cache.pass.clone());
-        let (ci, _) = stats(cache.idle.clone());
-        let (cd, _) = stats(cache.delivery.clone());
+        let list = if n <= list_max {
+            Some(measure(n, Mode::List, rounds).await)
+        } else {
+            None
+        };
+        let rebuild = measure(n, Mode::Rebuild, rounds).await;
+        let incr = measure(n, Mode::Incremental, rounds).await;
+        let ip = p50(&incr.pass).as_secs_f64().max(1e-9);
+        let rp = p50(&rebuild.pass);
         println!(
-            "{:>6} | {:>10} {:>6} {:>11} {:>10} | {:>10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>9.1} | {:>6.1}x",
+            "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>9} {:>11} | {:>12.1}x {:>10} | {:>8.3}",
             n,
-            ms(lp),
-            list.lists,
-            list.list_bytes,
-            ms(li),
-            ms(cp),
-            cache.lists,
-            ms(ci),
-            ms(cd),
-            ms(stats(cache.snapshot.clone()).0),
-            ms(stats(cache.decide.clone()).0),
-            cp.as_secs_f64() * 1e6 / n.max(1) as f64,
-            lp.as_secs_f64() / cp.as_secs_f64().max(1e-9),
+            list.as_ref().map_or("-".into(), |l| ms(p50(&l.pass))),
+            list.as_ref().map_or("-".into(), |l| l.lists.to_string()),
+            ms(rp),
+            ms(p50(&rebuild.idle)),
+            ms(p50(&incr.pass)),
+            ms(p50(&incr.idle)),
+            ms(p50(&incr.delivery)),
+            format!("{}/{}", incr.full, incr.incremental),
+            rp.as_secs_f64() / ip,
+            list.as_ref().map_or("-".into(), |l| format!(
+                "{:.1}x",
+                p50(&l.pass).as_secs_f64() / ip
+            )),
+            ip * 1e6 / n.max(1) as f64,
         );
-        assert_eq!(cache.lists, 0, "a cached pass LISTs nothing");
+        assert_eq!(rebuild.lists, 0, "a cached pass LISTs nothing");
+        assert_eq!(incr.lists, 0, "a cached pass LISTs nothing");
+        assert_eq!(
+            incr.full, 1,
+            "only the first incremental pass decides from scratch"
+        );
     }
 }

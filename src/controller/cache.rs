@@ -55,6 +55,31 @@ struct Inner {
     synced: bool,
     /// Changes applied so far (a pass can tell whether anything moved).
     generation: u64,
+    /// The generation of each key's last upsert or removal since the last LIST, and
+    /// the same by generation (so a reader asks for the keys changed after its own).
+    changed: BTreeMap<Key, u64>,
+    log: BTreeMap<u64, Key>,
+    /// The generation of the last LIST (everything may have changed then).
+    replaced_at: u64,
+}
+
+impl Inner {
+    fn record(&mut self, k: Key) {
+        let g = self.generation;
+        if let Some(old) = self.changed.insert(k.clone(), g) {
+            self.log.remove(&old);
+        }
+        self.log.insert(g, k);
+    }
+}
+
+/// What changed in a store after a given generation.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Changes {
+    /// A LIST replaced the contents since: anything may have changed.
+    All,
+    /// These keys were upserted or removed (each once, in no particular order).
+    Keys(Vec<Key>),
 }
 
 /// The cached objects of one kind and selector.
@@ -104,6 +129,9 @@ impl Store {
         inner.objects = objects;
         inner.synced = true;
         inner.generation += 1;
+        inner.replaced_at = inner.generation;
+        inner.changed.clear();
+        inner.log.clear();
     }
 
     /// An object added or changed (from a watch or from this instance's own write).
@@ -117,8 +145,9 @@ impl Store {
                 return;
             }
         }
-        inner.objects.insert(k, v);
+        inner.objects.insert(k.clone(), v);
         inner.generation += 1;
+        inner.record(k);
     }
 
     /// Upsert only when the object is already cached (a write-through: the write did
@@ -134,7 +163,29 @@ impl Store {
         let mut inner = self.write();
         if inner.objects.remove(key).is_some() {
             inner.generation += 1;
+            inner.record(key.clone());
         }
+    }
+
+    /// The keys changed after generation `since` (as read from [`Store::generation`]),
+    /// without copying any object: what an incremental pass re-reads.
+    pub fn changes_since(&self, since: u64) -> Changes {
+        let inner = self.read();
+        if inner.replaced_at > since {
+            return Changes::All;
+        }
+        Changes::Keys(
+            inner
+                .log
+                .range(since + 1..)
+                .map(|(_, k)| k.clone())
+                .collect(),
+        )
+    }
+
+    /// Whether an object with `key` is cached.
+    pub fn contains(&self, key: &Key) -> bool {
+        self.read().objects.contains_key(key)
     }
 
     pub fn synced(&self) -> bool {
@@ -487,6 +538,34 @@ mod tests {
         s.remove(&("".into(), "a".into()));
         assert_eq!(s.generation(), g0 + 2);
         assert!(s.is_empty());
+    }
+
+    #[test]
+    fn reports_the_keys_changed_after_a_generation() {
+        let s = store();
+        let k = |n: &str| ("team".to_string(), n.to_string());
+        s.replace(vec![obj("team", "a", "1", 0)], "1");
+        let g = s.generation();
+        assert_eq!(
+            s.changes_since(0),
+            Changes::All,
+            "a LIST after the reader's look"
+        );
+        assert_eq!(s.changes_since(g), Changes::Keys(vec![]));
+        s.upsert(obj("team", "b", "2", 0));
+        s.upsert(obj("team", "a", "3", 1));
+        s.upsert(obj("team", "b", "4", 1));
+        s.remove(&k("gone"));
+        let Changes::Keys(mut keys) = s.changes_since(g) else {
+            panic!("keys expected")
+        };
+        keys.sort();
+        assert_eq!(keys, [k("a"), k("b")]);
+        let g2 = s.generation();
+        s.remove(&k("a"));
+        assert_eq!(s.changes_since(g2), Changes::Keys(vec![k("a")]));
+        s.replace(Vec::new(), "9");
+        assert_eq!(s.changes_since(g2), Changes::All);
     }
 
     #[test]

@@ -19,7 +19,7 @@ use super::lease::Millis;
 use super::pods_ready::{self, Hold, Requeue, PODS_READY_TIMEOUT};
 use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex, ServingKind};
 pub use super::workloads::millis;
-use super::workloads::{collect, Live, State};
+pub(super) use super::workloads::{collect, Live, State};
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
 use crate::quota::{Engine, EventType, WaitForPodsReady};
 use k8s_openapi::jiff::Timestamp;
@@ -138,32 +138,95 @@ pub struct Plan {
 
 /// Decides one pass over `s`.
 pub fn decide(s: &Snapshot) -> Plan {
+    decide_full(s).0
+}
+
+/// What a from-scratch pass built besides its plan: the engine after scheduling and
+/// the workloads read, so [`super::incremental`] can go on from there.
+pub(super) struct Built {
+    pub(super) engine: Engine,
+    pub(super) lives: Vec<Live>,
+    /// Problems of the queue objects (before any workload was read).
+    pub(super) queue_problems: Vec<String>,
+    pub(super) submit_errors: BTreeMap<String, (String, String)>,
+    /// Some running workload could not be restored (it no longer fits).
+    pub(super) restore_problem: bool,
+    /// Some waiting workload is held by a pods-ready backoff.
+    pub(super) held: bool,
+    /// The engine preempted or evicted a workload in this pass.
+    pub(super) evicted: bool,
+}
+
+/// The `Admit` action for waiting workload `l` admitted by event `ev`.
+pub(super) fn admit_action(
+    l: &Live,
+    ev: &crate::quota::Event,
+    flavor_labels: &BTreeMap<&str, &BTreeMap<String, String>>,
+) -> Action {
+    let mut node_selector = BTreeMap::new();
+    for per_resource in ev.flavors.iter().flat_map(|f| f.values()) {
+        for flavor in per_resource.values() {
+            if let Some(labels) = flavor_labels.get(flavor.as_str()) {
+                node_selector.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+            }
+        }
+    }
+    let is_job = l.objects.first().is_some_and(|o| o.kind == ObjKind::Job);
+    let parallelism = ev
+        .pod_counts
+        .as_ref()
+        .and_then(|c| c.values().next().copied())
+        .filter(|_| is_job);
+    let objects = if is_job {
+        l.objects.clone()
+    } else {
+        l.gated.clone()
+    };
+    Action::Admit {
+        workload: l.key.clone(),
+        objects,
+        node_selector,
+        parallelism,
+    }
+}
+
+/// An engine holding the queue objects, namespaces and priority classes of `s` (no
+/// workload yet); objects it cannot use land in `problems`.
+pub(super) fn engine_with_queues(s: &Snapshot, problems: &mut Vec<String>) -> Engine {
     let now = s.now;
-    let mut plan = Plan::default();
     let mut engine = Engine::new(pods_ready::engine_config(s.pods_ready.as_ref()));
     for (name, labels) in &s.namespaces {
         engine.apply_namespace(name, labels.clone(), now);
     }
     for f in &s.flavors {
         if let Err(e) = engine.apply_flavor(f, now) {
-            plan.problems.push(e.to_string());
+            problems.push(e.to_string());
         }
     }
     for c in &s.priority_classes {
         if let Err(e) = engine.apply_priority_class(c) {
-            plan.problems.push(e.to_string());
+            problems.push(e.to_string());
         }
     }
     for q in &s.cluster_queues {
         if let Err(e) = engine.apply_cluster_queue(q, now) {
-            plan.problems.push(e.to_string());
+            problems.push(e.to_string());
         }
     }
     for q in &s.local_queues {
         if let Err(e) = engine.apply_local_queue(q, now) {
-            plan.problems.push(e.to_string());
+            problems.push(e.to_string());
         }
     }
+    engine
+}
+
+/// Decides one pass over `s`, returning what was built on the way.
+pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
+    let now = s.now;
+    let mut plan = Plan::default();
+    let mut engine = engine_with_queues(s, &mut plan.problems);
+    let queue_problems = plan.problems.clone();
     let serving = ServingIndex::new(&s.replica_sets, &s.deployments, &s.stateful_sets);
     let claims = ClaimIndex::new(&s.claim_templates, &s.claims, &s.device_classes);
     let mut lives = collect(s, &serving, &claims);
@@ -192,6 +255,7 @@ pub fn decide(s: &Snapshot) -> Plan {
             .collect()
     };
     let mut pending_keys = BTreeSet::new();
+    let mut restore_problem = false;
     for l in &lives {
         let Some(mut info) = l.info.clone() else {
             continue;
@@ -201,11 +265,17 @@ pub fn decide(s: &Snapshot) -> Plan {
             State::Running | State::Terminating => {
                 match engine.restore_admitted(now, info, l.admitted_at) {
                     Ok(true) => {}
-                    Ok(false) => plan.problems.push(format!(
+                    Ok(false) => {
+                        restore_problem = true;
+                        plan.problems.push(format!(
                         "{} runs but no longer fits its queue's quota (quota lowered or queue deleted)",
                         l.key
-                    )),
-                    Err(e) => plan.problems.push(format!("{}: {e}", l.key)),
+                    ))
+                    }
+                    Err(e) => {
+                        restore_problem = true;
+                        plan.problems.push(format!("{}: {e}", l.key))
+                    }
                 }
             }
             State::Waiting => {}
@@ -258,37 +328,16 @@ pub fn decide(s: &Snapshot) -> Plan {
     // Preemptor key -> (pod, backoff, API message) of a victim whose eviction is
     // refused by a PodDisruptionBudget and not due for a retry yet.
     let mut blocked_for: BTreeMap<String, (ObjRef, Millis, String)> = BTreeMap::new();
+    let evicted = events
+        .iter()
+        .any(|e| matches!(e.kind, EventType::Preempted | EventType::Evicted));
     for ev in &events {
         let Some(l) = by_key.get(ev.workload.as_str()) else {
             continue;
         };
         match ev.kind {
             EventType::Admitted if pending_keys.contains(&l.key) && engine.is_admitted(&l.key) => {
-                let mut node_selector = BTreeMap::new();
-                for per_resource in ev.flavors.iter().flat_map(|f| f.values()) {
-                    for flavor in per_resource.values() {
-                        if let Some(labels) = flavor_labels.get(flavor.as_str()) {
-                            node_selector
-                                .extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
-                        }
-                    }
-                }
-                let parallelism = ev
-                    .pod_counts
-                    .as_ref()
-                    .and_then(|c| c.values().next().copied())
-                    .filter(|_| l.objects.first().is_some_and(|o| o.kind == ObjKind::Job));
-                let objects = if l.objects.first().is_some_and(|o| o.kind == ObjKind::Job) {
-                    l.objects.clone()
-                } else {
-                    l.gated.clone()
-                };
-                plan.actions.push(Action::Admit {
-                    workload: l.key.clone(),
-                    objects,
-                    node_selector,
-                    parallelism,
-                });
+                plan.actions.push(admit_action(l, ev, &flavor_labels));
             }
             EventType::Preempted | EventType::Evicted
                 if l.state == State::Running && waiting_on(l).is_empty() =>
@@ -430,7 +479,16 @@ pub fn decide(s: &Snapshot) -> Plan {
         .iter()
         .map(|q| (q.name.clone(), (q.admitted_workloads, q.pending_workloads)))
         .collect();
-    plan
+    let built = Built {
+        engine,
+        lives,
+        queue_problems,
+        submit_errors,
+        restore_problem,
+        held: !held.is_empty(),
+        evicted,
+    };
+    (plan, built)
 }
 
 /// Milliseconds since the epoch as an RFC 3339 stamp.

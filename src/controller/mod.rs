@@ -6,7 +6,8 @@
 //! - [`webhook`] (pure) and [`webhook_server`] (HTTPS): gate pods, suspend Jobs;
 //!   [`tls`]: its certificate, reloaded when the files rotate.
 //! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions;
-//!   `workloads` reads the live objects as workloads;
+//!   `workloads` reads the live objects as workloads; [`incremental`] keeps the engine
+//!   between passes over the watch-fed cache and applies only what changed;
 //!   [`serving`] (Deployment/StatefulSet replicas) and [`claims`] (DRA devices) feed it.
 //! - [`config`]: the configuration file (Kueue's `waitForPodsReady`, device classes).
 //! - [`pods_ready`]: `waitForPodsReady` timeouts and requeue backoff.
@@ -24,6 +25,9 @@ pub mod decide;
 mod decide_tests;
 pub mod error;
 pub mod evictions;
+pub mod incremental;
+#[cfg(test)]
+mod incremental_tests;
 pub mod lease;
 pub mod pods_ready;
 pub mod reconciler;

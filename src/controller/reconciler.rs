@@ -13,13 +13,16 @@
 //! Writes GET the object and PUT it back with that resourceVersion: a concurrent change
 //! makes the write fail with 409 and the next pass decides again. What the API server
 //! answers to a write goes into the cache at once, so the next pass reads its own writes
-//! even before their watch events arrive. Without a cache ([`pass`], [`PassState::new`])
-//! a pass LISTs everything instead.
+//! even before their watch events arrive. A cached pass decides from the changes since
+//! the last one ([`super::incremental`]; [`PassState::with_cache_rebuilding`] decides
+//! each from scratch). Without a cache ([`pass`], [`PassState::new`]) a pass LISTs
+//! everything instead.
 
 use super::cache::{Cache, Key};
 use super::decide::{decide, rfc3339, Action, ObjKind, ObjRef, Plan};
 use super::error::{Error, Result};
 use super::evictions::EvictionBackoff;
+use super::incremental::{decide_cached, IncStats, Incremental};
 use super::lease::{Elector, Millis};
 use super::pods_ready::{
     EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
@@ -41,7 +44,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
@@ -100,6 +103,9 @@ pub struct PassState {
     pub evictions: EvictionBackoff,
     /// Read by passes instead of LISTs when set (fed by [`Cache::spawn_feeders`]).
     pub cache: Option<Arc<Cache>>,
+    /// Decides cached passes from the changes since the last one (else each cached
+    /// pass decides from scratch).
+    pub incremental: Option<Arc<Mutex<Incremental>>>,
     /// Set by a cached pass that reached a fixed point (see [`PassState::settled`]).
     settled: Option<Settled>,
 }
@@ -117,6 +123,7 @@ impl std::fmt::Debug for PassState {
         f.debug_struct("PassState")
             .field("evictions", &self.evictions)
             .field("cached", &self.cache.is_some())
+            .field("incremental", &self.incremental.is_some())
             .field("settled", &self.settled)
             .finish()
     }
@@ -128,6 +135,7 @@ impl PassState {
         PassState {
             evictions: EvictionBackoff::new(cfg.eviction_backoff_base, cfg.eviction_backoff_max),
             cache: None,
+            incremental: None,
             settled: None,
         }
     }
@@ -150,12 +158,29 @@ impl PassState {
         self.settled = None;
     }
 
-    /// Passes read `cache` (which must be fed) and put their own writes into it.
+    /// Passes read `cache` (which must be fed) and put their own writes into it; each
+    /// decides from the changes since the last ([`Incremental`]).
     pub fn with_cache(cfg: &Config, cache: Arc<Cache>) -> Self {
+        PassState {
+            incremental: Some(Arc::new(Mutex::new(Incremental::new()))),
+            ..Self::with_cache_rebuilding(cfg, cache)
+        }
+    }
+
+    /// Like [`PassState::with_cache`], but every pass decides from scratch (the
+    /// reference, and the benchmark's baseline).
+    pub fn with_cache_rebuilding(cfg: &Config, cache: Arc<Cache>) -> Self {
         PassState {
             cache: Some(cache),
             ..Self::new(cfg)
         }
+    }
+
+    /// How many cached passes were decided from the changes / from scratch.
+    pub fn incremental_stats(&self) -> Option<IncStats> {
+        self.incremental
+            .as_ref()
+            .map(|i| i.lock().unwrap_or_else(|e| e.into_inner()).stats)
     }
 }
 
@@ -729,29 +754,45 @@ pub async fn pass_with(
     let mut problems = Vec::new();
     state.settled = None;
     let generation = state.cache.as_ref().map(|c| c.generation());
-    let mut snap = match &state.cache {
+    let mut plan = match &state.cache {
         Some(cache) if !cache.synced() => return Err(Error::NotSynced),
-        Some(cache) => snapshot_cached(cache, cfg, now, &mut problems),
-        None => snapshot(client, cfg, now, &mut problems).await?,
+        Some(cache) => {
+            state.evictions.prune(now, |r| {
+                let key = (r.namespace.clone(), r.name.clone());
+                cache.pods.iter().any(|s| s.contains(&key))
+            });
+            let blocked = state.evictions.blocked().clone();
+            match &state.incremental {
+                Some(inc) => {
+                    // Held only while deciding (no await): a pass is not interleaved.
+                    let mut inc = inc.lock().unwrap_or_else(|e| e.into_inner());
+                    inc.decide(cache, cfg, now, &blocked)
+                }
+                None => decide_cached(cache, cfg, now, &blocked),
+            }
+        }
+        None => {
+            let mut snap = snapshot(client, cfg, now, &mut problems).await?;
+            let pods: std::collections::BTreeSet<(String, String)> = snap
+                .pods
+                .iter()
+                .map(|p| {
+                    (
+                        p["metadata"]["namespace"]
+                            .as_str()
+                            .unwrap_or("")
+                            .to_string(),
+                        p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                    )
+                })
+                .collect();
+            state.evictions.prune(now, |r| {
+                pods.contains(&(r.namespace.clone(), r.name.clone()))
+            });
+            snap.blocked = state.evictions.blocked().clone();
+            decide(&snap)
+        }
     };
-    let pods: std::collections::BTreeSet<(String, String)> = snap
-        .pods
-        .iter()
-        .map(|p| {
-            (
-                p["metadata"]["namespace"]
-                    .as_str()
-                    .unwrap_or("")
-                    .to_string(),
-                p["metadata"]["name"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect();
-    state.evictions.prune(now, |r| {
-        pods.contains(&(r.namespace.clone(), r.name.clone()))
-    });
-    snap.blocked = state.evictions.blocked().clone();
-    let mut plan = decide(&snap);
     problems.append(&mut plan.problems);
     for p in &problems {
         tracing::warn!(problem = %p, "unusable object");

@@ -31,6 +31,7 @@ pub(super) enum State {
     Terminating,
 }
 
+#[derive(Debug)]
 pub(super) struct Live {
     pub(super) key: String,
     pub(super) info: Option<WorkloadInfo>,
@@ -77,6 +78,30 @@ fn obj_ref(kind: ObjKind, v: &Value) -> ObjRef {
 
 fn annotation<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v["metadata"]["annotations"][key].as_str()
+}
+
+/// The key of the workload pod `pod` is part of (`None`: it is none of a queue's).
+pub(super) fn pod_workload_key(pod: &Value) -> Option<String> {
+    if !names_queue(pod) || owned_by_job(pod) || pod_done(pod) {
+        return None;
+    }
+    let r = obj_ref(ObjKind::Pod, pod);
+    let group = crate::quota::scenario::POD_GROUP_LABEL_KEYS
+        .iter()
+        .find_map(|k| pod["metadata"]["labels"][*k].as_str());
+    Some(match group {
+        Some(g) => format!("{}/group-{g}", r.namespace),
+        None => format!("{}/pod-{}", r.namespace, r.name),
+    })
+}
+
+/// The key of the workload Job `job` is (`None`: it is none of a queue's).
+pub(super) fn job_workload_key(job: &Value) -> Option<String> {
+    if !names_queue(job) || job_done(job) {
+        return None;
+    }
+    let r = obj_ref(ObjKind::Job, job);
+    Some(format!("{}/job-{}", r.namespace, r.name))
 }
 
 fn names_queue(v: &Value) -> bool {

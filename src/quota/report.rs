@@ -90,6 +90,121 @@ impl Engine {
         out
     }
 
+    /// The pending reason and message of `key` as [`Engine::final_state`] reports them
+    /// (`None` when it is admitted, finished or unknown), without building the rest.
+    pub fn pending_entry(&self, key: &str) -> Option<(String, String)> {
+        let &id = self.wl_by_key.get(key)?;
+        let w = &self.wls[id];
+        match w.state {
+            WlState::Terminating => Some((
+                "Terminating".to_string(),
+                "evicted; waiting for its pods to terminate".to_string(),
+            )),
+            WlState::Pending | WlState::Backoff | WlState::Deactivated => Some((
+                w.reason.code().to_string(),
+                w.reason.message(self.position(id)),
+            )),
+            WlState::Admitted | WlState::Finished => None,
+        }
+    }
+
+    /// The workloads waiting in ClusterQueue `cq` (queued or parked) in queue order, with
+    /// their reason and message as [`Engine::pending_entry`] gives them: one walk, so the
+    /// positions of a long queue cost no more than the queue's length.
+    pub fn pending_entries_in(&self, cq: &str) -> Vec<(String, String, String)> {
+        let Some(&c) = self.cq_by_name.get(cq) else {
+            return Vec::new();
+        };
+        let q = &self.cqs[c];
+        let mut keys: Vec<_> = q.pending.iter().chain(q.parked.iter()).copied().collect();
+        keys.sort_unstable();
+        keys.dedup();
+        keys.iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let w = &self.wls[k.3];
+                let position =
+                    (w.reason.has_position() && w.state == WlState::Pending).then_some(i + 1);
+                (
+                    w.key.clone(),
+                    w.reason.code().to_string(),
+                    w.reason.message(position),
+                )
+            })
+            .collect()
+    }
+
+    /// The ClusterQueue `key` waits or runs in, when known.
+    pub fn cluster_queue_of(&self, key: &str) -> Option<&str> {
+        let &id = self.wl_by_key.get(key)?;
+        let w = &self.wls[id];
+        let cq = w.admission.as_ref().map(|a| a.cq).or(w.cq)?;
+        Some(self.cqs[cq].spec.name.as_str())
+    }
+
+    /// When the admission of `key` that holds its quota now began (`None` unless admitted).
+    pub fn admitted_since(&self, key: &str) -> Option<super::quantity::Time> {
+        let &id = self.wl_by_key.get(key)?;
+        let w = &self.wls[id];
+        (w.state == WlState::Admitted)
+            .then(|| w.admission.as_ref().map(|a| a.at))
+            .flatten()
+    }
+
+    /// Where admitted `key` holds its quota: flavors per pod set and resource, whether it
+    /// borrows, and its admitted pod counts (`None` unless admitted).
+    pub fn admission_of(&self, key: &str) -> Option<(super::events::FlavorMap, bool, Vec<u32>)> {
+        let &id = self.wl_by_key.get(key)?;
+        let w = &self.wls[id];
+        if w.state != WlState::Admitted {
+            return None;
+        }
+        let a = w.admission.as_ref()?;
+        Some((a.flavors.clone(), a.borrowing, a.counts.clone()))
+    }
+
+    /// Whether `key` was ever submitted (a finished workload keeps its key: it cannot be
+    /// submitted again).
+    pub fn knows(&self, key: &str) -> bool {
+        self.wl_by_key.contains_key(key)
+    }
+
+    /// Puts every parked workload of `cq`'s cohort (or of `cq` alone, without one) back
+    /// in its queue, so the next [`Engine::schedule`] re-decides their reasons against
+    /// the books as they are now (a parked reason keeps the numbers it was decided on).
+    /// Returns the names of the ClusterQueues woken.
+    pub fn refresh_cohort_of(&mut self, cq: &str, now: super::quantity::Time) -> Vec<String> {
+        let Some(&c) = self.cq_by_name.get(cq) else {
+            return Vec::new();
+        };
+        let co = self.cqs[c].cohort;
+        self.wake_cohort_all(co, now);
+        self.cohorts[co]
+            .members
+            .iter()
+            .map(|&m| self.cqs[m].spec.name.clone())
+            .collect()
+    }
+
+    /// Per ClusterQueue, by name: (admitted, waiting in the queue) workloads. Equal to the
+    /// counts of [`Engine::final_state`] while no workload terminates, backs off or is
+    /// deactivated (those count as pending there and are not in a queue).
+    pub fn queue_counts(&self) -> Vec<(String, usize, usize)> {
+        let mut out: Vec<(String, usize, usize)> = self
+            .cqs
+            .iter()
+            .map(|q| {
+                (
+                    q.spec.name.clone(),
+                    q.admitted.len(),
+                    q.pending.len() + q.parked.len(),
+                )
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
     /// Checks the books: usage equals the sum of admissions and reservations, no queue above
     /// `nominal + borrowingLimit`, no cohort above its lendable pool, every workload in
     /// exactly one place. Returns the first violation.

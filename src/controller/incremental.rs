@@ -1,0 +1,841 @@
+//! Incremental decisions over the watch-fed [`Cache`]: the engine and the workloads read
+//! from the objects are kept between passes, and a pass applies only what changed since
+//! the last one, so its cost follows the changes, not the number of waiting workloads.
+//!
+//! ```text
+//! Cache ─changes_since(seen)─► pods/Jobs changed ─► their workloads re-read ─► Engine:
+//!   submit (new) · remove (deleted, finished) · nothing (recorded reason, Ready, own admit seen)
+//! Engine::schedule(now) ─► Admit from events · Pending for the workloads whose reason may move
+//! ```
+//! [`decide`](super::decide::decide) over a fresh snapshot stays the reference: an incremental pass gives the
+//! same [`Plan`] (a property test drives both). Whatever the kept engine cannot follow
+//! exactly makes the pass decide from scratch instead, and start keeping again from
+//! there: queue objects, namespaces or configuration changed; a store re-LISTed; a
+//! preemption or eviction (now or still terminating); `waitForPodsReady`; serving
+//! replicas; evictions blocked by a PodDisruptionBudget; a running workload that no
+//! longer fits; an engine timer due; a workload changed in a way the engine has no
+//! update for (requests changed, running again after an eviction, a key reused); an
+//! admission the objects do not show yet (a write that failed); a new workload tied on
+//! creation time with a waiting one of a later name (the engine breaks creation ties by
+//! submission, a fresh pass submits by name); books that a fresh
+//! restore would assign differently. A from-scratch pass restores running workloads in
+//! admission order, re-assigning flavors and borrowing; for a ClusterQueue in a cohort
+//! or with several flavors in a resource group that may differ from the kept books, so
+//! after an admission into (or a removal from) one the pass first restores the running
+//! workloads alone onto the queue objects and compares (cost: the running workloads).
+
+use super::cache::{Cache, Changes, Key, Store};
+use super::claims::ClaimIndex;
+use super::decide::{
+    admit_action, collect, decide_full, engine_with_queues, Action, Built, Live, ObjRef, Plan,
+    Snapshot, State,
+};
+use super::evictions::Blocked;
+use super::lease::Millis;
+use super::reconciler::Config;
+use super::serving::ServingIndex;
+use super::snapshot::snapshot_cached;
+use super::workloads::{job_workload_key, pod_workload_key};
+use crate::quota::{Engine, EventType};
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+/// How many passes went each way (for tests, logs and the benchmark).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IncStats {
+    /// Passes decided from scratch (the first one, and every fallback).
+    pub full: u64,
+    /// Passes that applied the changes to the kept engine.
+    pub incremental: u64,
+    /// Why the last pass that could not go on from the kept engine decided from scratch.
+    pub last_fallback: Option<&'static str>,
+}
+
+/// The incremental decider: one per cache, passes in time order.
+#[derive(Default)]
+pub struct Incremental {
+    kept: Option<Kept>,
+    pub stats: IncStats,
+}
+
+/// The same plan as [`decide`](super::decide::decide) over the cache's snapshot (with
+/// `blocked` evictions), problems of unusable objects included: the reference.
+pub fn decide_cached(
+    cache: &Cache,
+    cfg: &Config,
+    now: Millis,
+    blocked: &BTreeMap<ObjRef, Blocked>,
+) -> Plan {
+    full_pass(cache, cfg, now, blocked).0
+}
+
+fn full_pass(
+    cache: &Cache,
+    cfg: &Config,
+    now: Millis,
+    blocked: &BTreeMap<ObjRef, Blocked>,
+) -> (Plan, Built, Snapshot, Vec<String>) {
+    let mut problems = Vec::new();
+    let mut snap = snapshot_cached(cache, cfg, now, &mut problems);
+    snap.blocked = blocked.clone();
+    let (mut plan, built) = decide_full(&snap);
+    let mut base = problems.clone();
+    base.extend(built.queue_problems.iter().cloned());
+    problems.append(&mut plan.problems);
+    plan.problems = problems;
+    (plan, built, snap, base)
+}
+
+/// Store indexes in [`Cache::stores`] order.
+const QUEUE_STORES: std::ops::Range<usize> = 0..5;
+
+/// What a queue object (or namespace) means to a pass: everything but its status and
+/// bookkeeping metadata (a ClusterQueue status write changes nothing).
+fn fingerprint(v: &Value) -> Value {
+    let mut out = v.clone();
+    if let Some(o) = out.as_object_mut() {
+        o.remove("status");
+        let m = &v["metadata"];
+        o.insert(
+            "metadata".into(),
+            json!({"name": m["name"], "namespace": m["namespace"], "labels": m["labels"]}),
+        );
+    }
+    out
+}
+
+/// Everything kept from one pass to the next.
+struct Kept {
+    engine: Engine,
+    /// The generation of each store (in [`Cache::stores`] order) last read.
+    seen: Vec<u64>,
+    now: Millis,
+    device_classes: BTreeMap<String, String>,
+    /// Queue objects and namespaces as last read: (store index, key) → fingerprint.
+    queue_fps: HashMap<(usize, Key), Value>,
+    queued_ns: BTreeSet<String>,
+    flavor_labels: BTreeMap<String, BTreeMap<String, String>>,
+    /// ClusterQueues without a cohort and with one flavor per resource group: their
+    /// flavor assignments do not depend on admission order.
+    simple_cqs: BTreeSet<String>,
+    /// Problems of unusable queue objects (repeated every pass, as a fresh pass does).
+    base_problems: Vec<String>,
+    claim_templates: Vec<Value>,
+    claims: Vec<Value>,
+    lives: HashMap<String, Live>,
+    /// Pod → its workload, and each pod workload's pods.
+    pod_wl: HashMap<Key, String>,
+    members: HashMap<String, BTreeSet<Key>>,
+    submit_errors: BTreeMap<String, (String, String)>,
+    /// Waiting workloads in the engine by creation time, as (sort time, key): a new
+    /// one must come after those with the same creation (a fresh pass submits in that
+    /// order, and the engine breaks creation ties by submission).
+    by_creation: BTreeMap<Millis, BTreeSet<(Millis, String)>>,
+    /// Waiting workloads whose recorded reason differed from the decided one.
+    unsynced: BTreeSet<String>,
+    /// Running workloads with pods still gated, as (sort time, key).
+    gated_running: BTreeSet<(Millis, String)>,
+    admitted: BTreeSet<String>,
+    /// Admitted by the engine while the objects still show them waiting.
+    admitted_waiting: BTreeSet<String>,
+    /// The books may differ from a fresh restore (admissions into, or removals from, a
+    /// ClusterQueue in a cohort or with several flavors): check before deciding.
+    verify: bool,
+    /// The queue objects and namespaces (no workloads), for that check.
+    base: Snapshot,
+    /// ClusterQueues with admissions in the last pass: reasons decided before an
+    /// admission in the same pass are re-decided in the next (a fresh pass does).
+    stale: BTreeSet<String>,
+}
+
+impl Incremental {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Decides one pass over the cache's contents at `now`: the same plan as
+    /// [`decide_cached`], from the changes since the last pass when it can.
+    pub fn decide(
+        &mut self,
+        cache: &Cache,
+        cfg: &Config,
+        now: Millis,
+        blocked: &BTreeMap<ObjRef, Blocked>,
+    ) -> Plan {
+        match self.kept.take() {
+            Some(kept) => match fast_pass(kept, cache, cfg, now, blocked) {
+                Ok((plan, kept)) => {
+                    self.kept = Some(kept);
+                    self.stats.incremental += 1;
+                    return plan;
+                }
+                Err(why) => {
+                    tracing::debug!(why, "deciding from scratch");
+                    self.stats.last_fallback = Some(why);
+                }
+            },
+            None => self.stats.last_fallback = Some("nothing kept"),
+        }
+        self.stats.full += 1;
+        let seen: Vec<u64> = cache.stores().iter().map(|s| s.generation()).collect();
+        let (plan, built, snap, base) = full_pass(cache, cfg, now, blocked);
+        self.kept = keep(cache, cfg, &plan, built, &snap, base, seen, blocked);
+        plan
+    }
+}
+
+fn sort_key(l: &Live) -> (Millis, String) {
+    (l.admitted_at, l.key.clone())
+}
+
+fn in_engine(l: &Live, errors: &BTreeMap<String, (String, String)>) -> bool {
+    l.info.is_some() && !errors.contains_key(&l.key)
+}
+
+/// Keeps the state of a from-scratch pass, when later passes can go on from it.
+#[allow(clippy::too_many_arguments)]
+fn keep(
+    cache: &Cache,
+    cfg: &Config,
+    plan: &Plan,
+    built: Built,
+    snap: &Snapshot,
+    base_problems: Vec<String>,
+    seen: Vec<u64>,
+    blocked: &BTreeMap<ObjRef, Blocked>,
+) -> Option<Kept> {
+    let eligible = cfg.pods_ready.is_none()
+        && blocked.is_empty()
+        && !built.held
+        && !built.restore_problem
+        && !built.evicted
+        && plan.serving.is_empty()
+        && !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Evict { .. } | Action::Replicas { .. }))
+        && built
+            .lives
+            .iter()
+            .all(|l| l.state != State::Terminating && l.serving.is_none());
+    if !eligible {
+        return None;
+    }
+    let Built {
+        engine,
+        lives,
+        submit_errors,
+        ..
+    } = built;
+    let stores = cache.stores();
+    let mut queue_fps = HashMap::new();
+    for i in QUEUE_STORES {
+        for v in stores[i].values() {
+            let k = (
+                v["metadata"]["namespace"]
+                    .as_str()
+                    .unwrap_or("")
+                    .to_string(),
+                v["metadata"]["name"].as_str().unwrap_or("").to_string(),
+            );
+            queue_fps.insert((i, k), fingerprint(&v));
+        }
+    }
+    let queued_ns: BTreeSet<String> = snap
+        .local_queues
+        .iter()
+        .map(|q| {
+            q.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into())
+        })
+        .collect();
+    let in_ns = |s: &Store| {
+        s.values_where(|v| {
+            v["metadata"]["namespace"]
+                .as_str()
+                .is_some_and(|n| queued_ns.contains(n))
+        })
+    };
+    let mut pod_wl = HashMap::new();
+    let mut members: HashMap<String, BTreeSet<Key>> = HashMap::new();
+    for pod in &snap.pods {
+        if let Some(wk) = pod_workload_key(pod) {
+            let k = key_of(pod);
+            members.entry(wk.clone()).or_default().insert(k.clone());
+            pod_wl.insert(k, wk);
+        }
+    }
+    let mut kept = Kept {
+        seen,
+        now: snap.now,
+        device_classes: cfg.device_classes.clone(),
+        queue_fps,
+        flavor_labels: snap
+            .flavors
+            .iter()
+            .map(|f| (f.metadata.name.clone(), f.spec.node_labels.clone()))
+            .collect(),
+        simple_cqs: snap
+            .cluster_queues
+            .iter()
+            .filter(|q| {
+                q.spec.cohort_name.is_none()
+                    && q.spec.resource_groups.iter().all(|g| g.flavors.len() == 1)
+            })
+            .map(|q| q.metadata.name.clone())
+            .collect(),
+        base_problems,
+        claim_templates: in_ns(&cache.claim_templates),
+        claims: in_ns(&cache.claims),
+        lives: HashMap::new(),
+        pod_wl,
+        members,
+        submit_errors,
+        by_creation: BTreeMap::new(),
+        unsynced: BTreeSet::new(),
+        gated_running: BTreeSet::new(),
+        admitted: plan.admitted.clone(),
+        admitted_waiting: BTreeSet::new(),
+        verify: false,
+        base: Snapshot {
+            flavors: snap.flavors.clone(),
+            cluster_queues: snap.cluster_queues.clone(),
+            local_queues: snap.local_queues.clone(),
+            priority_classes: snap.priority_classes.clone(),
+            namespaces: snap.namespaces.clone(),
+            ..Snapshot::default()
+        },
+        stale: BTreeSet::new(),
+        queued_ns,
+        engine,
+    };
+    for a in &plan.actions {
+        if let Action::Pending { workload, .. } = a {
+            kept.unsynced.insert(workload.clone());
+        }
+    }
+    for l in lives {
+        kept.track(&l);
+        kept.lives.insert(l.key.clone(), l);
+    }
+    kept.stale = kept
+        .admitted_waiting
+        .iter()
+        .filter_map(|k| kept.engine.cluster_queue_of(k).map(String::from))
+        .collect();
+    kept.verify = kept.stale.iter().any(|cq| !kept.simple_cqs.contains(cq));
+    Some(kept)
+}
+
+fn key_of(v: &Value) -> Key {
+    (
+        v["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string(),
+        v["metadata"]["name"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+/// The object under `key` as a snapshot reads it: the first store holding it wins.
+fn first_of(stores: &[Store], key: &Key) -> Option<(usize, Value)> {
+    stores
+        .iter()
+        .enumerate()
+        .find_map(|(i, s)| s.get(key).map(|v| (i, v)))
+}
+
+/// The keys changed in `stores` since `seen` (`None`: a LIST replaced one).
+fn changed(stores: &[&Store], seen: &[u64]) -> Option<BTreeSet<Key>> {
+    let mut out = BTreeSet::new();
+    for (s, &g) in stores.iter().zip(seen) {
+        match s.changes_since(g) {
+            Changes::All => return None,
+            Changes::Keys(k) => out.extend(k),
+        }
+    }
+    Some(out)
+}
+
+impl Kept {
+    /// Records the bookkeeping of live `l` (just read or kept).
+    fn track(&mut self, l: &Live) {
+        let sk = sort_key(l);
+        if l.state == State::Running && !l.gated.is_empty() {
+            self.gated_running.insert(sk.clone());
+        }
+        if l.state == State::Waiting && in_engine(l, &self.submit_errors) {
+            if let Some(info) = &l.info {
+                self.by_creation
+                    .entry(info.creation)
+                    .or_default()
+                    .insert(sk);
+            }
+            if self.engine.is_admitted(&l.key) {
+                self.admitted_waiting.insert(l.key.clone());
+            }
+        }
+    }
+
+    /// Forgets the bookkeeping of live `l` (about to be replaced or gone).
+    fn untrack(&mut self, l: &Live) {
+        let sk = sort_key(l);
+        self.gated_running.remove(&sk);
+        if let Some(info) = &l.info {
+            if let Some(set) = self.by_creation.get_mut(&info.creation) {
+                set.remove(&sk);
+                if set.is_empty() {
+                    self.by_creation.remove(&info.creation);
+                }
+            }
+        }
+        self.admitted_waiting.remove(&l.key);
+    }
+
+    /// Whether the engine's admissions are those a fresh pass would restore: every
+    /// running workload restored in admission order onto the queues alone gets the
+    /// same flavors, borrowing and counts. Costs the running workloads, not the waiting.
+    fn books_match(&self, now: Millis) -> bool {
+        let mut base = self.base.clone();
+        base.now = now;
+        let mut scratch = engine_with_queues(&base, &mut Vec::new());
+        let mut running: Vec<&Live> = self
+            .lives
+            .values()
+            .filter(|l| l.state == State::Running && l.info.is_some())
+            .collect();
+        running.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
+        for l in &running {
+            let Some(info) = &l.info else { continue };
+            if !matches!(
+                scratch.restore_admitted(now, info.clone(), l.admitted_at),
+                Ok(true)
+            ) {
+                return false;
+            }
+        }
+        running
+            .iter()
+            .all(|l| scratch.admission_of(&l.key) == self.engine.admission_of(&l.key))
+    }
+
+    fn simple(&self, key: &str) -> bool {
+        self.engine
+            .cluster_queue_of(key)
+            .is_none_or(|cq| self.simple_cqs.contains(cq))
+    }
+
+    /// Re-reads workload `wk` from its objects in the cache (`Err`: cannot follow).
+    fn reread(
+        &self,
+        cache: &Cache,
+        wk: &str,
+        job: Option<&Key>,
+        cfg: &Config,
+    ) -> Result<Option<Live>, &'static str> {
+        let mut snap = Snapshot::default();
+        if let Some(k) = job {
+            if let Some((_, v)) = first_of(&cache.jobs, k) {
+                snap.jobs.push(v);
+            }
+        } else if let Some(keys) = self.members.get(wk) {
+            let mut pods: Vec<(usize, Key, Value)> = Vec::new();
+            for k in keys {
+                if let Some((i, v)) = first_of(&cache.pods, k) {
+                    pods.push((i, k.clone(), v));
+                }
+            }
+            pods.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+            snap.pods = pods.into_iter().map(|(_, _, v)| v).collect();
+        }
+        let claims = ClaimIndex::new(&self.claim_templates, &self.claims, &cfg.device_classes);
+        let mut lives = collect(&snap, &ServingIndex::new(&[], &[], &[]), &claims);
+        if lives.len() > 1 || lives.iter().any(|l| l.key != wk) {
+            return Err("a workload read under another key");
+        }
+        Ok(lives.pop())
+    }
+
+    /// Applies the change of workload `wk` from `old` to `new` to the engine.
+    fn apply(
+        &mut self,
+        wk: &str,
+        old: Option<Live>,
+        new: Option<&Live>,
+        now: Millis,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<(), &'static str> {
+        let old = match old {
+            Some(o) if in_engine(&o, &self.submit_errors) => o,
+            other => {
+                if let Some(o) = &other {
+                    self.untrack(o);
+                }
+                self.submit_errors.remove(wk);
+                let Some(n) = new else { return Ok(()) };
+                if n.state != State::Waiting {
+                    return Err("a workload runs that was not admitted here");
+                }
+                let Some(info) = n.info.clone() else {
+                    return Ok(());
+                };
+                if self.engine.knows(wk) {
+                    return Err("a workload key used again");
+                }
+                let sk = sort_key(n);
+                if self
+                    .by_creation
+                    .get(&info.creation)
+                    .and_then(|s| s.last())
+                    .is_some_and(|last| *last > sk)
+                {
+                    return Err("a creation-time tie out of order");
+                }
+                match self.engine.submit(now, info) {
+                    Ok(()) => {
+                        if let Some(cq) = self.engine.cluster_queue_of(wk) {
+                            touched.insert(cq.to_string());
+                        }
+                    }
+                    Err(e @ crate::quota::Error::UnknownPriorityClass { .. }) => {
+                        self.submit_errors.insert(
+                            wk.to_string(),
+                            ("UnknownPriorityClass".into(), e.to_string()),
+                        );
+                    }
+                    Err(crate::quota::Error::DuplicateWorkload(_)) => {
+                        return Err("a workload key used again")
+                    }
+                    Err(e) => {
+                        self.submit_errors
+                            .insert(wk.to_string(), ("Invalid".into(), e.to_string()));
+                    }
+                }
+                return Ok(());
+            }
+        };
+        self.untrack(&old);
+        let admitted = self.engine.is_admitted(wk);
+        let same = |n: &Live| same_but_selector(n.info.as_ref(), old.info.as_ref());
+        match (old.state, new) {
+            (State::Waiting | State::Running, None) => {
+                if admitted && !self.simple(wk) {
+                    self.verify = true;
+                }
+                if let Some(cq) = self.engine.cluster_queue_of(wk) {
+                    touched.insert(cq.to_string());
+                }
+                self.engine
+                    .remove(now, wk)
+                    .map_err(|_| "removing an unknown workload")?;
+                self.admitted.remove(wk);
+            }
+            (State::Waiting, Some(n)) if n.state == State::Waiting && same(n) => {}
+            (State::Waiting, Some(n))
+                if n.state == State::Running
+                    && admitted
+                    && same(n)
+                    && self.engine.admitted_since(wk) == Some(n.admitted_at.min(now)) => {}
+            (State::Running, Some(n))
+                if n.state == State::Running && same(n) && n.admitted_at == old.admitted_at => {}
+            _ => return Err("a workload changed in a way the engine has no update for"),
+        }
+        Ok(())
+    }
+}
+
+/// Whether `new` is `old` but for node selectors added (the flavors' labels written on
+/// admission): the same requests, counts, priority and times.
+fn same_but_selector(
+    new: Option<&crate::quota::WorkloadInfo>,
+    old: Option<&crate::quota::WorkloadInfo>,
+) -> bool {
+    let (Some(new), Some(old)) = (new, old) else {
+        return new.is_none() && old.is_none();
+    };
+    if new.pod_sets.len() != old.pod_sets.len() {
+        return false;
+    }
+    let kept = new.pod_sets.iter().zip(&old.pod_sets).all(|(n, o)| {
+        o.node_selector
+            .iter()
+            .all(|(k, v)| n.node_selector.get(k) == Some(v))
+    });
+    let strip = |i: &crate::quota::WorkloadInfo| {
+        let mut i = i.clone();
+        for p in &mut i.pod_sets {
+            p.node_selector.clear();
+        }
+        i
+    };
+    kept && strip(new) == strip(old)
+}
+
+/// One pass from the changes since the last; `None` when it must decide from scratch.
+fn fast_pass(
+    mut kept: Kept,
+    cache: &Cache,
+    cfg: &Config,
+    now: Millis,
+    blocked: &BTreeMap<ObjRef, Blocked>,
+) -> Result<(Plan, Kept), &'static str> {
+    let checks = [
+        (now < kept.now, "time went back"),
+        (cfg.pods_ready.is_some(), "waitForPodsReady"),
+        (!blocked.is_empty(), "evictions blocked"),
+        (
+            cfg.device_classes != kept.device_classes,
+            "configuration changed",
+        ),
+        (
+            kept.engine.next_timer().is_some_and(|t| t <= now),
+            "an engine timer is due",
+        ),
+    ];
+    if let Some((_, why)) = checks.iter().find(|(bad, _)| *bad) {
+        return Err(why);
+    }
+    let stores = cache.stores();
+    let seen: Vec<u64> = stores.iter().map(|s| s.generation()).collect();
+    if seen.len() != kept.seen.len() {
+        return Err("stores changed");
+    }
+    // Queue objects and namespaces: only status writes may have changed.
+    for i in QUEUE_STORES {
+        let keys =
+            changed(&stores[i..=i], &kept.seen[i..=i]).ok_or("queue objects listed again")?;
+        for k in keys {
+            let now_fp = stores[i].get(&k).map(|v| fingerprint(&v));
+            if now_fp.as_ref() != kept.queue_fps.get(&(i, k)) {
+                return Err("queue objects or namespaces changed");
+            }
+        }
+    }
+    let n_pods = cache.pods.len();
+    let n_jobs = cache.jobs.len();
+    let pods_at = QUEUE_STORES.end;
+    let jobs_at = pods_at + n_pods;
+    let rest_at = jobs_at + n_jobs;
+    // Serving owners and DRA claims in queued namespaces: none may have changed.
+    let rest = changed(&stores[rest_at..], &kept.seen[rest_at..])
+        .ok_or("owners or claims listed again")?;
+    if rest.iter().any(|(ns, _)| kept.queued_ns.contains(ns)) {
+        return Err("serving owners or DRA claims changed");
+    }
+    let pod_keys = changed(&stores[pods_at..jobs_at], &kept.seen[pods_at..jobs_at])
+        .ok_or("pods listed again")?;
+    let job_keys = changed(&stores[jobs_at..rest_at], &kept.seen[jobs_at..rest_at])
+        .ok_or("Jobs listed again")?;
+    // Workloads to re-read: key → the Job's key (for Jobs).
+    let mut affected: BTreeMap<String, Option<Key>> = BTreeMap::new();
+    for k in pod_keys {
+        let pod = first_of(&cache.pods, &k).map(|(_, v)| v);
+        if pod.as_ref().is_some_and(|p| {
+            p["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|r| {
+                    r.iter()
+                        .any(|o| matches!(o["kind"].as_str(), Some("ReplicaSet" | "StatefulSet")))
+                })
+        }) {
+            return Err("a serving replica changed");
+        }
+        let new_wk = pod.as_ref().and_then(pod_workload_key);
+        let old_wk = kept.pod_wl.get(&k).cloned();
+        if old_wk != new_wk {
+            if let Some(o) = &old_wk {
+                if let Some(m) = kept.members.get_mut(o) {
+                    m.remove(&k);
+                    if m.is_empty() {
+                        kept.members.remove(o);
+                    }
+                }
+            }
+            match &new_wk {
+                Some(n) => {
+                    kept.members.entry(n.clone()).or_default().insert(k.clone());
+                    kept.pod_wl.insert(k.clone(), n.clone());
+                }
+                None => {
+                    kept.pod_wl.remove(&k);
+                }
+            }
+        }
+        affected.extend(old_wk.into_iter().chain(new_wk).map(|w| (w, None)));
+    }
+    for k in job_keys {
+        let ns = if k.0.is_empty() {
+            "default"
+        } else {
+            k.0.as_str()
+        };
+        let wk = format!("{ns}/job-{}", k.1);
+        let job = first_of(&cache.jobs, &k).map(|(_, v)| v);
+        if let Some(j) = &job {
+            if job_workload_key(j).is_some_and(|w| w != wk) {
+                return Err("a Job's key");
+            }
+        }
+        affected.insert(wk, Some(k));
+    }
+    let mut touched: BTreeSet<String> = std::mem::take(&mut kept.stale);
+    let mut candidates: BTreeSet<String> = kept.unsynced.clone();
+    for (wk, job) in &affected {
+        let new = kept.reread(cache, wk, job.as_ref(), cfg)?;
+        let old = kept.lives.remove(wk);
+        kept.apply(wk, old, new.as_ref(), now, &mut touched)?;
+        if let Some(n) = new {
+            if n.state == State::Running {
+                kept.admitted.insert(wk.clone());
+            }
+            kept.track(&n);
+            kept.lives.insert(wk.clone(), n);
+        }
+        candidates.insert(wk.clone());
+    }
+    if !kept.admitted_waiting.is_empty() {
+        return Err("an admission not written yet");
+    }
+    if kept.verify {
+        if !kept.books_match(now) {
+            return Err("the kept books differ from a fresh restore");
+        }
+        kept.verify = false;
+    }
+    // Parked workloads keep the reason (and its numbers) they were parked with: those
+    // of every cohort whose books moved are re-decided, as a fresh pass would.
+    let mut refreshed: BTreeSet<String> = BTreeSet::new();
+    let mut events = Vec::new();
+    for round in 0.. {
+        let todo: Vec<String> = touched.difference(&refreshed).cloned().collect();
+        if todo.is_empty() && round > 0 {
+            break;
+        }
+        for cq in todo {
+            refreshed.extend(kept.engine.refresh_cohort_of(&cq, now));
+            refreshed.insert(cq);
+        }
+        kept.engine.schedule(now).map_err(|_| "scheduling failed")?;
+        for ev in kept.engine.take_events() {
+            if ev.kind == EventType::Admitted {
+                if round > 0 {
+                    return Err("an admission after re-deciding parked workloads");
+                }
+                touched.extend(ev.cluster_queue.clone());
+                kept.stale.extend(ev.cluster_queue.clone());
+            }
+            events.push(ev);
+        }
+    }
+    touched = refreshed;
+    let mut plan = Plan::default();
+    let flavor_labels: BTreeMap<&str, &BTreeMap<String, String>> = kept
+        .flavor_labels
+        .iter()
+        .map(|(k, v)| (k.as_str(), v))
+        .collect();
+    for ev in &events {
+        match ev.kind {
+            EventType::Preempted | EventType::Evicted => return Err("a preemption"),
+            EventType::Admitted => {
+                let l = kept
+                    .lives
+                    .get(&ev.workload)
+                    .ok_or("an unknown workload admitted")?;
+                if l.state != State::Waiting || !kept.engine.is_admitted(&l.key) {
+                    return Err("an admission of a workload not waiting");
+                }
+                if let Some(cq) = &ev.cluster_queue {
+                    if !kept.simple_cqs.contains(cq) {
+                        kept.verify = true;
+                    }
+                    touched.insert(cq.clone());
+                }
+                plan.actions.push(admit_action(l, ev, &flavor_labels));
+                kept.admitted.insert(l.key.clone());
+                kept.admitted_waiting.insert(l.key.clone());
+            }
+            EventType::Pending => {
+                candidates.insert(ev.workload.clone());
+            }
+            _ => {}
+        }
+    }
+    for (_, key) in &kept.gated_running {
+        let l = kept.lives.get(key).ok_or("bookkeeping")?;
+        plan.actions.push(Action::Admit {
+            workload: l.key.clone(),
+            objects: l.gated.clone(),
+            node_selector: BTreeMap::new(),
+            parallelism: None,
+        });
+    }
+    // Pending reasons: of the workloads that changed, that were not recorded yet, whose
+    // reason the engine re-decided, and of every workload of a queue whose line moved.
+    let mut entries: HashMap<String, (String, String)> = HashMap::new();
+    // A queue with many candidates is read in one walk (a position costs a walk).
+    let mut per_cq: BTreeMap<&str, usize> = BTreeMap::new();
+    for k in &candidates {
+        if let Some(cq) = kept.engine.cluster_queue_of(k) {
+            *per_cq.entry(cq).or_default() += 1;
+        }
+    }
+    let crowded: Vec<String> = per_cq
+        .into_iter()
+        .filter(|(_, n)| *n > 16)
+        .map(|(cq, _)| cq.to_string())
+        .collect();
+    for cq in touched.iter().chain(&crowded) {
+        for (key, reason, message) in kept.engine.pending_entries_in(cq) {
+            candidates.insert(key.clone());
+            entries.insert(key, (reason, message));
+        }
+    }
+    let mut ordered: Vec<(Millis, &str)> = candidates
+        .iter()
+        .filter_map(|k| kept.lives.get(k))
+        .filter(|l| l.state == State::Waiting)
+        .map(|l| (l.admitted_at, l.key.as_str()))
+        .collect();
+    ordered.sort();
+    let mut unsynced = BTreeSet::new();
+    for (_, key) in ordered {
+        let l = kept.lives.get(key).ok_or("bookkeeping")?;
+        let want = l
+            .invalid
+            .clone()
+            .or_else(|| kept.submit_errors.get(key).cloned())
+            .or_else(|| entries.get(key).cloned())
+            .or_else(|| kept.engine.pending_entry(key));
+        let Some((reason, message)) = want else {
+            continue;
+        };
+        if l.recorded.as_ref() != Some(&(reason.clone(), message.clone())) {
+            unsynced.insert(key.to_string());
+            plan.actions.push(Action::Pending {
+                workload: key.to_string(),
+                objects: l.objects.clone(),
+                reason,
+                message,
+            });
+        }
+    }
+    for k in &candidates {
+        kept.unsynced.remove(k);
+    }
+    kept.unsynced.extend(unsynced);
+    plan.problems = kept.base_problems.clone();
+    plan.admitted = kept.admitted.clone();
+    plan.queue_counts = kept
+        .engine
+        .queue_counts()
+        .into_iter()
+        .map(|(name, a, p)| (name, (a, p)))
+        .collect();
+    plan.next_timer = kept.engine.next_timer();
+    kept.seen = seen;
+    kept.now = now;
+    Ok((plan, kept))
+}

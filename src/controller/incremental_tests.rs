@@ -1,0 +1,534 @@
+//! The incremental decider against the reference: random sequences of changes to a
+//! cache (pods, pod groups and Jobs of several queues arriving, changing, leaving,
+//! becoming Ready, finishing; evicted pods terminating; the plan applied as the
+//! reconciler would, sometimes with a failed write; time advancing) must give, after
+//! every step, the same plan as [`decide`](super::decide::decide) from scratch, and a
+//! fresh decider over the final cache the same plan as the long-lived one.
+
+use super::cache::Cache;
+use super::decide::{rfc3339, Action, ObjKind, Plan};
+use super::incremental::{decide_cached, Incremental};
+use super::reconciler::Config;
+use super::{ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE};
+use super::{PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION};
+use proptest::prelude::*;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+
+const NOW: u64 = 1_795_003_260_000;
+
+struct World {
+    cache: Cache,
+    rv: u64,
+    now: u64,
+    serial: usize,
+}
+
+fn queue(name: &str, cohort: Option<&str>, flavors: &[(&str, u64)]) -> Value {
+    let flavors: Vec<Value> = flavors
+        .iter()
+        .map(|(f, n)| json!({"name": f, "resources": [{"name": "nvidia.com/gpu", "nominalQuota": n}]}))
+        .collect();
+    let mut spec = json!({"namespaceSelector": {}, "queueingStrategy": "BestEffortFIFO",
+        "preemption": {"withinClusterQueue": "LowerPriority", "reclaimWithinCohort": "Any"},
+        "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"], "flavors": flavors}]});
+    if let Some(c) = cohort {
+        spec["cohortName"] = json!(c);
+    }
+    json!({"apiVersion": "tessera.io/v1alpha1", "kind": "ClusterQueue", "metadata": {"name": name}, "spec": spec})
+}
+
+impl World {
+    fn new() -> World {
+        let mut w = World {
+            cache: Cache::new(),
+            rv: 1,
+            now: NOW,
+            serial: 0,
+        };
+        for s in w.cache.stores() {
+            s.replace(Vec::new(), "1");
+        }
+        w.put(0, json!({"metadata": {"name": "team", "labels": {}}}));
+        for f in ["h100", "a100"] {
+            w.put(
+                1,
+                json!({"apiVersion": "tessera.io/v1alpha1", "kind": "ResourceFlavor",
+                            "metadata": {"name": f}, "spec": {"nodeLabels": {"gpu": f}}}),
+            );
+        }
+        w.put(2, queue("a", None, &[("h100", 4)]));
+        w.put(2, queue("b", Some("co"), &[("h100", 1), ("a100", 2)]));
+        w.put(2, queue("c", Some("co"), &[("h100", 2)]));
+        w.put(2, queue("d", None, &[("h100", 1000)]));
+        for q in ["a", "b", "c", "d"] {
+            w.put(3, json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
+                "metadata": {"name": format!("lq-{q}"), "namespace": "team"}, "spec": {"clusterQueue": q}}));
+        }
+        w.put(
+            4,
+            json!({"apiVersion": "tessera.io/v1alpha1", "kind": "WorkloadPriorityClass",
+                        "metadata": {"name": "high"}, "value": 100}),
+        );
+        w
+    }
+
+    /// Upserts into store `i` of [`Cache::stores`] with the next resourceVersion.
+    fn put(&mut self, i: usize, mut v: Value) {
+        self.rv += 1;
+        v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.cache.stores()[i].upsert(v);
+    }
+
+    fn pods(&self) -> Vec<Value> {
+        self.cache.pods[0].values()
+    }
+
+    fn jobs(&self) -> Vec<Value> {
+        self.cache.jobs[0].values()
+    }
+
+    fn put_pod(&mut self, v: Value) {
+        self.put(5, v);
+    }
+
+    fn put_job(&mut self, v: Value) {
+        let i = 5 + self.cache.pods.len();
+        self.put(i, v);
+    }
+
+    fn key(v: &Value) -> (String, String) {
+        (
+            v["metadata"]["namespace"].as_str().unwrap_or("").into(),
+            v["metadata"]["name"].as_str().unwrap_or("").into(),
+        )
+    }
+
+    fn labels(q: u8, high: bool) -> Value {
+        let mut l = json!({"tessera.io/queue-name": format!("lq-{}", ["a", "b", "c", "d"][q as usize % 4])});
+        if high {
+            l["tessera.io/priority-class"] = json!("high");
+        }
+        l
+    }
+
+    fn add_pods(&mut self, q: u8, gpus: u8, high: bool, minute: u8, group: u8) {
+        self.serial += 1;
+        let n = self.serial;
+        let members = if group > 1 { group } else { 1 };
+        for m in 0..members {
+            let mut labels = Self::labels(q, high);
+            let mut annotations = json!({});
+            let name = if group > 1 {
+                labels["kueue.x-k8s.io/pod-group-name"] = json!(format!("g{n}"));
+                annotations["kueue.x-k8s.io/pod-group-total-count"] = json!(group.to_string());
+                format!("g{n}-{m}")
+            } else {
+                format!("p{n}")
+            };
+            self.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "team", "labels": labels, "annotations": annotations,
+                             "creationTimestamp": format!("2026-11-18T12:0{minute}:00Z")},
+                "spec": {"schedulingGates": [{"name": ADMISSION_GATE}], "terminationGracePeriodSeconds": 30,
+                         "containers": [{"name": "c", "image": "x",
+                                         "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}));
+        }
+    }
+
+    fn add_job(&mut self, q: u8, gpus: u8, high: bool, minute: u8, parallelism: u8) {
+        self.serial += 1;
+        let n = self.serial;
+        self.put_job(json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": format!("j{n}"), "namespace": "team", "labels": Self::labels(q, high),
+                         "creationTimestamp": format!("2026-11-18T12:0{minute}:00Z")},
+            "spec": {"suspend": true, "parallelism": parallelism, "completions": parallelism,
+                     "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x",
+                                  "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}}},
+            "status": {}}));
+    }
+
+    /// The `i`-th object (pods, then Jobs), modulo their number.
+    fn pick(&self, i: usize) -> Option<(bool, Value)> {
+        let pods = self.pods();
+        let jobs = self.jobs();
+        let n = pods.len() + jobs.len();
+        if n == 0 {
+            return None;
+        }
+        let i = i % n;
+        Some(if i < pods.len() {
+            (true, pods[i].clone())
+        } else {
+            (false, jobs[i - pods.len()].clone())
+        })
+    }
+
+    fn remove(&mut self, i: usize) {
+        if let Some((pod, v)) = self.pick(i) {
+            let stores = if pod {
+                &self.cache.pods
+            } else {
+                &self.cache.jobs
+            };
+            stores[0].remove(&Self::key(&v));
+        }
+    }
+
+    fn resize(&mut self, i: usize, gpus: u8) {
+        match self.pick(i) {
+            Some((true, mut v)) => {
+                v["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!(gpus);
+                self.put_pod(v);
+            }
+            Some((false, mut v)) => {
+                v["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+                    ["nvidia.com/gpu"] = json!(gpus);
+                self.put_job(v);
+            }
+            None => {}
+        }
+    }
+
+    fn ready(&mut self, i: usize) {
+        if let Some((true, mut v)) = self.pick(i) {
+            v["status"]["phase"] = json!("Running");
+            v["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+            self.put_pod(v);
+        }
+    }
+
+    fn finish(&mut self, i: usize) {
+        match self.pick(i) {
+            Some((true, mut v)) if v["spec"]["schedulingGates"].is_null() => {
+                v["status"]["phase"] = json!("Succeeded");
+                self.put_pod(v);
+            }
+            Some((false, mut v)) if v["spec"]["suspend"] == false => {
+                v["status"]["conditions"] = json!([{"type": "Complete", "status": "True"}]);
+                self.put_job(v);
+            }
+            _ => {}
+        }
+    }
+
+    /// Evicted pods are gone, suspended Jobs have no active pods any more.
+    fn terminate(&mut self) {
+        for p in self.pods() {
+            if !p["metadata"]["deletionTimestamp"].is_null() {
+                self.cache.pods[0].remove(&Self::key(&p));
+            }
+        }
+        for mut j in self.jobs() {
+            if j["spec"]["suspend"] == true && j["status"]["active"].as_i64().unwrap_or(0) > 0 {
+                j["status"]["active"] = json!(0);
+                self.put_job(j);
+            }
+        }
+    }
+
+    fn object(&self, kind: ObjKind, name: &str) -> Option<Value> {
+        let key = ("team".to_string(), name.to_string());
+        match kind {
+            ObjKind::Pod => self.cache.pods[0].get(&key),
+            ObjKind::Job => self.cache.jobs[0].get(&key),
+            _ => None,
+        }
+    }
+
+    fn write(&mut self, kind: ObjKind, v: Value) {
+        match kind {
+            ObjKind::Pod => self.put_pod(v),
+            _ => self.put_job(v),
+        }
+    }
+
+    /// Applies `plan` as the reconciler does; the write of action `fail` is lost.
+    fn apply(&mut self, plan: &Plan, fail: Option<usize>) {
+        let stamp = rfc3339(self.now);
+        for (i, a) in plan.actions.iter().enumerate() {
+            if fail == Some(i) {
+                continue;
+            }
+            match a {
+                Action::Admit {
+                    objects,
+                    node_selector,
+                    parallelism,
+                    ..
+                } => {
+                    for r in objects {
+                        let Some(mut v) = self.object(r.kind, &r.name) else {
+                            continue;
+                        };
+                        v["metadata"]["annotations"][ADMITTED_AT_ANNOTATION] = json!(stamp);
+                        if r.kind == ObjKind::Pod {
+                            v["spec"].as_object_mut().unwrap().remove("schedulingGates");
+                            v["spec"]["nodeSelector"] = json!(node_selector);
+                        } else {
+                            v["spec"]["suspend"] = json!(false);
+                            let p = parallelism.unwrap_or(1);
+                            v["spec"]["parallelism"] = json!(p);
+                            v["status"]["active"] = json!(p);
+                            v["spec"]["template"]["spec"]["nodeSelector"] = json!(node_selector);
+                            let a = v["metadata"]["annotations"].as_object_mut().unwrap();
+                            a.remove(PENDING_REASON_ANNOTATION);
+                            a.remove(PENDING_MESSAGE_ANNOTATION);
+                        }
+                        self.write(r.kind, v);
+                    }
+                }
+                Action::Evict { objects, .. } => {
+                    for (r, _) in objects {
+                        let Some(mut v) = self.object(r.kind, &r.name) else {
+                            continue;
+                        };
+                        if r.kind == ObjKind::Pod {
+                            v["metadata"]["deletionTimestamp"] = json!(stamp);
+                        } else {
+                            v["spec"]["suspend"] = json!(true);
+                            if let Some(a) = v["metadata"]["annotations"].as_object_mut() {
+                                a.remove(ADMITTED_AT_ANNOTATION);
+                            }
+                        }
+                        self.write(r.kind, v);
+                    }
+                }
+                Action::Pending {
+                    objects,
+                    reason,
+                    message,
+                    ..
+                } => {
+                    for r in objects {
+                        let Some(mut v) = self.object(r.kind, &r.name) else {
+                            continue;
+                        };
+                        if r.kind == ObjKind::Pod {
+                            v["status"]["conditions"] = json!([{"type": CONDITION_TYPE, "status": "False",
+                                                                "reason": reason, "message": message}]);
+                        } else {
+                            v["metadata"]["annotations"][PENDING_REASON_ANNOTATION] = json!(reason);
+                            v["metadata"]["annotations"][PENDING_MESSAGE_ANNOTATION] =
+                                json!(message);
+                        }
+                        self.write(r.kind, v);
+                    }
+                }
+                Action::PodsReady { .. } | Action::Replicas { .. } => {}
+            }
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+enum Op {
+    Pods {
+        q: u8,
+        gpus: u8,
+        high: bool,
+        minute: u8,
+        group: u8,
+    },
+    Job {
+        q: u8,
+        gpus: u8,
+        high: bool,
+        minute: u8,
+        parallelism: u8,
+    },
+    Remove(usize),
+    Resize(usize, u8),
+    Ready(usize),
+    Finish(usize),
+    Terminate,
+    Advance(u64),
+    Apply(Option<usize>),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..4, 1u8..4, any::<bool>(), 0u8..3, 0u8..3).prop_map(|(q, gpus, high, minute, group)| Op::Pods { q, gpus, high, minute, group }),
+        2 => (0u8..4, 1u8..3, any::<bool>(), 0u8..3, 1u8..3).prop_map(|(q, gpus, high, minute, parallelism)| Op::Job { q, gpus, high, minute, parallelism }),
+        1 => any::<usize>().prop_map(Op::Remove),
+        1 => (any::<usize>(), 1u8..4).prop_map(|(i, g)| Op::Resize(i, g)),
+        1 => any::<usize>().prop_map(Op::Ready),
+        2 => any::<usize>().prop_map(Op::Finish),
+        1 => Just(Op::Terminate),
+        1 => (1u64..120).prop_map(Op::Advance),
+        5 => proptest::option::weighted(0.2, 0usize..4).prop_map(Op::Apply),
+    ]
+}
+
+fn cfg() -> Config {
+    Config::default()
+}
+
+fn step(w: &mut World, op: &Op, last: &Plan) {
+    match *op {
+        Op::Pods {
+            q,
+            gpus,
+            high,
+            minute,
+            group,
+        } => w.add_pods(q, gpus, high, minute, group),
+        Op::Job {
+            q,
+            gpus,
+            high,
+            minute,
+            parallelism,
+        } => w.add_job(q, gpus, high, minute, parallelism),
+        Op::Remove(i) => w.remove(i),
+        Op::Resize(i, g) => w.resize(i, g),
+        Op::Ready(i) => w.ready(i),
+        Op::Finish(i) => w.finish(i),
+        Op::Terminate => w.terminate(),
+        Op::Advance(s) => w.now += s * 1000,
+        Op::Apply(fail) => w.apply(last, fail),
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+
+    #[test]
+    fn incremental_plans_equal_from_scratch_plans(ops in proptest::collection::vec(op(), 1..40)) {
+        let mut w = World::new();
+        let mut inc = Incremental::new();
+        let blocked = BTreeMap::new();
+        let c = cfg();
+        let mut last = Plan::default();
+        for (i, op) in ops.iter().enumerate() {
+            step(&mut w, op, &last);
+            let got = inc.decide(&w.cache, &c, w.now, &blocked);
+            let want = decide_cached(&w.cache, &c, w.now, &blocked);
+            prop_assert_eq!(&got, &want, "step {} ({:?})", i, op);
+            last = got;
+        }
+        let fresh = Incremental::new().decide(&w.cache, &c, w.now, &blocked);
+        let again = inc.decide(&w.cache, &c, w.now, &blocked);
+        prop_assert_eq!(fresh, again, "a restarted decider decides as the long-lived one");
+    }
+}
+
+/// The common case stays incremental: pods arriving in a full queue and beside it,
+/// reasons recorded, admissions applied, a running pod finishing.
+#[test]
+fn steady_passes_apply_only_the_changes() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| {
+        let got = inc.decide(&w.cache, &c, w.now, &blocked);
+        assert_eq!(got, decide_cached(&w.cache, &c, w.now, &blocked));
+        got
+    };
+    w.add_pods(0, 4, false, 0, 0);
+    for _ in 0..20 {
+        w.add_pods(0, 1, false, 1, 0);
+    }
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(inc.stats.full, 1);
+    w.apply(&plan, None);
+    let plan = pass(&mut w, &mut inc);
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    for round in 0..5 {
+        w.now += 1000;
+        w.add_pods(3, 1, false, 2, 0);
+        let plan = pass(&mut w, &mut inc);
+        assert!(
+            plan.actions
+                .iter()
+                .any(|a| matches!(a, Action::Admit { .. })),
+            "round {round}: {:?}",
+            plan.actions
+        );
+        w.apply(&plan, None);
+        pass(&mut w, &mut inc);
+    }
+    // The 4-GPU pod finishes: the next waiting pods in its queue are admitted.
+    let big = w
+        .pods()
+        .into_iter()
+        .find(|p| p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4)
+        .unwrap();
+    let mut done = big.clone();
+    done["status"]["phase"] = json!("Succeeded");
+    w.put_pod(done);
+    let plan = pass(&mut w, &mut inc);
+    let admitted = plan
+        .actions
+        .iter()
+        .filter(|a| matches!(a, Action::Admit { .. }))
+        .count();
+    assert_eq!(admitted, 4, "{:?}", plan.actions);
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    assert!(inc.stats.incremental >= 12, "{:?}", inc.stats);
+}
+
+/// Admissions into ClusterQueues of a cohort stay incremental while the kept books are
+/// those a fresh restore gives (checked against the running workloads alone).
+#[test]
+fn cohort_admissions_stay_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    for _ in 0..6 {
+        w.add_pods(2, 1, false, 0, 0);
+    }
+    for round in 0..6 {
+        w.now += 1000;
+        // Later creation each round: a creation tie would be submitted out of order.
+        w.add_pods(1 + round % 2, 1, false, 1 + round, 0);
+        let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+        assert_eq!(plan, decide_cached(&w.cache, &c, w.now, &blocked));
+        w.apply(&plan, None);
+        let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+        assert_eq!(plan, decide_cached(&w.cache, &c, w.now, &blocked));
+        w.apply(&plan, None);
+    }
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+}
+
+/// Prints the time of `Incremental::decide` alone (no API server) for the pass that
+/// admits one new pod and the pass that sees its admission back, beside N pods waiting
+/// in a full queue. Run: `cargo test --lib decision_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn decision_cost_beside_n_waiting() {
+    for n in [2_000usize, 8_000] {
+        let mut w = World::new();
+        let mut inc = Incremental::new();
+        let (c, blocked) = (cfg(), BTreeMap::new());
+        w.add_pods(0, 4, false, 0, 0);
+        for _ in 0..n {
+            w.add_pods(0, 1, false, 1, 0);
+        }
+        for _ in 0..2 {
+            let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+            w.apply(&plan, None);
+        }
+        let (mut admit, mut seen) = (Vec::new(), Vec::new());
+        for _ in 0..5 {
+            w.now += 1000;
+            w.add_pods(3, 1, false, 2, 0);
+            let t = std::time::Instant::now();
+            let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+            admit.push(t.elapsed());
+            assert_eq!(plan.actions.len(), 1, "{:?}", plan.actions);
+            w.apply(&plan, None);
+            let t = std::time::Instant::now();
+            let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+            seen.push(t.elapsed());
+            assert!(plan.actions.is_empty());
+        }
+        admit.sort();
+        seen.sort();
+        assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+        eprintln!(
+            "N = {n}: admitting pass {:?}, admission seen back {:?} (median of 5)",
+            admit[2], seen[2]
+        );
+    }
+}
