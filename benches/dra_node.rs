@@ -13,7 +13,8 @@
 //!   same binary's bare start-up (`tessera node --help`).
 //!
 //! `DRA_BENCH_DIR=/dev/shm` puts the agent's state on tmpfs (fsync becomes free), which
-//! separates the driver's own cost from the disk's.
+//! separates the driver's own cost from the disk's. `DRA_BENCH_CDI_DIR=/dev/shm` puts only
+//! the CDI specs there, as a real node does (`/var/run/cdi` is tmpfs).
 //!
 //! `cargo test --all-targets` runs it once with a small sample, as a smoke test.
 
@@ -344,7 +345,13 @@ async fn main() {
         Some(dir) => tempfile::tempdir_in(dir).unwrap(),
         None => tempfile::tempdir().unwrap(),
     };
-    let dirs = NodeDirs::under(tmp.path());
+    let mut dirs = NodeDirs::under(tmp.path());
+    // DRA_BENCH_CDI_DIR=/dev/shm puts only the CDI specs on tmpfs, as on a real node
+    // (`/var/run/cdi`), and leaves the checkpoint where DRA_BENCH_DIR says.
+    let cdi_tmp = std::env::var_os("DRA_BENCH_CDI_DIR").map(|d| tempfile::tempdir_in(d).unwrap());
+    if let Some(d) = &cdi_tmp {
+        dirs.cdi_root = d.path().join("cdi");
+    }
     std::fs::create_dir_all(&dirs.config).unwrap();
     std::fs::write(dirs.config.join("default"), CONFIG).unwrap();
     let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;

@@ -20,9 +20,10 @@
 //! NodePrepareResources re-creates them instead of failing.
 //!
 //! Writes: a commit appends one checksummed record of its changes to the log, in place in
-//! the preallocated file (`Completed` and unprepare records: [`Durability::Durable`],
-//! `fdatasync`ed; `Started`: [`Durability::Written`], in the kernel, not synced; see
-//! [`Session::commit`]). A record torn by a crash is ignored on reading. A compaction
+//! the preallocated file (unprepare records: [`Durability::Durable`], `fdatasync`ed;
+//! `Started` and `Completed`: [`Durability::Written`], in the kernel, not synced, since
+//! only a power loss or kernel crash loses them and both reboot the node, after which
+//! every claim is prepared again; see [`Session::commit`] and docs/dra.md). A record torn by a crash is ignored on reading. A compaction
 //! ([`Session::settle`]: at start-up and on shutdown, and when the log is full or
 //! damaged) writes the whole content atomically as a new snapshot (temporary file, fsync,
 //! rename, directory fsync) with a new epoch, then empties the log for that epoch.

@@ -172,7 +172,14 @@ impl NodePreparer {
             steps.mark("work_lock");
             self.prepare_fetched(c, claim, &session, steps)?
         };
-        if let Err(e) = session.commit(ticket, Durability::Durable) {
+        // `Completed` is written but not synced, like `Started`: a crash of this process
+        // keeps it (the kernel has it); only a power loss or a kernel crash can lose it,
+        // and both reboot the node, after which every claim is prepared again anyway (the
+        // boot ID changes, MIG instances, time-slices and `/var/run/cdi` are gone, and a
+        // claim read back as `Started` or not at all is rolled back or simply prepared
+        // afresh). Waiting for the disk here bought nothing but its flush tail (docs/dra.md,
+        // "Durability of each record"). Unprepare records stay synced.
+        if let Err(e) = session.commit(ticket, Durability::Written) {
             // Not answered as prepared: a retry redoes it (the file may say Started).
             session.update(|d| {
                 if let Some(r) = d.claims.get_mut(&c.uid) {
