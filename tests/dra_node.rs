@@ -18,13 +18,12 @@ use serde_json::{json, Value};
 use support::apiserver::ApiServer;
 use support::dra_agent::{DraAgentBuilder, NodeDirs, NODE};
 use support::dra_kubelet::{Claim, DraKubelet};
+use support::dra_pool::{complete_pool, device_names, our_slices, DRIVER, SLICES};
 use support::kubelet::Kubelet;
 use tessera::dra::checkpoint::{Phase, Store};
 use tessera::gpu::fake::FakeBackend;
 use tessera::gpu::{GpuBackend, HealthSender, Inventory, MigDeviceInfo};
 
-const DRIVER: &str = "gpu.tessera.io";
-const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims";
 const WAIT: Duration = Duration::from_secs(5);
 
@@ -55,33 +54,6 @@ async fn wait_for(what: &str, timeout: Duration, cond: impl Fn() -> bool) -> Dur
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     start.elapsed()
-}
-
-fn our_slices(api: &ApiServer) -> Vec<Value> {
-    api.objects(SLICES)
-        .into_iter()
-        .filter(|s| s["spec"]["nodeName"] == NODE && s["spec"]["driver"] == DRIVER)
-        .collect()
-}
-
-/// Our slices once the pool is complete: one generation, `resourceSliceCount` slices (a
-/// publish in progress shows a partial pool).
-fn complete_pool(api: &ApiServer) -> Option<Vec<Value>> {
-    let now = our_slices(api);
-    let gens: BTreeSet<i64> = now
-        .iter()
-        .map(|s| s["spec"]["pool"]["generation"].as_i64().unwrap_or(0))
-        .collect();
-    let count = now.first()?["spec"]["pool"]["resourceSliceCount"].as_i64()?;
-    (gens.len() == 1 && now.len() as i64 == count).then_some(now)
-}
-
-fn device_names(slices: &[Value]) -> BTreeSet<String> {
-    slices
-        .iter()
-        .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-        .filter_map(|d| d["name"].as_str().map(String::from))
-        .collect()
 }
 
 fn mig_count(backend: &dyn GpuBackend) -> usize {

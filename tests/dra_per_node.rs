@@ -16,120 +16,31 @@
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::apiserver::ApiServer;
-use support::dra_agent::{allocated_claim, DraAgentBuilder, NodeDirs, NODE};
+use support::dra_agent::{allocated_claim, DraAgent, DraAgentBuilder, NodeDirs, NODE};
 use support::dra_kubelet::{Claim, DraKubelet};
+use support::dra_pool::{
+    blocked_events, dp_ever_listed, dra_devices, our_slices, wait_blocked, wait_dp, wait_dra,
+    Slices, DRIVER, GPU, SLICES, WAIT,
+};
 use support::kubelet::Kubelet;
 use tessera::agent::ownership::DraMode;
 use tessera::gpu::fake::FakeBackend;
 use tessera::gpu::GpuBackend;
 
-const DRIVER: &str = "gpu.tessera.io";
-const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims";
 /// The cluster-wide LIST the agent makes before a GPU leaves the driver.
 const ALL_CLAIMS: &str = "/apis/resource.k8s.io/v1/resourceclaims";
-const GPU: &str = "nvidia.com/gpu";
-const WAIT: Duration = Duration::from_secs(10);
-
-fn our_slices(api: &ApiServer) -> Vec<Value> {
-    api.objects(SLICES)
-        .into_iter()
-        .filter(|s| s["spec"]["nodeName"] == NODE && s["spec"]["driver"] == DRIVER)
-        .collect()
-}
-
-/// The DRA pool's device names once the pool is complete (one generation, all slices).
-fn dra_devices(api: &ApiServer) -> Option<BTreeSet<String>> {
-    let slices = our_slices(api);
-    let gens: BTreeSet<i64> = slices
-        .iter()
-        .map(|s| s["spec"]["pool"]["generation"].as_i64().unwrap_or(0))
-        .collect();
-    if let Some(first) = slices.first() {
-        let count = first["spec"]["pool"]["resourceSliceCount"].as_i64()?;
-        if gens.len() != 1 || slices.len() as i64 != count {
-            return None;
-        }
-    }
-    Some(
-        slices
-            .iter()
-            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-            .filter_map(|d| d["name"].as_str().map(String::from))
-            .collect(),
-    )
-}
 
 async fn wait_for(what: &str, mut done: impl FnMut() -> bool) {
     let start = Instant::now();
     while !done() {
         assert!(start.elapsed() < WAIT, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-async fn wait_dra(api: &ApiServer, want: &[&str]) {
-    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
-    let start = Instant::now();
-    loop {
-        let got = dra_devices(api);
-        if got.as_ref() == Some(&want) && !our_slices(api).is_empty() {
-            return;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "DRA pool: want {want:?}, have {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// The device plugin's latest `nvidia.com/gpu` list as GPU indices.
-async fn wait_dp(plugins: &Kubelet, uuids: &[String], want: &[usize]) {
-    let want: BTreeSet<String> = want.iter().map(|i| uuids[*i].clone()).collect();
-    plugins
-        .wait_until(WAIT, &format!("device plugin lists {want:?}"), |m| {
-            m.get(GPU)
-                .and_then(|s| s.lists.last())
-                .is_some_and(|l| l.iter().map(|d| d.id.clone()).collect::<BTreeSet<_>>() == want)
-        })
-        .await;
-}
-
-/// Whether any `nvidia.com/gpu` list the device plugin sent from list `from` on named `uuid`.
-fn dp_ever_listed(plugins: &Kubelet, from: usize, uuid: &str) -> bool {
-    plugins.state(GPU).is_some_and(|s| {
-        s.lists[from.min(s.lists.len())..]
-            .iter()
-            .any(|l| l.iter().any(|d| d.id == uuid))
-    })
-}
-
-fn blocked_events(api: &ApiServer) -> Vec<String> {
-    api.events()
-        .into_iter()
-        .filter(|e| e["reason"] == "GpuMoveBlocked")
-        .filter_map(|e| e["note"].as_str().map(String::from))
-        .collect()
-}
-
-async fn wait_blocked(api: &ApiServer, gpu: usize, holder: &str) -> String {
-    let start = Instant::now();
-    loop {
-        if let Some(e) = blocked_events(api)
-            .into_iter()
-            .find(|e| e.contains(&format!("GPU {gpu} ")) && e.contains(holder))
-        {
-            return e;
-        }
-        assert!(start.elapsed() < WAIT, "events: {:?}", blocked_events(api));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
 }
@@ -199,6 +110,28 @@ async fn node(gpus: &str) -> (Node, Arc<FakeBackend>) {
     (node, backend)
 }
 
+/// Three GPUs, both paths, Events on the Node: labelled `split`, GPUs 1 and 2 are the
+/// DRA driver's and GPU 0 the device plugin's; the `moved` config takes GPU 1 off the
+/// driver.
+async fn split_node() -> (Node, DraAgent) {
+    let (n, backend) = node("3xL4").await;
+    let (api, kubelet, plugins, uuids) = (&n.api, &n.kubelet, &n.plugins, &n.uuids);
+    let agent = DraAgentBuilder::new(&n.dirs, backend)
+        .configs(&[
+            ("default", "version: v1\n"),
+            ("split", "tessera: { dra: { gpus: { index: [1, 2] } } }\n"),
+            ("moved", "tessera: { dra: { gpus: { index: [2] } } }\n"),
+        ])
+        .both_paths()
+        .events_on_node(api)
+        .start(api);
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    api.set_label("tessera.io/config", Some("split"));
+    wait_dra(api, &["gpu-1", "gpu-2"], Slices::Published).await;
+    wait_dp(plugins, uuids, &[0]).await;
+    (n, agent)
+}
+
 /// `--dra=auto`: no registration and no pool while the config gives DRA nothing; a label
 /// that gives it a GPU registers and publishes; a label that takes it away keeps the
 /// driver serving while a claim holds the GPU and withdraws it once the claim is gone; a
@@ -241,7 +174,7 @@ async fn auto_dra_serves_only_while_the_node_config_gives_it_gpus() {
     // The label gives it GPU 1: registered, published; the device plugin drops GPU 1.
     api.set_label("tessera.io/config", Some("one"));
     kubelet.wait_registered(DRIVER, 1, WAIT).await;
-    wait_dra(api, &["gpu-1"]).await;
+    wait_dra(api, &["gpu-1"], Slices::Published).await;
     wait_dp(plugins, uuids, &[0, 2]).await;
     support::schema::validate_all(&our_slices(api), &["1.34.0", "1.35.0"]);
 
@@ -254,7 +187,7 @@ async fn auto_dra_serves_only_while_the_node_config_gives_it_gpus() {
     assert!(out[&train.uid].is_ok(), "{out:?}");
     api.set_label("tessera.io/config", None);
     wait_blocked(api, 1, "claim ml/train (uid uid-train)").await;
-    wait_dra(api, &["gpu-1"]).await;
+    wait_dra(api, &["gpu-1"], Slices::Published).await;
     assert!(kubelet.plugin(DRIVER).is_some());
     wait_dp(plugins, uuids, &[0, 2]).await;
 
@@ -277,7 +210,7 @@ async fn auto_dra_serves_only_while_the_node_config_gives_it_gpus() {
     // Given GPU 1 again: registered again and published.
     api.set_label("tessera.io/config", Some("one"));
     kubelet.wait_registered(DRIVER, 2, WAIT).await;
-    wait_dra(api, &["gpu-1"]).await;
+    wait_dra(api, &["gpu-1"], Slices::Published).await;
     wait_dp(plugins, uuids, &[0, 2]).await;
 
     // The scheduler allocates GPU 1 right after the agent's LIST of claims when the label
@@ -288,7 +221,7 @@ async fn auto_dra_serves_only_while_the_node_config_gives_it_gpus() {
     let event = wait_blocked(api, 1, "claim ml/late (uid uid-late, allocated)").await;
     assert!(fired.load(Ordering::SeqCst));
     assert!(event.contains("stays with the DRA driver"), "{event}");
-    wait_dra(api, &["gpu-1"]).await;
+    wait_dra(api, &["gpu-1"], Slices::Published).await;
     let late = Claim::new("ml", "late", "uid-late");
     let out = kubelet
         .prepare(DRIVER, std::slice::from_ref(&late))
@@ -325,21 +258,8 @@ async fn auto_dra_serves_only_while_the_node_config_gives_it_gpus() {
 /// claim is gone.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_claim_allocated_between_the_list_and_the_new_slices_moves_the_gpu_back() {
-    let (n, backend) = node("3xL4").await;
+    let (n, agent) = split_node().await;
     let (api, kubelet, plugins, uuids) = (&n.api, &n.kubelet, &n.plugins, &n.uuids);
-    let agent = DraAgentBuilder::new(&n.dirs, backend.clone())
-        .configs(&[
-            ("default", "version: v1\n"),
-            ("split", "tessera: { dra: { gpus: { index: [1, 2] } } }\n"),
-            ("moved", "tessera: { dra: { gpus: { index: [2] } } }\n"),
-        ])
-        .both_paths()
-        .events_on_node(api)
-        .start(api);
-    kubelet.wait_registered(DRIVER, 1, WAIT).await;
-    api.set_label("tessera.io/config", Some("split"));
-    wait_dra(api, &["gpu-1", "gpu-2"]).await;
-    wait_dp(plugins, uuids, &[0]).await;
 
     let lists_before = plugins.state(GPU).unwrap().lists.len();
     let requests_before = api.requests().len();
@@ -351,7 +271,7 @@ async fn a_claim_allocated_between_the_list_and_the_new_slices_moves_the_gpu_bac
         event.contains(&uuids[1]) && event.contains("stays with the DRA driver"),
         "{event}"
     );
-    wait_dra(api, &["gpu-1", "gpu-2"]).await;
+    wait_dra(api, &["gpu-1", "gpu-2"], Slices::Published).await;
 
     // The interleaving, from the API server's log: the LIST the claim slipped past, the
     // slices without GPU 1, the second LIST that found the claim, GPU 1 republished.
@@ -400,7 +320,7 @@ async fn a_claim_allocated_between_the_list_and_the_new_slices_moves_the_gpu_bac
         .await
         .unwrap();
     assert!(un.values().all(|r| r.is_ok()), "{un:?}");
-    wait_dra(api, &["gpu-2"]).await;
+    wait_dra(api, &["gpu-2"], Slices::Published).await;
     wait_dp(plugins, uuids, &[0, 1]).await;
     support::schema::validate_all(&our_slices(api), &["1.34.0", "1.35.0"]);
     agent.shutdown().await;
@@ -463,7 +383,7 @@ async fn the_binary_with_tessera_dra_auto_follows_the_config_file() {
     )
     .unwrap();
     kubelet.wait_registered(DRIVER, 1, WAIT).await;
-    wait_dra(api, &["gpu-0"]).await;
+    wait_dra(api, &["gpu-0"], Slices::Published).await;
     wait_dp(plugins, &n.uuids, &[1]).await;
 
     std::fs::write(layouts.join("default"), "version: v1\n").unwrap();
@@ -533,7 +453,7 @@ async fn a_config_changed_while_the_agent_was_down_does_not_take_claimed_gpus_fr
     api.set_label("tessera.io/config", Some("split"));
     let agent = start();
     kubelet.wait_registered(DRIVER, 1, WAIT).await;
-    wait_dra(api, &["gpu-1", "gpu-2", "gpu-3"]).await;
+    wait_dra(api, &["gpu-1", "gpu-2", "gpu-3"], Slices::Published).await;
     wait_dp(plugins, uuids, &[0]).await;
     let train = put_claim(api, "train", &["gpu-1"]);
     let out = kubelet
@@ -552,7 +472,7 @@ async fn a_config_changed_while_the_agent_was_down_does_not_take_claimed_gpus_fr
     wait_blocked(api, 1, "claim ml/train (uid uid-train)").await;
     wait_blocked(api, 2, "claim ml/serve (uid uid-serve, allocated)").await;
     wait_dp(plugins, uuids, &[0, 3]).await;
-    wait_dra(api, &["gpu-1", "gpu-2"]).await;
+    wait_dra(api, &["gpu-1", "gpu-2"], Slices::Published).await;
     let first = plugins.state(GPU).unwrap().lists[0].clone();
     assert!(
         first.iter().any(|d| d.id == uuids[0]),
@@ -616,21 +536,8 @@ async fn at_start_without_the_api_server_gpus_wait_until_it_answers() {
 /// fails (GPU 2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stalled_move_off_the_driver_is_reported_and_retried() {
-    let (n, backend) = node("3xL4").await;
-    let (api, kubelet, plugins, uuids) = (&n.api, &n.kubelet, &n.plugins, &n.uuids);
-    let agent = DraAgentBuilder::new(&n.dirs, backend.clone())
-        .configs(&[
-            ("default", "version: v1\n"),
-            ("split", "tessera: { dra: { gpus: { index: [1, 2] } } }\n"),
-            ("moved", "tessera: { dra: { gpus: { index: [2] } } }\n"),
-        ])
-        .both_paths()
-        .events_on_node(api)
-        .start(api);
-    kubelet.wait_registered(DRIVER, 1, WAIT).await;
-    api.set_label("tessera.io/config", Some("split"));
-    wait_dra(api, &["gpu-1", "gpu-2"]).await;
-    wait_dp(plugins, uuids, &[0]).await;
+    let (n, agent) = split_node().await;
+    let (api, plugins, uuids) = (&n.api, &n.plugins, &n.uuids);
 
     // The driver's slice writes fail: the slices keep naming GPU 1.
     let lists_before = plugins.state(GPU).unwrap().lists.len();
@@ -650,7 +557,7 @@ async fn a_stalled_move_off_the_driver_is_reported_and_retried() {
         Some(["gpu-1", "gpu-2"].map(String::from).into())
     );
     api.stop_failing();
-    wait_dra(api, &["gpu-2"]).await;
+    wait_dra(api, &["gpu-2"], Slices::Published).await;
     wait_dp(plugins, uuids, &[0, 1]).await;
 
     // The claims LIST of phase 2 fails (it answers the reload's LIST, then fails).
@@ -659,7 +566,7 @@ async fn a_stalled_move_off_the_driver_is_reported_and_retried() {
     api.set_label("tessera.io/config", None);
     let event = wait_stalled(api, 2, "the API server does not answer").await;
     assert!(event.contains("ResourceClaims"), "{event}");
-    wait_dra(api, &[]).await;
+    wait_dra(api, &[], Slices::Published).await;
     assert!(!dp_ever_listed(plugins, lists_before, &uuids[2]));
     api.stop_failing();
     wait_dp(plugins, uuids, &[0, 1, 2]).await;

@@ -21,96 +21,15 @@ use support::apiserver::ApiServer;
 use support::dra_agent::allocated_claim;
 use support::dra_agent::{DraAgentBuilder, NodeDirs, NODE};
 use support::dra_kubelet::{Claim, DraKubelet};
+use support::dra_pool::{
+    blocked_events, dra_devices, wait_blocked, wait_dp, wait_dra, write_kubelet_checkpoint, Slices,
+    DRIVER, GPU, SLICES, WAIT,
+};
 use support::kubelet::Kubelet;
 use tessera::gpu::fake::FakeBackend;
 use tessera::gpu::GpuBackend;
 
-const DRIVER: &str = "gpu.tessera.io";
-const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims";
-const GPU: &str = "nvidia.com/gpu";
-const WAIT: Duration = Duration::from_secs(10);
-
-/// The DRA pool's device names once the pool is complete (one generation, all slices).
-fn dra_devices(api: &ApiServer) -> Option<BTreeSet<String>> {
-    let slices: Vec<Value> = api
-        .objects(SLICES)
-        .into_iter()
-        .filter(|s| s["spec"]["nodeName"] == NODE && s["spec"]["driver"] == DRIVER)
-        .collect();
-    let gens: BTreeSet<i64> = slices
-        .iter()
-        .map(|s| s["spec"]["pool"]["generation"].as_i64().unwrap_or(0))
-        .collect();
-    if let Some(first) = slices.first() {
-        let count = first["spec"]["pool"]["resourceSliceCount"].as_i64()?;
-        if gens.len() != 1 || slices.len() as i64 != count {
-            return None;
-        }
-    }
-    Some(
-        slices
-            .iter()
-            .flat_map(|s| s["spec"]["devices"].as_array().cloned().unwrap_or_default())
-            .filter_map(|d| d["name"].as_str().map(String::from))
-            .collect(),
-    )
-}
-
-async fn wait_dra(api: &ApiServer, want: &[&str]) {
-    let want: BTreeSet<String> = want.iter().map(|s| s.to_string()).collect();
-    let start = Instant::now();
-    loop {
-        let got = dra_devices(api);
-        if got.as_ref() == Some(&want) {
-            return;
-        }
-        assert!(
-            start.elapsed() < WAIT,
-            "DRA pool: want {want:?}, have {got:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
-/// The device plugin's latest `nvidia.com/gpu` list as GPU indices.
-async fn wait_dp(plugins: &Kubelet, uuids: &[String], want: &[usize]) {
-    let want: BTreeSet<String> = want.iter().map(|i| uuids[*i].clone()).collect();
-    plugins
-        .wait_until(WAIT, &format!("device plugin lists {want:?}"), |m| {
-            m.get(GPU)
-                .and_then(|s| s.lists.last())
-                .is_some_and(|l| l.iter().map(|d| d.id.clone()).collect::<BTreeSet<_>>() == want)
-        })
-        .await;
-}
-
-fn blocked_events(api: &ApiServer) -> Vec<String> {
-    api.events()
-        .into_iter()
-        .filter(|e| e["reason"] == "GpuMoveBlocked")
-        .filter_map(|e| e["note"].as_str().map(String::from))
-        .collect()
-}
-
-/// What the kubelet's device manager records after Allocate (v2 format: NUMA → IDs).
-fn write_kubelet_checkpoint(dirs: &NodeDirs, entries: &[(&str, &str)]) {
-    let entries: Vec<Value> = entries
-        .iter()
-        .map(|(pod, id)| {
-            json!({"PodUID": pod, "ContainerName": "main", "ResourceName": GPU,
-                   "DeviceIDs": {"-1": [id]}, "AllocResp": ""})
-        })
-        .collect();
-    let body =
-        json!({"Data": {"PodDeviceEntries": entries, "RegisteredDevices": {}}, "Checksum": 0});
-    let path = dirs
-        .kubelet_dir
-        .join("device-plugins/kubelet_internal_checkpoint");
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, body.to_string()).unwrap();
-    std::fs::rename(tmp, path).unwrap();
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
@@ -146,12 +65,12 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
 
     // No label: the default config has no `tessera.dra`: every GPU on the device plugin.
     wait_dp(&plugins, &uuids, &[0, 1, 2, 3, 4]).await;
-    wait_dra(&api, &[]).await;
+    wait_dra(&api, &[], Slices::MayBeAbsent).await;
 
     // Label the node: GPUs 2 and 3 go to DRA.
     api.set_label("tessera.io/config", Some("split"));
     wait_dp(&plugins, &uuids, &[0, 1, 4]).await;
-    wait_dra(&api, &["gpu-2", "gpu-3"]).await;
+    wait_dra(&api, &["gpu-2", "gpu-3"], Slices::MayBeAbsent).await;
 
     // GPU 2 gets a prepared claim; a pod holds GPU 1 through the device plugin.
     api.put_object(
@@ -176,7 +95,7 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
     // The swap config wants 0, 1 and 3 on DRA: 0 moves (free), 1 stays on the device
     // plugin (a pod holds it), 2 stays on DRA (a claim holds it), 3 and 4 do not change.
     api.set_label("tessera.io/config", Some("swap"));
-    wait_dra(&api, &["gpu-0", "gpu-2", "gpu-3"]).await;
+    wait_dra(&api, &["gpu-0", "gpu-2", "gpu-3"], Slices::MayBeAbsent).await;
     wait_dp(&plugins, &uuids, &[1, 4]).await;
     let start = Instant::now();
     while blocked_events(&api).len() < 2 {
@@ -239,10 +158,10 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
         .await
         .unwrap();
     assert!(un.values().all(|r| r.is_ok()), "{un:?}");
-    wait_dra(&api, &["gpu-0", "gpu-3"]).await;
+    wait_dra(&api, &["gpu-0", "gpu-3"], Slices::MayBeAbsent).await;
     wait_dp(&plugins, &uuids, &[1, 2, 4]).await;
     write_kubelet_checkpoint(&dirs, &[]);
-    wait_dra(&api, &["gpu-0", "gpu-1", "gpu-3"]).await;
+    wait_dra(&api, &["gpu-0", "gpu-1", "gpu-3"], Slices::MayBeAbsent).await;
     wait_dp(&plugins, &uuids, &[2, 4]).await;
     assert_eq!(
         blocked_events(&api).len(),
@@ -264,20 +183,13 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
         ),
     );
     api.set_label("tessera.io/config", None);
-    wait_dra(&api, &["gpu-3"]).await;
+    wait_dra(&api, &["gpu-3"], Slices::MayBeAbsent).await;
     wait_dp(&plugins, &uuids, &[0, 1, 2, 4]).await;
-    let start = Instant::now();
-    while !blocked_events(&api)
-        .iter()
-        .any(|e| e.contains("GPU 3 ") && e.contains("claim ml/serve (uid uid-serve, allocated)"))
-    {
-        assert!(start.elapsed() < WAIT, "events: {:?}", blocked_events(&api));
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_blocked(&api, 3, "claim ml/serve (uid uid-serve, allocated)").await;
     // The claim goes away; the next reload (here: the ConfigMap rewritten) moves GPU 3.
     assert!(api.delete_object(CLAIMS, "serve"));
     std::fs::write(dirs.config.join("default"), "version: v1\n").unwrap();
-    wait_dra(&api, &[]).await;
+    wait_dra(&api, &[], Slices::MayBeAbsent).await;
     wait_dp(&plugins, &uuids, &[0, 1, 2, 3, 4]).await;
     agent.shutdown().await;
 }
@@ -412,7 +324,7 @@ async fn claims_on_gpus_the_driver_gave_up_or_never_published_are_refused() {
         .start(&api);
     kubelet.wait_registered(DRIVER, 1, WAIT).await;
     api.set_label("tessera.io/config", Some("split"));
-    wait_dra(&api, &["gpu-1", "gpu-2", "gpu-3"]).await;
+    wait_dra(&api, &["gpu-1", "gpu-2", "gpu-3"], Slices::MayBeAbsent).await;
     let pinned = put_claim(&api, "pinned", &["gpu-2"]);
     let first = kubelet
         .prepare(DRIVER, std::slice::from_ref(&pinned))
@@ -421,7 +333,7 @@ async fn claims_on_gpus_the_driver_gave_up_or_never_published_are_refused() {
     assert!(first[&pinned.uid].is_ok(), "{first:?}");
 
     api.set_label("tessera.io/config", Some("moved"));
-    wait_dra(&api, &["gpu-2", "gpu-3"]).await;
+    wait_dra(&api, &["gpu-2", "gpu-3"], Slices::MayBeAbsent).await;
     wait_dp(&plugins, &uuids, &[0, 1]).await;
     // The scheduler allocated GPU 1 from the slices before the reload, after the agent's
     // LIST of allocated claims (the window docs/dra.md names).
@@ -505,7 +417,7 @@ async fn claims_on_gpus_the_driver_gave_up_or_never_published_are_refused() {
         .both_paths()
         .start(&api);
     kubelet.wait_registered(DRIVER, 2, WAIT).await;
-    wait_dra(&api, &["gpu-2", "gpu-3"]).await;
+    wait_dra(&api, &["gpu-2", "gpu-3"], Slices::MayBeAbsent).await;
     let out = kubelet
         .prepare(DRIVER, &[pinned.clone(), fine.clone(), late.clone()])
         .await
@@ -602,7 +514,7 @@ async fn a_gpu_a_claim_is_being_prepared_on_does_not_go_to_the_device_plugin() {
         .start(&api);
     kubelet.wait_registered(DRIVER, 1, WAIT).await;
     api.set_label("tessera.io/config", Some("split"));
-    wait_dra(&api, &["gpu-1", "gpu-2"]).await;
+    wait_dra(&api, &["gpu-1", "gpu-2"], Slices::MayBeAbsent).await;
     wait_dp(&plugins, &uuids, &[0]).await;
     // The claim on GPU 1; the stall below keeps its prepare between admission and record.
     let racer = put_claim(&api, "racer", &["gpu-1"]);
@@ -641,7 +553,7 @@ async fn a_gpu_a_claim_is_being_prepared_on_does_not_go_to_the_device_plugin() {
     // The GET happened before the delete: the claim prepares.
     assert!(out[&racer.uid].is_ok(), "{out:?}");
     assert!(dirs.claim_spec(&racer.uid).exists());
-    wait_dra(&api, &["gpu-1", "gpu-2"]).await;
+    wait_dra(&api, &["gpu-1", "gpu-2"], Slices::MayBeAbsent).await;
     let lists = plugins.state(GPU).unwrap().lists;
     assert!(
         lists[lists_before - 1..]
@@ -656,7 +568,7 @@ async fn a_gpu_a_claim_is_being_prepared_on_does_not_go_to_the_device_plugin() {
         .await
         .unwrap();
     assert!(un.values().all(|r| r.is_ok()), "{un:?}");
-    wait_dra(&api, &["gpu-2"]).await;
+    wait_dra(&api, &["gpu-2"], Slices::MayBeAbsent).await;
     wait_dp(&plugins, &uuids, &[0, 1]).await;
     agent.shutdown().await;
 }

@@ -4,5 +4,6 @@ pub mod agent;
 pub mod apiserver;
 pub mod dra_agent;
 pub mod dra_kubelet;
+pub mod dra_pool;
 pub mod kubelet;
 pub mod schema;
