@@ -22,16 +22,13 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use support::apiserver::ApiServer;
-use support::dra_agent::{allocated_claim, DraAgent, DraAgentBuilder, NodeDirs, NODE};
-use support::dra_kubelet::{Claim, DraKubelet};
+use support::dra_agent::{allocated_claim, DraAgent, DraAgentBuilder, NODE};
+use support::dra_kubelet::Claim;
 use support::dra_pool::{
-    blocked_events, dp_ever_listed, dra_devices, our_slices, wait_blocked, wait_dp, wait_dra,
-    Slices, DRIVER, GPU, SLICES, WAIT,
+    blocked_events, dp_ever_listed, dra_devices, node, our_slices, wait_blocked, wait_dp, wait_dra,
+    Node, Slices, DRIVER, GPU, SLICES, WAIT,
 };
-use support::kubelet::Kubelet;
 use tessera::agent::ownership::DraMode;
-use tessera::gpu::fake::FakeBackend;
-use tessera::gpu::GpuBackend;
 
 const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims";
 /// The cluster-wide LIST the agent makes before a GPU leaves the driver.
@@ -69,45 +66,6 @@ fn allocate_after_next_list(api: &ApiServer, name: &str, devices: &[&str]) -> Ar
         flag.store(true, Ordering::SeqCst);
     });
     fired
-}
-
-struct Node {
-    api: ApiServer,
-    dirs: NodeDirs,
-    plugins: Kubelet,
-    kubelet: DraKubelet,
-    uuids: Vec<String>,
-    _tmp: tempfile::TempDir,
-}
-
-async fn node(gpus: &str) -> (Node, Arc<FakeBackend>) {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("TESSERA_TEST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
-    let api = ApiServer::start(NODE).await;
-    api.list_across_namespaces();
-    let tmp = tempfile::tempdir().unwrap();
-    let dirs = NodeDirs::under(tmp.path());
-    let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
-    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
-    let backend = Arc::new(FakeBackend::from_spec(gpus).unwrap());
-    let uuids = backend
-        .inventory()
-        .unwrap()
-        .gpus
-        .iter()
-        .map(|g| g.uuid.clone())
-        .collect();
-    let node = Node {
-        api,
-        dirs,
-        plugins,
-        kubelet,
-        uuids,
-        _tmp: tmp,
-    };
-    (node, backend)
 }
 
 /// Three GPUs, both paths, Events on the Node: labelled `split`, GPUs 1 and 2 are the

@@ -22,8 +22,8 @@ use support::dra_agent::allocated_claim;
 use support::dra_agent::{DraAgentBuilder, NodeDirs, NODE};
 use support::dra_kubelet::{Claim, DraKubelet};
 use support::dra_pool::{
-    blocked_events, dra_devices, wait_blocked, wait_dp, wait_dra, write_kubelet_checkpoint, Slices,
-    DRIVER, GPU, SLICES, WAIT,
+    blocked_events, dra_devices, node, wait_blocked, wait_dp, wait_dra, write_kubelet_checkpoint,
+    Node, Slices, DRIVER, GPU, SLICES, WAIT,
 };
 use support::kubelet::Kubelet;
 use tessera::gpu::fake::FakeBackend;
@@ -33,25 +33,16 @@ const CLAIMS: &str = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaims";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(std::env::var("TESSERA_TEST_LOG").unwrap_or_else(|_| "warn".into()))
-        .with_test_writer()
-        .try_init();
-    let api = ApiServer::start(NODE).await;
     // Cluster-wide LIST of ResourceClaims, as the API server answers it.
-    api.list_across_namespaces();
-    let tmp = tempfile::tempdir().unwrap();
-    let dirs = NodeDirs::under(tmp.path());
-    let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
-    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
-    let backend = Arc::new(FakeBackend::from_spec("5xL4").unwrap());
-    let uuids: Vec<String> = backend
-        .inventory()
-        .unwrap()
-        .gpus
-        .iter()
-        .map(|g| g.uuid.clone())
-        .collect();
+    let (n, backend) = node("5xL4").await;
+    let Node {
+        api,
+        dirs,
+        plugins,
+        kubelet,
+        uuids,
+        ..
+    } = n;
     let agent = DraAgentBuilder::new(&dirs, backend.clone())
         .configs(&[
             ("default", "version: v1\n"),
@@ -296,20 +287,16 @@ fn put_claim(api: &ApiServer, name: &str, devices: &[&str]) -> Claim {
 /// restarted agent).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn claims_on_gpus_the_driver_gave_up_or_never_published_are_refused() {
-    let api = ApiServer::start(NODE).await;
-    api.list_across_namespaces();
-    let tmp = tempfile::tempdir().unwrap();
-    let dirs = NodeDirs::under(tmp.path());
-    let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
-    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
-    let backend = Arc::new(FakeBackend::from_spec("4xA100-80GB").unwrap());
-    let uuids: Vec<String> = backend
-        .inventory()
-        .unwrap()
-        .gpus
-        .iter()
-        .map(|g| g.uuid.clone())
-        .collect();
+    // Cluster-wide LIST of ResourceClaims, as the API server answers it.
+    let (n, backend) = node("4xA100-80GB").await;
+    let Node {
+        api,
+        dirs,
+        plugins,
+        kubelet,
+        uuids,
+        ..
+    } = n;
     let configs = [
         ("default", "version: v1\n"),
         (

@@ -5,13 +5,17 @@
 #![allow(dead_code)]
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 
 use super::apiserver::ApiServer;
 use super::dra_agent::{NodeDirs, NODE};
+use super::dra_kubelet::DraKubelet;
 use super::kubelet::Kubelet;
+use tessera::gpu::fake::FakeBackend;
+use tessera::gpu::GpuBackend;
 
 pub const DRIVER: &str = "gpu.tessera.io";
 pub const SLICES: &str = "/apis/resource.k8s.io/v1/resourceslices";
@@ -146,4 +150,46 @@ pub async fn wait_blocked(api: &ApiServer, gpu: usize, holder: &str) -> String {
         assert!(start.elapsed() < WAIT, "events: {:?}", blocked_events(api));
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A node with the device-plugin and DRA kubelet emulators, the API-server double
+/// (answering cluster-wide LISTs) and fake GPUs, in a directory the node owns.
+pub struct Node {
+    pub api: ApiServer,
+    pub dirs: NodeDirs,
+    pub plugins: Kubelet,
+    pub kubelet: DraKubelet,
+    pub uuids: Vec<String>,
+    _tmp: tempfile::TempDir,
+}
+
+/// Starts [`Node`] on the fake GPUs `gpus` (a `FakeBackend` spec such as `3xL4`).
+pub async fn node(gpus: &str) -> (Node, Arc<FakeBackend>) {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(std::env::var("TESSERA_TEST_LOG").unwrap_or_else(|_| "warn".into()))
+        .with_test_writer()
+        .try_init();
+    let api = ApiServer::start(NODE).await;
+    api.list_across_namespaces();
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = NodeDirs::under(tmp.path());
+    let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
+    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
+    let backend = Arc::new(FakeBackend::from_spec(gpus).unwrap());
+    let uuids = backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    let node = Node {
+        api,
+        dirs,
+        plugins,
+        kubelet,
+        uuids,
+        _tmp: tmp,
+    };
+    (node, backend)
 }
