@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 use support::apiserver::ApiServer;
 use support::dra_agent::{allocated_claim, DraAgent, DraAgentBuilder, NODE};
-use support::dra_kubelet::Claim;
+use support::dra_kubelet::{Claim, DraKubelet};
 use support::dra_pool::{
     blocked_events, dp_ever_listed, dra_devices, node, our_slices, wait_blocked, wait_dp, wait_dra,
     Node, Slices, DRIVER, GPU, SLICES, WAIT,
@@ -66,6 +66,16 @@ fn allocate_after_next_list(api: &ApiServer, name: &str, devices: &[&str]) -> Ar
         flag.store(true, Ordering::SeqCst);
     });
     fired
+}
+
+/// The claim is deallocated (gone from the API server) and unprepared by the kubelet.
+async fn release(api: &ApiServer, kubelet: &DraKubelet, claim: &Claim) {
+    assert!(api.delete_object(CLAIMS, &claim.name));
+    let un = kubelet
+        .unprepare(DRIVER, std::slice::from_ref(claim))
+        .await
+        .unwrap();
+    assert!(un.values().all(|r| r.is_ok()), "{un:?}");
 }
 
 /// Three GPUs, both paths, Events on the Node: labelled `split`, GPUs 1 and 2 are the
@@ -151,12 +161,7 @@ async fn auto_dra_serves_only_while_the_node_config_gives_it_gpus() {
 
     // The claim is deallocated and unprepared: GPU 1 goes to the device plugin and the
     // driver withdraws (no slice, no socket, the kubelet unregisters it).
-    assert!(api.delete_object(CLAIMS, "train"));
-    let un = kubelet
-        .unprepare(DRIVER, std::slice::from_ref(&train))
-        .await
-        .unwrap();
-    assert!(un.values().all(|r| r.is_ok()), "{un:?}");
+    release(api, kubelet, &train).await;
     wait_dp(plugins, uuids, &[0, 1, 2]).await;
     kubelet.wait_unregistered(DRIVER, WAIT).await;
     wait_for("no DRA slices", || our_slices(api).is_empty()).await;
@@ -197,12 +202,7 @@ async fn auto_dra_serves_only_while_the_node_config_gives_it_gpus() {
     );
 
     // Gone: the driver withdraws.
-    assert!(api.delete_object(CLAIMS, "late"));
-    let un = kubelet
-        .unprepare(DRIVER, std::slice::from_ref(&late))
-        .await
-        .unwrap();
-    assert!(un.values().all(|r| r.is_ok()), "{un:?}");
+    release(api, kubelet, &late).await;
     wait_dp(plugins, uuids, &[0, 1, 2]).await;
     kubelet.wait_unregistered(DRIVER, WAIT).await;
     wait_for("no DRA slices", || our_slices(api).is_empty()).await;
@@ -272,12 +272,7 @@ async fn a_claim_allocated_between_the_list_and_the_new_slices_moves_the_gpu_bac
     );
 
     // The claim is deallocated and unprepared: GPU 1 moves (without a reload by hand).
-    assert!(api.delete_object(CLAIMS, "late"));
-    let un = kubelet
-        .unprepare(DRIVER, std::slice::from_ref(&late))
-        .await
-        .unwrap();
-    assert!(un.values().all(|r| r.is_ok()), "{un:?}");
+    release(api, kubelet, &late).await;
     wait_dra(api, &["gpu-2"], Slices::Published).await;
     wait_dp(plugins, uuids, &[0, 1]).await;
     support::schema::validate_all(&our_slices(api), &["1.34.0", "1.35.0"]);
@@ -450,12 +445,7 @@ async fn a_config_changed_while_the_agent_was_down_does_not_take_claimed_gpus_fr
 
     // The claims are gone: both GPUs move, the driver withdraws.
     for claim in [&train, &serve] {
-        assert!(api.delete_object(CLAIMS, &claim.name));
-        let un = kubelet
-            .unprepare(DRIVER, std::slice::from_ref(claim))
-            .await
-            .unwrap();
-        assert!(un.values().all(|r| r.is_ok()), "{un:?}");
+        release(api, kubelet, claim).await;
     }
     wait_dp(plugins, uuids, &[0, 1, 2, 3]).await;
     kubelet.wait_unregistered(DRIVER, WAIT).await;
