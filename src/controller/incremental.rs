@@ -15,10 +15,9 @@
 //! replicas; evictions blocked by a PodDisruptionBudget; a running workload that no
 //! longer fits; an engine timer due; a workload changed in a way the engine has no
 //! update for (requests changed, running again after an eviction, a key reused); an
-//! admission the objects do not show yet (a write that failed); a new workload tied on
-//! creation time with a waiting one of a later name (the engine breaks creation ties by
-//! submission, a fresh pass submits by name); books that a fresh
-//! restore would assign differently. A from-scratch pass restores running workloads in
+//! admission the objects do not show yet (a write that failed); books that a fresh
+//! restore would assign differently. (The engine orders equal priority and creation
+//! by workload key, so a new workload tied with waiting ones needs no fresh pass.) A from-scratch pass restores running workloads in
 //! admission order, re-assigning flavors and borrowing; for a ClusterQueue in a cohort
 //! or with several flavors in a resource group that may differ from the kept books, so
 //! after an admission into (or a removal from) one the pass first restores the running
@@ -127,10 +126,6 @@ struct Kept {
     pod_wl: HashMap<Key, String>,
     members: HashMap<String, BTreeSet<Key>>,
     submit_errors: BTreeMap<String, (String, String)>,
-    /// Waiting workloads in the engine by creation time, as (sort time, key): a new
-    /// one must come after those with the same creation (a fresh pass submits in that
-    /// order, and the engine breaks creation ties by submission).
-    by_creation: BTreeMap<Millis, BTreeSet<(Millis, String)>>,
     /// Waiting workloads whose recorded reason differed from the decided one.
     unsynced: BTreeSet<String>,
     /// Running workloads with pods still gated, as (sort time, key).
@@ -293,7 +288,6 @@ fn keep(
         pod_wl,
         members,
         submit_errors,
-        by_creation: BTreeMap::new(),
         unsynced: BTreeSet::new(),
         gated_running: BTreeSet::new(),
         admitted: plan.admitted.clone(),
@@ -362,35 +356,20 @@ fn changed(stores: &[&Store], seen: &[u64]) -> Option<BTreeSet<Key>> {
 impl Kept {
     /// Records the bookkeeping of live `l` (just read or kept).
     fn track(&mut self, l: &Live) {
-        let sk = sort_key(l);
         if l.state == State::Running && !l.gated.is_empty() {
-            self.gated_running.insert(sk.clone());
+            self.gated_running.insert(sort_key(l));
         }
-        if l.state == State::Waiting && in_engine(l, &self.submit_errors) {
-            if let Some(info) = &l.info {
-                self.by_creation
-                    .entry(info.creation)
-                    .or_default()
-                    .insert(sk);
-            }
-            if self.engine.is_admitted(&l.key) {
-                self.admitted_waiting.insert(l.key.clone());
-            }
+        if l.state == State::Waiting
+            && in_engine(l, &self.submit_errors)
+            && self.engine.is_admitted(&l.key)
+        {
+            self.admitted_waiting.insert(l.key.clone());
         }
     }
 
     /// Forgets the bookkeeping of live `l` (about to be replaced or gone).
     fn untrack(&mut self, l: &Live) {
-        let sk = sort_key(l);
-        self.gated_running.remove(&sk);
-        if let Some(info) = &l.info {
-            if let Some(set) = self.by_creation.get_mut(&info.creation) {
-                set.remove(&sk);
-                if set.is_empty() {
-                    self.by_creation.remove(&info.creation);
-                }
-            }
-        }
+        self.gated_running.remove(&sort_key(l));
         self.admitted_waiting.remove(&l.key);
     }
 
@@ -483,15 +462,6 @@ impl Kept {
                 };
                 if self.engine.knows(wk) {
                     return Err("a workload key used again");
-                }
-                let sk = sort_key(n);
-                if self
-                    .by_creation
-                    .get(&info.creation)
-                    .and_then(|s| s.last())
-                    .is_some_and(|last| *last > sk)
-                {
-                    return Err("a creation-time tie out of order");
                 }
                 match self.engine.submit(now, info) {
                     Ok(()) => {

@@ -3,7 +3,9 @@
 //! becoming Ready, finishing; evicted pods terminating; the plan applied as the
 //! reconciler would, sometimes with a failed write; time advancing) must give, after
 //! every step, the same plan as [`decide`](super::decide::decide) from scratch, and a
-//! fresh decider over the final cache the same plan as the long-lived one.
+//! fresh decider over the final cache the same plan as the long-lived one. Creation
+//! times fall on a few minutes and names take a prefix that sorts before or after the
+//! others, so ties on priority and creation come with names in both orders (bursts).
 
 use super::cache::Cache;
 use super::decide::{rfc3339, Action, ObjKind, Plan};
@@ -22,6 +24,8 @@ struct World {
     rv: u64,
     now: u64,
     serial: usize,
+    /// Prefix of the next names: names sort before (`a`) or after (`z`) the others.
+    prefix: &'static str,
 }
 
 fn queue(name: &str, cohort: Option<&str>, flavors: &[(&str, u64)]) -> Value {
@@ -45,6 +49,7 @@ impl World {
             rv: 1,
             now: NOW,
             serial: 0,
+            prefix: "",
         };
         for s in w.cache.stores() {
             s.replace(Vec::new(), "1");
@@ -120,11 +125,11 @@ impl World {
             let mut labels = Self::labels(q, high);
             let mut annotations = json!({});
             let name = if group > 1 {
-                labels["kueue.x-k8s.io/pod-group-name"] = json!(format!("g{n}"));
+                labels["kueue.x-k8s.io/pod-group-name"] = json!(format!("{}g{n}", self.prefix));
                 annotations["kueue.x-k8s.io/pod-group-total-count"] = json!(group.to_string());
-                format!("g{n}-{m}")
+                format!("{}g{n}-{m}", self.prefix)
             } else {
-                format!("p{n}")
+                format!("{}p{n}", self.prefix)
             };
             self.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
                 "metadata": {"name": name, "namespace": "team", "labels": labels, "annotations": annotations,
@@ -139,7 +144,7 @@ impl World {
         self.serial += 1;
         let n = self.serial;
         self.put_job(json!({"apiVersion": "batch/v1", "kind": "Job",
-            "metadata": {"name": format!("j{n}"), "namespace": "team", "labels": Self::labels(q, high),
+            "metadata": {"name": format!("{}j{n}", self.prefix), "namespace": "team", "labels": Self::labels(q, high),
                          "creationTimestamp": format!("2026-11-18T12:0{minute}:00Z")},
             "spec": {"suspend": true, "parallelism": parallelism, "completions": parallelism,
                      "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x",
@@ -328,6 +333,7 @@ enum Op {
         high: bool,
         minute: u8,
         group: u8,
+        prefix: u8,
     },
     Job {
         q: u8,
@@ -335,6 +341,15 @@ enum Op {
         high: bool,
         minute: u8,
         parallelism: u8,
+        prefix: u8,
+    },
+    /// Single pods of one queue created in the same second, names alternately sorting
+    /// after and before those already there.
+    Burst {
+        q: u8,
+        gpus: u8,
+        minute: u8,
+        count: u8,
     },
     Remove(usize),
     Resize(usize, u8),
@@ -347,8 +362,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..4, 1u8..4, any::<bool>(), 0u8..3, 0u8..3).prop_map(|(q, gpus, high, minute, group)| Op::Pods { q, gpus, high, minute, group }),
-        2 => (0u8..4, 1u8..3, any::<bool>(), 0u8..3, 1u8..3).prop_map(|(q, gpus, high, minute, parallelism)| Op::Job { q, gpus, high, minute, parallelism }),
+        4 => (0u8..4, 1u8..4, any::<bool>(), 0u8..3, 0u8..3, 0u8..3).prop_map(|(q, gpus, high, minute, group, prefix)| Op::Pods { q, gpus, high, minute, group, prefix }),
+        2 => (0u8..4, 1u8..3, any::<bool>(), 0u8..3, 1u8..3, 0u8..3).prop_map(|(q, gpus, high, minute, parallelism, prefix)| Op::Job { q, gpus, high, minute, parallelism, prefix }),
+        2 => (0u8..4, 1u8..3, 0u8..3, 2u8..5).prop_map(|(q, gpus, minute, count)| Op::Burst { q, gpus, minute, count }),
         1 => any::<usize>().prop_map(Op::Remove),
         1 => (any::<usize>(), 1u8..4).prop_map(|(i, g)| Op::Resize(i, g)),
         1 => any::<usize>().prop_map(Op::Ready),
@@ -363,6 +379,9 @@ fn cfg() -> Config {
     Config::default()
 }
 
+/// Name prefixes: none, sorting before, sorting after the unprefixed names.
+const PREFIXES: [&str; 3] = ["", "a", "z"];
+
 fn step(w: &mut World, op: &Op, last: &Plan) {
     match *op {
         Op::Pods {
@@ -371,14 +390,33 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
             high,
             minute,
             group,
-        } => w.add_pods(q, gpus, high, minute, group),
+            prefix,
+        } => {
+            w.prefix = PREFIXES[usize::from(prefix) % 3];
+            w.add_pods(q, gpus, high, minute, group);
+        }
         Op::Job {
             q,
             gpus,
             high,
             minute,
             parallelism,
-        } => w.add_job(q, gpus, high, minute, parallelism),
+            prefix,
+        } => {
+            w.prefix = PREFIXES[usize::from(prefix) % 3];
+            w.add_job(q, gpus, high, minute, parallelism);
+        }
+        Op::Burst {
+            q,
+            gpus,
+            minute,
+            count,
+        } => {
+            for k in 0..count {
+                w.prefix = ["z", "a"][usize::from(k) % 2];
+                w.add_pods(q, gpus, false, minute, 0);
+            }
+        }
         Op::Remove(i) => w.remove(i),
         Op::Resize(i, g) => w.resize(i, g),
         Op::Ready(i) => w.ready(i),
@@ -467,6 +505,39 @@ fn steady_passes_apply_only_the_changes() {
     assert!(inc.stats.incremental >= 12, "{:?}", inc.stats);
 }
 
+/// Pods created in the same second as waiting ones of the same priority (a burst), named
+/// to sort before and after them, stay incremental: the engine orders such ties by
+/// workload key whatever the order of submission, as a fresh pass does. The waiting
+/// pods' reasons carry their queue position, so an order that differs shows in the plan.
+#[test]
+fn creation_ties_stay_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| {
+        let got = inc.decide(&w.cache, &c, w.now, &blocked);
+        assert_eq!(got, decide_cached(&w.cache, &c, w.now, &blocked));
+        got
+    };
+    w.add_pods(0, 4, false, 0, 0);
+    for _ in 0..4 {
+        w.add_pods(0, 1, false, 1, 0);
+    }
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    for round in 0..6 {
+        w.now += 1000;
+        w.prefix = ["a", "z", "m"][round % 3];
+        w.add_pods(0, 1, false, 1, 0);
+        let plan = pass(&mut w, &mut inc);
+        w.apply(&plan, None);
+        pass(&mut w, &mut inc);
+    }
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    assert!(inc.stats.incremental >= 13, "{:?}", inc.stats);
+}
+
 /// Admissions into ClusterQueues of a cohort stay incremental while the kept books are
 /// those a fresh restore gives (checked against the running workloads alone).
 #[test]
@@ -477,10 +548,11 @@ fn cohort_admissions_stay_incremental() {
     for _ in 0..6 {
         w.add_pods(2, 1, false, 0, 0);
     }
-    for round in 0..6 {
+    for round in 0..6u8 {
         w.now += 1000;
-        // Later creation each round: a creation tie would be submitted out of order.
-        w.add_pods(1 + round % 2, 1, false, 1 + round, 0);
+        // The same creation each round, names sorting before and after the others.
+        w.prefix = ["a", "z"][usize::from(round % 2)];
+        w.add_pods(1 + round % 2, 1, false, 1, 0);
         let plan = inc.decide(&w.cache, &c, w.now, &blocked);
         assert_eq!(plan, decide_cached(&w.cache, &c, w.now, &blocked));
         w.apply(&plan, None);

@@ -296,7 +296,7 @@ impl Engine {
 
     /// The pending reason of a preemptor whose `victims` still terminate.
     fn waiting_for(&self, victims: &[WlId]) -> PendingReason {
-        let names: Vec<&str> = victims.iter().map(|&v| self.wls[v].key.as_str()).collect();
+        let names: Vec<&str> = victims.iter().map(|&v| &*self.wls[v].key).collect();
         PendingReason::WaitingForPreemptedWorkloads(format!(
             "waiting for preempted workloads to terminate: {}",
             names.join(", ")
@@ -343,7 +343,7 @@ impl Engine {
                 q.blocked = Some(key);
             } else {
                 q.pending.remove(&key);
-                q.parked.insert(key);
+                q.parked.insert(key.clone());
                 let class = q.classes.entry(shape).or_default();
                 class.members.insert(key);
                 arm = !class.armed;

@@ -26,8 +26,10 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::sync::Arc;
 
-/// Queue order: higher priority first, then older timestamp, then arrival sequence.
-pub(crate) type OrderKey = (i64, Time, u64, WlId);
+/// Queue order: higher priority first, then older timestamp, then workload key
+/// (`namespace/name`): deterministic ties, whatever the order of submission. Kueue leaves
+/// equal-timestamp ties to its heap; a fixed rule lets a kept engine and a fresh pass agree.
+pub(crate) type OrderKey = (i64, Time, Arc<str>, WlId);
 
 /// Kueue's `waitForPodsReady` with its `requeuingStrategy`.
 #[derive(Clone, Debug, PartialEq)]
@@ -195,9 +197,8 @@ pub(crate) struct Admission {
 /// Runtime state of a workload.
 pub(crate) struct Wl {
     pub info: Arc<WorkloadInfo>,
-    pub key: String,
+    pub key: Arc<str>,
     pub priority: i32,
-    pub seq: u64,
     pub order_ts: Time,
     pub cq: Option<CqId>,
     pub state: WlState,
@@ -233,7 +234,7 @@ pub(crate) struct Wl {
 
 impl Wl {
     pub fn order_key(&self, id: WlId) -> OrderKey {
-        (-(self.priority as i64), self.order_ts, self.seq, id)
+        (-(self.priority as i64), self.order_ts, self.key.clone(), id)
     }
 }
 
@@ -498,14 +499,12 @@ impl Engine {
                 (None, None) => 0,
             };
         let id = self.wls.len();
-        let seq = self.next_seq();
         let shape = shape_hash(priority, &info);
         self.wls.push(Wl {
             order_ts: info.creation,
             info: Arc::new(info),
-            key: key.clone(),
+            key: Arc::from(key.as_str()),
             priority,
-            seq,
             cq: None,
             state: WlState::Pending,
             gen: 0,
@@ -622,8 +621,8 @@ impl Engine {
             // (higher priority, or older) is evaluated with the quota held for it and its
             // terminating victims counted as free (`reserve.rs`), as Kueue's queue head
             // gets quota freed by evictions it did not issue.
-            if let Some(&key) = q.pending.first() {
-                heads.push(key);
+            if let Some(key) = q.pending.first() {
+                heads.push(key.clone());
             }
         }
         let mut decisions: Vec<(bool, OrderKey, super::decide::Decision, u64)> = heads
@@ -644,7 +643,7 @@ impl Engine {
             let behind_preemptor = wls[key.3]
                 .preempted_by
                 .is_some_and(|p| in_cycle.contains(&p));
-            (behind_preemptor, *borrows, *key)
+            (behind_preemptor, *borrows, key.clone())
         });
         for (_, key, decision, version) in decisions {
             // An admission earlier in this cycle may have started a wait for pods ready.
@@ -690,12 +689,10 @@ impl Engine {
                     PendingReason::Queued
                 };
                 let q = &mut self.cqs[cq];
-                q.pending.insert(key);
-                if let Some(b) = q.blocked {
-                    if key < b {
-                        q.blocked = None;
-                    }
+                if q.blocked.as_ref().is_some_and(|b| key < *b) {
+                    q.blocked = None;
                 }
+                q.pending.insert(key);
                 if !stopped && q.blocked.is_none() {
                     self.ready.insert(cq);
                 }
@@ -774,7 +771,7 @@ impl Engine {
             if w.reported.as_ref() == Some(&(code, message.clone())) {
                 continue;
             }
-            let mut ev = Event::new(now, EventType::Pending, w.key.clone());
+            let mut ev = Event::new(now, EventType::Pending, w.key.to_string());
             ev.cluster_queue = w.cq.map(|c| self.cqs[c].spec.name.clone());
             ev.reason = Some(code.to_string());
             ev.message = Some(message.clone());
@@ -793,7 +790,7 @@ impl Engine {
         }
         let cq = &self.cqs[w.cq?];
         let key = w.order_key(id);
-        let ahead = cq.pending.range(..key).count() + cq.parked.range(..key).count();
+        let ahead = cq.pending.range(..&key).count() + cq.parked.range(..&key).count();
         Some(ahead + 1)
     }
 

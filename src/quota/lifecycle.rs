@@ -74,7 +74,7 @@ impl Engine {
             .zip(&a.counts)
             .any(|(p, &c)| p.count != c);
         if self.cfg.record_events {
-            let mut ev = Event::new(now, EventType::Admitted, w.key.clone());
+            let mut ev = Event::new(now, EventType::Admitted, w.key.to_string());
             ev.cluster_queue = Some(self.cqs[cq].spec.name.clone());
             ev.flavors = Some(a.flavors.clone());
             ev.borrowing = Some(borrowing);
@@ -169,17 +169,17 @@ impl Engine {
             let mut ev;
             match &cause {
                 EvictCause::Preempted { by, reason } => {
-                    ev = Event::new(now, EventType::Preempted, w.key.clone());
+                    ev = Event::new(now, EventType::Preempted, w.key.to_string());
                     ev.reason = Some(reason.to_string());
-                    ev.by = Some(self.wls[*by].key.clone());
+                    ev.by = Some(self.wls[*by].key.to_string());
                     ev.expected_rework = Some(rework as f64 / 1000.0);
                 }
                 EvictCause::PodsReadyTimeout => {
-                    ev = Event::new(now, EventType::Evicted, w.key.clone());
+                    ev = Event::new(now, EventType::Evicted, w.key.to_string());
                     ev.reason = Some("PodsReadyTimeout".into());
                 }
                 EvictCause::Drained => {
-                    ev = Event::new(now, EventType::Evicted, w.key.clone());
+                    ev = Event::new(now, EventType::Evicted, w.key.to_string());
                     ev.reason = Some("ClusterQueueStopped".into());
                 }
             }
@@ -264,7 +264,7 @@ impl Engine {
         let key = self.wls[id].order_key(id);
         if let Some(cq) = self.wls[id].cq {
             if self.cqs[cq].parked.contains(&key) {
-                self.leave_class(id, cq, key);
+                self.leave_class(id, cq, key.clone());
             }
             let q = &mut self.cqs[cq];
             q.pending.remove(&key);
@@ -294,7 +294,7 @@ impl Engine {
         w.state = WlState::Finished;
         w.gen += 1;
         if self.cfg.record_events {
-            let mut ev = Event::new(now, EventType::Finished, w.key.clone());
+            let mut ev = Event::new(now, EventType::Finished, w.key.to_string());
             ev.cluster_queue = cq_name;
             ev.reason = Some(reason.to_string());
             self.events.push(ev);

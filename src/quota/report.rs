@@ -18,7 +18,7 @@ impl Engine {
                 WlState::Admitted => {
                     let Some(a) = &w.admission else { continue };
                     out.admitted.push(AdmittedEntry {
-                        workload: w.key.clone(),
+                        workload: w.key.to_string(),
                         cluster_queue: self.cqs[a.cq].spec.name.clone(),
                         flavors: a.flavors.clone(),
                         borrowing: a.borrowing,
@@ -49,14 +49,14 @@ impl Engine {
                         (w.reason.code().to_string(), w.reason.message(position))
                     };
                     out.pending.push(PendingEntry {
-                        workload: w.key.clone(),
+                        workload: w.key.to_string(),
                         cluster_queue: w.cq.map(|c| self.cqs[c].spec.name.clone()),
                         reason,
                         message,
                         position,
                     });
                 }
-                WlState::Finished => out.finished.push(w.key.clone()),
+                WlState::Finished => out.finished.push(w.key.to_string()),
             }
         }
         let mut cqs: Vec<usize> = (0..self.cqs.len()).collect();
@@ -116,7 +116,7 @@ impl Engine {
             return Vec::new();
         };
         let q = &self.cqs[c];
-        let mut keys: Vec<_> = q.pending.iter().chain(q.parked.iter()).copied().collect();
+        let mut keys: Vec<_> = q.pending.iter().chain(q.parked.iter()).cloned().collect();
         keys.sort_unstable();
         keys.dedup();
         keys.iter()
@@ -126,7 +126,7 @@ impl Engine {
                 let position =
                     (w.reason.has_position() && w.state == WlState::Pending).then_some(i + 1);
                 (
-                    w.key.clone(),
+                    w.key.to_string(),
                     w.reason.code().to_string(),
                     w.reason.message(position),
                 )
@@ -312,16 +312,16 @@ impl Engine {
             }
             // A preemptor waiting for its victims holds its queue's head on purpose: the
             // workloads parked behind it wait for it (they are woken by the releases).
-            let held = q.blocked.is_some_and(|b| {
+            let held = q.blocked.as_ref().is_some_and(|b| {
                 matches!(
                     self.wls[b.3].reason,
                     super::events::PendingReason::WaitingForPreemptedWorkloads(_)
                 )
             });
             if !held {
-                keys.extend(q.parked.iter().copied());
+                keys.extend(q.parked.iter().cloned());
             }
-            keys.extend(q.blocked);
+            keys.extend(q.blocked.clone());
         }
         let stats = self.stats.clone();
         let mut out = Vec::new();
@@ -340,7 +340,7 @@ impl Engine {
                 c.version = v;
             }
             if !matches!(d, super::decide::Decision::Fail { .. }) {
-                out.push(self.wls[id].key.clone());
+                out.push(self.wls[id].key.to_string());
             }
         }
         self.stats = stats;

@@ -71,7 +71,7 @@ impl Engine {
             .holders
             .iter()
             .map(|&h| self.wls[h].order_key(h))
-            .filter(|&k| k > key)
+            .filter(|k| *k > key)
             .collect();
         behind.sort_unstable();
         behind.into_iter().map(|k| k.3).collect()
@@ -223,7 +223,7 @@ impl Engine {
         let Some(cq) = self.wls[holder].cq else {
             return;
         };
-        let Some(head) = self.cqs[cq].blocked.map(|k| k.3) else {
+        let Some(head) = self.cqs[cq].blocked.as_ref().map(|k| k.3) else {
             return;
         };
         if head != holder
@@ -244,7 +244,7 @@ impl Engine {
         let Some(cq) = self.wls[holder].cq else {
             return;
         };
-        let Some(head) = self.cqs[cq].blocked.map(|k| k.3) else {
+        let Some(head) = self.cqs[cq].blocked.as_ref().map(|k| k.3) else {
             return;
         };
         if head == holder

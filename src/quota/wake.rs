@@ -311,8 +311,9 @@ impl Engine {
             None => fallback,
         };
         if q.parked.remove(&first) {
+            let id = first.3;
             q.pending.insert(first);
-            self.wls[first.3].gen += 1;
+            self.wls[id].gen += 1;
             self.stats.wakes += 1;
             if q.spec.stop == StopPolicy::None {
                 self.ready.insert(cq);
@@ -333,7 +334,7 @@ impl Engine {
         }
         if class.members.is_empty() {
             q.classes.remove(&shape);
-        } else if let Some(&next) = class.members.first() {
+        } else if let Some(next) = class.members.first().cloned() {
             self.release_class_head(cq, shape, next);
         }
     }
@@ -347,7 +348,7 @@ impl Engine {
         if class.armed {
             return;
         }
-        if let Some(&first) = class.members.first() {
+        if let Some(first) = class.members.first().cloned() {
             self.release_class_head(cq, shape, first);
         }
     }
