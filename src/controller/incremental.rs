@@ -236,16 +236,7 @@ fn keep(
             queue_fps.insert((i, k), fingerprint(&v));
         }
     }
-    let queued_ns: BTreeSet<String> = snap
-        .local_queues
-        .iter()
-        .map(|q| {
-            q.metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into())
-        })
-        .collect();
+    let queued_ns = super::snapshot::queued_namespaces(&snap.local_queues);
     let in_ns = |s: &Store| {
         s.values_where(|v| {
             v["metadata"]["namespace"]

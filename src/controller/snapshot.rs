@@ -95,6 +95,20 @@ pub async fn list_priority_classes(client: &kube::Client) -> Result<Vec<Workload
 
 /// Label selectors of the objects that name a queue (one LIST each: a selector cannot
 /// say "this label or that one").
+/// Namespaces with a LocalQueue (a LocalQueue without a namespace counts as `default`):
+/// only objects there can name a queue.
+pub(super) fn queued_namespaces(local_queues: &[LocalQueue]) -> BTreeSet<String> {
+    local_queues
+        .iter()
+        .map(|q| {
+            q.metadata
+                .namespace
+                .clone()
+                .unwrap_or_else(|| "default".into())
+        })
+        .collect()
+}
+
 fn queue_selectors() -> [String; 2] {
     QUEUE_LABELS.map(String::from)
 }
@@ -195,15 +209,7 @@ pub async fn snapshot(
         })
         .collect();
     let local_queues = typed::<LocalQueue>(list_values(client, &lq).await?, "LocalQueue", problems);
-    let queued_ns: BTreeSet<String> = local_queues
-        .iter()
-        .map(|q| {
-            q.metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into())
-        })
-        .collect();
+    let queued_ns = queued_namespaces(&local_queues);
     let selectors = queue_selectors();
     let pods = list_selected(client, &ApiResource::erase::<Pod>(&()), &selectors).await?;
     let jobs = list_selected(client, &ApiResource::erase::<Job>(&()), &selectors).await?;
@@ -302,15 +308,7 @@ pub fn snapshot_cached(
         })
         .collect();
     let local_queues = typed::<LocalQueue>(lq.values(), "LocalQueue", problems);
-    let queued_ns: BTreeSet<String> = local_queues
-        .iter()
-        .map(|q| {
-            q.metadata
-                .namespace
-                .clone()
-                .unwrap_or_else(|| "default".into())
-        })
-        .collect();
+    let queued_ns = queued_namespaces(&local_queues);
     let union = |stores: &[super::cache::Store]| -> Vec<Value> {
         let mut seen = BTreeSet::new();
         let mut out = Vec::new();
