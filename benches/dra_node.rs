@@ -14,7 +14,8 @@
 //!
 //! `DRA_BENCH_DIR=/dev/shm` puts the agent's state on tmpfs (fsync becomes free), which
 //! separates the driver's own cost from the disk's. `DRA_BENCH_CDI_DIR=/dev/shm` puts only
-//! the CDI specs there, as a real node does (`/var/run/cdi` is tmpfs).
+//! the CDI specs there, as a real node does (`/var/run/cdi` is tmpfs);
+//! `DRA_BENCH_LOG_DIR=/dev/shm` the agent's log file.
 //!
 //! `cargo test --all-targets` runs it once with a small sample, as a smoke test.
 
@@ -351,6 +352,13 @@ async fn main() {
     let cdi_tmp = std::env::var_os("DRA_BENCH_CDI_DIR").map(|d| tempfile::tempdir_in(d).unwrap());
     if let Some(d) = &cdi_tmp {
         dirs.cdi_root = d.path().join("cdi");
+    }
+    // DRA_BENCH_LOG_DIR=/dev/shm keeps the agent's debug log (a dozen timing lines per
+    // prepare) off the disk: on a node its stderr is a pipe to the container runtime,
+    // not a file it writes itself.
+    let log_tmp = std::env::var_os("DRA_BENCH_LOG_DIR").map(|d| tempfile::tempdir_in(d).unwrap());
+    if let Some(d) = &log_tmp {
+        dirs.agent_log = d.path().join("agent.log");
     }
     std::fs::create_dir_all(&dirs.config).unwrap();
     std::fs::write(dirs.config.join("default"), CONFIG).unwrap();

@@ -294,7 +294,7 @@ async fn the_binary_with_tessera_dra_auto_follows_the_config_file() {
     std::fs::write(layouts.join("default"), "version: v1\n").unwrap();
     let boot = n.dirs.root.join("boot_id");
     std::fs::write(&boot, "boot-1\n").unwrap();
-    let log_path = n.dirs.root.join("agent.log");
+    let log_path = n.dirs.agent_log.clone();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["node", "--gpu-backend", "fake", "--fake-gpus", "2xL4"])
         .args(["--node-name", NODE])

@@ -29,6 +29,8 @@ pub struct NodeDirs {
     pub cdi_root: PathBuf,
     pub state_dir: PathBuf,
     pub config: PathBuf,
+    /// Where [`spawn_binary`] appends the agent's stderr.
+    pub agent_log: PathBuf,
 }
 
 impl NodeDirs {
@@ -39,6 +41,7 @@ impl NodeDirs {
             cdi_root: root.join("cdi"),
             state_dir: root.join("state"),
             config: root.join("layouts"),
+            agent_log: root.join("agent.log"),
         }
     }
 
@@ -262,7 +265,7 @@ pub fn spawn_binary(
     let log = std::fs::OpenOptions::new()
         .create(true)
         .append(true)
-        .open(dirs.root.join("agent.log"))
+        .open(&dirs.agent_log)
         .unwrap();
     std::process::Command::new(bin)
         .args(["node", "--gpu-backend", "fake", "--fake-gpus", gpus])
@@ -293,7 +296,7 @@ pub fn spawn_binary(
 
 /// What the binaries started by [`spawn_binary`] in `dirs` logged (appended).
 pub fn binary_log(dirs: &NodeDirs) -> String {
-    std::fs::read_to_string(dirs.root.join("agent.log")).unwrap_or_default()
+    std::fs::read_to_string(&dirs.agent_log).unwrap_or_default()
 }
 
 /// A ResourceClaim in namespace `ml` for class `class`, allocated `results` (the
