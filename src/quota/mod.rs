@@ -20,6 +20,7 @@ mod engine;
 pub mod error;
 pub mod events;
 pub mod fixtures;
+pub mod kueue_config;
 mod lifecycle;
 pub mod model;
 mod preempt;

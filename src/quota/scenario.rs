@@ -12,9 +12,10 @@ use super::api::{
     ClusterQueue, LocalQueue, ObjectMeta, PodSpec, PodTemplateSpec, ResourceFlavor, Workload,
     WorkloadPriorityClass,
 };
-use super::engine::{Engine, EngineConfig, WaitForPodsReady};
+use super::engine::{Engine, EngineConfig};
 use super::error::{Error, Result};
 use super::events::{Event, FinalState};
+use super::kueue_config::KueueConfig;
 use super::model::{PodSetInfo, WorkloadInfo};
 use super::quantity::{parse_duration, Quantity, Time};
 use serde::{Deserialize, Serialize};
@@ -55,57 +56,6 @@ pub struct PlanOutput {
     pub events: Vec<Event>,
     #[serde(rename = "final")]
     pub final_state: FinalState,
-}
-
-/// Kueue's manager `Configuration` (the parts a plan uses).
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct Configuration {
-    #[serde(default)]
-    wait_for_pods_ready: Option<WaitForPodsReadyConfig>,
-    #[serde(default)]
-    resources: Option<ResourcesConfig>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct WaitForPodsReadyConfig {
-    #[serde(default)]
-    enable: bool,
-    /// Kueue: `true` turns `enable` on too.
-    #[serde(default)]
-    block_admission: bool,
-    #[serde(default)]
-    timeout: Option<String>,
-    #[serde(default)]
-    requeuing_strategy: Option<RequeuingStrategy>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct RequeuingStrategy {
-    #[serde(default)]
-    timestamp: Option<String>,
-    #[serde(default)]
-    backoff_limit_count: Option<u32>,
-    #[serde(default)]
-    backoff_base_seconds: Option<u64>,
-    #[serde(default)]
-    backoff_max_seconds: Option<u64>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ResourcesConfig {
-    #[serde(default)]
-    device_class_mappings: Vec<DeviceClassMapping>,
-}
-
-#[derive(Clone, Debug, Default, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct DeviceClassMapping {
-    name: String,
-    device_class_names: Vec<String>,
 }
 
 /// `batch/v1` Job (the subset that matters).
@@ -311,24 +261,11 @@ impl Scenario {
                 .map_err(|e| err(format!("metadata.creationTimestamp: {e}")))?;
             let object = match kind.as_str() {
                 "Configuration" => {
-                    let c: Configuration = typed(value, &kind, &err)?;
-                    if let Some(w) = c
-                        .wait_for_pods_ready
-                        .filter(|w| w.enable || w.block_admission)
-                    {
-                        config.wait_for_pods_ready = Some(
-                            wait_config(&w).map_err(|e| err(format!("waitForPodsReady: {e}")))?,
-                        );
+                    let c = KueueConfig::from_value(value).map_err(|e| err(e.to_string()))?;
+                    if c.wait_for_pods_ready.is_some() {
+                        config.wait_for_pods_ready = c.wait_for_pods_ready;
                     }
-                    for m in c
-                        .resources
-                        .map(|r| r.device_class_mappings)
-                        .unwrap_or_default()
-                    {
-                        for class in m.device_class_names {
-                            device_classes.insert(class, m.name.clone());
-                        }
-                    }
+                    device_classes.extend(c.device_classes);
                     continue;
                 }
                 "ResourceFlavor" => Object::Flavor(typed(value, &kind, &err)?),
@@ -581,36 +518,6 @@ fn parse_time(s: &str) -> Result<Time> {
         });
     }
     parse_duration(s)
-}
-
-fn wait_config(w: &WaitForPodsReadyConfig) -> Result<WaitForPodsReady> {
-    let mut out = WaitForPodsReady {
-        block_admission: w.block_admission,
-        ..WaitForPodsReady::default()
-    };
-    if let Some(t) = &w.timeout {
-        out.timeout = parse_duration(t)?;
-    }
-    if let Some(r) = &w.requeuing_strategy {
-        if let Some(b) = r.backoff_base_seconds {
-            out.backoff_base = b.saturating_mul(1000);
-        }
-        if let Some(m) = r.backoff_max_seconds {
-            out.backoff_max = m.saturating_mul(1000);
-        }
-        out.backoff_limit_count = r.backoff_limit_count;
-        out.requeue_by_eviction_time = match r.timestamp.as_deref() {
-            None | Some("Eviction") => true,
-            Some("Creation") => false,
-            Some(other) => {
-                return Err(Error::Duration {
-                    value: other.to_string(),
-                    why: "requeuingStrategy.timestamp must be Eviction or Creation".into(),
-                })
-            }
-        };
-    }
-    Ok(out)
 }
 
 fn first_label<'a>(map: &'a BTreeMap<String, String>, keys: &[&str]) -> Option<&'a str> {
@@ -906,5 +813,29 @@ spec: {queueName: q, podSets: [{count: 1, template: {spec: {containers: [{resour
         let text = "kind: Job\nmetadata: {name: j, annotations: {tessera.io/runtime: soon}}\nspec: {template: {spec: {containers: []}}}\n";
         let err = Scenario::parse(text).unwrap_err().to_string();
         assert!(err.contains("tessera.io/runtime"), "{err}");
+    }
+
+    /// A plan's `Configuration` is read by the controller's parser: the same fields, the
+    /// same refusals (unknown fields, zero timeouts) naming the field.
+    #[test]
+    fn configuration_is_validated_as_the_controller_does() {
+        for (text, field) in [
+            (
+                "kind: Configuration\nwaitForPodsReady: {enable: true, timout: 1m}\n",
+                "timout",
+            ),
+            (
+                "kind: Configuration\nwaitForPodsReady: {enable: true, timeout: 0s}\n",
+                "waitForPodsReady.timeout",
+            ),
+        ] {
+            let err = Scenario::parse(text).unwrap_err().to_string();
+            assert!(err.contains(field), "{text}: {err}");
+        }
+        let ok = "kind: Configuration\nwaitForPodsReady: {enable: true, blockAdmission: true, timeout: 2m}\n";
+        let s = Scenario::parse(ok).unwrap();
+        let w = s.config().wait_for_pods_ready.as_ref().unwrap();
+        assert!(w.block_admission);
+        assert_eq!(w.timeout, 120_000);
     }
 }
