@@ -11,6 +11,18 @@
 //! every period, compares NVML utilization with the target:
 //! `rate ← rate · (target / measured)^GAIN`, clamped per step. The rate only grows while
 //! launches are actually being held back, so an idle or light workload does not wind it up.
+//!
+//! NVML's utilization is an average over its own sample period (1/6 s to 1 s depending on
+//! the part; on an H200 the reading changed every 200 ms), so a reading polled every
+//! [`PERIOD`] is often the same stale sample twice. Correcting twice on one sample, and
+//! raising hard on the first samples (which still average the idle time before the process
+//! launched anything), made the loop overshoot for about 2 s at start on a real H200 (a
+//! 30 % limit gave 40 % of the unlimited throughput over the first 8 s). So the controller:
+//! - acts only on a reading that changed, or that has stood for [`STALE`];
+//! - never raises on the first reading taken while launches were held (it averages in the
+//!   time before them), and raises by at most [`MAX_RAISE`] per step;
+//! - cuts by the largest step on a saturated reading (≥ 99 %), which only says "at least
+//!   100 %" and so cannot size the cut.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::time::{Duration, Instant};
@@ -21,11 +33,14 @@ pub const WAVE: i64 = 1000;
 pub const TICK: Duration = Duration::from_millis(2);
 /// Feedback period (one NVML utilization sample).
 pub const PERIOD: Duration = Duration::from_millis(100);
+/// A reading unchanged for this long is acted on again (a steady load, or a saturated one).
+pub const STALE: Duration = Duration::from_millis(200);
 /// Longest a single launch is ever held (never wedge the application).
 pub const MAX_HOLD: Duration = Duration::from_secs(2);
 const GAIN: f64 = 0.8;
 const MIN_STEP: f64 = 0.25;
-const MAX_STEP: f64 = 4.0;
+/// Largest raise per step.
+const MAX_RAISE: f64 = 2.0;
 /// Burst allowance in seconds of rate.
 const BURST_S: f64 = 0.01;
 /// Starting rate in waves per second, before the first feedback.
@@ -105,6 +120,10 @@ pub struct Controller {
     target: f64,
     /// Tokens per second.
     rate: f64,
+    /// The last reading acted on, and when.
+    last: Option<(u32, Instant)>,
+    /// Whether a reading taken while launches were held has been seen.
+    seen_held: bool,
 }
 
 impl Controller {
@@ -112,7 +131,22 @@ impl Controller {
         Controller {
             target: f64::from(target_pct),
             rate: INITIAL_WAVES_PER_S * WAVE as f64 * f64::from(target_pct) / 100.0,
+            last: None,
+            seen_held: false,
         }
+    }
+
+    /// Whether `reading` (taken at `now`) is a new NVML sample worth acting on: it differs
+    /// from the last one acted on, or that one has stood for [`STALE`]. Records it if so.
+    pub fn fresh(&mut self, reading: u32, now: Instant) -> bool {
+        let fresh = match self.last {
+            Some((r, at)) => r != reading || now.saturating_duration_since(at) >= STALE,
+            None => true,
+        };
+        if fresh {
+            self.last = Some((reading, now));
+        }
+        fresh
     }
 
     pub fn rate(&self) -> f64 {
@@ -130,16 +164,21 @@ impl Controller {
     /// whether launches were held back during it.
     pub fn update(&mut self, measured_pct: f64, held: bool) {
         let m = measured_pct.clamp(0.0, 100.0);
-        let factor = if m > self.target + 0.5 {
+        let first_held = held && !self.seen_held;
+        self.seen_held |= held;
+        let factor = if m >= 99.0 && self.target < 98.0 {
+            // Saturated: the load may be any multiple of the target.
+            MIN_STEP
+        } else if m > self.target + 0.5 {
             // Too busy: slow down in proportion.
             (self.target / m).powf(GAIN)
-        } else if held && m < self.target - 0.5 {
+        } else if held && !first_held && m < self.target - 0.5 {
             // Held back yet under target: the rate is too low.
             (self.target / m.max(1.0)).powf(GAIN)
         } else {
             1.0
         };
-        self.rate = (self.rate * factor.clamp(MIN_STEP, MAX_STEP)).clamp(1.0, 1e12);
+        self.rate = (self.rate * factor.clamp(MIN_STEP, MAX_RAISE)).clamp(1.0, 1e12);
     }
 }
 
@@ -157,7 +196,7 @@ pub fn watch(th: &Throttle, mut sample: impl FnMut() -> Option<u32>) -> ! {
         last = now;
         if now - last_feedback >= PERIOD {
             last_feedback = now;
-            if let Some(util) = sample() {
+            if let Some(util) = sample().filter(|&u| ctl.fresh(u, now)) {
                 let held = th.take_held();
                 ctl.update(f64::from(util), held);
                 if crate::log::enabled(crate::config::LogLevel::Debug) {
@@ -236,6 +275,68 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// The plant seen on a real H200: NVML's reading is the mean busy share over its last
+    /// 200 ms sample, refreshed every 200 ms, while the watcher polls every 100 ms; the
+    /// first sample still averages in idle time from before the first launch. The workload
+    /// always has work queued (a matmul loop). Returns the busy share per 100 ms step.
+    fn sampled_plant(target: u8, wave_ms: f64, steps: usize) -> Vec<f64> {
+        let mut c = Controller::new(target);
+        let t0 = Instant::now();
+        let mut busy: Vec<f64> = vec![0.0]; // one idle step before the first launch
+        let mut reading = 0u32;
+        for k in 1..=steps {
+            let waves_per_s = c.rate() / WAVE as f64;
+            busy.push((waves_per_s * wave_ms / 1000.0 * 100.0).min(100.0));
+            if k % 2 == 0 {
+                reading = ((busy[k] + busy[k - 1]) / 2.0).round() as u32;
+            }
+            let now = t0 + PERIOD * k as u32;
+            if c.fresh(reading, now) {
+                c.update(f64::from(reading), true);
+            }
+        }
+        busy.remove(0);
+        busy
+    }
+
+    #[test]
+    fn controller_settles_fast_on_a_sampled_plant() {
+        // wave time 0.7 ms: the matmul loop of hack/gpu-check.sh on an H200. 10 ms waves
+        // start 10x over the initial rate guess (1 ms per wave).
+        for target in [30u8, 50, 70] {
+            for (wave_ms, over) in [(0.5, 6.0), (0.7, 6.0), (2.4, 6.0), (10.0, 15.0f64)] {
+                let busy = sampled_plant(target, wave_ms, 50);
+                let t = f64::from(target);
+                // The first 2 s, as a throughput share: what a short job gets.
+                let first: f64 = busy[..20].iter().sum::<f64>() / 20.0;
+                assert!(
+                    first <= t + over && first >= t - 6.0,
+                    "target {target} wave {wave_ms}ms: first 2 s at {first:.1}%: {busy:?}"
+                );
+                for (k, b) in busy.iter().enumerate().skip(15) {
+                    assert!(
+                        (b - t).abs() <= 2.0,
+                        "target {target} wave {wave_ms}ms: step {k} at {b:.1}%: {busy:?}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn a_repeated_reading_is_acted_on_once_until_stale() {
+        let mut c = Controller::new(50);
+        let t0 = Instant::now();
+        assert!(c.fresh(92, t0));
+        assert!(!c.fresh(92, t0 + PERIOD), "same sample polled again");
+        assert!(c.fresh(60, t0 + PERIOD * 2), "a new value");
+        assert!(!c.fresh(60, t0 + PERIOD * 3));
+        assert!(
+            c.fresh(60, t0 + PERIOD * 2 + STALE),
+            "stood for STALE: a new sample"
+        );
     }
 
     #[test]
