@@ -565,6 +565,8 @@ pub async fn apply(
     let mut failed = 0;
     // Workloads whose requeue state could not be written: not evicted in this pass.
     let mut unrecorded: std::collections::BTreeSet<String> = Default::default();
+    // Requeue state ConfigMaps read fresh in this apply, per namespace.
+    let mut read_now = BTreeMap::new();
     for action in &plan.actions {
         match action {
             Action::Admit {
@@ -573,6 +575,24 @@ pub async fn apply(
                 node_selector,
                 parallelism,
             } => {
+                // A pod workload's requeue state newer than the pass read (a cache whose
+                // ConfigMap lags behind its pods) defers the admission.
+                if let (Some(pr), true) = (&cfg.pods_ready, requeue_state::kept_here(workload)) {
+                    match requeue_state::fresh_hold(client, pr, workload, now, &mut read_now).await
+                    {
+                        Ok(None) => {}
+                        Ok(Some(hold)) => {
+                            failed += 1;
+                            tracing::warn!(%workload, ?hold, "requeue state newer than the pass read; admission deferred");
+                            continue;
+                        }
+                        Err(e) => {
+                            failed += 1;
+                            tracing::warn!(error = %e, %workload, "reading requeue state; admission deferred");
+                            continue;
+                        }
+                    }
+                }
                 tracing::info!(%workload, "admitting");
                 for r in objects {
                     let result = admit(client, r, node_selector, *parallelism, now).await;

@@ -22,7 +22,7 @@ use super::cache::Cache;
 use super::decide::rfc3339;
 use super::error::{Error, Result};
 use super::lease::Millis;
-use super::pods_ready::{latest, Requeue};
+use super::pods_ready::{hold, latest, Hold, Requeue};
 use super::workloads::millis;
 use crate::quota::WaitForPodsReady;
 use k8s_openapi::api::core::v1::ConfigMap;
@@ -323,6 +323,46 @@ pub async fn write(
             Err(e) => return Err(api_error(format!("write {what} (attempt {attempt})"))(e)),
         }
     }
+}
+
+/// Whether workload `key`'s state is kept here (a pod group or a single pod; a Job or a
+/// serving replica keeps it on its own object).
+pub fn kept_here(key: &str) -> bool {
+    key.split_once('/')
+        .is_some_and(|(_, rest)| rest.starts_with("group-") || rest.starts_with("pod-"))
+}
+
+/// What the ConfigMap on the API server holds workload `key` back for at `now`, read
+/// fresh (once per namespace into `read_now`): an admission decided from a cache whose
+/// ConfigMap lagged behind its pods is checked against it before it is written.
+pub async fn fresh_hold(
+    client: &kube::Client,
+    cfg: &WaitForPodsReady,
+    key: &str,
+    now: Millis,
+    read_now: &mut BTreeMap<String, Book>,
+) -> Result<Option<Hold>> {
+    let Some((ns, _)) = entry_name(key).filter(|_| kept_here(key)) else {
+        return Ok(None);
+    };
+    if !read_now.contains_key(&ns) {
+        let api: Api<ConfigMap> = Api::namespaced(client.clone(), &ns);
+        let cm = api
+            .get_opt(CONFIGMAP_NAME)
+            .await
+            .map_err(api_error(format!(
+                "get requeue state {ns}/{CONFIGMAP_NAME}"
+            )))?;
+        let values: Vec<Value> = cm
+            .and_then(|c| serde_json::to_value(c).ok())
+            .into_iter()
+            .collect();
+        read_now.insert(ns.clone(), read(&values));
+    }
+    Ok(read_now
+        .get(&ns)
+        .and_then(|b| b.requeue(key))
+        .and_then(|r| hold(cfg, r, now)))
 }
 
 #[cfg(test)]

@@ -311,3 +311,46 @@ async fn corrupt_entries_are_reported_and_ignored() {
     reconciler::pass(&client, &c, at(60)).await.unwrap();
     assert_eq!(count(&s, "group-g"), Some(1));
 }
+
+/// An admission decided from a view that missed the state (a cache whose ConfigMap
+/// lags behind its pods, e.g. a new leader's) is checked against the ConfigMap on the
+/// API server before it is written: deferred while the state holds the group back.
+#[tokio::test]
+async fn an_admission_decided_without_the_state_waits_for_it() {
+    use std::collections::BTreeMap;
+    use tessera::controller::decide::{Action, ObjKind, ObjRef, Plan};
+    use tessera::controller::evictions::EvictionBackoff;
+    let s = cluster().await;
+    let client = s.client();
+    let c = config(3);
+    create_group(&s);
+    let entry = json!({"workload": "team/group-g", "count": 1,
+                       "evictedAt": "2026-11-18T12:01:00Z"});
+    s.put_object(
+        CMS,
+        json!({"apiVersion": "v1", "kind": "ConfigMap",
+               "metadata": {"name": STATE, "namespace": "team",
+                            "labels": {"tessera.io/requeue-state": "v1"}},
+               "data": {"group-g": entry.to_string()}}),
+    );
+    let pod = |name: &str| ObjRef {
+        kind: ObjKind::Pod,
+        namespace: "team".into(),
+        name: name.into(),
+    };
+    let plan = Plan {
+        actions: vec![Action::Admit {
+            workload: "team/group-g".into(),
+            objects: vec![pod("g-0"), pod("g-1")],
+            node_selector: BTreeMap::new(),
+            parallelism: None,
+        }],
+        ..Plan::default()
+    };
+    let mut evictions = EvictionBackoff::new(5_000, 60_000);
+    // (now, failed writes, admitted): held until 12:01:10.
+    for (now, failed, admitted) in [(at(9), 1, false), (at(10), 0, true)] {
+        let got = reconciler::apply(&client, &c, &plan, &mut evictions, None, now).await;
+        assert_eq!((got, group_ungated(&s)), (failed, admitted), "at {now}");
+    }
+}
