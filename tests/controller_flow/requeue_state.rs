@@ -3,8 +3,10 @@
 //! were all deleted and recreated still waits out its backoff (deadline included), also
 //! across controller restarts (LIST passes and a fresh watch-fed cache), and stays
 //! deactivated past `backoffLimitCount`; entries are forgotten once the workload is
-//! Ready or its pods are gone past the TTL; a failed write defers the eviction; a
-//! concurrent writer loses nothing; corrupt entries are reported and ignored.
+//! Ready or its pods are gone past the TTL; a failed write defers the eviction (also of
+//! a serving replica whose owner cannot be annotated); an admission decided without the
+//! state waits for it; a concurrent writer loses nothing; corrupt entries are reported
+//! and ignored.
 
 use super::{cfg, cluster, condition, create_pod, gated, pod, ungated_pods, wait_for, NOW, PODS};
 use crate::support::apiserver::ApiServer;
@@ -353,4 +355,27 @@ async fn an_admission_decided_without_the_state_waits_for_it() {
         let got = reconciler::apply(&client, &c, &plan, &mut evictions, None, now).await;
         assert_eq!((got, group_ungated(&s)), (failed, admitted), "at {now}");
     }
+}
+
+/// A serving replica's state goes on its owner first: while that write fails, the
+/// replica is not evicted (its replacement could not be held back without it).
+#[tokio::test]
+async fn a_replica_is_not_evicted_before_its_owner_records_the_timeout() {
+    use super::serving::{cohort, scale, DEPLOYMENTS};
+    let s = cohort("nvidia.com/gpu").await;
+    let client = s.client();
+    let c = config(3);
+    scale(&s, 1);
+    reconciler::pass(&client, &c, at(0)).await.unwrap();
+    s.fail_requests(&["PUT"], DEPLOYMENTS);
+    reconciler::pass(&client, &c, at(60)).await.unwrap();
+    assert!(s.evictions().is_empty(), "{:?}", s.evictions());
+    s.stop_failing();
+    reconciler::pass(&client, &c, at(61)).await.unwrap();
+    assert_eq!(s.evictions().len(), 1);
+    let deployment = s.objects(DEPLOYMENTS).remove(0);
+    assert_eq!(
+        deployment["metadata"]["annotations"]["tessera.io/requeue-count"],
+        "1"
+    );
 }
