@@ -26,7 +26,7 @@
 //!
 //! `blockAdmission` is the engine's (Kueue's sequential admission): the pass gives the
 //! engine `waitForPodsReady` only then, and tells it which restored workloads are Ready
-//! ([`engine_readiness`]); while one is not, every queue is held (`WaitingForPodsReady`),
+//! (`engine_readiness`); while one is not, every queue is held (`WaitingForPodsReady`),
 //! and a workload admitted in a pass holds the rest of that pass. The timeout and the
 //! requeue backoff stay the controller's (above), so the engine's own timers never act.
 
