@@ -13,6 +13,8 @@ mod cache;
 mod disruption;
 #[path = "controller_flow/pods_ready.rs"]
 mod pods_ready;
+#[path = "controller_flow/requeue_state.rs"]
+mod requeue_state;
 #[path = "controller_flow/serving.rs"]
 mod serving;
 

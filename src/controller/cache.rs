@@ -16,7 +16,7 @@ use crate::quota::scenario::QUEUE_LABELS;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -238,6 +238,8 @@ pub struct Cache {
     pub stateful_sets: Store,
     pub claim_templates: Store,
     pub claims: Store,
+    /// The `waitForPodsReady` requeue state ConfigMaps ([`super::requeue_state`]).
+    pub requeue_states: Store,
 }
 
 impl Default for Cache {
@@ -268,6 +270,11 @@ impl Cache {
                 true,
             ),
             claims: Store::new(dra_resource("ResourceClaim", "resourceclaims"), None, true),
+            requeue_states: Store::new(
+                ApiResource::erase::<ConfigMap>(&()),
+                Some(super::requeue_state::LABEL.to_string()),
+                false,
+            ),
         }
     }
 
@@ -283,6 +290,7 @@ impl Cache {
             &self.stateful_sets,
             &self.claim_templates,
             &self.claims,
+            &self.requeue_states,
         ]);
         out
     }

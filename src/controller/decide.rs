@@ -16,7 +16,7 @@
 use super::claims::ClaimIndex;
 use super::evictions::Blocked;
 use super::lease::Millis;
-use super::pods_ready::{self, Hold, Requeue, PODS_READY_TIMEOUT};
+use super::pods_ready::{self, Hold, Requeue};
 use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex, ServingKind};
 pub use super::workloads::millis;
 pub(super) use super::workloads::{collect, Live, State};
@@ -53,6 +53,9 @@ pub struct Snapshot {
     pub blocked: BTreeMap<ObjRef, Blocked>,
     /// Kueue's `waitForPodsReady`, when enabled.
     pub pods_ready: Option<WaitForPodsReady>,
+    /// The requeue state ConfigMaps of pod groups and pods without a serving owner
+    /// ([`super::requeue_state`]; read only with `waitForPodsReady`).
+    pub requeue_states: Vec<Value>,
 }
 
 /// Kind of object a workload is made of.
@@ -117,6 +120,15 @@ pub enum Action {
     },
     /// Annotate a serving owner with its admitted / desired replicas (`"2/4"`).
     Replicas { owner: ObjRef, value: String },
+    /// Write the requeue state of pod groups and pods without a serving owner into the
+    /// namespace's ConfigMap ([`super::requeue_state`]): `set` comes before the
+    /// evictions of the same pass, which are not done when it fails; `forget` removes
+    /// entries (data key → value read) that still hold the value read.
+    RequeueState {
+        namespace: String,
+        set: Vec<super::requeue_state::Entry>,
+        forget: BTreeMap<String, String>,
+    },
 }
 
 /// The outcome of one pass.
@@ -233,7 +245,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
     // Running workloads first, oldest admission first: the books as they were.
     lives.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
     if let Some(cfg) = &s.pods_ready {
-        pods_ready_timeouts(cfg, now, &mut lives, &mut plan);
+        pods_ready::timeouts(cfg, s, &mut lives, &mut plan);
     }
     let scopes = Scopes::new(s);
     // Terminating workloads per preemption scope (cohort, or ClusterQueue without one).
@@ -516,42 +528,6 @@ fn hold_reason(h: Hold, r: Requeue) -> (String, String) {
                 r.count.saturating_sub(1)
             ),
         ),
-    }
-}
-
-/// `waitForPodsReady`: records workloads whose pods became Ready, and evicts those
-/// admitted longer than the timeout without it (they keep their quota while their pods
-/// terminate, like preemption victims).
-fn pods_ready_timeouts(cfg: &WaitForPodsReady, now: Millis, lives: &mut [Live], plan: &mut Plan) {
-    for l in lives.iter_mut() {
-        if l.state != State::Running || l.info.is_none() || l.ready_recorded {
-            continue;
-        }
-        let Some(first) = l.objects.first().cloned() else {
-            continue;
-        };
-        if l.ready {
-            plan.actions.push(Action::PodsReady {
-                workload: l.key.clone(),
-                object: first,
-            });
-        } else if pods_ready::timed_out(cfg, l.admitted_at, now) {
-            let mut objects: Vec<(ObjRef, i64)> = l
-                .objects
-                .iter()
-                .cloned()
-                .zip(l.graces.iter().copied())
-                .collect();
-            objects.extend(pods_ready::requeue_carrier(l).map(|o| (o, 0)));
-            plan.actions.push(Action::Evict {
-                workload: l.key.clone(),
-                objects,
-                reason: PODS_READY_TIMEOUT.into(),
-                by: String::new(),
-                requeue: Some(l.requeue.map_or(0, |r| r.count).saturating_add(1)),
-            });
-            l.state = State::Terminating;
-        }
     }
 }
 

@@ -319,7 +319,9 @@ impl World {
                         self.write(r.kind, v);
                     }
                 }
-                Action::PodsReady { .. } | Action::Replicas { .. } => {}
+                Action::PodsReady { .. }
+                | Action::Replicas { .. }
+                | Action::RequeueState { .. } => {}
             }
         }
     }

@@ -10,7 +10,9 @@
 //!   between passes over the watch-fed cache and applies only what changed;
 //!   [`serving`] (Deployment/StatefulSet replicas) and [`claims`] (DRA devices) feed it.
 //! - [`config`]: the configuration file (Kueue's `waitForPodsReady`, device classes).
-//! - [`pods_ready`]: `waitForPodsReady` timeouts and requeue backoff.
+//! - [`pods_ready`]: `waitForPodsReady` timeouts and requeue backoff;
+//!   [`requeue_state`]: the requeue state of pod groups and pods without a serving
+//!   owner, kept in a ConfigMap per namespace so it outlives their pods.
 //! - [`evictions`]: retry backoff of evictions a PodDisruptionBudget refuses.
 //! - [`snapshot`]: reads a pass's objects (by LIST, or from the watch-fed [`cache`]);
 //!   [`reconciler`]: applies the actions, runs the loop.
@@ -31,6 +33,9 @@ mod incremental_tests;
 pub mod lease;
 pub mod pods_ready;
 pub mod reconciler;
+pub mod requeue_state;
+#[cfg(test)]
+mod requeue_state_tests;
 pub mod serving;
 pub mod snapshot;
 pub mod tls;

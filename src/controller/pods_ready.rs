@@ -14,19 +14,29 @@
 //! they terminate, and the replica's owner (Deployment, ReplicaSet or StatefulSet),
 //! which outlives its pods: the replacement replicas it creates wait out the backoff,
 //! and past `backoffLimitCount` stay gated as `Deactivated` (remove the annotations
-//! from the owner to start over).
+//! from the owner to start over). Pod groups and pods without a serving owner have no
+//! such object: their state is kept in the namespace's `tessera-requeue-state`
+//! ConfigMap ([`super::requeue_state`]), written before their pods are evicted (a
+//! failed write defers the eviction to the next pass) and forgotten once the workload
+//! is Ready or finished, or when none of its pods existed for the state's TTL.
+//!
+//! A timeout is counted once per admission: state recorded at or after the workload's
+//! admission already counts it (a pass whose eviction failed after the state was
+//! written retries without counting again).
 //!
 //! `blockAdmission` is the engine's (Kueue's sequential admission): the pass gives the
 //! engine `waitForPodsReady` only then, and tells it which restored workloads are Ready
-//! ([`engine_readiness`]); while one is not, every queue is held (`WaitingForPodsReady`),
+//! (`engine_readiness`); while one is not, every queue is held (`WaitingForPodsReady`),
 //! and a workload admitted in a pass holds the rest of that pass. The timeout and the
 //! requeue backoff stay the controller's (above), so the engine's own timers never act.
 
-use super::decide::millis;
+use super::decide::{millis, Action, ObjKind, ObjRef, Plan, Snapshot};
 use super::lease::Millis;
-use super::workloads::{Live, State};
+use super::requeue_state::{self, Book, Entry};
+use super::workloads::{done_pod_workload_key, Live, State};
 use crate::quota::{EngineConfig, Time, WaitForPodsReady, WorkloadInfo};
 use serde_json::Value;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// When all pods of the workload were first seen Ready (RFC 3339).
 pub const PODS_READY_AT_ANNOTATION: &str = "tessera.io/pods-ready-at";
@@ -95,6 +105,123 @@ pub(super) fn requeue_carrier(l: &Live) -> Option<super::decide::ObjRef> {
         namespace: o.namespace.clone(),
         name: o.name.clone(),
     })
+}
+
+/// Whether `l`'s requeue state is kept in the requeue state ConfigMap: a pod group or a
+/// pod without a serving owner (a Job and a serving owner carry their own).
+pub(super) fn state_kept_in_configmap(l: &Live) -> bool {
+    l.serving.is_none() && l.objects.first().is_some_and(|o| o.kind == ObjKind::Pod)
+}
+
+/// The requeue count to record when `l` times out now: one more than recorded, unless
+/// the state was recorded at or after its admission (this timeout is counted already).
+pub fn next_count(requeue: Option<Requeue>, admitted_at: Millis) -> u32 {
+    match requeue {
+        Some(r) if r.evicted_at >= admitted_at => r.count.max(1),
+        r => r.map_or(0, |r| r.count).saturating_add(1),
+    }
+}
+
+/// `waitForPodsReady` over a pass's workloads: reads the requeue state ConfigMaps into
+/// the workloads whose state they keep, records workloads whose pods became Ready,
+/// evicts those admitted longer than the timeout without it (they keep their quota while
+/// their pods terminate, like preemption victims) and forgets state no longer needed.
+/// The state writes come first in the plan: an eviction follows its state.
+pub(super) fn timeouts(cfg: &WaitForPodsReady, s: &Snapshot, lives: &mut [Live], plan: &mut Plan) {
+    let now = s.now;
+    let book = requeue_state::read(&s.requeue_states);
+    plan.problems.extend(book.problems.iter().cloned());
+    for l in lives.iter_mut().filter(|l| state_kept_in_configmap(l)) {
+        l.requeue = latest(l.requeue, book.requeue(&l.key));
+    }
+    let mut set: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
+    let mut actions = Vec::new();
+    for l in lives.iter_mut() {
+        if l.state != State::Running || l.info.is_none() || l.ready_recorded {
+            continue;
+        }
+        let Some(first) = l.objects.first().cloned() else {
+            continue;
+        };
+        if l.ready {
+            actions.push(Action::PodsReady {
+                workload: l.key.clone(),
+                object: first,
+            });
+        } else if timed_out(cfg, l.admitted_at, now) {
+            let count = next_count(l.requeue, l.admitted_at);
+            if state_kept_in_configmap(l) {
+                if let Some((ns, _)) = requeue_state::entry_name(&l.key) {
+                    set.entry(ns).or_default().push(Entry {
+                        workload: l.key.clone(),
+                        requeue: Requeue {
+                            count,
+                            evicted_at: now,
+                        },
+                    });
+                }
+            }
+            let mut objects: Vec<(ObjRef, i64)> = l
+                .objects
+                .iter()
+                .cloned()
+                .zip(l.graces.iter().copied())
+                .collect();
+            objects.extend(requeue_carrier(l).map(|o| (o, 0)));
+            actions.push(Action::Evict {
+                workload: l.key.clone(),
+                objects,
+                reason: PODS_READY_TIMEOUT.into(),
+                by: String::new(),
+                requeue: Some(count),
+            });
+            l.state = State::Terminating;
+        }
+    }
+    let mut forget = garbage(cfg, s, lives, &book);
+    let namespaces: BTreeSet<String> = set.keys().chain(forget.keys()).cloned().collect();
+    for namespace in namespaces {
+        plan.actions.push(Action::RequeueState {
+            set: set.remove(&namespace).unwrap_or_default(),
+            forget: forget.remove(&namespace).unwrap_or_default(),
+            namespace,
+        });
+    }
+    plan.actions.extend(actions);
+}
+
+/// The entries no longer needed, per namespace (data key → value read): of workloads
+/// running with all pods Ready (now or once), of finished workloads (only `Succeeded` /
+/// `Failed` pods left), and of workloads without any pod for the state's TTL after their
+/// eviction. Corrupt entries go with their workload's Ready or finish.
+fn garbage(
+    cfg: &WaitForPodsReady,
+    s: &Snapshot,
+    lives: &[Live],
+    book: &Book,
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    if book.entries.is_empty() {
+        return out;
+    }
+    let live: BTreeMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
+    let finished: BTreeSet<String> = s.pods.iter().filter_map(done_pod_workload_key).collect();
+    let ttl = requeue_state::ttl(cfg);
+    for (key, stored) in &book.entries {
+        let gone = match live.get(key.as_str()) {
+            Some(l) => l.state == State::Running && (l.ready || l.ready_recorded),
+            None if finished.contains(key) => true,
+            None => stored
+                .requeue
+                .is_some_and(|r| s.now >= r.evicted_at.saturating_add(ttl)),
+        };
+        if gone {
+            out.entry(stored.namespace.clone())
+                .or_default()
+                .insert(stored.name.clone(), stored.raw.clone());
+        }
+    }
+    out
 }
 
 /// What a requeued workload waits for.

@@ -27,6 +27,7 @@ use super::lease::{Elector, Millis};
 use super::pods_ready::{
     EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
 };
+use super::requeue_state;
 use super::serving::ADMITTED_REPLICAS_ANNOTATION;
 use super::snapshot::{crd_resource, QUEUE_KINDS};
 pub use super::snapshot::{list_priority_classes, snapshot, snapshot_cached};
@@ -562,6 +563,10 @@ pub async fn apply(
     now: Millis,
 ) -> usize {
     let mut failed = 0;
+    // Workloads whose requeue state could not be written: not evicted in this pass.
+    let mut unrecorded: std::collections::BTreeSet<String> = Default::default();
+    // Requeue state ConfigMaps read fresh in this apply, per namespace.
+    let mut read_now = BTreeMap::new();
     for action in &plan.actions {
         match action {
             Action::Admit {
@@ -570,6 +575,24 @@ pub async fn apply(
                 node_selector,
                 parallelism,
             } => {
+                // A pod workload's requeue state newer than the pass read (a cache whose
+                // ConfigMap lags behind its pods) defers the admission.
+                if let (Some(pr), true) = (&cfg.pods_ready, requeue_state::kept_here(workload)) {
+                    match requeue_state::fresh_hold(client, pr, workload, now, &mut read_now).await
+                    {
+                        Ok(None) => {}
+                        Ok(Some(hold)) => {
+                            failed += 1;
+                            tracing::warn!(%workload, ?hold, "requeue state newer than the pass read; admission deferred");
+                            continue;
+                        }
+                        Err(e) => {
+                            failed += 1;
+                            tracing::warn!(error = %e, %workload, "reading requeue state; admission deferred");
+                            continue;
+                        }
+                    }
+                }
                 tracing::info!(%workload, "admitting");
                 for r in objects {
                     let result = admit(client, r, node_selector, *parallelism, now).await;
@@ -600,10 +623,21 @@ pub async fn apply(
                 by,
                 requeue,
             } => {
+                if requeue.is_some() && unrecorded.contains(workload) {
+                    failed += 1;
+                    tracing::warn!(%workload, "requeue state not recorded; eviction deferred to the next pass");
+                    continue;
+                }
                 tracing::info!(%workload, %reason, %by, "evicting");
-                for (r, grace) in objects {
-                    // A pods-ready timeout is recorded on the pod before it goes, and on
-                    // its serving owner, which outlives it (`pods_ready.rs`).
+                // A pods-ready timeout is recorded on the serving owner first (it outlives
+                // the pods; without it the eviction waits for the next pass), then on
+                // each pod before it goes (`pods_ready.rs`).
+                let carrier = |r: &ObjRef| !matches!(r.kind, ObjKind::Pod | ObjKind::Job);
+                let mut ordered: Vec<&(ObjRef, i64)> = objects.iter().collect();
+                if requeue.is_some() {
+                    ordered.sort_by_key(|(r, _)| !carrier(r));
+                }
+                for (r, grace) in ordered {
                     if let (Some(n), ObjKind::Pod) = (requeue, r.kind) {
                         let result = record_requeue(client, r, *n, now).await;
                         if let Err(e) = seen(cache, r, result) {
@@ -642,10 +676,31 @@ pub async fn apply(
                         Err(e) => {
                             failed += 1;
                             tracing::warn!(error = %e, %workload, "evict");
+                            if requeue.is_some() && carrier(r) {
+                                tracing::warn!(%workload, "requeue state not recorded on the owner; eviction deferred to the next pass");
+                                break;
+                            }
                         }
                     }
                 }
             }
+            Action::RequeueState {
+                namespace,
+                set,
+                forget,
+            } => match requeue_state::write(client, namespace, set, forget, cache).await {
+                Ok(written) => {
+                    if written.is_some() {
+                        tracing::info!(%namespace, set = set.len(), forget = forget.len(),
+                                       "requeue state written");
+                    }
+                }
+                Err(e) => {
+                    failed += 1;
+                    tracing::warn!(error = %e, %namespace, "writing requeue state; retried next pass");
+                    unrecorded.extend(set.iter().map(|e| e.workload.clone()));
+                }
+            },
             Action::Pending {
                 workload,
                 objects,

@@ -12,7 +12,7 @@ use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriori
 use crate::quota::scenario::QUEUE_LABELS;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{Namespace, Pod};
+use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
 use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -272,6 +272,13 @@ pub async fn snapshot(
             true,
         )
         .await?,
+        requeue_states: match cfg.pods_ready {
+            Some(_) => {
+                let label = [super::requeue_state::LABEL.to_string()];
+                list_selected(client, &ApiResource::erase::<ConfigMap>(&()), &label).await?
+            }
+            None => Vec::new(),
+        },
         pods,
         jobs,
         device_classes: cfg.device_classes.clone(),
@@ -357,6 +364,10 @@ pub fn snapshot_cached(
         stateful_sets: in_ns(&cache.stateful_sets, &queued_ns),
         claim_templates: in_ns(&cache.claim_templates, when(claims_used)),
         claims: in_ns(&cache.claims, when(claims_used)),
+        requeue_states: match cfg.pods_ready {
+            Some(_) => cache.requeue_states.values(),
+            None => Vec::new(),
+        },
         pods,
         jobs,
         device_classes: cfg.device_classes.clone(),

@@ -82,7 +82,22 @@ fn annotation<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 
 /// The key of the workload pod `pod` is part of (`None`: it is none of a queue's).
 pub(super) fn pod_workload_key(pod: &Value) -> Option<String> {
-    if !names_queue(pod) || owned_by_job(pod) || pod_done(pod) {
+    if pod_done(pod) {
+        return None;
+    }
+    pod_key(pod)
+}
+
+/// The key of the workload finished pod `pod` (`Succeeded` or `Failed`) was part of.
+pub(super) fn done_pod_workload_key(pod: &Value) -> Option<String> {
+    if !pod_done(pod) {
+        return None;
+    }
+    pod_key(pod)
+}
+
+fn pod_key(pod: &Value) -> Option<String> {
+    if !names_queue(pod) || owned_by_job(pod) {
         return None;
     }
     let r = obj_ref(ObjKind::Pod, pod);

@@ -125,6 +125,15 @@ async fn a_compacted_watch_lists_again_and_misses_nothing() {
     create_pod(&s, "p-1", 4, "low", json!({}), None);
     let (mut state, cache, stop) = cached(&s, &c).await;
     let lists = s.list_stats().0;
+    // Every store's watch is open (a watch asked for after the compaction from the
+    // LIST's own version would miss it: nothing to LIST again for).
+    let watches = || {
+        s.requests()
+            .iter()
+            .filter(|r| r.starts_with("GET ") && r.contains("watch=true"))
+            .count()
+    };
+    wait_for("every store's watch", || watches() >= cache.stores().len()).await;
     s.compact();
     // Changes right after the compaction reach the cache through the new LISTs.
     assert!(s.delete_object(PODS, "p-1"));

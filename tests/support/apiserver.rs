@@ -15,7 +15,8 @@
 //! PodDisruptionBudget allows no disruption. [`ApiServer::compact`] ends open watches
 //! with `410 Gone`, as an etcd compaction does.
 //! [`ApiServer::fail_requests`] makes chosen requests fail with `500 InternalError` (a
-//! driver's writes, a cluster-wide LIST) until [`ApiServer::stop_failing`].
+//! driver's writes, a cluster-wide LIST) until [`ApiServer::stop_failing`];
+//! [`ApiServer::before_next_write`] lets another client write just before a POST/PUT.
 //! Not modelled: authentication, admission, field managers / server-side apply, pagination.
 
 #![allow(dead_code)]
@@ -64,6 +65,9 @@ struct Store {
     after_list: Vec<(String, ListHook)>,
     /// Requests answered `500` ([`ApiServer::fail_requests`]): methods and path prefix.
     failing: Vec<(Vec<String>, String)>,
+    /// Writes another client makes just before the next POST/PUT to a collection
+    /// (method, collection path, hook; [`ApiServer::before_next_write`]).
+    before_write: Vec<(String, String, ListHook)>,
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
@@ -164,6 +168,24 @@ impl ApiServer {
             .unwrap()
             .after_list
             .push((collection.to_string(), Box::new(change)));
+    }
+
+    /// Just before the next `method` (`POST` or `PUT`) to an object of `collection`
+    /// (e.g. `/api/v1/namespaces/team/configmaps`) is handled, `change` runs (as another
+    /// client writing at that instant): a PUT carrying the resourceVersion read before
+    /// gets 409 Conflict, a POST of an object `change` created gets 409 AlreadyExists.
+    /// One hook per write, in order.
+    pub fn before_next_write(
+        &self,
+        method: &str,
+        collection: &str,
+        change: impl FnOnce(&ApiServer) + Send + 'static,
+    ) {
+        self.store.lock().unwrap().before_write.push((
+            method.to_string(),
+            collection.to_string(),
+            Box::new(change),
+        ));
     }
 
     /// From now on, requests with one of `methods` whose path (without the query) starts
@@ -313,6 +335,18 @@ impl ApiServer {
         }
         // `/…/<collection>` or `/…/<collection>/<name>`: collections end in a plural.
         let (collection, name) = split_path(&path);
+        if matches!(method, Method::POST | Method::PUT) && !path.ends_with("/status") {
+            let hook = {
+                let mut st = self.store.lock().unwrap();
+                st.before_write
+                    .iter()
+                    .position(|(m, c, _)| m == method.as_str() && *c == collection)
+                    .map(|i| st.before_write.remove(i).2)
+            };
+            if let Some(change) = hook {
+                change(self);
+            }
+        }
         if method == Method::PUT && path.ends_with("/status") {
             if let Some(name) = &name {
                 return self.put_status(&collection, name, req).await;
