@@ -22,9 +22,10 @@
 //! A GPU leaving the DRA driver moves in two phases ([`withdraw`]): the driver stops
 //! publishing it, and only once the API server's slices no longer name it and no claim
 //! slipped onto it does the device plugin list it; a claim that did rolls the move back.
-//! At start the split an earlier run left is inferred from what survives (slices,
-//! allocated claims, the checkpoints), so a config changed while the agent was down moves
-//! GPUs the same way; a phase 2 that waits long is reported (`GpuMoveStalled`).
+//! The split put in force is recorded on disk ([`split_record`]) before it is
+//! advertised; at start the record says which GPUs the driver had (without a readable
+//! record the split is inferred from what survives: slices, allocated claims, the
+//! checkpoints), so a config changed while the agent was down moves GPUs the same way; a phase 2 that waits long is reported (`GpuMoveStalled`).
 //! With `--dra=auto` the DRA path serves the kubelet only while it owns a GPU
 //! ([`dra::DraView::active`]).
 //!
@@ -52,6 +53,7 @@ use tracing::{error, info, warn};
 pub mod cluster;
 pub mod dra;
 pub mod ownership;
+pub mod split_record;
 pub mod usage;
 pub mod withdraw;
 
@@ -283,6 +285,10 @@ struct Agent {
     dra_serving: bool,
     /// The split the last build used (`assignment` with `withdrawing` on DRA).
     built: Option<Assignment>,
+    /// Where the split in force is recorded ([`split_record`]; DRA on).
+    split_record: Option<PathBuf>,
+    /// What that file holds (as this process last wrote it).
+    recorded: Option<split_record::Recorded>,
 }
 
 impl Agent {
@@ -469,6 +475,9 @@ impl Agent {
         if to_device_plugin.is_empty() || !assignment.device_plugin {
             return (BTreeSet::new(), None);
         }
+        if let Some(gpus) = self.recorded_split(before, holders) {
+            return (gpus, None);
+        }
         // Both paths wait for this answer at start: bounded tighter than later LISTs.
         let found = withdraw::inherited(client.clone(), node, before, Duration::from_secs(2)).await;
         // What the kubelet records as the device plugin's was not the driver's.
@@ -495,6 +504,82 @@ impl Agent {
             info!(gpus = ?moving, "GPUs the DRA driver may have had before this start go to the device plugin: they move in two phases");
         }
         (gpus, Some(found.allocated))
+    }
+
+    /// At start: the GPUs the DRA driver had before, from the split record
+    /// ([`split_record`]) plus the GPUs the DRA checkpoint's claims hold. `None` (with a
+    /// log line saying why) when there is no record, it cannot be read, or it does not
+    /// cover every GPU of the node: the caller then infers the split.
+    fn recorded_split(
+        &self,
+        before: &Inventory,
+        holders: &ownership::Holders,
+    ) -> Option<BTreeSet<String>> {
+        let path = self.split_record.as_ref()?;
+        let inferring = "inferring the split before this start from the DRA checkpoint, this \
+                         node's ResourceSlices, the claims allocated on it and the kubelet's \
+                         device checkpoint";
+        let record = match split_record::read(path) {
+            Ok(r) => r,
+            Err(e @ split_record::ReadError::Missing { .. }) => {
+                info!(reason = %e, "{inferring}");
+                return None;
+            }
+            Err(e) => {
+                warn!(error = %e, "{inferring}");
+                return None;
+            }
+        };
+        let Some(mut gpus) = record.previous_dra(before.gpus.iter().map(|g| &g.uuid)) else {
+            warn!(path = %path.display(), "the split record does not name every GPU of this node (one was added or replaced); {inferring}");
+            return None;
+        };
+        info!(path = %path.display(), dra = ?record.dra, withdrawing = ?record.withdrawing,
+              config = %record.config,
+              "the split before this start is recorded: GPUs the DRA driver had that now go to the device plugin move in two phases, the others go at once");
+        gpus.extend(holders.dra.keys().cloned());
+        Some(gpus)
+    }
+
+    /// Record the split about to be put in force (`staged`: the DRA driver's GPUs with
+    /// the withdrawing ones; written before anything is advertised for it). When the
+    /// record cannot be written it is removed, so the next start infers the split rather
+    /// than trust an old one.
+    fn record_split(
+        &mut self,
+        inventory: &Inventory,
+        config: &NodeConfig,
+        staged: &Assignment,
+        withdrawing: &BTreeSet<String>,
+    ) {
+        let Some(path) = &self.split_record else {
+            return;
+        };
+        let dra = staged.dra_uuids(inventory);
+        let record = split_record::Recorded {
+            device_plugin: inventory
+                .gpus
+                .iter()
+                .map(|g| g.uuid.clone())
+                .filter(|u| !dra.contains(u))
+                .collect(),
+            withdrawing: withdrawing.intersection(&dra).cloned().collect(),
+            dra,
+            config: config.name.clone(),
+        };
+        if self.recorded.as_ref() == Some(&record) {
+            return;
+        }
+        match split_record::write(path, &record) {
+            Ok(()) => self.recorded = Some(record),
+            Err(e) => {
+                warn!(error = %e, "the split is not recorded; the next start infers it");
+                self.recorded = None;
+                if let Err(e) = split_record::remove(path) {
+                    error!(error = %e, path = %path.display(), "cannot remove the outdated split record: the next start may take it for the split in force");
+                }
+            }
+        }
     }
 
     async fn apply(&mut self, config: NodeConfig) -> Result<bool> {
@@ -643,6 +728,7 @@ impl Agent {
                 return Err(e);
             }
         };
+        self.record_split(&before, &config, &staged, &withdrawing);
         for gpu in &before.gpus {
             let (old, new) = (
                 self.assignment.as_ref().map(|a| a.owner(gpu)),
@@ -934,6 +1020,8 @@ pub async fn run_with(
         stall: withdraw::Stall::default(),
         dra_serving: false,
         built: None,
+        split_record: dra_checkpoint_dir.as_deref().map(split_record::path_in),
+        recorded: None,
     };
     // The first config decides which GPUs the DRA driver owns (the split reads the DRA
     // checkpoint, not the driver, so this comes first; it takes milliseconds).

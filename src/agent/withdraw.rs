@@ -21,8 +21,9 @@
 //! server is the one window left). When the last GPU leaves a driver in `--dra=auto`, the
 //! driver keeps serving through phase 2 and withdraws from the kubelet only after it.
 //!
-//! At start the agent does not know the split an earlier run left, so it reads what
-//! survives of it ([`inherited`]): the GPUs this node's stored slices name and the GPUs
+//! At start the agent reads the split an earlier run recorded
+//! ([`super::split_record`]); without a readable record it infers what survives of it
+//! ([`inherited`]): the GPUs this node's stored slices name and the GPUs
 //! claims of this node's pool are allocated on (the DRA checkpoint's claims already hold
 //! their GPUs). A GPU among them that the config now gives to the device plugin moves in
 //! the same two phases (or stays with the driver while a claim holds it). When the API
