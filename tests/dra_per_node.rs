@@ -629,3 +629,53 @@ async fn the_recorded_split_decides_the_start_and_inference_is_the_fallback() {
         agent.shutdown().await;
     }
 }
+
+/// LISTs of this node's slices (not WATCHes) the API server has answered or failed.
+fn slice_lists(api: &ApiServer) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.starts_with(&format!("GET {SLICES}?")) && !r.contains("watch=true"))
+        .count()
+}
+
+/// Phase 2 follows the API server's slices with a WATCH instead of polling: while the
+/// driver cannot write its slices, the agent (and the publisher's retries) LIST them a
+/// handful of times in 1.5 s, not every 100 ms (15 times: the poll this replaced). The watch is then dropped (a compaction:
+/// `410 Gone`) and watching again fails for a while (every GET of slices answers 500);
+/// once the API server answers, the move completes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn phase_two_follows_a_watch_and_a_dropped_watch_strands_nothing() {
+    let (n, agent) = split_node().await;
+    let (api, plugins, uuids) = (&n.api, &n.plugins, &n.uuids);
+    let watches = |api: &ApiServer| {
+        api.requests()
+            .iter()
+            .filter(|r| r.starts_with(&format!("GET {SLICES}?")) && r.contains("watch=true"))
+            .count()
+    };
+    let lists_before = plugins.state(GPU).unwrap().lists.len();
+    api.fail_requests(&["POST", "PUT", "DELETE"], SLICES);
+    let watching = watches(api);
+    api.set_label("tessera.io/config", Some("moved"));
+    // The publisher, failing, retries with backoff and does not watch meanwhile.
+    wait_for("phase 2 watching the slices", || watches(api) > watching).await;
+    let lists = slice_lists(api);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let polled = slice_lists(api) - lists;
+    assert!(
+        polled <= 8,
+        "the slices were LISTed {polled} times in 1.5 s: {:#?}",
+        api.requests()
+    );
+    assert!(!dp_ever_listed(plugins, lists_before - 1, &uuids[1]));
+
+    // The watch is dropped and cannot be had again for a while.
+    api.fail_requests(&["GET"], SLICES);
+    api.compact();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    api.stop_failing();
+    wait_dra(api, &["gpu-2"], Slices::Published).await;
+    wait_dp(plugins, uuids, &[0, 1]).await;
+    assert!(stalled_events(api).is_empty(), "{:?}", stalled_events(api));
+    agent.shutdown().await;
+}

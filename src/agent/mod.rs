@@ -281,6 +281,14 @@ struct Agent {
     move_stall_warn: Duration,
     /// Whether phase 2 of the current withdrawal waits long enough to warn.
     stall: withdraw::Stall,
+    /// When phase 2 looks at the API server next without being told to (the watch's
+    /// events make it look at once): the settle time's end, a retry, or the slow poll.
+    next_confirm: tokio::time::Instant,
+    /// The watch of this node's slices ([`withdraw::follow_slices`]) while a move is
+    /// pending: stopped with this token.
+    following: Option<CancellationToken>,
+    /// Where that watch says the slices may have changed.
+    slices_changed: mpsc::UnboundedSender<()>,
     /// Whether the last DRA view sent serves the kubelet.
     dra_serving: bool,
     /// The split the last build used (`assignment` with `withdrawing` on DRA).
@@ -329,6 +337,9 @@ impl Agent {
         if self.withdrawing.is_empty() {
             return;
         }
+        let now = tokio::time::Instant::now();
+        // Unless told otherwise below: the watch's next event, or the slow poll.
+        self.next_confirm = now + withdraw::MOVE_POLL;
         let (Some((client, node)), Some(config)) = (self.claims_api.clone(), self.current.clone())
         else {
             return;
@@ -353,6 +364,7 @@ impl Agent {
                 );
             }
             Err(e) => {
+                self.next_confirm = now + withdraw::MOVE_RETRY;
                 let all = self.withdrawing.clone();
                 return self.stalled(
                     &inventory,
@@ -361,15 +373,15 @@ impl Agent {
                 );
             }
         }
-        let since = *self
-            .clear_since
-            .get_or_insert_with(tokio::time::Instant::now);
+        let since = *self.clear_since.get_or_insert(now);
         if since.elapsed() < self.move_settle {
+            self.next_confirm = since + self.move_settle;
             return;
         }
         let allocated = match usage::list_allocated(client, &node, &inventory, timeout).await {
             Ok(a) => a,
             Err(e) => {
+                self.next_confirm = now + withdraw::MOVE_RETRY;
                 let all = self.withdrawing.clone();
                 return self.stalled(
                     &inventory,
@@ -384,7 +396,33 @@ impl Agent {
                 "a claim was allocated on a GPU while it left the DRA driver; it goes back to the driver");
         }
         if let Err(e) = self.apply_with(config, back, &done).await {
+            self.next_confirm = now + withdraw::MOVE_RETRY;
             warn!(error = %e, "cannot finish moving GPUs off the DRA driver; retrying");
+        }
+    }
+
+    /// Watch this node's slices while a move off the DRA driver is pending, and only then.
+    fn follow_slices_while_withdrawing(&mut self) {
+        match (&self.following, self.withdrawing.is_empty()) {
+            (None, false) => {
+                let Some((client, node)) = self.claims_api.clone() else {
+                    return;
+                };
+                let stop = CancellationToken::new();
+                tokio::spawn(withdraw::follow_slices(
+                    client,
+                    node,
+                    self.slices_changed.clone(),
+                    withdraw::MOVE_RETRY,
+                    stop.clone(),
+                ));
+                self.following = Some(stop);
+            }
+            (Some(stop), true) => {
+                stop.cancel();
+                self.following = None;
+            }
+            _ => {}
         }
     }
 
@@ -782,6 +820,8 @@ impl Agent {
         }
         if withdrawing != self.withdrawing {
             self.clear_since = None;
+            // Phase 2 of a new move starts at once.
+            self.next_confirm = tokio::time::Instant::now();
             if self.stall.warned() {
                 info!(gpus = ?withdrawing, "the stalled GPU move off the DRA driver went on");
             }
@@ -991,6 +1031,7 @@ pub async fn run_with(
         .filter(|_| owners.dra)
         .map(|_| OwnedDevices::new());
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+    let (slices_tx, mut slices_rx) = mpsc::unbounded_channel();
     let mut agent = Agent {
         backend: backend.clone(),
         opts: opts.clone(),
@@ -1018,6 +1059,9 @@ pub async fn run_with(
             .as_ref()
             .map_or(Duration::from_secs(10), |s| s.move_stall_warn),
         stall: withdraw::Stall::default(),
+        next_confirm: tokio::time::Instant::now(),
+        following: None,
+        slices_changed: slices_tx,
         dra_serving: false,
         built: None,
         split_record: dra_checkpoint_dir.as_deref().map(split_record::path_in),
@@ -1065,9 +1109,6 @@ pub async fn run_with(
         .collect();
     let mut retry = tokio::time::interval(Duration::from_secs(10));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Moves off the DRA driver are confirmed by polling the API server while one is due.
-    let mut withdrawal = tokio::time::interval(Duration::from_millis(100));
-    withdrawal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let (health_tx, mut health_rx) = mpsc::unbounded_channel();
     backend.watch_health(health_tx)?;
@@ -1091,6 +1132,9 @@ pub async fn run_with(
     // Set when the device-plugin or DRA task ends on its own (an error, or the end of it).
     let mut ended: Option<Result<(), Error>> = None;
     loop {
+        // Moves off the DRA driver follow the API server's slices with a watch while one
+        // is pending.
+        agent.follow_slices_while_withdrawing();
         tokio::select! {
             _ = cancel.cancelled() => break,
             Some(event) = health_rx.recv() => agent.on_health(event),
@@ -1111,7 +1155,13 @@ pub async fn run_with(
                 agent.recheck().await;
             }
             _ = retry.tick(), if !agent.blocked.is_empty() => agent.recheck().await,
-            _ = withdrawal.tick(), if !agent.withdrawing.is_empty() => agent.confirm_withdrawal().await,
+            Some(()) = slices_rx.recv() => {
+                while slices_rx.try_recv().is_ok() {}
+                agent.confirm_withdrawal().await;
+            }
+            _ = tokio::time::sleep_until(agent.next_confirm), if !agent.withdrawing.is_empty() => {
+                agent.confirm_withdrawal().await;
+            }
             Ok(()) = async { match label_rx.as_mut() {
                 Some(rx) => rx.changed().await,
                 None => std::future::pending().await,
@@ -1144,6 +1194,9 @@ pub async fn run_with(
                 break;
             }
         }
+    }
+    if let Some(stop) = agent.following.take() {
+        stop.cancel();
     }
     // Whichever way the loop ended, stop both paths and wait for them, so their sockets
     // are withdrawn before the agent returns.
