@@ -429,7 +429,7 @@ impl Agent {
     /// Phase 2 could not finish for `gpus` because of `reason`: once it has waited
     /// `move_stall_warn`, warn naming each GPU and the reason (then at most once per that
     /// interval), record one `GpuMoveStalled` Event per GPU and wait, and set the gauge.
-    /// Nothing else changes: the next poll retries.
+    /// Nothing else changes: the next look (watch event, retry or poll) retries.
     fn stalled(&mut self, inventory: &Inventory, gpus: &BTreeSet<String>, reason: &str) {
         let Some(waited) = self
             .stall
