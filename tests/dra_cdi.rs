@@ -16,6 +16,7 @@ use tessera::dra::checkpoint::Store;
 use tessera::dra::node::NodePreparer;
 use tessera::dra::owned::OwnedDevices;
 use tessera::dra::plugin::{ClaimPreparer, ClaimRef};
+use tessera::dra::status_queue::StatusWriter;
 use tessera::gpu::fake::FakeBackend;
 use tessera::gpu::GpuBackend;
 
@@ -162,6 +163,7 @@ async fn dra_claim_specs_are_valid_with_their_minimum_version() {
             cdi_root: tmp.path().join("cdi"),
             settings,
             boot_id: "boot-1".into(),
+            status: StatusWriter::new(api.client(), "node-a"),
         };
         let refs: Vec<ClaimRef> = claims
             .iter()
@@ -318,6 +320,7 @@ async fn device_nodes_get_host_paths_under_the_driver_root() {
         cdi_root: tmp.path().join("cdi"),
         settings: settings.clone(),
         boot_id: "boot-1".into(),
+        status: StatusWriter::new(api.client(), "node-a"),
     };
     let refs: Vec<ClaimRef> = claims
         .iter()

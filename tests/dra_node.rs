@@ -737,3 +737,44 @@ fn path_flags_are_checked_before_anything_starts() {
         assert!(!err.contains("panicked"), "{flags:?}: {err}");
     }
 }
+
+/// `status.devices` is written after NodePrepareResources answered; a graceful stop
+/// (SIGTERM) flushes what is still queued before the agent returns. Here the status PUT
+/// fails when the claim is prepared, so its write is retrying when the stop comes; the
+/// API server answers again 300 ms into the shutdown and the agent returns only after the
+/// Ready entry is stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_graceful_stop_flushes_queued_status_writes() {
+    let api = ApiServer::start(NODE).await;
+    let tmp = tempfile::tempdir().unwrap();
+    let dirs = NodeDirs::under(tmp.path());
+    let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
+    let gpus = Arc::new(FakeBackend::from_spec("1xL4").unwrap());
+    let c = allocate(&api, "train", &[result("gpu-0")]);
+    let agent = DraAgentBuilder::new(&dirs, gpus).start(&api);
+    kubelet.wait_registered(DRIVER, 1, WAIT).await;
+    api.fail_requests(&["PUT"], &format!("{CLAIMS}/train/status"));
+    let out = kubelet
+        .prepare(DRIVER, std::slice::from_ref(&c))
+        .await
+        .unwrap();
+    assert!(out[&c.uid].is_ok(), "{out:?}");
+    let status = |api: &ApiServer| {
+        api.objects(CLAIMS)
+            .into_iter()
+            .find(|o| o["metadata"]["name"] == "train")
+            .and_then(|o| o["status"]["devices"].as_array().cloned())
+            .unwrap_or_default()
+    };
+    assert!(status(&api).is_empty(), "written before the answer");
+    let api2 = api.clone();
+    let recover = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        api2.stop_failing();
+    });
+    agent.shutdown().await;
+    recover.await.unwrap();
+    let devices = status(&api);
+    assert_eq!(devices.len(), 1, "{devices:?}");
+    assert_eq!(devices[0]["conditions"][0]["reason"], "Prepared");
+}

@@ -14,6 +14,7 @@ use tessera::dra::checkpoint::{Phase, Store};
 use tessera::dra::node::NodePreparer;
 use tessera::dra::owned::{GpuSplit, OwnedDevices};
 use tessera::dra::plugin::{ClaimPreparer, ClaimRef};
+use tessera::dra::status_queue::StatusWriter;
 use tessera::gpu::fake::FakeBackend;
 use tessera::gpu::GpuBackend;
 
@@ -183,6 +184,7 @@ fn preparer(
         // Every device of every GPU: these tests are about preparing, not the split.
         owned: OwnedDevices::every_device_of(&backend.inventory().unwrap()),
         backend,
+        status: StatusWriter::new(api.client(), "node-a"),
     }
 }
 
@@ -249,7 +251,14 @@ async fn crash_between_steps_is_rolled_back_and_reboot_reprepares() {
     assert!(loaded.data.claims.is_empty());
 }
 
-fn status_devices(api: &ApiServer, name: &str) -> Vec<serde_json::Value> {
+/// `status.devices` of claim `name` once `p`'s queued status writes are done (they are
+/// written after the kubelet's answer).
+async fn status_devices(p: &NodePreparer, api: &ApiServer, name: &str) -> Vec<serde_json::Value> {
+    assert_eq!(p.status.flush(std::time::Duration::from_secs(10)).await, 0);
+    stored_status_devices(api, name)
+}
+
+fn stored_status_devices(api: &ApiServer, name: &str) -> Vec<serde_json::Value> {
     api.objects(CLAIMS)
         .into_iter()
         .find(|o| o["metadata"]["name"] == name)
@@ -294,12 +303,12 @@ async fn claim_status_devices_are_reported_kept_for_others_and_cleared() {
         uid: "uid-s".into(),
     };
     p.prepare(vec![c.clone()]).await["uid-s"].as_ref().unwrap();
+    let devices = status_devices(&p, &api, "mixed").await;
     assert!(
         api.requests().iter().any(|r| r
             .starts_with("PUT /apis/resource.k8s.io/v1/namespaces/ml/resourceclaims/mixed/status")),
         "written through the status subresource"
     );
-    let devices = status_devices(&api, "mixed");
     assert_eq!(devices.len(), 3, "{devices:#?}");
     assert_eq!(devices[0], nic_status, "the other driver's entry is kept");
     let mig = &devices[1];
@@ -323,7 +332,7 @@ async fn claim_status_devices_are_reported_kept_for_others_and_cleared() {
 
     // Unprepare withdraws only ours.
     p.unprepare(vec![c]).await["uid-s"].as_ref().unwrap();
-    assert_eq!(status_devices(&api, "mixed"), vec![nic_status]);
+    assert_eq!(status_devices(&p, &api, "mixed").await, vec![nic_status]);
 }
 
 #[tokio::test]
@@ -346,7 +355,7 @@ async fn failed_prepare_reports_ready_false_and_gate_off_is_survived() {
     };
     let out = p.prepare(vec![refs("bad", "uid-b")]).await;
     let err = out["uid-b"].as_ref().unwrap_err();
-    let devices = status_devices(&api, "bad");
+    let devices = status_devices(&p, &api, "bad").await;
     assert_eq!(devices.len(), 1);
     assert_eq!(ready(&devices[0]), ("False", "PrepareFailed"));
     assert_eq!(devices[0]["conditions"][0]["message"], err.as_str());
@@ -362,7 +371,7 @@ async fn failed_prepare_reports_ready_false_and_gate_off_is_survived() {
     api.drop_field("status.devices");
     let out = p.prepare(vec![refs("fine", "uid-f")]).await;
     assert_eq!(out["uid-f"].as_ref().unwrap().len(), 1);
-    assert!(status_devices(&api, "fine").is_empty());
+    assert!(status_devices(&p, &api, "fine").await.is_empty());
 }
 
 fn time_sliced(
@@ -423,7 +432,7 @@ async fn time_slicing_is_applied_recorded_checked_and_restored() {
         (gpus[0].uuid.as_str(), TimeSlice::Short)
     );
     assert_eq!(
-        status_devices(&api, "shared")[0]["data"]["timeSlice"],
+        status_devices(&p, &api, "shared").await[0]["data"]["timeSlice"],
         "Short"
     );
 
@@ -452,7 +461,7 @@ async fn time_slicing_is_applied_recorded_checked_and_restored() {
     assert!(!p.checkpoint.read().unwrap().claims.contains_key("uid-x"));
     assert!(!tmp.path().join("cdi/tessera.io-claim-uid-x.json").exists());
     assert_eq!(
-        ready(&status_devices(&api, "typo")[0]),
+        ready(&status_devices(&p, &api, "typo").await[0]),
         ("False", "PrepareFailed")
     );
 
@@ -523,13 +532,13 @@ async fn status_write_retries_conflicts_and_keeps_concurrent_writes() {
         uid: "uid-c".into(),
     };
     p.prepare(vec![c]).await["uid-c"].as_ref().unwrap();
+    let devices = status_devices(&p, &api, "busy").await;
     let puts = api
         .requests()
         .iter()
         .filter(|r| r.starts_with("PUT ") && r.contains("/busy/status"))
         .count();
     assert_eq!(puts, 3, "two conflicts, then success");
-    let devices = status_devices(&api, "busy");
     assert_eq!(devices.len(), 2, "{devices:#?}");
     assert_eq!(devices[0], nic, "the concurrent entry survived the retry");
     assert_eq!(ready(&devices[1]), ("True", "Prepared"));
@@ -1003,4 +1012,108 @@ async fn a_torn_or_corrupt_log_record_is_recovered_from_at_start() {
 
 fn restarted_read_error(state: &std::path::Path) -> String {
     Store::new(state).read().unwrap_err().to_string()
+}
+
+fn status_puts(api: &ApiServer, name: &str) -> usize {
+    api.requests()
+        .iter()
+        .filter(|r| r.starts_with("PUT ") && r.contains(&format!("/{name}/status")))
+        .count()
+}
+
+/// `status.devices` is written after the kubelet's answer, per claim in order: an
+/// unprepare right after the prepare (its Ready write still queued, or in flight) ends
+/// with the entries cleared, never with a Ready that landed after the clearing. With the
+/// API server failing the status PUTs the Ready write is retrying with backoff when the
+/// unprepare comes: the clear replaces it, and once the API server answers only the
+/// clear is written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_writes_follow_the_answer_in_order_per_claim() {
+    let api = ApiServer::empty().await;
+    let nic = json!({"driver": "nic.example.com", "pool": "node-a", "device": "eth1"});
+    for (name, uid) in [("quick", "uid-q"), ("flaky", "uid-f")] {
+        let mut object = claim(name, uid, json!([r("gpu-0")]));
+        object["status"]["devices"] = json!([nic]);
+        api.put_object(CLAIMS, object);
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("1xL4").unwrap());
+    let p = preparer(&api, backend, tmp.path(), "boot-1");
+    let c = |name: &str, uid: &str| ClaimRef {
+        namespace: "ml".into(),
+        name: name.into(),
+        uid: uid.into(),
+    };
+
+    // Prepare, then unprepare at once, ten times over.
+    for _ in 0..10 {
+        p.prepare(vec![c("quick", "uid-q")]).await["uid-q"]
+            .as_ref()
+            .unwrap();
+        p.unprepare(vec![c("quick", "uid-q")]).await["uid-q"]
+            .as_ref()
+            .unwrap();
+        assert_eq!(status_devices(&p, &api, "quick").await, vec![nic.clone()]);
+    }
+
+    // The Ready write fails and is being retried when the unprepare comes.
+    api.fail_requests(&["PUT"], &format!("{CLAIMS}/flaky/status"));
+    p.prepare(vec![c("flaky", "uid-f")]).await["uid-f"]
+        .as_ref()
+        .unwrap();
+    let start = std::time::Instant::now();
+    while status_puts(&api, "flaky") < 2 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "no retry"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert_eq!(stored_status_devices(&api, "flaky"), vec![nic.clone()]);
+    let unprepared = {
+        let p = p.clone();
+        tokio::spawn(async move { p.unprepare(vec![c("flaky", "uid-f")]).await })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    api.stop_failing();
+    unprepared.await.unwrap()["uid-f"].as_ref().unwrap();
+    assert_eq!(status_devices(&p, &api, "flaky").await, vec![nic.clone()]);
+    // Nothing lands later (the replaced Ready is never written).
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(stored_status_devices(&api, "flaky"), vec![nic]);
+}
+
+/// A status write the API server fails is retried with backoff until it lands; the
+/// prepare was answered before it (and is not failed by it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_status_write_is_retried_after_the_answer() {
+    let api = ApiServer::empty().await;
+    api.put_object(CLAIMS, claim("late", "uid-l", json!([r("gpu-0")])));
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("1xL4").unwrap());
+    let p = preparer(&api, backend, tmp.path(), "boot-1");
+    api.fail_requests(&["PUT"], &format!("{CLAIMS}/late/status"));
+    let out = p
+        .prepare(vec![ClaimRef {
+            namespace: "ml".into(),
+            name: "late".into(),
+            uid: "uid-l".into(),
+        }])
+        .await;
+    assert_eq!(out["uid-l"].as_ref().unwrap().len(), 1);
+    assert_eq!(p.status.pending(), 1, "the write is queued, not done");
+    let start = std::time::Instant::now();
+    while status_puts(&api, "late") < 3 {
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(10),
+            "no retries"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+    }
+    assert!(stored_status_devices(&api, "late").is_empty());
+    api.stop_failing();
+    let devices = status_devices(&p, &api, "late").await;
+    assert_eq!(devices.len(), 1, "{devices:#?}");
+    assert_eq!(ready(&devices[0]), ("True", "Prepared"));
+    assert_eq!(p.status.pending(), 0);
 }

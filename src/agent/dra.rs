@@ -57,6 +57,7 @@ use crate::dra::owned::OwnedDevices;
 use crate::dra::publish::Publisher;
 use crate::dra::registration::RetryPolicy;
 use crate::dra::slices::{apply_taints, build_slices, CounterLayout, SliceOptions, DRIVER};
+use crate::dra::status_queue::StatusWriter;
 use crate::gpu::health::HealthPolicy;
 use crate::gpu::{GpuBackend, Inventory};
 use crate::partition::layout::NodePlan;
@@ -68,6 +69,9 @@ pub enum Error {
     #[error("DRA driver task failed: {0}")]
     Task(String),
 }
+
+/// How long a stopping driver waits for its queued `status.devices` writes.
+pub const STATUS_FLUSH: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Settings of the DRA path (from flags).
 #[derive(Clone)]
@@ -137,7 +141,9 @@ pub async fn run(
         settings: settings.allocate.clone(),
         boot_id: settings.boot_id.clone(),
         owned: owned.clone(),
+        status: StatusWriter::new(settings.client.clone(), &settings.node_name),
     });
+    let status_writes = preparer.status.clone();
     let recovering = preparer.clone();
     let recovered = tokio::task::spawn_blocking(move || {
         let loaded = recovering.recover()?;
@@ -201,6 +207,16 @@ pub async fn run(
     // The publisher and the health watch too, whichever side ended first.
     cancel.cancel();
     let _ = watcher.await;
+    // The kubelet is no longer served: write the status.devices still queued.
+    let queued = status_writes.pending();
+    if queued > 0 {
+        match status_writes.flush(STATUS_FLUSH).await {
+            0 => info!(claims = queued, "queued status.devices writes flushed"),
+            left => {
+                warn!(claims = left, budget = ?STATUS_FLUSH, "status.devices writes not flushed in the shutdown budget; those claims' status is out of date")
+            }
+        }
+    }
     match served {
         Ok(r) => r.map_err(Error::from),
         Err(e) => Err(Error::Task(e.to_string())),

@@ -22,9 +22,10 @@
 //! A GPU leaving the DRA driver moves in two phases ([`withdraw`]): the driver stops
 //! publishing it, and only once the API server's slices no longer name it and no claim
 //! slipped onto it does the device plugin list it; a claim that did rolls the move back.
-//! At start the split an earlier run left is inferred from what survives (slices,
-//! allocated claims, the checkpoints), so a config changed while the agent was down moves
-//! GPUs the same way; a phase 2 that waits long is reported (`GpuMoveStalled`).
+//! The split put in force is recorded on disk ([`split_record`]) before it is
+//! advertised; at start the record says which GPUs the driver had (without a readable
+//! record the split is inferred from what survives: slices, allocated claims, the
+//! checkpoints), so a config changed while the agent was down moves GPUs the same way; a phase 2 that waits long is reported (`GpuMoveStalled`).
 //! With `--dra=auto` the DRA path serves the kubelet only while it owns a GPU
 //! ([`dra::DraView::active`]).
 //!
@@ -52,6 +53,7 @@ use tracing::{error, info, warn};
 pub mod cluster;
 pub mod dra;
 pub mod ownership;
+pub mod split_record;
 pub mod usage;
 pub mod withdraw;
 
@@ -279,10 +281,22 @@ struct Agent {
     move_stall_warn: Duration,
     /// Whether phase 2 of the current withdrawal waits long enough to warn.
     stall: withdraw::Stall,
+    /// When phase 2 looks at the API server next without being told to (the watch's
+    /// events make it look at once): the settle time's end, a retry, or the slow poll.
+    next_confirm: tokio::time::Instant,
+    /// The watch of this node's slices ([`withdraw::follow_slices`]) while a move is
+    /// pending: stopped with this token.
+    following: Option<CancellationToken>,
+    /// Where that watch says the slices may have changed.
+    slices_changed: mpsc::UnboundedSender<()>,
     /// Whether the last DRA view sent serves the kubelet.
     dra_serving: bool,
     /// The split the last build used (`assignment` with `withdrawing` on DRA).
     built: Option<Assignment>,
+    /// Where the split in force is recorded ([`split_record`]; DRA on).
+    split_record: Option<PathBuf>,
+    /// What that file holds (as this process last wrote it).
+    recorded: Option<split_record::Recorded>,
 }
 
 impl Agent {
@@ -323,6 +337,9 @@ impl Agent {
         if self.withdrawing.is_empty() {
             return;
         }
+        let now = tokio::time::Instant::now();
+        // Unless told otherwise below: the watch's next event, or the slow poll.
+        self.next_confirm = now + withdraw::MOVE_POLL;
         let (Some((client, node)), Some(config)) = (self.claims_api.clone(), self.current.clone())
         else {
             return;
@@ -347,6 +364,7 @@ impl Agent {
                 );
             }
             Err(e) => {
+                self.next_confirm = now + withdraw::MOVE_RETRY;
                 let all = self.withdrawing.clone();
                 return self.stalled(
                     &inventory,
@@ -355,15 +373,15 @@ impl Agent {
                 );
             }
         }
-        let since = *self
-            .clear_since
-            .get_or_insert_with(tokio::time::Instant::now);
+        let since = *self.clear_since.get_or_insert(now);
         if since.elapsed() < self.move_settle {
+            self.next_confirm = since + self.move_settle;
             return;
         }
         let allocated = match usage::list_allocated(client, &node, &inventory, timeout).await {
             Ok(a) => a,
             Err(e) => {
+                self.next_confirm = now + withdraw::MOVE_RETRY;
                 let all = self.withdrawing.clone();
                 return self.stalled(
                     &inventory,
@@ -378,14 +396,40 @@ impl Agent {
                 "a claim was allocated on a GPU while it left the DRA driver; it goes back to the driver");
         }
         if let Err(e) = self.apply_with(config, back, &done).await {
+            self.next_confirm = now + withdraw::MOVE_RETRY;
             warn!(error = %e, "cannot finish moving GPUs off the DRA driver; retrying");
+        }
+    }
+
+    /// Watch this node's slices while a move off the DRA driver is pending, and only then.
+    fn follow_slices_while_withdrawing(&mut self) {
+        match (&self.following, self.withdrawing.is_empty()) {
+            (None, false) => {
+                let Some((client, node)) = self.claims_api.clone() else {
+                    return;
+                };
+                let stop = CancellationToken::new();
+                tokio::spawn(withdraw::follow_slices(
+                    client,
+                    node,
+                    self.slices_changed.clone(),
+                    withdraw::MOVE_RETRY,
+                    stop.clone(),
+                ));
+                self.following = Some(stop);
+            }
+            (Some(stop), true) => {
+                stop.cancel();
+                self.following = None;
+            }
+            _ => {}
         }
     }
 
     /// Phase 2 could not finish for `gpus` because of `reason`: once it has waited
     /// `move_stall_warn`, warn naming each GPU and the reason (then at most once per that
     /// interval), record one `GpuMoveStalled` Event per GPU and wait, and set the gauge.
-    /// Nothing else changes: the next poll retries.
+    /// Nothing else changes: the next look (watch event, retry or poll) retries.
     fn stalled(&mut self, inventory: &Inventory, gpus: &BTreeSet<String>, reason: &str) {
         let Some(waited) = self
             .stall
@@ -469,6 +513,9 @@ impl Agent {
         if to_device_plugin.is_empty() || !assignment.device_plugin {
             return (BTreeSet::new(), None);
         }
+        if let Some(gpus) = self.recorded_split(before, holders) {
+            return (gpus, None);
+        }
         // Both paths wait for this answer at start: bounded tighter than later LISTs.
         let found = withdraw::inherited(client.clone(), node, before, Duration::from_secs(2)).await;
         // What the kubelet records as the device plugin's was not the driver's.
@@ -495,6 +542,82 @@ impl Agent {
             info!(gpus = ?moving, "GPUs the DRA driver may have had before this start go to the device plugin: they move in two phases");
         }
         (gpus, Some(found.allocated))
+    }
+
+    /// At start: the GPUs the DRA driver had before, from the split record
+    /// ([`split_record`]) plus the GPUs the DRA checkpoint's claims hold. `None` (with a
+    /// log line saying why) when there is no record, it cannot be read, or it does not
+    /// cover every GPU of the node: the caller then infers the split.
+    fn recorded_split(
+        &self,
+        before: &Inventory,
+        holders: &ownership::Holders,
+    ) -> Option<BTreeSet<String>> {
+        let path = self.split_record.as_ref()?;
+        let inferring = "inferring the split before this start from the DRA checkpoint, this \
+                         node's ResourceSlices, the claims allocated on it and the kubelet's \
+                         device checkpoint";
+        let record = match split_record::read(path) {
+            Ok(r) => r,
+            Err(e @ split_record::ReadError::Missing { .. }) => {
+                info!(reason = %e, "{inferring}");
+                return None;
+            }
+            Err(e) => {
+                warn!(error = %e, "{inferring}");
+                return None;
+            }
+        };
+        let Some(mut gpus) = record.previous_dra(before.gpus.iter().map(|g| &g.uuid)) else {
+            warn!(path = %path.display(), "the split record does not name every GPU of this node (one was added or replaced); {inferring}");
+            return None;
+        };
+        info!(path = %path.display(), dra = ?record.dra, withdrawing = ?record.withdrawing,
+              config = %record.config,
+              "the split before this start is recorded: GPUs the DRA driver had that now go to the device plugin move in two phases, the others go at once");
+        gpus.extend(holders.dra.keys().cloned());
+        Some(gpus)
+    }
+
+    /// Record the split about to be put in force (`staged`: the DRA driver's GPUs with
+    /// the withdrawing ones; written before anything is advertised for it). When the
+    /// record cannot be written it is removed, so the next start infers the split rather
+    /// than trust an old one.
+    fn record_split(
+        &mut self,
+        inventory: &Inventory,
+        config: &NodeConfig,
+        staged: &Assignment,
+        withdrawing: &BTreeSet<String>,
+    ) {
+        let Some(path) = &self.split_record else {
+            return;
+        };
+        let dra = staged.dra_uuids(inventory);
+        let record = split_record::Recorded {
+            device_plugin: inventory
+                .gpus
+                .iter()
+                .map(|g| g.uuid.clone())
+                .filter(|u| !dra.contains(u))
+                .collect(),
+            withdrawing: withdrawing.intersection(&dra).cloned().collect(),
+            dra,
+            config: config.name.clone(),
+        };
+        if self.recorded.as_ref() == Some(&record) {
+            return;
+        }
+        match split_record::write(path, &record) {
+            Ok(()) => self.recorded = Some(record),
+            Err(e) => {
+                warn!(error = %e, "the split is not recorded; the next start infers it");
+                self.recorded = None;
+                if let Err(e) = split_record::remove(path) {
+                    error!(error = %e, path = %path.display(), "cannot remove the outdated split record: the next start may take it for the split in force");
+                }
+            }
+        }
     }
 
     async fn apply(&mut self, config: NodeConfig) -> Result<bool> {
@@ -643,6 +766,7 @@ impl Agent {
                 return Err(e);
             }
         };
+        self.record_split(&before, &config, &staged, &withdrawing);
         for gpu in &before.gpus {
             let (old, new) = (
                 self.assignment.as_ref().map(|a| a.owner(gpu)),
@@ -696,6 +820,8 @@ impl Agent {
         }
         if withdrawing != self.withdrawing {
             self.clear_since = None;
+            // Phase 2 of a new move starts at once.
+            self.next_confirm = tokio::time::Instant::now();
             if self.stall.warned() {
                 info!(gpus = ?withdrawing, "the stalled GPU move off the DRA driver went on");
             }
@@ -905,6 +1031,7 @@ pub async fn run_with(
         .filter(|_| owners.dra)
         .map(|_| OwnedDevices::new());
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+    let (slices_tx, mut slices_rx) = mpsc::unbounded_channel();
     let mut agent = Agent {
         backend: backend.clone(),
         opts: opts.clone(),
@@ -932,8 +1059,13 @@ pub async fn run_with(
             .as_ref()
             .map_or(Duration::from_secs(10), |s| s.move_stall_warn),
         stall: withdraw::Stall::default(),
+        next_confirm: tokio::time::Instant::now(),
+        following: None,
+        slices_changed: slices_tx,
         dra_serving: false,
         built: None,
+        split_record: dra_checkpoint_dir.as_deref().map(split_record::path_in),
+        recorded: None,
     };
     // The first config decides which GPUs the DRA driver owns (the split reads the DRA
     // checkpoint, not the driver, so this comes first; it takes milliseconds).
@@ -977,9 +1109,6 @@ pub async fn run_with(
         .collect();
     let mut retry = tokio::time::interval(Duration::from_secs(10));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    // Moves off the DRA driver are confirmed by polling the API server while one is due.
-    let mut withdrawal = tokio::time::interval(Duration::from_millis(100));
-    withdrawal.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let (health_tx, mut health_rx) = mpsc::unbounded_channel();
     backend.watch_health(health_tx)?;
@@ -1003,6 +1132,9 @@ pub async fn run_with(
     // Set when the device-plugin or DRA task ends on its own (an error, or the end of it).
     let mut ended: Option<Result<(), Error>> = None;
     loop {
+        // Moves off the DRA driver follow the API server's slices with a watch while one
+        // is pending.
+        agent.follow_slices_while_withdrawing();
         tokio::select! {
             _ = cancel.cancelled() => break,
             Some(event) = health_rx.recv() => agent.on_health(event),
@@ -1023,7 +1155,13 @@ pub async fn run_with(
                 agent.recheck().await;
             }
             _ = retry.tick(), if !agent.blocked.is_empty() => agent.recheck().await,
-            _ = withdrawal.tick(), if !agent.withdrawing.is_empty() => agent.confirm_withdrawal().await,
+            Some(()) = slices_rx.recv() => {
+                while slices_rx.try_recv().is_ok() {}
+                agent.confirm_withdrawal().await;
+            }
+            _ = tokio::time::sleep_until(agent.next_confirm), if !agent.withdrawing.is_empty() => {
+                agent.confirm_withdrawal().await;
+            }
             Ok(()) = async { match label_rx.as_mut() {
                 Some(rx) => rx.changed().await,
                 None => std::future::pending().await,
@@ -1056,6 +1194,9 @@ pub async fn run_with(
                 break;
             }
         }
+    }
+    if let Some(stop) = agent.following.take() {
+        stop.cancel();
     }
     // Whichever way the loop ended, stop both paths and wait for them, so their sockets
     // are withdrawn before the agent returns.

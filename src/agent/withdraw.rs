@@ -21,14 +21,20 @@
 //! server is the one window left). When the last GPU leaves a driver in `--dra=auto`, the
 //! driver keeps serving through phase 2 and withdraws from the kubelet only after it.
 //!
-//! At start the agent does not know the split an earlier run left, so it reads what
-//! survives of it ([`inherited`]): the GPUs this node's stored slices name and the GPUs
+//! At start the agent reads the split an earlier run recorded
+//! ([`super::split_record`]); without a readable record it infers what survives of it
+//! ([`inherited`]): the GPUs this node's stored slices name and the GPUs
 //! claims of this node's pool are allocated on (the DRA checkpoint's claims already hold
 //! their GPUs). A GPU among them that the config now gives to the device plugin moves in
 //! the same two phases (or stays with the driver while a claim holds it). When the API
 //! server cannot say (a LIST fails), every GPU the config gives to the device plugin is
 //! treated as possibly the driver's: it waits in phase 2, on neither path, until the API
 //! server answers.
+//!
+//! Phase 2 follows the API server's slices with a WATCH ([`follow_slices`], running while
+//! a move is pending): each change of this node's slices makes the agent look again; a
+//! slow poll ([`MOVE_POLL`]) covers a watch that is down, and a timer the end of
+//! `move_settle`.
 //!
 //! Phase 2 can wait for long: a publisher that cannot write leaves the old slices in
 //! place, a LIST fails. [`Stall`] says when to warn (after `move_stall_warn`, then at most
@@ -174,6 +180,88 @@ impl Stall {
         self.warned.is_some()
     }
 }
+
+/// Follow this node's slices of the driver on the API server until `cancel` (or the
+/// receiver is gone): send `()` on `changed` after each LIST that (re)starts the WATCH and
+/// on each of its events, so phase 2 looks again exactly when the slices may have
+/// dropped a GPU instead of polling. A watch that ends (server timeout, `410 Gone` after
+/// a compaction, a dropped connection) is started again from a fresh LIST; a failed LIST
+/// or WATCH is retried after `retry`, doubling to 8 × `retry`. The agent keeps a slow
+/// poll besides ([`MOVE_POLL`]), so a watch that cannot be had strands nothing.
+pub async fn follow_slices(
+    client: kube::Client,
+    node: String,
+    changed: tokio::sync::mpsc::UnboundedSender<()>,
+    retry: Duration,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    use futures::TryStreamExt;
+    use kube::api::{ListParams, WatchEvent, WatchParams};
+    let api: kube::Api<ResourceSlice> = kube::Api::all(client);
+    let fields = format!("spec.nodeName={node},spec.driver={DRIVER}");
+    let mut backoff = retry;
+    let follow = async {
+        loop {
+            let version = match api.list(&ListParams::default().fields(&fields)).await {
+                Ok(list) => list.metadata.resource_version.unwrap_or_default(),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot list ResourceSlices to watch them; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(retry * 8);
+                    continue;
+                }
+            };
+            if changed.send(()).is_err() {
+                return;
+            }
+            let wp = WatchParams::default().fields(&fields).timeout(290);
+            let mut stream = match api.watch(&wp, &version).await {
+                Ok(s) => Box::pin(s),
+                Err(e) => {
+                    tracing::debug!(error = %e, "cannot watch ResourceSlices; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(retry * 8);
+                    continue;
+                }
+            };
+            backoff = retry;
+            loop {
+                match stream.try_next().await {
+                    Ok(Some(
+                        WatchEvent::Added(_) | WatchEvent::Modified(_) | WatchEvent::Deleted(_),
+                    )) => {
+                        if changed.send(()).is_err() {
+                            return;
+                        }
+                    }
+                    Ok(Some(WatchEvent::Bookmark(_))) => {}
+                    // 410 Gone (compacted) or another error: LIST and watch again.
+                    Ok(Some(WatchEvent::Error(e))) => {
+                        tracing::debug!(error = %e, "the ResourceSlice watch ended; watching again");
+                        break;
+                    }
+                    Ok(None) => break,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "the ResourceSlice watch failed; watching again");
+                        tokio::time::sleep(backoff).await;
+                        break;
+                    }
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = cancel.cancelled() => {}
+        () = follow => {}
+    }
+}
+
+/// How often phase 2 looks at the API server when nothing told it to (the watch of
+/// [`follow_slices`] is down or missed a change).
+pub const MOVE_POLL: Duration = Duration::from_secs(2);
+
+/// How soon phase 2 tries again after the API server failed to answer.
+pub const MOVE_RETRY: Duration = Duration::from_millis(500);
 
 /// [`published_gpus`] of this node's stored slices (one LIST with a field selector,
 /// bounded by `timeout`).

@@ -5,6 +5,7 @@
 //! - [`prepare`]: NodePrepareResources as a pure plan (devices, MIG instances, CDI spec);
 //! - [`sharing`]: the claims' opaque config (time-slicing), parsed strictly (pure);
 //! - [`status`]: the claims' `status.devices` entries (pure);
+//! - [`status_queue`]: writing them after the kubelet's answer, per claim in order;
 //! - [`health`]: GPU health as the `DRAResourceHealth` stream and device taints;
 //! - [`checkpoint`]: the crash-safe record of prepared claims;
 //! - [`owned`]: the GPUs and devices the driver owns now; claims outside them are refused;
@@ -25,3 +26,4 @@ pub mod registration;
 pub mod sharing;
 pub mod slices;
 pub mod status;
+pub mod status_queue;

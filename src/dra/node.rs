@@ -12,16 +12,20 @@
 //!   ─▶ time-slice clash? ─▶ checkpoint: Started (a log record, written, not synced)
 //!   ─▶ set time-slices, create MIG instances (+ their gi/ci access nodes) ─▶ accounting dir
 //!   ─▶ write the claim's CDI spec ─▶ Completed in memory ─▶ release the work lock
-//!   ─▶ checkpoint: Completed (a log record + fdatasync; one for all concurrent requests)
-//!   ─▶ PUT status.devices (Ready=True, or Ready=False with the error on any failure)
+//!   ─▶ checkpoint: Completed (a log record, written; one for all concurrent requests)
+//!   ─▶ answer the kubelet; status.devices (Ready=True, or Ready=False with the error on
+//!      any failure) queued, written in the background ([`super::status_queue`])
 //! unprepare(claim) ── remove CDI spec ─▶ destroy its MIG instances ─▶ default time-slice
 //!   if no other claim time-slices the GPU ─▶ drop from checkpoint ─▶ clear status.devices
+//!   (queued behind the claim's earlier status write; waited for, at most 2 s)
 //! ```
 //!
 //! `status.devices` is written through the claim's `status` subresource with the claim's
 //! resourceVersion (re-read and retried on a conflict), replacing only this driver's
-//! entries for this node (see [`super::status`]); a failure to write it is logged and does
-//! not fail the prepare.
+//! entries for this node (see [`super::status`]), after the kubelet got its answer: per
+//! claim in order, so an unprepare's clearing is never overwritten by the prepare's
+//! Ready ([`super::status_queue`]); a failure is logged and retried with backoff, and
+//! never fails the prepare.
 //!
 //! The admission holds the claim's GPUs (the agent does not hand them to the device plugin)
 //! until the claim's checkpoint record is written, which holds them from then on. A claim
@@ -36,8 +40,9 @@
 //! destroyed, so a `Started` record lost to a power loss leaves nothing behind.
 //!
 //! Concurrency and cost: an already prepared claim is answered from the checkpoint's
-//! in-memory copy before the GET. The claim GET and the status write run on the async
-//! runtime, so concurrent requests overlap their API round trips; the rest runs in one
+//! in-memory copy before the GET. The claim GET runs on the async runtime (the status
+//! write after the answer, in the background), so concurrent requests overlap their API
+//! round trips; the rest runs in one
 //! hop to the blocking pool (`spawn_blocking`): a checkpoint [`Session`] (file lock,
 //! in-memory copy), one request per claim at a time, the plan, the `Started` record and
 //! the side effects under an in-process work lock (MIG layouts are read-modify-write),
@@ -51,9 +56,9 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Instant;
 
-use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
+use k8s_openapi::api::resource::v1::ResourceClaim;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use kube::Client;
 use tracing::{debug, info, instrument, warn};
 
@@ -64,13 +69,15 @@ use super::owned::{Admission, OwnedDevices};
 use super::plugin::{ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 use super::prepare::{cdi_device_name, devices_here, plan_claim, ClaimPlan};
 use super::status;
+use super::status_queue::{StatusOp, StatusWriter};
 use crate::cdi;
 use crate::cdi::migcaps::{MigCaps, MigCapsPaths};
 use crate::deviceplugin::allocate::AllocateSettings;
 use crate::gpu::{GpuBackend, Inventory, TimeSlice};
 
-/// Tries of the read-modify-write of a claim's status before giving up.
-const STATUS_ATTEMPTS: usize = 5;
+/// How long an unprepare waits for its clearing of `status.devices` (queued behind the
+/// claim's earlier status write) before answering anyway; the write goes on after.
+const UNPREPARE_STATUS_WAIT: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Prepares claims on this node. Cheap to clone (the blocking part runs on a clone).
 #[derive(Clone)]
@@ -84,6 +91,9 @@ pub struct NodePreparer {
     pub boot_id: String,
     /// The GPUs and devices the driver owns now: claims outside them are refused.
     pub owned: OwnedDevices,
+    /// Writes `status.devices` after the answer (`StatusWriter::new(client, node)`);
+    /// flush it at shutdown.
+    pub status: StatusWriter,
 }
 
 impl NodePreparer {
@@ -131,8 +141,8 @@ impl NodePreparer {
         match outcome {
             Ok(Locked::Done(record)) => Ok(answer(&record)),
             Ok(Locked::Prepared(record, report)) => {
-                self.write_status(c, claim, &status::Outcome::Prepared(report))
-                    .await;
+                // Queued: written after the kubelet got its answer.
+                self.report_status(c, claim, status::Outcome::Prepared(report));
                 steps.mark("status");
                 steps.log(c);
                 info!(claim = %format!("{}/{}", c.namespace, c.name), devices = record.devices.len(), "claim prepared");
@@ -141,8 +151,7 @@ impl NodePreparer {
             Err(e) => {
                 // Not for a recreated claim: its status is not about this request.
                 if claim.metadata.uid.as_deref() == Some(c.uid.as_str()) {
-                    self.write_status(c, claim, &status::Outcome::Failed(e.clone()))
-                        .await;
+                    self.report_status(c, claim, status::Outcome::Failed(e.clone()));
                 }
                 Err(e)
             }
@@ -306,64 +315,17 @@ impl NodePreparer {
         Ok((record, report, ticket))
     }
 
-    /// Write our `status.devices` entries of the claim (status subresource, optimistic
-    /// concurrency: on a conflict, re-read and retry). Failures are logged, never fail the
-    /// prepare: the containers can run without the report.
-    async fn write_status(&self, c: &ClaimRef, claim: ResourceClaim, outcome: &status::Outcome) {
-        let node = self.node.clone();
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        self.update_status(c, claim, |claim| {
-            status::report(claim, &node, outcome, now.clone())
-        })
-        .await
-    }
-
-    /// Read-modify-write of the claim's `status.devices` with `devices` (None: no write).
-    async fn update_status(
-        &self,
-        c: &ClaimRef,
-        mut claim: ResourceClaim,
-        devices: impl Fn(&ResourceClaim) -> Option<Vec<AllocatedDeviceStatus>>,
-    ) {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
-        let who = format!("{}/{}", c.namespace, c.name);
-        for _ in 0..STATUS_ATTEMPTS {
-            if claim.metadata.uid.as_deref() != Some(c.uid.as_str()) {
-                return;
-            }
-            let Some(list) = devices(&claim) else { return };
-            let expect_entries = !list.is_empty();
-            claim.status.get_or_insert_with(Default::default).devices = Some(list);
-            match api
-                .replace_status(&c.name, &PostParams::default(), &claim)
-                .await
-            {
-                Ok(stored) => {
-                    let kept = stored
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.devices.as_ref())
-                        .is_some_and(|d| !d.is_empty());
-                    if expect_entries && !kept {
-                        warn!(claim = %who, "the API server dropped status.devices: the feature gate DRAResourceClaimDeviceStatus is off");
-                    }
-                    return;
-                }
-                Err(kube::Error::Api(s)) if s.is_conflict() => match api.get(&c.name).await {
-                    Ok(fresh) => claim = fresh,
-                    Err(e) => {
-                        warn!(claim = %who, error = %e, "cannot re-read claim for its status");
-                        return;
-                    }
-                },
-                Err(kube::Error::Api(s)) if s.is_not_found() => return,
-                Err(e) => {
-                    warn!(claim = %who, error = %e, "cannot write the claim's status.devices");
-                    return;
-                }
-            }
-        }
-        warn!(claim = %who, "status.devices not written: the claim kept changing");
+    /// Queue our `status.devices` entries of the claim for writing after the answer
+    /// ([`super::status_queue`]): failures are logged and retried, never fail the prepare
+    /// (the containers can run without the report).
+    fn report_status(&self, c: &ClaimRef, claim: ResourceClaim, outcome: status::Outcome) {
+        let op = StatusOp::Report {
+            claim: Box::new(claim),
+            outcome,
+            at: Time(k8s_openapi::jiff::Timestamp::now()),
+        };
+        // Nobody waits for a prepare's report.
+        drop(self.status.enqueue(c, op));
     }
 
     /// Side effects: MIG instances (their UUIDs replace the parent GPU in the visible
@@ -620,16 +582,14 @@ impl NodePreparer {
         let local = c.clone();
         self.blocking(move |me| me.unprepare_local(&local)).await?;
         // Withdraw our status.devices entries, also for a claim the checkpoint forgot (a
-        // replaced corrupt checkpoint); the claim may already be gone.
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &c.namespace);
-        match api.get(&c.name).await {
-            Ok(claim) => {
-                let node = self.node.clone();
-                self.update_status(c, claim, |claim| status::clear(claim, &node))
-                    .await
-            }
-            Err(kube::Error::Api(s)) if s.is_not_found() => {}
-            Err(e) => warn!(claim = %c.name, error = %e, "cannot read claim to clear its status"),
+        // replaced corrupt checkpoint); the claim may already be gone. Queued behind the
+        // claim's earlier write (a prepare's Ready), so it lands last.
+        let cleared = self.status.enqueue(c, StatusOp::Clear);
+        if tokio::time::timeout(UNPREPARE_STATUS_WAIT, cleared)
+            .await
+            .is_err()
+        {
+            warn!(claim = %c.name, "status.devices not cleared yet; answering, the write goes on");
         }
         Ok(())
     }
