@@ -26,6 +26,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::dra::envelope;
+
 /// The record's file name in the DRA checkpoint directory.
 pub const FILE: &str = "split.json";
 
@@ -82,30 +84,9 @@ impl Recorded {
     }
 }
 
-#[derive(Serialize, Deserialize)]
-struct Envelope {
-    version: u32,
-    checksum: String,
-    data: serde_json::Value,
-}
-
-fn checksum(canonical: &[u8]) -> String {
-    format!("{:08x}", crc32fast::hash(canonical))
-}
-
 /// The record's file content. Pure.
 pub fn encode(record: &Recorded) -> Result<Vec<u8>, serde_json::Error> {
-    // serde_json's Value keeps object keys sorted: the encoding is canonical.
-    let value = serde_json::to_value(record)?;
-    let canonical = serde_json::to_vec(&value)?;
-    let mut body = format!(
-        r#"{{"version":{VERSION},"checksum":"{}","data":"#,
-        checksum(&canonical)
-    )
-    .into_bytes();
-    body.extend_from_slice(&canonical);
-    body.extend_from_slice(b"}\n");
-    Ok(body)
+    envelope::seal(VERSION, &serde_json::to_value(record)?)
 }
 
 /// Decode a record; `path` only names it in errors. Pure.
@@ -114,23 +95,8 @@ pub fn decode(path: &str, bytes: &[u8]) -> Result<Recorded, ReadError> {
         path: path.to_string(),
         reason,
     };
-    let env: Envelope =
-        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a split record: {e}")))?;
-    if env.version / 100 != VERSION / 100 || env.version == 0 {
-        return Err(corrupt(format!(
-            "format version {} is not readable by this release (reads {VERSION})",
-            env.version
-        )));
-    }
-    let canonical = serde_json::to_vec(&env.data).map_err(|e| corrupt(e.to_string()))?;
-    let sum = checksum(&canonical);
-    if sum != env.checksum {
-        return Err(corrupt(format!(
-            "checksum {} does not match the content ({sum})",
-            env.checksum
-        )));
-    }
-    serde_json::from_value(env.data).map_err(|e| corrupt(format!("bad content: {e}")))
+    let data = envelope::open(VERSION, "split record", bytes).map_err(corrupt)?;
+    serde_json::from_value(data).map_err(|e| corrupt(format!("bad content: {e}")))
 }
 
 /// The record's path in the DRA checkpoint directory `dir`.
@@ -224,11 +190,11 @@ mod tests {
         // release would.
         let data = serde_json::json!({"dra": ["GPU-b"], "devicePlugin": ["GPU-a"],
                                       "futureField": {"x": 1}});
-        let sum = checksum(&serde_json::to_vec(&data).unwrap());
+        let sum = envelope::checksum(&data).unwrap();
         let newer = format!(r#"{{"version":7,"checksum":"{sum}","data":{data}}}"#);
         // An older reader's view: only `dra` (the fields it knows), no `config`.
         let data = serde_json::json!({"dra": ["GPU-b"]});
-        let sum = checksum(&serde_json::to_vec(&data).unwrap());
+        let sum = envelope::checksum(&data).unwrap();
         let minimal = format!(r#"{{"version":1,"checksum":"{sum}","data":{data}}}"#);
         let cases: Vec<(&str, String, Option<BTreeSet<String>>)> = vec![
             ("this release", good.clone(), Some(set(&["GPU-b", "GPU-c"]))),

@@ -43,6 +43,10 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use serde::{Deserialize, Serialize};
 use tracing::warn;
 
+use super::envelope;
+#[cfg(test)]
+use super::envelope::{checksum, Envelope};
+
 pub mod log;
 
 /// The snapshot format written by this release (major 0, minor 3). Minor 2 added
@@ -127,21 +131,6 @@ pub struct Data {
     pub claims: BTreeMap<String, PreparedClaim>,
 }
 
-#[derive(Serialize, Deserialize)]
-struct Envelope {
-    version: u32,
-    checksum: String,
-    data: serde_json::Value,
-}
-
-fn checksum(data: &serde_json::Value) -> Result<String, serde_json::Error> {
-    // serde_json's Value keeps object keys sorted: the encoding is canonical.
-    Ok(format!(
-        "{:08x}",
-        crc32fast::hash(&serde_json::to_vec(data)?)
-    ))
-}
-
 /// Encode `data` as a snapshot body without a log: one line of JSON whose `data` is the
 /// canonical encoding the checksum covers (serialised once, not again for the file; `jq .`
 /// shows it indented).
@@ -155,13 +144,7 @@ pub fn encode_snapshot(data: &Data, log_epoch: u64) -> Result<Vec<u8>, serde_jso
     if let (serde_json::Value::Object(o), true) = (&mut value, log_epoch != 0) {
         o.insert("logEpoch".into(), log_epoch.into());
     }
-    let canonical = serde_json::to_vec(&value)?;
-    let checksum = format!("{:08x}", crc32fast::hash(&canonical));
-    let mut body = format!(r#"{{"version":{VERSION},"checksum":"{checksum}","data":"#).into_bytes();
-    body.reserve(canonical.len() + 2);
-    body.extend_from_slice(&canonical);
-    body.extend_from_slice(b"}\n");
-    Ok(body)
+    envelope::seal(VERSION, &value)
 }
 
 /// Decode a snapshot body; `path` only names it in errors.
@@ -175,28 +158,12 @@ pub fn decode_snapshot(path: &str, bytes: &[u8]) -> Result<(Data, u64)> {
         path: path.to_string(),
         reason,
     };
-    let env: Envelope =
-        serde_json::from_slice(bytes).map_err(|e| corrupt(format!("not a checkpoint: {e}")))?;
-    if env.version / 100 != VERSION / 100 || env.version == 0 {
-        return Err(corrupt(format!(
-            "format version {} is not readable by this release (reads {})",
-            env.version, VERSION
-        )));
-    }
-    let sum = checksum(&env.data).map_err(|e| corrupt(e.to_string()))?;
-    if sum != env.checksum {
-        return Err(corrupt(format!(
-            "checksum {} does not match the content ({sum})",
-            env.checksum
-        )));
-    }
-    let epoch = env
-        .data
+    let data = envelope::open(VERSION, "checkpoint", bytes).map_err(corrupt)?;
+    let epoch = data
         .get("logEpoch")
         .and_then(serde_json::Value::as_u64)
         .unwrap_or(0);
-    let data =
-        serde_json::from_value(env.data).map_err(|e| corrupt(format!("bad content: {e}")))?;
+    let data = serde_json::from_value(data).map_err(|e| corrupt(format!("bad content: {e}")))?;
     Ok((data, epoch))
 }
 

@@ -8,6 +8,7 @@
 //! - [`status_queue`]: writing them after the kubelet's answer, per claim in order;
 //! - [`health`]: GPU health as the `DRAResourceHealth` stream and device taints;
 //! - [`checkpoint`]: the crash-safe record of prepared claims;
+//! - [`envelope`]: the versioned, checksummed JSON envelope of the node's state files;
 //! - [`owned`]: the GPUs and devices the driver owns now; claims outside them are refused;
 //! - [`node`]: the real `ClaimPreparer` (MIG on demand, CDI spec per claim, checkpoint);
 //! - [`kubelet`]: socket paths, errors and [`kubelet::serve`]: both kubelet-facing servers;
@@ -15,6 +16,7 @@
 //! - [`plugin`]: `DRAPlugin` v1 + v1beta1 over one `ClaimPreparer`, health placeholders.
 
 pub mod checkpoint;
+pub(crate) mod envelope;
 pub mod health;
 pub mod kubelet;
 pub mod node;
