@@ -543,6 +543,20 @@ impl Engine {
         Ok(())
     }
 
+    /// Forgets finished workload `key`, so that a workload may be submitted under it
+    /// again (its objects deleted and created anew, or re-read with other requests).
+    /// Returns false, changing nothing, unless `key` is known and finished.
+    pub fn forget_finished(&mut self, key: &str) -> bool {
+        let finished = self
+            .wl_by_key
+            .get(key)
+            .is_some_and(|&id| self.wls[id].state == WlState::Finished);
+        if finished {
+            self.wl_by_key.remove(key);
+        }
+        finished
+    }
+
     /// The earliest pending timer, if any.
     pub fn next_timer(&mut self) -> Option<Time> {
         while let Some(Reverse((t, _, timer))) = self.timers.peek().copied() {
