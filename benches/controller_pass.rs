@@ -153,6 +153,8 @@ struct Point {
     idle_wait: Vec<Duration>,
     idle_switches: Vec<u64>,
     idle_faults: Vec<u64>,
+    /// Per incremental idle pass: the decision alone (`IncStats::last_decide`).
+    idle_decide: Vec<Duration>,
     /// A waiting pod's request changed / the pass after a failed admission write.
     resize: Option<Duration>,
     retry: Option<Duration>,
@@ -237,6 +239,9 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             point.idle_faults.push(b.2.saturating_sub(a.2));
         }
         assert!(idle.actions.is_empty(), "idle pass: {:?}", idle.actions);
+        if let Some(st) = state.incremental_stats() {
+            point.idle_decide.push(st.last_decide);
+        }
     }
     if let Some(cache) = state.cache.clone() {
         let now = NOW + 20 + rounds as u64;
@@ -320,7 +325,7 @@ async fn main() {
         });
     println!("controller pass admitting 1 small pod beside N pending pods ({rounds} rounds, p50)");
     println!(
-        "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>9} {:>9} {:>7} {:>9} {:>11} | {:>13} {:>10} | {:>8}",
+        "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>11} {:>9} {:>7} {:>7} {:>9} {:>11} | {:>13} {:>10} | {:>8}",
         "N",
         "list pass",
         "LISTs",
@@ -328,6 +333,7 @@ async fn main() {
         "rebuild idle",
         "incr pass",
         "incr idle",
+        "idle decide",
         "idle wait",
         "preempt",
         "faults",
@@ -371,7 +377,7 @@ async fn main() {
             }
         };
         println!(
-            "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>9} {:>9} {:>7} {:>9} {:>11} | {:>13} {:>10} | {:>8.3}",
+            "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>11} {:>9} {:>7} {:>7} {:>9} {:>11} | {:>13} {:>10} | {:>8.3}",
             n,
             list.as_ref().map_or("-".into(), |l| ms(p50(&l.pass))),
             list.as_ref().map_or("-".into(), |l| l.lists.to_string()),
@@ -379,6 +385,7 @@ async fn main() {
             rebuild.as_ref().map_or("-".into(), |r| ms(p50(&r.idle))),
             or_dash(&incr.pass),
             or_dash(&incr.idle),
+            or_dash(&incr.idle_decide),
             or_dash(&incr.idle_wait),
             switches,
             faults,

@@ -51,6 +51,8 @@ pub struct IncStats {
     /// Workloads the incremental passes took out and queued again (a waiting workload's
     /// requests changed, an admission's write failed, a finished workload's key reused).
     pub requeued: u64,
+    /// Wall time of the last [`Incremental::decide`] (the decision alone, no I/O).
+    pub last_decide: std::time::Duration,
 }
 
 /// The incremental decider: one per cache, passes in time order.
@@ -156,6 +158,19 @@ impl Incremental {
     /// Decides one pass over the cache's contents at `now`: the same plan as
     /// [`decide_cached`], from the changes since the last pass when it can.
     pub fn decide(
+        &mut self,
+        cache: &Cache,
+        cfg: &Config,
+        now: Millis,
+        blocked: &BTreeMap<ObjRef, Blocked>,
+    ) -> Plan {
+        let started = std::time::Instant::now();
+        let plan = self.decide_inner(cache, cfg, now, blocked);
+        self.stats.last_decide = started.elapsed();
+        plan
+    }
+
+    fn decide_inner(
         &mut self,
         cache: &Cache,
         cfg: &Config,
