@@ -13,10 +13,15 @@
 //! there: queue objects, namespaces or configuration changed; a store re-LISTed; a
 //! preemption or eviction (now or still terminating); `waitForPodsReady`; serving
 //! replicas; evictions blocked by a PodDisruptionBudget; a running workload that no
-//! longer fits; an engine timer due; a workload changed in a way the engine has no
-//! update for (requests changed, running again after an eviction, a key reused); an
-//! admission the objects do not show yet (a write that failed); books that a fresh
-//! restore would assign differently. (The engine orders equal priority and creation
+//! longer fits; an engine timer due (without `waitForPodsReady` only a minimum-runtime
+//! wake-up, whose workload then preempts, which falls back anyway); a workload changed
+//! in a way the engine has no update for (a running one's requests changed, running
+//! again after an eviction, waiting again after running); books that a fresh restore
+//! would assign differently. A waiting workload whose requests, priority or creation
+//! changed, an admission the objects do not show on the next pass (its write failed),
+//! and a finished workload's key used again are followed: the workload leaves the
+//! engine and queues again as read now (a delete and a create, which a fresh pass
+//! cannot tell apart), and its cohort is re-decided. (The engine orders equal priority and creation
 //! by workload key, so a new workload tied with waiting ones needs no fresh pass.) A from-scratch pass restores running workloads in
 //! admission order, re-assigning flavors and borrowing; for a ClusterQueue in a cohort
 //! or with several flavors in a resource group that may differ from the kept books, so
