@@ -22,6 +22,17 @@
 //! 1 GPU wait in it (their pending reasons already recorded, so they cause no writes);
 //! ClusterQueue `free` (1,000 GPUs) takes the small 1-GPU pods, one per round.
 //!
+//! For the incremental idle pass it also prints (medians) the thread's wait on a run
+//! queue during the pass (`/proc/thread-self/schedstat`, Linux; `-` elsewhere), its
+//! involuntary context switches (`preempt`) and minor page faults: an idle pass whose
+//! wall time is mostly run-queue wait was descheduled, not working.
+//!
+//! A second table times the passes that used to decide from scratch and now go on from
+//! the kept engine, rebuild vs incr side by side: `resize` (a waiting pod's request
+//! changed: it queues again) and `retry` (the pass after an admission whose write failed:
+//! the workload queues again and is admitted again). `BENCH_MODES=incr` (or
+//! `rebuild,incr`, `list`) runs only the modes named.
+//!
 //! `cargo test --all-targets` runs it once with N = 50 and one round, as a smoke test.
 
 #[path = "../tests/support/apiserver.rs"]
@@ -114,10 +125,39 @@ fn gated(s: &ApiServer, name: &str) -> bool {
     })
 }
 
+/// The calling thread's wait on a run queue (ready, not running) so far, its involuntary
+/// context switches and its minor page faults (`None` without `/proc/thread-self`). The
+/// wait is accounted each time the thread gets a CPU back, so it is exact across a pass.
+fn thread_times() -> Option<(Duration, u64, u64)> {
+    let sched = std::fs::read_to_string("/proc/thread-self/schedstat").ok()?;
+    let wait = sched.split_whitespace().nth(1)?.parse().ok()?;
+    let status = std::fs::read_to_string("/proc/thread-self/status").ok()?;
+    let switches = status
+        .lines()
+        .find_map(|l| l.strip_prefix("nonvoluntary_ctxt_switches:"))?
+        .trim()
+        .parse()
+        .ok()?;
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name (which may hold spaces): state is field 3, minflt 10.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let minflt = rest.split_whitespace().nth(7)?.parse().ok()?;
+    Some((Duration::from_nanos(wait), switches, minflt))
+}
+
 #[derive(Default)]
 struct Point {
     pass: Vec<Duration>,
     idle: Vec<Duration>,
+    /// Per idle pass: time waiting for a CPU, involuntary switches, minor page faults.
+    idle_wait: Vec<Duration>,
+    idle_switches: Vec<u64>,
+    idle_faults: Vec<u64>,
+    /// Per incremental idle pass: the decision alone (`IncStats::last_decide`).
+    idle_decide: Vec<Duration>,
+    /// A waiting pod's request changed / the pass after a failed admission write.
+    resize: Option<Duration>,
+    retry: Option<Duration>,
     delivery: Vec<Duration>,
     lists: u64,
     /// Passes the incremental decider made from scratch / from the changes.
@@ -187,12 +227,57 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         assert!(gated(&s, "wait-00000"), "the full queue admits nothing");
         // Let the admission's watch events land before timing an idle pass.
         tokio::time::sleep(Duration::from_millis(20)).await;
+        let before = thread_times();
         let t = Instant::now();
         let idle = pass_with(&client, &c, &mut state, NOW + 10 + r as u64)
             .await
             .unwrap();
         point.idle.push(t.elapsed());
+        if let (Some(a), Some(b)) = (before, thread_times()) {
+            point.idle_wait.push(b.0.saturating_sub(a.0));
+            point.idle_switches.push(b.1.saturating_sub(a.1));
+            point.idle_faults.push(b.2.saturating_sub(a.2));
+        }
         assert!(idle.actions.is_empty(), "idle pass: {:?}", idle.actions);
+        if let Some(st) = state.incremental_stats() {
+            point.idle_decide.push(st.last_decide);
+        }
+    }
+    if let Some(cache) = state.cache.clone() {
+        let now = NOW + 20 + rounds as u64;
+        // A waiting pod asks for 2 GPUs instead of 1: it leaves and queues again.
+        let key = ("team".to_string(), "wait-00000".to_string());
+        let mut pod = cache.pods[0].get(&key).expect("a waiting pod");
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!(2);
+        s.put_object(PODS, pod);
+        wait_until("the resized pod in the cache", || {
+            cache.pods[0].get(&key).is_some_and(|p| {
+                p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2
+            })
+        })
+        .await;
+        let t = Instant::now();
+        pass_with(&client, &c, &mut state, now).await.unwrap();
+        point.resize = Some(t.elapsed());
+        assert!(gated(&s, "wait-00000"), "the resized pod still waits");
+        // An admission whose write fails: the next pass admits it again.
+        let key = ("team".to_string(), "retry".to_string());
+        s.put_object(
+            PODS,
+            gated_pod("retry", "lq-free", 1, "2026-11-18T12:30:00Z"),
+        );
+        wait_until("the retried pod in the cache", || {
+            cache.pods[0].get(&key).is_some()
+        })
+        .await;
+        s.fail_requests(&["PUT"], &format!("{PODS}/retry"));
+        pass_with(&client, &c, &mut state, now + 1).await.unwrap();
+        s.stop_failing();
+        assert!(gated(&s, "retry"), "the failed write left it gated");
+        let t = Instant::now();
+        let plan = pass_with(&client, &c, &mut state, now + 2).await.unwrap();
+        point.retry = Some(t.elapsed());
+        assert!(!gated(&s, "retry"), "retry admitted: {:?}", plan.actions);
     }
     point.lists /= rounds as u64;
     if let Some(st) = state.incremental_stats() {
@@ -226,6 +311,8 @@ async fn main() {
         .unwrap_or(if full { 5 } else { 1 })
         .max(1);
     let list_max = env_num("BENCH_LIST_MAX").unwrap_or(5_000);
+    let modes = std::env::var("BENCH_MODES").unwrap_or_else(|_| "list,rebuild,incr".into());
+    let runs = |m: &str| modes.split(',').any(|x| x.trim() == m);
     let sizes: Vec<usize> = std::env::var("BENCH_SIZES")
         .ok()
         .map(|v| v.split(',').filter_map(|n| n.trim().parse().ok()).collect())
@@ -238,7 +325,7 @@ async fn main() {
         });
     println!("controller pass admitting 1 small pod beside N pending pods ({rounds} rounds, p50)");
     println!(
-        "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>9} {:>11} | {:>13} {:>10} | {:>8}",
+        "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>11} {:>9} {:>7} {:>7} {:>9} {:>11} | {:>13} {:>10} | {:>8}",
         "N",
         "list pass",
         "LISTs",
@@ -246,45 +333,110 @@ async fn main() {
         "rebuild idle",
         "incr pass",
         "incr idle",
+        "idle decide",
+        "idle wait",
+        "preempt",
+        "faults",
         "delivery",
         "full/incr",
         "rebuild/incr",
         "list/incr",
         "µs/pend."
     );
+    let mut cases = Vec::new();
     for n in sizes {
-        let list = if n <= list_max {
+        let list = if n <= list_max && runs("list") {
             Some(measure(n, Mode::List, rounds).await)
         } else {
             None
         };
-        let rebuild = measure(n, Mode::Rebuild, rounds).await;
-        let incr = measure(n, Mode::Incremental, rounds).await;
+        let rebuild = if runs("rebuild") {
+            Some(measure(n, Mode::Rebuild, rounds).await)
+        } else {
+            None
+        };
+        let incr = runs("incr").then_some(());
+        let incr = match incr {
+            Some(()) => measure(n, Mode::Incremental, rounds).await,
+            None => Point::default(),
+        };
         let ip = p50(&incr.pass).as_secs_f64().max(1e-9);
-        let rp = p50(&rebuild.pass);
+        let rp = rebuild.as_ref().map(|r| p50(&r.pass));
+        let median = |v: &[u64]| {
+            let mut f = v.to_vec();
+            f.sort_unstable();
+            f.get(f.len() / 2).map_or("-".into(), |x| x.to_string())
+        };
+        let faults = median(&incr.idle_faults);
+        let switches = median(&incr.idle_switches);
+        let or_dash = |v: &[Duration]| {
+            if v.is_empty() {
+                "-".to_string()
+            } else {
+                ms(p50(v))
+            }
+        };
         println!(
-            "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>9} {:>11} | {:>12.1}x {:>10} | {:>8.3}",
+            "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>11} {:>9} {:>7} {:>7} {:>9} {:>11} | {:>13} {:>10} | {:>8.3}",
             n,
             list.as_ref().map_or("-".into(), |l| ms(p50(&l.pass))),
             list.as_ref().map_or("-".into(), |l| l.lists.to_string()),
-            ms(rp),
-            ms(p50(&rebuild.idle)),
-            ms(p50(&incr.pass)),
-            ms(p50(&incr.idle)),
-            ms(p50(&incr.delivery)),
+            rp.map_or("-".into(), ms),
+            rebuild.as_ref().map_or("-".into(), |r| ms(p50(&r.idle))),
+            or_dash(&incr.pass),
+            or_dash(&incr.idle),
+            or_dash(&incr.idle_decide),
+            or_dash(&incr.idle_wait),
+            switches,
+            faults,
+            or_dash(&incr.delivery),
             format!("{}/{}", incr.full, incr.incremental),
-            rp.as_secs_f64() / ip,
+            rp.map_or("-".into(), |rp| format!("{:.1}x", rp.as_secs_f64() / ip)),
             list.as_ref().map_or("-".into(), |l| format!(
                 "{:.1}x",
                 p50(&l.pass).as_secs_f64() / ip
             )),
             ip * 1e6 / n.max(1) as f64,
         );
-        assert_eq!(rebuild.lists, 0, "a cached pass LISTs nothing");
-        assert_eq!(incr.lists, 0, "a cached pass LISTs nothing");
-        assert_eq!(
-            incr.full, 1,
-            "only the first incremental pass decides from scratch"
+        if let Some(r) = &rebuild {
+            assert_eq!(r.lists, 0, "a cached pass LISTs nothing");
+        }
+        if runs("incr") {
+            assert_eq!(incr.lists, 0, "a cached pass LISTs nothing");
+            assert_eq!(
+                incr.full, 1,
+                "only the first incremental pass decides from scratch (resize and retry included)"
+            );
+        }
+        for (case, r, i) in [
+            (
+                "resize",
+                rebuild.as_ref().and_then(|r| r.resize),
+                incr.resize,
+            ),
+            ("retry", rebuild.as_ref().and_then(|r| r.retry), incr.retry),
+        ] {
+            cases.push((n, case, r, i));
+        }
+    }
+    println!();
+    println!("passes that decided from scratch before (one pass each)");
+    println!(
+        "{:>6} | {:>7} | {:>12} | {:>10} | {:>12}",
+        "N", "case", "rebuild", "incr", "rebuild/incr"
+    );
+    for (n, case, r, i) in cases {
+        let ratio = match (r, i) {
+            (Some(r), Some(i)) => format!("{:.1}x", r.as_secs_f64() / i.as_secs_f64().max(1e-9)),
+            _ => "-".into(),
+        };
+        println!(
+            "{:>6} | {:>7} | {:>12} | {:>10} | {:>12}",
+            n,
+            case,
+            r.map_or("-".into(), ms),
+            i.map_or("-".into(), ms),
+            ratio
         );
     }
 }

@@ -13,10 +13,15 @@
 //! there: queue objects, namespaces or configuration changed; a store re-LISTed; a
 //! preemption or eviction (now or still terminating); `waitForPodsReady`; serving
 //! replicas; evictions blocked by a PodDisruptionBudget; a running workload that no
-//! longer fits; an engine timer due; a workload changed in a way the engine has no
-//! update for (requests changed, running again after an eviction, a key reused); an
-//! admission the objects do not show yet (a write that failed); books that a fresh
-//! restore would assign differently. (The engine orders equal priority and creation
+//! longer fits; an engine timer due (without `waitForPodsReady` only a minimum-runtime
+//! wake-up, whose workload then preempts, which falls back anyway); a workload changed
+//! in a way the engine has no update for (a running one's requests changed, running
+//! again after an eviction, waiting again after running); books that a fresh restore
+//! would assign differently. A waiting workload whose requests, priority or creation
+//! changed, an admission the objects do not show on the next pass (its write failed),
+//! and a finished workload's key used again are followed: the workload leaves the
+//! engine and queues again as read now (a delete and a create, which a fresh pass
+//! cannot tell apart), and its cohort is re-decided. (The engine orders equal priority and creation
 //! by workload key, so a new workload tied with waiting ones needs no fresh pass.) A from-scratch pass restores running workloads in
 //! admission order, re-assigning flavors and borrowing; for a ClusterQueue in a cohort
 //! or with several flavors in a resource group that may differ from the kept books, so
@@ -48,6 +53,11 @@ pub struct IncStats {
     pub incremental: u64,
     /// Why the last pass that could not go on from the kept engine decided from scratch.
     pub last_fallback: Option<&'static str>,
+    /// Workloads the incremental passes took out and queued again (a waiting workload's
+    /// requests changed, an admission's write failed, a finished workload's key reused).
+    pub requeued: u64,
+    /// Wall time of the last [`Incremental::decide`] (the decision alone, no I/O).
+    pub last_decide: std::time::Duration,
 }
 
 /// The incremental decider: one per cache, passes in time order.
@@ -141,6 +151,8 @@ struct Kept {
     /// ClusterQueues with admissions in the last pass: reasons decided before an
     /// admission in the same pass are re-decided in the next (a fresh pass does).
     stale: BTreeSet<String>,
+    /// Workloads queued again (or submitted under a reused key) in this pass.
+    requeues: u64,
 }
 
 impl Incremental {
@@ -157,9 +169,23 @@ impl Incremental {
         now: Millis,
         blocked: &BTreeMap<ObjRef, Blocked>,
     ) -> Plan {
+        let started = std::time::Instant::now();
+        let plan = self.decide_inner(cache, cfg, now, blocked);
+        self.stats.last_decide = started.elapsed();
+        plan
+    }
+
+    fn decide_inner(
+        &mut self,
+        cache: &Cache,
+        cfg: &Config,
+        now: Millis,
+        blocked: &BTreeMap<ObjRef, Blocked>,
+    ) -> Plan {
         match self.kept.take() {
             Some(kept) => match fast_pass(kept, cache, cfg, now, blocked) {
-                Ok((plan, kept)) => {
+                Ok((plan, mut kept)) => {
+                    self.stats.requeued += std::mem::take(&mut kept.requeues);
                     self.kept = Some(kept);
                     self.stats.incremental += 1;
                     return plan;
@@ -293,6 +319,7 @@ fn keep(
             ..Snapshot::default()
         },
         stale: BTreeSet::new(),
+        requeues: 0,
         queued_ns,
         engine,
     };
@@ -448,33 +475,7 @@ impl Kept {
                 if n.state != State::Waiting {
                     return Err("a workload runs that was not admitted here");
                 }
-                let Some(info) = n.info.clone() else {
-                    return Ok(());
-                };
-                if self.engine.knows(wk) {
-                    return Err("a workload key used again");
-                }
-                match self.engine.submit(now, info) {
-                    Ok(()) => {
-                        if let Some(cq) = self.engine.cluster_queue_of(wk) {
-                            touched.insert(cq.to_string());
-                        }
-                    }
-                    Err(e @ crate::quota::Error::UnknownPriorityClass { .. }) => {
-                        self.submit_errors.insert(
-                            wk.to_string(),
-                            ("UnknownPriorityClass".into(), e.to_string()),
-                        );
-                    }
-                    Err(crate::quota::Error::DuplicateWorkload(_)) => {
-                        return Err("a workload key used again")
-                    }
-                    Err(e) => {
-                        self.submit_errors
-                            .insert(wk.to_string(), ("Invalid".into(), e.to_string()));
-                    }
-                }
-                return Ok(());
+                return self.submit(wk, n, now, touched);
             }
         };
         self.untrack(&old);
@@ -501,9 +502,78 @@ impl Kept {
                     && self.engine.admitted_since(wk) == Some(n.admitted_at.min(now)) => {}
             (State::Running, Some(n))
                 if n.state == State::Running && same(n) && n.admitted_at == old.admitted_at => {}
+            // Still waiting, with other requests, priority or creation (or admitted here
+            // while its objects still wait): it leaves and queues again as read now.
+            (State::Waiting, Some(n)) if n.state == State::Waiting => {
+                self.requeue(wk, n, now, touched)?;
+            }
             _ => return Err("a workload changed in a way the engine has no update for"),
         }
         Ok(())
+    }
+
+    /// Submits waiting workload `n` under `wk` (a key of a finished workload is reused).
+    fn submit(
+        &mut self,
+        wk: &str,
+        n: &Live,
+        now: Millis,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<(), &'static str> {
+        let Some(info) = n.info.clone() else {
+            return Ok(());
+        };
+        if self.engine.knows(wk) {
+            if !self.engine.forget_finished(wk) {
+                return Err("a workload key used again");
+            }
+            self.requeues += 1;
+        }
+        match self.engine.submit(now, info) {
+            Ok(()) => {
+                if let Some(cq) = self.engine.cluster_queue_of(wk) {
+                    touched.insert(cq.to_string());
+                }
+            }
+            Err(e @ crate::quota::Error::UnknownPriorityClass { .. }) => {
+                self.submit_errors.insert(
+                    wk.to_string(),
+                    ("UnknownPriorityClass".into(), e.to_string()),
+                );
+            }
+            Err(crate::quota::Error::DuplicateWorkload(_)) => {
+                return Err("a workload key used again")
+            }
+            Err(e) => {
+                self.submit_errors
+                    .insert(wk.to_string(), ("Invalid".into(), e.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes workload `wk` (in the engine, waiting or admitted) out and submits waiting
+    /// `n` in its place, as a fresh pass reads it: deleted and created again. Its queue
+    /// (and cohort) is re-decided; books moved in a cohort are checked before deciding.
+    fn requeue(
+        &mut self,
+        wk: &str,
+        n: &Live,
+        now: Millis,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<(), &'static str> {
+        if self.engine.is_admitted(wk) && !self.simple(wk) {
+            self.verify = true;
+        }
+        if let Some(cq) = self.engine.cluster_queue_of(wk) {
+            touched.insert(cq.to_string());
+        }
+        self.engine
+            .remove(now, wk)
+            .map_err(|_| "removing an unknown workload")?;
+        self.admitted.remove(wk);
+        self.admitted_waiting.remove(wk);
+        self.submit(wk, n, now, touched)
     }
 }
 
@@ -656,8 +726,13 @@ fn fast_pass(
         }
         candidates.insert(wk.clone());
     }
-    if !kept.admitted_waiting.is_empty() {
-        return Err("an admission not written yet");
+    // Admitted here earlier, yet the objects still wait (the write failed): a fresh
+    // pass queues it with the others, so it queues again here.
+    for wk in std::mem::take(&mut kept.admitted_waiting) {
+        let l = kept.lives.remove(&wk).ok_or("bookkeeping")?;
+        kept.requeue(&wk, &l, now, &mut touched)?;
+        kept.lives.insert(wk.clone(), l);
+        candidates.insert(wk);
     }
     if kept.verify {
         if !kept.books_match(now) {

@@ -194,6 +194,41 @@ impl World {
         }
     }
 
+    /// Object `i` deleted and created again under its name, waiting, with `gpus` each.
+    fn recreate(&mut self, i: usize, gpus: u8) {
+        let Some((pod, mut v)) = self.pick(i) else {
+            return;
+        };
+        let key = Self::key(&v);
+        if pod {
+            self.cache.pods[0].remove(&key);
+            let spec = v["spec"].as_object_mut().unwrap();
+            spec.remove("nodeSelector");
+            spec.insert(
+                "schedulingGates".into(),
+                json!([{ "name": ADMISSION_GATE }]),
+            );
+            v["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!(gpus);
+            v["status"] = json!({});
+            if let Some(a) = v["metadata"]["annotations"].as_object_mut() {
+                a.remove(ADMITTED_AT_ANNOTATION);
+            }
+            self.put_pod(v);
+        } else {
+            self.cache.jobs[0].remove(&key);
+            v["spec"]["suspend"] = json!(true);
+            v["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+                ["nvidia.com/gpu"] = json!(gpus);
+            v["spec"]["template"]["spec"]
+                .as_object_mut()
+                .unwrap()
+                .remove("nodeSelector");
+            v["status"] = json!({});
+            v["metadata"]["annotations"] = json!({});
+            self.put_job(v);
+        }
+    }
+
     fn ready(&mut self, i: usize) {
         if let Some((true, mut v)) = self.pick(i) {
             v["status"]["phase"] = json!("Running");
@@ -355,6 +390,8 @@ enum Op {
     },
     Remove(usize),
     Resize(usize, u8),
+    /// Deleted and created again under the same name (a finished Job resubmitted).
+    Recreate(usize, u8),
     Ready(usize),
     Finish(usize),
     Terminate,
@@ -369,6 +406,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0u8..4, 1u8..3, 0u8..3, 2u8..5).prop_map(|(q, gpus, minute, count)| Op::Burst { q, gpus, minute, count }),
         1 => any::<usize>().prop_map(Op::Remove),
         1 => (any::<usize>(), 1u8..4).prop_map(|(i, g)| Op::Resize(i, g)),
+        1 => (any::<usize>(), 1u8..4).prop_map(|(i, g)| Op::Recreate(i, g)),
         1 => any::<usize>().prop_map(Op::Ready),
         2 => any::<usize>().prop_map(Op::Finish),
         1 => Just(Op::Terminate),
@@ -421,6 +459,7 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
         }
         Op::Remove(i) => w.remove(i),
         Op::Resize(i, g) => w.resize(i, g),
+        Op::Recreate(i, g) => w.recreate(i, g),
         Op::Ready(i) => w.ready(i),
         Op::Finish(i) => w.finish(i),
         Op::Terminate => w.terminate(),
@@ -563,6 +602,87 @@ fn cohort_admissions_stay_incremental() {
         w.apply(&plan, None);
     }
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+}
+
+/// Changes that used to make a pass decide from scratch now queue the workload again in
+/// the kept engine, with the plan a fresh pass gives: a waiting pod's request changed, an
+/// admission whose write was lost (the objects still wait), a finished Job created again
+/// under its name; in a cohort queue (books checked) and a queue of its own.
+#[test]
+fn requeues_stay_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| {
+        let got = inc.decide(&w.cache, &c, w.now, &blocked);
+        assert_eq!(got, decide_cached(&w.cache, &c, w.now, &blocked));
+        got
+    };
+    // Queue `a` (4 GPUs): a 3-GPU pod runs, a 2-GPU pod waits.
+    w.add_pods(0, 3, false, 0, 0);
+    w.add_pods(0, 2, false, 1, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    // The 2-GPU pod asks for 1 now: it is admitted (a fresh pass says so too).
+    let two = w
+        .pods()
+        .into_iter()
+        .position(|p| p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 2)
+        .unwrap();
+    w.resize(two, 1);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        plan.actions
+            .iter()
+            .filter(|a| matches!(a, Action::Admit { .. }))
+            .count(),
+        1,
+        "{:?}",
+        plan.actions
+    );
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    // Admissions into the cohort (queue `c`) whose writes are lost, twice, then written.
+    for q in [2, 1] {
+        w.now += 1000;
+        w.add_pods(q, 1, false, 2, 0);
+        let plan = pass(&mut w, &mut inc);
+        assert!(!plan.actions.is_empty());
+        w.apply(&plan, Some(0));
+        let plan = pass(&mut w, &mut inc);
+        assert!(
+            plan.actions
+                .iter()
+                .any(|a| matches!(a, Action::Admit { .. })),
+            "admitted again: {:?}",
+            plan.actions
+        );
+        w.apply(&plan, Some(0));
+        let plan = pass(&mut w, &mut inc);
+        w.apply(&plan, None);
+        pass(&mut w, &mut inc);
+    }
+    // A Job in queue `d` finishes and is created again under its name.
+    w.add_job(3, 1, false, 2, 1);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    let job = w.pods().len();
+    w.finish(job);
+    pass(&mut w, &mut inc);
+    w.recreate(job, 2);
+    let plan = pass(&mut w, &mut inc);
+    assert!(
+        plan.actions
+            .iter()
+            .any(|a| matches!(a, Action::Admit { .. })),
+        "the Job is admitted again: {:?}",
+        plan.actions
+    );
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    assert!(inc.stats.requeued >= 6, "{:?}", inc.stats);
 }
 
 /// Prints the time of `Incremental::decide` alone (no API server) for the pass that

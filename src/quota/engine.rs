@@ -543,6 +543,20 @@ impl Engine {
         Ok(())
     }
 
+    /// Forgets finished workload `key`, so that a workload may be submitted under it
+    /// again (its objects deleted and created anew, or re-read with other requests).
+    /// Returns false, changing nothing, unless `key` is known and finished.
+    pub fn forget_finished(&mut self, key: &str) -> bool {
+        let finished = self
+            .wl_by_key
+            .get(key)
+            .is_some_and(|&id| self.wls[id].state == WlState::Finished);
+        if finished {
+            self.wl_by_key.remove(key);
+        }
+        finished
+    }
+
     /// The earliest pending timer, if any.
     pub fn next_timer(&mut self) -> Option<Time> {
         while let Some(Reverse((t, _, timer))) = self.timers.peek().copied() {
@@ -752,6 +766,20 @@ impl Engine {
             return;
         }
         let mut seen = BTreeSet::new();
+        // A queue with many workloads to report (a cohort re-decided) is ranked in one
+        // walk: counting each one's place alone would cost the queue's length each.
+        let mut per_cq: HashMap<CqId, usize> = HashMap::new();
+        for &id in &dirty {
+            if let Some(cq) = self.wls[id].cq {
+                *per_cq.entry(cq).or_default() += 1;
+            }
+        }
+        let mut ranks: HashMap<WlId, usize> = HashMap::new();
+        for (cq, n) in per_cq {
+            if n > 16 {
+                ranks.extend(self.queue_ranks(cq));
+            }
+        }
         for id in dirty {
             if !seen.insert(id) {
                 continue;
@@ -764,7 +792,11 @@ impl Engine {
             if !pending {
                 continue;
             }
-            let position = self.position(id);
+            let position = match ranks.get(&id) {
+                Some(&r) if w.reason.has_position() && w.state == WlState::Pending => Some(r),
+                Some(_) => None,
+                None => self.position(id),
+            };
             let w = &self.wls[id];
             let code = w.reason.code();
             let message = w.reason.message(position);
@@ -779,6 +811,27 @@ impl Engine {
             self.events.push(ev);
             self.wls[id].reported = Some((code, message));
         }
+    }
+
+    /// The 1-based place of every workload queued or parked in `cq`, in one walk over
+    /// both (each in queue order).
+    pub(crate) fn queue_ranks(&self, cq: CqId) -> HashMap<WlId, usize> {
+        let q = &self.cqs[cq];
+        let (mut a, mut b) = (q.pending.iter().peekable(), q.parked.iter().peekable());
+        let mut out = HashMap::with_capacity(q.pending.len() + q.parked.len());
+        let mut rank = 0;
+        loop {
+            let next = match (a.peek(), b.peek()) {
+                (Some(x), Some(y)) if x <= y => a.next(),
+                (Some(_), Some(_)) => b.next(),
+                (Some(_), None) => a.next(),
+                (None, _) => b.next(),
+            };
+            let Some(key) = next else { break };
+            rank += 1;
+            out.insert(key.3, rank);
+        }
+        out
     }
 
     /// 1-based place among the pending workloads of its ClusterQueue, when the reason

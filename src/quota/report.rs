@@ -12,6 +12,10 @@ impl Engine {
         let mut ids: Vec<usize> = (0..self.wls.len()).collect();
         ids.sort_by(|a, b| self.wls[*a].key.cmp(&self.wls[*b].key));
         let mut pending_per_cq: HashMap<usize, usize> = HashMap::new();
+        // Queue positions in one walk per queue, not one per workload.
+        let ranks: HashMap<usize, usize> = (0..self.cqs.len())
+            .flat_map(|c| self.queue_ranks(c))
+            .collect();
         for id in ids {
             let w = &self.wls[id];
             match w.state {
@@ -39,7 +43,9 @@ impl Engine {
                     if let Some(cq) = w.cq {
                         *pending_per_cq.entry(cq).or_default() += 1;
                     }
-                    let position = self.position(id);
+                    let position = (w.reason.has_position() && w.state == WlState::Pending)
+                        .then(|| ranks.get(&id).copied())
+                        .flatten();
                     let (reason, message) = if w.state == WlState::Terminating {
                         (
                             "Terminating".to_string(),
