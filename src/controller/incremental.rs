@@ -482,18 +482,7 @@ impl Kept {
         let admitted = self.engine.is_admitted(wk);
         let same = |n: &Live| same_but_selector(n.info.as_ref(), old.info.as_ref());
         match (old.state, new) {
-            (State::Waiting | State::Running, None) => {
-                if admitted && !self.simple(wk) {
-                    self.verify = true;
-                }
-                if let Some(cq) = self.engine.cluster_queue_of(wk) {
-                    touched.insert(cq.to_string());
-                }
-                self.engine
-                    .remove(now, wk)
-                    .map_err(|_| "removing an unknown workload")?;
-                self.admitted.remove(wk);
-            }
+            (State::Waiting | State::Running, None) => self.take_out(wk, now, touched)?,
             (State::Waiting, Some(n)) if n.state == State::Waiting && same(n) => {}
             (State::Waiting, Some(n))
                 if n.state == State::Running
@@ -562,6 +551,19 @@ impl Kept {
         now: Millis,
         touched: &mut BTreeSet<String>,
     ) -> Result<(), &'static str> {
+        self.take_out(wk, now, touched)?;
+        self.admitted_waiting.remove(wk);
+        self.submit(wk, n, now, touched)
+    }
+
+    /// Takes workload `wk` out of the engine; its queue (and cohort) is re-decided, and
+    /// books moved in a cohort are checked before deciding.
+    fn take_out(
+        &mut self,
+        wk: &str,
+        now: Millis,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<(), &'static str> {
         if self.engine.is_admitted(wk) && !self.simple(wk) {
             self.verify = true;
         }
@@ -572,8 +574,7 @@ impl Kept {
             .remove(now, wk)
             .map_err(|_| "removing an unknown workload")?;
         self.admitted.remove(wk);
-        self.admitted_waiting.remove(wk);
-        self.submit(wk, n, now, touched)
+        Ok(())
     }
 }
 

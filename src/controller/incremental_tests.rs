@@ -491,6 +491,18 @@ proptest! {
     }
 }
 
+/// One incremental pass, asserted equal to a from-scratch pass on the same cache.
+fn checked_pass(
+    w: &World,
+    inc: &mut Incremental,
+    c: &Config,
+    blocked: &BTreeMap<super::decide::ObjRef, super::evictions::Blocked>,
+) -> Plan {
+    let got = inc.decide(&w.cache, c, w.now, blocked);
+    assert_eq!(got, decide_cached(&w.cache, c, w.now, blocked));
+    got
+}
+
 /// The common case stays incremental: pods arriving in a full queue and beside it,
 /// reasons recorded, admissions applied, a running pod finishing.
 #[test]
@@ -498,11 +510,7 @@ fn steady_passes_apply_only_the_changes() {
     let mut w = World::new();
     let mut inc = Incremental::new();
     let (c, blocked) = (cfg(), BTreeMap::new());
-    let pass = |w: &mut World, inc: &mut Incremental| {
-        let got = inc.decide(&w.cache, &c, w.now, &blocked);
-        assert_eq!(got, decide_cached(&w.cache, &c, w.now, &blocked));
-        got
-    };
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
     w.add_pods(0, 4, false, 0, 0);
     for _ in 0..20 {
         w.add_pods(0, 1, false, 1, 0);
@@ -555,11 +563,7 @@ fn creation_ties_stay_incremental() {
     let mut w = World::new();
     let mut inc = Incremental::new();
     let (c, blocked) = (cfg(), BTreeMap::new());
-    let pass = |w: &mut World, inc: &mut Incremental| {
-        let got = inc.decide(&w.cache, &c, w.now, &blocked);
-        assert_eq!(got, decide_cached(&w.cache, &c, w.now, &blocked));
-        got
-    };
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
     w.add_pods(0, 4, false, 0, 0);
     for _ in 0..4 {
         w.add_pods(0, 1, false, 1, 0);
@@ -613,11 +617,7 @@ fn requeues_stay_incremental() {
     let mut w = World::new();
     let mut inc = Incremental::new();
     let (c, blocked) = (cfg(), BTreeMap::new());
-    let pass = |w: &mut World, inc: &mut Incremental| {
-        let got = inc.decide(&w.cache, &c, w.now, &blocked);
-        assert_eq!(got, decide_cached(&w.cache, &c, w.now, &blocked));
-        got
-    };
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
     // Queue `a` (4 GPUs): a 3-GPU pod runs, a 2-GPU pod waits.
     w.add_pods(0, 3, false, 0, 0);
     w.add_pods(0, 2, false, 1, 0);
