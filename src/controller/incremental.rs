@@ -11,7 +11,10 @@
 //! same [`Plan`] (a property test drives both). Whatever the kept engine cannot follow
 //! exactly makes the pass decide from scratch instead, and start keeping again from
 //! there: queue objects, namespaces or configuration changed; a store re-LISTed; a
-//! preemption or eviction (now or still terminating); `waitForPodsReady`; serving
+//! preemption or eviction (now or still terminating); with `waitForPodsReady`, a
+//! pods-ready timeout due, a waiting workload with requeue state, requeue state
+//! ConfigMaps, and with `blockAdmission` an admission or a running workload not Ready
+//! (passes where none of that happens stay incremental and record `PodsReady`); serving
 //! replicas; evictions blocked by a PodDisruptionBudget; a running workload that no
 //! longer fits; an engine timer due (without `waitForPodsReady` only a minimum-runtime
 //! wake-up, whose workload then preempts, which falls back anyway); a workload changed
@@ -36,11 +39,12 @@ use super::decide::{
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
+use super::pods_ready;
 use super::reconciler::Config;
 use super::serving::ServingIndex;
 use super::snapshot::snapshot_cached;
 use super::workloads::{job_workload_key, pod_workload_key};
-use crate::quota::{Engine, EventType};
+use crate::quota::{Engine, EventType, WaitForPodsReady};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -120,6 +124,11 @@ struct Kept {
     seen: Vec<u64>,
     now: Millis,
     device_classes: BTreeMap<String, String>,
+    /// `waitForPodsReady` as configured when kept (a change decides from scratch).
+    pods_ready: Option<WaitForPodsReady>,
+    /// Running workloads whose pods were never recorded Ready, as (sort time, key): each
+    /// pass records those Ready now, and one whose pods-ready timeout is due falls back.
+    unrecorded: BTreeSet<(Millis, String)>,
     /// Queue objects and namespaces as last read: (store index, key) → fingerprint.
     queue_fps: HashMap<(usize, Key), Value>,
     queued_ns: BTreeSet<String>,
@@ -225,7 +234,7 @@ fn keep(
     seen: Vec<u64>,
     blocked: &BTreeMap<ObjRef, Blocked>,
 ) -> Option<Kept> {
-    let eligible = cfg.pods_ready.is_none()
+    let eligible = pods_ready_keepable(cfg, plan, &built, snap)
         && blocked.is_empty()
         && !built.held
         && !built.restore_problem
@@ -283,6 +292,8 @@ fn keep(
         seen,
         now: snap.now,
         device_classes: cfg.device_classes.clone(),
+        pods_ready: cfg.pods_ready.clone(),
+        unrecorded: BTreeSet::new(),
         queue_fps,
         flavor_labels: snap
             .flavors
@@ -316,6 +327,7 @@ fn keep(
             local_queues: snap.local_queues.clone(),
             priority_classes: snap.priority_classes.clone(),
             namespaces: snap.namespaces.clone(),
+            pods_ready: snap.pods_ready.clone(),
             ..Snapshot::default()
         },
         stale: BTreeSet::new(),
@@ -377,6 +389,13 @@ impl Kept {
         if l.state == State::Running && !l.gated.is_empty() {
             self.gated_running.insert(sort_key(l));
         }
+        if l.state == State::Running
+            && l.info.is_some()
+            && !l.ready_recorded
+            && !l.objects.is_empty()
+        {
+            self.unrecorded.insert(sort_key(l));
+        }
         if l.state == State::Waiting
             && in_engine(l, &self.submit_errors)
             && self.engine.is_admitted(&l.key)
@@ -388,6 +407,7 @@ impl Kept {
     /// Forgets the bookkeeping of live `l` (about to be replaced or gone).
     fn untrack(&mut self, l: &Live) {
         self.gated_running.remove(&sort_key(l));
+        self.unrecorded.remove(&sort_key(l));
         self.admitted_waiting.remove(&l.key);
     }
 
@@ -509,9 +529,10 @@ impl Kept {
         now: Millis,
         touched: &mut BTreeSet<String>,
     ) -> Result<(), &'static str> {
-        let Some(info) = n.info.clone() else {
+        let Some(mut info) = n.info.clone() else {
             return Ok(());
         };
+        pods_ready::engine_readiness(self.pods_ready.as_ref(), n, &mut info);
         if self.engine.knows(wk) {
             if !self.engine.forget_finished(wk) {
                 return Err("a workload key used again");
@@ -615,11 +636,14 @@ fn fast_pass(
 ) -> Result<(Plan, Kept), &'static str> {
     let checks = [
         (now < kept.now, "time went back"),
-        (cfg.pods_ready.is_some(), "waitForPodsReady"),
         (!blocked.is_empty(), "evictions blocked"),
         (
-            cfg.device_classes != kept.device_classes,
+            cfg.device_classes != kept.device_classes || cfg.pods_ready != kept.pods_ready,
             "configuration changed",
+        ),
+        (
+            blocks_admission(cfg) && !kept.admitted_waiting.is_empty(),
+            "blockAdmission: an admitted workload's pods are not Ready yet",
         ),
         (
             kept.engine.next_timer().is_some_and(|t| t <= now),
@@ -655,6 +679,13 @@ fn fast_pass(
         .ok_or("owners or claims listed again")?;
     if rest.iter().any(|(ns, _)| kept.queued_ns.contains(ns)) {
         return Err("serving owners or DRA claims changed");
+    }
+    if cfg.pods_ready.is_some() {
+        let last = stores.len() - 1;
+        let requeue_states = changed(&stores[last..], &kept.seen[last..]);
+        if requeue_states.is_none_or(|k| !k.is_empty()) {
+            return Err("requeue state changed");
+        }
     }
     let pod_keys = changed(&stores[pods_at..jobs_at], &kept.seen[pods_at..jobs_at])
         .ok_or("pods listed again")?;
@@ -716,6 +747,9 @@ fn fast_pass(
     let mut candidates: BTreeSet<String> = kept.unsynced.clone();
     for (wk, job) in &affected {
         let new = kept.reread(cache, wk, job.as_ref(), cfg)?;
+        if let Some(n) = &new {
+            pods_ready_followable(cfg, n)?;
+        }
         let old = kept.lives.remove(wk);
         kept.apply(wk, old, new.as_ref(), now, &mut touched)?;
         if let Some(n) = new {
@@ -757,6 +791,9 @@ fn fast_pass(
         kept.engine.schedule(now).map_err(|_| "scheduling failed")?;
         for ev in kept.engine.take_events() {
             if ev.kind == EventType::Admitted {
+                if blocks_admission(cfg) {
+                    return Err("blockAdmission: an admission holds every queue");
+                }
                 if round > 0 {
                     return Err("an admission after re-deciding parked workloads");
                 }
@@ -767,7 +804,10 @@ fn fast_pass(
         }
     }
     touched = refreshed;
-    let mut plan = Plan::default();
+    let mut plan = Plan {
+        actions: kept.pods_ready_actions(now)?,
+        ..Plan::default()
+    };
     let flavor_labels: BTreeMap<&str, &BTreeMap<String, String>> = kept
         .flavor_labels
         .iter()
@@ -875,4 +915,77 @@ fn fast_pass(
     kept.seen = seen;
     kept.now = now;
     Ok((plan, kept))
+}
+
+/// Whether `cfg` has `waitForPodsReady` with `blockAdmission` (the engine holds queues
+/// while an admitted workload's pods are not Ready).
+fn blocks_admission(cfg: &Config) -> bool {
+    cfg.pods_ready.as_ref().is_some_and(|c| c.block_admission)
+}
+
+/// Whether a from-scratch pass with `waitForPodsReady` left nothing pods-ready-related
+/// that the kept engine cannot follow: no requeue state (in the ConfigMaps, or on a
+/// waiting workload: backoff, deactivation, requeueing by eviction time), no state
+/// written, and with `blockAdmission` no running workload whose pods are not Ready.
+fn pods_ready_keepable(cfg: &Config, plan: &Plan, built: &Built, snap: &Snapshot) -> bool {
+    if cfg.pods_ready.is_none() {
+        return true;
+    }
+    let book = super::requeue_state::read(&snap.requeue_states);
+    book.entries.is_empty()
+        && book.problems.is_empty()
+        && !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::RequeueState { .. }))
+        && built
+            .lives
+            .iter()
+            .all(|l| pods_ready_followable(cfg, l).is_ok())
+}
+
+/// With `waitForPodsReady`, whether workload `l` as read now is one the kept engine
+/// follows (`Err`: the fallback reason).
+fn pods_ready_followable(cfg: &Config, l: &Live) -> Result<(), &'static str> {
+    if cfg.pods_ready.is_none() {
+        return Ok(());
+    }
+    if l.state == State::Waiting && l.requeue.is_some() {
+        return Err("a workload requeued after a pods-ready timeout");
+    }
+    if blocks_admission(cfg)
+        && l.state == State::Running
+        && l.info.is_some()
+        && !(l.ready || l.ready_recorded)
+    {
+        return Err("blockAdmission: a running workload's pods are not Ready");
+    }
+    Ok(())
+}
+
+impl Kept {
+    /// With `waitForPodsReady`, the `PodsReady` actions a fresh pass opens with (running
+    /// workloads Ready now but not recorded, in admission order); `Err` when one's
+    /// pods-ready timeout is due (it is evicted: decided from scratch).
+    fn pods_ready_actions(&self, now: Millis) -> Result<Vec<Action>, &'static str> {
+        let Some(cfg) = &self.pods_ready else {
+            return Ok(Vec::new());
+        };
+        let mut out = Vec::new();
+        for (_, key) in &self.unrecorded {
+            let l = self.lives.get(key).ok_or("bookkeeping")?;
+            let Some(first) = l.objects.first() else {
+                continue;
+            };
+            if l.ready {
+                out.push(Action::PodsReady {
+                    workload: l.key.clone(),
+                    object: first.clone(),
+                });
+            } else if pods_ready::timed_out(cfg, l.admitted_at, now) {
+                return Err("a pods-ready timeout is due");
+            }
+        }
+        Ok(out)
+    }
 }

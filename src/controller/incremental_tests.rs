@@ -6,13 +6,20 @@
 //! fresh decider over the final cache the same plan as the long-lived one. Creation
 //! times fall on a few minutes and names take a prefix that sorts before or after the
 //! others, so ties on priority and creation come with names in both orders (bursts).
+//! Half the cases run with `waitForPodsReady` (with and without `blockAdmission`): the
+//! plan's `PodsReady` and timeout requeue annotations are written back, so pods become
+//! Ready and recorded, time out, and Jobs wait out their backoff.
 
 use super::cache::Cache;
 use super::decide::{rfc3339, Action, ObjKind, Plan};
 use super::incremental::{decide_cached, Incremental};
+use super::pods_ready::{
+    EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
+};
 use super::reconciler::Config;
 use super::{ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE};
 use super::{PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION};
+use crate::quota::WaitForPodsReady;
 use proptest::prelude::*;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -317,11 +324,18 @@ impl World {
                         self.write(r.kind, v);
                     }
                 }
-                Action::Evict { objects, .. } => {
+                Action::Evict {
+                    objects, requeue, ..
+                } => {
                     for (r, _) in objects {
                         let Some(mut v) = self.object(r.kind, &r.name) else {
                             continue;
                         };
+                        if let Some(n) = requeue {
+                            v["metadata"]["annotations"][REQUEUE_COUNT_ANNOTATION] =
+                                json!(n.to_string());
+                            v["metadata"]["annotations"][EVICTED_AT_ANNOTATION] = json!(stamp);
+                        }
                         if r.kind == ObjKind::Pod {
                             v["metadata"]["deletionTimestamp"] = json!(stamp);
                         } else {
@@ -354,9 +368,13 @@ impl World {
                         self.write(r.kind, v);
                     }
                 }
-                Action::PodsReady { .. }
-                | Action::Replicas { .. }
-                | Action::RequeueState { .. } => {}
+                Action::PodsReady { object, .. } => {
+                    if let Some(mut v) = self.object(object.kind, &object.name) {
+                        v["metadata"]["annotations"][PODS_READY_AT_ANNOTATION] = json!(stamp);
+                        self.write(object.kind, v);
+                    }
+                }
+                Action::Replicas { .. } | Action::RequeueState { .. } => {}
             }
         }
     }
@@ -419,6 +437,31 @@ fn cfg() -> Config {
     Config::default()
 }
 
+/// A configuration with `waitForPodsReady` (a one-minute timeout, short backoffs).
+fn cfg_pods_ready(block_admission: bool) -> Config {
+    Config {
+        pods_ready: Some(WaitForPodsReady {
+            timeout: 60_000,
+            backoff_base: 30_000,
+            backoff_max: 120_000,
+            backoff_limit_count: Some(2),
+            requeue_by_eviction_time: true,
+            block_admission,
+        }),
+        ..Config::default()
+    }
+}
+
+/// The configurations the property test runs under: without `waitForPodsReady`, and
+/// with it without and with `blockAdmission`.
+fn any_cfg(mode: u8) -> Config {
+    match mode % 4 {
+        0 | 1 => cfg(),
+        2 => cfg_pods_ready(false),
+        _ => cfg_pods_ready(true),
+    }
+}
+
 /// Name prefixes: none, sorting before, sorting after the unprefixed names.
 const PREFIXES: [&str; 3] = ["", "a", "z"];
 
@@ -472,11 +515,14 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
 
     #[test]
-    fn incremental_plans_equal_from_scratch_plans(ops in proptest::collection::vec(op(), 1..40)) {
+    fn incremental_plans_equal_from_scratch_plans(
+        mode in 0u8..4,
+        ops in proptest::collection::vec(op(), 1..40),
+    ) {
         let mut w = World::new();
         let mut inc = Incremental::new();
         let blocked = BTreeMap::new();
-        let c = cfg();
+        let c = any_cfg(mode);
         let mut last = Plan::default();
         for (i, op) in ops.iter().enumerate() {
             step(&mut w, op, &last);
@@ -725,4 +771,114 @@ fn decision_cost_beside_n_waiting() {
             admit[2], seen[2]
         );
     }
+}
+
+/// Marks every admitted (ungated) pod Ready.
+fn all_admitted_ready(w: &mut World) {
+    for mut p in w.pods() {
+        if p["spec"]["schedulingGates"].is_null() && p["status"]["conditions"][0]["type"] != "Ready"
+        {
+            p["status"]["phase"] = json!("Running");
+            p["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+            w.put_pod(p);
+        }
+    }
+}
+
+/// With `waitForPodsReady` (no `blockAdmission`) steady passes stay incremental: pods
+/// admitted, becoming Ready and recorded, time advancing within the timeout. A timeout
+/// due decides from scratch (the workload is evicted).
+#[test]
+fn pods_ready_passes_stay_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg_pods_ready(false), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    let kinds = |p: &Plan| -> Vec<&'static str> {
+        p.actions
+            .iter()
+            .map(|a| match a {
+                Action::Admit { .. } => "admit",
+                Action::PodsReady { .. } => "ready",
+                Action::Evict { .. } => "evict",
+                Action::Pending { .. } => "pending",
+                _ => "other",
+            })
+            .collect()
+    };
+    w.add_pods(0, 4, false, 0, 0);
+    for _ in 0..20 {
+        w.add_pods(0, 1, false, 1, 0);
+    }
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    w.now += 10_000;
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    all_admitted_ready(&mut w);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(kinds(&plan), ["ready"]);
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    for round in 0..4 {
+        w.add_pods(3, 1, false, 2, 0);
+        let plan = pass(&mut w, &mut inc);
+        assert!(kinds(&plan).contains(&"admit"), "round {round}: {plan:?}");
+        w.apply(&plan, None);
+        pass(&mut w, &mut inc);
+        w.now += 30_000;
+        all_admitted_ready(&mut w);
+        let plan = pass(&mut w, &mut inc);
+        assert_eq!(kinds(&plan), ["ready"], "round {round}");
+        w.apply(&plan, None);
+        w.now += 40_000;
+        assert!(pass(&mut w, &mut inc).actions.is_empty(), "round {round}");
+    }
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    assert!(inc.stats.incremental >= 20, "{:?}", inc.stats);
+    // Admitted, never Ready, past the timeout: evicted by a fresh pass.
+    w.add_pods(3, 1, false, 2, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    w.now += 61_000;
+    let plan = pass(&mut w, &mut inc);
+    assert!(kinds(&plan).contains(&"evict"), "{plan:?}");
+    assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
+    assert_eq!(inc.stats.last_fallback, Some("a pods-ready timeout is due"));
+}
+
+/// With `blockAdmission`, passes where no admitted workload waits for its pods stay
+/// incremental (arrivals into a full queue, time advancing); after an admission the
+/// next pass decides from scratch until the pods are Ready.
+#[test]
+fn block_admission_passes_stay_incremental_while_all_ready() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg_pods_ready(true), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    w.add_pods(0, 4, false, 0, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    all_admitted_ready(&mut w);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    let full = inc.stats.full;
+    for round in 0..5 {
+        w.add_pods(0, 1, false, 1, 0);
+        w.now += 20_000;
+        let plan = pass(&mut w, &mut inc);
+        w.apply(&plan, None);
+        assert!(pass(&mut w, &mut inc).actions.is_empty(), "round {round}");
+    }
+    assert_eq!(inc.stats.full, full, "{:?}", inc.stats);
+    w.add_pods(3, 1, false, 2, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    assert_eq!(inc.stats.full, full + 2, "{:?}", inc.stats);
+    assert_eq!(
+        inc.stats.last_fallback,
+        Some("blockAdmission: an admitted workload's pods are not Ready yet")
+    );
 }
