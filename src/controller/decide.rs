@@ -163,8 +163,6 @@ pub(super) struct Built {
     pub(super) submit_errors: BTreeMap<String, (String, String)>,
     /// Some running workload could not be restored (it no longer fits).
     pub(super) restore_problem: bool,
-    /// Some waiting workload is held by a pods-ready backoff.
-    pub(super) held: bool,
     /// The engine preempted or evicted a workload in this pass.
     pub(super) evicted: bool,
 }
@@ -497,7 +495,6 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         queue_problems,
         submit_errors,
         restore_problem,
-        held: !held.is_empty(),
         evicted,
     };
     (plan, built)
@@ -511,7 +508,7 @@ pub fn rfc3339(ms: Millis) -> String {
 }
 
 /// The pending reason of a workload held after pods-ready timeouts (the plan's words).
-fn hold_reason(h: Hold, r: Requeue) -> (String, String) {
+pub(super) fn hold_reason(h: Hold, r: Requeue) -> (String, String) {
     match h {
         Hold::Backoff(until) => (
             "Backoff".into(),

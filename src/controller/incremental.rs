@@ -12,8 +12,8 @@
 //! exactly makes the pass decide from scratch instead, and start keeping again from
 //! there: queue objects, namespaces or configuration changed; a store re-LISTed; a
 //! preemption or eviction (now or still terminating); with `waitForPodsReady`, a
-//! pods-ready timeout due, a waiting workload with requeue state, requeue state
-//! ConfigMaps, and with `blockAdmission` an admission or a running workload not Ready
+//! pods-ready timeout due, a requeue backoff ending, a waiting workload's requeue state
+//! changed, requeue state ConfigMaps, and with `blockAdmission` an admission or a running workload not Ready
 //! (passes where none of that happens stay incremental and record `PodsReady`); serving
 //! replicas; evictions blocked by a PodDisruptionBudget; a running workload that no
 //! longer fits; an engine timer due (without `waitForPodsReady` only a minimum-runtime
@@ -34,8 +34,8 @@
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
 use super::decide::{
-    admit_action, collect, decide_full, engine_with_queues, Action, Built, Live, ObjRef, Plan,
-    Snapshot, State,
+    admit_action, collect, decide_full, engine_with_queues, hold_reason, Action, Built, Live,
+    ObjRef, Plan, Snapshot, State,
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
@@ -129,6 +129,9 @@ struct Kept {
     /// Running workloads whose pods were never recorded Ready, as (sort time, key): each
     /// pass records those Ready now, and one whose pods-ready timeout is due falls back.
     unrecorded: BTreeSet<(Millis, String)>,
+    /// Waiting workloads held by a pods-ready backoff, as (end, key): not in the engine
+    /// (their reason is kept with the submit errors); a backoff ending falls back.
+    backoffs: BTreeSet<(Millis, String)>,
     /// Queue objects and namespaces as last read: (store index, key) → fingerprint.
     queue_fps: HashMap<(usize, Key), Value>,
     queued_ns: BTreeSet<String>,
@@ -236,7 +239,6 @@ fn keep(
 ) -> Option<Kept> {
     let eligible = pods_ready_keepable(cfg, plan, &built, snap)
         && blocked.is_empty()
-        && !built.held
         && !built.restore_problem
         && !built.evicted
         && plan.serving.is_empty()
@@ -254,9 +256,22 @@ fn keep(
     let Built {
         engine,
         lives,
-        submit_errors,
+        mut submit_errors,
         ..
     } = built;
+    let mut backoffs = BTreeSet::new();
+    if let Some(pr) = &cfg.pods_ready {
+        for l in lives.iter().filter(|l| l.state == State::Waiting) {
+            if let (Some(_), Some(r)) = (&l.info, l.requeue) {
+                if let Some(h) = pods_ready::hold(pr, r, snap.now) {
+                    if let pods_ready::Hold::Backoff(until) = h {
+                        backoffs.insert((until, l.key.clone()));
+                    }
+                    submit_errors.insert(l.key.clone(), hold_reason(h, r));
+                }
+            }
+        }
+    }
     let stores = cache.stores();
     let mut queue_fps = HashMap::new();
     for i in QUEUE_STORES {
@@ -294,6 +309,7 @@ fn keep(
         device_classes: cfg.device_classes.clone(),
         pods_ready: cfg.pods_ready.clone(),
         unrecorded: BTreeSet::new(),
+        backoffs,
         queue_fps,
         flavor_labels: snap
             .flavors
@@ -491,6 +507,7 @@ impl Kept {
                     self.untrack(o);
                 }
                 self.submit_errors.remove(wk);
+                self.backoffs.retain(|(_, k)| k != wk);
                 let Some(n) = new else { return Ok(()) };
                 if n.state != State::Waiting {
                     return Err("a workload runs that was not admitted here");
@@ -533,6 +550,18 @@ impl Kept {
             return Ok(());
         };
         pods_ready::engine_readiness(self.pods_ready.as_ref(), n, &mut info);
+        if let (Some(pr), Some(r)) = (&self.pods_ready, n.requeue) {
+            if let Some(h) = pods_ready::hold(pr, r, now) {
+                if let pods_ready::Hold::Backoff(until) = h {
+                    self.backoffs.insert((until, wk.to_string()));
+                }
+                self.submit_errors.insert(wk.to_string(), hold_reason(h, r));
+                return Ok(());
+            }
+            if pr.requeue_by_eviction_time {
+                info.creation = r.evicted_at;
+            }
+        }
         if self.engine.knows(wk) {
             if !self.engine.forget_finished(wk) {
                 return Err("a workload key used again");
@@ -646,6 +675,12 @@ fn fast_pass(
             "blockAdmission: an admitted workload's pods are not Ready yet",
         ),
         (
+            kept.backoffs
+                .first()
+                .is_some_and(|(until, _)| *until <= now),
+            "a pods-ready backoff ended",
+        ),
+        (
             kept.engine.next_timer().is_some_and(|t| t <= now),
             "an engine timer is due",
         ),
@@ -751,6 +786,12 @@ fn fast_pass(
             pods_ready_followable(cfg, n)?;
         }
         let old = kept.lives.remove(wk);
+        if cfg.pods_ready.is_some()
+            && matches!((&old, &new), (Some(o), Some(n))
+                if o.state == State::Waiting && n.state == State::Waiting && o.requeue != n.requeue)
+        {
+            return Err("a waiting workload's requeue state changed");
+        }
         kept.apply(wk, old, new.as_ref(), now, &mut touched)?;
         if let Some(n) = new {
             if n.state == State::Running {
@@ -924,9 +965,9 @@ fn blocks_admission(cfg: &Config) -> bool {
 }
 
 /// Whether a from-scratch pass with `waitForPodsReady` left nothing pods-ready-related
-/// that the kept engine cannot follow: no requeue state (in the ConfigMaps, or on a
-/// waiting workload: backoff, deactivation, requeueing by eviction time), no state
+/// that the kept engine cannot follow: no requeue state in the ConfigMaps, no state
 /// written, and with `blockAdmission` no running workload whose pods are not Ready.
+/// (Waiting workloads held by a backoff or deactivated are kept out of the engine.)
 fn pods_ready_keepable(cfg: &Config, plan: &Plan, built: &Built, snap: &Snapshot) -> bool {
     if cfg.pods_ready.is_none() {
         return true;
@@ -949,9 +990,6 @@ fn pods_ready_keepable(cfg: &Config, plan: &Plan, built: &Built, snap: &Snapshot
 fn pods_ready_followable(cfg: &Config, l: &Live) -> Result<(), &'static str> {
     if cfg.pods_ready.is_none() {
         return Ok(());
-    }
-    if l.state == State::Waiting && l.requeue.is_some() {
-        return Err("a workload requeued after a pods-ready timeout");
     }
     if blocks_admission(cfg)
         && l.state == State::Running

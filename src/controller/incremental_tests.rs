@@ -882,3 +882,63 @@ fn block_admission_passes_stay_incremental_while_all_ready() {
         Some("blockAdmission: an admitted workload's pods are not Ready yet")
     );
 }
+
+/// A Job evicted for a pods-ready timeout waits out its backoff: passes while it is held
+/// stay incremental (it is kept out of the engine with its `Backoff` reason), the end of
+/// the backoff decides from scratch, and so does its next timeout.
+#[test]
+fn backoff_held_workloads_stay_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg_pods_ready(false), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    w.add_job(3, 1, false, 0, 1);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    w.now += 61_000;
+    let plan = pass(&mut w, &mut inc);
+    assert!(
+        plan.actions.iter().any(|a| matches!(
+            a,
+            Action::Evict {
+                requeue: Some(1),
+                ..
+            }
+        )),
+        "{plan:?}"
+    );
+    w.apply(&plan, None);
+    w.terminate();
+    let plan = pass(&mut w, &mut inc);
+    let held = |p: &Plan| {
+        p.actions
+            .iter()
+            .any(|a| matches!(a, Action::Pending { reason, .. } if reason == "Backoff"))
+    };
+    assert!(held(&plan), "{plan:?}");
+    w.apply(&plan, None);
+    let full = inc.stats.full;
+    for round in 0..4 {
+        w.now += 5_000;
+        w.add_pods(3, 1, false, 1, 0);
+        let plan = pass(&mut w, &mut inc);
+        assert!(!held(&plan), "round {round}: {plan:?}");
+        w.apply(&plan, None);
+        all_admitted_ready(&mut w);
+        let plan = pass(&mut w, &mut inc);
+        w.apply(&plan, None);
+    }
+    assert_eq!(inc.stats.full, full, "{:?}", inc.stats);
+    // The 30 s backoff ends: the Job queues again (admitted), from scratch.
+    w.now += 15_000;
+    let plan = pass(&mut w, &mut inc);
+    assert!(
+        plan.actions
+            .iter()
+            .any(|a| matches!(a, Action::Admit { workload, .. } if workload.contains("job-"))),
+        "{plan:?}"
+    );
+    assert_eq!(inc.stats.full, full + 1, "{:?}", inc.stats);
+    assert_eq!(inc.stats.last_fallback, Some("a pods-ready backoff ended"));
+}
