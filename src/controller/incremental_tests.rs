@@ -737,10 +737,13 @@ fn requeues_stay_incremental() {
 #[test]
 #[ignore]
 fn decision_cost_beside_n_waiting() {
-    for n in [2_000usize, 8_000] {
+    for (n, c) in [2_000usize, 8_000]
+        .into_iter()
+        .flat_map(|n| [(n, cfg()), (n, cfg_pods_ready(false))])
+    {
         let mut w = World::new();
         let mut inc = Incremental::new();
-        let (c, blocked) = (cfg(), BTreeMap::new());
+        let blocked = BTreeMap::new();
         w.add_pods(0, 4, false, 0, 0);
         for _ in 0..n {
             w.add_pods(0, 1, false, 1, 0);
@@ -767,8 +770,10 @@ fn decision_cost_beside_n_waiting() {
         seen.sort();
         assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
         eprintln!(
-            "N = {n}: admitting pass {:?}, admission seen back {:?} (median of 5)",
-            admit[2], seen[2]
+            "N = {n}, waitForPodsReady {}: admitting pass {:?}, admission seen back {:?} (median of 5)",
+            c.pods_ready.is_some(),
+            admit[2],
+            seen[2]
         );
     }
 }
