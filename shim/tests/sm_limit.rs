@@ -34,7 +34,11 @@ fn check(runs: Vec<Run>) {
             Some(t) if (share - t).abs() > 5.0 => {
                 failures.push(format!("{name}: {share:.1}% vs {t}%"))
             }
-            None if share < 75.0 => {
+            // Unthrottled, the share is what the probe's launch+sync loop achieves, which
+            // drops with CPU contention (59–70 % seen on the loaded 2-core CI VM with the
+            // dozen probes of this file at once); the limits below are 40 % at most, so
+            // 55 % still tells "not throttled" from "throttled to 40 %".
+            None if share < 55.0 => {
                 failures.push(format!("{name}: {share:.1}% throttled without a limit"))
             }
             _ => eprintln!("{name}: {share:.1}%"),
