@@ -18,7 +18,7 @@ use serde_json::{json, Value};
 use support::apiserver::ApiServer;
 use support::dra_agent::{DraAgentBuilder, NodeDirs, NODE};
 use support::dra_kubelet::{Claim, DraKubelet};
-use support::dra_pool::{complete_pool, device_names, our_slices, DRIVER, SLICES};
+use support::dra_pool::{complete_pool, device_names, gpu_uuids, our_slices, DRIVER, SLICES};
 use support::kubelet::Kubelet;
 use tessera::dra::checkpoint::{Phase, Store};
 use tessera::gpu::fake::FakeBackend;
@@ -197,13 +197,7 @@ async fn an_xid_on_a_dra_gpu_is_reported_unhealthy_and_taints_its_devices() {
     let dirs = NodeDirs::under(tmp.path());
     let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
     let backend = Arc::new(FakeBackend::from_spec("3xA100-80GB").unwrap());
-    let uuids: Vec<String> = backend
-        .inventory()
-        .unwrap()
-        .gpus
-        .iter()
-        .map(|g| g.uuid.clone())
-        .collect();
+    let uuids = gpu_uuids(backend.as_ref());
     let gpu0 = uuids[0].clone();
     let agent = DraAgentBuilder::new(&dirs, backend.clone())
         .configs(&[("default", ALL_MIG)])

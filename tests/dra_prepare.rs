@@ -682,12 +682,8 @@ async fn a_lost_started_record_leaves_nothing_behind_after_the_start_up_sweep() 
 
     let restarted = preparer(&api, backend.clone(), tmp.path(), "boot-1");
     restarted.recover().unwrap();
-    let gpus: std::collections::BTreeSet<String> = backend
-        .inventory()
-        .unwrap()
-        .gpus
-        .iter()
-        .map(|g| g.uuid.clone())
+    let gpus: std::collections::BTreeSet<String> = support::dra_pool::gpu_uuids(backend.as_ref())
+        .into_iter()
         .collect();
     assert_eq!(restarted.destroy_unowned_migs(&gpus).unwrap(), 1);
     assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
@@ -993,12 +989,8 @@ async fn a_torn_or_corrupt_log_record_is_recovered_from_at_start() {
     let restarted = preparer(&api, backend.clone(), tmp.path(), "boot-1");
     let loaded = restarted.recover().unwrap();
     assert!(loaded.data.claims.is_empty(), "rebuilt: starts empty");
-    let gpus: std::collections::BTreeSet<String> = backend
-        .inventory()
-        .unwrap()
-        .gpus
-        .iter()
-        .map(|g| g.uuid.clone())
+    let gpus: std::collections::BTreeSet<String> = support::dra_pool::gpu_uuids(backend.as_ref())
+        .into_iter()
         .collect();
     assert_eq!(restarted.destroy_unowned_migs(&gpus).unwrap(), 1);
     assert!(!tmp.path().join("cdi/tessera.io-claim-uid-1.json").exists());

@@ -22,8 +22,8 @@ use support::dra_agent::allocated_claim;
 use support::dra_agent::{DraAgentBuilder, NodeDirs, NODE};
 use support::dra_kubelet::{Claim, DraKubelet};
 use support::dra_pool::{
-    blocked_events, dra_devices, node, wait_blocked, wait_dp, wait_dra, write_kubelet_checkpoint,
-    Node, Slices, DRIVER, GPU, SLICES, WAIT,
+    blocked_events, dra_devices, gpu_uuids, node, wait_blocked, wait_dp, wait_dra,
+    write_kubelet_checkpoint, Node, Slices, DRIVER, GPU, SLICES, WAIT,
 };
 use support::kubelet::Kubelet;
 use tessera::gpu::fake::FakeBackend;
@@ -483,13 +483,7 @@ async fn a_gpu_a_claim_is_being_prepared_on_does_not_go_to_the_device_plugin() {
         inner: FakeBackend::from_spec("3xL4").unwrap(),
         armed: std::sync::Mutex::new(None),
     });
-    let uuids: Vec<String> = backend
-        .inventory()
-        .unwrap()
-        .gpus
-        .iter()
-        .map(|g| g.uuid.clone())
-        .collect();
+    let uuids = gpu_uuids(backend.as_ref());
     let agent = DraAgentBuilder::new(&dirs, backend.clone())
         .configs(&[
             ("default", "version: v1\n"),

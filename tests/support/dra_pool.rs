@@ -24,6 +24,17 @@ pub const GPU: &str = "nvidia.com/gpu";
 pub const WAIT: Duration = Duration::from_secs(10);
 
 /// This node's ResourceSlices of the Tessera driver.
+/// The UUIDs of `backend`'s GPUs, in inventory order.
+pub fn gpu_uuids(backend: &dyn GpuBackend) -> Vec<String> {
+    backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect()
+}
+
 pub fn our_slices(api: &ApiServer) -> Vec<Value> {
     api.objects(SLICES)
         .into_iter()
@@ -176,13 +187,7 @@ pub async fn node(gpus: &str) -> (Node, Arc<FakeBackend>) {
     let plugins = Kubelet::start(&dirs.kubelet_dir.join("device-plugins")).await;
     let kubelet = DraKubelet::start(&dirs.kubelet_dir, NODE, api.client()).await;
     let backend = Arc::new(FakeBackend::from_spec(gpus).unwrap());
-    let uuids = backend
-        .inventory()
-        .unwrap()
-        .gpus
-        .iter()
-        .map(|g| g.uuid.clone())
-        .collect();
+    let uuids = gpu_uuids(backend.as_ref());
     let node = Node {
         api,
         dirs,
