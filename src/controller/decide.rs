@@ -165,6 +165,8 @@ pub(super) struct Built {
     pub(super) restore_problem: bool,
     /// The engine preempted or evicted a workload in this pass.
     pub(super) evicted: bool,
+    /// The preemption scopes ([`Scopes::of`]) of the workloads preempted or evicted.
+    pub(super) evicted_scopes: BTreeSet<String>,
 }
 
 /// The `Admit` action for waiting workload `l` admitted by event `ev`.
@@ -341,6 +343,15 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
     let evicted = events
         .iter()
         .any(|e| matches!(e.kind, EventType::Preempted | EventType::Evicted));
+    let evicted_scopes: BTreeSet<String> = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventType::Preempted | EventType::Evicted))
+        .map(|e| {
+            by_key
+                .get(e.workload.as_str())
+                .map_or(UNKNOWN_SCOPE.to_string(), |l| scopes.of(l))
+        })
+        .collect();
     for ev in &events {
         let Some(l) = by_key.get(ev.workload.as_str()) else {
             continue;
@@ -428,13 +439,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
                     ),
                 )
             } else if *r == "WaitingForPreemptedWorkloads" && !waiting_on(l).is_empty() {
-                (
-                    r.to_string(),
-                    format!(
-                        "waiting for evicted workloads to terminate: {}",
-                        waiting_on(l).join(", ")
-                    ),
-                )
+                (r.to_string(), terminating_message(&waiting_on(l)))
             } else {
                 (r.to_string(), m.to_string())
             }
@@ -496,6 +501,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         submit_errors,
         restore_problem,
         evicted,
+        evicted_scopes,
     };
     (plan, built)
 }
@@ -528,17 +534,28 @@ pub(super) fn hold_reason(h: Hold, r: Requeue) -> (String, String) {
     }
 }
 
+/// The message of a preemptor waiting while `keys` (evicted workloads of its scope)
+/// terminate.
+pub(super) fn terminating_message(keys: &[String]) -> String {
+    format!(
+        "waiting for evicted workloads to terminate: {}",
+        keys.join(", ")
+    )
+}
+
 /// Scope of a workload whose LocalQueue or ClusterQueue is unknown.
-const UNKNOWN_SCOPE: &str = "?";
+pub(super) const UNKNOWN_SCOPE: &str = "?";
 
 /// Preemption scopes: a workload's cohort, or its ClusterQueue when that has none.
-struct Scopes {
+/// Scopes share no quota, so what happens in one never changes a decision in another.
+#[derive(Clone, Debug, Default)]
+pub(super) struct Scopes {
     local_queues: BTreeMap<(String, String), String>,
     cohorts: BTreeMap<String, Option<String>>,
 }
 
 impl Scopes {
-    fn new(s: &Snapshot) -> Self {
+    pub(super) fn new(s: &Snapshot) -> Self {
         Scopes {
             local_queues: s
                 .local_queues
@@ -564,7 +581,19 @@ impl Scopes {
         }
     }
 
-    fn of(&self, l: &Live) -> String {
+    /// The ClusterQueues of `scope`.
+    pub(super) fn cluster_queues(&self, scope: &str) -> Vec<String> {
+        self.cohorts
+            .iter()
+            .filter(|(cq, cohort)| match cohort {
+                Some(c) => scope.strip_prefix("cohort/") == Some(c.as_str()),
+                None => scope.strip_prefix("clusterqueue/") == Some(cq.as_str()),
+            })
+            .map(|(cq, _)| cq.clone())
+            .collect()
+    }
+
+    pub(super) fn of(&self, l: &Live) -> String {
         let Some(info) = &l.info else {
             return UNKNOWN_SCOPE.into();
         };

@@ -34,8 +34,8 @@
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
 use super::decide::{
-    admit_action, collect, decide_full, engine_with_queues, hold_reason, Action, Built, Live,
-    ObjRef, Plan, Snapshot, State,
+    admit_action, collect, decide_full, engine_with_queues, hold_reason, terminating_message,
+    Action, Built, Live, ObjRef, Plan, Scopes, Snapshot, State, UNKNOWN_SCOPE,
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
@@ -60,6 +60,9 @@ pub struct IncStats {
     /// Workloads the incremental passes took out and queued again (a waiting workload's
     /// requests changed, an admission's write failed, a finished workload's key reused).
     pub requeued: u64,
+    /// Preemption scopes the incremental passes re-decided from their workloads (victims
+    /// evicted or terminating there, or a change the engine has no update for).
+    pub scopes_redecided: u64,
     /// Wall time of the last [`Incremental::decide`] (the decision alone, no I/O).
     pub last_decide: std::time::Duration,
 }
@@ -165,6 +168,19 @@ struct Kept {
     stale: BTreeSet<String>,
     /// Workloads queued again (or submitted under a reused key) in this pass.
     requeues: u64,
+    /// Scopes re-decided from their workloads in this pass.
+    redecided: u64,
+    /// Preemption scopes (a cohort, or a ClusterQueue without one) of the queue objects.
+    scopes: Scopes,
+    /// The workloads of each scope (keys of `lives`).
+    scope_keys: HashMap<String, BTreeSet<String>>,
+    /// Terminating workloads (evicted, their objects not gone yet) per scope, as
+    /// (admission time, key): a fresh pass restores them as running and evicts nothing
+    /// more in their scope, so such a scope is re-decided from its workloads each pass.
+    terminating: BTreeMap<String, BTreeSet<(Millis, String)>>,
+    /// Scopes where the last pass preempted or evicted: re-decided in the next (the
+    /// evictions' writes may not have landed, and a fresh pass would decide them again).
+    evicted_scopes: BTreeSet<String>,
 }
 
 impl Incremental {
@@ -198,6 +214,7 @@ impl Incremental {
             Some(kept) => match fast_pass(kept, cache, cfg, now, blocked) {
                 Ok((plan, mut kept)) => {
                     self.stats.requeued += std::mem::take(&mut kept.requeues);
+                    self.stats.scopes_redecided += std::mem::take(&mut kept.redecided);
                     self.kept = Some(kept);
                     self.stats.incremental += 1;
                     return plan;
@@ -237,22 +254,36 @@ fn keep(
     seen: Vec<u64>,
     blocked: &BTreeMap<ObjRef, Blocked>,
 ) -> Option<Kept> {
+    let scopes = Scopes::new(snap);
+    // Evictions (now, or still terminating) are followed scope by scope, without
+    // `waitForPodsReady` and when every workload involved has a known scope.
+    let preempting = built.evicted
+        || plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Evict { .. }))
+        || built.lives.iter().any(|l| l.state == State::Terminating);
+    let scoped = cfg.pods_ready.is_none()
+        && !built.evicted_scopes.contains(UNKNOWN_SCOPE)
+        && built
+            .lives
+            .iter()
+            .filter(|l| l.state == State::Terminating)
+            .all(|l| scopes.of(l) != UNKNOWN_SCOPE);
     let eligible = pods_ready_keepable(cfg, plan, &built, snap)
         && blocked.is_empty()
         && !built.restore_problem
-        && !built.evicted
+        && (!preempting || scoped)
         && plan.serving.is_empty()
         && !plan
             .actions
             .iter()
-            .any(|a| matches!(a, Action::Evict { .. } | Action::Replicas { .. }))
-        && built
-            .lives
-            .iter()
-            .all(|l| l.state != State::Terminating && l.serving.is_none());
+            .any(|a| matches!(a, Action::Replicas { .. }))
+        && built.lives.iter().all(|l| l.serving.is_none());
     if !eligible {
         return None;
     }
+    let evicted_scopes = built.evicted_scopes.clone();
     let Built {
         engine,
         lives,
@@ -348,6 +379,11 @@ fn keep(
         },
         stale: BTreeSet::new(),
         requeues: 0,
+        redecided: 0,
+        scopes,
+        scope_keys: HashMap::new(),
+        terminating: BTreeMap::new(),
+        evicted_scopes,
         queued_ns,
         engine,
     };
@@ -358,7 +394,7 @@ fn keep(
     }
     for l in lives {
         kept.track(&l);
-        kept.lives.insert(l.key.clone(), l);
+        kept.put_live(l);
     }
     kept.stale = kept
         .admitted_waiting
@@ -422,9 +458,154 @@ impl Kept {
 
     /// Forgets the bookkeeping of live `l` (about to be replaced or gone).
     fn untrack(&mut self, l: &Live) {
-        self.gated_running.remove(&sort_key(l));
-        self.unrecorded.remove(&sort_key(l));
-        self.admitted_waiting.remove(&l.key);
+        self.untrack_key(&sort_key(l));
+    }
+
+    fn untrack_key(&mut self, sk: &(Millis, String)) {
+        self.gated_running.remove(sk);
+        self.unrecorded.remove(sk);
+        self.admitted_waiting.remove(&sk.1);
+    }
+
+    /// Adds live `l` to `lives` and to the scope indexes.
+    fn put_live(&mut self, l: Live) {
+        let scope = self.scopes.of(&l);
+        if l.state == State::Terminating {
+            self.terminating
+                .entry(scope.clone())
+                .or_default()
+                .insert(sort_key(&l));
+        }
+        self.scope_keys
+            .entry(scope)
+            .or_default()
+            .insert(l.key.clone());
+        self.lives.insert(l.key.clone(), l);
+    }
+
+    /// Takes live `wk` out of `lives` and the scope indexes.
+    fn take_live(&mut self, wk: &str) -> Option<Live> {
+        let l = self.lives.remove(wk)?;
+        let scope = self.scopes.of(&l);
+        if let Some(keys) = self.scope_keys.get_mut(&scope) {
+            keys.remove(wk);
+            if keys.is_empty() {
+                self.scope_keys.remove(&scope);
+            }
+        }
+        if let Some(t) = self.terminating.get_mut(&scope) {
+            t.remove(&sort_key(&l));
+            if t.is_empty() {
+                self.terminating.remove(&scope);
+            }
+        }
+        Some(l)
+    }
+
+    /// The scopes whose decisions live `l` takes part in: its own when it is in the
+    /// engine, and when it terminates (one of an unknown scope holds every scope).
+    fn scopes_of(&self, l: &Live) -> Option<String> {
+        (l.info.is_some() || l.state == State::Terminating).then(|| self.scopes.of(l))
+    }
+
+    /// The terminating workloads a preemptor in `scope` waits for, in a fresh pass's
+    /// order (its scope's, then those of an unknown scope).
+    fn terminating_in(&self, scope: &str) -> Vec<String> {
+        [scope, UNKNOWN_SCOPE]
+            .iter()
+            .filter_map(|s| self.terminating.get(*s))
+            .flatten()
+            .map(|(_, k)| k.clone())
+            .collect()
+    }
+
+    /// Takes workload `wk` out of the engine (whatever its state) and forgets its key
+    /// and bookkeeping; its scope is re-decided from its workloads in this pass.
+    fn drop_from_engine(&mut self, wk: &str, now: Millis) -> Result<(), &'static str> {
+        if !self.engine.forget_finished(wk) && self.engine.knows(wk) {
+            self.engine
+                .remove(now, wk)
+                .map_err(|_| "removing an unknown workload")?;
+            if !self.engine.forget_finished(wk) {
+                return Err("a removed workload not finished");
+            }
+        }
+        self.submit_errors.remove(wk);
+        self.backoffs.retain(|(_, k)| k != wk);
+        self.admitted.remove(wk);
+        self.admitted_waiting.remove(wk);
+        Ok(())
+    }
+
+    /// Re-decides preemption scope `scope` from its workloads as read now, as a fresh
+    /// pass builds it: every workload of the scope leaves the engine, the running and
+    /// terminating ones are restored in admission order, the waiting ones submitted.
+    /// Cost: the scope's workloads. Returns their keys.
+    fn rebuild_scope(
+        &mut self,
+        scope: &str,
+        now: Millis,
+        touched: &mut BTreeSet<String>,
+    ) -> Result<Vec<String>, &'static str> {
+        if scope == UNKNOWN_SCOPE {
+            return Err("a workload of an unknown queue terminates or changed");
+        }
+        let mut order: Vec<(Millis, String)> = self
+            .scope_keys
+            .get(scope)
+            .into_iter()
+            .flatten()
+            .filter_map(|k| self.lives.get(k).map(sort_key))
+            .collect();
+        order.sort();
+        for sk in &order {
+            self.untrack_key(sk);
+            self.drop_from_engine(&sk.1, now)?;
+        }
+        // Removals report Finished, restores Admitted: neither is this pass's news.
+        let drained = self.engine.take_events();
+        if drained
+            .iter()
+            .any(|e| !matches!(e.kind, EventType::Finished | EventType::Admitted))
+        {
+            return Err("events before scheduling");
+        }
+        for (_, k) in &order {
+            let l = self.lives.get(k).ok_or("bookkeeping")?;
+            let Some(mut info) = l.info.clone() else {
+                continue;
+            };
+            if !matches!(l.state, State::Running | State::Terminating) {
+                continue;
+            }
+            pods_ready::engine_readiness(self.pods_ready.as_ref(), l, &mut info);
+            let admitted_at = l.admitted_at;
+            if !matches!(
+                self.engine.restore_admitted(now, info, admitted_at),
+                Ok(true)
+            ) {
+                return Err("a running workload no longer fits its queue");
+            }
+        }
+        self.engine.take_events();
+        for (_, k) in &order {
+            let l = self.lives.remove(k).ok_or("bookkeeping")?;
+            let done = if l.state == State::Waiting {
+                self.submit(k, &l, now, touched)
+            } else {
+                Ok(())
+            };
+            self.lives.insert(k.clone(), l);
+            done?;
+        }
+        for (_, k) in &order {
+            let l = self.lives.remove(k).ok_or("bookkeeping")?;
+            self.track(&l);
+            self.lives.insert(k.clone(), l);
+        }
+        touched.extend(self.scopes.cluster_queues(scope));
+        self.redecided += 1;
+        Ok(order.into_iter().map(|(_, k)| k).collect())
     }
 
     /// Whether the engine's admissions are those a fresh pass would restore: every
@@ -437,7 +618,7 @@ impl Kept {
         let mut running: Vec<&Live> = self
             .lives
             .values()
-            .filter(|l| l.state == State::Running && l.info.is_some())
+            .filter(|l| matches!(l.state, State::Running | State::Terminating) && l.info.is_some())
             .collect();
         running.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
         for l in &running {
@@ -780,25 +961,58 @@ fn fast_pass(
     }
     let mut touched: BTreeSet<String> = std::mem::take(&mut kept.stale);
     let mut candidates: BTreeSet<String> = kept.unsynced.clone();
+    // Scopes re-decided from their workloads in this pass (see `Kept::rebuild_scope`):
+    // evictions last pass, workloads terminating, a change the engine cannot follow.
+    // Only without `waitForPodsReady`; with it, those decide everything from scratch.
+    let scoped = cfg.pods_ready.is_none();
+    let mut held: BTreeSet<String> = std::mem::take(&mut kept.evicted_scopes);
+    held.extend(kept.terminating.keys().cloned());
+    if !scoped && !held.is_empty() {
+        return Err("a preemption");
+    }
     for (wk, job) in &affected {
         let new = kept.reread(cache, wk, job.as_ref(), cfg)?;
         if let Some(n) = &new {
             pods_ready_followable(cfg, n)?;
         }
-        let old = kept.lives.remove(wk);
+        let old = kept.take_live(wk);
         if cfg.pods_ready.is_some()
             && matches!((&old, &new), (Some(o), Some(n))
                 if o.state == State::Waiting && n.state == State::Waiting && o.requeue != n.requeue)
         {
             return Err("a waiting workload's requeue state changed");
         }
-        kept.apply(wk, old, new.as_ref(), now, &mut touched)?;
+        let scopes: Vec<String> = old
+            .iter()
+            .chain(&new)
+            .filter_map(|l| kept.scopes_of(l))
+            .collect();
+        let ends = old
+            .iter()
+            .chain(&new)
+            .any(|l| l.state == State::Terminating);
+        if scoped && (ends || scopes.iter().any(|s| held.contains(s))) {
+            held.extend(scopes);
+            if let Some(o) = &old {
+                kept.untrack(o);
+            }
+            kept.drop_from_engine(wk, now)?;
+        } else {
+            match kept.apply(wk, old, new.as_ref(), now, &mut touched) {
+                Ok(()) => {}
+                Err(why) if scoped && REDECIDE_SCOPE.contains(&why) => {
+                    held.extend(scopes);
+                    kept.drop_from_engine(wk, now)?;
+                }
+                Err(why) => return Err(why),
+            }
+        }
         if let Some(n) = new {
             if n.state == State::Running {
                 kept.admitted.insert(wk.clone());
             }
             kept.track(&n);
-            kept.lives.insert(wk.clone(), n);
+            kept.put_live(n);
         }
         candidates.insert(wk.clone());
     }
@@ -806,9 +1020,19 @@ fn fast_pass(
     // pass queues it with the others, so it queues again here.
     for wk in std::mem::take(&mut kept.admitted_waiting) {
         let l = kept.lives.remove(&wk).ok_or("bookkeeping")?;
-        kept.requeue(&wk, &l, now, &mut touched)?;
+        let redo = kept.scopes_of(&l).is_some_and(|s| held.contains(&s));
+        let done = if redo {
+            Ok(())
+        } else {
+            kept.requeue(&wk, &l, now, &mut touched)
+        };
         kept.lives.insert(wk.clone(), l);
+        done?;
         candidates.insert(wk);
+    }
+    let mut rebuilt: Vec<String> = Vec::new();
+    for scope in &held {
+        rebuilt.extend(kept.rebuild_scope(scope, now, &mut touched)?);
     }
     if kept.verify {
         if !kept.books_match(now) {
@@ -831,6 +1055,9 @@ fn fast_pass(
         }
         kept.engine.schedule(now).map_err(|_| "scheduling failed")?;
         for ev in kept.engine.take_events() {
+            if round > 0 && matches!(ev.kind, EventType::Preempted | EventType::Evicted) {
+                return Err("a preemption after re-deciding parked workloads");
+            }
             if ev.kind == EventType::Admitted {
                 if blocks_admission(cfg) {
                     return Err("blockAdmission: an admission holds every queue");
@@ -854,9 +1081,40 @@ fn fast_pass(
         .iter()
         .map(|(k, v)| (k.as_str(), v))
         .collect();
+    let mut evicted_scopes = BTreeSet::new();
     for ev in &events {
         match ev.kind {
-            EventType::Preempted | EventType::Evicted => return Err("a preemption"),
+            EventType::Preempted | EventType::Evicted if !scoped => return Err("a preemption"),
+            EventType::Preempted | EventType::Evicted => {
+                // As a fresh pass: a running victim is evicted unless its scope waits
+                // for terminating workloads already (then nothing more is evicted).
+                let Some(l) = kept.lives.get(&ev.workload) else {
+                    evicted_scopes.insert(UNKNOWN_SCOPE.to_string());
+                    continue;
+                };
+                let scope = kept.scopes.of(l);
+                // A scope followed incrementally may hold reasons parked before that a
+                // fresh pass would not have decided yet (the preemptor takes the head
+                // of its queue): the first preemption decides from scratch.
+                if !held.contains(&scope) {
+                    return Err("a preemption");
+                }
+                if l.state == State::Running && kept.terminating_in(&scope).is_empty() {
+                    plan.actions.push(Action::Evict {
+                        workload: l.key.clone(),
+                        objects: l
+                            .objects
+                            .iter()
+                            .cloned()
+                            .zip(l.graces.iter().copied())
+                            .collect(),
+                        reason: ev.reason.clone().unwrap_or_default(),
+                        by: ev.by.clone().unwrap_or_default(),
+                        requeue: None,
+                    });
+                }
+                evicted_scopes.insert(scope);
+            }
             EventType::Admitted => {
                 let l = kept
                     .lives
@@ -881,6 +1139,17 @@ fn fast_pass(
             _ => {}
         }
     }
+    // The re-decided scopes' workloads: admitted when the engine holds them admitted
+    // or they run (a victim evicted again while it terminates is neither).
+    for k in &rebuilt {
+        let l = kept.lives.get(k).ok_or("bookkeeping")?;
+        if kept.engine.is_admitted(k) || l.state == State::Running {
+            kept.admitted.insert(k.clone());
+        } else {
+            kept.admitted.remove(k);
+        }
+    }
+    kept.evicted_scopes = evicted_scopes;
     for (_, key) in &kept.gated_running {
         let l = kept.lives.get(key).ok_or("bookkeeping")?;
         plan.actions.push(Action::Admit {
@@ -927,9 +1196,15 @@ fn fast_pass(
             .or_else(|| kept.submit_errors.get(key).cloned())
             .or_else(|| entries.get(key).cloned())
             .or_else(|| kept.engine.pending_entry(key));
-        let Some((reason, message)) = want else {
+        let Some((reason, mut message)) = want else {
             continue;
         };
+        if reason == "WaitingForPreemptedWorkloads" {
+            let waiting_on = kept.terminating_in(&kept.scopes.of(l));
+            if !waiting_on.is_empty() {
+                message = terminating_message(&waiting_on);
+            }
+        }
         if l.recorded.as_ref() != Some(&(reason.clone(), message.clone())) {
             unsynced.insert(key.to_string());
             plan.actions.push(Action::Pending {
@@ -952,11 +1227,31 @@ fn fast_pass(
         .into_iter()
         .map(|(name, a, p)| (name, (a, p)))
         .collect();
+    // A fresh pass counts evicted workloads still holding quota as pending; in the kept
+    // engine those are this pass's victims (earlier ones' scopes were re-decided).
+    let victims: BTreeSet<(&str, &str)> = events
+        .iter()
+        .filter(|e| matches!(e.kind, EventType::Preempted | EventType::Evicted))
+        .filter(|e| kept.engine.is_terminating(&e.workload))
+        .filter_map(|e| Some((e.cluster_queue.as_deref()?, e.workload.as_str())))
+        .collect();
+    for (cq, _) in victims {
+        if let Some(c) = plan.queue_counts.get_mut(cq) {
+            c.1 += 1;
+        }
+    }
     plan.next_timer = kept.engine.next_timer();
     kept.seen = seen;
     kept.now = now;
     Ok((plan, kept))
 }
+
+/// Why [`Kept::apply`] gives up on a workload where re-deciding its scope from its
+/// workloads (a fresh pass, scope by scope) follows.
+const REDECIDE_SCOPE: [&str; 2] = [
+    "a workload changed in a way the engine has no update for",
+    "a workload runs that was not admitted here",
+];
 
 /// Whether `cfg` has `waitForPodsReady` with `blockAdmission` (the engine holds queues
 /// while an admitted workload's pods are not Ready).

@@ -947,3 +947,83 @@ fn backoff_held_workloads_stay_incremental() {
     assert_eq!(inc.stats.full, full + 1, "{:?}", inc.stats);
     assert_eq!(inc.stats.last_fallback, Some("a pods-ready backoff ended"));
 }
+
+/// A preemption decides from scratch once; the passes while its victims terminate, and
+/// the one admitting the preemptor once they are gone, re-decide only the victims'
+/// scope (here ClusterQueue `a`) and follow the rest: a pod arriving in queue `d` is
+/// admitted beside it. Every pass gives the plan a fresh pass gives.
+#[test]
+fn passes_while_victims_terminate_redecide_only_their_scope() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    let count = |plan: &Plan, f: fn(&Action) -> bool| plan.actions.iter().filter(|a| f(a)).count();
+    // Queue `a` (4 GPUs) full of low-priority work: two pods and a 2-GPU Job.
+    w.add_pods(0, 1, false, 0, 0);
+    w.add_pods(0, 1, false, 0, 0);
+    w.add_job(0, 2, false, 0, 1);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    // A high-priority 2-GPU pod preempts: decided from scratch.
+    w.now += 60_000;
+    w.add_pods(0, 2, true, 2, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert!(
+        count(&plan, |a| matches!(a, Action::Evict { .. })) >= 1,
+        "{plan:?}"
+    );
+    assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
+    assert_eq!(inc.stats.last_fallback, Some("a preemption"));
+    w.apply(&plan, None);
+    // The victims terminate: the preemptor now names them; scope `a` is re-decided.
+    let plan = pass(&mut w, &mut inc);
+    let waiting: Vec<&str> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Pending { message, .. } => Some(message.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        waiting
+            .iter()
+            .any(|m| m.starts_with("waiting for evicted workloads to terminate: ")),
+        "{plan:?}"
+    );
+    assert_eq!(count(&plan, |a| matches!(a, Action::Evict { .. })), 0);
+    w.apply(&plan, None);
+    let redecided = inc.stats.scopes_redecided;
+    assert!(redecided >= 1, "{:?}", inc.stats);
+    // Meanwhile queue `d` admits as usual, no victim evicted twice.
+    for round in 0..3 {
+        w.now += 1000;
+        w.add_pods(3, 1, false, 3, 0);
+        let plan = pass(&mut w, &mut inc);
+        assert_eq!(
+            count(&plan, |a| matches!(a, Action::Admit { .. })),
+            1,
+            "round {round}: {plan:?}"
+        );
+        assert_eq!(count(&plan, |a| matches!(a, Action::Evict { .. })), 0);
+        w.apply(&plan, None);
+    }
+    // The victims are gone: the preemptor is admitted, still without a fresh pass.
+    w.terminate();
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        count(&plan, |a| matches!(a, Action::Admit { .. })),
+        1,
+        "{plan:?}"
+    );
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    // Settled: an idle pass re-decides nothing.
+    let before = inc.stats.scopes_redecided;
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    assert_eq!(inc.stats.scopes_redecided, before, "{:?}", inc.stats);
+    assert!(before > redecided, "{:?}", inc.stats);
+    assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
+}

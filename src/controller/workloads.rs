@@ -177,9 +177,17 @@ fn recorded_job(job: &Value) -> Option<(String, String)> {
     ))
 }
 
+/// How long the engine holds an evicted workload's quota: until its objects are gone.
+/// The controller sees that happen (the pods deleted, the Job's active pods at zero)
+/// and takes the workload out then, so the engine's own grace timer must never fire:
+/// it would free the quota while the pods still run, and make every pass after an
+/// eviction "timer due" for nothing.
+pub(super) const HELD_UNTIL_GONE: Millis = 10 * 365 * 24 * 3600 * 1000;
+
 /// Live-object details the plan format does not carry: creation time, priority fixed
-/// by the webhook, last checkpoint as a wall-clock stamp, a grace period of at least
-/// 1 ms (so the engine never admits a preemptor in the same pass as its victims leave).
+/// by the webhook, last checkpoint as a wall-clock stamp, and [`HELD_UNTIL_GONE`] as
+/// the grace period (the engine never admits a preemptor in the same pass as its
+/// victims leave, nor frees their quota on a timer).
 fn finish_info(info: &mut WorkloadInfo, object: &Value, created: Millis) {
     info.creation = created;
     info.explicit_creation = true;
@@ -189,7 +197,7 @@ fn finish_info(info: &mut WorkloadInfo, object: &Value, created: Millis) {
         info.priority = Some(p);
     }
     info.last_checkpoint = annotation(object, LAST_CHECKPOINT_ANNOTATION).and_then(millis);
-    info.grace_period = info.grace_period.max(1);
+    info.grace_period = HELD_UNTIL_GONE;
 }
 
 fn grace_seconds(pod: &Value) -> i64 {

@@ -871,6 +871,13 @@ impl Engine {
             .is_some_and(|&id| self.wls[id].state == WlState::Admitted)
     }
 
+    /// Whether `key` was evicted and still holds its quota (its grace period runs).
+    pub fn is_terminating(&self, key: &str) -> bool {
+        self.wl_by_key
+            .get(key)
+            .is_some_and(|&id| self.wls[id].state == WlState::Terminating)
+    }
+
     /// The pending reason code of `key`, if it is pending.
     pub fn pending_reason(&self, key: &str) -> Option<&'static str> {
         let &id = self.wl_by_key.get(key)?;
