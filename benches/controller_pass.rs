@@ -30,7 +30,11 @@
 //! A second table times the passes that used to decide from scratch and now go on from
 //! the kept engine, rebuild vs incr side by side: `resize` (a waiting pod's request
 //! changed: it queues again) and `retry` (the pass after an admission whose write failed:
-//! the workload queues again and is admitted again). `BENCH_MODES=incr` (or
+//! the workload queues again and is admitted again), and two passes of a preemption in
+//! ClusterQueue `small` (2 GPUs, its own scope), where a high-priority pod evicted the
+//! low-priority one: `terminating` (a pod arrives in `free` while the victim's pod
+//! terminates) and `gone` (the victim's pod is deleted: the preemptor is admitted). The
+//! preemption pass itself still decides from scratch (`full` counts it). `BENCH_MODES=incr` (or
 //! `rebuild,incr`, `list`) runs only the modes named.
 //!
 //! `cargo test --all-targets` runs it once with N = 50 and one round, as a smoke test.
@@ -70,6 +74,13 @@ fn queue(name: &str, gpus: u64) -> Value {
                         "flavors": [{"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": gpus}]}]}]}})
 }
 
+/// A ClusterQueue whose higher-priority workloads preempt lower-priority ones.
+fn preempting_queue(name: &str, gpus: u64) -> Value {
+    let mut q = queue(name, gpus);
+    q["spec"]["preemption"] = json!({"withinClusterQueue": "LowerPriority"});
+    q
+}
+
 fn gated_pod(name: &str, local_queue: &str, gpus: u64, created: &str) -> Value {
     json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": name, "namespace": "team", "creationTimestamp": created,
@@ -94,7 +105,17 @@ async fn cluster(pending: usize) -> ApiServer {
     );
     s.put_object(&format!("{g}/clusterqueues"), queue("full", 4));
     s.put_object(&format!("{g}/clusterqueues"), queue("free", 1000));
-    for (lq, cq) in [("lq-full", "full"), ("lq-free", "free")] {
+    s.put_object(&format!("{g}/clusterqueues"), preempting_queue("small", 2));
+    s.put_object(
+        &format!("{g}/workloadpriorityclasses"),
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "WorkloadPriorityClass",
+               "metadata": {"name": "high"}, "value": 1000}),
+    );
+    for (lq, cq) in [
+        ("lq-full", "full"),
+        ("lq-free", "free"),
+        ("lq-small", "small"),
+    ] {
         s.put_object(
             &format!("{g}/namespaces/team/localqueues"),
             json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
@@ -158,6 +179,8 @@ struct Point {
     /// A waiting pod's request changed / the pass after a failed admission write.
     resize: Option<Duration>,
     retry: Option<Duration>,
+    terminating: Option<Duration>,
+    gone: Option<Duration>,
     delivery: Vec<Duration>,
     lists: u64,
     /// Passes the incremental decider made from scratch / from the changes.
@@ -278,6 +301,54 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let plan = pass_with(&client, &c, &mut state, now + 2).await.unwrap();
         point.retry = Some(t.elapsed());
         assert!(!gated(&s, "retry"), "retry admitted: {:?}", plan.actions);
+        // A preemption in `small`: `low` runs, `urgent` (high priority) evicts it.
+        let mut urgent = gated_pod("urgent", "lq-small", 2, "2026-11-18T12:30:00Z");
+        urgent["metadata"]["labels"]["tessera.io/priority-class"] = json!("high");
+        for (name, pod) in [
+            (
+                "low",
+                gated_pod("low", "lq-small", 2, "2026-11-18T12:00:00Z"),
+            ),
+            ("urgent", urgent),
+        ] {
+            s.put_object(PODS, pod);
+            let key = ("team".to_string(), name.to_string());
+            wait_until("the pod in the cache", || cache.pods[0].get(&key).is_some()).await;
+            pass_with(&client, &c, &mut state, now + 3).await.unwrap();
+        }
+        assert_eq!(s.evictions().len(), 1, "low evicted");
+        let low = ("team".to_string(), "low".to_string());
+        wait_until("the victim terminating in the cache", || {
+            cache.pods[0]
+                .get(&low)
+                .is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null())
+        })
+        .await;
+        pass_with(&client, &c, &mut state, now + 4).await.unwrap();
+        // A pass while the victim terminates: a pod arrives in `free`.
+        let key = ("team".to_string(), "beside".to_string());
+        s.put_object(
+            PODS,
+            gated_pod("beside", "lq-free", 1, "2026-11-18T12:30:00Z"),
+        );
+        wait_until("the pod beside in the cache", || {
+            cache.pods[0].get(&key).is_some()
+        })
+        .await;
+        let t = Instant::now();
+        pass_with(&client, &c, &mut state, now + 5).await.unwrap();
+        point.terminating = Some(t.elapsed());
+        assert!(!gated(&s, "beside") && gated(&s, "urgent"));
+        // The victim's pod is gone: the preemptor is admitted.
+        s.delete_object(PODS, "low");
+        wait_until("the victim gone from the cache", || {
+            cache.pods[0].get(&low).is_none()
+        })
+        .await;
+        let t = Instant::now();
+        pass_with(&client, &c, &mut state, now + 6).await.unwrap();
+        point.gone = Some(t.elapsed());
+        assert!(!gated(&s, "urgent"), "the preemptor admitted");
     }
     point.lists /= rounds as u64;
     if let Some(st) = state.incremental_stats() {
@@ -404,8 +475,8 @@ async fn main() {
         if runs("incr") {
             assert_eq!(incr.lists, 0, "a cached pass LISTs nothing");
             assert_eq!(
-                incr.full, 1,
-                "only the first incremental pass decides from scratch (resize and retry included)"
+                incr.full, 2,
+                "only the first incremental pass and the preemption decide from scratch"
             );
         }
         for (case, r, i) in [
@@ -415,6 +486,12 @@ async fn main() {
                 incr.resize,
             ),
             ("retry", rebuild.as_ref().and_then(|r| r.retry), incr.retry),
+            (
+                "terminating",
+                rebuild.as_ref().and_then(|r| r.terminating),
+                incr.terminating,
+            ),
+            ("gone", rebuild.as_ref().and_then(|r| r.gone), incr.gone),
         ] {
             cases.push((n, case, r, i));
         }
@@ -422,7 +499,7 @@ async fn main() {
     println!();
     println!("passes that decided from scratch before (one pass each)");
     println!(
-        "{:>6} | {:>7} | {:>12} | {:>10} | {:>12}",
+        "{:>6} | {:>11} | {:>12} | {:>10} | {:>12}",
         "N", "case", "rebuild", "incr", "rebuild/incr"
     );
     for (n, case, r, i) in cases {
@@ -431,7 +508,7 @@ async fn main() {
             _ => "-".into(),
         };
         println!(
-            "{:>6} | {:>7} | {:>12} | {:>10} | {:>12}",
+            "{:>6} | {:>11} | {:>12} | {:>10} | {:>12}",
             n,
             case,
             r.map_or("-".into(), ms),
