@@ -11,7 +11,8 @@
 //! same [`Plan`] (a property test drives both). Whatever the kept engine cannot follow
 //! exactly makes the pass decide from scratch instead, and start keeping again from
 //! there: queue objects, namespaces or configuration changed; a store re-LISTed; a
-//! preemption or eviction (now or still terminating); with `waitForPodsReady`, a
+//! preemption decided in a scope followed incrementally; with `waitForPodsReady`, any
+//! preemption or eviction (now or still terminating), a
 //! pods-ready timeout due, a requeue backoff ending, a waiting workload's requeue state
 //! changed, requeue state ConfigMaps, and with `blockAdmission` an admission or a running workload not Ready
 //! (passes where none of that happens stay incremental and record `PodsReady`); serving
@@ -30,6 +31,16 @@
 //! or with several flavors in a resource group that may differ from the kept books, so
 //! after an admission into (or a removal from) one the pass first restores the running
 //! workloads alone onto the queue objects and compares (cost: the running workloads).
+//!
+//! Preemption scopes (a cohort, or a ClusterQueue without one) share no quota, so one
+//! can be re-decided alone: its workloads leave the engine and come back as a fresh
+//! pass builds them (running and terminating ones restored in admission order, waiting
+//! ones submitted). A pass does that, instead of deciding everything from scratch, for
+//! the scopes where the last pass preempted, where a workload terminates (a fresh pass
+//! restores it as running and evicts nothing more there), and where a workload changed
+//! in a way the engine has no update for (a running one's requests, running again,
+//! waiting again after running). Cost: those scopes' workloads. Not without
+//! `waitForPodsReady` (its timeouts evict outside the engine).
 
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
