@@ -11,17 +11,14 @@
 //! same [`Plan`] (a property test drives both). Whatever the kept engine cannot follow
 //! exactly makes the pass decide from scratch instead, and start keeping again from
 //! there: queue objects, namespaces or configuration changed; a store re-LISTed; a
-//! preemption decided in a scope followed incrementally; with `waitForPodsReady`, any
-//! preemption or eviction (now or still terminating), a
-//! pods-ready timeout due, a requeue backoff ending, a waiting workload's requeue state
+//! preemption decided in a scope followed incrementally; with `waitForPodsReady`, a
+//! pods-ready timeout due (and the pass that evicts for it), a requeue backoff ending, a waiting workload's requeue state
 //! changed, requeue state ConfigMaps, and with `blockAdmission` an admission or a running workload not Ready
 //! (passes where none of that happens stay incremental and record `PodsReady`); serving
 //! replicas; evictions blocked by a PodDisruptionBudget; a running workload that no
 //! longer fits; an engine timer due (without `waitForPodsReady` only a minimum-runtime
-//! wake-up, whose workload then preempts, which falls back anyway); a workload changed
-//! in a way the engine has no update for (a running one's requests changed, running
-//! again after an eviction, waiting again after running); books that a fresh restore
-//! would assign differently. A waiting workload whose requests, priority or creation
+//! wake-up, whose workload then preempts, which falls back anyway); books that a fresh
+//! restore would assign differently. A waiting workload whose requests, priority or creation
 //! changed, an admission the objects do not show on the next pass (its write failed),
 //! and a finished workload's key used again are followed: the workload leaves the
 //! engine and queues again as read now (a delete and a create, which a fresh pass
@@ -39,8 +36,7 @@
 //! the scopes where the last pass preempted, where a workload terminates (a fresh pass
 //! restores it as running and evicts nothing more there), and where a workload changed
 //! in a way the engine has no update for (a running one's requests, running again,
-//! waiting again after running). Cost: those scopes' workloads. Not without
-//! `waitForPodsReady` (its timeouts evict outside the engine).
+//! waiting again after running). Cost: those scopes' workloads.
 
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
@@ -266,16 +262,15 @@ fn keep(
     blocked: &BTreeMap<ObjRef, Blocked>,
 ) -> Option<Kept> {
     let scopes = Scopes::new(snap);
-    // Evictions (now, or still terminating) are followed scope by scope, without
-    // `waitForPodsReady` and when every workload involved has a known scope.
+    // Evictions (now, or still terminating) are followed scope by scope when every
+    // workload involved has a known scope.
     let preempting = built.evicted
         || plan
             .actions
             .iter()
             .any(|a| matches!(a, Action::Evict { .. }))
         || built.lives.iter().any(|l| l.state == State::Terminating);
-    let scoped = cfg.pods_ready.is_none()
-        && !built.evicted_scopes.contains(UNKNOWN_SCOPE)
+    let scoped = !built.evicted_scopes.contains(UNKNOWN_SCOPE)
         && built
             .lives
             .iter()
@@ -286,10 +281,18 @@ fn keep(
         && !built.restore_problem
         && (!preempting || scoped)
         && plan.serving.is_empty()
-        && !plan
-            .actions
-            .iter()
-            .any(|a| matches!(a, Action::Replicas { .. }))
+        && !plan.actions.iter().any(|a| {
+            // A pods-ready timeout's eviction: the pass read the workload as evicted
+            // already, where its objects still show it running.
+            matches!(a, Action::Replicas { .. })
+                || matches!(
+                    a,
+                    Action::Evict {
+                        requeue: Some(_),
+                        ..
+                    }
+                )
+        })
         && built.lives.iter().all(|l| l.serving.is_none());
     if !eligible {
         return None;
@@ -974,13 +977,8 @@ fn fast_pass(
     let mut candidates: BTreeSet<String> = kept.unsynced.clone();
     // Scopes re-decided from their workloads in this pass (see `Kept::rebuild_scope`):
     // evictions last pass, workloads terminating, a change the engine cannot follow.
-    // Only without `waitForPodsReady`; with it, those decide everything from scratch.
-    let scoped = cfg.pods_ready.is_none();
     let mut held: BTreeSet<String> = std::mem::take(&mut kept.evicted_scopes);
     held.extend(kept.terminating.keys().cloned());
-    if !scoped && !held.is_empty() {
-        return Err("a preemption");
-    }
     for (wk, job) in &affected {
         let new = kept.reread(cache, wk, job.as_ref(), cfg)?;
         if let Some(n) = &new {
@@ -1002,7 +1000,7 @@ fn fast_pass(
             .iter()
             .chain(&new)
             .any(|l| l.state == State::Terminating);
-        if scoped && (ends || scopes.iter().any(|s| held.contains(s))) {
+        if ends || scopes.iter().any(|s| held.contains(s)) {
             held.extend(scopes);
             if let Some(o) = &old {
                 kept.untrack(o);
@@ -1011,7 +1009,7 @@ fn fast_pass(
         } else {
             match kept.apply(wk, old, new.as_ref(), now, &mut touched) {
                 Ok(()) => {}
-                Err(why) if scoped && REDECIDE_SCOPE.contains(&why) => {
+                Err(why) if REDECIDE_SCOPE.contains(&why) => {
                     held.extend(scopes);
                     kept.drop_from_engine(wk, now)?;
                 }
@@ -1095,7 +1093,6 @@ fn fast_pass(
     let mut evicted_scopes = BTreeSet::new();
     for ev in &events {
         match ev.kind {
-            EventType::Preempted | EventType::Evicted if !scoped => return Err("a preemption"),
             EventType::Preempted | EventType::Evicted => {
                 // As a fresh pass: a running victim is evicted unless its scope waits
                 // for terminating workloads already (then nothing more is evicted).
