@@ -551,6 +551,25 @@ impl Kept {
         Ok(())
     }
 
+    /// The scopes of the workloads `events` preempt or evict, where not in `held`
+    /// (re-decided in this pass already).
+    fn preempting_scopes(
+        &self,
+        events: &[crate::quota::Event],
+        held: &BTreeSet<String>,
+    ) -> BTreeSet<String> {
+        events
+            .iter()
+            .filter(|e| matches!(e.kind, EventType::Preempted | EventType::Evicted))
+            .map(|e| {
+                self.lives
+                    .get(&e.workload)
+                    .map_or(UNKNOWN_SCOPE.to_string(), |l| self.scopes.of(l))
+            })
+            .filter(|s| !held.contains(s))
+            .collect()
+    }
+
     /// Re-decides preemption scope `scope` from its workloads as read now, as a fresh
     /// pass builds it: every workload of the scope leaves the engine, the running and
     /// terminating ones are restored in admission order, the waiting ones submitted.
@@ -1053,7 +1072,8 @@ fn fast_pass(
     // of every cohort whose books moved are re-decided, as a fresh pass would.
     let mut refreshed: BTreeSet<String> = BTreeSet::new();
     let mut events = Vec::new();
-    for round in 0.. {
+    let mut round = 0;
+    loop {
         let todo: Vec<String> = touched.difference(&refreshed).cloned().collect();
         if todo.is_empty() && round > 0 {
             break;
@@ -1063,15 +1083,42 @@ fn fast_pass(
             refreshed.insert(cq);
         }
         kept.engine.schedule(now).map_err(|_| "scheduling failed")?;
-        for ev in kept.engine.take_events() {
-            if round > 0 && matches!(ev.kind, EventType::Preempted | EventType::Evicted) {
+        let mut new_events = kept.engine.take_events();
+        // A preemption in a scope followed incrementally: the kept engine may hold reasons
+        // parked before that a fresh pass would not have decided (its preemptor takes the
+        // head of the queue first), so the scope is re-decided from its workloads and
+        // scheduled again. Only when this pass decided nothing elsewhere (the order of
+        // admissions across scopes is a fresh pass's single schedule).
+        let preempting = kept.preempting_scopes(&new_events, &held);
+        if round == 0 && !preempting.is_empty() {
+            let elsewhere = new_events.iter().any(|e| {
+                e.kind != EventType::Pending
+                    && kept
+                        .lives
+                        .get(&e.workload)
+                        .is_none_or(|l| !preempting.contains(&kept.scopes.of(l)))
+            });
+            if elsewhere {
+                return Err("a preemption beside decisions in other scopes");
+            }
+            new_events.retain(|e| e.kind == EventType::Pending);
+            events.append(&mut new_events);
+            for scope in preempting {
+                rebuilt.extend(kept.rebuild_scope(&scope, now, &mut touched)?);
+                held.insert(scope);
+            }
+            continue;
+        }
+        round += 1;
+        for ev in new_events {
+            if round > 1 && matches!(ev.kind, EventType::Preempted | EventType::Evicted) {
                 return Err("a preemption after re-deciding parked workloads");
             }
             if ev.kind == EventType::Admitted {
                 if blocks_admission(cfg) {
                     return Err("blockAdmission: an admission holds every queue");
                 }
-                if round > 0 {
+                if round > 1 {
                     return Err("an admission after re-deciding parked workloads");
                 }
                 touched.extend(ev.cluster_queue.clone());
