@@ -446,16 +446,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         } else {
             continue;
         };
-        let message = match &l.serving {
-            Some(o) => {
-                let (admitted, desired) = plan.serving.get(o).copied().unwrap_or_default();
-                format!(
-                    "replica of {} ({admitted} of {desired} admitted): {message}",
-                    o.describe()
-                )
-            }
-            None => message,
-        };
+        let message = replica_message(l, &plan.serving, message);
         if l.recorded.as_ref() != Some(&(reason.clone(), message.clone())) {
             plan.actions.push(Action::Pending {
                 workload: l.key.clone(),
@@ -465,25 +456,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
             });
         }
     }
-    // Owners with queued replicas, or annotated before (scaled to zero since).
-    for (owner, object) in serving.owners() {
-        let (admitted, desired) = match plan.serving.get(&owner) {
-            Some(c) => *c,
-            None if recorded_replicas(object).is_some() => (0, desired_replicas(object)),
-            None => continue,
-        };
-        let value = format!("{admitted}/{desired}");
-        if recorded_replicas(object) != Some(value.as_str()) {
-            plan.actions.push(Action::Replicas {
-                owner: ObjRef {
-                    kind: owner.kind.into(),
-                    namespace: owner.namespace.clone(),
-                    name: owner.name.clone(),
-                },
-                value,
-            });
-        }
-    }
+    replicas_actions(&serving, &plan.serving, &mut plan.actions);
     plan.admitted = lives
         .iter()
         .filter(|l| engine.is_admitted(&l.key) || l.state == State::Running)
@@ -504,6 +477,52 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         evicted_scopes,
     };
     (plan, built)
+}
+
+/// The pending message of workload `l` with its owner's replica counts when it is a
+/// serving replica.
+pub(super) fn replica_message(
+    l: &Live,
+    counts: &BTreeMap<Owner, (u32, u32)>,
+    message: String,
+) -> String {
+    match &l.serving {
+        Some(o) => {
+            let (admitted, desired) = counts.get(o).copied().unwrap_or_default();
+            format!(
+                "replica of {} ({admitted} of {desired} admitted): {message}",
+                o.describe()
+            )
+        }
+        None => message,
+    }
+}
+
+/// The `Replicas` annotations to write: owners with queued replicas (`counts`), or
+/// annotated before (scaled to zero since), whose annotation differs.
+pub(super) fn replicas_actions(
+    serving: &ServingIndex,
+    counts: &BTreeMap<Owner, (u32, u32)>,
+    actions: &mut Vec<Action>,
+) {
+    for (owner, object) in serving.owners() {
+        let (admitted, desired) = match counts.get(&owner) {
+            Some(c) => *c,
+            None if recorded_replicas(object).is_some() => (0, desired_replicas(object)),
+            None => continue,
+        };
+        let value = format!("{admitted}/{desired}");
+        if recorded_replicas(object) != Some(value.as_str()) {
+            actions.push(Action::Replicas {
+                owner: ObjRef {
+                    kind: owner.kind.into(),
+                    namespace: owner.namespace.clone(),
+                    name: owner.name.clone(),
+                },
+                value,
+            });
+        }
+    }
 }
 
 /// Milliseconds since the epoch as an RFC 3339 stamp.

@@ -41,16 +41,19 @@
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
 use super::decide::{
-    admit_action, collect, decide_full, engine_with_queues, hold_reason, terminating_message,
-    Action, Built, Live, ObjRef, Plan, Scopes, Snapshot, State, UNKNOWN_SCOPE,
+    admit_action, collect, decide_full, engine_with_queues, hold_reason, replica_message,
+    replicas_actions, terminating_message, Action, Built, Live, ObjRef, Plan, Scopes, Snapshot,
+    State, UNKNOWN_SCOPE,
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
 use super::pods_ready;
 use super::reconciler::Config;
-use super::serving::ServingIndex;
-use super::snapshot::snapshot_cached;
-use super::workloads::{job_workload_key, pod_workload_key};
+use super::serving::{
+    desired_replicas, replica_set_of, replica_set_owners, Owner, ServingIndex, ServingKind,
+};
+use super::snapshot::{owned_by, serving_objects, snapshot_cached};
+use super::workloads::{job_workload_key, live_pod_workload_key};
 use crate::quota::{Engine, EventType, WaitForPodsReady};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -188,6 +191,16 @@ struct Kept {
     /// Scopes where the last pass preempted or evicted: re-decided in the next (the
     /// evictions' writes may not have landed, and a fresh pass would decide them again).
     evicted_scopes: BTreeSet<String>,
+    /// Serving owners as a fresh pass reads them (ReplicaSets, Deployments,
+    /// StatefulSets of the queued namespaces).
+    serving_objs: (Vec<Value>, Vec<Value>, Vec<Value>),
+    /// Pods with a ReplicaSet among their owners (a fresh pass reads ReplicaSets only
+    /// when there is one), with the ReplicaSet that controls them.
+    rs_pods: BTreeMap<Key, Option<Key>>,
+    /// The replica workloads of each serving owner.
+    replicas: BTreeMap<Owner, BTreeSet<String>>,
+    /// (admitted, desired) replicas per owner with replicas, as the last pass reported.
+    serving: BTreeMap<Owner, (u32, u32)>,
 }
 
 impl Incremental {
@@ -280,20 +293,12 @@ fn keep(
         && blocked.is_empty()
         && !built.restore_problem
         && (!preempting || scoped)
-        && plan.serving.is_empty()
-        && !plan.actions.iter().any(|a| {
-            // A pods-ready timeout's eviction: the pass read the workload as evicted
-            // already, where its objects still show it running.
-            matches!(a, Action::Replicas { .. })
-                || matches!(
-                    a,
-                    Action::Evict {
-                        requeue: Some(_),
-                        ..
-                    }
-                )
-        })
-        && built.lives.iter().all(|l| l.serving.is_none());
+        // A pods-ready timeout's eviction: the pass read the workload as evicted
+        // already, where its objects still show it running.
+        && !plan
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Evict { requeue: Some(_), .. }));
     if !eligible {
         return None;
     }
@@ -341,8 +346,9 @@ fn keep(
     };
     let mut pod_wl = HashMap::new();
     let mut members: HashMap<String, BTreeSet<Key>> = HashMap::new();
+    let serving = ServingIndex::new(&snap.replica_sets, &snap.deployments, &snap.stateful_sets);
     for pod in &snap.pods {
-        if let Some(wk) = pod_workload_key(pod) {
+        if let Some(wk) = live_pod_workload_key(pod, &serving) {
             let k = key_of(pod);
             members.entry(wk.clone()).or_default().insert(k.clone());
             pod_wl.insert(k, wk);
@@ -398,6 +404,19 @@ fn keep(
         scope_keys: HashMap::new(),
         terminating: BTreeMap::new(),
         evicted_scopes,
+        serving_objs: (
+            snap.replica_sets.clone(),
+            snap.deployments.clone(),
+            snap.stateful_sets.clone(),
+        ),
+        rs_pods: snap
+            .pods
+            .iter()
+            .filter(|p| owned_by(p, "ReplicaSet"))
+            .map(|p| (key_of(p), replica_set_of(p)))
+            .collect(),
+        replicas: BTreeMap::new(),
+        serving: plan.serving.clone(),
         queued_ns,
         engine,
     };
@@ -494,6 +513,12 @@ impl Kept {
             .entry(scope)
             .or_default()
             .insert(l.key.clone());
+        if let Some(o) = &l.serving {
+            self.replicas
+                .entry(o.clone())
+                .or_default()
+                .insert(l.key.clone());
+        }
         self.lives.insert(l.key.clone(), l);
     }
 
@@ -511,6 +536,14 @@ impl Kept {
             t.remove(&sort_key(&l));
             if t.is_empty() {
                 self.terminating.remove(&scope);
+            }
+        }
+        if let Some(o) = &l.serving {
+            if let Some(keys) = self.replicas.get_mut(o) {
+                keys.remove(wk);
+                if keys.is_empty() {
+                    self.replicas.remove(o);
+                }
             }
         }
         Some(l)
@@ -681,6 +714,7 @@ impl Kept {
         wk: &str,
         job: Option<&Key>,
         cfg: &Config,
+        serving: &ServingIndex,
     ) -> Result<Option<Live>, &'static str> {
         let mut snap = Snapshot::default();
         if let Some(k) = job {
@@ -698,7 +732,7 @@ impl Kept {
             snap.pods = pods.into_iter().map(|(_, _, v)| v).collect();
         }
         let claims = ClaimIndex::new(&self.claim_templates, &self.claims, &cfg.device_classes);
-        let mut lives = collect(&snap, &ServingIndex::new(&[], &[], &[]), &claims);
+        let mut lives = collect(&snap, serving, &claims);
         if lives.len() > 1 || lives.iter().any(|l| l.key != wk) {
             return Err("a workload read under another key");
         }
@@ -923,11 +957,22 @@ fn fast_pass(
     let pods_at = QUEUE_STORES.end;
     let jobs_at = pods_at + n_pods;
     let rest_at = jobs_at + n_jobs;
-    // Serving owners and DRA claims in queued namespaces: none may have changed.
-    let rest = changed(&stores[rest_at..], &kept.seen[rest_at..])
-        .ok_or("owners or claims listed again")?;
+    // DRA claims and requeue state in queued namespaces: none may have changed.
+    let claims_at = rest_at + 3;
+    let rest =
+        changed(&stores[claims_at..], &kept.seen[claims_at..]).ok_or("claims listed again")?;
     if rest.iter().any(|(ns, _)| kept.queued_ns.contains(ns)) {
-        return Err("serving owners or DRA claims changed");
+        return Err("DRA claims or requeue state changed");
+    }
+    // Serving owners (ReplicaSets, Deployments, StatefulSets) in queued namespaces.
+    let mut owner_keys: [BTreeSet<Key>; 3] = Default::default();
+    for (i, keys) in owner_keys.iter_mut().enumerate() {
+        let at = rest_at + i;
+        *keys = changed(&stores[at..=at], &kept.seen[at..=at])
+            .ok_or("serving owners listed again")?
+            .into_iter()
+            .filter(|(ns, _)| kept.queued_ns.contains(ns))
+            .collect();
     }
     if cfg.pods_ready.is_some() {
         let last = stores.len() - 1;
@@ -940,21 +985,85 @@ fn fast_pass(
         .ok_or("pods listed again")?;
     let job_keys = changed(&stores[jobs_at..rest_at], &kept.seen[jobs_at..rest_at])
         .ok_or("Jobs listed again")?;
+    // Serving owners as a fresh pass reads them now. Which owner a replica pod has (its
+    // workload's key) follows its ReplicaSet's Deployment: a pod that did not change
+    // whose ReplicaSet was added, removed or re-owned decides from scratch.
+    let rs_owned_before = !kept.rs_pods.is_empty();
+    let pods_now: Vec<(Key, Option<Value>)> = pod_keys
+        .into_iter()
+        .map(|k| {
+            let pod = first_of(&cache.pods, &k).map(|(_, v)| v);
+            (k, pod)
+        })
+        .collect();
+    for (k, pod) in &pods_now {
+        match pod.as_ref().filter(|p| owned_by(p, "ReplicaSet")) {
+            Some(p) => kept.rs_pods.insert(k.clone(), replica_set_of(p)),
+            None => kept.rs_pods.remove(k),
+        };
+    }
+    let rs_owned = !kept.rs_pods.is_empty();
+    if owner_keys.iter().any(|k| !k.is_empty()) || rs_owned != rs_owned_before {
+        let now_objs = serving_objects(cache, &kept.queued_ns, rs_owned);
+        let (before, after) = (
+            replica_set_owners(&kept.serving_objs.0),
+            replica_set_owners(&now_objs.0),
+        );
+        let moved: BTreeSet<&Key> = before
+            .keys()
+            .chain(after.keys())
+            .filter(|rs| before.get(*rs) != after.get(*rs))
+            .collect();
+        if !moved.is_empty() {
+            let changed_pods: BTreeSet<&Key> = pods_now.iter().map(|(k, _)| k).collect();
+            if kept.rs_pods.iter().any(|(pod, rs)| {
+                rs.as_ref().is_some_and(|rs| moved.contains(rs)) && !changed_pods.contains(pod)
+            }) {
+                return Err("a ReplicaSet of running or waiting pods added, removed or re-owned");
+            }
+        }
+        kept.serving_objs = now_objs;
+    }
+    let objs = std::mem::take(&mut kept.serving_objs);
+    let serving = ServingIndex::new(&objs.0, &objs.1, &objs.2);
+    // Owners whose object changed: their replicas are read again (a replica's requeue
+    // state lives on its owner) and their counts reported again.
+    let mut owners_touched: BTreeSet<Owner> = BTreeSet::new();
+    let bare_rs = replica_set_owners(&objs.0);
+    for (i, kind) in [
+        ServingKind::ReplicaSet,
+        ServingKind::Deployment,
+        ServingKind::StatefulSet,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        for (ns, name) in &owner_keys[i] {
+            if kind == ServingKind::ReplicaSet
+                && bare_rs
+                    .get(&(ns.clone(), name.clone()))
+                    .is_some_and(Option::is_some)
+            {
+                continue;
+            }
+            owners_touched.insert(Owner {
+                kind,
+                namespace: ns.clone(),
+                name: name.clone(),
+            });
+        }
+    }
     // Workloads to re-read: key → the Job's key (for Jobs).
     let mut affected: BTreeMap<String, Option<Key>> = BTreeMap::new();
-    for k in pod_keys {
-        let pod = first_of(&cache.pods, &k).map(|(_, v)| v);
-        if pod.as_ref().is_some_and(|p| {
-            p["metadata"]["ownerReferences"]
-                .as_array()
-                .is_some_and(|r| {
-                    r.iter()
-                        .any(|o| matches!(o["kind"].as_str(), Some("ReplicaSet" | "StatefulSet")))
-                })
-        }) {
-            return Err("a serving replica changed");
+    for o in &owners_touched {
+        for wk in kept.replicas.get(o).into_iter().flatten() {
+            affected.insert(wk.clone(), None);
         }
-        let new_wk = pod.as_ref().and_then(pod_workload_key);
+    }
+    for (k, pod) in pods_now {
+        let new_wk = pod
+            .as_ref()
+            .and_then(|p| live_pod_workload_key(p, &serving));
         let old_wk = kept.pod_wl.get(&k).cloned();
         if old_wk != new_wk {
             if let Some(o) = &old_wk {
@@ -999,11 +1108,12 @@ fn fast_pass(
     let mut held: BTreeSet<String> = std::mem::take(&mut kept.evicted_scopes);
     held.extend(kept.terminating.keys().cloned());
     for (wk, job) in &affected {
-        let new = kept.reread(cache, wk, job.as_ref(), cfg)?;
+        let new = kept.reread(cache, wk, job.as_ref(), cfg, &serving)?;
         if let Some(n) = &new {
             pods_ready_followable(cfg, n)?;
         }
         let old = kept.take_live(wk);
+        owners_touched.extend(old.iter().chain(&new).filter_map(|l| l.serving.clone()));
         if cfg.pods_ready.is_some()
             && matches!((&old, &new), (Some(o), Some(n))
                 if o.state == State::Waiting && n.state == State::Waiting && o.requeue != n.requeue)
@@ -1205,6 +1315,30 @@ fn fast_pass(
         }
     }
     kept.evicted_scopes = evicted_scopes;
+    // Serving owners whose replicas were admitted, evicted or re-decided: their counts
+    // (a fresh pass reports every owner's) and, when those moved, the messages of their
+    // waiting replicas, which carry them.
+    let owner_of = |k: &String| kept.lives.get(k).and_then(|l| l.serving.clone());
+    owners_touched.extend(events.iter().filter_map(|e| owner_of(&e.workload)));
+    owners_touched.extend(rebuilt.iter().filter_map(owner_of));
+    for o in owners_touched {
+        let Some(keys) = kept.replicas.get(&o) else {
+            kept.serving.remove(&o);
+            continue;
+        };
+        let mut admitted = 0u32;
+        for k in keys {
+            let l = kept.lives.get(k).ok_or("bookkeeping")?;
+            admitted += u32::from(
+                l.state == State::Running
+                    || (l.state == State::Waiting && kept.engine.is_admitted(k)),
+            );
+        }
+        let counts = (admitted, serving.object(&o).map_or(0, desired_replicas));
+        if kept.serving.insert(o, counts) != Some(counts) {
+            candidates.extend(keys.iter().cloned());
+        }
+    }
     for (_, key) in &kept.gated_running {
         let l = kept.lives.get(key).ok_or("bookkeeping")?;
         plan.actions.push(Action::Admit {
@@ -1260,6 +1394,7 @@ fn fast_pass(
                 message = terminating_message(&waiting_on);
             }
         }
+        let message = replica_message(l, &kept.serving, message);
         if l.recorded.as_ref() != Some(&(reason.clone(), message.clone())) {
             unsynced.insert(key.to_string());
             plan.actions.push(Action::Pending {
@@ -1274,6 +1409,10 @@ fn fast_pass(
         kept.unsynced.remove(k);
     }
     kept.unsynced.extend(unsynced);
+    replicas_actions(&serving, &kept.serving, &mut plan.actions);
+    plan.serving = kept.serving.clone();
+    drop(serving);
+    kept.serving_objs = objs;
     plan.problems = kept.base_problems.clone();
     plan.admitted = kept.admitted.clone();
     plan.queue_counts = kept

@@ -258,6 +258,83 @@ impl World {
         }
     }
 
+    /// Upserts serving owner `v` (Deployment, StatefulSet or ReplicaSet).
+    fn put_owner(&mut self, kind: ObjKind, mut v: Value) {
+        self.rv += 1;
+        v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        match kind {
+            ObjKind::Deployment => self.cache.deployments.upsert(v),
+            ObjKind::StatefulSet => self.cache.stateful_sets.upsert(v),
+            _ => self.cache.replica_sets.upsert(v),
+        }
+    }
+
+    /// Scales Deployment `web` (owner 0, queue `a`) or StatefulSet `db` (owner 1, queue
+    /// `b`) by one: a gated replica pod created, or the newest one deleted.
+    fn scale(&mut self, owner: u8, up: bool) {
+        let (kind, name, lq) = if owner.is_multiple_of(2) {
+            (ObjKind::Deployment, "web", "lq-a")
+        } else {
+            (ObjKind::StatefulSet, "db", "lq-b")
+        };
+        let store = if kind == ObjKind::Deployment {
+            &self.cache.deployments
+        } else {
+            &self.cache.stateful_sets
+        };
+        let key = ("team".to_string(), name.to_string());
+        let mut obj = store.get(&key).unwrap_or_else(|| {
+            json!({"apiVersion": "apps/v1", "kind": if kind == ObjKind::Deployment { "Deployment" } else { "StatefulSet" },
+                   "metadata": {"name": name, "namespace": "team", "uid": name}, "spec": {"replicas": 0}})
+        });
+        let replicas = obj["spec"]["replicas"].as_u64().unwrap_or(0);
+        let (parent_kind, parent) = if kind == ObjKind::Deployment {
+            ("ReplicaSet", "web-1")
+        } else {
+            ("StatefulSet", "db")
+        };
+        let mine: Vec<Value> = self
+            .pods()
+            .into_iter()
+            .filter(|p| p["metadata"]["ownerReferences"][0]["name"] == parent)
+            .collect();
+        if up {
+            self.serial += 1;
+            let pod = if kind == ObjKind::Deployment {
+                format!("web-1-{:03}", self.serial)
+            } else {
+                format!("db-{replicas}")
+            };
+            self.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod, "namespace": "team", "labels": {"tessera.io/queue-name": lq},
+                             "creationTimestamp": "2026-11-18T12:01:00Z",
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": parent_kind, "name": parent,
+                                                  "uid": parent, "controller": true}]},
+                "spec": {"schedulingGates": [{"name": ADMISSION_GATE}], "terminationGracePeriodSeconds": 30,
+                         "containers": [{"name": "c", "image": "x",
+                                         "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}));
+            obj["spec"]["replicas"] = json!(replicas + 1);
+        } else if let Some(last) = mine
+            .iter()
+            .max_by_key(|p| p["metadata"]["name"].as_str().unwrap_or("").to_string())
+        {
+            self.cache.pods[0].remove(&Self::key(last));
+            obj["spec"]["replicas"] = json!(replicas.saturating_sub(1));
+        } else {
+            return;
+        }
+        let replicas = obj["spec"]["replicas"].clone();
+        self.put_owner(kind, obj);
+        if kind == ObjKind::Deployment {
+            let rs = json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                "metadata": {"name": "web-1", "namespace": "team", "uid": "web-1",
+                             "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "web",
+                                                  "uid": "web", "controller": true}]},
+                "spec": {"replicas": replicas}});
+            self.put_owner(ObjKind::ReplicaSet, rs);
+        }
+    }
+
     /// Evicted pods are gone, suspended Jobs have no active pods any more.
     fn terminate(&mut self) {
         for p in self.pods() {
@@ -374,7 +451,20 @@ impl World {
                         self.write(object.kind, v);
                     }
                 }
-                Action::Replicas { .. } | Action::RequeueState { .. } => {}
+                Action::Replicas { owner, value } => {
+                    let store = match owner.kind {
+                        ObjKind::Deployment => &self.cache.deployments,
+                        ObjKind::StatefulSet => &self.cache.stateful_sets,
+                        _ => &self.cache.replica_sets,
+                    };
+                    let key = (owner.namespace.clone(), owner.name.clone());
+                    if let Some(mut v) = store.get(&key) {
+                        v["metadata"]["annotations"]
+                            [super::serving::ADMITTED_REPLICAS_ANNOTATION] = json!(value);
+                        self.put_owner(owner.kind, v);
+                    }
+                }
+                Action::RequeueState { .. } => {}
             }
         }
     }
@@ -413,6 +503,12 @@ enum Op {
     Ready(usize),
     Finish(usize),
     Terminate,
+    /// A serving owner scaled by one replica: Deployment `web` (pods through ReplicaSet
+    /// `web-1`) in queue `a`, or StatefulSet `db` in queue `b` (a cohort).
+    Scale {
+        owner: u8,
+        up: bool,
+    },
     Advance(u64),
     Apply(Option<usize>),
 }
@@ -428,6 +524,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => any::<usize>().prop_map(Op::Ready),
         2 => any::<usize>().prop_map(Op::Finish),
         1 => Just(Op::Terminate),
+        3 => (0u8..2, proptest::bool::weighted(0.7)).prop_map(|(owner, up)| Op::Scale { owner, up }),
         1 => (1u64..120).prop_map(Op::Advance),
         5 => proptest::option::weighted(0.2, 0usize..4).prop_map(Op::Apply),
     ]
@@ -507,6 +604,7 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
         Op::Finish(i) => w.finish(i),
         Op::Terminate => w.terminate(),
         Op::Advance(s) => w.now += s * 1000,
+        Op::Scale { owner, up } => w.scale(owner, up),
         Op::Apply(fail) => w.apply(last, fail),
     }
 }
@@ -1027,4 +1125,72 @@ fn preemptions_redecide_only_their_scope() {
     assert_eq!(inc.stats.scopes_redecided, before, "{:?}", inc.stats);
     assert!(before > redecided, "{:?}", inc.stats);
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+}
+
+/// Serving replicas stay incremental: a Deployment scaled past its queue's quota has
+/// its replicas admitted up to it, the rest waiting with the owner's counts in their
+/// reason, and the counts annotated on the owner; scaled down, its quota goes to a
+/// training pod waiting in the same queue. No pass but the first decides from scratch.
+#[test]
+fn serving_scale_passes_stay_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    let replicas = |plan: &Plan| -> Vec<String> {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Replicas { value, .. } => Some(value.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let admits = |plan: &Plan| -> Vec<String> {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Admit { workload, .. } => Some(workload.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    w.add_pods(3, 1, false, 0, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    // Deployment `web` scaled to 6 in queue `a` (4 GPUs).
+    for _ in 0..6 {
+        w.scale(0, true);
+    }
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(admits(&plan).len(), 4, "{plan:?}");
+    assert_eq!(replicas(&plan), ["4/6"]);
+    assert!(
+        plan.actions
+            .iter()
+            .any(|a| matches!(a, Action::Pending { message, .. }
+            if message.starts_with("replica of Deployment team/web (4 of 6 admitted): "))),
+        "{plan:?}"
+    );
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    // A training pod waits in `a`; the Deployment scales down to 3.
+    w.add_pods(0, 1, false, 2, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    for _ in 0..3 {
+        w.scale(0, false);
+    }
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        admits(&plan),
+        [format!("team/pod-p{}", w.serial)],
+        "{plan:?}"
+    );
+    assert_eq!(replicas(&plan), ["3/3"]);
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    assert_eq!(inc.stats.incremental, 6, "{:?}", inc.stats);
 }

@@ -171,6 +171,25 @@ impl<'a> ServingIndex<'a> {
     }
 }
 
+/// The ReplicaSet controlling `pod` (namespace, name), where [`ServingIndex::owner_of`]
+/// goes through one.
+pub fn replica_set_of(pod: &Value) -> Option<(String, String)> {
+    let (kind, name) = controller_ref(pod, &["ReplicaSet", "StatefulSet"])?;
+    (kind == "ReplicaSet").then(|| (ns_name(pod).0, name.to_string()))
+}
+
+/// Each listed ReplicaSet's Deployment (its controller), by `(namespace, name)`: what
+/// decides the owner, and so the workload key, of the ReplicaSet's pods.
+pub fn replica_set_owners(replica_sets: &[Value]) -> BTreeMap<(String, String), Option<String>> {
+    replica_sets
+        .iter()
+        .map(|rs| {
+            let deployment = controller_ref(rs, &["Deployment"]).map(|(_, n)| n.to_string());
+            (ns_name(rs), deployment)
+        })
+        .collect()
+}
+
 /// Desired replicas of an owner object (`spec.replicas`, 1 when unset, as the API
 /// server defaults it).
 pub fn desired_replicas(owner: &Value) -> u32 {

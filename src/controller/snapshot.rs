@@ -167,12 +167,39 @@ async fn list_in(
 }
 
 /// Whether any of `objects` refers to an owner of `kind` / has DRA claims at `claims`.
+/// The serving owners a cached pass reads: ReplicaSets (only when some pod is owned by
+/// one: `replica_owned`), Deployments and StatefulSets of the queued namespaces.
+pub(super) fn serving_objects(
+    cache: &Cache,
+    queued_ns: &BTreeSet<String>,
+    replica_owned: bool,
+) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
+    let in_ns = |store: &super::cache::Store, needed: bool| -> Vec<Value> {
+        if !needed || queued_ns.is_empty() {
+            return Vec::new();
+        }
+        store.values_where(|v| {
+            v["metadata"]["namespace"]
+                .as_str()
+                .is_some_and(|n| queued_ns.contains(n))
+        })
+    };
+    (
+        in_ns(&cache.replica_sets, replica_owned),
+        in_ns(&cache.deployments, true),
+        in_ns(&cache.stateful_sets, true),
+    )
+}
+
+/// Whether `object` has an owner reference of `kind`.
+pub(super) fn owned_by(object: &Value, kind: &str) -> bool {
+    object["metadata"]["ownerReferences"]
+        .as_array()
+        .is_some_and(|r| r.iter().any(|r| r["kind"] == kind))
+}
+
 fn any_owned_by(objects: &[Value], kind: &str) -> bool {
-    objects.iter().any(|o| {
-        o["metadata"]["ownerReferences"]
-            .as_array()
-            .is_some_and(|r| r.iter().any(|r| r["kind"] == kind))
-    })
+    objects.iter().any(|o| owned_by(o, kind))
 }
 
 fn any_claims(objects: &[Value], spec: &str) -> bool {
@@ -347,6 +374,8 @@ pub fn snapshot_cached(
         })
     };
     let replica_owned = any_owned_by(&pods, "ReplicaSet");
+    let (replica_sets, deployments, stateful_sets) =
+        serving_objects(cache, &queued_ns, replica_owned);
     let claims_used = any_claims(&pods, "/spec") || any_claims(&jobs, "/spec/template/spec");
     Snapshot {
         now,
@@ -359,9 +388,9 @@ pub fn snapshot_cached(
             problems,
         ),
         namespaces,
-        replica_sets: in_ns(&cache.replica_sets, when(replica_owned)),
-        deployments: in_ns(&cache.deployments, &queued_ns),
-        stateful_sets: in_ns(&cache.stateful_sets, &queued_ns),
+        replica_sets,
+        deployments,
+        stateful_sets,
         claim_templates: in_ns(&cache.claim_templates, when(claims_used)),
         claims: in_ns(&cache.claims, when(claims_used)),
         requeue_states: match cfg.pods_ready {

@@ -88,6 +88,19 @@ pub(super) fn pod_workload_key(pod: &Value) -> Option<String> {
     pod_key(pod)
 }
 
+/// The key of the workload live pod `pod` is part of, as [`collect`] keys it: a replica
+/// of a serving owner in `serving` is a workload of its own named after the owner.
+pub(super) fn live_pod_workload_key(pod: &Value, serving: &ServingIndex) -> Option<String> {
+    let key = pod_workload_key(pod)?;
+    match (serving.owner_of(pod), workload_from_live_pod(pod)) {
+        (Some(owner), Ok(LivePod::Single(_))) => {
+            let r = obj_ref(ObjKind::Pod, pod);
+            Some(format!("{}/{}", r.namespace, owner.replica_name(&r.name)))
+        }
+        _ => Some(key),
+    }
+}
+
 /// The key of the workload finished pod `pod` (`Succeeded` or `Failed`) was part of.
 pub(super) fn done_pod_workload_key(pod: &Value) -> Option<String> {
     if !pod_done(pod) {
