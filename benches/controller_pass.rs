@@ -34,7 +34,8 @@
 //! ClusterQueue `small` (2 GPUs, its own scope), where a high-priority pod evicts the
 //! low-priority one: `terminating` (a pod arrives in `free` while the victim's pod
 //! terminates) and `gone` (the victim's pod is deleted: the preemptor is admitted), after
-//! `preempt` (the pass that evicts it). `BENCH_MODES=incr` (or
+//! `preempt` (the pass that evicts it); and `serving`, the pass admitting the second
+//! replica of a Deployment scaled 1 -> 2 in `free`. `BENCH_MODES=incr` (or
 //! `rebuild,incr`, `list`) runs only the modes named.
 //!
 //! `cargo test --all-targets` runs it once with N = 50 and one round, as a smoke test.
@@ -137,6 +138,29 @@ async fn cluster(pending: usize) -> ApiServer {
     s
 }
 
+/// Deployment `web` (ReplicaSet `web-1`, queue `lq-free`) at `replicas`, with replica
+/// pod `pod` created gated, as the webhook leaves it.
+fn scale_web(s: &ApiServer, replicas: u64, pod: &str) {
+    s.put_object(
+        "/apis/apps/v1/namespaces/team/deployments",
+        json!({"apiVersion": "apps/v1", "kind": "Deployment",
+               "metadata": {"name": "web", "namespace": "team", "uid": "uid-web"},
+               "spec": {"replicas": replicas}}),
+    );
+    s.put_object(
+        "/apis/apps/v1/namespaces/team/replicasets",
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+               "metadata": {"name": "web-1", "namespace": "team", "uid": "uid-rs",
+                            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                                "name": "web", "uid": "uid-web", "controller": true}]},
+               "spec": {"replicas": replicas}}),
+    );
+    let mut p = gated_pod(pod, "lq-free", 1, "2026-11-18T12:30:00Z");
+    p["metadata"]["ownerReferences"] = json!([{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+        "name": "web-1", "uid": "uid-rs", "controller": true}]);
+    s.put_object(PODS, p);
+}
+
 fn gated(s: &ApiServer, name: &str) -> bool {
     s.objects(PODS).iter().any(|p| {
         p["metadata"]["name"] == name
@@ -184,6 +208,8 @@ struct Point {
     preempt: Option<Duration>,
     terminating: Option<Duration>,
     gone: Option<Duration>,
+    /// The pass admitting a Deployment's second replica.
+    serving: Option<Duration>,
     delivery: Vec<Duration>,
     lists: u64,
     /// Passes the incremental decider made from scratch / from the changes.
@@ -356,6 +382,29 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         pass_with(&client, &c, &mut state, now + 6).await.unwrap();
         point.gone = Some(t.elapsed());
         assert!(!gated(&s, "urgent"), "the preemptor admitted");
+        // Serving: Deployment `web` in `free` scales 1 -> 2 (its ReplicaSet and a new
+        // replica pod); the second replica's pass is timed.
+        for replicas in 1..=2u64 {
+            let pod = format!("web-1-{replicas}");
+            scale_web(&s, replicas, &pod);
+            let key = ("team".to_string(), pod.clone());
+            wait_until("the replica in the cache", || {
+                cache.pods[0].get(&key).is_some()
+                    && cache
+                        .deployments
+                        .get(&("team".to_string(), "web".to_string()))
+                        .is_some_and(|d| d["spec"]["replicas"] == replicas)
+            })
+            .await;
+            let t = Instant::now();
+            pass_with(&client, &c, &mut state, now + 7 + replicas)
+                .await
+                .unwrap();
+            if replicas == 2 {
+                point.serving = Some(t.elapsed());
+            }
+            assert!(!gated(&s, &pod), "{pod} admitted");
+        }
     }
     point.lists /= rounds as u64;
     if let Some(st) = state.incremental_stats() {
@@ -504,6 +553,11 @@ async fn main() {
                 incr.terminating,
             ),
             ("gone", rebuild.as_ref().and_then(|r| r.gone), incr.gone),
+            (
+                "serving",
+                rebuild.as_ref().and_then(|r| r.serving),
+                incr.serving,
+            ),
         ] {
             cases.push((n, case, r, i));
         }
