@@ -429,15 +429,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
             (r, m)
         } else if let Some((r, m)) = engine_pending.get(l.key.as_str()) {
             if let Some((pod, delay, why)) = blocked_for.get(&l.key) {
-                (
-                    "EvictionBlocked".to_string(),
-                    format!(
-                        "eviction of {}/{} blocked by a PodDisruptionBudget, retrying in {}s ({why})",
-                        pod.namespace,
-                        pod.name,
-                        delay.div_ceil(1000)
-                    ),
-                )
+                blocked_reason(pod, *delay, why)
             } else if *r == "WaitingForPreemptedWorkloads" && !waiting_on(l).is_empty() {
                 (r.to_string(), terminating_message(&waiting_on(l)))
             } else {
@@ -551,6 +543,20 @@ pub(super) fn hold_reason(h: Hold, r: Requeue) -> (String, String) {
             ),
         ),
     }
+}
+
+/// The pending reason of a preemptor whose victim `pod`'s eviction is refused (a
+/// PodDisruptionBudget) and retried after `delay`.
+pub(super) fn blocked_reason(pod: &ObjRef, delay: Millis, why: &str) -> (String, String) {
+    (
+        "EvictionBlocked".to_string(),
+        format!(
+            "eviction of {}/{} blocked by a PodDisruptionBudget, retrying in {}s ({why})",
+            pod.namespace,
+            pod.name,
+            delay.div_ceil(1000)
+        ),
+    )
 }
 
 /// The message of a preemptor waiting while `keys` (evicted workloads of its scope)

@@ -14,9 +14,9 @@
 //! preemption decided in a scope followed incrementally; with `waitForPodsReady`, a
 //! pods-ready timeout due (and the pass that evicts for it), a requeue backoff ending, a waiting workload's requeue state
 //! changed, requeue state ConfigMaps, and with `blockAdmission` an admission or a running workload not Ready
-//! (passes where none of that happens stay incremental and record `PodsReady`); serving
-//! replicas; evictions blocked by a PodDisruptionBudget; a running workload that no
-//! longer fits; an engine timer due (without `waitForPodsReady` only a minimum-runtime
+//! (passes where none of that happens stay incremental and record `PodsReady`); a
+//! ReplicaSet added, removed or re-owned while pods it owns are kept (their workload
+//! keys follow their owner); a running workload that no longer fits; an engine timer due (without `waitForPodsReady` only a minimum-runtime
 //! wake-up, whose workload then preempts, which falls back anyway); books that a fresh
 //! restore would assign differently. A waiting workload whose requests, priority or creation
 //! changed, an admission the objects do not show on the next pass (its write failed),
@@ -36,14 +36,22 @@
 //! the scopes where the last pass preempted, where a workload terminates (a fresh pass
 //! restores it as running and evicts nothing more there), and where a workload changed
 //! in a way the engine has no update for (a running one's requests, running again,
-//! waiting again after running). Cost: those scopes' workloads.
+//! waiting again after running), and where a victim's eviction was refused by a
+//! PodDisruptionBudget (the preemptor names it until the retry). Cost: those scopes'
+//! workloads.
+//!
+//! Serving replicas (one workload per pod of a Deployment, ReplicaSet or StatefulSet)
+//! are followed like other pods, keyed through the owners a fresh pass reads; each pass
+//! reports every owner's (admitted, desired) counts and annotation, recounting only the
+//! owners whose replicas or object changed (cost: their replicas), and an owner whose
+//! object changed has its replicas read again (their requeue state lives on it).
 
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
 use super::decide::{
-    admit_action, collect, decide_full, engine_with_queues, hold_reason, replica_message,
-    replicas_actions, terminating_message, Action, Built, Live, ObjRef, Plan, Scopes, Snapshot,
-    State, UNKNOWN_SCOPE,
+    admit_action, blocked_reason, collect, decide_full, engine_with_queues, hold_reason,
+    replica_message, replicas_actions, terminating_message, Action, Built, Live, ObjRef, Plan,
+    Scopes, Snapshot, State, UNKNOWN_SCOPE,
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
@@ -249,7 +257,7 @@ impl Incremental {
         self.stats.full += 1;
         let seen: Vec<u64> = cache.stores().iter().map(|s| s.generation()).collect();
         let (plan, built, snap, base) = full_pass(cache, cfg, now, blocked);
-        self.kept = keep(cache, cfg, &plan, built, &snap, base, seen, blocked);
+        self.kept = keep(cache, cfg, &plan, built, &snap, base, seen);
         plan
     }
 }
@@ -272,7 +280,6 @@ fn keep(
     snap: &Snapshot,
     base_problems: Vec<String>,
     seen: Vec<u64>,
-    blocked: &BTreeMap<ObjRef, Blocked>,
 ) -> Option<Kept> {
     let scopes = Scopes::new(snap);
     // Evictions (now, or still terminating) are followed scope by scope when every
@@ -290,7 +297,6 @@ fn keep(
             .filter(|l| l.state == State::Terminating)
             .all(|l| scopes.of(l) != UNKNOWN_SCOPE);
     let eligible = pods_ready_keepable(cfg, plan, &built, snap)
-        && blocked.is_empty()
         && !built.restore_problem
         && (!preempting || scoped)
         // A pods-ready timeout's eviction: the pass read the workload as evicted
@@ -913,7 +919,6 @@ fn fast_pass(
 ) -> Result<(Plan, Kept), &'static str> {
     let checks = [
         (now < kept.now, "time went back"),
-        (!blocked.is_empty(), "evictions blocked"),
         (
             cfg.device_classes != kept.device_classes || cfg.pods_ready != kept.pods_ready,
             "configuration changed",
@@ -1107,6 +1112,17 @@ fn fast_pass(
     // evictions last pass, workloads terminating, a change the engine cannot follow.
     let mut held: BTreeSet<String> = std::mem::take(&mut kept.evicted_scopes);
     held.extend(kept.terminating.keys().cloned());
+    // Pods whose eviction a PodDisruptionBudget refused: their scopes are re-decided
+    // (a fresh pass preempts again, evicts the rest, and names the refusal).
+    for pod in blocked.keys() {
+        let key = (pod.namespace.clone(), pod.name.clone());
+        if let Some(l) = kept.pod_wl.get(&key).and_then(|wk| kept.lives.get(wk)) {
+            held.insert(
+                kept.scopes_of(l)
+                    .ok_or("a blocked eviction of an unknown workload")?,
+            );
+        }
+    }
     for (wk, job) in &affected {
         let new = kept.reread(cache, wk, job.as_ref(), cfg, &serving)?;
         if let Some(n) = &new {
@@ -1248,6 +1264,8 @@ fn fast_pass(
         .map(|(k, v)| (k.as_str(), v))
         .collect();
     let mut evicted_scopes = BTreeSet::new();
+    // Preemptor → (pod, backoff, API message) of a victim whose eviction is refused.
+    let mut blocked_for: BTreeMap<String, (ObjRef, Millis, String)> = BTreeMap::new();
     for ev in &events {
         match ev.kind {
             EventType::Preempted | EventType::Evicted => {
@@ -1265,18 +1283,29 @@ fn fast_pass(
                     return Err("a preemption");
                 }
                 if l.state == State::Running && kept.terminating_in(&scope).is_empty() {
-                    plan.actions.push(Action::Evict {
-                        workload: l.key.clone(),
-                        objects: l
-                            .objects
-                            .iter()
-                            .cloned()
-                            .zip(l.graces.iter().copied())
-                            .collect(),
-                        reason: ev.reason.clone().unwrap_or_default(),
-                        by: ev.by.clone().unwrap_or_default(),
-                        requeue: None,
-                    });
+                    let by = ev.by.clone().unwrap_or_default();
+                    let mut objects = Vec::new();
+                    for (r, grace) in l.objects.iter().zip(l.graces.iter().copied()) {
+                        match blocked.get(r) {
+                            Some(b) if b.until > now => {
+                                blocked_for.entry(by.clone()).or_insert((
+                                    r.clone(),
+                                    b.delay,
+                                    b.why.clone(),
+                                ));
+                            }
+                            _ => objects.push((r.clone(), grace)),
+                        }
+                    }
+                    if !objects.is_empty() {
+                        plan.actions.push(Action::Evict {
+                            workload: l.key.clone(),
+                            objects,
+                            reason: ev.reason.clone().unwrap_or_default(),
+                            by,
+                            requeue: None,
+                        });
+                    }
                 }
                 evicted_scopes.insert(scope);
             }
@@ -1379,16 +1408,20 @@ fn fast_pass(
     let mut unsynced = BTreeSet::new();
     for (_, key) in ordered {
         let l = kept.lives.get(key).ok_or("bookkeeping")?;
-        let want = l
+        let fixed = l
             .invalid
             .clone()
-            .or_else(|| kept.submit_errors.get(key).cloned())
+            .or_else(|| kept.submit_errors.get(key).cloned());
+        let from_engine = fixed.is_none();
+        let want = fixed
             .or_else(|| entries.get(key).cloned())
             .or_else(|| kept.engine.pending_entry(key));
-        let Some((reason, mut message)) = want else {
+        let Some((mut reason, mut message)) = want else {
             continue;
         };
-        if reason == "WaitingForPreemptedWorkloads" {
+        if let (true, Some((pod, delay, why))) = (from_engine, blocked_for.get(key)) {
+            (reason, message) = blocked_reason(pod, *delay, why);
+        } else if reason == "WaitingForPreemptedWorkloads" {
             let waiting_on = kept.terminating_in(&kept.scopes.of(l));
             if !waiting_on.is_empty() {
                 message = terminating_message(&waiting_on);

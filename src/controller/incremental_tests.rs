@@ -33,6 +33,10 @@ struct World {
     serial: usize,
     /// Prefix of the next names: names sort before (`a`) or after (`z`) the others.
     prefix: &'static str,
+    /// Pods a PodDisruptionBudget protects: their evictions are refused (429).
+    protected: std::collections::BTreeSet<String>,
+    /// Refused evictions and their retry times, as the reconciler keeps them.
+    blocked: BTreeMap<super::decide::ObjRef, super::evictions::Blocked>,
 }
 
 fn queue(name: &str, cohort: Option<&str>, flavors: &[(&str, u64)]) -> Value {
@@ -57,6 +61,8 @@ impl World {
             now: NOW,
             serial: 0,
             prefix: "",
+            protected: Default::default(),
+            blocked: BTreeMap::new(),
         };
         for s in w.cache.stores() {
             s.replace(Vec::new(), "1");
@@ -413,6 +419,20 @@ impl World {
                                 json!(n.to_string());
                             v["metadata"]["annotations"][EVICTED_AT_ANNOTATION] = json!(stamp);
                         }
+                        if r.kind == ObjKind::Pod && self.protected.contains(&r.name) {
+                            // 429: retried in 10 s (the reconciler's backoff).
+                            self.blocked.insert(
+                                r.clone(),
+                                super::evictions::Blocked {
+                                    until: self.now + 10_000,
+                                    delay: 10_000,
+                                    attempts: 1,
+                                    why: "Cannot evict pod as it would violate the pod's disruption budget.".into(),
+                                },
+                            );
+                            continue;
+                        }
+                        self.blocked.remove(r);
                         if r.kind == ObjKind::Pod {
                             v["metadata"]["deletionTimestamp"] = json!(stamp);
                         } else {
@@ -509,6 +529,8 @@ enum Op {
         owner: u8,
         up: bool,
     },
+    /// A PodDisruptionBudget starts or stops protecting the `i`-th object (if a pod).
+    Protect(usize),
     Advance(u64),
     Apply(Option<usize>),
 }
@@ -525,6 +547,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::Finish),
         1 => Just(Op::Terminate),
         3 => (0u8..2, proptest::bool::weighted(0.7)).prop_map(|(owner, up)| Op::Scale { owner, up }),
+        2 => any::<usize>().prop_map(Op::Protect),
         1 => (1u64..120).prop_map(Op::Advance),
         5 => proptest::option::weighted(0.2, 0usize..4).prop_map(Op::Apply),
     ]
@@ -605,6 +628,14 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
         Op::Terminate => w.terminate(),
         Op::Advance(s) => w.now += s * 1000,
         Op::Scale { owner, up } => w.scale(owner, up),
+        Op::Protect(i) => {
+            if let Some((true, v)) = w.pick(i) {
+                let name = World::key(&v).1;
+                if !w.protected.remove(&name) {
+                    w.protected.insert(name);
+                }
+            }
+        }
         Op::Apply(fail) => w.apply(last, fail),
     }
 }
@@ -619,16 +650,17 @@ proptest! {
     ) {
         let mut w = World::new();
         let mut inc = Incremental::new();
-        let blocked = BTreeMap::new();
         let c = any_cfg(mode);
         let mut last = Plan::default();
         for (i, op) in ops.iter().enumerate() {
             step(&mut w, op, &last);
+            let blocked = w.blocked.clone();
             let got = inc.decide(&w.cache, &c, w.now, &blocked);
             let want = decide_cached(&w.cache, &c, w.now, &blocked);
             prop_assert_eq!(&got, &want, "step {} ({:?})", i, op);
             last = got;
         }
+        let blocked = w.blocked.clone();
         let fresh = Incremental::new().decide(&w.cache, &c, w.now, &blocked);
         let again = inc.decide(&w.cache, &c, w.now, &blocked);
         prop_assert_eq!(fresh, again, "a restarted decider decides as the long-lived one");
@@ -1193,4 +1225,79 @@ fn serving_scale_passes_stay_incremental() {
     assert!(pass(&mut w, &mut inc).actions.is_empty());
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     assert_eq!(inc.stats.incremental, 6, "{:?}", inc.stats);
+}
+
+/// An eviction a PodDisruptionBudget refuses stays incremental: the preemptor names
+/// the blocked pod while the retry waits, a pod arriving in another queue is admitted
+/// meanwhile, the retry is refused again, and once the budget allows it the victim is
+/// evicted, terminates, and the preemptor is admitted. No pass but the first decides
+/// from scratch.
+#[test]
+fn blocked_evictions_stay_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let c = cfg();
+    let pass = |w: &mut World, inc: &mut Incremental| {
+        let blocked = w.blocked.clone();
+        checked_pass(w, inc, &c, &blocked)
+    };
+    let reasons = |plan: &Plan| -> Vec<String> {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Pending { reason, .. } => Some(reason.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    let kinds = |plan: &Plan, kind: &str| {
+        plan.actions
+            .iter()
+            .filter(|a| match a {
+                Action::Admit { .. } => kind == "admit",
+                Action::Evict { .. } => kind == "evict",
+                _ => false,
+            })
+            .count()
+    };
+    // Queue `a` (4 GPUs): two low-priority 2-GPU pods, both under a budget.
+    w.add_pods(0, 2, false, 0, 0);
+    w.add_pods(0, 2, false, 0, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    w.protected.extend(["p1".to_string(), "p2".to_string()]);
+    // A high-priority 2-GPU pod preempts one; its eviction is refused.
+    w.now += 60_000;
+    w.add_pods(0, 2, true, 2, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(kinds(&plan, "evict"), 1, "{plan:?}");
+    w.apply(&plan, None);
+    assert_eq!(w.blocked.len(), 1);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(reasons(&plan), ["EvictionBlocked"], "{plan:?}");
+    assert_eq!(kinds(&plan, "evict"), 0, "not retried before its time");
+    w.apply(&plan, None);
+    w.add_pods(3, 1, false, 3, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(kinds(&plan, "admit"), 1, "{plan:?}");
+    w.apply(&plan, None);
+    // The retry is due and refused again; then the budget allows it.
+    w.now += 10_000;
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(kinds(&plan, "evict"), 1, "{plan:?}");
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    w.protected.clear();
+    w.now += 10_000;
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(kinds(&plan, "evict"), 1, "{plan:?}");
+    w.apply(&plan, None);
+    assert!(w.blocked.is_empty());
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    w.terminate();
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(kinds(&plan, "admit"), 1, "the preemptor: {plan:?}");
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }
