@@ -618,6 +618,15 @@ impl Scopes {
             .collect()
     }
 
+    /// The scope of ClusterQueue `cq`.
+    pub(super) fn of_cluster_queue(&self, cq: &str) -> String {
+        match self.cohorts.get(cq) {
+            Some(Some(cohort)) => format!("cohort/{cohort}"),
+            Some(None) => format!("clusterqueue/{cq}"),
+            None => UNKNOWN_SCOPE.into(),
+        }
+    }
+
     pub(super) fn of(&self, l: &Live) -> String {
         let Some(info) = &l.info else {
             return UNKNOWN_SCOPE.into();
@@ -626,10 +635,6 @@ impl Scopes {
         let Some(cq) = self.local_queues.get(&lq) else {
             return UNKNOWN_SCOPE.into();
         };
-        match self.cohorts.get(cq) {
-            Some(Some(cohort)) => format!("cohort/{cohort}"),
-            Some(None) => format!("clusterqueue/{cq}"),
-            None => UNKNOWN_SCOPE.into(),
-        }
+        self.of_cluster_queue(cq)
     }
 }

@@ -16,9 +16,9 @@
 //! changed, requeue state ConfigMaps, and with `blockAdmission` an admission or a running workload not Ready
 //! (passes where none of that happens stay incremental and record `PodsReady`); a
 //! ReplicaSet added, removed or re-owned while pods it owns are kept (their workload
-//! keys follow their owner); a running workload that no longer fits; an engine timer due (without `waitForPodsReady` only a minimum-runtime
-//! wake-up, whose workload then preempts, which falls back anyway); books that a fresh
-//! restore would assign differently. A waiting workload whose requests, priority or creation
+//! keys follow their owner); a running workload that no longer fits; with
+//! `waitForPodsReady`, an engine timer due; books that a fresh restore would assign
+//! differently. A waiting workload whose requests, priority or creation
 //! changed, an admission the objects do not show on the next pass (its write failed),
 //! and a finished workload's key used again are followed: the workload leaves the
 //! engine and queues again as read now (a delete and a create, which a fresh pass
@@ -37,7 +37,8 @@
 //! restores it as running and evicts nothing more there), and where a workload changed
 //! in a way the engine has no update for (a running one's requests, running again,
 //! waiting again after running), and where a victim's eviction was refused by a
-//! PodDisruptionBudget (the preemptor names it until the retry). Cost: those scopes'
+//! PodDisruptionBudget (the preemptor names it until the retry), and where an engine
+//! timer is due (a minimum runtime running out). Cost: those scopes'
 //! workloads.
 //!
 //! Serving replicas (one workload per pod of a Deployment, ReplicaSet or StatefulSet)
@@ -934,7 +935,7 @@ fn fast_pass(
             "a pods-ready backoff ended",
         ),
         (
-            kept.engine.next_timer().is_some_and(|t| t <= now),
+            cfg.pods_ready.is_some() && kept.engine.next_timer().is_some_and(|t| t <= now),
             "an engine timer is due",
         ),
     ];
@@ -1112,6 +1113,15 @@ fn fast_pass(
     // evictions last pass, workloads terminating, a change the engine cannot follow.
     let mut held: BTreeSet<String> = std::mem::take(&mut kept.evicted_scopes);
     held.extend(kept.terminating.keys().cloned());
+    // An engine timer due (a minimum runtime running out): its workload's scope is
+    // re-decided at `now`, as a fresh pass decides it.
+    if kept.engine.next_timer().is_some_and(|t| t <= now) {
+        let cqs = kept
+            .engine
+            .due_timer_queues(now)
+            .ok_or("an engine timer is due")?;
+        held.extend(cqs.iter().map(|cq| kept.scopes.of_cluster_queue(cq)));
+    }
     // Pods whose eviction a PodDisruptionBudget refused: their scopes are re-decided
     // (a fresh pass preempts again, evicts the rest, and names the refusal).
     for pod in blocked.keys() {
@@ -1187,6 +1197,9 @@ fn fast_pass(
     let mut rebuilt: Vec<String> = Vec::new();
     for scope in &held {
         rebuilt.extend(kept.rebuild_scope(scope, now, &mut touched)?);
+    }
+    if kept.engine.next_timer().is_some_and(|t| t <= now) {
+        return Err("an engine timer is due");
     }
     if kept.verify {
         if !kept.books_match(now) {

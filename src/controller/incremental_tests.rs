@@ -77,7 +77,9 @@ impl World {
         }
         w.put(2, queue("a", None, &[("h100", 4)]));
         w.put(2, queue("b", Some("co"), &[("h100", 1), ("a100", 2)]));
-        w.put(2, queue("c", Some("co"), &[("h100", 2)]));
+        let mut c = queue("c", Some("co"), &[("h100", 2)]);
+        c["spec"]["preemption"]["minimumRuntime"] = json!("90s");
+        w.put(2, c);
         w.put(2, queue("d", None, &[("h100", 1000)]));
         for q in ["a", "b", "c", "d"] {
             w.put(3, json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
@@ -1299,5 +1301,46 @@ fn blocked_evictions_stay_incremental() {
     w.terminate();
     let plan = pass(&mut w, &mut inc);
     assert_eq!(kinds(&plan, "admit"), 1, "the preemptor: {plan:?}");
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+}
+
+/// A minimum-runtime gate running out re-decides the gated workload's scope at that
+/// time instead of everything: queue `c` (minimumRuntime 90 s) cannot preempt its
+/// young low-priority pods for a high-priority one until they have run 90 s; then the
+/// pass evicts one. No pass but the first decides from scratch.
+#[test]
+fn minimum_runtime_wakeups_stay_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    for _ in 0..3 {
+        w.add_pods(2, 1, false, 0, 0);
+    }
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    w.now += 30_000;
+    w.add_pods(2, 1, true, 1, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert!(
+        plan.actions
+            .iter()
+            .any(|a| matches!(a, Action::Pending { reason, .. } if reason == "MinimumRuntime")),
+        "{plan:?}"
+    );
+    assert!(plan.next_timer.is_some_and(|t| t > w.now), "{plan:?}");
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    w.now += 61_000;
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        plan.actions
+            .iter()
+            .filter(|a| matches!(a, Action::Evict { .. }))
+            .count(),
+        1,
+        "{plan:?}"
+    );
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }

@@ -250,6 +250,20 @@ pub(crate) enum Timer {
     PodsReady(WlId, u64),
 }
 
+impl Timer {
+    /// The workload the timer was set for.
+    pub(crate) fn workload(self) -> WlId {
+        match self {
+            Timer::Finish(i, _)
+            | Timer::ReadyTimeout(i, _)
+            | Timer::BackoffEnd(i, _)
+            | Timer::Wake(i, _)
+            | Timer::TerminateDone(i, _)
+            | Timer::PodsReady(i, _) => i,
+        }
+    }
+}
+
 /// The quota admission engine.
 pub struct Engine {
     pub(crate) cfg: EngineConfig,
@@ -566,6 +580,21 @@ impl Engine {
             self.timers.pop();
         }
         None
+    }
+
+    /// The ClusterQueues of the workloads with a live timer due at `now` (a minimum
+    /// runtime running out, a grace period ending, ...); `None` when one of them is in
+    /// no ClusterQueue. Costs the timers pending.
+    pub fn due_timer_queues(&self, now: Time) -> Option<BTreeSet<String>> {
+        let mut out = BTreeSet::new();
+        for Reverse((at, _, timer)) in self.timers.iter() {
+            if *at > now || !self.timer_live(*timer) {
+                continue;
+            }
+            let cq = self.wls[timer.workload()].cq?;
+            out.insert(self.cqs[cq].spec.name.clone());
+        }
+        Some(out)
     }
 
     /// Fires every timer due at or before `t`, scheduling after each instant.
