@@ -90,10 +90,14 @@ pub(super) fn pod_workload_key(pod: &Value) -> Option<String> {
 
 /// The key of the workload live pod `pod` is part of, as [`collect`] keys it: a replica
 /// of a serving owner in `serving` is a workload of its own named after the owner.
+/// Only a replica's pod is parsed (a pod that does not parse keeps its pod key).
 pub(super) fn live_pod_workload_key(pod: &Value, serving: &ServingIndex) -> Option<String> {
     let key = pod_workload_key(pod)?;
-    match (serving.owner_of(pod), workload_from_live_pod(pod)) {
-        (Some(owner), Ok(LivePod::Single(_))) => {
+    let Some(owner) = serving.owner_of(pod) else {
+        return Some(key);
+    };
+    match workload_from_live_pod(pod) {
+        Ok(LivePod::Single(_)) => {
             let r = obj_ref(ObjKind::Pod, pod);
             Some(format!("{}/{}", r.namespace, owner.replica_name(&r.name)))
         }
