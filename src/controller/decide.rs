@@ -202,6 +202,41 @@ pub(super) fn admit_action(
     }
 }
 
+/// Preemptor → (pod, backoff, API message) of a victim whose eviction is refused by a
+/// PodDisruptionBudget and not due for a retry yet.
+pub(super) type BlockedFor = BTreeMap<String, (ObjRef, Millis, String)>;
+
+/// The `Evict` action for running victim `l` of event `ev`: its objects but those whose
+/// eviction is refused and not due for a retry (`blocked`), which are recorded in
+/// `blocked_for` under the preemptor instead; `None` when all of them are.
+pub(super) fn evict_action(
+    l: &Live,
+    ev: &crate::quota::Event,
+    blocked: &BTreeMap<ObjRef, Blocked>,
+    now: Millis,
+    blocked_for: &mut BlockedFor,
+) -> Option<Action> {
+    let by = ev.by.clone().unwrap_or_default();
+    let mut objects = Vec::new();
+    for (r, grace) in l.objects.iter().zip(l.graces.iter().copied()) {
+        match blocked.get(r) {
+            Some(b) if b.until > now => {
+                blocked_for
+                    .entry(by.clone())
+                    .or_insert((r.clone(), b.delay, b.why.clone()));
+            }
+            _ => objects.push((r.clone(), grace)),
+        }
+    }
+    (!objects.is_empty()).then(|| Action::Evict {
+        workload: l.key.clone(),
+        objects,
+        reason: ev.reason.clone().unwrap_or_default(),
+        by,
+        requeue: None,
+    })
+}
+
 /// An engine holding the queue objects, namespaces and priority classes of `s` (no
 /// workload yet); objects it cannot use land in `problems`.
 pub(super) fn engine_with_queues(s: &Snapshot, problems: &mut Vec<String>) -> Engine {
@@ -337,9 +372,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         .iter()
         .map(|f| (f.metadata.name.as_str(), &f.spec.node_labels))
         .collect();
-    // Preemptor key -> (pod, backoff, API message) of a victim whose eviction is
-    // refused by a PodDisruptionBudget and not due for a retry yet.
-    let mut blocked_for: BTreeMap<String, (ObjRef, Millis, String)> = BTreeMap::new();
+    let mut blocked_for = BlockedFor::new();
     let evicted = events
         .iter()
         .any(|e| matches!(e.kind, EventType::Preempted | EventType::Evicted));
@@ -363,29 +396,8 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
             EventType::Preempted | EventType::Evicted
                 if l.state == State::Running && waiting_on(l).is_empty() =>
             {
-                let by = ev.by.clone().unwrap_or_default();
-                let mut objects = Vec::new();
-                for (r, grace) in l.objects.iter().zip(l.graces.iter().copied()) {
-                    match s.blocked.get(r) {
-                        Some(b) if b.until > now => {
-                            blocked_for.entry(by.clone()).or_insert((
-                                r.clone(),
-                                b.delay,
-                                b.why.clone(),
-                            ));
-                        }
-                        _ => objects.push((r.clone(), grace)),
-                    }
-                }
-                if !objects.is_empty() {
-                    plan.actions.push(Action::Evict {
-                        workload: l.key.clone(),
-                        objects,
-                        reason: ev.reason.clone().unwrap_or_default(),
-                        by,
-                        requeue: None,
-                    });
-                }
+                plan.actions
+                    .extend(evict_action(l, ev, &s.blocked, now, &mut blocked_for));
             }
             _ => {}
         }

@@ -50,9 +50,9 @@
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
 use super::decide::{
-    admit_action, blocked_reason, collect, decide_full, engine_with_queues, hold_reason,
-    replica_message, replicas_actions, terminating_message, Action, Built, Live, ObjRef, Plan,
-    Scopes, Snapshot, State, UNKNOWN_SCOPE,
+    admit_action, blocked_reason, collect, decide_full, engine_with_queues, evict_action,
+    hold_reason, replica_message, replicas_actions, terminating_message, Action, BlockedFor, Built,
+    Live, ObjRef, Plan, Scopes, Snapshot, State, UNKNOWN_SCOPE,
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
@@ -1277,8 +1277,7 @@ fn fast_pass(
         .map(|(k, v)| (k.as_str(), v))
         .collect();
     let mut evicted_scopes = BTreeSet::new();
-    // Preemptor → (pod, backoff, API message) of a victim whose eviction is refused.
-    let mut blocked_for: BTreeMap<String, (ObjRef, Millis, String)> = BTreeMap::new();
+    let mut blocked_for = BlockedFor::new();
     for ev in &events {
         match ev.kind {
             EventType::Preempted | EventType::Evicted => {
@@ -1296,29 +1295,8 @@ fn fast_pass(
                     return Err("a preemption");
                 }
                 if l.state == State::Running && kept.terminating_in(&scope).is_empty() {
-                    let by = ev.by.clone().unwrap_or_default();
-                    let mut objects = Vec::new();
-                    for (r, grace) in l.objects.iter().zip(l.graces.iter().copied()) {
-                        match blocked.get(r) {
-                            Some(b) if b.until > now => {
-                                blocked_for.entry(by.clone()).or_insert((
-                                    r.clone(),
-                                    b.delay,
-                                    b.why.clone(),
-                                ));
-                            }
-                            _ => objects.push((r.clone(), grace)),
-                        }
-                    }
-                    if !objects.is_empty() {
-                        plan.actions.push(Action::Evict {
-                            workload: l.key.clone(),
-                            objects,
-                            reason: ev.reason.clone().unwrap_or_default(),
-                            by,
-                            requeue: None,
-                        });
-                    }
+                    plan.actions
+                        .extend(evict_action(l, ev, blocked, now, &mut blocked_for));
                 }
                 evicted_scopes.insert(scope);
             }

@@ -681,6 +681,21 @@ fn checked_pass(
     got
 }
 
+/// What the plan's actions of `kind` name: the workload of `admit` and `evict`, the
+/// reason of `pending`, the value of `replicas`.
+fn named(plan: &Plan, kind: &str) -> Vec<String> {
+    plan.actions
+        .iter()
+        .filter_map(|a| match (kind, a) {
+            ("admit", Action::Admit { workload, .. })
+            | ("evict", Action::Evict { workload, .. }) => Some(workload.clone()),
+            ("pending", Action::Pending { reason, .. }) => Some(reason.clone()),
+            ("replicas", Action::Replicas { value, .. }) => Some(value.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
 /// The common case stays incremental: pods arriving in a full queue and beside it,
 /// reasons recorded, admissions applied, a running pod finishing.
 #[test]
@@ -1090,7 +1105,6 @@ fn preemptions_redecide_only_their_scope() {
     let mut inc = Incremental::new();
     let (c, blocked) = (cfg(), BTreeMap::new());
     let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
-    let count = |plan: &Plan, f: fn(&Action) -> bool| plan.actions.iter().filter(|a| f(a)).count();
     // Queue `a` (4 GPUs) full of low-priority work: two pods and a 2-GPU Job.
     w.add_pods(0, 1, false, 0, 0);
     w.add_pods(0, 1, false, 0, 0);
@@ -1103,10 +1117,7 @@ fn preemptions_redecide_only_their_scope() {
     w.now += 60_000;
     w.add_pods(0, 2, true, 2, 0);
     let plan = pass(&mut w, &mut inc);
-    assert!(
-        count(&plan, |a| matches!(a, Action::Evict { .. })) >= 1,
-        "{plan:?}"
-    );
+    assert!(!named(&plan, "evict").is_empty(), "{plan:?}");
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     assert_eq!(inc.stats.scopes_redecided, 1, "{:?}", inc.stats);
     w.apply(&plan, None);
@@ -1126,7 +1137,7 @@ fn preemptions_redecide_only_their_scope() {
             .any(|m| m.starts_with("waiting for evicted workloads to terminate: ")),
         "{plan:?}"
     );
-    assert_eq!(count(&plan, |a| matches!(a, Action::Evict { .. })), 0);
+    assert_eq!(named(&plan, "evict").len(), 0);
     w.apply(&plan, None);
     let redecided = inc.stats.scopes_redecided;
     assert!(redecided >= 1, "{:?}", inc.stats);
@@ -1135,22 +1146,14 @@ fn preemptions_redecide_only_their_scope() {
         w.now += 1000;
         w.add_pods(3, 1, false, 3, 0);
         let plan = pass(&mut w, &mut inc);
-        assert_eq!(
-            count(&plan, |a| matches!(a, Action::Admit { .. })),
-            1,
-            "round {round}: {plan:?}"
-        );
-        assert_eq!(count(&plan, |a| matches!(a, Action::Evict { .. })), 0);
+        assert_eq!(named(&plan, "admit").len(), 1, "round {round}: {plan:?}");
+        assert_eq!(named(&plan, "evict").len(), 0);
         w.apply(&plan, None);
     }
     // The victims are gone: the preemptor is admitted, still without a fresh pass.
     w.terminate();
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(
-        count(&plan, |a| matches!(a, Action::Admit { .. })),
-        1,
-        "{plan:?}"
-    );
+    assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
     w.apply(&plan, None);
     pass(&mut w, &mut inc);
     // Settled: an idle pass re-decides nothing.
@@ -1171,24 +1174,6 @@ fn serving_scale_passes_stay_incremental() {
     let mut inc = Incremental::new();
     let (c, blocked) = (cfg(), BTreeMap::new());
     let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
-    let replicas = |plan: &Plan| -> Vec<String> {
-        plan.actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Replicas { value, .. } => Some(value.clone()),
-                _ => None,
-            })
-            .collect()
-    };
-    let admits = |plan: &Plan| -> Vec<String> {
-        plan.actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Admit { workload, .. } => Some(workload.clone()),
-                _ => None,
-            })
-            .collect()
-    };
     w.add_pods(3, 1, false, 0, 0);
     let plan = pass(&mut w, &mut inc);
     w.apply(&plan, None);
@@ -1198,8 +1183,8 @@ fn serving_scale_passes_stay_incremental() {
         w.scale(0, true);
     }
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(admits(&plan).len(), 4, "{plan:?}");
-    assert_eq!(replicas(&plan), ["4/6"]);
+    assert_eq!(named(&plan, "admit").len(), 4, "{plan:?}");
+    assert_eq!(named(&plan, "replicas"), ["4/6"]);
     assert!(
         plan.actions
             .iter()
@@ -1218,11 +1203,11 @@ fn serving_scale_passes_stay_incremental() {
     }
     let plan = pass(&mut w, &mut inc);
     assert_eq!(
-        admits(&plan),
+        named(&plan, "admit"),
         [format!("team/pod-p{}", w.serial)],
         "{plan:?}"
     );
-    assert_eq!(replicas(&plan), ["3/3"]);
+    assert_eq!(named(&plan, "replicas"), ["3/3"]);
     w.apply(&plan, None);
     assert!(pass(&mut w, &mut inc).actions.is_empty());
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
@@ -1243,25 +1228,6 @@ fn blocked_evictions_stay_incremental() {
         let blocked = w.blocked.clone();
         checked_pass(w, inc, &c, &blocked)
     };
-    let reasons = |plan: &Plan| -> Vec<String> {
-        plan.actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Pending { reason, .. } => Some(reason.clone()),
-                _ => None,
-            })
-            .collect()
-    };
-    let kinds = |plan: &Plan, kind: &str| {
-        plan.actions
-            .iter()
-            .filter(|a| match a {
-                Action::Admit { .. } => kind == "admit",
-                Action::Evict { .. } => kind == "evict",
-                _ => false,
-            })
-            .count()
-    };
     // Queue `a` (4 GPUs): two low-priority 2-GPU pods, both under a budget.
     w.add_pods(0, 2, false, 0, 0);
     w.add_pods(0, 2, false, 0, 0);
@@ -1273,34 +1239,38 @@ fn blocked_evictions_stay_incremental() {
     w.now += 60_000;
     w.add_pods(0, 2, true, 2, 0);
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(kinds(&plan, "evict"), 1, "{plan:?}");
+    assert_eq!(named(&plan, "evict").len(), 1, "{plan:?}");
     w.apply(&plan, None);
     assert_eq!(w.blocked.len(), 1);
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(reasons(&plan), ["EvictionBlocked"], "{plan:?}");
-    assert_eq!(kinds(&plan, "evict"), 0, "not retried before its time");
+    assert_eq!(named(&plan, "pending"), ["EvictionBlocked"], "{plan:?}");
+    assert_eq!(
+        named(&plan, "evict").len(),
+        0,
+        "not retried before its time"
+    );
     w.apply(&plan, None);
     w.add_pods(3, 1, false, 3, 0);
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(kinds(&plan, "admit"), 1, "{plan:?}");
+    assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
     w.apply(&plan, None);
     // The retry is due and refused again; then the budget allows it.
     w.now += 10_000;
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(kinds(&plan, "evict"), 1, "{plan:?}");
+    assert_eq!(named(&plan, "evict").len(), 1, "{plan:?}");
     w.apply(&plan, None);
     pass(&mut w, &mut inc);
     w.protected.clear();
     w.now += 10_000;
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(kinds(&plan, "evict"), 1, "{plan:?}");
+    assert_eq!(named(&plan, "evict").len(), 1, "{plan:?}");
     w.apply(&plan, None);
     assert!(w.blocked.is_empty());
     let plan = pass(&mut w, &mut inc);
     w.apply(&plan, None);
     w.terminate();
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(kinds(&plan, "admit"), 1, "the preemptor: {plan:?}");
+    assert_eq!(named(&plan, "admit").len(), 1, "the preemptor: {plan:?}");
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }
 
