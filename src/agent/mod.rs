@@ -48,7 +48,7 @@ use std::time::Duration;
 use notify::{RecursiveMode, Watcher};
 use tokio::sync::{mpsc, watch};
 use tokio_util::sync::CancellationToken;
-use tracing::{error, info, warn};
+use tracing::{debug, error, info, warn};
 
 pub mod cluster;
 pub mod dra;
@@ -723,6 +723,7 @@ impl Agent {
             && self.assignment.as_ref() == Some(&assignment)
             && withdrawing == self.withdrawing
         {
+            debug!(blocked = ?blocked.iter().map(|b| b.to_string()).collect::<Vec<_>>(), "config re-applied: nothing moves");
             self.report_blocked(blocked);
             return Ok(false);
         }
@@ -1152,9 +1153,13 @@ pub async fn run_with(
             Some(()) = usage_rx.recv() => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 while usage_rx.try_recv().is_ok() {}
+                debug!(blocked = agent.blocked.len(), "a checkpoint changed; rechecking blocked GPU moves");
                 agent.recheck().await;
             }
-            _ = retry.tick(), if !agent.blocked.is_empty() => agent.recheck().await,
+            _ = retry.tick(), if !agent.blocked.is_empty() => {
+                debug!(blocked = agent.blocked.len(), "rechecking blocked GPU moves (periodic)");
+                agent.recheck().await
+            }
             Some(()) = slices_rx.recv() => {
                 while slices_rx.try_recv().is_ok() {}
                 agent.confirm_withdrawal().await;

@@ -204,8 +204,42 @@ impl ApiServer {
     }
 
     /// Create or replace an object directly (as another client would).
-    pub fn put_object(&self, collection: &str, mut object: Value) {
+    pub fn put_object(&self, collection: &str, object: Value) {
         let mut st = self.store.lock().unwrap();
+        let change = Self::store_locked(&mut st, collection, object);
+        drop(st);
+        let _ = self.changes.send(change);
+    }
+
+    /// Replaces `object` only if the stored one still has resourceVersion `read_rv` (what
+    /// the writer read): the API server's update is atomic, so a write racing a delete
+    /// or another write fails (404 / 409) instead of bringing the object back.
+    fn replace_object(
+        &self,
+        collection: &str,
+        object: Value,
+        read_rv: &Value,
+    ) -> Result<(), StatusCode> {
+        let mut st = self.store.lock().unwrap();
+        let name = object["metadata"]["name"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let current = st.objects.get(collection).and_then(|m| m.get(&name));
+        match current {
+            None => return Err(StatusCode::NOT_FOUND),
+            Some(c) if &c["metadata"]["resourceVersion"] != read_rv => {
+                return Err(StatusCode::CONFLICT)
+            }
+            Some(_) => {}
+        }
+        let change = Self::store_locked(&mut st, collection, object);
+        drop(st);
+        let _ = self.changes.send(change);
+        Ok(())
+    }
+
+    fn store_locked(st: &mut Store, collection: &str, mut object: Value) -> Change {
         st.resource_version += 1;
         let rv = st.resource_version.to_string();
         let name = object["metadata"]["name"].as_str().unwrap().to_string();
@@ -225,8 +259,7 @@ impl ApiServer {
             object,
         };
         st.history.push(change.clone());
-        drop(st);
-        let _ = self.changes.send(change);
+        change
     }
 
     /// Delete an object directly (as another client — or a restarting kubelet — would).
@@ -425,7 +458,7 @@ impl ApiServer {
                 object["metadata"]["creationTimestamp"] = json!("2026-11-29T00:00:00Z");
                 self.drop_configured(&mut object);
                 self.put_object(&collection, object);
-                json_response(StatusCode::CREATED, self.get(&collection, &name).unwrap())
+                self.written(StatusCode::CREATED, &collection, &name)
             }
             (Method::PUT, Some(name)) => {
                 let body = req.into_body().collect().await.unwrap().to_bytes();
@@ -445,8 +478,11 @@ impl ApiServer {
                 }
                 object["metadata"]["uid"] = current["metadata"]["uid"].clone();
                 self.drop_configured(&mut object);
-                self.put_object(&collection, object);
-                json_response(StatusCode::OK, self.get(&collection, &name).unwrap())
+                let read_rv = current["metadata"]["resourceVersion"].clone();
+                if let Err(code) = self.replace_object(&collection, object, &read_rv) {
+                    return lost_write(code, &name);
+                }
+                self.written(StatusCode::OK, &collection, &name)
             }
             (Method::DELETE, Some(name)) => {
                 let current = self.get(&collection, &name);
@@ -500,8 +536,25 @@ impl ApiServer {
         }
         object["status"] = sent["status"].clone();
         self.drop_configured(&mut object);
-        self.put_object(collection, object);
-        json_response(StatusCode::OK, self.get(collection, name).unwrap())
+        let read_rv = object["metadata"]["resourceVersion"].clone();
+        if let Err(code) = self.replace_object(collection, object, &read_rv) {
+            return lost_write(code, name);
+        }
+        self.written(StatusCode::OK, collection, name)
+    }
+
+    /// The answer to a write of `name`: the object as stored now, or 404 when another
+    /// request deleted it in between (the API server serialises the two; the write lost).
+    fn written(
+        &self,
+        code: StatusCode,
+        collection: &str,
+        name: &str,
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        match self.get(collection, name) {
+            Some(object) => json_response(code, object),
+            None => not_found(name),
+        }
     }
 
     /// The Eviction API (`policy/v1`): records the request and starts a graceful delete,
@@ -803,6 +856,15 @@ fn remove_path(v: &mut Value, parts: &[&str]) {
 fn gone() -> Value {
     json!({"apiVersion": "v1", "kind": "Status", "status": "Failure", "reason": "Expired",
            "message": "too old resource version", "code": 410})
+}
+
+/// The answer to an update that lost a race: 404 (deleted meanwhile) or 409.
+fn lost_write(code: StatusCode, name: &str) -> Response<BoxBody<Bytes, Infallible>> {
+    if code == StatusCode::NOT_FOUND {
+        not_found(name)
+    } else {
+        status(code, "Conflict", "the object has been modified")
+    }
 }
 
 fn not_found(name: &str) -> Response<BoxBody<Bytes, Infallible>> {
