@@ -5,7 +5,9 @@
 //! `k=v`, `k==v`, `k!=v`, `k` (exists) and `!k` terms), WATCH from a resourceVersion (newline-delimited `WatchEvent`s, ADDED /
 //! MODIFIED / DELETED), POST (with `generateName`, 409 AlreadyExists), PUT (409 Conflict on
 //! a stale `metadata.resourceVersion`), PUT of the `status` subresource (only `status` is
-//! taken from the body; 409 on a stale resourceVersion), DELETE (404 NotFound); one global resourceVersion
+//! taken from the body; 409 on a stale resourceVersion), both atomic (one racing a DELETE
+//! answers 404 and does not bring the object back; one racing another write, 409),
+//! DELETE (404 NotFound); one global resourceVersion
 //! bumped on every write; `metadata.uid` and `creationTimestamp` set on create. Like an API
 //! server whose feature gates are off, it can drop fields on write ([`ApiServer::drop_field`]),
 //! so a client sees the object stored without them.
