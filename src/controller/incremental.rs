@@ -10,8 +10,8 @@
 //! [`decide`](super::decide::decide) over a fresh snapshot stays the reference: an incremental pass gives the
 //! same [`Plan`] (a property test drives both). Whatever the kept engine cannot follow
 //! exactly makes the pass decide from scratch instead, and start keeping again from
-//! there: queue objects, namespaces or configuration changed; a store re-LISTed; a
-//! preemption decided in a scope followed incrementally; with `waitForPodsReady`, a
+//! there: queue objects, namespaces or configuration changed; a store re-LISTed; with
+//! `waitForPodsReady`, a
 //! pods-ready timeout due (and the pass that evicts for it), a requeue backoff ending, a waiting workload's requeue state
 //! changed, requeue state ConfigMaps, and with `blockAdmission` an admission or a running workload not Ready
 //! (passes where none of that happens stay incremental and record `PodsReady`); a
@@ -1230,19 +1230,19 @@ fn fast_pass(
         // admissions across scopes is a fresh pass's single schedule).
         let preempting = kept.preempting_scopes(&new_events, &held);
         if round == 0 && !preempting.is_empty() {
-            let elsewhere = new_events.iter().any(|e| {
-                e.kind != EventType::Pending
-                    && kept
-                        .lives
-                        .get(&e.workload)
-                        .is_none_or(|l| !preempting.contains(&kept.scopes.of(l)))
-            });
-            if elsewhere {
-                return Err("a preemption beside decisions in other scopes");
+            // The scopes this schedule admitted in are re-decided with it, so that one
+            // schedule again orders all of the pass's admissions and evictions.
+            let mut redo = preempting;
+            for e in new_events.iter().filter(|e| e.kind != EventType::Pending) {
+                let l = kept
+                    .lives
+                    .get(&e.workload)
+                    .ok_or("a preemption beside a decision for an unknown workload")?;
+                redo.insert(kept.scopes.of(l));
             }
             new_events.retain(|e| e.kind == EventType::Pending);
             events.append(&mut new_events);
-            for scope in preempting {
+            for scope in redo {
                 rebuilt.extend(kept.rebuild_scope(&scope, now, &mut touched)?);
                 held.insert(scope);
             }
@@ -1305,14 +1305,17 @@ fn fast_pass(
                     .lives
                     .get(&ev.workload)
                     .ok_or("an unknown workload admitted")?;
-                if l.state != State::Waiting || !kept.engine.is_admitted(&l.key) {
-                    return Err("an admission of a workload not waiting");
-                }
                 if let Some(cq) = &ev.cluster_queue {
                     if !kept.simple_cqs.contains(cq) {
                         kept.verify = true;
                     }
                     touched.insert(cq.clone());
+                }
+                // As a fresh pass: only a waiting workload still admitted at the end of
+                // the schedule is admitted (one preempted again in it is not).
+                if l.state != State::Waiting || !kept.engine.is_admitted(&l.key) {
+                    candidates.insert(ev.workload.clone());
+                    continue;
                 }
                 plan.actions.push(admit_action(l, ev, &flavor_labels));
                 kept.admitted.insert(l.key.clone());
