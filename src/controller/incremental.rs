@@ -419,8 +419,7 @@ fn keep(
         rs_pods: snap
             .pods
             .iter()
-            .filter(|p| owned_by(p, "ReplicaSet"))
-            .map(|p| (key_of(p), replica_set_of(p)))
+            .filter_map(|p| Some((key_of(p), rs_entry(p)?)))
             .collect(),
         replicas: BTreeMap::new(),
         serving: plan.serving.clone(),
@@ -556,9 +555,9 @@ impl Kept {
         Some(l)
     }
 
-    /// The scopes whose decisions live `l` takes part in: its own when it is in the
-    /// engine, and when it terminates (one of an unknown scope holds every scope).
-    fn scopes_of(&self, l: &Live) -> Option<String> {
+    /// The scope whose decisions live `l` takes part in: its own when it is in the
+    /// engine or terminates (one of an unknown scope holds every scope).
+    fn scope_of(&self, l: &Live) -> Option<String> {
         (l.info.is_some() || l.state == State::Terminating).then(|| self.scopes.of(l))
     }
 
@@ -668,13 +667,9 @@ impl Kept {
             } else {
                 Ok(())
             };
-            self.lives.insert(k.clone(), l);
-            done?;
-        }
-        for (_, k) in &order {
-            let l = self.lives.remove(k).ok_or("bookkeeping")?;
             self.track(&l);
             self.lives.insert(k.clone(), l);
+            done?;
         }
         touched.extend(self.scopes.cluster_queues(scope));
         self.redecided += 1;
@@ -1003,8 +998,8 @@ fn fast_pass(
         })
         .collect();
     for (k, pod) in &pods_now {
-        match pod.as_ref().filter(|p| owned_by(p, "ReplicaSet")) {
-            Some(p) => kept.rs_pods.insert(k.clone(), replica_set_of(p)),
+        match pod.as_ref().and_then(rs_entry) {
+            Some(rs) => kept.rs_pods.insert(k.clone(), rs),
             None => kept.rs_pods.remove(k),
         };
     }
@@ -1128,7 +1123,7 @@ fn fast_pass(
         let key = (pod.namespace.clone(), pod.name.clone());
         if let Some(l) = kept.pod_wl.get(&key).and_then(|wk| kept.lives.get(wk)) {
             held.insert(
-                kept.scopes_of(l)
+                kept.scope_of(l)
                     .ok_or("a blocked eviction of an unknown workload")?,
             );
         }
@@ -1149,7 +1144,7 @@ fn fast_pass(
         let scopes: Vec<String> = old
             .iter()
             .chain(&new)
-            .filter_map(|l| kept.scopes_of(l))
+            .filter_map(|l| kept.scope_of(l))
             .collect();
         let ends = old
             .iter()
@@ -1184,7 +1179,7 @@ fn fast_pass(
     // pass queues it with the others, so it queues again here.
     for wk in std::mem::take(&mut kept.admitted_waiting) {
         let l = kept.lives.remove(&wk).ok_or("bookkeeping")?;
-        let redo = kept.scopes_of(&l).is_some_and(|s| held.contains(&s));
+        let redo = kept.scope_of(&l).is_some_and(|s| held.contains(&s));
         let done = if redo {
             Ok(())
         } else {
@@ -1226,8 +1221,7 @@ fn fast_pass(
         // A preemption in a scope followed incrementally: the kept engine may hold reasons
         // parked before that a fresh pass would not have decided (its preemptor takes the
         // head of the queue first), so the scope is re-decided from its workloads and
-        // scheduled again. Only when this pass decided nothing elsewhere (the order of
-        // admissions across scopes is a fresh pass's single schedule).
+        // scheduled again.
         let preempting = kept.preempting_scopes(&new_events, &held);
         if round == 0 && !preempting.is_empty() {
             // The scopes this schedule admitted in are re-decided with it, so that one
@@ -1288,9 +1282,8 @@ fn fast_pass(
                     continue;
                 };
                 let scope = kept.scopes.of(l);
-                // A scope followed incrementally may hold reasons parked before that a
-                // fresh pass would not have decided yet (the preemptor takes the head
-                // of its queue): the first preemption decides from scratch.
+                // Every preempting scope was re-decided above (round 0); a preemption
+                // anywhere else is one the kept engine cannot vouch for.
                 if !held.contains(&scope) {
                     return Err("a preemption");
                 }
@@ -1465,6 +1458,12 @@ fn fast_pass(
     kept.seen = seen;
     kept.now = now;
     Ok((plan, kept))
+}
+
+/// The `rs_pods` entry of `pod`: present when a ReplicaSet is among its owners (what
+/// makes a fresh pass read ReplicaSets), with the one that controls it.
+fn rs_entry(pod: &Value) -> Option<Option<Key>> {
+    owned_by(pod, "ReplicaSet").then(|| replica_set_of(pod))
 }
 
 /// Why [`Kept::apply`] gives up on a workload where re-deciding its scope from its

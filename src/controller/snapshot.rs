@@ -166,7 +166,6 @@ async fn list_in(
     Ok(out)
 }
 
-/// Whether any of `objects` refers to an owner of `kind` / has DRA claims at `claims`.
 /// The serving owners a cached pass reads: ReplicaSets (only when some pod is owned by
 /// one: `replica_owned`), Deployments and StatefulSets of the queued namespaces.
 pub(super) fn serving_objects(
@@ -174,21 +173,27 @@ pub(super) fn serving_objects(
     queued_ns: &BTreeSet<String>,
     replica_owned: bool,
 ) -> (Vec<Value>, Vec<Value>, Vec<Value>) {
-    let in_ns = |store: &super::cache::Store, needed: bool| -> Vec<Value> {
-        if !needed || queued_ns.is_empty() {
-            return Vec::new();
-        }
-        store.values_where(|v| {
-            v["metadata"]["namespace"]
-                .as_str()
-                .is_some_and(|n| queued_ns.contains(n))
-        })
-    };
+    let none = BTreeSet::new();
     (
-        in_ns(&cache.replica_sets, replica_owned),
-        in_ns(&cache.deployments, true),
-        in_ns(&cache.stateful_sets, true),
+        in_namespaces(
+            &cache.replica_sets,
+            if replica_owned { queued_ns } else { &none },
+        ),
+        in_namespaces(&cache.deployments, queued_ns),
+        in_namespaces(&cache.stateful_sets, queued_ns),
     )
+}
+
+/// The objects of `store` in namespaces `ns`.
+fn in_namespaces(store: &super::cache::Store, ns: &BTreeSet<String>) -> Vec<Value> {
+    if ns.is_empty() {
+        return Vec::new();
+    }
+    store.values_where(|v| {
+        v["metadata"]["namespace"]
+            .as_str()
+            .is_some_and(|n| ns.contains(n))
+    })
 }
 
 /// Whether `object` has an owner reference of `kind`.
@@ -198,6 +203,7 @@ pub(super) fn owned_by(object: &Value, kind: &str) -> bool {
         .is_some_and(|r| r.iter().any(|r| r["kind"] == kind))
 }
 
+/// Whether any of `objects` refers to an owner of `kind` / has DRA claims at `claims`.
 fn any_owned_by(objects: &[Value], kind: &str) -> bool {
     objects.iter().any(|o| owned_by(o, kind))
 }
@@ -363,16 +369,6 @@ pub fn snapshot_cached(
     let jobs = union(&cache.jobs);
     let none = BTreeSet::new();
     let when = |needed: bool| if needed { &queued_ns } else { &none };
-    let in_ns = |store: &super::cache::Store, ns: &BTreeSet<String>| -> Vec<Value> {
-        if ns.is_empty() {
-            return Vec::new();
-        }
-        store.values_where(|v| {
-            v["metadata"]["namespace"]
-                .as_str()
-                .is_some_and(|n| ns.contains(n))
-        })
-    };
     let replica_owned = any_owned_by(&pods, "ReplicaSet");
     let (replica_sets, deployments, stateful_sets) =
         serving_objects(cache, &queued_ns, replica_owned);
@@ -391,8 +387,8 @@ pub fn snapshot_cached(
         replica_sets,
         deployments,
         stateful_sets,
-        claim_templates: in_ns(&cache.claim_templates, when(claims_used)),
-        claims: in_ns(&cache.claims, when(claims_used)),
+        claim_templates: in_namespaces(&cache.claim_templates, when(claims_used)),
+        claims: in_namespaces(&cache.claims, when(claims_used)),
         requeue_states: match cfg.pods_ready {
             Some(_) => cache.requeue_states.values(),
             None => Vec::new(),

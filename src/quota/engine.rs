@@ -251,15 +251,15 @@ pub(crate) enum Timer {
 }
 
 impl Timer {
-    /// The workload the timer was set for.
-    pub(crate) fn workload(self) -> WlId {
+    /// The workload the timer was set for, and that workload's generation then.
+    pub(crate) fn parts(self) -> (WlId, u64) {
         match self {
-            Timer::Finish(i, _)
-            | Timer::ReadyTimeout(i, _)
-            | Timer::BackoffEnd(i, _)
-            | Timer::Wake(i, _)
-            | Timer::TerminateDone(i, _)
-            | Timer::PodsReady(i, _) => i,
+            Timer::Finish(i, g)
+            | Timer::ReadyTimeout(i, g)
+            | Timer::BackoffEnd(i, g)
+            | Timer::Wake(i, g)
+            | Timer::TerminateDone(i, g)
+            | Timer::PodsReady(i, g) => (i, g),
         }
     }
 }
@@ -591,7 +591,7 @@ impl Engine {
             if *at > now || !self.timer_live(*timer) {
                 continue;
             }
-            let cq = self.wls[timer.workload()].cq?;
+            let cq = self.wls[timer.parts().0].cq?;
             out.insert(self.cqs[cq].spec.name.clone());
         }
         Some(out)

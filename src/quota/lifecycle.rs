@@ -16,14 +16,7 @@ impl Engine {
     }
 
     pub(crate) fn timer_live(&self, timer: Timer) -> bool {
-        let (id, gen) = match timer {
-            Timer::Finish(i, g)
-            | Timer::ReadyTimeout(i, g)
-            | Timer::BackoffEnd(i, g)
-            | Timer::Wake(i, g)
-            | Timer::TerminateDone(i, g)
-            | Timer::PodsReady(i, g) => (i, g),
-        };
+        let (id, gen) = timer.parts();
         self.wls.get(id).is_some_and(|w| w.gen == gen)
     }
 
