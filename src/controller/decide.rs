@@ -163,9 +163,8 @@ pub(super) struct Built {
     pub(super) submit_errors: BTreeMap<String, (String, String)>,
     /// Some running workload could not be restored (it no longer fits).
     pub(super) restore_problem: bool,
-    /// The engine preempted or evicted a workload in this pass.
-    pub(super) evicted: bool,
-    /// The preemption scopes ([`Scopes::of`]) of the workloads preempted or evicted.
+    /// The preemption scopes ([`Scopes::of`]) of the workloads the engine preempted or
+    /// evicted in this pass (empty: none was).
     pub(super) evicted_scopes: BTreeSet<String>,
 }
 
@@ -373,9 +372,6 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         .map(|f| (f.metadata.name.as_str(), &f.spec.node_labels))
         .collect();
     let mut blocked_for = BlockedFor::new();
-    let evicted = events
-        .iter()
-        .any(|e| matches!(e.kind, EventType::Preempted | EventType::Evicted));
     let evicted_scopes: BTreeSet<String> = events
         .iter()
         .filter(|e| matches!(e.kind, EventType::Preempted | EventType::Evicted))
@@ -477,7 +473,6 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         queue_problems,
         submit_errors,
         restore_problem,
-        evicted,
         evicted_scopes,
     };
     (plan, built)

@@ -285,7 +285,7 @@ fn keep(
     let scopes = Scopes::new(snap);
     // Evictions (now, or still terminating) are followed scope by scope when every
     // workload involved has a known scope.
-    let preempting = built.evicted
+    let preempting = !built.evicted_scopes.is_empty()
         || plan
             .actions
             .iter()
