@@ -11,15 +11,17 @@
 //! same [`Plan`] (a property test drives both). Whatever the kept engine cannot follow
 //! exactly makes the pass decide from scratch instead, and start keeping again from
 //! there: queue objects, namespaces or configuration changed; a store re-LISTed; with
-//! `waitForPodsReady`, a
-//! pods-ready timeout due (and the pass that evicts for it), a requeue backoff ending, a waiting workload's requeue state
-//! changed, requeue state ConfigMaps, and with `blockAdmission` an admission or a running workload not Ready
-//! (passes where none of that happens stay incremental and record `PodsReady`); a
-//! ReplicaSet added, removed or re-owned while pods it owns are kept (their workload
-//! keys follow their owner); a running workload that no longer fits; with
-//! `waitForPodsReady`, an engine timer due; books that a fresh restore would assign
-//! differently. A waiting workload whose requests, priority or creation
-//! changed, an admission the objects do not show on the next pass (its write failed),
+//! `blockAdmission` an admission or a running workload not Ready (passes where none of
+//! that happens stay incremental and record `PodsReady`); a ReplicaSet added, removed or
+//! re-owned while pods it owns are kept (their workload keys follow their owner); a
+//! running workload that no longer fits; books that a fresh restore would assign
+//! differently. With `waitForPodsReady` the kept pass follows the rest as a fresh pass
+//! does: a pods-ready timeout due makes its workload terminate (evicted again each pass
+//! until its objects change, its scope re-decided), a requeue backoff ending submits
+//! its workload, the requeue state ConfigMaps are read again where they changed (the
+//! workloads whose entries moved are read again) and their entries no longer needed are
+//! forgotten (cost: the entries). A waiting workload whose requests, priority, creation
+//! or requeue state changed, an admission the objects do not show on the next pass (its write failed),
 //! and a finished workload's key used again are followed: the workload leaves the
 //! engine and queues again as read now (a delete and a create, which a fresh pass
 //! cannot tell apart), and its cohort is re-decided. (The engine orders equal priority and creation
@@ -56,13 +58,14 @@ use super::decide::{
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
-use super::pods_ready;
+use super::pods_ready::{self, state_kept_in_configmap};
 use super::reconciler::Config;
+use super::requeue_state::{self, Book};
 use super::serving::{
     desired_replicas, replica_set_of, replica_set_owners, Owner, ServingIndex, ServingKind,
 };
 use super::snapshot::{owned_by, serving_objects, snapshot_cached};
-use super::workloads::{job_workload_key, live_pod_workload_key};
+use super::workloads::{done_pod_workload_key, job_workload_key, live_pod_workload_key};
 use crate::quota::{Engine, EventType, WaitForPodsReady};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -152,8 +155,18 @@ struct Kept {
     /// pass records those Ready now, and one whose pods-ready timeout is due falls back.
     unrecorded: BTreeSet<(Millis, String)>,
     /// Waiting workloads held by a pods-ready backoff, as (end, key): not in the engine
-    /// (their reason is kept with the submit errors); a backoff ending falls back.
+    /// (their reason is kept with the submit errors); a backoff ending submits them.
     backoffs: BTreeSet<(Millis, String)>,
+    /// Running workloads evicted for a pods-ready timeout, as (admission, key): kept as
+    /// terminating (a fresh pass reads them so) and evicted again each pass until their
+    /// objects change.
+    timed_out: BTreeSet<(Millis, String)>,
+    /// With `waitForPodsReady`: the requeue state ConfigMaps as read, by their key.
+    books: BTreeMap<Key, Book>,
+    /// Finished pods (`Succeeded` / `Failed`) → their workload, and how many each
+    /// workload has: a requeue state entry of a finished workload is forgotten.
+    done_pods: HashMap<Key, String>,
+    finished: HashMap<String, usize>,
     /// Queue objects and namespaces as last read: (store index, key) → fingerprint.
     queue_fps: HashMap<(usize, Key), Value>,
     queued_ns: BTreeSet<String>,
@@ -297,15 +310,8 @@ fn keep(
             .iter()
             .filter(|l| l.state == State::Terminating)
             .all(|l| scopes.of(l) != UNKNOWN_SCOPE);
-    let eligible = pods_ready_keepable(cfg, plan, &built, snap)
-        && !built.restore_problem
-        && (!preempting || scoped)
-        // A pods-ready timeout's eviction: the pass read the workload as evicted
-        // already, where its objects still show it running.
-        && !plan
-            .actions
-            .iter()
-            .any(|a| matches!(a, Action::Evict { requeue: Some(_), .. }));
+    let eligible =
+        pods_ready_keepable(cfg, &built) && !built.restore_problem && (!preempting || scoped);
     if !eligible {
         return None;
     }
@@ -368,6 +374,18 @@ fn keep(
         pods_ready: cfg.pods_ready.clone(),
         unrecorded: BTreeSet::new(),
         backoffs,
+        timed_out: BTreeSet::new(),
+        books: match cfg.pods_ready {
+            Some(_) => cache
+                .requeue_states
+                .values()
+                .iter()
+                .map(|v| (key_of(v), requeue_state::read(std::slice::from_ref(v))))
+                .collect(),
+            None => BTreeMap::new(),
+        },
+        done_pods: HashMap::new(),
+        finished: HashMap::new(),
         queue_fps,
         flavor_labels: snap
             .flavors
@@ -431,9 +449,25 @@ fn keep(
             kept.unsynced.insert(workload.clone());
         }
     }
+    for pod in &snap.pods {
+        kept.set_done(key_of(pod), done_pod_workload_key(pod));
+    }
     for l in lives {
         kept.track(&l);
         kept.put_live(l);
+    }
+    // Timed out in this pass: terminating as read, evicted again until their objects
+    // change.
+    for a in &plan.actions {
+        if let Action::Evict {
+            workload,
+            requeue: Some(_),
+            ..
+        } = a
+        {
+            let l = kept.lives.get(workload)?;
+            kept.timed_out.insert(sort_key(l));
+        }
     }
     kept.stale = kept
         .admitted_waiting
@@ -738,7 +772,11 @@ impl Kept {
         if lives.len() > 1 || lives.iter().any(|l| l.key != wk) {
             return Err("a workload read under another key");
         }
-        Ok(lives.pop())
+        let mut live = lives.pop();
+        if let Some(l) = live.as_mut().filter(|l| state_kept_in_configmap(l)) {
+            l.requeue = pods_ready::latest(l.requeue, self.book_requeue(&l.key));
+        }
+        Ok(live)
     }
 
     /// Applies the change of workload `wk` from `old` to `new` to the engine.
@@ -770,7 +808,8 @@ impl Kept {
         let same = |n: &Live| same_but_selector(n.info.as_ref(), old.info.as_ref());
         match (old.state, new) {
             (State::Waiting | State::Running, None) => self.take_out(wk, now, touched)?,
-            (State::Waiting, Some(n)) if n.state == State::Waiting && same(n) => {}
+            (State::Waiting, Some(n))
+                if n.state == State::Waiting && same(n) && n.requeue == old.requeue => {}
             (State::Waiting, Some(n))
                 if n.state == State::Running
                     && admitted
@@ -778,8 +817,9 @@ impl Kept {
                     && self.engine.admitted_since(wk) == Some(n.admitted_at.min(now)) => {}
             (State::Running, Some(n))
                 if n.state == State::Running && same(n) && n.admitted_at == old.admitted_at => {}
-            // Still waiting, with other requests, priority or creation (or admitted here
-            // while its objects still wait): it leaves and queues again as read now.
+            // Still waiting, with other requests, priority, creation or requeue state (or
+            // admitted here while its objects still wait): it leaves and queues again as
+            // read now.
             (State::Waiting, Some(n)) if n.state == State::Waiting => {
                 self.requeue(wk, n, now, touched)?;
             }
@@ -924,12 +964,6 @@ fn fast_pass(
             "blockAdmission: an admitted workload's pods are not Ready yet",
         ),
         (
-            kept.backoffs
-                .first()
-                .is_some_and(|(until, _)| *until <= now),
-            "a pods-ready backoff ended",
-        ),
-        (
             cfg.pods_ready.is_some() && kept.engine.next_timer().is_some_and(|t| t <= now),
             "an engine timer is due",
         ),
@@ -958,12 +992,16 @@ fn fast_pass(
     let pods_at = QUEUE_STORES.end;
     let jobs_at = pods_at + n_pods;
     let rest_at = jobs_at + n_jobs;
-    // DRA claims and requeue state in queued namespaces: none may have changed.
+    // DRA claims in queued namespaces: none may have changed.
     let claims_at = rest_at + 3;
-    let rest =
-        changed(&stores[claims_at..], &kept.seen[claims_at..]).ok_or("claims listed again")?;
+    let states_at = stores.len() - 1;
+    let rest = changed(
+        &stores[claims_at..states_at],
+        &kept.seen[claims_at..states_at],
+    )
+    .ok_or("claims listed again")?;
     if rest.iter().any(|(ns, _)| kept.queued_ns.contains(ns)) {
-        return Err("DRA claims or requeue state changed");
+        return Err("DRA claims changed");
     }
     // Serving owners (ReplicaSets, Deployments, StatefulSets) in queued namespaces.
     let mut owner_keys: [BTreeSet<Key>; 3] = Default::default();
@@ -975,11 +1013,25 @@ fn fast_pass(
             .filter(|(ns, _)| kept.queued_ns.contains(ns))
             .collect();
     }
+    // Requeue state ConfigMaps: the workloads whose entries changed are read again.
+    let mut state_changed: BTreeSet<String> = BTreeSet::new();
     if cfg.pods_ready.is_some() {
-        let last = stores.len() - 1;
-        let requeue_states = changed(&stores[last..], &kept.seen[last..]);
-        if requeue_states.is_none_or(|k| !k.is_empty()) {
-            return Err("requeue state changed");
+        let keys = changed(&stores[states_at..], &kept.seen[states_at..])
+            .ok_or("requeue state listed again")?;
+        for k in keys {
+            let old = kept.books.remove(&k).unwrap_or_default();
+            let new = stores[states_at]
+                .get(&k)
+                .map(|v| requeue_state::read(std::slice::from_ref(&v)))
+                .unwrap_or_default();
+            for (wk, entry) in old.entries.iter().chain(&new.entries) {
+                if old.entries.get(wk) != Some(entry) || new.entries.get(wk) != Some(entry) {
+                    state_changed.insert(wk.clone());
+                }
+            }
+            if !new.entries.is_empty() || !new.problems.is_empty() {
+                kept.books.insert(k, new);
+            }
         }
     }
     let pod_keys = changed(&stores[pods_at..jobs_at], &kept.seen[pods_at..jobs_at])
@@ -1002,6 +1054,7 @@ fn fast_pass(
             Some(rs) => kept.rs_pods.insert(k.clone(), rs),
             None => kept.rs_pods.remove(k),
         };
+        kept.set_done(k.clone(), pod.as_ref().and_then(done_pod_workload_key));
     }
     let rs_owned = !kept.rs_pods.is_empty();
     if owner_keys.iter().any(|k| !k.is_empty()) || rs_owned != rs_owned_before {
@@ -1087,6 +1140,12 @@ fn fast_pass(
         }
         affected.extend(old_wk.into_iter().chain(new_wk).map(|w| (w, None)));
     }
+    // Pod workloads whose requeue state entry changed (one without pods reads as none).
+    for wk in state_changed {
+        if kept.members.contains_key(&wk) {
+            affected.entry(wk).or_insert(None);
+        }
+    }
     for k in job_keys {
         let ns = if k.0.is_empty() {
             "default"
@@ -1134,13 +1193,10 @@ fn fast_pass(
             pods_ready_followable(cfg, n)?;
         }
         let old = kept.take_live(wk);
-        owners_touched.extend(old.iter().chain(&new).filter_map(|l| l.serving.clone()));
-        if cfg.pods_ready.is_some()
-            && matches!((&old, &new), (Some(o), Some(n))
-                if o.state == State::Waiting && n.state == State::Waiting && o.requeue != n.requeue)
-        {
-            return Err("a waiting workload's requeue state changed");
+        if let Some(o) = &old {
+            kept.timed_out.remove(&sort_key(o));
         }
+        owners_touched.extend(old.iter().chain(&new).filter_map(|l| l.serving.clone()));
         let scopes: Vec<String> = old
             .iter()
             .chain(&new)
@@ -1189,6 +1245,28 @@ fn fast_pass(
         done?;
         candidates.insert(wk);
     }
+    // Backoffs ended: the workloads queue (a fresh pass submits them), or come back with
+    // their scope when it is re-decided.
+    while let Some((until, wk)) = kept.backoffs.first().cloned() {
+        if until > now {
+            break;
+        }
+        kept.backoffs.pop_first();
+        let l = kept.lives.remove(&wk).ok_or("bookkeeping")?;
+        let redo = kept.scope_of(&l).is_some_and(|s| held.contains(&s));
+        kept.submit_errors.remove(&wk);
+        let done = if redo {
+            Ok(())
+        } else {
+            kept.submit(&wk, &l, now, &mut touched)
+        };
+        kept.lives.insert(wk.clone(), l);
+        done?;
+        candidates.insert(wk);
+    }
+    // Pods-ready timeouts due: the workloads terminate (as a fresh pass reads them) and
+    // their scopes are re-decided.
+    held.extend(kept.time_out(now)?);
     let mut rebuilt: Vec<String> = Vec::new();
     for scope in &held {
         rebuilt.extend(kept.rebuild_scope(scope, now, &mut touched)?);
@@ -1434,6 +1512,8 @@ fn fast_pass(
     drop(serving);
     kept.serving_objs = objs;
     plan.problems = kept.base_problems.clone();
+    plan.problems
+        .extend(kept.books.values().flat_map(|b| b.problems.iter().cloned()));
     plan.admitted = kept.admitted.clone();
     plan.queue_counts = kept
         .engine
@@ -1480,24 +1560,14 @@ fn blocks_admission(cfg: &Config) -> bool {
 }
 
 /// Whether a from-scratch pass with `waitForPodsReady` left nothing pods-ready-related
-/// that the kept engine cannot follow: no requeue state in the ConfigMaps, no state
-/// written, and with `blockAdmission` no running workload whose pods are not Ready.
-/// (Waiting workloads held by a backoff or deactivated are kept out of the engine.)
-fn pods_ready_keepable(cfg: &Config, plan: &Plan, built: &Built, snap: &Snapshot) -> bool {
-    if cfg.pods_ready.is_none() {
-        return true;
-    }
-    let book = super::requeue_state::read(&snap.requeue_states);
-    book.entries.is_empty()
-        && book.problems.is_empty()
-        && !plan
-            .actions
-            .iter()
-            .any(|a| matches!(a, Action::RequeueState { .. }))
-        && built
-            .lives
-            .iter()
-            .all(|l| pods_ready_followable(cfg, l).is_ok())
+/// that the kept engine cannot follow: with `blockAdmission`, no running workload whose
+/// pods are not Ready. (Waiting workloads held by a backoff or deactivated are kept out
+/// of the engine; timed-out ones are kept as terminating.)
+fn pods_ready_keepable(cfg: &Config, built: &Built) -> bool {
+    built
+        .lives
+        .iter()
+        .all(|l| pods_ready_followable(cfg, l).is_ok())
 }
 
 /// With `waitForPodsReady`, whether workload `l` as read now is one the kept engine
@@ -1517,16 +1587,25 @@ fn pods_ready_followable(cfg: &Config, l: &Live) -> Result<(), &'static str> {
 }
 
 impl Kept {
-    /// With `waitForPodsReady`, the `PodsReady` actions a fresh pass opens with (running
-    /// workloads Ready now but not recorded, in admission order); `Err` when one's
-    /// pods-ready timeout is due (it is evicted: decided from scratch).
+    /// With `waitForPodsReady`, the actions a fresh pass opens with: the requeue state
+    /// writes (entries of this pass's timeouts, entries no longer needed), then
+    /// `PodsReady` for running workloads Ready now but not recorded and the evictions of
+    /// the timed-out ones, in admission order. Cost: those workloads and the entries.
     fn pods_ready_actions(&self, now: Millis) -> Result<Vec<Action>, &'static str> {
         let Some(cfg) = &self.pods_ready else {
             return Ok(Vec::new());
         };
+        let mut set = BTreeMap::new();
         let mut out = Vec::new();
-        for (_, key) in &self.unrecorded {
+        let mut due: Vec<&(Millis, String)> =
+            self.unrecorded.iter().chain(&self.timed_out).collect();
+        due.sort();
+        for (_, key) in due {
             let l = self.lives.get(key).ok_or("bookkeeping")?;
+            if l.state == State::Terminating {
+                out.push(pods_ready::timeout_eviction(l, now, &mut set));
+                continue;
+            }
             let Some(first) = l.objects.first() else {
                 continue;
             };
@@ -1536,9 +1615,76 @@ impl Kept {
                     object: first.clone(),
                 });
             } else if pods_ready::timed_out(cfg, l.admitted_at, now) {
-                return Err("a pods-ready timeout is due");
+                return Err("bookkeeping: a pods-ready timeout not taken");
             }
         }
-        Ok(out)
+        let mut forget: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+        for book in self.books.values() {
+            let gone = pods_ready::forgotten(
+                cfg,
+                now,
+                book,
+                |k| self.lives.get(k),
+                |k| self.finished.contains_key(k),
+            );
+            for (ns, entries) in gone {
+                forget.entry(ns).or_default().extend(entries);
+            }
+        }
+        let mut actions = pods_ready::state_actions(set, forget);
+        actions.append(&mut out);
+        Ok(actions)
+    }
+
+    /// Takes the running workloads whose pods-ready timeout is due at `now` as a fresh
+    /// pass does: they terminate (holding their quota until their objects are gone) and
+    /// are evicted each pass until their objects change. Returns their scopes, to be
+    /// re-decided. Cost: the running workloads not recorded Ready.
+    fn time_out(&mut self, now: Millis) -> Result<BTreeSet<String>, &'static str> {
+        let Some(cfg) = &self.pods_ready else {
+            return Ok(BTreeSet::new());
+        };
+        let mut due = Vec::new();
+        for sk in &self.unrecorded {
+            let l = self.lives.get(&sk.1).ok_or("bookkeeping")?;
+            if !l.ready && !l.objects.is_empty() && pods_ready::timed_out(cfg, l.admitted_at, now) {
+                due.push(sk.clone());
+            }
+        }
+        let mut scopes = BTreeSet::new();
+        for sk in due {
+            let mut l = self.take_live(&sk.1).ok_or("bookkeeping")?;
+            self.untrack(&l);
+            l.state = State::Terminating;
+            scopes.insert(self.scopes.of(&l));
+            self.timed_out.insert(sk);
+            self.put_live(l);
+        }
+        Ok(scopes)
+    }
+
+    /// The requeue state the ConfigMaps keep for workload `key`.
+    fn book_requeue(&self, key: &str) -> Option<pods_ready::Requeue> {
+        let (ns, _) = key.split_once('/')?;
+        self.books
+            .get(&(ns.to_string(), requeue_state::CONFIGMAP_NAME.to_string()))
+            .and_then(|b| b.requeue(key))
+    }
+
+    /// Records whether pod `pod` is finished, for workload `done` (`None`: not finished
+    /// or gone).
+    fn set_done(&mut self, pod: Key, done: Option<String>) {
+        if let Some(old) = self.done_pods.remove(&pod) {
+            if let Some(n) = self.finished.get_mut(&old) {
+                *n -= 1;
+                if *n == 0 {
+                    self.finished.remove(&old);
+                }
+            }
+        }
+        if let Some(wk) = done {
+            *self.finished.entry(wk.clone()).or_default() += 1;
+            self.done_pods.insert(pod, wk);
+        }
     }
 }

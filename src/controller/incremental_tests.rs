@@ -225,8 +225,21 @@ impl World {
             );
             v["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] = json!(gpus);
             v["status"] = json!({});
+            v["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .remove("deletionTimestamp");
+            // A new pod: what it carried of its workload's requeue state is gone (the
+            // requeue state ConfigMap keeps it).
             if let Some(a) = v["metadata"]["annotations"].as_object_mut() {
-                a.remove(ADMITTED_AT_ANNOTATION);
+                for k in [
+                    ADMITTED_AT_ANNOTATION,
+                    REQUEUE_COUNT_ANNOTATION,
+                    EVICTED_AT_ANNOTATION,
+                    PODS_READY_AT_ANNOTATION,
+                ] {
+                    a.remove(k);
+                }
             }
             self.put_pod(v);
         } else {
@@ -486,7 +499,34 @@ impl World {
                         self.put_owner(owner.kind, v);
                     }
                 }
-                Action::RequeueState { .. } => {}
+                Action::RequeueState {
+                    namespace,
+                    set,
+                    forget,
+                } => {
+                    // As `requeue_state::write`: merged into the namespace's ConfigMap.
+                    let key = (
+                        namespace.clone(),
+                        super::requeue_state::CONFIGMAP_NAME.to_string(),
+                    );
+                    let cm = self.cache.requeue_states.get(&key);
+                    let mut data: BTreeMap<String, String> = cm
+                        .as_ref()
+                        .and_then(|c| serde_json::from_value(c["data"].clone()).ok())
+                        .unwrap_or_default();
+                    let before = data.clone();
+                    super::requeue_state::merge(&mut data, set, forget);
+                    if data != before {
+                        let i = self.cache.stores().len() - 1;
+                        self.put(
+                            i,
+                            json!({"apiVersion": "v1", "kind": "ConfigMap",
+                                "metadata": {"name": key.1, "namespace": key.0,
+                                    "labels": {super::requeue_state::LABEL: super::requeue_state::FORMAT}},
+                                "data": data}),
+                        );
+                    }
+                }
             }
         }
     }
@@ -937,9 +977,11 @@ fn all_admitted_ready(w: &mut World) {
     }
 }
 
-/// With `waitForPodsReady` (no `blockAdmission`) steady passes stay incremental: pods
-/// admitted, becoming Ready and recorded, time advancing within the timeout. A timeout
-/// due decides from scratch (the workload is evicted).
+/// With `waitForPodsReady` (no `blockAdmission`) passes stay incremental: pods
+/// admitted, becoming Ready and recorded, time advancing within the timeout; and a
+/// timeout's whole course: the eviction with its requeue state written to the
+/// ConfigMap, the pod deleted and created again, waiting out its backoff, admitted
+/// again when it ends, and its entry forgotten once it is Ready.
 #[test]
 fn pods_ready_passes_stay_incremental() {
     let mut w = World::new();
@@ -988,16 +1030,54 @@ fn pods_ready_passes_stay_incremental() {
     }
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     assert!(inc.stats.incremental >= 20, "{:?}", inc.stats);
-    // Admitted, never Ready, past the timeout: evicted by a fresh pass.
+    // Admitted, never Ready, past the timeout: its state entry, then its eviction.
+    let names = |w: &World| -> Vec<String> { w.pods().iter().map(|p| World::key(p).1).collect() };
+    let before = names(&w);
     w.add_pods(3, 1, false, 2, 0);
+    let late = names(&w).into_iter().find(|n| !before.contains(n)).unwrap();
     let plan = pass(&mut w, &mut inc);
     w.apply(&plan, None);
     pass(&mut w, &mut inc);
     w.now += 61_000;
     let plan = pass(&mut w, &mut inc);
-    assert!(kinds(&plan).contains(&"evict"), "{plan:?}");
-    assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
-    assert_eq!(inc.stats.last_fallback, Some("a pods-ready timeout is due"));
+    assert_eq!(kinds(&plan), ["other", "evict"], "{plan:?}");
+    // The eviction's write is lost once: the next pass evicts again.
+    w.apply(&plan, Some(1));
+    let entry = |w: &World| {
+        let cm = (
+            "team".to_string(),
+            super::requeue_state::CONFIGMAP_NAME.to_string(),
+        );
+        w.cache.requeue_states.get(&cm).map(|v| v["data"].clone())
+    };
+    assert!(entry(&w).is_some_and(|d| d.as_object().is_some_and(|d| d.len() == 1)));
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(kinds(&plan), ["other", "evict"], "{plan:?}");
+    w.apply(&plan, None);
+    // The evicted pod deleted and created again under its name: it waits out its backoff.
+    let at = w
+        .pods()
+        .iter()
+        .position(|p| World::key(p).1 == late)
+        .unwrap();
+    w.recreate(at, 1);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending"), ["Backoff"], "{plan:?}");
+    w.apply(&plan, None);
+    w.now += 20_000;
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    // The backoff (30 s) ends: admitted again; Ready, its entry is forgotten.
+    w.now += 11_000;
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(kinds(&plan), ["admit"], "{plan:?}");
+    w.apply(&plan, None);
+    all_admitted_ready(&mut w);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(kinds(&plan), ["other", "ready"], "{plan:?}");
+    w.apply(&plan, None);
+    assert!(entry(&w).is_some_and(|d| d.as_object().is_some_and(|d| d.is_empty())));
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }
 
 /// With `blockAdmission`, passes where no admitted workload waits for its pods stay
@@ -1035,9 +1115,9 @@ fn block_admission_passes_stay_incremental_while_all_ready() {
     );
 }
 
-/// A Job evicted for a pods-ready timeout waits out its backoff: passes while it is held
-/// stay incremental (it is kept out of the engine with its `Backoff` reason), the end of
-/// the backoff decides from scratch, and so does its next timeout.
+/// A Job evicted for a pods-ready timeout waits out its backoff: the timeout, the passes
+/// while it is held (it is kept out of the engine with its `Backoff` reason) and the end
+/// of the backoff stay incremental.
 #[test]
 fn backoff_held_workloads_stay_incremental() {
     let mut w = World::new();
@@ -1082,7 +1162,7 @@ fn backoff_held_workloads_stay_incremental() {
         w.apply(&plan, None);
     }
     assert_eq!(inc.stats.full, full, "{:?}", inc.stats);
-    // The 30 s backoff ends: the Job queues again (admitted), from scratch.
+    // The 30 s backoff ends: the Job queues again and is admitted.
     w.now += 15_000;
     let plan = pass(&mut w, &mut inc);
     assert!(
@@ -1091,8 +1171,7 @@ fn backoff_held_workloads_stay_incremental() {
             .any(|a| matches!(a, Action::Admit { workload, .. } if workload.contains("job-"))),
         "{plan:?}"
     );
-    assert_eq!(inc.stats.full, full + 1, "{:?}", inc.stats);
-    assert_eq!(inc.stats.last_fallback, Some("a pods-ready backoff ended"));
+    assert_eq!((full, inc.stats.full), (1, 1), "{:?}", inc.stats);
 }
 
 /// A preemption, the passes while its victims terminate, and the one admitting the

@@ -149,71 +149,99 @@ pub(super) fn timeouts(cfg: &WaitForPodsReady, s: &Snapshot, lives: &mut [Live],
                 object: first,
             });
         } else if timed_out(cfg, l.admitted_at, now) {
-            let count = next_count(l.requeue, l.admitted_at);
-            if state_kept_in_configmap(l) {
-                if let Some((ns, _)) = requeue_state::entry_name(&l.key) {
-                    set.entry(ns).or_default().push(Entry {
-                        workload: l.key.clone(),
-                        requeue: Requeue {
-                            count,
-                            evicted_at: now,
-                        },
-                    });
-                }
-            }
-            let mut objects: Vec<(ObjRef, i64)> = l
-                .objects
-                .iter()
-                .cloned()
-                .zip(l.graces.iter().copied())
-                .collect();
-            objects.extend(requeue_carrier(l).map(|o| (o, 0)));
-            actions.push(Action::Evict {
-                workload: l.key.clone(),
-                objects,
-                reason: PODS_READY_TIMEOUT.into(),
-                by: String::new(),
-                requeue: Some(count),
-            });
             l.state = State::Terminating;
+            actions.push(timeout_eviction(l, now, &mut set));
         }
     }
-    let mut forget = garbage(cfg, s, lives, &book);
-    let namespaces: BTreeSet<String> = set.keys().chain(forget.keys()).cloned().collect();
-    for namespace in namespaces {
-        plan.actions.push(Action::RequeueState {
-            set: set.remove(&namespace).unwrap_or_default(),
-            forget: forget.remove(&namespace).unwrap_or_default(),
-            namespace,
-        });
-    }
+    let live: BTreeMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
+    let finished: BTreeSet<String> = if book.entries.is_empty() {
+        BTreeSet::new()
+    } else {
+        s.pods.iter().filter_map(done_pod_workload_key).collect()
+    };
+    let forget = forgotten(
+        cfg,
+        now,
+        &book,
+        |k| live.get(k).copied(),
+        |k| finished.contains(k),
+    );
+    plan.actions.extend(state_actions(set, forget));
     plan.actions.extend(actions);
 }
 
+/// The eviction of running workload `l` for a pods-ready timeout at `now`; the requeue
+/// state entry to write before it goes into `set` when the ConfigMap keeps its state.
+pub(super) fn timeout_eviction(
+    l: &Live,
+    now: Millis,
+    set: &mut BTreeMap<String, Vec<Entry>>,
+) -> Action {
+    let count = next_count(l.requeue, l.admitted_at);
+    if state_kept_in_configmap(l) {
+        if let Some((ns, _)) = requeue_state::entry_name(&l.key) {
+            set.entry(ns).or_default().push(Entry {
+                workload: l.key.clone(),
+                requeue: Requeue {
+                    count,
+                    evicted_at: now,
+                },
+            });
+        }
+    }
+    let mut objects: Vec<(ObjRef, i64)> = l
+        .objects
+        .iter()
+        .cloned()
+        .zip(l.graces.iter().copied())
+        .collect();
+    objects.extend(requeue_carrier(l).map(|o| (o, 0)));
+    Action::Evict {
+        workload: l.key.clone(),
+        objects,
+        reason: PODS_READY_TIMEOUT.into(),
+        by: String::new(),
+        requeue: Some(count),
+    }
+}
+
+/// The state writes of a pass, one per namespace with entries to set or forget.
+pub(super) fn state_actions(
+    mut set: BTreeMap<String, Vec<Entry>>,
+    mut forget: BTreeMap<String, BTreeMap<String, String>>,
+) -> Vec<Action> {
+    let namespaces: BTreeSet<String> = set.keys().chain(forget.keys()).cloned().collect();
+    namespaces
+        .into_iter()
+        .map(|namespace| Action::RequeueState {
+            set: set.remove(&namespace).unwrap_or_default(),
+            forget: forget.remove(&namespace).unwrap_or_default(),
+            namespace,
+        })
+        .collect()
+}
+
 /// The entries no longer needed, per namespace (data key → value read): of workloads
-/// running with all pods Ready (now or once), of finished workloads (only `Succeeded` /
-/// `Failed` pods left), and of workloads without any pod for the state's TTL after their
-/// eviction. Corrupt entries go with their workload's Ready or finish.
-fn garbage(
+/// running with all pods Ready (now or once), of finished workloads (`finished`: only
+/// `Succeeded` / `Failed` pods left), and of workloads without any pod for the state's
+/// TTL after their eviction. Corrupt entries go with their workload's Ready or finish.
+/// `live` finds a workload of the pass by key. Cost: the entries.
+pub(super) fn forgotten<'a>(
     cfg: &WaitForPodsReady,
-    s: &Snapshot,
-    lives: &[Live],
+    now: Millis,
     book: &Book,
+    live: impl Fn(&str) -> Option<&'a Live>,
+    finished: impl Fn(&str) -> bool,
 ) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    if book.entries.is_empty() {
-        return out;
-    }
-    let live: BTreeMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
-    let finished: BTreeSet<String> = s.pods.iter().filter_map(done_pod_workload_key).collect();
     let ttl = requeue_state::ttl(cfg);
     for (key, stored) in &book.entries {
-        let gone = match live.get(key.as_str()) {
+        let gone = match live(key) {
             Some(l) => l.state == State::Running && (l.ready || l.ready_recorded),
-            None if finished.contains(key) => true,
+            None if finished(key) => true,
             None => stored
                 .requeue
-                .is_some_and(|r| s.now >= r.evicted_at.saturating_add(ttl)),
+                .is_some_and(|r| now >= r.evicted_at.saturating_add(ttl)),
         };
         if gone {
             out.entry(stored.namespace.clone())
