@@ -504,7 +504,8 @@ impl World {
                     set,
                     forget,
                 } => {
-                    // As `requeue_state::write`: merged into the namespace's ConfigMap.
+                    // As `requeue_state::write`: merged into the namespace's ConfigMap, which
+                    // is deleted with its last entry.
                     let key = (
                         namespace.clone(),
                         super::requeue_state::CONFIGMAP_NAME.to_string(),
@@ -516,7 +517,10 @@ impl World {
                         .unwrap_or_default();
                     let before = data.clone();
                     super::requeue_state::merge(&mut data, set, forget);
-                    if data != before {
+                    if data.is_empty() {
+                        // Its last entry forgotten: deleted.
+                        self.cache.requeue_states.remove(&key);
+                    } else if data != before {
                         let i = self.cache.stores().len() - 1;
                         self.put(
                             i,
@@ -1075,7 +1079,7 @@ fn pods_ready_passes_stay_incremental() {
     let plan = pass(&mut w, &mut inc);
     assert_eq!(kinds(&plan), ["other", "ready"], "{plan:?}");
     w.apply(&plan, None);
-    assert!(entry(&w).is_some_and(|d| d.as_object().is_some_and(|d| d.is_empty())));
+    assert!(entry(&w).is_none(), "deleted with its last entry");
     assert!(pass(&mut w, &mut inc).actions.is_empty());
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }

@@ -689,11 +689,14 @@ pub async fn apply(
                 set,
                 forget,
             } => match requeue_state::write(client, namespace, set, forget, cache).await {
-                Ok(written) => {
-                    if written.is_some() {
-                        tracing::info!(%namespace, set = set.len(), forget = forget.len(),
-                                       "requeue state written");
-                    }
+                Ok(requeue_state::Written::Unchanged) => {}
+                Ok(requeue_state::Written::Stored(_)) => {
+                    tracing::info!(%namespace, set = set.len(), forget = forget.len(),
+                                   "requeue state written");
+                }
+                Ok(requeue_state::Written::Deleted) => {
+                    tracing::info!(%namespace, forget = forget.len(),
+                                   "requeue state ConfigMap deleted: no entry left");
                 }
                 Err(e) => {
                     failed += 1;

@@ -11,7 +11,8 @@
 //!       timeout ─► Action::RequeueState{set} ─(written first)─► Evict (skipped if the write failed)
 //!       Ready / finished / no pods past the TTL ─► Action::RequeueState{forget}
 //! write: GET ─► merge (monotonic set, compare-and-delete forget, bounded) ─► PUT with
-//!        resourceVersion (or POST) ─409─► GET again (at most WRITE_ATTEMPTS)
+//!        resourceVersion (or POST; or, left empty, DELETE with a resourceVersion
+//!        precondition) ─409─► GET again (at most WRITE_ATTEMPTS)
 //! ```
 //! An entry only ever moves forward ([`super::pods_ready::latest`]: more requeues, then the
 //! later eviction), so two writers (two controller replicas around a leader change) can
@@ -26,7 +27,7 @@ use super::pods_ready::{hold, latest, Hold, Requeue};
 use super::workloads::millis;
 use crate::quota::WaitForPodsReady;
 use k8s_openapi::api::core::v1::ConfigMap;
-use kube::api::{Api, ObjectMeta, PostParams};
+use kube::api::{Api, DeleteParams, ObjectMeta, PostParams, Preconditions};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::collections::BTreeMap;
@@ -246,16 +247,28 @@ fn api_error(what: String) -> impl FnOnce(kube::Error) -> Error {
     Error::api(what)
 }
 
-/// Writes `set` and `forget` into namespace's ConfigMap (creating it), retrying on
-/// conflicts; returns the ConfigMap as stored (`None`: nothing to change). What is
-/// written goes into `cache` at once.
+/// What [`write`] did to the namespace's ConfigMap.
+#[derive(Debug, PartialEq)]
+pub enum Written {
+    /// Nothing to change.
+    Unchanged,
+    /// Created or updated: the ConfigMap as stored.
+    Stored(Value),
+    /// Its last entry forgotten: deleted, so no empty ConfigMap is left behind.
+    Deleted,
+}
+
+/// Writes `set` and `forget` into namespace's ConfigMap (creating it, or deleting it
+/// once it holds no entry), retrying on conflicts. The delete carries the
+/// resourceVersion read as a precondition, so an entry another writer set meanwhile is
+/// never deleted with it. What is written goes into `cache` at once.
 pub async fn write(
     client: &kube::Client,
     namespace: &str,
     set: &[Entry],
     forget: &BTreeMap<String, String>,
     cache: Option<&Cache>,
-) -> Result<Option<Value>> {
+) -> Result<Written> {
     let api: Api<ConfigMap> = Api::namespaced(client.clone(), namespace);
     let what = format!("requeue state {namespace}/{CONFIGMAP_NAME}");
     let mut attempt = 0;
@@ -281,8 +294,40 @@ pub async fn write(
                 .as_ref()
                 .is_some_and(|l| l.get(LABEL).map(String::as_str) == Some(FORMAT))
         });
+        if data.is_empty() {
+            let Some(rv) = current
+                .as_ref()
+                .and_then(|c| c.metadata.resource_version.clone())
+            else {
+                return Ok(Written::Unchanged);
+            };
+            let dp = DeleteParams {
+                preconditions: Some(Preconditions {
+                    resource_version: Some(rv),
+                    uid: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(CONFIGMAP_NAME, &dp).await {
+                Ok(_) => {
+                    if let Some(cache) = cache {
+                        cache
+                            .requeue_states
+                            .remove(&(namespace.to_string(), CONFIGMAP_NAME.to_string()));
+                    }
+                    return Ok(Written::Deleted);
+                }
+                Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Written::Unchanged),
+                Err(kube::Error::Api(s)) if s.code == 409 && attempt < WRITE_ATTEMPTS => {
+                    tracing::debug!(namespace, attempt, reason = %s.reason,
+                                    "requeue state changed meanwhile; merging again");
+                    continue;
+                }
+                Err(e) => return Err(api_error(format!("delete {what} (attempt {attempt})"))(e)),
+            }
+        }
         if data == before && (labelled || current.is_none()) {
-            return Ok(None);
+            return Ok(Written::Unchanged);
         }
         let result = match current {
             Some(mut cm) => {
@@ -310,11 +355,13 @@ pub async fn write(
         };
         match result {
             Ok(stored) => {
-                let v = serde_json::to_value(stored).ok();
-                if let (Some(cache), Some(v)) = (cache, &v) {
+                let v = serde_json::to_value(stored).map_err(|e| {
+                    Error::api(format!("read back {what}"))(kube::Error::SerdeError(e))
+                })?;
+                if let Some(cache) = cache {
                     cache.requeue_states.upsert(v.clone());
                 }
-                return Ok(v);
+                return Ok(Written::Stored(v));
             }
             Err(kube::Error::Api(s)) if s.code == 409 && attempt < WRITE_ATTEMPTS => {
                 tracing::debug!(namespace, attempt, reason = %s.reason,

@@ -3,7 +3,8 @@
 //! were all deleted and recreated still waits out its backoff (deadline included), also
 //! across controller restarts (LIST passes and a fresh watch-fed cache), and stays
 //! deactivated past `backoffLimitCount`; entries are forgotten once the workload is
-//! Ready or its pods are gone past the TTL; a failed write defers the eviction (also of
+//! Ready or its pods are gone past the TTL, and the ConfigMap is deleted with its last
+//! entry (never with an entry another writer set meanwhile); a failed write defers the eviction (also of
 //! a serving replica whose owner cannot be annotated); an admission decided without the
 //! state waits for it; a concurrent writer loses nothing; corrupt entries are reported
 //! and ignored.
@@ -210,7 +211,53 @@ async fn an_ownerless_pod_waits_out_its_backoff_and_is_forgotten_once_ready() {
     s.put_object(PODS, p);
     reconciler::pass(&client, &c, at(80)).await.unwrap();
     assert!(entries(&s).is_empty(), "{:?}", entries(&s));
+    assert!(
+        s.objects(CMS).is_empty(),
+        "no empty ConfigMap left behind: {:?}",
+        s.objects(CMS)
+    );
     assert!(pod(&s, "solo")["metadata"]["annotations"]["tessera.io/pods-ready-at"].is_string());
+    support_validate(&s);
+}
+
+/// Forgetting the last entry deletes the ConfigMap with the resourceVersion read as its
+/// precondition: another controller replica setting an entry between our read and our
+/// DELETE makes it 409, and the entry survives (merged again, written with a PUT).
+#[tokio::test]
+async fn the_last_entry_forgotten_deletes_the_configmap_but_not_a_racing_entry() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = config(3);
+    create_pod(&s, "solo", 1, "low", json!({}), None);
+    reconciler::pass(&client, &c, at(0)).await.unwrap();
+    reconciler::pass(&client, &c, at(60)).await.unwrap();
+    assert_eq!(count(&s, "pod-solo"), Some(1));
+    s.delete_object(PODS, "solo");
+    create_pod(&s, "solo", 1, "low", json!({}), None);
+    reconciler::pass(&client, &c, at(65)).await.unwrap();
+    reconciler::pass(&client, &c, at(70)).await.unwrap();
+    assert!(!gated(&pod(&s, "solo")));
+    let mut p = pod(&s, "solo");
+    p["status"] = json!({"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-18T12:02:20Z"}]});
+    s.put_object(PODS, p);
+    let other = json!({"workload": "team/pod-other", "count": 1,
+                       "evictedAt": "2026-11-18T12:01:30Z"})
+    .to_string();
+    s.before_next_write("DELETE", CMS, move |s: &ApiServer| {
+        let mut cm = s.objects(CMS).remove(0);
+        cm["data"]["pod-other"] = json!(other);
+        s.put_object(CMS, cm);
+    });
+    reconciler::pass(&client, &c, at(80)).await.unwrap();
+    let keys: Vec<String> = entries(&s).into_iter().map(|(k, _)| k).collect();
+    assert_eq!(keys, ["pod-other"], "the racing entry kept, ours forgotten");
+    let deletes = s
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("DELETE ") && r.contains(CMS))
+        .count();
+    assert_eq!(deletes, 1, "one DELETE, refused: {:?}", s.requests());
     support_validate(&s);
 }
 

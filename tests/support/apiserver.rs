@@ -7,7 +7,8 @@
 //! a stale `metadata.resourceVersion`), PUT of the `status` subresource (only `status` is
 //! taken from the body; 409 on a stale resourceVersion), both atomic (one racing a DELETE
 //! answers 404 and does not bring the object back; one racing another write, 409),
-//! DELETE (404 NotFound); one global resourceVersion
+//! DELETE (404 NotFound; atomically 409 Conflict when DeleteOptions'
+//! `preconditions.resourceVersion` is not the stored one); one global resourceVersion
 //! bumped on every write; `metadata.uid` and `creationTimestamp` set on create. Like an API
 //! server whose feature gates are off, it can drop fields on write ([`ApiServer::drop_field`]),
 //! so a client sees the object stored without them.
@@ -18,7 +19,7 @@
 //! with `410 Gone`, as an etcd compaction does.
 //! [`ApiServer::fail_requests`] makes chosen requests fail with `500 InternalError` (a
 //! driver's writes, a cluster-wide LIST) until [`ApiServer::stop_failing`];
-//! [`ApiServer::before_next_write`] lets another client write just before a POST/PUT.
+//! [`ApiServer::before_next_write`] lets another client write just before a POST/PUT/DELETE.
 //! Not modelled: authentication, admission, field managers / server-side apply, pagination.
 
 #![allow(dead_code)]
@@ -172,10 +173,11 @@ impl ApiServer {
             .push((collection.to_string(), Box::new(change)));
     }
 
-    /// Just before the next `method` (`POST` or `PUT`) to an object of `collection`
-    /// (e.g. `/api/v1/namespaces/team/configmaps`) is handled, `change` runs (as another
-    /// client writing at that instant): a PUT carrying the resourceVersion read before
-    /// gets 409 Conflict, a POST of an object `change` created gets 409 AlreadyExists.
+    /// Just before the next `method` (`POST`, `PUT` or `DELETE`) to an object of
+    /// `collection` (e.g. `/api/v1/namespaces/team/configmaps`) is handled, `change` runs
+    /// (as another client writing at that instant): a PUT or a DELETE carrying the
+    /// resourceVersion read before (as its precondition) gets 409 Conflict, a POST of an
+    /// object `change` created gets 409 AlreadyExists.
     /// One hook per write, in order.
     pub fn before_next_write(
         &self,
@@ -266,7 +268,26 @@ impl ApiServer {
 
     /// Delete an object directly (as another client — or a restarting kubelet — would).
     pub fn delete_object(&self, collection: &str, name: &str) -> bool {
+        self.delete_if(collection, name, None).is_ok()
+    }
+
+    /// DELETE as the API server does it, atomically: 404 when absent, 409 when the
+    /// precondition's resourceVersion is not the stored one.
+    fn delete_if(
+        &self,
+        collection: &str,
+        name: &str,
+        precondition_rv: Option<&str>,
+    ) -> Result<(), StatusCode> {
         let mut st = self.store.lock().unwrap();
+        let current = st.objects.get(collection).and_then(|m| m.get(name));
+        match (current, precondition_rv) {
+            (None, _) => return Err(StatusCode::NOT_FOUND),
+            (Some(c), Some(rv)) if c["metadata"]["resourceVersion"] != rv => {
+                return Err(StatusCode::CONFLICT)
+            }
+            _ => {}
+        }
         st.resource_version += 1;
         let rv = st.resource_version.to_string();
         let removed = st.objects.get_mut(collection).and_then(|m| m.remove(name));
@@ -281,9 +302,9 @@ impl ApiServer {
                 st.history.push(change.clone());
                 drop(st);
                 let _ = self.changes.send(change);
-                true
+                Ok(())
             }
-            None => false,
+            None => Err(StatusCode::NOT_FOUND),
         }
     }
 
@@ -370,7 +391,9 @@ impl ApiServer {
         }
         // `/…/<collection>` or `/…/<collection>/<name>`: collections end in a plural.
         let (collection, name) = split_path(&path);
-        if matches!(method, Method::POST | Method::PUT) && !path.ends_with("/status") {
+        if matches!(method, Method::POST | Method::PUT | Method::DELETE)
+            && !path.ends_with("/status")
+        {
             let hook = {
                 let mut st = self.store.lock().unwrap();
                 st.before_write
@@ -487,11 +510,26 @@ impl ApiServer {
                 self.written(StatusCode::OK, &collection, &name)
             }
             (Method::DELETE, Some(name)) => {
+                // DeleteOptions in the body: a resourceVersion precondition is honoured.
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let options: Value = serde_json::from_slice(&body).unwrap_or(Value::Null);
+                let precondition = options["preconditions"]["resourceVersion"].as_str();
                 let current = self.get(&collection, &name);
-                if self.delete_object(&collection, &name) {
-                    json_response(StatusCode::OK, current.unwrap_or(Value::Null))
-                } else {
-                    not_found(&name)
+                match self.delete_if(&collection, &name, precondition) {
+                    Ok(()) => json_response(StatusCode::OK, current.unwrap_or(Value::Null)),
+                    Err(StatusCode::CONFLICT) => status(
+                        StatusCode::CONFLICT,
+                        "Conflict",
+                        &format!(
+                            "Operation cannot be fulfilled on {name}: Precondition failed: ResourceVersion in precondition: {}, ResourceVersion in object meta: {}",
+                            precondition.unwrap_or(""),
+                            current
+                                .as_ref()
+                                .and_then(|c| c["metadata"]["resourceVersion"].as_str())
+                                .unwrap_or("")
+                        ),
+                    ),
+                    Err(_) => not_found(&name),
                 }
             }
             (Method::POST, Some(name)) if path.ends_with("/eviction") => {
