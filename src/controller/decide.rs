@@ -161,8 +161,11 @@ pub(super) struct Built {
     /// Problems of the queue objects (before any workload was read).
     pub(super) queue_problems: Vec<String>,
     pub(super) submit_errors: BTreeMap<String, (String, String)>,
-    /// Some running workload could not be restored (it no longer fits).
+    /// Some running workload could not be restored (an error, not a misfit).
     pub(super) restore_problem: bool,
+    /// Running or terminating workloads that no longer fit their queue's quota (left
+    /// pending in the engine, reported as problems), in restore order.
+    pub(super) unfit: Vec<String>,
     /// The preemption scopes ([`Scopes::of`]) of the workloads the engine preempted or
     /// evicted in this pass (empty: none was).
     pub(super) evicted_scopes: BTreeSet<String>,
@@ -302,6 +305,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
     };
     let mut pending_keys = BTreeSet::new();
     let mut restore_problem = false;
+    let mut unfit = Vec::new();
     for l in &lives {
         let Some(mut info) = l.info.clone() else {
             continue;
@@ -312,11 +316,8 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
                 match engine.restore_admitted(now, info, l.admitted_at) {
                     Ok(true) => {}
                     Ok(false) => {
-                        restore_problem = true;
-                        plan.problems.push(format!(
-                        "{} runs but no longer fits its queue's quota (quota lowered or queue deleted)",
-                        l.key
-                    ))
+                        unfit.push(l.key.clone());
+                        plan.problems.push(unfit_problem(&l.key));
                     }
                     Err(e) => {
                         restore_problem = true;
@@ -473,9 +474,15 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         queue_problems,
         submit_errors,
         restore_problem,
+        unfit,
         evicted_scopes,
     };
     (plan, built)
+}
+
+/// The problem reported for a running workload that no longer fits its queue's quota.
+pub(super) fn unfit_problem(key: &str) -> String {
+    format!("{key} runs but no longer fits its queue's quota (quota lowered or queue deleted)")
 }
 
 /// The pending message of workload `l` with its owner's replica counts when it is a

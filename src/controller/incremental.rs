@@ -14,8 +14,7 @@
 //! `blockAdmission` an admission or a running workload not Ready (passes where none of
 //! that happens stay incremental and record `PodsReady`); a ReplicaSet added, removed or
 //! re-owned while pods it owns are kept (their workload keys follow their owner); a
-//! running workload that no longer fits; books that a fresh restore would assign
-//! differently. With `waitForPodsReady` the kept pass follows the rest as a fresh pass
+//! running workload that could not be restored (an error). With `waitForPodsReady` the kept pass follows the rest as a fresh pass
 //! does: a pods-ready timeout due makes its workload terminate (evicted again each pass
 //! until its objects change, its scope re-decided), a requeue backoff ending submits
 //! its workload, the requeue state ConfigMaps are read again where they changed (the
@@ -29,7 +28,8 @@
 //! admission order, re-assigning flavors and borrowing; for a ClusterQueue in a cohort
 //! or with several flavors in a resource group that may differ from the kept books, so
 //! after an admission into (or a removal from) one the pass first restores the running
-//! workloads alone onto the queue objects and compares (cost: the running workloads).
+//! workloads alone onto the queue objects and compares (cost: the running workloads);
+//! the scopes where they differ are re-decided (below).
 //!
 //! Preemption scopes (a cohort, or a ClusterQueue without one) share no quota, so one
 //! can be re-decided alone: its workloads leave the engine and come back as a fresh
@@ -39,9 +39,10 @@
 //! restores it as running and evicts nothing more there), and where a workload changed
 //! in a way the engine has no update for (a running one's requests, running again,
 //! waiting again after running), and where a victim's eviction was refused by a
-//! PodDisruptionBudget (the preemptor names it until the retry), and where an engine
-//! timer is due (a minimum runtime running out). Cost: those scopes'
-//! workloads.
+//! PodDisruptionBudget (the preemptor names it until the retry), where an engine
+//! timer is due (a minimum runtime running out), where a running workload no longer
+//! fits its queue's quota (a fresh restore leaves it pending and reports it, each pass),
+//! and where the kept books differ from a fresh restore. Cost: those scopes' workloads.
 //!
 //! Serving replicas (one workload per pod of a Deployment, ReplicaSet or StatefulSet)
 //! are followed like other pods, keyed through the owners a fresh pass reads; each pass
@@ -53,8 +54,8 @@ use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
 use super::decide::{
     admit_action, blocked_reason, collect, decide_full, engine_with_queues, evict_action,
-    hold_reason, replica_message, replicas_actions, terminating_message, Action, BlockedFor, Built,
-    Live, ObjRef, Plan, Scopes, Snapshot, State, UNKNOWN_SCOPE,
+    hold_reason, replica_message, replicas_actions, terminating_message, unfit_problem, Action,
+    BlockedFor, Built, Live, ObjRef, Plan, Scopes, Snapshot, State, UNKNOWN_SCOPE,
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
@@ -210,6 +211,10 @@ struct Kept {
     /// (admission time, key): a fresh pass restores them as running and evicts nothing
     /// more in their scope, so such a scope is re-decided from its workloads each pass.
     terminating: BTreeMap<String, BTreeSet<(Millis, String)>>,
+    /// Running workloads that no longer fit their queue's quota (a fresh restore leaves
+    /// them pending in the engine and reports them), per scope, as (admission, key): such
+    /// a scope is re-decided each pass, as a fresh pass restores it.
+    unfit: BTreeMap<String, BTreeSet<(Millis, String)>>,
     /// Scopes where the last pass preempted or evicted: re-decided in the next (the
     /// evictions' writes may not have landed, and a fresh pass would decide them again).
     evicted_scopes: BTreeSet<String>,
@@ -320,6 +325,7 @@ fn keep(
         engine,
         lives,
         mut submit_errors,
+        unfit,
         ..
     } = built;
     let mut backoffs = BTreeSet::new();
@@ -428,6 +434,7 @@ fn keep(
         scopes,
         scope_keys: HashMap::new(),
         terminating: BTreeMap::new(),
+        unfit: BTreeMap::new(),
         evicted_scopes,
         serving_objs: (
             snap.replica_sets.clone(),
@@ -455,6 +462,15 @@ fn keep(
     for l in lives {
         kept.track(&l);
         kept.put_live(l);
+    }
+    for key in unfit {
+        let l = kept.lives.get(&key)?;
+        let scope = kept.scopes.of(l);
+        if scope == UNKNOWN_SCOPE {
+            return None;
+        }
+        let sk = sort_key(l);
+        kept.unfit.entry(scope).or_default().insert(sk);
     }
     // Timed out in this pass: terminating as read, evicted again until their objects
     // change.
@@ -668,6 +684,7 @@ impl Kept {
             self.untrack_key(sk);
             self.drop_from_engine(&sk.1, now)?;
         }
+        self.unfit.remove(scope);
         // Removals report Finished, restores Admitted: neither is this pass's news.
         let drained = self.engine.take_events();
         if drained
@@ -686,11 +703,16 @@ impl Kept {
             }
             pods_ready::engine_readiness(self.pods_ready.as_ref(), l, &mut info);
             let admitted_at = l.admitted_at;
-            if !matches!(
-                self.engine.restore_admitted(now, info, admitted_at),
-                Ok(true)
-            ) {
-                return Err("a running workload no longer fits its queue");
+            match self.engine.restore_admitted(now, info, admitted_at) {
+                Ok(true) => {}
+                // As a fresh restore: left pending, reported, re-decided each pass.
+                Ok(false) => {
+                    self.unfit
+                        .entry(scope.to_string())
+                        .or_default()
+                        .insert((admitted_at, k.clone()));
+                }
+                Err(_) => return Err("a running workload could not be restored"),
             }
         }
         self.engine.take_events();
@@ -710,10 +732,11 @@ impl Kept {
         Ok(order.into_iter().map(|(_, k)| k).collect())
     }
 
-    /// Whether the engine's admissions are those a fresh pass would restore: every
-    /// running workload restored in admission order onto the queues alone gets the
-    /// same flavors, borrowing and counts. Costs the running workloads, not the waiting.
-    fn books_match(&self, now: Millis) -> bool {
+    /// The scopes where the engine's admissions are not those a fresh pass would
+    /// restore: every running workload restored in admission order onto the queues alone
+    /// must get the same flavors, borrowing and counts. Costs the running workloads, not
+    /// the waiting.
+    fn books_differ(&self, now: Millis) -> Result<BTreeSet<String>, &'static str> {
         let mut base = self.base.clone();
         base.now = now;
         let mut scratch = engine_with_queues(&base, &mut Vec::new());
@@ -725,16 +748,19 @@ impl Kept {
         running.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
         for l in &running {
             let Some(info) = &l.info else { continue };
-            if !matches!(
-                scratch.restore_admitted(now, info.clone(), l.admitted_at),
-                Ok(true)
-            ) {
-                return false;
+            // One that no longer fits stays pending in both (compared below).
+            if scratch
+                .restore_admitted(now, info.clone(), l.admitted_at)
+                .is_err()
+            {
+                return Err("a running workload could not be restored");
             }
         }
-        running
+        Ok(running
             .iter()
-            .all(|l| scratch.admission_of(&l.key) == self.engine.admission_of(&l.key))
+            .filter(|l| scratch.admission_of(&l.key) != self.engine.admission_of(&l.key))
+            .map(|l| self.scopes.of(l))
+            .collect())
     }
 
     fn simple(&self, key: &str) -> bool {
@@ -1167,6 +1193,7 @@ fn fast_pass(
     // evictions last pass, workloads terminating, a change the engine cannot follow.
     let mut held: BTreeSet<String> = std::mem::take(&mut kept.evicted_scopes);
     held.extend(kept.terminating.keys().cloned());
+    held.extend(kept.unfit.keys().cloned());
     // An engine timer due (a minimum runtime running out): its workload's scope is
     // re-decided at `now`, as a fresh pass decides it.
     if kept.engine.next_timer().is_some_and(|t| t <= now) {
@@ -1267,18 +1294,18 @@ fn fast_pass(
     // Pods-ready timeouts due: the workloads terminate (as a fresh pass reads them) and
     // their scopes are re-decided.
     held.extend(kept.time_out(now)?);
+    // Books a fresh restore would assign otherwise (flavors, borrowing): their scopes are
+    // re-decided, which restores them as a fresh pass does.
+    if kept.verify {
+        held.extend(kept.books_differ(now)?);
+        kept.verify = false;
+    }
     let mut rebuilt: Vec<String> = Vec::new();
     for scope in &held {
         rebuilt.extend(kept.rebuild_scope(scope, now, &mut touched)?);
     }
     if kept.engine.next_timer().is_some_and(|t| t <= now) {
         return Err("an engine timer is due");
-    }
-    if kept.verify {
-        if !kept.books_match(now) {
-            return Err("the kept books differ from a fresh restore");
-        }
-        kept.verify = false;
     }
     // Parked workloads keep the reason (and its numbers) they were parked with: those
     // of every cohort whose books moved are re-decided, as a fresh pass would.
@@ -1514,6 +1541,10 @@ fn fast_pass(
     plan.problems = kept.base_problems.clone();
     plan.problems
         .extend(kept.books.values().flat_map(|b| b.problems.iter().cloned()));
+    let mut unfit: Vec<&(Millis, String)> = kept.unfit.values().flatten().collect();
+    unfit.sort();
+    plan.problems
+        .extend(unfit.into_iter().map(|(_, k)| unfit_problem(k)));
     plan.admitted = kept.admitted.clone();
     plan.queue_counts = kept
         .engine

@@ -1397,3 +1397,46 @@ fn minimum_runtime_wakeups_stay_incremental() {
     );
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }
+
+/// Quota lowered under a running workload: the pass that reads the new ClusterQueue
+/// decides from scratch and reports the workload that no longer fits; the passes after
+/// it stay incremental (its scope, ClusterQueue `a`, is re-decided each pass as a fresh
+/// pass restores it) and keep reporting it, until it finishes.
+#[test]
+fn quota_lowered_under_a_running_workload_stays_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    w.add_pods(0, 4, false, 0, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    w.put(2, queue("a", None, &[("h100", 2)]));
+    w.add_pods(0, 1, false, 1, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(inc.stats.full, 2, "the queue change: {:?}", inc.stats);
+    assert_eq!(plan.problems.len(), 1, "{plan:?}");
+    assert!(plan.problems[0].contains("no longer fits"), "{plan:?}");
+    w.apply(&plan, None);
+    for round in 0..4 {
+        w.add_pods(3, 1, false, 1, 0);
+        w.add_pods(0, 1, false, 2, 0);
+        w.now += 5_000;
+        let plan = pass(&mut w, &mut inc);
+        assert_eq!(plan.problems.len(), 1, "round {round}: {plan:?}");
+        w.apply(&plan, None);
+    }
+    assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
+    assert!(inc.stats.scopes_redecided >= 4, "{:?}", inc.stats);
+    // It finishes: nothing left to report.
+    let at = w
+        .pods()
+        .iter()
+        .position(|p| p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4)
+        .unwrap();
+    w.finish(at);
+    let plan = pass(&mut w, &mut inc);
+    assert!(plan.problems.is_empty(), "{plan:?}");
+    assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
+}
