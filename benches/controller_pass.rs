@@ -35,7 +35,10 @@
 //! low-priority one: `terminating` (a pod arrives in `free` while the victim's pod
 //! terminates) and `gone` (the victim's pod is deleted: the preemptor is admitted), after
 //! `preempt` (the pass that evicts it); and `serving`, the pass admitting the second
-//! replica of a Deployment scaled 1 -> 2 in `free`. `BENCH_MODES=incr` (or
+//! replica of a Deployment scaled 1 -> 2 in `free`; and, with `waitForPodsReady` (a run
+//! of its own), `timeout` (a pod admitted in `free` and never Ready is evicted after
+//! its 60 s, its requeue state written to the ConfigMap) and `backoff end` (deleted and
+//! created again, it waited out its backoff and is admitted again). `BENCH_MODES=incr` (or
 //! `rebuild,incr`, `list`) runs only the modes named.
 //!
 //! `cargo test --all-targets` runs it once with N = 50 and one round, as a smoke test.
@@ -52,6 +55,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera::controller::cache::Cache;
 use tessera::controller::reconciler::{pass_with, Config, PassState};
+use tessera::quota::WaitForPodsReady;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
@@ -230,6 +234,127 @@ enum Mode {
     List,
     Rebuild,
     Incremental,
+}
+
+/// The passes of a `waitForPodsReady` timeout beside N waiting pods: `timeout` (pod
+/// `slow`, admitted in `free` and never Ready, is evicted 61 s later: its requeue state
+/// goes to the ConfigMap first) and `backoff end` (deleted and created again under its
+/// name, it waited out its 10 s backoff and is admitted again). Returns their times and
+/// the passes decided from scratch (cached modes only).
+async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, u64) {
+    let s = cluster(pending).await;
+    // `big` (filling `full`) is Ready from the start: its readiness is recorded once.
+    let mut big = gated_pod("big", "lq-full", 4, "2026-11-18T11:00:00Z");
+    big["status"] =
+        json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+    s.put_object(PODS, big);
+    let client = s.client();
+    let c = Config {
+        pods_ready: Some(WaitForPodsReady {
+            timeout: 60_000,
+            backoff_base: 10_000,
+            backoff_max: 100_000,
+            backoff_limit_count: Some(3),
+            requeue_by_eviction_time: true,
+            block_admission: false,
+        }),
+        ..cfg()
+    };
+    let shutdown = CancellationToken::new();
+    let cache = Arc::new(Cache::new());
+    cache.spawn_feeders(&client, Arc::new(Notify::new()), &shutdown);
+    wait_until("the caches' first LISTs", || cache.synced()).await;
+    let mut state = if mode == Mode::Rebuild {
+        PassState::with_cache_rebuilding(&c, cache.clone())
+    } else {
+        PassState::with_cache(&c, cache.clone())
+    };
+    let key = |name: &str| ("team".to_string(), name.to_string());
+    let ready_recorded = |name: &str| {
+        cache.pods[0]
+            .get(&key(name))
+            .is_some_and(|p| p["metadata"]["annotations"]["tessera.io/pods-ready-at"].is_string())
+    };
+    pass_with(&client, &c, &mut state, NOW).await.unwrap();
+    wait_until("big admitted in the cache", || {
+        cache.pods[0]
+            .get(&key("big"))
+            .is_some_and(|p| p["spec"]["schedulingGates"].is_null())
+    })
+    .await;
+    pass_with(&client, &c, &mut state, NOW + 1).await.unwrap();
+    wait_until("big's readiness in the cache", || ready_recorded("big")).await;
+    pass_with(&client, &c, &mut state, NOW + 2).await.unwrap();
+    // `slow` is admitted and never becomes Ready.
+    s.put_object(
+        PODS,
+        gated_pod("slow", "lq-free", 1, "2026-11-18T12:30:00Z"),
+    );
+    wait_until("slow in the cache", || {
+        cache.pods[0].get(&key("slow")).is_some()
+    })
+    .await;
+    let admitted = NOW + 10_000;
+    pass_with(&client, &c, &mut state, admitted).await.unwrap();
+    assert!(!gated(&s, "slow"), "slow admitted");
+    wait_until("slow admitted in the cache", || {
+        cache.pods[0]
+            .get(&key("slow"))
+            .is_some_and(|p| p["spec"]["schedulingGates"].is_null())
+    })
+    .await;
+    pass_with(&client, &c, &mut state, admitted + 1)
+        .await
+        .unwrap();
+    let evicted_at = admitted + 61_000;
+    let t = Instant::now();
+    pass_with(&client, &c, &mut state, evicted_at)
+        .await
+        .unwrap();
+    let timeout = t.elapsed();
+    assert_eq!(s.evictions().len(), 1, "slow evicted for its timeout");
+    wait_until("slow terminating and its state in the cache", || {
+        cache.pods[0]
+            .get(&key("slow"))
+            .is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null())
+            && !cache.requeue_states.is_empty()
+    })
+    .await;
+    pass_with(&client, &c, &mut state, evicted_at + 1)
+        .await
+        .unwrap();
+    // Deleted, and created again under its name: it waits out its backoff.
+    s.delete_object(PODS, "slow");
+    s.put_object(
+        PODS,
+        gated_pod("slow", "lq-free", 1, "2026-11-18T12:30:00Z"),
+    );
+    wait_until("slow again in the cache", || {
+        cache.pods[0]
+            .get(&key("slow"))
+            .is_some_and(|p| p["metadata"]["deletionTimestamp"].is_null())
+    })
+    .await;
+    pass_with(&client, &c, &mut state, evicted_at + 2)
+        .await
+        .unwrap();
+    assert!(gated(&s, "slow"), "slow waits out its backoff");
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    pass_with(&client, &c, &mut state, evicted_at + 3)
+        .await
+        .unwrap();
+    let t = Instant::now();
+    pass_with(&client, &c, &mut state, evicted_at + 10_000)
+        .await
+        .unwrap();
+    let backoff_end = t.elapsed();
+    assert!(
+        !gated(&s, "slow"),
+        "slow admitted again once its backoff ended"
+    );
+    let full = state.incremental_stats().map_or(0, |st| st.full);
+    shutdown.cancel();
+    (timeout, backoff_end, full)
 }
 
 async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
@@ -487,6 +612,18 @@ async fn main() {
             Some(()) => measure(n, Mode::Incremental, rounds).await,
             None => Point::default(),
         };
+        let pr_rebuild = if runs("rebuild") {
+            Some(measure_pods_ready(n, Mode::Rebuild).await)
+        } else {
+            None
+        };
+        let pr_incr = if runs("incr") {
+            let m = measure_pods_ready(n, Mode::Incremental).await;
+            assert_eq!(m.2, 1, "the pods-ready passes stay incremental");
+            Some(m)
+        } else {
+            None
+        };
         let ip = p50(&incr.pass).as_secs_f64().max(1e-9);
         let rp = rebuild.as_ref().map(|r| p50(&r.pass));
         let median = |v: &[u64]| {
@@ -558,6 +695,8 @@ async fn main() {
                 rebuild.as_ref().and_then(|r| r.serving),
                 incr.serving,
             ),
+            ("timeout", pr_rebuild.map(|m| m.0), pr_incr.map(|m| m.0)),
+            ("backoff end", pr_rebuild.map(|m| m.1), pr_incr.map(|m| m.1)),
         ] {
             cases.push((n, case, r, i));
         }
