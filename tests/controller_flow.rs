@@ -395,6 +395,60 @@ async fn a_restart_mid_way_keeps_the_admitted_set_and_admits_nothing_twice() {
     assert_eq!(condition(&pod(&s, "solo-2")).0, "WaitingForQuota");
 }
 
+/// An administrator lowers the ClusterQueue's quota from 4 to 2 GPUs under two running
+/// 2-GPU pods: both keep running (nothing is evicted), the one restored last is
+/// reported over quota, and nothing is admitted in its place, also by a restarted
+/// controller; once one of them ends, the waiting pod still waits (2 of 2 in use), and
+/// once both end it is admitted.
+#[tokio::test]
+async fn a_lowered_quota_admits_nothing_until_the_running_workloads_fit_again() {
+    let s = cluster().await;
+    let client = s.client();
+    for name in ["run-1", "run-2"] {
+        create_pod(&s, name, 2, "low", json!({}), None);
+    }
+    reconciler::pass(&client, &cfg("a"), NOW).await.unwrap();
+    assert_eq!(
+        ungated_pods(&s),
+        ["run-1", "run-2"].map(String::from).into()
+    );
+    let mut cq = s
+        .objects("/apis/tessera.io/v1alpha1/clusterqueues")
+        .remove(0);
+    cq["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"] = json!(2);
+    s.put_object("/apis/tessera.io/v1alpha1/clusterqueues", cq);
+    create_pod(&s, "next", 1, "low", json!({}), None);
+    for (i, identity) in ["a", "b"].into_iter().enumerate() {
+        let plan = reconciler::pass(&client, &cfg(identity), NOW + 1_000 * (i as u64 + 1))
+            .await
+            .unwrap();
+        assert_eq!(plan.problems.len(), 1, "{:?}", plan.problems);
+        assert!(
+            plan.problems[0].contains("team/pod-run-2 runs over its queue's quota"),
+            "{:?}",
+            plan.problems
+        );
+        assert!(s.evictions().is_empty(), "nothing evicted");
+        assert!(gated(&pod(&s, "next")), "nothing admitted in its place");
+        assert_eq!(condition(&pod(&s, "next")).0, "WaitingForQuota");
+    }
+    s.delete_object(PODS, "run-1");
+    let plan = reconciler::pass(&client, &cfg("b"), NOW + 3_000)
+        .await
+        .unwrap();
+    assert!(
+        plan.problems.is_empty(),
+        "run-2 fits alone: {:?}",
+        plan.problems
+    );
+    assert!(gated(&pod(&s, "next")), "2 of 2 GPUs in use");
+    s.delete_object(PODS, "run-2");
+    reconciler::pass(&client, &cfg("b"), NOW + 4_000)
+        .await
+        .unwrap();
+    assert!(!gated(&pod(&s, "next")), "admitted once the quota is free");
+}
+
 #[tokio::test]
 async fn only_the_lease_holder_acts_and_a_standby_takes_over_after_expiry() {
     let s = cluster().await;

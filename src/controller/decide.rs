@@ -21,7 +21,7 @@ use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex, S
 pub use super::workloads::millis;
 pub(super) use super::workloads::{collect, Live, State};
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
-use crate::quota::{Engine, EventType, WaitForPodsReady};
+use crate::quota::{Engine, EventType, Restored, WaitForPodsReady};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -163,9 +163,10 @@ pub(super) struct Built {
     pub(super) submit_errors: BTreeMap<String, (String, String)>,
     /// Some running workload could not be restored (an error, not a misfit).
     pub(super) restore_problem: bool,
-    /// Running or terminating workloads that no longer fit their queue's quota (left
-    /// pending in the engine, reported as problems), in restore order.
-    pub(super) unfit: Vec<String>,
+    /// Running or terminating workloads that no longer fit their queue's quota (over
+    /// quota, or left pending without a flavor), with the problem reported, in restore
+    /// order.
+    pub(super) unfit: Vec<(String, String)>,
     /// The preemption scopes ([`Scopes::of`]) of the workloads the engine preempted or
     /// evicted in this pass (empty: none was).
     pub(super) evicted_scopes: BTreeSet<String>,
@@ -314,10 +315,11 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         match l.state {
             State::Running | State::Terminating => {
                 match engine.restore_admitted(now, info, l.admitted_at) {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        unfit.push(l.key.clone());
-                        plan.problems.push(unfit_problem(&l.key));
+                    Ok(Restored::Admitted) => {}
+                    Ok(r) => {
+                        let problem = unfit_problem(&l.key, r);
+                        unfit.push((l.key.clone(), problem.clone()));
+                        plan.problems.push(problem);
                     }
                     Err(e) => {
                         restore_problem = true;
@@ -480,9 +482,16 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
     (plan, built)
 }
 
-/// The problem reported for a running workload that no longer fits its queue's quota.
-pub(super) fn unfit_problem(key: &str) -> String {
-    format!("{key} runs but no longer fits its queue's quota (quota lowered or queue deleted)")
+/// The problem reported for running workload `key` restored as `r` (not within quota).
+pub(super) fn unfit_problem(key: &str, r: Restored) -> String {
+    match r {
+        Restored::OverQuota => format!(
+            "{key} runs over its queue's quota (quota lowered): it keeps what it uses until it ends, and nothing is admitted in its place"
+        ),
+        _ => format!(
+            "{key} runs but no longer fits its queue (queue deleted, or no flavor for its pods): it holds no quota"
+        ),
+    }
 }
 
 /// The pending message of workload `l` with its owner's replica counts when it is a

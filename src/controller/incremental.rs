@@ -67,7 +67,7 @@ use super::serving::{
 };
 use super::snapshot::{owned_by, serving_objects, snapshot_cached};
 use super::workloads::{done_pod_workload_key, job_workload_key, live_pod_workload_key};
-use crate::quota::{Engine, EventType, WaitForPodsReady};
+use crate::quota::{Engine, EventType, Restored, WaitForPodsReady};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -211,10 +211,11 @@ struct Kept {
     /// (admission time, key): a fresh pass restores them as running and evicts nothing
     /// more in their scope, so such a scope is re-decided from its workloads each pass.
     terminating: BTreeMap<String, BTreeSet<(Millis, String)>>,
-    /// Running workloads that no longer fit their queue's quota (a fresh restore leaves
-    /// them pending in the engine and reports them), per scope, as (admission, key): such
-    /// a scope is re-decided each pass, as a fresh pass restores it.
-    unfit: BTreeMap<String, BTreeSet<(Millis, String)>>,
+    /// Running workloads that no longer fit their queue's quota (a fresh restore admits
+    /// them over quota, or leaves them pending without a flavor, and reports them), per
+    /// scope, as (admission, key) → the problem: such a scope is re-decided each pass, as
+    /// a fresh pass restores it (which ones are over quota follows the restore order).
+    unfit: BTreeMap<String, BTreeMap<(Millis, String), String>>,
     /// Scopes where the last pass preempted or evicted: re-decided in the next (the
     /// evictions' writes may not have landed, and a fresh pass would decide them again).
     evicted_scopes: BTreeSet<String>,
@@ -463,14 +464,14 @@ fn keep(
         kept.track(&l);
         kept.put_live(l);
     }
-    for key in unfit {
+    for (key, problem) in unfit {
         let l = kept.lives.get(&key)?;
         let scope = kept.scopes.of(l);
         if scope == UNKNOWN_SCOPE {
             return None;
         }
         let sk = sort_key(l);
-        kept.unfit.entry(scope).or_default().insert(sk);
+        kept.unfit.entry(scope).or_default().insert(sk, problem);
     }
     // Timed out in this pass: terminating as read, evicted again until their objects
     // change.
@@ -704,13 +705,14 @@ impl Kept {
             pods_ready::engine_readiness(self.pods_ready.as_ref(), l, &mut info);
             let admitted_at = l.admitted_at;
             match self.engine.restore_admitted(now, info, admitted_at) {
-                Ok(true) => {}
-                // As a fresh restore: left pending, reported, re-decided each pass.
-                Ok(false) => {
+                Ok(Restored::Admitted) => {}
+                // As a fresh restore: over quota (or pending), reported, re-decided
+                // each pass.
+                Ok(r) => {
                     self.unfit
                         .entry(scope.to_string())
                         .or_default()
-                        .insert((admitted_at, k.clone()));
+                        .insert((admitted_at, k.clone()), unfit_problem(k, r));
                 }
                 Err(_) => return Err("a running workload could not be restored"),
             }
@@ -1541,10 +1543,10 @@ fn fast_pass(
     plan.problems = kept.base_problems.clone();
     plan.problems
         .extend(kept.books.values().flat_map(|b| b.problems.iter().cloned()));
-    let mut unfit: Vec<&(Millis, String)> = kept.unfit.values().flatten().collect();
+    let mut unfit: Vec<(&(Millis, String), &String)> = kept.unfit.values().flatten().collect();
     unfit.sort();
     plan.problems
-        .extend(unfit.into_iter().map(|(_, k)| unfit_problem(k)));
+        .extend(unfit.into_iter().map(|(_, problem)| problem.clone()));
     plan.admitted = kept.admitted.clone();
     plan.queue_counts = kept
         .engine

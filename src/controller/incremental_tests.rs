@@ -1399,9 +1399,10 @@ fn minimum_runtime_wakeups_stay_incremental() {
 }
 
 /// Quota lowered under a running workload: the pass that reads the new ClusterQueue
-/// decides from scratch and reports the workload that no longer fits; the passes after
-/// it stay incremental (its scope, ClusterQueue `a`, is re-decided each pass as a fresh
-/// pass restores it) and keep reporting it, until it finishes.
+/// decides from scratch and reports the workload running over quota, which keeps what
+/// it uses (nothing is admitted in its place, as in Kueue); the passes after it stay
+/// incremental (its scope, ClusterQueue `a`, is re-decided each pass as a fresh pass
+/// restores it) and keep reporting it. Once it finishes, queue `a` admits what fits.
 #[test]
 fn quota_lowered_under_a_running_workload_stays_incremental() {
     let mut w = World::new();
@@ -1417,7 +1418,11 @@ fn quota_lowered_under_a_running_workload_stays_incremental() {
     let plan = pass(&mut w, &mut inc);
     assert_eq!(inc.stats.full, 2, "the queue change: {:?}", inc.stats);
     assert_eq!(plan.problems.len(), 1, "{plan:?}");
-    assert!(plan.problems[0].contains("no longer fits"), "{plan:?}");
+    assert!(
+        plan.problems[0].contains("over its queue's quota"),
+        "{plan:?}"
+    );
+    assert!(named(&plan, "admit").is_empty(), "{plan:?}");
     w.apply(&plan, None);
     for round in 0..4 {
         w.add_pods(3, 1, false, 1, 0);
@@ -1425,6 +1430,13 @@ fn quota_lowered_under_a_running_workload_stays_incremental() {
         w.now += 5_000;
         let plan = pass(&mut w, &mut inc);
         assert_eq!(plan.problems.len(), 1, "round {round}: {plan:?}");
+        let admitted = named(&plan, "admit");
+        assert_eq!(admitted.len(), 1, "only queue d's: {plan:?}");
+        assert_eq!(
+            plan.queue_counts["a"],
+            (1, round + 2),
+            "round {round}: {plan:?}"
+        );
         w.apply(&plan, None);
     }
     assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
@@ -1438,5 +1450,6 @@ fn quota_lowered_under_a_running_workload_stays_incremental() {
     w.finish(at);
     let plan = pass(&mut w, &mut inc);
     assert!(plan.problems.is_empty(), "{plan:?}");
+    assert_eq!(named(&plan, "admit").len(), 2, "{plan:?}");
     assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
 }

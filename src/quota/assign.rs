@@ -95,6 +95,21 @@ impl Engine {
 
     /// Assigns flavors to workload `id` in queue `cq` with `counts` pods per pod set.
     pub(crate) fn assign(&mut self, id: WlId, cq: CqId, counts: &[u32], now: Time) -> Assignment {
+        self.assign_with(id, cq, counts, now, false)
+    }
+
+    /// Assigns flavors as [`Engine::assign`], or with `ignore_quota` the first flavor of
+    /// each resource group whose nodes the pod set may use, whatever its quota (the
+    /// flavor a running workload was admitted to, once its pods carry the flavor's
+    /// labels): what restores a running workload after its quota was lowered.
+    pub(crate) fn assign_with(
+        &mut self,
+        id: WlId,
+        cq: CqId,
+        counts: &[u32],
+        now: Time,
+        ignore_quota: bool,
+    ) -> Assignment {
         let w = std::sync::Arc::clone(&self.wls[id].info);
         let spec = std::sync::Arc::clone(&self.cqs[cq].spec);
         let can_preempt = spec.can_preempt();
@@ -151,7 +166,9 @@ impl Engine {
                         let val = acc.get(&fr).copied().unwrap_or(0) + total;
                         let avail = self.available(cq, fr).unwrap_or(0);
                         let nominal = self.nominal(cq, fr);
-                        let rm = if val <= avail {
+                        let rm = if ignore_quota {
+                            Mode::Fit
+                        } else if val <= avail {
                             if self.usage(cq, fr) + val <= nominal {
                                 Mode::Fit
                             } else {

@@ -287,6 +287,9 @@ pub struct Engine {
     pub(crate) unready: BTreeSet<WlId>,
     /// `blockAdmission`: queues with work held until `unready` is empty.
     pub(crate) held: BTreeSet<CqId>,
+    /// Workloads restored over their queue's quota ([`Engine::restore_admitted`]): while
+    /// one still holds quota, usage may exceed the limits (`check_invariants`).
+    pub(crate) over_quota: BTreeSet<WlId>,
     pub(crate) timers: BinaryHeap<Reverse<(Time, u64, Timer)>>,
     pub(crate) events: Vec<Event>,
     /// Workloads whose pending reason may need an event at the end of `schedule`.
@@ -321,6 +324,7 @@ impl Engine {
             ready: BTreeSet::new(),
             unready: BTreeSet::new(),
             held: BTreeSet::new(),
+            over_quota: BTreeSet::new(),
             timers: BinaryHeap::new(),
             events: Vec::new(),
             dirty: Vec::new(),

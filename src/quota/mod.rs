@@ -39,3 +39,4 @@ pub use error::{Error, Result};
 pub use events::{Event, EventType, FinalState};
 pub use model::WorkloadInfo;
 pub use quantity::{Quantity, Time};
+pub use restore::Restored;

@@ -273,6 +273,15 @@ impl Engine {
                 }
             }
         }
+        // A workload restored over its lowered quota keeps it: the limits hold again once
+        // none such holds quota.
+        if self
+            .over_quota
+            .iter()
+            .any(|&id| self.wls[id].admission.is_some())
+        {
+            return Ok(());
+        }
         let mut pool: BTreeMap<(usize, usize), (i64, i64)> = BTreeMap::new();
         for (cq, q) in self.cqs.iter().enumerate() {
             for (&fr, l) in &q.spec.limits {

@@ -7,42 +7,73 @@ use super::error::Result;
 use super::model::WorkloadInfo;
 use super::quantity::Time;
 
+/// What [`Engine::restore_admitted`] made of a running workload.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Restored {
+    /// Admitted within its queue's quota (own nominal, then borrowing).
+    Admitted,
+    /// Admitted over its queue's quota (lowered since it was admitted): it keeps what
+    /// it uses until it ends, counted as borrowed from its cohort, so nothing is
+    /// admitted in its place and the cohort may reclaim it. Kueue keeps an admitted
+    /// workload's usage the same way when a quota is lowered.
+    OverQuota,
+    /// Not admitted (its queue is gone, or no flavor of its queue matches its pods):
+    /// left pending; the caller keeps it running and reports it.
+    Pending,
+}
+
+impl Restored {
+    /// Whether the workload holds quota.
+    pub fn admitted(self) -> bool {
+        self != Restored::Pending
+    }
+}
+
 impl Engine {
     /// Records `info` as admitted since `admitted_at`, without a scheduling decision.
     ///
     /// Flavors are assigned as an admission would (own nominal quota, then borrowing) but
-    /// nothing is preempted. Returns `Ok(false)` and leaves the workload pending when it
-    /// does not fit any more (its queue is gone or its quota was lowered): the caller
-    /// keeps it running and reports it. Its `Admitted` event is recorded like any other;
-    /// callers restoring a snapshot drop the events with [`Engine::take_events`].
+    /// nothing is preempted. When that no longer fits (its quota was lowered), the first
+    /// flavor its pods may run on is taken over quota ([`Restored::OverQuota`]). Its
+    /// `Admitted` event is recorded like any other; callers restoring a snapshot drop the
+    /// events with [`Engine::take_events`].
     pub fn restore_admitted(
         &mut self,
         now: Time,
         info: WorkloadInfo,
         admitted_at: Time,
-    ) -> Result<bool> {
+    ) -> Result<Restored> {
         let key = info.key();
         self.submit(now, info)?;
         let Some(&id) = self.wl_by_key.get(&key) else {
-            return Ok(false);
+            return Ok(Restored::Pending);
         };
         let Some(cq) = self.wls[id].cq else {
-            return Ok(false);
+            return Ok(Restored::Pending);
         };
         let counts: Vec<u32> = self.wls[id].info.pod_sets.iter().map(|p| p.count).collect();
-        let assignment = self.assign(id, cq, &counts, now);
+        let mut assignment = self.assign(id, cq, &counts, now);
+        let mut restored = Restored::Admitted;
         if !matches!(assignment.mode, Mode::Fit | Mode::Borrow) {
-            return Ok(false);
+            assignment = self.assign_with(id, cq, &counts, now, true);
+            if assignment.mode != Mode::Fit {
+                return Ok(Restored::Pending);
+            }
+            restored = Restored::OverQuota;
         }
         let order = self.wls[id].order_key(id);
         self.cqs[cq].pending.remove(&order);
         self.admit(id, cq, assignment, admitted_at.min(now));
-        Ok(true)
+        if restored == Restored::OverQuota {
+            self.over_quota.insert(id);
+        }
+        Ok(restored)
     }
 }
 
 #[cfg(test)]
 mod tests {
+    use super::Restored;
     use crate::quota::fixtures::{cluster_queue, flavor, local_queue};
     use crate::quota::{Engine, EngineConfig, WorkloadInfo};
 
@@ -71,8 +102,14 @@ mod tests {
     fn restored_workloads_hold_quota_and_are_not_readmitted() {
         let mut e = engine(4);
         // Low priority first: restoring never preempts, whatever the order.
-        assert!(e.restore_admitted(100, wl("low", 2, 0), 10).unwrap());
-        assert!(e.restore_admitted(100, wl("high", 2, 9), 20).unwrap());
+        assert!(e
+            .restore_admitted(100, wl("low", 2, 0), 10)
+            .unwrap()
+            .admitted());
+        assert!(e
+            .restore_admitted(100, wl("high", 2, 9), 20)
+            .unwrap()
+            .admitted());
         e.submit(100, wl("new", 1, 100)).unwrap();
         e.schedule(100).unwrap();
         assert!(e.is_admitted("ns/low") && e.is_admitted("ns/high"));
@@ -83,11 +120,45 @@ mod tests {
     }
 
     #[test]
-    fn a_workload_that_no_longer_fits_stays_pending() {
+    fn a_workload_over_a_lowered_quota_keeps_it_until_it_ends() {
         let mut e = engine(2);
-        assert!(e.restore_admitted(5, wl("a", 2, 0), 0).unwrap());
-        assert!(!e.restore_admitted(5, wl("b", 2, 0), 0).unwrap());
-        assert!(!e.is_admitted("ns/b"));
-        assert_eq!(e.usage_total(), 2000);
+        assert_eq!(
+            e.restore_admitted(5, wl("a", 2, 0), 0).unwrap(),
+            Restored::Admitted
+        );
+        assert_eq!(
+            e.restore_admitted(5, wl("b", 2, 0), 0).unwrap(),
+            Restored::OverQuota
+        );
+        assert!(e.is_admitted("ns/b"));
+        assert_eq!(e.usage_total(), 4000);
+        // Nothing is admitted in its place, even at a higher priority (no preemption
+        // of restored workloads here: the queue cannot preempt).
+        e.submit(5, wl("new", 1, 100)).unwrap();
+        e.schedule(5).unwrap();
+        assert!(!e.is_admitted("ns/new"));
+        e.check_invariants().unwrap();
+        // Once both end, the quota is free again.
+        e.remove(6, "ns/a").unwrap();
+        e.schedule(6).unwrap();
+        assert!(!e.is_admitted("ns/new"), "still 2 in use of 2");
+        e.remove(7, "ns/b").unwrap();
+        e.schedule(7).unwrap();
+        assert!(e.is_admitted("ns/new"));
+        e.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_workload_whose_queue_has_no_flavor_for_it_stays_pending() {
+        let mut e = engine(2);
+        let gpu_less = WorkloadInfo::new("ns/odd", "lq")
+            .pod_set("main", 1, &[("example.com/fpga", 1)])
+            .priority(0);
+        assert_eq!(
+            e.restore_admitted(5, gpu_less, 0).unwrap(),
+            Restored::Pending
+        );
+        assert!(!e.is_admitted("ns/odd"));
+        assert_eq!(e.usage_total(), 0);
     }
 }
