@@ -439,6 +439,9 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         {
             (r, m)
         } else if let Some((r, m)) = engine_pending.get(l.key.as_str()) {
+            if keeps_recorded(&engine, r, l) {
+                continue;
+            }
             if let Some((pod, delay, why)) = blocked_for.get(&l.key) {
                 blocked_reason(pod, *delay, why)
             } else if *r == "WaitingForPreemptedWorkloads" && !waiting_on(l).is_empty() {
@@ -480,6 +483,15 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         evicted_scopes,
     };
     (plan, built)
+}
+
+/// Whether waiting workload `l`, left by the engine at `reason`, keeps the reason it has
+/// recorded: while `blockAdmission` holds admission, the workloads behind each queue's
+/// head are not evaluated (`Queued`), and rewriting every one of them on each admission
+/// (and back once the pods are Ready) would cost a write per waiting workload. As in
+/// Kueue, their last reason stays; each queue's head says `WaitingForPodsReady`.
+pub(super) fn keeps_recorded(engine: &Engine, reason: &str, l: &Live) -> bool {
+    reason == "Queued" && l.recorded.is_some() && engine.admission_blocked()
 }
 
 /// The problem reported for running workload `key` restored as `r` (not within quota).

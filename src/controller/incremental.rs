@@ -54,8 +54,9 @@ use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
 use super::decide::{
     admit_action, blocked_reason, collect, decide_full, engine_with_queues, evict_action,
-    hold_reason, replica_message, replicas_actions, terminating_message, unfit_problem, Action,
-    BlockedFor, Built, Live, ObjRef, Plan, Scopes, Snapshot, State, UNKNOWN_SCOPE,
+    hold_reason, keeps_recorded, replica_message, replicas_actions, terminating_message,
+    unfit_problem, Action, BlockedFor, Built, Live, ObjRef, Plan, Scopes, Snapshot, State,
+    UNKNOWN_SCOPE,
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
@@ -1513,6 +1514,9 @@ fn fast_pass(
         let Some((mut reason, mut message)) = want else {
             continue;
         };
+        if from_engine && keeps_recorded(&kept.engine, &reason, l) {
+            continue;
+        }
         if let (true, Some((pod, delay, why))) = (from_engine, blocked_for.get(key)) {
             (reason, message) = blocked_reason(pod, *delay, why);
         } else if reason == "WaitingForPreemptedWorkloads" {

@@ -1453,3 +1453,53 @@ fn quota_lowered_under_a_running_workload_stays_incremental() {
     assert_eq!(named(&plan, "admit").len(), 2, "{plan:?}");
     assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
 }
+
+/// With `blockAdmission`, an admission holds every queue until its pods are Ready: the
+/// waiting workloads behind each queue's head keep their recorded reasons (writes for
+/// the heads, at most two per queue, not one per waiting workload), and once the pods
+/// are Ready those heads get their reasons back.
+#[test]
+fn block_admission_rewrites_only_the_queue_heads() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg_pods_ready(true), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    w.add_pods(0, 4, false, 0, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    all_admitted_ready(&mut w);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    for _ in 0..20 {
+        w.add_pods(0, 1, false, 1, 0);
+    }
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending").len(), 20, "{plan:?}");
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    // Admitted in queue `d`, its pod not Ready yet: admission is held everywhere.
+    w.add_pods(3, 1, false, 2, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
+    // Queue a's head was evaluated before the admission; the next one is held.
+    assert_eq!(named(&plan, "pending"), ["WaitingForPodsReady"], "{plan:?}");
+    w.apply(&plan, None);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        named(&plan, "pending"),
+        ["WaitingForPodsReady"],
+        "only queue a's head: {plan:?}"
+    );
+    w.apply(&plan, None);
+    // More arrive while held: a new one records `Queued`, the others keep theirs.
+    w.add_pods(0, 1, false, 2, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending"), ["Queued"], "{plan:?}");
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    // Ready: the hold ends; the two held heads and the one that arrived while held are
+    // told why they wait now. The 18 others were never rewritten.
+    all_admitted_ready(&mut w);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending"), ["WaitingForQuota"; 3], "{plan:?}");
+}

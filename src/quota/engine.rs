@@ -965,7 +965,7 @@ pub(crate) enum EvictCause {
 
 impl Engine {
     /// `blockAdmission`: whether an admitted workload's pods are not all ready yet.
-    pub(crate) fn admission_blocked(&self) -> bool {
+    pub fn admission_blocked(&self) -> bool {
         !self.unready.is_empty()
     }
 
