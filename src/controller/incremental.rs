@@ -1264,15 +1264,9 @@ fn fast_pass(
     // Admitted here earlier, yet the objects still wait (the write failed): a fresh
     // pass queues it with the others, so it queues again here.
     for wk in std::mem::take(&mut kept.admitted_waiting) {
-        let l = kept.lives.remove(&wk).ok_or("bookkeeping")?;
-        let redo = kept.scope_of(&l).is_some_and(|s| held.contains(&s));
-        let done = if redo {
-            Ok(())
-        } else {
-            kept.requeue(&wk, &l, now, &mut touched)
-        };
-        kept.lives.insert(wk.clone(), l);
-        done?;
+        kept.queue_again(&wk, &held, |kept, l| {
+            kept.requeue(&wk, l, now, &mut touched)
+        })?;
         candidates.insert(wk);
     }
     // Backoffs ended: the workloads queue (a fresh pass submits them), or come back with
@@ -1282,16 +1276,8 @@ fn fast_pass(
             break;
         }
         kept.backoffs.pop_first();
-        let l = kept.lives.remove(&wk).ok_or("bookkeeping")?;
-        let redo = kept.scope_of(&l).is_some_and(|s| held.contains(&s));
         kept.submit_errors.remove(&wk);
-        let done = if redo {
-            Ok(())
-        } else {
-            kept.submit(&wk, &l, now, &mut touched)
-        };
-        kept.lives.insert(wk.clone(), l);
-        done?;
+        kept.queue_again(&wk, &held, |kept, l| kept.submit(&wk, l, now, &mut touched))?;
         candidates.insert(wk);
     }
     // Pods-ready timeouts due: the workloads terminate (as a fresh pass reads them) and
@@ -1698,6 +1684,21 @@ impl Kept {
             self.put_live(l);
         }
         Ok(scopes)
+    }
+
+    /// Queues waiting workload `wk` again with `queue` (given its live), unless its scope
+    /// is among `held` (re-decided in this pass, which queues it with the others).
+    fn queue_again(
+        &mut self,
+        wk: &str,
+        held: &BTreeSet<String>,
+        queue: impl FnOnce(&mut Kept, &Live) -> Result<(), &'static str>,
+    ) -> Result<(), &'static str> {
+        let l = self.lives.remove(wk).ok_or("bookkeeping")?;
+        let redo = self.scope_of(&l).is_some_and(|s| held.contains(&s));
+        let done = if redo { Ok(()) } else { queue(self, &l) };
+        self.lives.insert(wk.to_string(), l);
+        done
     }
 
     /// The requeue state the ConfigMaps keep for workload `key`.

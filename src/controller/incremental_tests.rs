@@ -969,6 +969,17 @@ fn decision_cost_beside_n_waiting() {
     }
 }
 
+/// Fills queue `a` with one 4-GPU pod, admitted, Ready and recorded (passes checked).
+fn fill_queue_a_ready(w: &mut World, inc: &mut Incremental, c: &Config) {
+    let blocked = BTreeMap::new();
+    w.add_pods(0, 4, false, 0, 0);
+    let plan = checked_pass(w, inc, c, &blocked);
+    w.apply(&plan, None);
+    all_admitted_ready(w);
+    let plan = checked_pass(w, inc, c, &blocked);
+    w.apply(&plan, None);
+}
+
 /// Marks every admitted (ungated) pod Ready.
 fn all_admitted_ready(w: &mut World) {
     for mut p in w.pods() {
@@ -1093,12 +1104,7 @@ fn block_admission_passes_stay_incremental_while_all_ready() {
     let mut inc = Incremental::new();
     let (c, blocked) = (cfg_pods_ready(true), BTreeMap::new());
     let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
-    w.add_pods(0, 4, false, 0, 0);
-    let plan = pass(&mut w, &mut inc);
-    w.apply(&plan, None);
-    all_admitted_ready(&mut w);
-    let plan = pass(&mut w, &mut inc);
-    w.apply(&plan, None);
+    fill_queue_a_ready(&mut w, &mut inc, &c);
     let full = inc.stats.full;
     for round in 0..5 {
         w.add_pods(0, 1, false, 1, 0);
@@ -1464,12 +1470,7 @@ fn block_admission_rewrites_only_the_queue_heads() {
     let mut inc = Incremental::new();
     let (c, blocked) = (cfg_pods_ready(true), BTreeMap::new());
     let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
-    w.add_pods(0, 4, false, 0, 0);
-    let plan = pass(&mut w, &mut inc);
-    w.apply(&plan, None);
-    all_admitted_ready(&mut w);
-    let plan = pass(&mut w, &mut inc);
-    w.apply(&plan, None);
+    fill_queue_a_ready(&mut w, &mut inc, &c);
     for _ in 0..20 {
         w.add_pods(0, 1, false, 1, 0);
     }
