@@ -1504,3 +1504,61 @@ fn block_admission_rewrites_only_the_queue_heads() {
     let plan = pass(&mut w, &mut inc);
     assert_eq!(named(&plan, "pending"), ["WaitingForQuota"; 3], "{plan:?}");
 }
+
+/// A Deployment rollout: `web` runs 3 replicas through ReplicaSet `web-1`; a new
+/// ReplicaSet `web-2` takes over one replica at a time (a new gated pod, then an old
+/// pod deleted), `web-1` is left at 0 and finally deleted. Every pass gives a fresh
+/// pass's plan and none but the first decides from scratch.
+#[test]
+fn a_rollout_stays_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    for _ in 0..3 {
+        w.scale(0, true);
+    }
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "admit").len(), 3, "{plan:?}");
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    let rs = |name: &str, replicas: u64| {
+        json!({"apiVersion": "apps/v1", "kind": "ReplicaSet",
+            "metadata": {"name": name, "namespace": "team", "uid": name,
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "Deployment",
+                                              "name": "web", "uid": "web", "controller": true}]},
+            "spec": {"replicas": replicas}})
+    };
+    let old: Vec<Value> = w
+        .pods()
+        .into_iter()
+        .filter(|p| p["metadata"]["ownerReferences"][0]["name"] == "web-1")
+        .collect();
+    for (step, old_pod) in old.iter().enumerate() {
+        let n = step as u64 + 1;
+        w.put_owner(ObjKind::ReplicaSet, rs("web-2", n));
+        w.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": format!("web-2-{n}"), "namespace": "team",
+                         "labels": {"tessera.io/queue-name": "lq-a"},
+                         "creationTimestamp": "2026-11-18T12:03:00Z",
+                         "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet",
+                                              "name": "web-2", "uid": "web-2", "controller": true}]},
+            "spec": {"schedulingGates": [{"name": ADMISSION_GATE}],
+                     "containers": [{"name": "c", "image": "x",
+                                     "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}));
+        let plan = pass(&mut w, &mut inc);
+        assert_eq!(named(&plan, "admit").len(), 1, "step {step}: {plan:?}");
+        w.apply(&plan, None);
+        w.cache.pods[0].remove(&World::key(old_pod));
+        w.put_owner(ObjKind::ReplicaSet, rs("web-1", 3 - n));
+        let plan = pass(&mut w, &mut inc);
+        w.apply(&plan, None);
+    }
+    w.cache
+        .replica_sets
+        .remove(&("team".to_string(), "web-1".to_string()));
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+}
