@@ -11,11 +11,18 @@
 //! same [`Plan`] (a property test drives both). Whatever the kept engine cannot follow
 //! exactly makes the pass decide from scratch instead, and start keeping again from
 //! there: queue objects, namespaces or configuration changed; a store re-LISTed; with
-//! `blockAdmission` an admission or a running workload not Ready (passes where none of
-//! that happens stay incremental and record `PodsReady`); a ReplicaSet added, removed or
-//! re-owned while pods it owns are kept (their workload keys follow their owner); a
-//! running workload that could not be restored (an error). With `waitForPodsReady` the kept pass follows the rest as a fresh pass
-//! does: a pods-ready timeout due makes its workload terminate (evicted again each pass
+//! `blockAdmission` a pass admitting (the admission holds every queue in the middle of
+//! its schedule, so what a fresh pass evaluated before it depends on the order) or a
+//! running workload's pods no longer Ready before being recorded; a ReplicaSet added,
+//! removed or re-owned while pods it owns are kept (their workload keys follow their
+//! owner); a running workload that could not be restored (an error). With
+//! `blockAdmission` the passes while an admitted workload's pods start are followed: the
+//! engine is told when they are Ready (`Engine::mark_pods_ready`), a held pass gives each
+//! queue's first waiting workload `WaitingForPodsReady` and the others their recorded
+//! reason (`Engine::held_entry`: what a fresh pass, holding every queue before
+//! evaluating anything, gives them; cost: the queues), and the reasons to re-decide wait
+//! for the pass that ends the hold. With `waitForPodsReady` the kept pass follows the rest
+//! as a fresh pass does: a pods-ready timeout due makes its workload terminate (evicted again each pass
 //! until its objects change, its scope re-decided), a requeue backoff ending submits
 //! its workload, the requeue state ConfigMaps are read again where they changed (the
 //! workloads whose entries moved are read again) and their entries no longer needed are
@@ -159,6 +166,11 @@ struct Kept {
     /// Waiting workloads held by a pods-ready backoff, as (end, key): not in the engine
     /// (their reason is kept with the submit errors); a backoff ending submits them.
     backoffs: BTreeSet<(Millis, String)>,
+    /// With `blockAdmission`, while admission is held: the ClusterQueues whose reasons
+    /// are re-decided once it is no longer held (a held pass decides none), and the
+    /// workloads told `WaitingForPodsReady` (told their reason again then).
+    touched_while_held: BTreeSet<String>,
+    held_heads: BTreeSet<String>,
     /// Running workloads evicted for a pods-ready timeout, as (admission, key): kept as
     /// terminating (a fresh pass reads them so) and evicted again each pass until their
     /// objects change.
@@ -317,8 +329,7 @@ fn keep(
             .iter()
             .filter(|l| l.state == State::Terminating)
             .all(|l| scopes.of(l) != UNKNOWN_SCOPE);
-    let eligible =
-        pods_ready_keepable(cfg, &built) && !built.restore_problem && (!preempting || scoped);
+    let eligible = !built.restore_problem && (!preempting || scoped);
     if !eligible {
         return None;
     }
@@ -383,6 +394,8 @@ fn keep(
         unrecorded: BTreeSet::new(),
         backoffs,
         timed_out: BTreeSet::new(),
+        touched_while_held: BTreeSet::new(),
+        held_heads: BTreeSet::new(),
         books: match cfg.pods_ready {
             Some(_) => cache
                 .requeue_states
@@ -492,6 +505,17 @@ fn keep(
         .iter()
         .filter_map(|k| kept.engine.cluster_queue_of(k).map(String::from))
         .collect();
+    // Admission held (`blockAdmission`): who was told `WaitingForPodsReady`.
+    for a in &plan.actions {
+        if let Action::Pending {
+            workload, reason, ..
+        } = a
+        {
+            if reason == "WaitingForPodsReady" {
+                kept.held_heads.insert(workload.clone());
+            }
+        }
+    }
     kept.verify = kept.stale.iter().any(|cq| !kept.simple_cqs.contains(cq));
     Some(kept)
 }
@@ -989,11 +1013,11 @@ fn fast_pass(
             "configuration changed",
         ),
         (
-            blocks_admission(cfg) && !kept.admitted_waiting.is_empty(),
-            "blockAdmission: an admitted workload's pods are not Ready yet",
-        ),
-        (
-            cfg.pods_ready.is_some() && kept.engine.next_timer().is_some_and(|t| t <= now),
+            // With `blockAdmission` the engine times out pods-ready too; the controller's
+            // own timeouts take those workloads in this pass (checked again below).
+            cfg.pods_ready.is_some()
+                && kept.engine.next_timer().is_some_and(|t| t <= now)
+                && !kept.engine.only_ready_timeouts_due(now),
             "an engine timer is due",
         ),
     ];
@@ -1219,9 +1243,6 @@ fn fast_pass(
     }
     for (wk, job) in &affected {
         let new = kept.reread(cache, wk, job.as_ref(), cfg, &serving)?;
-        if let Some(n) = &new {
-            pods_ready_followable(cfg, n)?;
-        }
         let old = kept.take_live(wk);
         if let Some(o) = &old {
             kept.timed_out.remove(&sort_key(o));
@@ -1255,6 +1276,9 @@ fn fast_pass(
         if let Some(n) = new {
             if n.state == State::Running {
                 kept.admitted.insert(wk.clone());
+                if blocks_admission(cfg) {
+                    kept.sync_readiness(&n)?;
+                }
             }
             kept.track(&n);
             kept.put_live(n);
@@ -1295,6 +1319,16 @@ fn fast_pass(
     }
     if kept.engine.next_timer().is_some_and(|t| t <= now) {
         return Err("an engine timer is due");
+    }
+    // With `blockAdmission`, while an admitted workload's pods are not Ready nothing is
+    // evaluated (a fresh pass holds every queue): the reasons to re-decide wait for the
+    // pass that ends the hold, which also tells the held heads their reasons again.
+    let held_pass = blocks_admission(cfg) && kept.engine.admission_blocked();
+    if held_pass {
+        kept.touched_while_held.append(&mut touched);
+    } else {
+        touched.append(&mut kept.touched_while_held);
+        candidates.append(&mut kept.held_heads);
     }
     // Parked workloads keep the reason (and its numbers) they were parked with: those
     // of every cohort whose books moved are re-decided, as a fresh pass would.
@@ -1470,9 +1504,15 @@ fn fast_pass(
     }
     let crowded: Vec<String> = per_cq
         .into_iter()
-        .filter(|(_, n)| *n > 16)
+        .filter(|(_, n)| *n > 16 && !held_pass)
         .map(|(cq, _)| cq.to_string())
         .collect();
+    // Held: each queue's first waiting workload says so (cost: the queues).
+    if held_pass {
+        let heads = kept.engine.queue_heads();
+        kept.held_heads.extend(heads.iter().cloned());
+        candidates.extend(heads);
+    }
     for cq in touched.iter().chain(&crowded) {
         for (key, reason, message) in kept.engine.pending_entries_in(cq) {
             candidates.insert(key.clone());
@@ -1494,9 +1534,13 @@ fn fast_pass(
             .clone()
             .or_else(|| kept.submit_errors.get(key).cloned());
         let from_engine = fixed.is_none();
-        let want = fixed
-            .or_else(|| entries.get(key).cloned())
-            .or_else(|| kept.engine.pending_entry(key));
+        let want = fixed.or_else(|| match held_pass {
+            true => kept.engine.held_entry(key),
+            false => entries
+                .get(key)
+                .cloned()
+                .or_else(|| kept.engine.pending_entry(key)),
+        });
         let Some((mut reason, mut message)) = want else {
             continue;
         };
@@ -1580,33 +1624,6 @@ const REDECIDE_SCOPE: [&str; 2] = [
 /// while an admitted workload's pods are not Ready).
 fn blocks_admission(cfg: &Config) -> bool {
     cfg.pods_ready.as_ref().is_some_and(|c| c.block_admission)
-}
-
-/// Whether a from-scratch pass with `waitForPodsReady` left nothing pods-ready-related
-/// that the kept engine cannot follow: with `blockAdmission`, no running workload whose
-/// pods are not Ready. (Waiting workloads held by a backoff or deactivated are kept out
-/// of the engine; timed-out ones are kept as terminating.)
-fn pods_ready_keepable(cfg: &Config, built: &Built) -> bool {
-    built
-        .lives
-        .iter()
-        .all(|l| pods_ready_followable(cfg, l).is_ok())
-}
-
-/// With `waitForPodsReady`, whether workload `l` as read now is one the kept engine
-/// follows (`Err`: the fallback reason).
-fn pods_ready_followable(cfg: &Config, l: &Live) -> Result<(), &'static str> {
-    if cfg.pods_ready.is_none() {
-        return Ok(());
-    }
-    if blocks_admission(cfg)
-        && l.state == State::Running
-        && l.info.is_some()
-        && !(l.ready || l.ready_recorded)
-    {
-        return Err("blockAdmission: a running workload's pods are not Ready");
-    }
-    Ok(())
 }
 
 impl Kept {
@@ -1699,6 +1716,22 @@ impl Kept {
         let done = if redo { Ok(()) } else { queue(self, &l) };
         self.lives.insert(wk.to_string(), l);
         done
+    }
+
+    /// With `blockAdmission`, tells the engine whether running workload `n` (as read now)
+    /// is ready, as a fresh restore does (`pods_ready::engine_readiness`): its pods
+    /// became Ready (or were recorded so) ends its hold; pods no longer Ready before
+    /// being recorded cannot be followed.
+    fn sync_readiness(&mut self, n: &Live) -> Result<(), &'static str> {
+        if n.info.is_none() || !self.engine.is_admitted(&n.key) {
+            return Ok(());
+        }
+        if n.ready || n.ready_recorded {
+            self.engine.mark_pods_ready(&n.key);
+        } else if !self.engine.waits_for_pods(&n.key) {
+            return Err("blockAdmission: a workload's pods are not Ready any more");
+        }
+        Ok(())
     }
 
     /// The requeue state the ConfigMaps keep for workload `key`.

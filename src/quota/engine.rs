@@ -287,6 +287,9 @@ pub struct Engine {
     pub(crate) unready: BTreeSet<WlId>,
     /// `blockAdmission`: queues with work held until `unready` is empty.
     pub(crate) held: BTreeSet<CqId>,
+    /// Admitted workloads told ready by [`Engine::mark_pods_ready`]: their pods-ready
+    /// timeout timer no longer counts (until they are admitted again).
+    pub(crate) ready_marked: BTreeSet<WlId>,
     /// Workloads restored over their queue's quota ([`Engine::restore_admitted`]): while
     /// one still holds quota, usage may exceed the limits (`check_invariants`).
     pub(crate) over_quota: BTreeSet<WlId>,
@@ -325,6 +328,7 @@ impl Engine {
             unready: BTreeSet::new(),
             held: BTreeSet::new(),
             over_quota: BTreeSet::new(),
+            ready_marked: BTreeSet::new(),
             timers: BinaryHeap::new(),
             events: Vec::new(),
             dirty: Vec::new(),
@@ -599,6 +603,14 @@ impl Engine {
             out.insert(self.cqs[cq].spec.name.clone());
         }
         Some(out)
+    }
+
+    /// Whether every live timer due at `now` is a pods-ready timeout (a controller that
+    /// times workloads out itself evicts them in the same pass). Costs the timers pending.
+    pub fn only_ready_timeouts_due(&self, now: Time) -> bool {
+        self.timers.iter().all(|Reverse((at, _, timer))| {
+            *at > now || !self.timer_live(*timer) || matches!(timer, Timer::ReadyTimeout(..))
+        })
     }
 
     /// Fires every timer due at or before `t`, scheduling after each instant.
@@ -981,6 +993,78 @@ impl Engine {
             self.wls[id].reason = PendingReason::WaitingForPodsReady;
             self.dirty.push(id);
         }
+    }
+
+    /// `blockAdmission`: admitted workload `key`'s pods are all ready now (a controller
+    /// that saw them Ready): as if it had been admitted ready, its pods-ready timeout no
+    /// longer applies and admission is no longer held for it. Returns whether it was
+    /// waiting for its pods.
+    pub fn mark_pods_ready(&mut self, key: &str) -> bool {
+        let Some(&id) = self.wl_by_key.get(key) else {
+            return false;
+        };
+        if self.wls[id].admission.is_none() {
+            return false;
+        }
+        self.ready_marked.insert(id);
+        let waiting = self.unready.contains(&id);
+        self.pods_ready(id);
+        waiting
+    }
+
+    /// `blockAdmission`: whether admitted workload `key` still waits for its pods.
+    pub fn waits_for_pods(&self, key: &str) -> bool {
+        self.wl_by_key
+            .get(key)
+            .is_some_and(|id| self.unready.contains(id))
+    }
+
+    /// While admission is held (`blockAdmission`), the reason a from-scratch schedule
+    /// gives waiting workload `key`: nothing is evaluated, every ClusterQueue that can
+    /// admit holds its first waiting workload (`WaitingForPodsReady`) and the others stay
+    /// `Queued` with their place; a workload in a stopped queue or none keeps its reason.
+    pub fn held_entry(&self, key: &str) -> Option<(String, String)> {
+        let &id = self.wl_by_key.get(key)?;
+        let w = &self.wls[id];
+        let Some(cq) = w.cq.filter(|_| w.state == WlState::Pending) else {
+            return self.pending_entry(key);
+        };
+        let q = &self.cqs[cq];
+        if q.spec.stop != StopPolicy::None {
+            return self.pending_entry(key);
+        }
+        let reason = if self.queue_head(cq) == Some(id) {
+            PendingReason::WaitingForPodsReady
+        } else {
+            PendingReason::Queued
+        };
+        let position = reason.has_position().then(|| self.position_in(cq, id));
+        Some((reason.code().to_string(), reason.message(position)))
+    }
+
+    /// The first waiting workload (queued or parked) of every ClusterQueue that can
+    /// admit: those [`Engine::held_entry`] says `WaitingForPodsReady` of. Costs the queues.
+    pub fn queue_heads(&self) -> Vec<String> {
+        (0..self.cqs.len())
+            .filter(|&cq| self.cqs[cq].spec.stop == StopPolicy::None)
+            .filter_map(|cq| self.queue_head(cq))
+            .map(|id| self.wls[id].key.to_string())
+            .collect()
+    }
+
+    fn queue_head(&self, cq: CqId) -> Option<WlId> {
+        let q = &self.cqs[cq];
+        match (q.pending.first(), q.parked.first()) {
+            (Some(a), Some(b)) => Some(a.min(b).3),
+            (a, b) => a.or(b).map(|k| k.3),
+        }
+    }
+
+    /// 1-based place of `id` among the waiting workloads (queued or parked) of `cq`.
+    fn position_in(&self, cq: CqId, id: WlId) -> usize {
+        let q = &self.cqs[cq];
+        let key = self.wls[id].order_key(id);
+        q.pending.range(..&key).count() + q.parked.range(..&key).count() + 1
     }
 
     /// `blockAdmission`: `id`'s pods are ready, or it no longer runs. When the last such

@@ -17,6 +17,9 @@ impl Engine {
 
     pub(crate) fn timer_live(&self, timer: Timer) -> bool {
         let (id, gen) = timer.parts();
+        if matches!(timer, Timer::ReadyTimeout(..)) && self.ready_marked.contains(&id) {
+            return false;
+        }
         self.wls.get(id).is_some_and(|w| w.gen == gen)
     }
 
@@ -87,6 +90,7 @@ impl Engine {
         });
         let ready_after = w.info.pods_ready_after;
         let remaining = w.info.runtime.map(|r| r.saturating_sub(w.progress));
+        self.ready_marked.remove(&id);
         self.cqs[cq].admitted.insert(id);
         self.stats.admissions += 1;
         if self.cfg.requeue == super::engine::Requeue::Indexed {
