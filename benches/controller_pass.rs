@@ -38,7 +38,9 @@
 //! replica of a Deployment scaled 1 -> 2 in `free`; and, with `waitForPodsReady` (a run
 //! of its own), `timeout` (a pod admitted in `free` and never Ready is evicted after
 //! its 60 s, its requeue state written to the ConfigMap) and `backoff end` (deleted and
-//! created again, it waited out its backoff and is admitted again). `BENCH_MODES=incr` (or
+//! created again, it waited out its backoff and is admitted again); with `blockAdmission`,
+//! `held` (a pod arrives while an admitted pod has not become Ready: every queue is
+//! held). `BENCH_MODES=incr` (or
 //! `rebuild,incr`, `list`) runs only the modes named.
 //!
 //! `cargo test --all-targets` runs it once with N = 50 and one round, as a smoke test.
@@ -357,6 +359,83 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     (timeout, backoff_end, full)
 }
 
+/// With `blockAdmission`: the pass while admitted pod `slow` (in `free`) has not become
+/// Ready, when a pod arrives in `free` (it waits: every queue is held). Returns its time
+/// and the passes decided from scratch.
+async fn measure_held(pending: usize, mode: Mode) -> (Duration, u64) {
+    let s = cluster(pending).await;
+    let mut big = gated_pod("big", "lq-full", 4, "2026-11-18T11:00:00Z");
+    big["status"] =
+        json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
+    s.put_object(PODS, big);
+    let client = s.client();
+    let c = Config {
+        pods_ready: Some(WaitForPodsReady {
+            timeout: 600_000,
+            backoff_base: 10_000,
+            backoff_max: 100_000,
+            backoff_limit_count: Some(3),
+            requeue_by_eviction_time: true,
+            block_admission: true,
+        }),
+        ..cfg()
+    };
+    let shutdown = CancellationToken::new();
+    let cache = Arc::new(Cache::new());
+    cache.spawn_feeders(&client, Arc::new(Notify::new()), &shutdown);
+    wait_until("the caches' first LISTs", || cache.synced()).await;
+    let mut state = if mode == Mode::Rebuild {
+        PassState::with_cache_rebuilding(&c, cache.clone())
+    } else {
+        PassState::with_cache(&c, cache.clone())
+    };
+    let key = |name: &str| ("team".to_string(), name.to_string());
+    let admitted = |name: &str| {
+        cache.pods[0]
+            .get(&key(name))
+            .is_some_and(|p| p["spec"]["schedulingGates"].is_null())
+    };
+    pass_with(&client, &c, &mut state, NOW).await.unwrap();
+    wait_until("big admitted in the cache", || admitted("big")).await;
+    pass_with(&client, &c, &mut state, NOW + 1).await.unwrap();
+    wait_until("big's readiness in the cache", || {
+        cache.pods[0]
+            .get(&key("big"))
+            .is_some_and(|p| p["metadata"]["annotations"]["tessera.io/pods-ready-at"].is_string())
+    })
+    .await;
+    pass_with(&client, &c, &mut state, NOW + 2).await.unwrap();
+    s.put_object(
+        PODS,
+        gated_pod("slow", "lq-free", 1, "2026-11-18T12:30:00Z"),
+    );
+    wait_until("slow in the cache", || {
+        cache.pods[0].get(&key("slow")).is_some()
+    })
+    .await;
+    pass_with(&client, &c, &mut state, NOW + 3).await.unwrap();
+    wait_until("slow admitted in the cache", || admitted("slow")).await;
+    // Held: `slow`'s pod is not Ready.
+    pass_with(&client, &c, &mut state, NOW + 4).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    pass_with(&client, &c, &mut state, NOW + 5).await.unwrap();
+    s.put_object(
+        PODS,
+        gated_pod("next", "lq-free", 1, "2026-11-18T12:30:00Z"),
+    );
+    wait_until("next in the cache", || {
+        cache.pods[0].get(&key("next")).is_some()
+    })
+    .await;
+    let t = Instant::now();
+    pass_with(&client, &c, &mut state, NOW + 6).await.unwrap();
+    let held = t.elapsed();
+    assert!(gated(&s, "next"), "held: next waits");
+    let full = state.incremental_stats().map_or(0, |st| st.full);
+    shutdown.cancel();
+    (held, full)
+}
+
 async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
     let s = cluster(pending).await;
     let client = s.client();
@@ -624,6 +703,19 @@ async fn main() {
         } else {
             None
         };
+        let held_rebuild = if runs("rebuild") {
+            Some(measure_held(n, Mode::Rebuild).await.0)
+        } else {
+            None
+        };
+        let held_incr = if runs("incr") {
+            let (t, full) = measure_held(n, Mode::Incremental).await;
+            // The first pass, and the one admitting `slow` (blockAdmission).
+            assert_eq!(full, 2, "only the admitting pass decides from scratch");
+            Some(t)
+        } else {
+            None
+        };
         let ip = p50(&incr.pass).as_secs_f64().max(1e-9);
         let rp = rebuild.as_ref().map(|r| p50(&r.pass));
         let median = |v: &[u64]| {
@@ -697,6 +789,7 @@ async fn main() {
             ),
             ("timeout", pr_rebuild.map(|m| m.0), pr_incr.map(|m| m.0)),
             ("backoff end", pr_rebuild.map(|m| m.1), pr_incr.map(|m| m.1)),
+            ("held", held_rebuild, held_incr),
         ] {
             cases.push((n, case, r, i));
         }
