@@ -238,14 +238,22 @@ enum Mode {
     Incremental,
 }
 
-/// The passes of a `waitForPodsReady` timeout beside N waiting pods: `timeout` (pod
-/// `slow`, admitted in `free` and never Ready, is evicted 61 s later: its requeue state
-/// goes to the ConfigMap first) and `backoff end` (deleted and created again under its
-/// name, it waited out its 10 s backoff and is admitted again). Returns their times and
-/// the passes decided from scratch (cached modes only).
-async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, u64) {
+/// [`cluster`] with `waitForPodsReady` (60 s timeout, 10 s backoff; `block` sets
+/// `blockAdmission`), read through a watch-fed cache, after the passes that admit `big`
+/// (Ready from the start) and record its readiness. The token stops the feeders.
+async fn pods_ready_cluster(
+    pending: usize,
+    mode: Mode,
+    block: bool,
+) -> (
+    ApiServer,
+    kube::Client,
+    Config,
+    Arc<Cache>,
+    PassState,
+    CancellationToken,
+) {
     let s = cluster(pending).await;
-    // `big` (filling `full`) is Ready from the start: its readiness is recorded once.
     let mut big = gated_pod("big", "lq-full", 4, "2026-11-18T11:00:00Z");
     big["status"] =
         json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
@@ -258,7 +266,7 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
             backoff_max: 100_000,
             backoff_limit_count: Some(3),
             requeue_by_eviction_time: true,
-            block_admission: false,
+            block_admission: block,
         }),
         ..cfg()
     };
@@ -271,22 +279,33 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     } else {
         PassState::with_cache(&c, cache.clone())
     };
-    let key = |name: &str| ("team".to_string(), name.to_string());
-    let ready_recorded = |name: &str| {
-        cache.pods[0]
-            .get(&key(name))
-            .is_some_and(|p| p["metadata"]["annotations"]["tessera.io/pods-ready-at"].is_string())
-    };
+    let big = ("team".to_string(), "big".to_string());
     pass_with(&client, &c, &mut state, NOW).await.unwrap();
     wait_until("big admitted in the cache", || {
         cache.pods[0]
-            .get(&key("big"))
+            .get(&big)
             .is_some_and(|p| p["spec"]["schedulingGates"].is_null())
     })
     .await;
     pass_with(&client, &c, &mut state, NOW + 1).await.unwrap();
-    wait_until("big's readiness in the cache", || ready_recorded("big")).await;
+    wait_until("big's readiness in the cache", || {
+        cache.pods[0]
+            .get(&big)
+            .is_some_and(|p| p["metadata"]["annotations"]["tessera.io/pods-ready-at"].is_string())
+    })
+    .await;
     pass_with(&client, &c, &mut state, NOW + 2).await.unwrap();
+    (s, client, c, cache, state, shutdown)
+}
+
+/// The passes of a `waitForPodsReady` timeout beside N waiting pods: `timeout` (pod
+/// `slow`, admitted in `free` and never Ready, is evicted 61 s later: its requeue state
+/// goes to the ConfigMap first) and `backoff end` (deleted and created again under its
+/// name, it waited out its 10 s backoff and is admitted again). Returns their times and
+/// the passes decided from scratch (cached modes only).
+async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, u64) {
+    let (s, client, c, cache, mut state, shutdown) = pods_ready_cluster(pending, mode, false).await;
+    let key = |name: &str| ("team".to_string(), name.to_string());
     // `slow` is admitted and never becomes Ready.
     s.put_object(
         PODS,
@@ -363,48 +382,13 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
 /// Ready, when a pod arrives in `free` (it waits: every queue is held). Returns its time
 /// and the passes decided from scratch.
 async fn measure_held(pending: usize, mode: Mode) -> (Duration, u64) {
-    let s = cluster(pending).await;
-    let mut big = gated_pod("big", "lq-full", 4, "2026-11-18T11:00:00Z");
-    big["status"] =
-        json!({"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]});
-    s.put_object(PODS, big);
-    let client = s.client();
-    let c = Config {
-        pods_ready: Some(WaitForPodsReady {
-            timeout: 600_000,
-            backoff_base: 10_000,
-            backoff_max: 100_000,
-            backoff_limit_count: Some(3),
-            requeue_by_eviction_time: true,
-            block_admission: true,
-        }),
-        ..cfg()
-    };
-    let shutdown = CancellationToken::new();
-    let cache = Arc::new(Cache::new());
-    cache.spawn_feeders(&client, Arc::new(Notify::new()), &shutdown);
-    wait_until("the caches' first LISTs", || cache.synced()).await;
-    let mut state = if mode == Mode::Rebuild {
-        PassState::with_cache_rebuilding(&c, cache.clone())
-    } else {
-        PassState::with_cache(&c, cache.clone())
-    };
+    let (s, client, c, cache, mut state, shutdown) = pods_ready_cluster(pending, mode, true).await;
     let key = |name: &str| ("team".to_string(), name.to_string());
     let admitted = |name: &str| {
         cache.pods[0]
             .get(&key(name))
             .is_some_and(|p| p["spec"]["schedulingGates"].is_null())
     };
-    pass_with(&client, &c, &mut state, NOW).await.unwrap();
-    wait_until("big admitted in the cache", || admitted("big")).await;
-    pass_with(&client, &c, &mut state, NOW + 1).await.unwrap();
-    wait_until("big's readiness in the cache", || {
-        cache.pods[0]
-            .get(&key("big"))
-            .is_some_and(|p| p["metadata"]["annotations"]["tessera.io/pods-ready-at"].is_string())
-    })
-    .await;
-    pass_with(&client, &c, &mut state, NOW + 2).await.unwrap();
     s.put_object(
         PODS,
         gated_pod("slow", "lq-free", 1, "2026-11-18T12:30:00Z"),
