@@ -1601,7 +1601,13 @@ fn fast_pass(
             c.1 += 1;
         }
     }
-    plan.next_timer = kept.engine.next_timer();
+    // A fresh pass held from its start evaluates nothing: of the kept engine's timers
+    // only the pods-ready timeouts are its (wake-ups set by earlier evaluations stay
+    // kept for the pass that ends the hold).
+    plan.next_timer = match held_pass {
+        true => kept.engine.next_ready_timeout(),
+        false => kept.engine.next_timer(),
+    };
     kept.seen = seen;
     kept.now = now;
     Ok((plan, kept))

@@ -605,6 +605,19 @@ impl Engine {
         Some(out)
     }
 
+    /// The earliest live pods-ready timeout: the only timers a schedule leaves while
+    /// `blockAdmission` holds every queue from its start (nothing is evaluated, so no
+    /// wake-up is set). Costs the timers pending.
+    pub fn next_ready_timeout(&self) -> Option<Time> {
+        self.timers
+            .iter()
+            .filter(|Reverse((_, _, t))| {
+                matches!(t, Timer::ReadyTimeout(..)) && self.timer_live(*t)
+            })
+            .map(|Reverse((at, _, _))| *at)
+            .min()
+    }
+
     /// Whether every live timer due at `now` is a pods-ready timeout (a controller that
     /// times workloads out itself evicts them in the same pass). Costs the timers pending.
     pub fn only_ready_timeouts_due(&self, now: Time) -> bool {
