@@ -487,33 +487,30 @@ fn keep(
         let sk = sort_key(l);
         kept.unfit.entry(scope).or_default().insert(sk, problem);
     }
-    // Timed out in this pass: terminating as read, evicted again until their objects
-    // change.
-    for a in &plan.actions {
-        if let Action::Evict {
-            workload,
-            requeue: Some(_),
-            ..
-        } = a
-        {
-            let l = kept.lives.get(workload)?;
-            kept.timed_out.insert(sort_key(l));
-        }
-    }
     kept.stale = kept
         .admitted_waiting
         .iter()
         .filter_map(|k| kept.engine.cluster_queue_of(k).map(String::from))
         .collect();
-    // Admission held (`blockAdmission`): who was told `WaitingForPodsReady`.
     for a in &plan.actions {
-        if let Action::Pending {
-            workload, reason, ..
-        } = a
-        {
-            if reason == "WaitingForPodsReady" {
+        match a {
+            // Timed out in this pass: terminating as read, evicted again until their
+            // objects change.
+            Action::Evict {
+                workload,
+                requeue: Some(_),
+                ..
+            } => {
+                let l = kept.lives.get(workload)?;
+                kept.timed_out.insert(sort_key(l));
+            }
+            // Admission held (`blockAdmission`): who was told `WaitingForPodsReady`.
+            Action::Pending {
+                workload, reason, ..
+            } if reason == "WaitingForPodsReady" => {
                 kept.held_heads.insert(workload.clone());
             }
+            _ => {}
         }
     }
     kept.verify = kept.stale.iter().any(|cq| !kept.simple_cqs.contains(cq));

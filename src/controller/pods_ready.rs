@@ -153,19 +153,20 @@ pub(super) fn timeouts(cfg: &WaitForPodsReady, s: &Snapshot, lives: &mut [Live],
             actions.push(timeout_eviction(l, now, &mut set));
         }
     }
-    let live: BTreeMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
-    let finished: BTreeSet<String> = if book.entries.is_empty() {
-        BTreeSet::new()
+    // Entries to forget (none to look for without entries: the usual pass).
+    let forget = if book.entries.is_empty() {
+        BTreeMap::new()
     } else {
-        s.pods.iter().filter_map(done_pod_workload_key).collect()
+        let live: BTreeMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
+        let finished: BTreeSet<String> = s.pods.iter().filter_map(done_pod_workload_key).collect();
+        forgotten(
+            cfg,
+            now,
+            &book,
+            |k| live.get(k).copied(),
+            |k| finished.contains(k),
+        )
     };
-    let forget = forgotten(
-        cfg,
-        now,
-        &book,
-        |k| live.get(k).copied(),
-        |k| finished.contains(k),
-    );
     plan.actions.extend(state_actions(set, forget));
     plan.actions.extend(actions);
 }

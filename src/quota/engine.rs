@@ -595,35 +595,37 @@ impl Engine {
     /// no ClusterQueue. Costs the timers pending.
     pub fn due_timer_queues(&self, now: Time) -> Option<BTreeSet<String>> {
         let mut out = BTreeSet::new();
-        for Reverse((at, _, timer)) in self.timers.iter() {
-            if *at > now || !self.timer_live(*timer) {
-                continue;
-            }
+        for (_, timer) in self.live_timers().filter(|(at, _)| *at <= now) {
             let cq = self.wls[timer.parts().0].cq?;
             out.insert(self.cqs[cq].spec.name.clone());
         }
         Some(out)
     }
 
+    /// The timers pending that still count (their workload's generation unchanged), in
+    /// no order, with their times.
+    fn live_timers(&self) -> impl Iterator<Item = (Time, Timer)> + '_ {
+        self.timers
+            .iter()
+            .map(|Reverse((at, _, timer))| (*at, *timer))
+            .filter(|(_, timer)| self.timer_live(*timer))
+    }
+
     /// The earliest live pods-ready timeout: the only timers a schedule leaves while
     /// `blockAdmission` holds every queue from its start (nothing is evaluated, so no
     /// wake-up is set). Costs the timers pending.
     pub fn next_ready_timeout(&self) -> Option<Time> {
-        self.timers
-            .iter()
-            .filter(|Reverse((_, _, t))| {
-                matches!(t, Timer::ReadyTimeout(..)) && self.timer_live(*t)
-            })
-            .map(|Reverse((at, _, _))| *at)
+        self.live_timers()
+            .filter(|(_, t)| matches!(t, Timer::ReadyTimeout(..)))
+            .map(|(at, _)| at)
             .min()
     }
 
     /// Whether every live timer due at `now` is a pods-ready timeout (a controller that
     /// times workloads out itself evicts them in the same pass). Costs the timers pending.
     pub fn only_ready_timeouts_due(&self, now: Time) -> bool {
-        self.timers.iter().all(|Reverse((at, _, timer))| {
-            *at > now || !self.timer_live(*timer) || matches!(timer, Timer::ReadyTimeout(..))
-        })
+        self.live_timers()
+            .all(|(at, t)| at > now || matches!(t, Timer::ReadyTimeout(..)))
     }
 
     /// Fires every timer due at or before `t`, scheduling after each instant.
@@ -899,10 +901,7 @@ impl Engine {
         if !w.reason.has_position() || w.state != WlState::Pending {
             return None;
         }
-        let cq = &self.cqs[w.cq?];
-        let key = w.order_key(id);
-        let ahead = cq.pending.range(..&key).count() + cq.parked.range(..&key).count();
-        Some(ahead + 1)
+        Some(self.position_in(w.cq?, id))
     }
 
     /// Takes the events recorded so far.

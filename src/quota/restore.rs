@@ -22,13 +22,6 @@ pub enum Restored {
     Pending,
 }
 
-impl Restored {
-    /// Whether the workload holds quota.
-    pub fn admitted(self) -> bool {
-        self != Restored::Pending
-    }
-}
-
 impl Engine {
     /// Records `info` as admitted since `admitted_at`, without a scheduling decision.
     ///
@@ -102,14 +95,10 @@ mod tests {
     fn restored_workloads_hold_quota_and_are_not_readmitted() {
         let mut e = engine(4);
         // Low priority first: restoring never preempts, whatever the order.
-        assert!(e
-            .restore_admitted(100, wl("low", 2, 0), 10)
-            .unwrap()
-            .admitted());
-        assert!(e
-            .restore_admitted(100, wl("high", 2, 9), 20)
-            .unwrap()
-            .admitted());
+        for (name, prio, at) in [("low", 0, 10), ("high", 9, 20)] {
+            let restored = e.restore_admitted(100, wl(name, 2, prio), at).unwrap();
+            assert_ne!(restored, Restored::Pending, "{name} holds quota");
+        }
         e.submit(100, wl("new", 1, 100)).unwrap();
         e.schedule(100).unwrap();
         assert!(e.is_admitted("ns/low") && e.is_admitted("ns/high"));
