@@ -1572,3 +1572,78 @@ fn a_rollout_stays_incremental() {
     assert!(pass(&mut w, &mut inc).actions.is_empty());
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }
+
+/// Reasons a pass rewrites in queue `a` (4 GPUs, four 1-GPU pods running) with 500
+/// pods of `gpus` GPUs waiting, when one running pod finishes; the pass is checked
+/// against a fresh one.
+fn rewrites_when_one_finishes(gpus: u8) -> (Plan, Vec<String>) {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    for _ in 0..4 {
+        w.add_pods(0, 1, false, 0, 0);
+    }
+    for _ in 0..500 {
+        w.add_pods(0, gpus, false, 1, 0);
+    }
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending").len(), 500);
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    let running = w
+        .pods()
+        .into_iter()
+        .find(|p| p["spec"]["schedulingGates"].is_null());
+    let mut done = running.expect("a running pod");
+    done["status"]["phase"] = json!("Succeeded");
+    w.put_pod(done);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    let messages = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Pending { message, .. } => Some(message.clone()),
+            _ => None,
+        })
+        .collect();
+    (plan, messages)
+}
+
+/// An admission from the head of a long queue rewrites the reasons of the first 10
+/// (exact places) and of the one pod entering each lower place range, not all 499 (each
+/// rewrite is a status write and an Event).
+#[test]
+fn an_admission_from_a_long_queue_rewrites_few_reasons() {
+    let (plan, messages) = rewrites_when_one_finishes(1);
+    assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
+    let places: Vec<&str> = messages
+        .iter()
+        .map(|m| m.rsplit_once("(position ").map_or("", |(_, p)| p))
+        .collect();
+    let mut want: Vec<String> = (1..=10)
+        .map(|p| format!("{p} in its ClusterQueue)"))
+        .collect();
+    want.extend(
+        ["11-20", "21-50", "51-100", "101-200"].map(|r| format!("{r} in its ClusterQueue)")),
+    );
+    assert_eq!(places, want, "{messages:#?}");
+    assert!(messages[0].ends_with("1 requested, 0 available (position 1 in its ClusterQueue)"));
+    assert!(messages[10].ends_with("flavor h100: 1 requested (position 11-20 in its ClusterQueue)"));
+}
+
+/// Quota freed that admits no one (the head needs 2 GPUs, 1 is free) changes the free
+/// quota in the first 10 messages only; further back the messages name no free quota.
+#[test]
+fn freed_quota_rewrites_only_the_exact_places() {
+    let (plan, messages) = rewrites_when_one_finishes(2);
+    assert!(named(&plan, "admit").is_empty(), "{plan:?}");
+    assert_eq!(messages.len(), 10, "{messages:#?}");
+    assert!(
+        messages
+            .iter()
+            .all(|m| m.contains("2 requested, 1 available")),
+        "{messages:#?}"
+    );
+}

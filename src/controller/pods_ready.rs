@@ -278,10 +278,13 @@ pub fn hold(cfg: &WaitForPodsReady, r: Requeue, now: Millis) -> Option<Hold> {
     (until > now).then_some(Hold::Backoff(until))
 }
 
-/// The engine's settings for a pass: `waitForPodsReady` only with `blockAdmission`.
+/// The engine's settings for a pass: `waitForPodsReady` only with `blockAdmission`, and
+/// queue places ranged beyond the first few (`Positions::Ranged`).
 pub fn engine_config(cfg: Option<&WaitForPodsReady>) -> EngineConfig {
     EngineConfig {
         wait_for_pods_ready: cfg.filter(|c| c.block_admission).cloned(),
+        // Every change of a message is a write to the API server.
+        positions: crate::quota::events::Positions::Ranged,
         ..EngineConfig::default()
     }
 }

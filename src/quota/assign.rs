@@ -27,7 +27,23 @@ pub(crate) enum Mode {
 pub(crate) enum Failure {
     NoFlavor(String),
     ExceedsMax(String),
-    Insufficient(String),
+    /// `message` names the quota free now; `brief` only what was requested (it changes
+    /// only when the workload's own request or the flavors tried change).
+    Insufficient {
+        message: String,
+        brief: String,
+    },
+}
+
+/// What [`Engine::describe_shorts`] says of each shortfall.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Detail {
+    /// The most the queue could ever get.
+    Max,
+    /// The quota free now.
+    Free,
+    /// Only the request.
+    Requested,
 }
 
 /// The outcome of assigning flavors to every pod set of a workload.
@@ -255,25 +271,17 @@ impl Engine {
                             "pod set {} requests more than ClusterQueue {} can ever provide: {}",
                             ps.name,
                             spec.name,
-                            self.describe_shorts(cq, &options, true)
+                            self.describe_shorts(cq, &options, Detail::Max)
                         ))
                     } else {
-                        Failure::Insufficient(format!(
-                            "insufficient unused quota for pod set {}: {}",
-                            ps.name,
-                            self.describe_shorts(cq, &options, false)
-                        ))
+                        self.insufficient(cq, &ps.name, &options)
                     });
                     break 'podsets;
                 };
                 let o = &options[ci];
                 mode = mode.max(o.mode);
                 if o.mode == Mode::Preempt && failure.is_none() {
-                    failure = Some(Failure::Insufficient(format!(
-                        "insufficient unused quota for pod set {}: {}",
-                        ps.name,
-                        self.describe_shorts(cq, std::slice::from_ref(o), false)
-                    )));
+                    failure = Some(self.insufficient(cq, &ps.name, std::slice::from_ref(o)));
                 }
                 let slot = &group.flavors[o.slot];
                 let entry = flavors.entry(ps.name.clone()).or_default();
@@ -303,25 +311,38 @@ impl Engine {
         }
     }
 
-    fn describe_shorts(&self, cq: CqId, options: &[Option_], max: bool) -> String {
+    fn insufficient(&self, cq: CqId, pod_set: &str, options: &[Option_]) -> Failure {
+        let say = |detail| {
+            format!(
+                "insufficient unused quota for pod set {pod_set}: {}",
+                self.describe_shorts(cq, options, detail)
+            )
+        };
+        Failure::Insufficient {
+            message: say(Detail::Free),
+            brief: say(Detail::Requested),
+        }
+    }
+
+    fn describe_shorts(&self, cq: CqId, options: &[Option_], detail: Detail) -> String {
         let mut parts = Vec::new();
         for o in options {
             for &(fr, val, avail) in &o.shorts {
                 let (f, r) = &self.fr_names[fr];
                 let q = |v: i64| super::quantity::Quantity(v).to_string();
-                if max {
-                    parts.push(format!(
+                parts.push(match detail {
+                    Detail::Max => format!(
                         "{r} in flavor {f}: {} requested, at most {}",
                         q(val),
                         q(self.max_capacity(cq, fr))
-                    ));
-                } else {
-                    parts.push(format!(
+                    ),
+                    Detail::Free => format!(
                         "{r} in flavor {f}: {} requested, {} available",
                         q(val),
                         q(avail.max(0))
-                    ));
-                }
+                    ),
+                    Detail::Requested => format!("{r} in flavor {f}: {} requested", q(val)),
+                });
             }
         }
         parts.join("; ")

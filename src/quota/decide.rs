@@ -180,8 +180,13 @@ impl Engine {
             },
             (None, Some(Failure::NoFlavor(m))) => PendingReason::NoMatchingFlavor(m),
             (None, Some(Failure::ExceedsMax(m))) => PendingReason::ExceedsMaxQuota(m),
-            (None, Some(Failure::Insufficient(m))) => PendingReason::WaitingForQuota(m),
-            (None, None) => PendingReason::WaitingForQuota("waiting for quota".into()),
+            (None, Some(Failure::Insufficient { message, brief })) => {
+                PendingReason::WaitingForQuota { message, brief }
+            }
+            (None, None) => PendingReason::WaitingForQuota {
+                message: "waiting for quota".into(),
+                brief: "waiting for quota".into(),
+            },
         };
         Decision::Fail {
             reason,
@@ -367,7 +372,11 @@ impl Engine {
 
 fn failure_text(f: Option<&Failure>) -> String {
     match f {
-        Some(Failure::NoFlavor(m) | Failure::ExceedsMax(m) | Failure::Insufficient(m)) => m.clone(),
+        Some(
+            Failure::NoFlavor(m)
+            | Failure::ExceedsMax(m)
+            | Failure::Insufficient { message: m, .. },
+        ) => m.clone(),
         None => "waiting for quota".into(),
     }
 }

@@ -19,7 +19,7 @@ use super::api::{
     WorkloadPriorityClass,
 };
 use super::error::{Error, Result};
-use super::events::{Event, EventType, FlavorMap, PendingReason};
+use super::events::{Event, EventType, FlavorMap, PendingReason, Positions};
 use super::model::{CqId, CqSpec, FrId, WlId, WorkloadInfo};
 use super::quantity::Time;
 use std::cmp::Reverse;
@@ -83,6 +83,9 @@ pub struct EngineConfig {
     pub requeue: Requeue,
     /// Guard against a scheduling bug: most cycles per `schedule` call.
     pub max_cycles: u64,
+    /// How queue places are written into pending messages (exact for `tessera plan`,
+    /// ranged for the controller, which writes every change).
+    pub positions: Positions,
 }
 
 impl Default for EngineConfig {
@@ -92,6 +95,7 @@ impl Default for EngineConfig {
             record_events: true,
             requeue: Requeue::Indexed,
             max_cycles: 100_000,
+            positions: Positions::Exact,
         }
     }
 }
@@ -859,7 +863,7 @@ impl Engine {
             };
             let w = &self.wls[id];
             let code = w.reason.code();
-            let message = w.reason.message(position);
+            let message = w.reason.message_as(position, self.cfg.positions);
             if w.reported.as_ref() == Some(&(code, message.clone())) {
                 continue;
             }
@@ -1051,7 +1055,10 @@ impl Engine {
             PendingReason::Queued
         };
         let position = reason.has_position().then(|| self.position_in(cq, id));
-        Some((reason.code().to_string(), reason.message(position)))
+        Some((
+            reason.code().to_string(),
+            reason.message_as(position, self.cfg.positions),
+        ))
     }
 
     /// The first waiting workload (queued or parked) of every ClusterQueue that can

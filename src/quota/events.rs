@@ -18,8 +18,12 @@ pub enum PendingReason {
     NoMatchingFlavor(String),
     /// The request exceeds the most the queue could ever get (nominal + borrowing).
     ExceedsMaxQuota(String),
-    /// Fits the queue's limits but not the quota free now.
-    WaitingForQuota(String),
+    /// Fits the queue's limits but not the quota free now: `message` says how much is
+    /// free, `brief` only what is requested (see [`Positions::Ranged`]).
+    WaitingForQuota {
+        message: String,
+        brief: String,
+    },
     /// Preemptions were issued for this workload; victims are still terminating.
     WaitingForPreemptedWorkloads(String),
     /// Only victims younger than their queue's minimum runtime could make room.
@@ -51,7 +55,7 @@ impl PendingReason {
             PendingReason::Queued => "Queued",
             PendingReason::NoMatchingFlavor(_) => "NoMatchingFlavor",
             PendingReason::ExceedsMaxQuota(_) => "ExceedsMaxQuota",
-            PendingReason::WaitingForQuota(_) => "WaitingForQuota",
+            PendingReason::WaitingForQuota { .. } => "WaitingForQuota",
             PendingReason::WaitingForPreemptedWorkloads(_) => "WaitingForPreemptedWorkloads",
             PendingReason::MinimumRuntime { .. } => "MinimumRuntime",
             PendingReason::ClusterQueueStopped => "ClusterQueueStopped",
@@ -74,7 +78,7 @@ impl PendingReason {
             PendingReason::NoMatchingFlavor(m)
             | PendingReason::ExceedsMaxQuota(m)
             | PendingReason::WaitingForPreemptedWorkloads(m) => m.clone(),
-            PendingReason::WaitingForQuota(m) => format!("{m}{pos}"),
+            PendingReason::WaitingForQuota { message, .. } => format!("{message}{pos}"),
             PendingReason::MinimumRuntime { until, message } => format!(
                 "{message}; earliest at {}",
                 super::quantity::format_duration(*until)
@@ -105,8 +109,66 @@ impl PendingReason {
     pub fn has_position(&self) -> bool {
         matches!(
             self,
-            PendingReason::Queued | PendingReason::WaitingForQuota(_)
+            PendingReason::Queued | PendingReason::WaitingForQuota { .. }
         )
+    }
+
+    /// The sentence with positions written as `positions` says: [`Self::message`] for
+    /// [`Positions::Exact`] and for the first [`EXACT_PLACES`] of a queue; further back
+    /// the place as a range ([`place_range`]) and, waiting for quota, without the quota
+    /// free now.
+    pub fn message_as(&self, position: Option<usize>, positions: Positions) -> String {
+        let Some((lo, hi)) = position
+            .filter(|_| positions == Positions::Ranged)
+            .and_then(place_range)
+        else {
+            return self.message(position);
+        };
+        let pos = format!(" (position {lo}-{hi} in its ClusterQueue)");
+        match self {
+            PendingReason::Queued => format!("queued{pos}"),
+            PendingReason::WaitingForQuota { brief, .. } => format!("{brief}{pos}"),
+            _ => self.message(position),
+        }
+    }
+}
+
+/// How waiting workloads' places in their queue are written into their messages.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Positions {
+    /// Every place exact, with the quota free now (`tessera plan`).
+    #[default]
+    Exact,
+    /// Exact for a queue's first [`EXACT_PLACES`] workloads; further back a range of a
+    /// 1-2-5 series and no free quota. The controller writes every change of a message
+    /// to the API server: with exact places, an admission from the head of a queue of N
+    /// would rewrite N messages (and every change of free quota, all of them); ranged,
+    /// it rewrites at most the first [`EXACT_PLACES`] and one workload per range bound,
+    /// and a workload's message changes a few times while it waits (about three per
+    /// tenfold of its starting place).
+    Ranged,
+}
+
+/// Places written exactly with [`Positions::Ranged`] (Kueue's visibility default lists a
+/// ClusterQueue's first 10 pending workloads).
+pub const EXACT_PLACES: usize = 10;
+
+/// The range of the 1-2-5 series (11-20, 21-50, 51-100, 101-200, ...) holding 1-based
+/// place `p`; `None` within the first [`EXACT_PLACES`].
+pub fn place_range(p: usize) -> Option<(usize, usize)> {
+    if p <= EXACT_PLACES {
+        return None;
+    }
+    let mut decade = EXACT_PLACES;
+    loop {
+        let bounds = [decade, decade.checked_mul(2)?, decade.checked_mul(5)?];
+        let next = decade.checked_mul(10)?;
+        for (lo, hi) in bounds.into_iter().zip([bounds[1], bounds[2], next]) {
+            if p <= hi {
+                return Some((lo + 1, hi));
+            }
+        }
+        decade = next;
     }
 }
 
@@ -233,4 +295,68 @@ pub struct FinalState {
     pub pending: Vec<PendingEntry>,
     pub finished: Vec<String>,
     pub cluster_queues: Vec<QueueUsage>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn places_beyond_the_first_ten_are_ranges_of_a_1_2_5_series() {
+        let table = [
+            (1, None),
+            (10, None),
+            (11, Some((11, 20))),
+            (20, Some((11, 20))),
+            (21, Some((21, 50))),
+            (50, Some((21, 50))),
+            (51, Some((51, 100))),
+            (101, Some((101, 200))),
+            (1_000, Some((501, 1_000))),
+            (1_001, Some((1_001, 2_000))),
+            (49_999, Some((20_001, 50_000))),
+        ];
+        for (p, want) in table {
+            assert_eq!(place_range(p), want, "place {p}");
+        }
+        // Contiguous, each holding its place; past the series' end the place is exact.
+        let mut last = (0, EXACT_PLACES);
+        for p in EXACT_PLACES + 1..200_000 {
+            let (lo, hi) = place_range(p).expect("a range");
+            assert!(lo <= p && p <= hi, "{p} in {lo}-{hi}");
+            if (lo, hi) != last {
+                assert_eq!(lo, last.1 + 1, "{lo}-{hi} follows {last:?}");
+                last = (lo, hi);
+            }
+        }
+        assert_eq!(place_range(usize::MAX), None);
+    }
+
+    #[test]
+    fn ranged_messages_drop_the_free_quota_only_past_the_exact_places() {
+        let r = PendingReason::WaitingForQuota {
+            message: "gpu: 2 requested, 1 available".into(),
+            brief: "gpu: 2 requested".into(),
+        };
+        let exact = "gpu: 2 requested, 1 available (position 10 in its ClusterQueue)";
+        assert_eq!(r.message_as(Some(10), Positions::Ranged), exact);
+        assert_eq!(r.message_as(Some(10), Positions::Exact), exact);
+        assert_eq!(
+            r.message_as(Some(11), Positions::Ranged),
+            "gpu: 2 requested (position 11-20 in its ClusterQueue)"
+        );
+        assert_eq!(
+            r.message_as(Some(4_321), Positions::Exact),
+            "gpu: 2 requested, 1 available (position 4321 in its ClusterQueue)"
+        );
+        assert_eq!(
+            PendingReason::Queued.message_as(Some(60), Positions::Ranged),
+            "queued (position 51-100 in its ClusterQueue)"
+        );
+        let stopped = PendingReason::ClusterQueueStopped;
+        assert_eq!(
+            stopped.message_as(Some(60), Positions::Ranged),
+            stopped.message(None)
+        );
+    }
 }

@@ -52,7 +52,10 @@ impl Engine {
                             "evicted; waiting for its pods to terminate".to_string(),
                         )
                     } else {
-                        (w.reason.code().to_string(), w.reason.message(position))
+                        (
+                            w.reason.code().to_string(),
+                            w.reason.message_as(position, self.cfg.positions),
+                        )
                     };
                     out.pending.push(PendingEntry {
                         workload: w.key.to_string(),
@@ -108,7 +111,7 @@ impl Engine {
             )),
             WlState::Pending | WlState::Backoff | WlState::Deactivated => Some((
                 w.reason.code().to_string(),
-                w.reason.message(self.position(id)),
+                w.reason.message_as(self.position(id), self.cfg.positions),
             )),
             WlState::Admitted | WlState::Finished => None,
         }
@@ -134,7 +137,7 @@ impl Engine {
                 (
                     w.key.to_string(),
                     w.reason.code().to_string(),
-                    w.reason.message(position),
+                    w.reason.message_as(position, self.cfg.positions),
                 )
             })
             .collect()

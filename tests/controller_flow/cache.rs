@@ -158,3 +158,71 @@ async fn a_compacted_watch_lists_again_and_misses_nothing() {
     assert!(!gated(&pod(&s, "p-2")));
     stop.cancel();
 }
+
+/// The pods whose status the requests since `from` wrote, in order.
+fn status_writes(s: &ApiServer, from: usize) -> Vec<String> {
+    s.requests()[from..]
+        .iter()
+        .filter_map(|r| r.strip_prefix("PUT /api/v1/namespaces/team/pods/"))
+        .filter_map(|p| p.strip_suffix("/status?"))
+        .map(String::from)
+        .collect()
+}
+
+/// With 60 pods waiting in one queue, admitting its head writes the reasons (pod status
+/// and Event) of the first 10 and of the two pods entering a lower place range, not of
+/// all 59; past the first 10 a pod's message gives its place as a range and no free
+/// quota, so it changes a few times while the pod waits, not at every admission.
+#[tokio::test]
+async fn an_admission_from_a_long_queue_writes_few_reasons() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    for name in ["run-1", "run-2"] {
+        create_pod(&s, name, 2, "low", json!({}), None);
+    }
+    for i in 0..60 {
+        create_pod(&s, &format!("w-{i:02}"), 2, "low", json!({}), None);
+    }
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 2, "{:?}", plan.actions);
+    let message = |name: &str| condition(&pod(&s, name)).1;
+    assert_eq!(
+        message("w-00"),
+        "insufficient unused quota for pod set main: nvidia.com/gpu in flavor h100: 2 requested, 0 available (position 1 in its ClusterQueue)"
+    );
+    assert_eq!(
+        message("w-10"),
+        "insufficient unused quota for pod set main: nvidia.com/gpu in flavor h100: 2 requested (position 11-20 in its ClusterQueue)"
+    );
+    assert!(message("w-59").ends_with("(position 51-100 in its ClusterQueue)"));
+
+    let from = s.requests().len();
+    assert!(s.delete_object(PODS, "run-1"));
+    let key = ("team".to_string(), "run-1".to_string());
+    wait_for("the deletion in the cache", || {
+        cache.pods.iter().all(|p| p.get(&key).is_none())
+    })
+    .await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    assert!(!gated(&pod(&s, "w-00")));
+    let mut want: Vec<String> = (1..=10).map(|i| format!("w-{i:02}")).collect();
+    want.extend(["w-20", "w-50"].map(String::from));
+    assert_eq!(status_writes(&s, from), want);
+    // One Event per rewritten reason, and one for the admission.
+    let events = s.requests()[from..]
+        .iter()
+        .filter(|r| r.starts_with("POST /apis/events.k8s.io/v1/namespaces/team/events"))
+        .count();
+    assert_eq!(events, want.len() + 1);
+    assert!(message("w-10").ends_with("0 available (position 10 in its ClusterQueue)"));
+    assert!(message("w-20").ends_with("(position 11-20 in its ClusterQueue)"));
+    assert!(message("w-21").ends_with("(position 21-50 in its ClusterQueue)"));
+    stop.cancel();
+}
