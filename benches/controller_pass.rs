@@ -40,7 +40,10 @@
 //! its 60 s, its requeue state written to the ConfigMap) and `backoff end` (deleted and
 //! created again, it waited out its backoff and is admitted again); with `blockAdmission`,
 //! `held` (a pod arrives while an admitted pod has not become Ready: every queue is
-//! held). `BENCH_MODES=incr` (or
+//! held); and `head`: the 4-GPU pod of the full queue is gone, so the pass admits the
+//! head of the queue of N and every waiting pod moves up (its writes are printed too:
+//! places past the first 10 are ranges, so a few reasons are rewritten, not N).
+//! `BENCH_MODES=incr` (or
 //! `rebuild,incr`, `list`) runs only the modes named.
 //!
 //! `cargo test --all-targets` runs it once with N = 50 and one round, as a smoke test.
@@ -216,6 +219,10 @@ struct Point {
     gone: Option<Duration>,
     /// The pass admitting a Deployment's second replica.
     serving: Option<Duration>,
+    /// The pass admitting the head of the full queue once `big` is gone, and the
+    /// writes (pod status, Event, queue status) it made.
+    head: Option<Duration>,
+    head_writes: usize,
     delivery: Vec<Duration>,
     lists: u64,
     /// Passes the incremental decider made from scratch / from the changes.
@@ -593,6 +600,23 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             }
             assert!(!gated(&s, &pod), "{pod} admitted");
         }
+        // `big` finishes: the head of the long queue is admitted (`wait-00000`, resized
+        // to 2 GPUs, and the next two) and every waiting pod moves up three places.
+        let big = ("team".to_string(), "big".to_string());
+        s.delete_object(PODS, "big");
+        wait_until("big gone from the cache", || {
+            cache.pods[0].get(&big).is_none()
+        })
+        .await;
+        let writes = s.writes();
+        let t = Instant::now();
+        pass_with(&client, &c, &mut state, now + 10).await.unwrap();
+        point.head = Some(t.elapsed());
+        point.head_writes = s.writes() - writes;
+        assert!(
+            !gated(&s, "wait-00000") || pending < 3,
+            "the head of the full queue admitted"
+        );
     }
     point.lists /= rounds as u64;
     if let Some(st) = state.incremental_stats() {
@@ -659,6 +683,7 @@ async fn main() {
         "µs/pend."
     );
     let mut cases = Vec::new();
+    let mut head_writes = Vec::new();
     for n in sizes {
         let list = if n <= list_max && runs("list") {
             Some(measure(n, Mode::List, rounds).await)
@@ -774,9 +799,15 @@ async fn main() {
             ("timeout", pr_rebuild.map(|m| m.0), pr_incr.map(|m| m.0)),
             ("backoff end", pr_rebuild.map(|m| m.1), pr_incr.map(|m| m.1)),
             ("held", held_rebuild, held_incr),
+            ("head", rebuild.as_ref().and_then(|r| r.head), incr.head),
         ] {
             cases.push((n, case, r, i));
         }
+        head_writes.push((
+            n,
+            rebuild.as_ref().map(|r| r.head_writes),
+            runs("incr").then_some(incr.head_writes),
+        ));
     }
     println!();
     println!("passes that decided from scratch before (one pass each)");
@@ -797,5 +828,11 @@ async fn main() {
             i.map_or("-".into(), ms),
             ratio
         );
+    }
+    println!();
+    println!("writes of the `head` pass (pod status, Events, admissions, queue status)");
+    for (n, r, i) in head_writes {
+        let show = |w: Option<usize>| w.map_or("-".into(), |w| w.to_string());
+        println!("{n:>6} | rebuild {:>6} | incr {:>6}", show(r), show(i));
     }
 }
