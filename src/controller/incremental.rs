@@ -13,9 +13,10 @@
 //! there: queue objects, namespaces or configuration changed; a store re-LISTed; with
 //! `blockAdmission` a pass admitting (the admission holds every queue in the middle of
 //! its schedule, so what a fresh pass evaluated before it depends on the order) or a
-//! running workload's pods no longer Ready before being recorded; a ReplicaSet added,
-//! removed or re-owned while pods it owns are kept (their workload keys follow their
-//! owner); a running workload that could not be restored (an error). With
+//! running workload's pods no longer Ready before being recorded; a running workload
+//! that could not be restored (an error). The pods of a ReplicaSet added, removed or
+//! re-owned while they exist are read again (their workload keys follow their owner;
+//! a running one moved to a new key re-decides its scope). With
 //! `blockAdmission` the passes while an admitted workload's pods start are followed: the
 //! engine is told when they are Ready (`Engine::mark_pods_ready`), a held pass gives each
 //! queue's first waiting workload `WaitingForPodsReady` and the others their recorded
@@ -1089,10 +1090,10 @@ fn fast_pass(
     let job_keys = changed(&stores[jobs_at..rest_at], &kept.seen[jobs_at..rest_at])
         .ok_or("Jobs listed again")?;
     // Serving owners as a fresh pass reads them now. Which owner a replica pod has (its
-    // workload's key) follows its ReplicaSet's Deployment: a pod that did not change
-    // whose ReplicaSet was added, removed or re-owned decides from scratch.
+    // workload's key) follows its ReplicaSet's Deployment: the pods of a ReplicaSet
+    // added, removed or re-owned are read again.
     let rs_owned_before = !kept.rs_pods.is_empty();
-    let pods_now: Vec<(Key, Option<Value>)> = pod_keys
+    let mut pods_now: Vec<(Key, Option<Value>)> = pod_keys
         .into_iter()
         .map(|k| {
             let pod = first_of(&cache.pods, &k).map(|(_, v)| v);
@@ -1118,13 +1119,21 @@ fn fast_pass(
             .chain(after.keys())
             .filter(|rs| before.get(*rs) != after.get(*rs))
             .collect();
-        if !moved.is_empty() {
-            let changed_pods: BTreeSet<&Key> = pods_now.iter().map(|(k, _)| k).collect();
-            if kept.rs_pods.iter().any(|(pod, rs)| {
+        // The pods of a ReplicaSet added, removed or re-owned are read again as if they
+        // had changed: their workloads move to the keys a fresh pass gives them (a
+        // running one is then restored with its scope, `REDECIDE_SCOPE`).
+        let changed_pods: BTreeSet<&Key> = pods_now.iter().map(|(k, _)| k).collect();
+        let rekeyed: Vec<Key> = kept
+            .rs_pods
+            .iter()
+            .filter(|(pod, rs)| {
                 rs.as_ref().is_some_and(|rs| moved.contains(rs)) && !changed_pods.contains(pod)
-            }) {
-                return Err("a ReplicaSet of running or waiting pods added, removed or re-owned");
-            }
+            })
+            .map(|(pod, _)| pod.clone())
+            .collect();
+        for k in rekeyed {
+            let pod = first_of(&cache.pods, &k).map(|(_, v)| v);
+            pods_now.push((k, pod));
         }
         kept.serving_objs = now_objs;
     }

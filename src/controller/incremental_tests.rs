@@ -356,6 +356,17 @@ impl World {
         }
     }
 
+    /// Deletes serving owner `owner` of [`World::scale`] and leaves its pods.
+    fn orphan(&mut self, owner: u8) {
+        let key = |name: &str| ("team".to_string(), name.to_string());
+        if owner.is_multiple_of(2) {
+            self.cache.deployments.remove(&key("web"));
+            self.cache.replica_sets.remove(&key("web-1"));
+        } else {
+            self.cache.stateful_sets.remove(&key("db"));
+        }
+    }
+
     /// Evicted pods are gone, suspended Jobs have no active pods any more.
     fn terminate(&mut self) {
         for p in self.pods() {
@@ -575,6 +586,10 @@ enum Op {
         owner: u8,
         up: bool,
     },
+    /// A serving owner deleted while its pods stay (background cascading deletes the
+    /// owner first): Deployment `web` with ReplicaSet `web-1`, or StatefulSet `db`.
+    /// Scaling again creates it again over the pods left.
+    Orphan(u8),
     /// A PodDisruptionBudget starts or stops protecting the `i`-th object (if a pod).
     Protect(usize),
     Advance(u64),
@@ -593,6 +608,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => any::<usize>().prop_map(Op::Finish),
         1 => Just(Op::Terminate),
         3 => (0u8..2, proptest::bool::weighted(0.7)).prop_map(|(owner, up)| Op::Scale { owner, up }),
+        1 => (0u8..2).prop_map(Op::Orphan),
         2 => any::<usize>().prop_map(Op::Protect),
         1 => (1u64..120).prop_map(Op::Advance),
         5 => proptest::option::weighted(0.2, 0usize..4).prop_map(Op::Apply),
@@ -674,6 +690,7 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
         Op::Terminate => w.terminate(),
         Op::Advance(s) => w.now += s * 1000,
         Op::Scale { owner, up } => w.scale(owner, up),
+        Op::Orphan(owner) => w.orphan(owner),
         Op::Protect(i) => {
             if let Some((true, v)) = w.pick(i) {
                 let name = World::key(&v).1;
@@ -1571,6 +1588,57 @@ fn a_rollout_stays_incremental() {
     w.apply(&plan, None);
     assert!(pass(&mut w, &mut inc).actions.is_empty());
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+}
+
+/// A ReplicaSet deleted while its pods still run (a Deployment deleted with background
+/// cascading: the garbage collector removes the ReplicaSet before the pods): the pods'
+/// workloads move to the keys a fresh pass gives ownerless replicas, their scope is
+/// re-decided, and no pass decides from scratch; then the pods go, and their quota
+/// admits the pods waiting in the same queue.
+#[test]
+fn a_replica_set_deleted_before_its_pods_stays_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    for _ in 0..3 {
+        w.scale(0, true);
+    }
+    for _ in 0..3 {
+        w.add_pods(0, 1, false, 5, 0);
+    }
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "admit").len(), 4, "{plan:?}");
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    let rs_of = |p: &Value| {
+        p["metadata"]["ownerReferences"][0]["name"]
+            .as_str()
+            .map(String::from)
+    };
+    let replicas: Vec<Value> = w
+        .pods()
+        .into_iter()
+        .filter(|p| p["metadata"]["ownerReferences"][0]["kind"] == "ReplicaSet")
+        .collect();
+    assert_eq!(replicas.len(), 3);
+    let rs = rs_of(&replicas[0]).expect("a ReplicaSet");
+    w.cache
+        .deployments
+        .remove(&("team".to_string(), "web".to_string()));
+    w.cache.replica_sets.remove(&("team".to_string(), rs));
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    assert!(named(&plan, "admit").is_empty(), "{plan:?}");
+    for p in &replicas {
+        w.cache.pods[0].remove(&World::key(p));
+    }
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "admit").len(), 2, "the freed quota: {plan:?}");
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    assert!(inc.stats.scopes_redecided >= 1, "{:?}", inc.stats);
 }
 
 /// Reasons a pass rewrites in queue `a` (4 GPUs, four 1-GPU pods running) with 500
