@@ -39,6 +39,9 @@ struct World {
     blocked: BTreeMap<super::decide::ObjRef, super::evictions::Blocked>,
 }
 
+/// The ClusterQueues (LocalQueue `lq-<name>` each) a workload's `q` picks from.
+const QUEUES: [&str; 5] = ["a", "b", "c", "d", "e"];
+
 fn queue(name: &str, cohort: Option<&str>, flavors: &[(&str, u64)]) -> Value {
     let flavors: Vec<Value> = flavors
         .iter()
@@ -81,7 +84,12 @@ impl World {
         c["spec"]["preemption"]["minimumRuntime"] = json!("90s");
         w.put(2, c);
         w.put(2, queue("d", None, &[("h100", 1000)]));
-        for q in ["a", "b", "c", "d"] {
+        // StrictFIFO: the head that does not fit blocks the others, left `Queued` with
+        // their place (not evaluated, so a moved line is all that changes them).
+        let mut e = queue("e", None, &[("h100", 2)]);
+        e["spec"]["queueingStrategy"] = json!("StrictFIFO");
+        w.put(2, e);
+        for q in QUEUES {
             w.put(3, json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
                 "metadata": {"name": format!("lq-{q}"), "namespace": "team"}, "spec": {"clusterQueue": q}}));
         }
@@ -125,7 +133,8 @@ impl World {
     }
 
     fn labels(q: u8, high: bool) -> Value {
-        let mut l = json!({"tessera.io/queue-name": format!("lq-{}", ["a", "b", "c", "d"][q as usize % 4])});
+        let mut l =
+            json!({"tessera.io/queue-name": format!("lq-{}", QUEUES[q as usize % QUEUES.len()])});
         if high {
             l["tessera.io/priority-class"] = json!("high");
         }
@@ -598,9 +607,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..4, 1u8..4, any::<bool>(), 0u8..3, 0u8..3, 0u8..3).prop_map(|(q, gpus, high, minute, group, prefix)| Op::Pods { q, gpus, high, minute, group, prefix }),
-        2 => (0u8..4, 1u8..3, any::<bool>(), 0u8..3, 1u8..3, 0u8..3).prop_map(|(q, gpus, high, minute, parallelism, prefix)| Op::Job { q, gpus, high, minute, parallelism, prefix }),
-        2 => (0u8..4, 1u8..3, 0u8..3, 2u8..5).prop_map(|(q, gpus, minute, count)| Op::Burst { q, gpus, minute, count }),
+        4 => (0u8..5, 1u8..4, any::<bool>(), 0u8..3, 0u8..3, 0u8..3).prop_map(|(q, gpus, high, minute, group, prefix)| Op::Pods { q, gpus, high, minute, group, prefix }),
+        2 => (0u8..5, 1u8..3, any::<bool>(), 0u8..3, 1u8..3, 0u8..3).prop_map(|(q, gpus, high, minute, parallelism, prefix)| Op::Job { q, gpus, high, minute, parallelism, prefix }),
+        2 => (0u8..5, 1u8..3, 0u8..3, 2u8..5).prop_map(|(q, gpus, minute, count)| Op::Burst { q, gpus, minute, count }),
         1 => any::<usize>().prop_map(Op::Remove),
         1 => (any::<usize>(), 1u8..4).prop_map(|(i, g)| Op::Resize(i, g)),
         1 => (any::<usize>(), 1u8..4).prop_map(|(i, g)| Op::Recreate(i, g)),

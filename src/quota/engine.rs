@@ -291,6 +291,8 @@ pub struct Engine {
     pub(crate) unready: BTreeSet<WlId>,
     /// `blockAdmission`: queues with work held until `unready` is empty.
     pub(crate) held: BTreeSet<CqId>,
+    /// `blockAdmission`: the held queues' heads told `WaitingForPodsReady`.
+    held_heads: Vec<WlId>,
     /// Admitted workloads told ready by [`Engine::mark_pods_ready`]: their pods-ready
     /// timeout timer no longer counts (until they are admitted again).
     pub(crate) ready_marked: BTreeSet<WlId>,
@@ -331,6 +333,7 @@ impl Engine {
             ready: BTreeSet::new(),
             unready: BTreeSet::new(),
             held: BTreeSet::new(),
+            held_heads: Vec::new(),
             over_quota: BTreeSet::new(),
             ready_marked: BTreeSet::new(),
             timers: BinaryHeap::new(),
@@ -767,10 +770,15 @@ impl Engine {
                     PendingReason::Queued
                 };
                 let q = &mut self.cqs[cq];
-                if q.blocked.as_ref().is_some_and(|b| key < *b) {
-                    q.blocked = None;
-                }
+                // A new head ahead of the one that blocked the queue: that one is no longer
+                // evaluated first, and waits `Queued` again until it is (as a fresh schedule,
+                // blocked at the new head, would leave it).
+                let unblocked = q.blocked.take_if(|b| key < *b);
                 q.pending.insert(key);
+                if let Some(b) = unblocked {
+                    self.queued_again(b.3);
+                }
+                let q = &self.cqs[cq];
                 if !stopped && q.blocked.is_none() {
                     self.ready.insert(cq);
                 }
@@ -861,29 +869,46 @@ impl Engine {
                 Some(_) => None,
                 None => self.position(id),
             };
-            let w = &self.wls[id];
-            let code = w.reason.code();
-            let message = w.reason.message_as(position, self.cfg.positions);
-            if w.reported.as_ref() == Some(&(code, message.clone())) {
-                continue;
-            }
-            let mut ev = Event::new(now, EventType::Pending, w.key.to_string());
-            ev.cluster_queue = w.cq.map(|c| self.cqs[c].spec.name.clone());
-            ev.reason = Some(code.to_string());
-            ev.message = Some(message.clone());
-            ev.position = position;
-            self.events.push(ev);
-            self.wls[id].reported = Some((code, message));
+            self.report_pending(id, position, now);
         }
+    }
+
+    /// Emits a `Pending` event for waiting workload `id` at `position` when its reason or
+    /// message differs from the one last reported.
+    fn report_pending(&mut self, id: WlId, position: Option<usize>, now: Time) {
+        let w = &self.wls[id];
+        let code = w.reason.code();
+        let message = w.reason.message_as(position, self.cfg.positions);
+        if w.reported
+            .as_ref()
+            .is_some_and(|(c, m)| *c == code && *m == message)
+        {
+            return;
+        }
+        let mut ev = Event::new(now, EventType::Pending, w.key.to_string());
+        ev.cluster_queue = w.cq.map(|c| self.cqs[c].spec.name.clone());
+        ev.reason = Some(code.to_string());
+        ev.message = Some(message.clone());
+        ev.position = position;
+        self.events.push(ev);
+        self.wls[id].reported = Some((code, message));
     }
 
     /// The 1-based place of every workload queued or parked in `cq`, in one walk over
     /// both (each in queue order).
     pub(crate) fn queue_ranks(&self, cq: CqId) -> HashMap<WlId, usize> {
+        self.queue_order(cq)
+            .into_iter()
+            .enumerate()
+            .map(|(i, id)| (id, i + 1))
+            .collect()
+    }
+
+    /// The workloads queued or parked in `cq`, in queue order (one merge of both).
+    fn queue_order(&self, cq: CqId) -> Vec<WlId> {
         let q = &self.cqs[cq];
         let (mut a, mut b) = (q.pending.iter().peekable(), q.parked.iter().peekable());
-        let mut out = HashMap::with_capacity(q.pending.len() + q.parked.len());
-        let mut rank = 0;
+        let mut out = Vec::with_capacity(q.pending.len() + q.parked.len());
         loop {
             let next = match (a.peek(), b.peek()) {
                 (Some(x), Some(y)) if x <= y => a.next(),
@@ -892,8 +917,7 @@ impl Engine {
                 (None, _) => b.next(),
             };
             let Some(key) = next else { break };
-            rank += 1;
-            out.insert(key.3, rank);
+            out.push(key.3);
         }
         out
     }
@@ -997,6 +1021,23 @@ impl Engine {
         !self.unready.is_empty()
     }
 
+    /// A head that blocked its queue (StrictFIFO) or was held by `blockAdmission` no
+    /// longer does: until it is evaluated again it waits `Queued`, as a fresh schedule
+    /// leaves a workload behind a head that blocks (a new head ahead of it may block the
+    /// queue before it is evaluated). A preemptor waiting for its victims keeps saying so.
+    pub(crate) fn queued_again(&mut self, id: WlId) {
+        let w = &mut self.wls[id];
+        if w.state == WlState::Pending
+            && !matches!(
+                w.reason,
+                PendingReason::Queued | PendingReason::WaitingForPreemptedWorkloads(_)
+            )
+        {
+            w.reason = PendingReason::Queued;
+            self.dirty.push(id);
+        }
+    }
+
     /// Holds queue `cq` until every admitted workload is ready; its head says why.
     fn hold(&mut self, cq: CqId) {
         let q = &self.cqs[cq];
@@ -1008,6 +1049,7 @@ impl Engine {
         if let Some(id) = head {
             self.wls[id].reason = PendingReason::WaitingForPodsReady;
             self.dirty.push(id);
+            self.held_heads.push(id);
         }
     }
 
@@ -1092,6 +1134,13 @@ impl Engine {
         if self.unready.remove(&id) && self.unready.is_empty() {
             let held = std::mem::take(&mut self.held);
             self.ready.extend(held);
+            // The held heads wait `Queued` until evaluated again (a new head ahead of one
+            // in a StrictFIFO queue may block it, as a fresh schedule would).
+            for h in std::mem::take(&mut self.held_heads) {
+                if self.wls[h].reason == PendingReason::WaitingForPodsReady {
+                    self.queued_again(h);
+                }
+            }
         }
     }
 }

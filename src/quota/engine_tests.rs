@@ -481,3 +481,33 @@ fn a_deleted_holder_releases_its_reservation() {
     e.check_invariants().unwrap();
     assert!(e.is_admitted("ml/slow"), "slow borrows what it frees back");
 }
+
+/// StrictFIFO: a head that blocked the queue and is overtaken by a new head (higher
+/// priority) that blocks it first waits `Queued` again, as a schedule from scratch
+/// leaves every workload behind a blocking head (its old reason is not re-decided).
+#[test]
+fn an_overtaken_strict_fifo_head_waits_queued_again() {
+    let q = cluster_queue("q")
+        .quota("h100", GPU, 2)
+        .strict_fifo()
+        .build();
+    let mut e = engine(std::slice::from_ref(&q));
+    submit(&mut e, 0, job("ml/first", "q", 1));
+    submit(&mut e, 1, job("ml/big", "q", 2).created(1));
+    let reason = |e: &Engine, key: &str| e.pending_entry(key).map(|(r, _)| r);
+    assert_eq!(reason(&e, "ml/big").as_deref(), Some("WaitingForQuota"));
+    submit(&mut e, 2, job("ml/urgent", "q", 2).priority(100).created(2));
+    assert_eq!(reason(&e, "ml/urgent").as_deref(), Some("WaitingForQuota"));
+    assert_eq!(
+        e.pending_entry("ml/big"),
+        Some((
+            "Queued".into(),
+            "queued (position 2 in its ClusterQueue)".into()
+        ))
+    );
+    // A release lets the new head in; the old one is evaluated again and blocks.
+    e.remove(3, "ml/first").unwrap();
+    e.schedule(3).unwrap();
+    assert!(e.is_admitted("ml/urgent"));
+    assert_eq!(reason(&e, "ml/big").as_deref(), Some("WaitingForQuota"));
+}

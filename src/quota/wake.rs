@@ -283,11 +283,12 @@ impl Engine {
         let q = &mut self.cqs[cq];
         if q.blocked == Some(key) {
             q.blocked = None;
-            self.wls[id].gen += 1;
-            self.stats.wakes += 1;
             if q.spec.stop == StopPolicy::None {
                 self.ready.insert(cq);
             }
+            self.wls[id].gen += 1;
+            self.stats.wakes += 1;
+            self.queued_again(id);
         }
     }
 
@@ -372,11 +373,12 @@ impl Engine {
             }
             let q = &mut self.cqs[m];
             q.pending.extend(parked);
-            if let Some(b) = q.blocked.take() {
-                self.wls[b.3].gen += 1;
-            }
             if !q.pending.is_empty() && q.spec.stop == StopPolicy::None {
                 self.ready.insert(m);
+            }
+            if let Some(b) = q.blocked.take() {
+                self.wls[b.3].gen += 1;
+                self.queued_again(b.3);
             }
         }
     }
