@@ -439,12 +439,17 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         {
             (r, m)
         } else if let Some((r, m)) = engine_pending.get(l.key.as_str()) {
+            // What is written (or kept) is not the engine's message: a kept engine must
+            // see its next report of this workload as a change.
             if keeps_recorded(&engine, r, l) {
+                engine.forget_reported(&l.key);
                 continue;
             }
             if let Some((pod, delay, why)) = blocked_for.get(&l.key) {
+                engine.forget_reported(&l.key);
                 blocked_reason(pod, *delay, why)
             } else if *r == "WaitingForPreemptedWorkloads" && !waiting_on(l).is_empty() {
+                engine.forget_reported(&l.key);
                 (r.to_string(), terminating_message(&waiting_on(l)))
             } else {
                 (r.to_string(), m.to_string())

@@ -1394,7 +1394,12 @@ fn fast_pass(
             events.push(ev);
         }
     }
-    touched = refreshed;
+    // Lines moved (a workload ahead left or arrived): the workloads whose message
+    // changed with their place, though not re-decided (one walk per queue).
+    for cq in &refreshed {
+        kept.engine.report_line(cq, now);
+    }
+    events.extend(kept.engine.take_events());
     let mut plan = Plan {
         actions: kept.pods_ready_actions(now)?,
         ..Plan::default()
@@ -1432,11 +1437,12 @@ fn fast_pass(
                     .lives
                     .get(&ev.workload)
                     .ok_or("an unknown workload admitted")?;
-                if let Some(cq) = &ev.cluster_queue {
-                    if !kept.simple_cqs.contains(cq) {
-                        kept.verify = true;
-                    }
-                    touched.insert(cq.clone());
+                if ev
+                    .cluster_queue
+                    .as_ref()
+                    .is_some_and(|cq| !kept.simple_cqs.contains(cq))
+                {
+                    kept.verify = true;
                 }
                 // As a fresh pass: only a waiting workload still admitted at the end of
                 // the schedule is admitted (one preempted again in it is not).
@@ -1498,8 +1504,8 @@ fn fast_pass(
             parallelism: None,
         });
     }
-    // Pending reasons: of the workloads that changed, that were not recorded yet, whose
-    // reason the engine re-decided, and of every workload of a queue whose line moved.
+    // Pending reasons: of the workloads that changed, that were not recorded yet, and
+    // whose message the engine reported changed (re-decided, or moved in its line).
     let mut entries: HashMap<String, (String, String)> = HashMap::new();
     // A queue with many candidates is read in one walk (a position costs a walk).
     let mut per_cq: BTreeMap<&str, usize> = BTreeMap::new();
@@ -1519,9 +1525,8 @@ fn fast_pass(
         kept.held_heads.extend(heads.iter().cloned());
         candidates.extend(heads);
     }
-    for cq in touched.iter().chain(&crowded) {
-        for (key, reason, message) in kept.engine.pending_entries_in(cq) {
-            candidates.insert(key.clone());
+    for cq in &crowded {
+        for (key, reason, message) in kept.engine.pending_entries_in(cq, &candidates) {
             entries.insert(key, (reason, message));
         }
     }
@@ -1550,15 +1555,24 @@ fn fast_pass(
         let Some((mut reason, mut message)) = want else {
             continue;
         };
+        // Where what is written (or kept) is not the engine's own message, the engine
+        // forgets what it reported: its next report of this workload counts as a change
+        // (`Engine::report_line` finds moved lines by what was reported).
         if from_engine && keeps_recorded(&kept.engine, &reason, l) {
+            kept.engine.forget_reported(key);
             continue;
+        }
+        if held_pass && from_engine {
+            kept.engine.forget_reported(key);
         }
         if let (true, Some((pod, delay, why))) = (from_engine, blocked_for.get(key)) {
             (reason, message) = blocked_reason(pod, *delay, why);
+            kept.engine.forget_reported(key);
         } else if reason == "WaitingForPreemptedWorkloads" {
             let waiting_on = kept.terminating_in(&kept.scopes.of(l));
             if !waiting_on.is_empty() {
                 message = terminating_message(&waiting_on);
+                kept.engine.forget_reported(key);
             }
         }
         let message = replica_message(l, &kept.serving, message);

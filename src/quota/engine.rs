@@ -894,6 +894,34 @@ impl Engine {
         self.wls[id].reported = Some((code, message));
     }
 
+    /// Emits a `Pending` event for each workload waiting in ClusterQueue `cq` whose
+    /// message changed since it was last reported without its reason being re-decided:
+    /// its place in the queue moved (a workload ahead of it left or arrived). One walk
+    /// over the queue.
+    pub fn report_line(&mut self, cq: &str, now: Time) {
+        let Some(&c) = self.cq_by_name.get(cq) else {
+            return;
+        };
+        if !self.cfg.record_events {
+            return;
+        }
+        for (rank, id) in self.queue_order(c).into_iter().enumerate() {
+            let w = &self.wls[id];
+            if w.state == WlState::Pending {
+                let position = w.reason.has_position().then_some(rank + 1);
+                self.report_pending(id, position, now);
+            }
+        }
+    }
+
+    /// Forgets what was last reported for `key`: the controller wrote something else
+    /// (or kept the recorded reason), so its next report is a change again.
+    pub fn forget_reported(&mut self, key: &str) {
+        if let Some(&id) = self.wl_by_key.get(key) {
+            self.wls[id].reported = None;
+        }
+    }
+
     /// The 1-based place of every workload queued or parked in `cq`, in one walk over
     /// both (each in queue order).
     pub(crate) fn queue_ranks(&self, cq: CqId) -> HashMap<WlId, usize> {

@@ -117,10 +117,15 @@ impl Engine {
         }
     }
 
-    /// The workloads waiting in ClusterQueue `cq` (queued or parked) in queue order, with
-    /// their reason and message as [`Engine::pending_entry`] gives them: one walk, so the
-    /// positions of a long queue cost no more than the queue's length.
-    pub fn pending_entries_in(&self, cq: &str) -> Vec<(String, String, String)> {
+    /// The workloads named in `only` waiting in ClusterQueue `cq` (queued or parked), in
+    /// queue order, with their reason and message as [`Engine::pending_entry`] gives
+    /// them: one walk, so the positions of many in a long queue cost no more than the
+    /// queue's length, and only theirs are written out.
+    pub fn pending_entries_in(
+        &self,
+        cq: &str,
+        only: &std::collections::BTreeSet<String>,
+    ) -> Vec<(String, String, String)> {
         let Some(&c) = self.cq_by_name.get(cq) else {
             return Vec::new();
         };
@@ -130,6 +135,7 @@ impl Engine {
         keys.dedup();
         keys.iter()
             .enumerate()
+            .filter(|(_, k)| only.contains(&*self.wls[k.3].key))
             .map(|(i, k)| {
                 let w = &self.wls[k.3];
                 let position =
