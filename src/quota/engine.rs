@@ -210,6 +210,9 @@ pub(crate) struct Wl {
     pub gen: u64,
     pub reason: PendingReason,
     pub reported: Option<(&'static str, String)>,
+    /// The [`Engine::flush_epoch`] of the last flush that compared its message with
+    /// `reported` (a moved line needs no second look at it: `Engine::report_line`).
+    pub checked: u64,
     pub requeues: u32,
     /// Work saved by checkpoints (or completed) across runs.
     pub progress: Time,
@@ -293,6 +296,8 @@ pub struct Engine {
     pub(crate) held: BTreeSet<CqId>,
     /// `blockAdmission`: the held queues' heads told `WaitingForPodsReady`.
     held_heads: Vec<WlId>,
+    /// Flushes of pending events so far (see `Wl::checked`).
+    flush_epoch: u64,
     /// Admitted workloads told ready by [`Engine::mark_pods_ready`]: their pods-ready
     /// timeout timer no longer counts (until they are admitted again).
     pub(crate) ready_marked: BTreeSet<WlId>,
@@ -334,6 +339,7 @@ impl Engine {
             unready: BTreeSet::new(),
             held: BTreeSet::new(),
             held_heads: Vec::new(),
+            flush_epoch: 0,
             over_quota: BTreeSet::new(),
             ready_marked: BTreeSet::new(),
             timers: BinaryHeap::new(),
@@ -539,6 +545,7 @@ impl Engine {
             gen: 0,
             reason: PendingReason::Queued,
             reported: None,
+            checked: 0,
             requeues: 0,
             progress: 0,
             admission: None,
@@ -834,6 +841,7 @@ impl Engine {
     /// Emits a `Pending` event for each workload whose reason changed.
     pub(crate) fn flush_pending_events(&mut self, now: Time) {
         let dirty = std::mem::take(&mut self.dirty);
+        self.flush_epoch += 1;
         if !self.cfg.record_events {
             return;
         }
@@ -876,6 +884,7 @@ impl Engine {
     /// Emits a `Pending` event for waiting workload `id` at `position` when its reason or
     /// message differs from the one last reported.
     fn report_pending(&mut self, id: WlId, position: Option<usize>, now: Time) {
+        self.wls[id].checked = self.flush_epoch;
         let w = &self.wls[id];
         let code = w.reason.code();
         let message = w.reason.message_as(position, self.cfg.positions);
@@ -907,7 +916,8 @@ impl Engine {
         }
         for (rank, id) in self.queue_order(c).into_iter().enumerate() {
             let w = &self.wls[id];
-            if w.state == WlState::Pending {
+            // Compared at its place by the last flush already (a re-decided cohort).
+            if w.state == WlState::Pending && w.checked != self.flush_epoch {
                 let position = w.reason.has_position().then_some(rank + 1);
                 self.report_pending(id, position, now);
             }
