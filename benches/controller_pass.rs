@@ -147,6 +147,22 @@ async fn cluster(pending: usize) -> ApiServer {
     s
 }
 
+/// Creates pod `pod` (namespace `team`) and waits until the cache holds it.
+async fn create_seen(s: &ApiServer, cache: &Cache, pod: Value) {
+    let key = (
+        "team".to_string(),
+        pod["metadata"]["name"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+    );
+    s.put_object(PODS, pod);
+    wait_until("the new pod in the cache", || {
+        cache.pods[0].get(&key).is_some()
+    })
+    .await;
+}
+
 /// Deployment `web` (ReplicaSet `web-1`, queue `lq-free`) at `replicas`, with replica
 /// pod `pod` created gated, as the webhook leaves it.
 fn scale_web(s: &ApiServer, replicas: u64, pod: &str) {
@@ -314,13 +330,11 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     let (s, client, c, cache, mut state, shutdown) = pods_ready_cluster(pending, mode, false).await;
     let key = |name: &str| ("team".to_string(), name.to_string());
     // `slow` is admitted and never becomes Ready.
-    s.put_object(
-        PODS,
+    create_seen(
+        &s,
+        &cache,
         gated_pod("slow", "lq-free", 1, "2026-11-18T12:30:00Z"),
-    );
-    wait_until("slow in the cache", || {
-        cache.pods[0].get(&key("slow")).is_some()
-    })
+    )
     .await;
     let admitted = NOW + 10_000;
     pass_with(&client, &c, &mut state, admitted).await.unwrap();
@@ -396,13 +410,11 @@ async fn measure_held(pending: usize, mode: Mode) -> (Duration, u64) {
             .get(&key(name))
             .is_some_and(|p| p["spec"]["schedulingGates"].is_null())
     };
-    s.put_object(
-        PODS,
+    create_seen(
+        &s,
+        &cache,
         gated_pod("slow", "lq-free", 1, "2026-11-18T12:30:00Z"),
-    );
-    wait_until("slow in the cache", || {
-        cache.pods[0].get(&key("slow")).is_some()
-    })
+    )
     .await;
     pass_with(&client, &c, &mut state, NOW + 3).await.unwrap();
     wait_until("slow admitted in the cache", || admitted("slow")).await;
@@ -410,13 +422,11 @@ async fn measure_held(pending: usize, mode: Mode) -> (Duration, u64) {
     pass_with(&client, &c, &mut state, NOW + 4).await.unwrap();
     tokio::time::sleep(Duration::from_millis(20)).await;
     pass_with(&client, &c, &mut state, NOW + 5).await.unwrap();
-    s.put_object(
-        PODS,
+    create_seen(
+        &s,
+        &cache,
         gated_pod("next", "lq-free", 1, "2026-11-18T12:30:00Z"),
-    );
-    wait_until("next in the cache", || {
-        cache.pods[0].get(&key("next")).is_some()
-    })
+    )
     .await;
     let t = Instant::now();
     pass_with(&client, &c, &mut state, NOW + 6).await.unwrap();
@@ -508,14 +518,11 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         point.resize = Some(t.elapsed());
         assert!(gated(&s, "wait-00000"), "the resized pod still waits");
         // An admission whose write fails: the next pass admits it again.
-        let key = ("team".to_string(), "retry".to_string());
-        s.put_object(
-            PODS,
+        create_seen(
+            &s,
+            &cache,
             gated_pod("retry", "lq-free", 1, "2026-11-18T12:30:00Z"),
-        );
-        wait_until("the retried pod in the cache", || {
-            cache.pods[0].get(&key).is_some()
-        })
+        )
         .await;
         s.fail_requests(&["PUT"], &format!("{PODS}/retry"));
         pass_with(&client, &c, &mut state, now + 1).await.unwrap();
@@ -535,9 +542,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             ),
             ("urgent", urgent),
         ] {
-            s.put_object(PODS, pod);
-            let key = ("team".to_string(), name.to_string());
-            wait_until("the pod in the cache", || cache.pods[0].get(&key).is_some()).await;
+            create_seen(&s, &cache, pod).await;
             let t = Instant::now();
             pass_with(&client, &c, &mut state, now + 3).await.unwrap();
             if name == "urgent" {
@@ -554,14 +559,11 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         .await;
         pass_with(&client, &c, &mut state, now + 4).await.unwrap();
         // A pass while the victim terminates: a pod arrives in `free`.
-        let key = ("team".to_string(), "beside".to_string());
-        s.put_object(
-            PODS,
+        create_seen(
+            &s,
+            &cache,
             gated_pod("beside", "lq-free", 1, "2026-11-18T12:30:00Z"),
-        );
-        wait_until("the pod beside in the cache", || {
-            cache.pods[0].get(&key).is_some()
-        })
+        )
         .await;
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 5).await.unwrap();
