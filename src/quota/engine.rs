@@ -295,7 +295,7 @@ pub struct Engine {
     /// `blockAdmission`: queues with work held until `unready` is empty.
     pub(crate) held: BTreeSet<CqId>,
     /// `blockAdmission`: the held queues' heads told `WaitingForPodsReady`.
-    held_heads: Vec<WlId>,
+    held_heads: BTreeSet<WlId>,
     /// Flushes of pending events so far (see `Wl::checked`).
     flush_epoch: u64,
     /// Admitted workloads told ready by [`Engine::mark_pods_ready`]: their pods-ready
@@ -338,7 +338,7 @@ impl Engine {
             ready: BTreeSet::new(),
             unready: BTreeSet::new(),
             held: BTreeSet::new(),
-            held_heads: Vec::new(),
+            held_heads: BTreeSet::new(),
             flush_epoch: 0,
             over_quota: BTreeSet::new(),
             ready_marked: BTreeSet::new(),
@@ -1087,7 +1087,7 @@ impl Engine {
         if let Some(id) = head {
             self.wls[id].reason = PendingReason::WaitingForPodsReady;
             self.dirty.push(id);
-            self.held_heads.push(id);
+            self.held_heads.insert(id);
         }
     }
 
