@@ -11,6 +11,8 @@ mod support;
 mod cache;
 #[path = "controller_flow/disruption.rs"]
 mod disruption;
+#[path = "controller_flow/partial.rs"]
+mod partial;
 #[path = "controller_flow/pods_ready.rs"]
 mod pods_ready;
 #[path = "controller_flow/requeue_state.rs"]

@@ -156,6 +156,19 @@ fn partial_admission_runs_with_what_fits_down_to_min_count() {
 }
 
 #[test]
+fn a_pod_group_with_a_min_count_runs_with_the_pods_that_fit() {
+    let out = plan("pod-group-partial-admission");
+    let counts = |wl: &str| {
+        let e = events(&out, EventType::Admitted, wl);
+        assert_eq!(e.len(), 1, "{wl}");
+        e[0].pod_counts.as_ref().map(|c| c["role-0"])
+    };
+    assert_eq!(counts("ml/whole"), None, "fits whole: not partial");
+    assert_eq!(counts("ml/elastic"), Some(2));
+    assert_eq!(final_reason(&out, "ml/late"), Some("WaitingForQuota"));
+}
+
+#[test]
 fn pods_ready_timeout_requeues_with_exponential_backoff_then_deactivates() {
     let out = plan("backoff");
     assert_eq!(admitted_at(&out, "ml/stuck"), vec![0.0, 95.0, 175.0]);

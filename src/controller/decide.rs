@@ -91,12 +91,15 @@ pub struct ObjRef {
 #[derive(Clone, Debug, PartialEq)]
 pub enum Action {
     /// Ungate these pods / unsuspend this Job, adding the flavors' node labels to the
-    /// node selector; `parallelism` is set for a partially admitted Job.
+    /// node selector. `partial` is the pod count of a partial admission: a Job's new
+    /// `parallelism`, recorded on a pod group's ungated pods; `excess` are the gated
+    /// pods of such a group beyond it, deleted once the others are ungated.
     Admit {
         workload: String,
         objects: Vec<ObjRef>,
         node_selector: BTreeMap<String, String>,
-        parallelism: Option<u32>,
+        partial: Option<u32>,
+        excess: Vec<ObjRef>,
     },
     /// Evict these pods through the Eviction API with their grace period (seconds) /
     /// suspend this Job. `by` is the preemptor (empty for a pods-ready timeout);
@@ -186,23 +189,39 @@ pub(super) fn admit_action(
             }
         }
     }
+    // One pod set: a Job, or a pod group whose pods are alike (the only partial
+    // admissions the workloads read here allow).
+    let partial = ev.pod_counts.as_ref().map(|c| c.values().sum::<u32>());
     let is_job = l.objects.first().is_some_and(|o| o.kind == ObjKind::Job);
-    let parallelism = ev
-        .pod_counts
-        .as_ref()
-        .and_then(|c| c.values().next().copied())
-        .filter(|_| is_job);
-    let objects = if is_job {
-        l.objects.clone()
-    } else {
-        l.gated.clone()
+    let (objects, excess) = match (is_job, partial) {
+        (true, _) => (l.objects.clone(), Vec::new()),
+        (false, Some(k)) => {
+            let k = (k as usize).min(l.gated.len());
+            (l.gated[..k].to_vec(), l.gated[k..].to_vec())
+        }
+        (false, None) => (l.gated.clone(), Vec::new()),
     };
     Action::Admit {
         workload: l.key.clone(),
         objects,
         node_selector,
-        parallelism,
+        partial,
+        excess,
     }
+}
+
+/// The `Admit` action finishing running workload `l`'s admission after a restart
+/// mid-way: pods still to ungate, and a partial group's pods beyond its count.
+pub(super) fn finish_admission(l: &Live) -> Option<Action> {
+    (l.state == State::Running && (!l.gated.is_empty() || !l.excess.is_empty())).then(|| {
+        Action::Admit {
+            workload: l.key.clone(),
+            objects: l.gated.clone(),
+            node_selector: BTreeMap::new(),
+            partial: l.admitted_count,
+            excess: l.excess.clone(),
+        }
+    })
 }
 
 /// Preemptor → (pod, backoff, API message) of a victim whose eviction is refused by a
@@ -402,16 +421,8 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         }
     }
     // Running workloads whose group still has gated pods (a restart mid-way): finish.
-    for l in &lives {
-        if l.state == State::Running && !l.gated.is_empty() {
-            plan.actions.push(Action::Admit {
-                workload: l.key.clone(),
-                objects: l.gated.clone(),
-                node_selector: BTreeMap::new(),
-                parallelism: None,
-            });
-        }
-    }
+    plan.actions
+        .extend(lives.iter().filter_map(finish_admission));
     // Serving owners: admitted replicas (running, or admitted now) of desired.
     let mut replicas: BTreeMap<Owner, u32> = BTreeMap::new();
     for l in &lives {

@@ -185,6 +185,36 @@ fn table() {
             Some(("team/group-g", "Invalid")),
         ),
         (
+            "group min count above its total",
+            vec![
+                with(
+                    group("g-0", "2"),
+                    "/metadata/annotations/tessera.io~1pod-group-min-count",
+                    json!("3"),
+                ),
+                group("g-1", "2"),
+            ],
+            vec![],
+            Some(("team/group-g", "Invalid")),
+        ),
+        (
+            "partial admission of a group of two shapes",
+            vec![
+                with(
+                    group("g-0", "2"),
+                    "/metadata/annotations/tessera.io~1pod-group-min-count",
+                    json!("1"),
+                ),
+                with(
+                    group("g-1", "2"),
+                    "/spec/containers/0/resources/limits/nvidia.com~1gpu",
+                    json!(2),
+                ),
+            ],
+            vec![],
+            Some(("team/group-g", "Invalid")),
+        ),
+        (
             "pod of a Job",
             vec![with(
                 pod("a", 1),
@@ -404,4 +434,83 @@ fn stateful_set_replicas_are_admitted_one_by_one_and_counted_on_their_owner() {
         .actions
         .iter()
         .any(|a| matches!(a, Action::Replicas { value, .. } if value == "0/0")));
+}
+
+/// Pod `g-<i>` of group `g` of `total` 1-GPU pods that may run with `min`.
+fn partial_member(i: usize, total: usize, min: usize) -> Value {
+    let p = with(
+        pod(&format!("g-{i}"), 1),
+        "/metadata/labels/tessera.io~1pod-group-name",
+        json!("g"),
+    );
+    with(
+        p,
+        "/metadata/annotations",
+        json!({"tessera.io/pod-group-total-count": total.to_string(),
+               "tessera.io/pod-group-min-count": min.to_string()}),
+    )
+}
+
+fn admit_of(actions: &[Action]) -> Vec<(Vec<String>, Vec<String>, Option<u32>)> {
+    let names = |r: &[super::decide::ObjRef]| r.iter().map(|o| o.name.clone()).collect();
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Admit {
+                objects,
+                excess,
+                partial,
+                ..
+            } => Some((names(objects), names(excess), *partial)),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn a_group_is_admitted_partially_and_finished_after_a_restart() {
+    let strs = |v: &[&str]| v.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+    // Six pods, at least two, four GPUs: four ungated (by name), two deleted.
+    let group: Vec<Value> = (0..6).map(|i| partial_member(i, 6, 2)).collect();
+    let plan = decide(&snapshot(group.clone()));
+    assert_eq!(
+        admit_of(&plan.actions),
+        [(
+            strs(&["g-0", "g-1", "g-2", "g-3"]),
+            strs(&["g-4", "g-5"]),
+            Some(4)
+        )]
+    );
+    // A restart after the first ungate: the rest of the admission is finished, the
+    // group holds four GPUs (a 1-GPU pod waits), nothing is decided again.
+    let mut pods = group;
+    pods[0]["spec"]["schedulingGates"] = json!([]);
+    pods[0]["spec"]["nodeSelector"] = json!({"gpu": "h100"});
+    pods[0]["metadata"]["annotations"]["tessera.io/admitted-count"] = json!("4");
+    pods.push(pod("late", 1));
+    let plan = decide(&snapshot(pods.clone()));
+    assert_eq!(
+        admit_of(&plan.actions),
+        [(strs(&["g-1", "g-2", "g-3"]), strs(&["g-4", "g-5"]), Some(4))]
+    );
+    assert_eq!(
+        pending_reason(&plan.actions, "team/pod-late").as_deref(),
+        Some("WaitingForQuota")
+    );
+    // Done: four running, the two left out gone.
+    pods.truncate(4);
+    for p in &mut pods[1..4] {
+        p["spec"]["schedulingGates"] = json!([]);
+        p["metadata"]["annotations"]["tessera.io/admitted-count"] = json!("4");
+    }
+    let plan = decide(&snapshot(pods));
+    assert!(admit_of(&plan.actions).is_empty(), "{:?}", plan.actions);
+    // Its minimum above what the queue can ever hold: none of it runs.
+    let group: Vec<Value> = (0..6).map(|i| partial_member(i, 6, 5)).collect();
+    let plan = decide(&snapshot(group));
+    assert!(admit_of(&plan.actions).is_empty(), "{:?}", plan.actions);
+    assert_eq!(
+        pending_reason(&plan.actions, "team/group-g").as_deref(),
+        Some("ExceedsMaxQuota")
+    );
 }

@@ -62,9 +62,9 @@ use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
 use super::decide::{
     admit_action, blocked_reason, collect, decide_full, engine_with_queues, evict_action,
-    hold_reason, keeps_recorded, replica_message, replicas_actions, terminating_message,
-    unfit_problem, Action, BlockedFor, Built, Live, ObjRef, Plan, Scopes, Snapshot, State,
-    UNKNOWN_SCOPE,
+    finish_admission, hold_reason, keeps_recorded, replica_message, replicas_actions,
+    terminating_message, unfit_problem, Action, BlockedFor, Built, Live, ObjRef, Plan, Scopes,
+    Snapshot, State, UNKNOWN_SCOPE,
 };
 use super::evictions::Blocked;
 use super::lease::Millis;
@@ -551,7 +551,7 @@ fn changed(stores: &[&Store], seen: &[u64]) -> Option<BTreeSet<Key>> {
 impl Kept {
     /// Records the bookkeeping of live `l` (just read or kept).
     fn track(&mut self, l: &Live) {
-        if l.state == State::Running && !l.gated.is_empty() {
+        if finish_admission(l).is_some() {
             self.gated_running.insert(sort_key(l));
         }
         if l.state == State::Running
@@ -857,6 +857,18 @@ impl Kept {
         self.untrack(&old);
         let admitted = self.engine.is_admitted(wk);
         let same = |n: &Live| same_but_selector(n.info.as_ref(), old.info.as_ref());
+        // Admitted with fewer pods (partial admission): its objects now say so.
+        let as_admitted = old.info.as_ref().map(|i| {
+            let mut i = i.clone();
+            if let Some((_, _, counts)) = self.engine.admission_of(wk) {
+                for (p, c) in i.pod_sets.iter_mut().zip(counts) {
+                    p.count = c;
+                    p.min_count = p.min_count.map(|m| m.min(c));
+                }
+            }
+            i
+        });
+        let same_admitted = |n: &Live| same_but_selector(n.info.as_ref(), as_admitted.as_ref());
         match (old.state, new) {
             (State::Waiting | State::Running, None) => self.take_out(wk, now, touched)?,
             (State::Waiting, Some(n))
@@ -864,7 +876,7 @@ impl Kept {
             (State::Waiting, Some(n))
                 if n.state == State::Running
                     && admitted
-                    && same(n)
+                    && same_admitted(n)
                     && self.engine.admitted_since(wk) == Some(n.admitted_at.min(now)) => {}
             (State::Running, Some(n))
                 if n.state == State::Running && same(n) && n.admitted_at == old.admitted_at => {}
@@ -1497,12 +1509,7 @@ fn fast_pass(
     }
     for (_, key) in &kept.gated_running {
         let l = kept.lives.get(key).ok_or("bookkeeping")?;
-        plan.actions.push(Action::Admit {
-            workload: l.key.clone(),
-            objects: l.gated.clone(),
-            node_selector: BTreeMap::new(),
-            parallelism: None,
-        });
+        plan.actions.extend(finish_admission(l));
     }
     // Pending reasons: of the workloads that changed, that were not recorded yet, and
     // whose message the engine reported changed (re-decided, or moved in its line).

@@ -18,7 +18,9 @@ use super::pods_ready::{
 };
 use super::reconciler::Config;
 use super::{ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE};
+use super::{ADMITTED_COUNT_ANNOTATION, ORIGINAL_PARALLELISM_ANNOTATION};
 use super::{PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION};
+use crate::quota::scenario::POD_GROUP_MIN_COUNT;
 use crate::quota::WaitForPodsReady;
 use proptest::prelude::*;
 use serde_json::{json, Value};
@@ -33,6 +35,8 @@ struct World {
     serial: usize,
     /// Prefix of the next names: names sort before (`a`) or after (`z`) the others.
     prefix: &'static str,
+    /// The next pod group / Job may be admitted partially (down to one pod).
+    partial: bool,
     /// Pods a PodDisruptionBudget protects: their evictions are refused (429).
     protected: std::collections::BTreeSet<String>,
     /// Refused evictions and their retry times, as the reconciler keeps them.
@@ -64,6 +68,7 @@ impl World {
             now: NOW,
             serial: 0,
             prefix: "",
+            partial: false,
             protected: Default::default(),
             blocked: BTreeMap::new(),
         };
@@ -151,6 +156,9 @@ impl World {
             let name = if group > 1 {
                 labels["kueue.x-k8s.io/pod-group-name"] = json!(format!("{}g{n}", self.prefix));
                 annotations["kueue.x-k8s.io/pod-group-total-count"] = json!(group.to_string());
+                if self.partial {
+                    annotations[POD_GROUP_MIN_COUNT] = json!("1");
+                }
                 format!("{}g{n}-{m}", self.prefix)
             } else {
                 format!("{}p{n}", self.prefix)
@@ -167,8 +175,14 @@ impl World {
     fn add_job(&mut self, q: u8, gpus: u8, high: bool, minute: u8, parallelism: u8) {
         self.serial += 1;
         let n = self.serial;
+        let annotations = if self.partial {
+            json!({"kueue.x-k8s.io/job-min-parallelism": "1"})
+        } else {
+            json!({})
+        };
         self.put_job(json!({"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": format!("{}j{n}", self.prefix), "namespace": "team", "labels": Self::labels(q, high),
+                         "annotations": annotations,
                          "creationTimestamp": format!("2026-11-18T12:0{minute}:00Z")},
             "spec": {"suspend": true, "parallelism": parallelism, "completions": parallelism,
                      "template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x",
@@ -243,6 +257,7 @@ impl World {
             if let Some(a) = v["metadata"]["annotations"].as_object_mut() {
                 for k in [
                     ADMITTED_AT_ANNOTATION,
+                    ADMITTED_COUNT_ANNOTATION,
                     REQUEUE_COUNT_ANNOTATION,
                     EVICTED_AT_ANNOTATION,
                     PODS_READY_AT_ANNOTATION,
@@ -418,7 +433,8 @@ impl World {
                 Action::Admit {
                     objects,
                     node_selector,
-                    parallelism,
+                    partial,
+                    excess,
                     ..
                 } => {
                     for r in objects {
@@ -429,17 +445,28 @@ impl World {
                         if r.kind == ObjKind::Pod {
                             v["spec"].as_object_mut().unwrap().remove("schedulingGates");
                             v["spec"]["nodeSelector"] = json!(node_selector);
+                            if let Some(k) = partial {
+                                v["metadata"]["annotations"][ADMITTED_COUNT_ANNOTATION] =
+                                    json!(k.to_string());
+                            }
                         } else {
                             v["spec"]["suspend"] = json!(false);
-                            let p = parallelism.unwrap_or(1);
-                            v["spec"]["parallelism"] = json!(p);
-                            v["status"]["active"] = json!(p);
+                            if let Some(p) = partial {
+                                v["metadata"]["annotations"][ORIGINAL_PARALLELISM_ANNOTATION] =
+                                    v["spec"]["parallelism"].to_string().into();
+                                v["spec"]["parallelism"] = json!(p);
+                            }
+                            v["status"]["active"] = v["spec"]["parallelism"].clone();
                             v["spec"]["template"]["spec"]["nodeSelector"] = json!(node_selector);
                             let a = v["metadata"]["annotations"].as_object_mut().unwrap();
                             a.remove(PENDING_REASON_ANNOTATION);
                             a.remove(PENDING_MESSAGE_ANNOTATION);
                         }
                         self.write(r.kind, v);
+                    }
+                    // All ungated (a lost write loses the whole action here): the rest goes.
+                    for r in excess {
+                        self.cache.pods[0].remove(&("team".to_string(), r.name.clone()));
                     }
                 }
                 Action::Evict {
@@ -472,8 +499,16 @@ impl World {
                             v["metadata"]["deletionTimestamp"] = json!(stamp);
                         } else {
                             v["spec"]["suspend"] = json!(true);
+                            let full = v["metadata"]["annotations"]
+                                [ORIGINAL_PARALLELISM_ANNOTATION]
+                                .as_str()
+                                .and_then(|p| p.parse::<u32>().ok());
+                            if let Some(full) = full {
+                                v["spec"]["parallelism"] = json!(full);
+                            }
                             if let Some(a) = v["metadata"]["annotations"].as_object_mut() {
                                 a.remove(ADMITTED_AT_ANNOTATION);
+                                a.remove(ORIGINAL_PARALLELISM_ANNOTATION);
                             }
                         }
                         self.write(r.kind, v);
@@ -565,6 +600,7 @@ enum Op {
         minute: u8,
         group: u8,
         prefix: u8,
+        partial: bool,
     },
     Job {
         q: u8,
@@ -573,6 +609,7 @@ enum Op {
         minute: u8,
         parallelism: u8,
         prefix: u8,
+        partial: bool,
     },
     /// Single pods of one queue created in the same second, names alternately sorting
     /// after and before those already there.
@@ -607,8 +644,8 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..5, 1u8..4, any::<bool>(), 0u8..3, 0u8..3, 0u8..3).prop_map(|(q, gpus, high, minute, group, prefix)| Op::Pods { q, gpus, high, minute, group, prefix }),
-        2 => (0u8..5, 1u8..3, any::<bool>(), 0u8..3, 1u8..3, 0u8..3).prop_map(|(q, gpus, high, minute, parallelism, prefix)| Op::Job { q, gpus, high, minute, parallelism, prefix }),
+        4 => (0u8..5, 1u8..4, any::<bool>(), 0u8..3, 0u8..4, 0u8..3, proptest::bool::weighted(0.3)).prop_map(|(q, gpus, high, minute, group, prefix, partial)| Op::Pods { q, gpus, high, minute, group, prefix, partial }),
+        2 => (0u8..5, 1u8..3, any::<bool>(), 0u8..3, 1u8..4, 0u8..3, proptest::bool::weighted(0.3)).prop_map(|(q, gpus, high, minute, parallelism, prefix, partial)| Op::Job { q, gpus, high, minute, parallelism, prefix, partial }),
         2 => (0u8..5, 1u8..3, 0u8..3, 2u8..5).prop_map(|(q, gpus, minute, count)| Op::Burst { q, gpus, minute, count }),
         1 => any::<usize>().prop_map(Op::Remove),
         1 => (any::<usize>(), 1u8..4).prop_map(|(i, g)| Op::Resize(i, g)),
@@ -665,9 +702,12 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
             minute,
             group,
             prefix,
+            partial,
         } => {
             w.prefix = PREFIXES[usize::from(prefix) % 3];
+            w.partial = partial;
             w.add_pods(q, gpus, high, minute, group);
+            w.partial = false;
         }
         Op::Job {
             q,
@@ -676,9 +716,12 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
             minute,
             parallelism,
             prefix,
+            partial,
         } => {
             w.prefix = PREFIXES[usize::from(prefix) % 3];
+            w.partial = partial;
             w.add_job(q, gpus, high, minute, parallelism);
+            w.partial = false;
         }
         Op::Burst {
             q,
@@ -1723,4 +1766,67 @@ fn freed_quota_rewrites_only_the_exact_places() {
             .all(|m| m.contains("2 requested, 1 available")),
         "{messages:#?}"
     );
+}
+
+/// Partial admission stays incremental: a pod group admitted with the pods that fit
+/// (the rest deleted) and a Job run with lower parallelism, put back when it is
+/// preempted, each checked against a fresh pass.
+#[test]
+fn partial_admissions_stay_incremental() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    // Queue `a` (4 GPUs): two 1-GPU pods run, then a group of three 1-GPU pods that
+    // may run with one.
+    w.add_pods(0, 1, false, 0, 0);
+    w.add_pods(0, 1, false, 0, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    w.partial = true;
+    w.add_pods(0, 1, false, 1, 3);
+    // Queue `e` (2 GPUs): a Job of three 1-GPU pods that may run with one.
+    w.add_job(4, 1, false, 1, 3);
+    w.partial = false;
+    let plan = pass(&mut w, &mut inc);
+    let partial: Vec<(usize, usize, Option<u32>)> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Admit {
+                objects,
+                partial,
+                excess,
+                ..
+            } => Some((objects.len(), excess.len(), *partial)),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        partial,
+        [(2, 1, Some(2)), (1, 0, Some(2))],
+        "the group with two pods (one deleted), the Job with parallelism 2: {plan:?}"
+    );
+    w.apply(&plan, None);
+    assert_eq!(w.pods().len(), 4, "the group's third pod is deleted");
+    let job = &w.jobs()[0];
+    assert_eq!(job["spec"]["parallelism"], 2);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    // A higher-priority 2-GPU pod in `e` preempts the Job: suspended, it asks for its
+    // three pods again.
+    w.add_pods(4, 2, true, 3, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "evict").len(), 1, "{plan:?}");
+    w.apply(&plan, None);
+    let job = &w.jobs()[0];
+    assert_eq!(job["spec"]["parallelism"], 3, "{job}");
+    assert!(job["metadata"]["annotations"][ORIGINAL_PARALLELISM_ANNOTATION].is_null());
+    w.terminate();
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "admit").len(), 1, "the preemptor: {plan:?}");
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    // The preemption's two passes (eviction, victim gone); the admissions none.
+    assert_eq!(inc.stats.scopes_redecided, 2, "{:?}", inc.stats);
 }

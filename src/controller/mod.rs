@@ -57,3 +57,9 @@ pub const PENDING_REASON_ANNOTATION: &str = "tessera.io/pending-reason";
 pub const PENDING_MESSAGE_ANNOTATION: &str = "tessera.io/pending-message";
 /// Pod condition holding the pending reason (`status: "False"`, reason, message).
 pub const CONDITION_TYPE: &str = "tessera.io/Admitted";
+/// A partially admitted Job's `spec.parallelism` before admission lowered it; put back
+/// when the Job is suspended again (evicted), so it queues with its full size.
+pub const ORIGINAL_PARALLELISM_ANNOTATION: &str = "tessera.io/original-parallelism";
+/// On the ungated pods of a partially admitted pod group: how many of its pods were
+/// admitted (the rest, still gated, are deleted).
+pub const ADMITTED_COUNT_ANNOTATION: &str = "tessera.io/admitted-count";

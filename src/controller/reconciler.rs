@@ -32,8 +32,8 @@ use super::serving::ADMITTED_REPLICAS_ANNOTATION;
 use super::snapshot::{crd_resource, QUEUE_KINDS};
 pub use super::snapshot::{list_priority_classes, snapshot, snapshot_cached};
 use super::{
-    ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
-    PENDING_REASON_ANNOTATION,
+    ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_COUNT_ANNOTATION, CONDITION_TYPE,
+    ORIGINAL_PARALLELISM_ANNOTATION, PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION,
 };
 use crate::quota::WaitForPodsReady;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
@@ -42,7 +42,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::events::v1::Event as KubeEvent;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DynamicObject, PostParams};
+use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -228,6 +228,44 @@ async fn get_value(api: &Api<DynamicObject>, r: &ObjRef) -> Result<Value> {
     })
 }
 
+fn annotation_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+    v["metadata"]["annotations"][key].as_str()
+}
+
+/// Deletes a gated pod a partial admission left out of its group. It is read first and
+/// deleted with that resourceVersion as a precondition, so a pod ungated meanwhile (or
+/// changed in any way) is never deleted: the next pass decides again. `Ok(false)`: it
+/// was not gated any more. The cache learns the outcome at once.
+async fn delete_excess(client: &kube::Client, r: &ObjRef, cache: Option<&Cache>) -> Result<bool> {
+    let api = api_for(client, r);
+    let v = get_value(&api, r).await?;
+    let gated = v["spec"]["schedulingGates"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|x| x["name"] == ADMISSION_GATE));
+    if !gated {
+        return Ok(false);
+    }
+    let dp = DeleteParams {
+        preconditions: Some(Preconditions {
+            resource_version: v["metadata"]["resourceVersion"].as_str().map(String::from),
+            uid: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let answer = api
+        .delete(&r.name, &dp)
+        .await
+        .map_err(Error::api(format!("delete {}/{}", r.namespace, r.name)))?;
+    if let Some(cache) = cache {
+        // An unscheduled pod goes at once; one with finalizers stays, being deleted.
+        match answer.left().and_then(written) {
+            Some(v) if !v["metadata"]["deletionTimestamp"].is_null() => cache.observe("Pod", &v),
+            _ => cache.forget("Pod", &(r.namespace.clone(), r.name.clone())),
+        }
+    }
+    Ok(true)
+}
+
 fn set_annotation(v: &mut Value, key: &str, value: Option<&str>) {
     let meta = &mut v["metadata"];
     if !meta["annotations"].is_object() {
@@ -273,11 +311,13 @@ async fn replace(api: &Api<DynamicObject>, r: &ObjRef, v: Value) -> Result<Writt
     Ok(written(obj))
 }
 
+/// Ungates a pod / unsuspends a Job. `partial` (a partial admission) is recorded on a
+/// pod and becomes a Job's `parallelism`, its old value kept to put back on eviction.
 async fn admit(
     client: &kube::Client,
     r: &ObjRef,
     selector: &BTreeMap<String, String>,
-    parallelism: Option<u32>,
+    partial: Option<u32>,
     now: Millis,
 ) -> Result<Written> {
     let api = api_for(client, r);
@@ -285,6 +325,9 @@ async fn admit(
     set_annotation(&mut v, ADMITTED_AT_ANNOTATION, Some(&rfc3339(now)));
     match r.kind {
         ObjKind::Pod => {
+            if let Some(k) = partial {
+                set_annotation(&mut v, ADMITTED_COUNT_ANNOTATION, Some(&k.to_string()));
+            }
             let spec = &mut v["spec"];
             if let Some(gates) = spec["schedulingGates"].as_array_mut() {
                 gates.retain(|g| g["name"] != ADMISSION_GATE);
@@ -298,7 +341,15 @@ async fn admit(
         }
         ObjKind::Job => {
             v["spec"]["suspend"] = json!(false);
-            if let Some(p) = parallelism {
+            if let Some(p) = partial {
+                let full = v["spec"]["parallelism"].as_u64().unwrap_or(1);
+                if annotation_of(&v, ORIGINAL_PARALLELISM_ANNOTATION).is_none() {
+                    set_annotation(
+                        &mut v,
+                        ORIGINAL_PARALLELISM_ANNOTATION,
+                        Some(&full.to_string()),
+                    );
+                }
                 v["spec"]["parallelism"] = json!(p);
             }
             merge_selector(&mut v["spec"]["template"]["spec"], selector);
@@ -365,6 +416,13 @@ async fn suspend_job(
     let api = api_for(client, r);
     let mut v = get_value(&api, r).await?;
     v["spec"]["suspend"] = json!(true);
+    // A partial admission is over: the Job queues again with its full size.
+    if let Some(full) =
+        annotation_of(&v, ORIGINAL_PARALLELISM_ANNOTATION).and_then(|p| p.parse::<u32>().ok())
+    {
+        v["spec"]["parallelism"] = json!(full);
+    }
+    set_annotation(&mut v, ORIGINAL_PARALLELISM_ANNOTATION, None);
     set_annotation(&mut v, ADMITTED_AT_ANNOTATION, None);
     set_annotation(&mut v, PODS_READY_AT_ANNOTATION, None);
     if let Some(n) = requeue {
@@ -573,7 +631,8 @@ pub async fn apply(
                 workload,
                 objects,
                 node_selector,
-                parallelism,
+                partial,
+                excess,
             } => {
                 // A pod workload's requeue state newer than the pass read (a cache whose
                 // ConfigMap lags behind its pods) defers the admission.
@@ -593,9 +652,10 @@ pub async fn apply(
                         }
                     }
                 }
-                tracing::info!(%workload, "admitting");
+                tracing::info!(%workload, ?partial, "admitting");
+                let mut all_admitted = true;
                 for r in objects {
-                    let result = admit(client, r, node_selector, *parallelism, now).await;
+                    let result = admit(client, r, node_selector, *partial, now).await;
                     match seen(cache, r, result) {
                         Ok(()) => {
                             emit(
@@ -611,7 +671,30 @@ pub async fn apply(
                         }
                         Err(e) => {
                             failed += 1;
+                            all_admitted = false;
                             tracing::warn!(error = %e, %workload, "admit");
+                        }
+                    }
+                }
+                // Only once the admitted pods are ungated: a group left with fewer pods
+                // than its total and none ungated would never run.
+                if !all_admitted {
+                    continue;
+                }
+                for r in excess {
+                    match delete_excess(client, r, cache).await {
+                        Ok(true) => {
+                            let note = format!(
+                                "workload {workload} admitted with {} pods: this one is not needed",
+                                partial.unwrap_or(0)
+                            );
+                            emit(client, cfg, r, "NotAdmitted", &note, false, now).await;
+                        }
+                        Ok(false) => {}
+                        Err(e) if e.is_not_found() => {}
+                        Err(e) => {
+                            failed += 1;
+                            tracing::warn!(error = %e, %workload, pod = %r.name, "deleting a pod left out of a partial admission");
                         }
                     }
                 }

@@ -8,15 +8,11 @@
 //! shell is `webhook_server.rs`.
 
 use super::{ADMISSION_GATE, PRIORITY_ANNOTATION};
-use crate::quota::scenario::{PRIORITY_LABELS, QUEUE_LABELS};
+use crate::quota::scenario::{
+    pod_group_counts, POD_GROUP_LABEL_KEYS as POD_GROUP_LABELS, PRIORITY_LABELS, QUEUE_LABELS,
+};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-
-const POD_GROUP_LABELS: [&str; 2] = ["tessera.io/pod-group-name", "kueue.x-k8s.io/pod-group-name"];
-const POD_GROUP_COUNT: [&str; 2] = [
-    "tessera.io/pod-group-total-count",
-    "kueue.x-k8s.io/pod-group-total-count",
-];
 
 /// A request that is not an AdmissionReview this webhook can answer (HTTP 400).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -118,24 +114,14 @@ pub fn decide(request: &Value, classes: Option<&BTreeMap<String, i32>>) -> Verdi
         return Verdict::Allow(ops);
     }
     if label(&POD_GROUP_LABELS).is_some() {
-        let annotations = &object["metadata"]["annotations"];
-        let total = POD_GROUP_COUNT
-            .iter()
-            .find_map(|k| annotations[*k].as_str());
-        match total.map(str::parse::<u32>) {
-            Some(Ok(n)) if n > 0 => {}
-            Some(_) => {
-                return Verdict::Deny(format!(
-                    "Pod: annotation {}: not a positive number",
-                    POD_GROUP_COUNT[1]
-                ))
-            }
-            None => {
-                return Verdict::Deny(format!(
-                    "Pod: a pod group needs annotation {}",
-                    POD_GROUP_COUNT[1]
-                ))
-            }
+        let annotations: BTreeMap<String, String> = object["metadata"]["annotations"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+            .collect();
+        if let Err((field, why)) = pod_group_counts(&annotations) {
+            return Verdict::Deny(format!("Pod: annotation {field}: {why}"));
         }
     }
     let gates = &object["spec"]["schedulingGates"];
@@ -388,7 +374,21 @@ mod tests {
                 ),
                 false,
                 false,
-                Some("not a positive number"),
+                Some("pod-group-total-count: not a number"),
+            ),
+            (
+                "group min count above its total",
+                ("", "Pod"),
+                "CREATE",
+                pod(
+                    group.clone(),
+                    json!({"kueue.x-k8s.io/pod-group-total-count": "2",
+                           "tessera.io/pod-group-min-count": "3"}),
+                    None,
+                ),
+                false,
+                false,
+                Some("tessera.io/pod-group-min-count: 3 is not between 1 and the group's total count 2"),
             ),
             (
                 "group",

@@ -8,12 +8,12 @@ use super::lease::Millis;
 use super::pods_ready::{self, Requeue};
 use super::serving::{Owner, ServingIndex};
 use super::{
-    ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE, PENDING_MESSAGE_ANNOTATION,
-    PENDING_REASON_ANNOTATION, PRIORITY_ANNOTATION,
+    ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_COUNT_ANNOTATION, CONDITION_TYPE,
+    PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION, PRIORITY_ANNOTATION,
 };
 use crate::quota::scenario::{
-    merge_live_pod_group, workload_from_live_job, workload_from_live_pod, LivePod,
-    LAST_CHECKPOINT_ANNOTATION,
+    merge_live_pod_group, set_group_min_count, workload_from_live_job, workload_from_live_pod,
+    LivePod, LAST_CHECKPOINT_ANNOTATION, POD_GROUP_MIN_COUNT,
 };
 use crate::quota::WorkloadInfo;
 use k8s_openapi::jiff::Timestamp;
@@ -41,6 +41,10 @@ pub(super) struct Live {
     pub(super) objects: Vec<ObjRef>,
     /// Pods still gated (to ungate on admission, also after a restart mid-way).
     pub(super) gated: Vec<ObjRef>,
+    /// A partially admitted pod group: how many of its pods were admitted, and its
+    /// gated pods beyond that (to delete).
+    pub(super) admitted_count: Option<u32>,
+    pub(super) excess: Vec<ObjRef>,
     pub(super) graces: Vec<i64>,
     pub(super) admitted_at: Millis,
     /// The reason and message last written on its first object.
@@ -236,6 +240,41 @@ fn admitted_at(v: &Value) -> Option<Millis> {
 /// Pods of one group with their workload each.
 type Members<'a> = Vec<(&'a Value, WorkloadInfo)>;
 
+/// The pods of one group read so far: the largest total and partial admission floor
+/// any of them names, and the members.
+#[derive(Default)]
+struct Group<'a> {
+    total: u32,
+    min: Option<u32>,
+    members: Members<'a>,
+}
+
+/// Splits a running, partially admitted group (`admitted` pods, recorded on its
+/// ungated pods) into the members that make up its admission — the ungated pods and,
+/// by name, the gated ones still to ungate — and the gated pods beyond (to delete).
+/// Gated pods already being deleted belong to neither.
+fn split_partial(mut members: Members, admitted: u32) -> (Members, Vec<ObjRef>) {
+    members.sort_by(|a, b| str_at(a.0, "/metadata/name").cmp(&str_at(b.0, "/metadata/name")));
+    let ungated = members.iter().filter(|(p, _)| !is_gated(p)).count() as u32;
+    let mut to_ungate = admitted.saturating_sub(ungated);
+    let mut kept = Vec::new();
+    let mut excess = Vec::new();
+    for (pod, info) in members {
+        let deleting = !pod["metadata"]["deletionTimestamp"].is_null();
+        if !is_gated(pod) {
+            kept.push((pod, info));
+        } else if deleting {
+            // Left out already, on its way.
+        } else if to_ungate > 0 {
+            to_ungate -= 1;
+            kept.push((pod, info));
+        } else {
+            excess.push(obj_ref(ObjKind::Pod, pod));
+        }
+    }
+    (kept, excess)
+}
+
 /// Charges the pod's DRA claims to `info`; `Err` is its pending reason and message.
 fn charge_claims(
     claims: &ClaimIndex,
@@ -247,8 +286,7 @@ fn charge_claims(
 
 pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex) -> Vec<Live> {
     let mut out = Vec::new();
-    // Pod groups: key -> (total, members).
-    let mut groups: BTreeMap<String, (u32, Members)> = BTreeMap::new();
+    let mut groups: BTreeMap<String, Group> = BTreeMap::new();
     let mut bad_groups: BTreeMap<String, (Vec<&Value>, String)> = BTreeMap::new();
     for pod in &s.pods {
         if !names_queue(pod) || owned_by_job(pod) || pod_done(pod) {
@@ -280,6 +318,7 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
             Ok(LivePod::GroupMember {
                 group,
                 total,
+                min,
                 pod: mut info,
             }) => {
                 finish_info(&mut info, pod, created(pod));
@@ -292,9 +331,10 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
                     continue;
                 }
                 let key = format!("{}/group-{group}", r.namespace);
-                let e = groups.entry(key).or_insert((total, Vec::new()));
-                e.0 = e.0.max(total);
-                e.1.push((pod, info));
+                let e = groups.entry(key).or_default();
+                e.total = e.total.max(total);
+                e.min = e.min.max(min);
+                e.members.push((pod, info));
             }
             Err(e) => {
                 let group = crate::quota::scenario::POD_GROUP_LABEL_KEYS
@@ -318,27 +358,64 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
         groups.remove(&key);
         out.push(live_of_pods(key, None, &pods, Some(why)));
     }
-    for (key, (total, members)) in groups {
-        let pods: Vec<&Value> = members.iter().map(|(p, _)| *p).collect();
-        let running = pods.iter().any(|p| !is_gated(p));
+    for (key, g) in groups {
+        let Group {
+            total,
+            min,
+            members,
+        } = g;
+        let ungated: Vec<&Value> = members
+            .iter()
+            .map(|(p, _)| *p)
+            .filter(|p| !is_gated(p))
+            .collect();
         let n = members.len() as u32;
-        let group = key
-            .split_once('/')
-            .map_or(key.as_str(), |(_, g)| g)
-            .to_string();
-        let infos: Vec<WorkloadInfo> = members.into_iter().map(|(_, i)| i).collect();
-        if !running && n < total {
+        if ungated.is_empty() && n < total {
+            let pods: Vec<&Value> = members.iter().map(|(p, _)| *p).collect();
             let why = format!("{n} of {total} pods of the group exist");
             let mut l = live_of_pods(key, None, &pods, None);
             l.invalid = Some(("PodGroupIncomplete".into(), why));
             out.push(l);
             continue;
         }
+        let admitted_count = ungated
+            .iter()
+            .filter_map(|p| {
+                annotation(p, ADMITTED_COUNT_ANNOTATION)?
+                    .parse::<u32>()
+                    .ok()
+            })
+            .max();
+        let (members, excess) = match admitted_count {
+            Some(k) => split_partial(members, k),
+            None => (members, Vec::new()),
+        };
+        let pods: Vec<&Value> = members.iter().map(|(p, _)| *p).collect();
+        let group = key
+            .split_once('/')
+            .map_or(key.as_str(), |(_, g)| g)
+            .to_string();
+        let infos: Vec<WorkloadInfo> = members.into_iter().map(|(_, i)| i).collect();
         let mut info = merge_live_pod_group(&group, infos);
+        let mut invalid = None;
         if let Some(i) = info.as_mut() {
             i.name = group;
+            match set_group_min_count(i, min) {
+                Err(why) if ungated.is_empty() => {
+                    invalid = Some(format!("annotation {POD_GROUP_MIN_COUNT}: {why}"));
+                }
+                // A running group's floor mattered for its admission only; the flavors'
+                // node labels written on admission can split it into shapes.
+                _ => {}
+            }
         }
-        out.push(live_of_pods(key, info, &pods, None));
+        if invalid.is_some() {
+            info = None;
+        }
+        let mut l = live_of_pods(key, info, &pods, invalid);
+        l.admitted_count = admitted_count;
+        l.excess = excess;
+        out.push(l);
     }
     for job in &s.jobs {
         if !names_queue(job) || job_done(job) {
@@ -371,6 +448,8 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
             state,
             objects: vec![r],
             gated: Vec::new(),
+            admitted_count: None,
+            excess: Vec::new(),
             graces: vec![0],
             admitted_at: admitted_at(job).unwrap_or_else(|| created(job)),
             recorded: recorded_job(job),
@@ -411,6 +490,8 @@ fn live_of_pods(
             .filter(|p| is_gated(p) && !terminating(p))
             .map(|p| obj_ref(ObjKind::Pod, p))
             .collect(),
+        admitted_count: None,
+        excess: Vec::new(),
         graces: pods.iter().map(|p| grace_seconds(p)).collect(),
         admitted_at: pods
             .iter()

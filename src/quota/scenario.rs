@@ -38,6 +38,9 @@ const POD_GROUP_COUNT: [&str; 2] = [
     "kueue.x-k8s.io/pod-group-total-count",
 ];
 const JOB_MIN_PARALLELISM: &str = "kueue.x-k8s.io/job-min-parallelism";
+/// Partial admission of a pod group: the fewest pods it may run with (Kueue has no
+/// such annotation for plain pod groups; Jobs use `job-min-parallelism`).
+pub const POD_GROUP_MIN_COUNT: &str = "tessera.io/pod-group-min-count";
 
 /// How far past the last object a plan runs when no `until` is given.
 pub const DEFAULT_HORIZON: Time = 7 * 24 * 3_600_000;
@@ -164,6 +167,7 @@ enum Object {
     PodOfGroup {
         group: String,
         total: u32,
+        min: Option<u32>,
         pod: Box<WorkloadInfo>,
     },
     Serving {
@@ -332,13 +336,18 @@ impl Scenario {
                         .map_err(|e| err(e.to_string()))?;
                     match first_label(&p.metadata.labels, &POD_GROUP_LABELS) {
                         Some(group) => {
-                            let total = first_label(&p.metadata.annotations, &POD_GROUP_COUNT)
-                                .ok_or_else(|| err(format!("Pod {:?}: a pod group needs annotation kueue.x-k8s.io/pod-group-total-count", p.metadata.name)))?
-                                .parse::<u32>()
-                                .map_err(|_| err(format!("Pod {:?}: pod-group-total-count is not a number", p.metadata.name)))?;
+                            let (total, min) = pod_group_counts(&p.metadata.annotations).map_err(
+                                |(field, why)| {
+                                    err(format!(
+                                        "Pod {:?}: annotation {field}: {why}",
+                                        p.metadata.name
+                                    ))
+                                },
+                            )?;
                             Object::PodOfGroup {
                                 group: group.to_string(),
                                 total,
+                                min,
                                 pod: Box::new(info),
                             }
                         }
@@ -412,14 +421,27 @@ impl Scenario {
                     let w = self.with_claims(w, &claims).map_err(err)?;
                     engine.submit(at, w.with_creation(at)).map_err(err)?;
                 }
-                Object::PodOfGroup { group, total, pod } => {
+                Object::PodOfGroup {
+                    group,
+                    total,
+                    min,
+                    pod,
+                } => {
                     let key = format!("{}/{}", pod.namespace, group);
                     let pod = self.with_claims(pod, &claims).map_err(err)?;
                     let members = groups.entry(key.clone()).or_default();
                     members.push(pod.with_creation(at));
                     if members.len() as u32 == *total {
                         let members = groups.remove(&key).unwrap_or_default();
-                        let w = merge_group(group, members);
+                        let mut w = merge_group(group, members);
+                        set_group_min_count(&mut w, *min).map_err(|why| {
+                            err(Error::Invalid {
+                                kind: "Pod",
+                                name: format!("(group {group})"),
+                                field: format!("metadata.annotations.{POD_GROUP_MIN_COUNT}"),
+                                why,
+                            })
+                        })?;
                         engine.submit(at, w).map_err(err)?;
                     }
                 }
@@ -645,6 +667,58 @@ fn merge_group(group: &str, members: Vec<WorkloadInfo>) -> WorkloadInfo {
     out
 }
 
+/// A pod group's total count (`pod-group-total-count`, ours or Kueue's) and partial
+/// admission floor ([`POD_GROUP_MIN_COUNT`]) from a member's annotations; `Err` names
+/// the annotation and what is wrong with it.
+pub fn pod_group_counts(
+    annotations: &BTreeMap<String, String>,
+) -> std::result::Result<(u32, Option<u32>), (&'static str, String)> {
+    let total_key = POD_GROUP_COUNT[1];
+    let total = first_label(annotations, &POD_GROUP_COUNT)
+        .ok_or((total_key, "a pod group needs its total count".to_string()))?
+        .parse::<u32>()
+        .map_err(|_| (total_key, "not a number".to_string()))?;
+    if total == 0 {
+        return Err((total_key, "must be at least 1".into()));
+    }
+    let min = annotations
+        .get(POD_GROUP_MIN_COUNT)
+        .map(|v| {
+            let min = v
+                .parse::<u32>()
+                .map_err(|_| (POD_GROUP_MIN_COUNT, format!("{v:?} is not a number")))?;
+            if min == 0 || min > total {
+                return Err((
+                    POD_GROUP_MIN_COUNT,
+                    format!("{min} is not between 1 and the group's total count {total}"),
+                ));
+            }
+            Ok(min)
+        })
+        .transpose()?;
+    Ok((total, min))
+}
+
+/// Sets a merged pod group's partial admission floor. Only a group whose pods are all
+/// alike (one pod set) can run with fewer: which pods to leave out of a group of
+/// several shapes is not the controller's to guess.
+pub fn set_group_min_count(
+    w: &mut WorkloadInfo,
+    min: Option<u32>,
+) -> std::result::Result<(), String> {
+    let Some(min) = min else { return Ok(()) };
+    match w.pod_sets.as_mut_slice() {
+        [only] => {
+            only.min_count = Some(min.min(only.count));
+            Ok(())
+        }
+        sets => Err(format!(
+            "partial admission needs the group's pods alike (same requests, node selector and tolerations); they come in {} shapes",
+            sets.len()
+        )),
+    }
+}
+
 /// A live Pod read by the controller: a workload of its own, or one member of a group.
 #[derive(Clone, Debug, PartialEq)]
 pub enum LivePod {
@@ -652,6 +726,8 @@ pub enum LivePod {
     GroupMember {
         group: String,
         total: u32,
+        /// The group's partial admission floor ([`POD_GROUP_MIN_COUNT`]).
+        min: Option<u32>,
         pod: WorkloadInfo,
     },
 }
@@ -703,22 +779,17 @@ pub fn workload_from_live_pod(pod: &serde_json::Value) -> Result<LivePod> {
     let Some(group) = first_label(&p.metadata.labels, &POD_GROUP_LABELS) else {
         return Ok(LivePod::Single(info));
     };
-    let invalid = |why: &str| Error::Invalid {
-        kind: "Pod",
-        name: p.metadata.name.clone(),
-        field: "metadata.annotations.kueue.x-k8s.io/pod-group-total-count".into(),
-        why: why.into(),
-    };
-    let total = first_label(&p.metadata.annotations, &POD_GROUP_COUNT)
-        .ok_or_else(|| invalid("a pod group needs its total count"))?
-        .parse::<u32>()
-        .map_err(|_| invalid("not a number"))?;
-    if total == 0 {
-        return Err(invalid("must be at least 1"));
-    }
+    let (total, min) =
+        pod_group_counts(&p.metadata.annotations).map_err(|(field, why)| Error::Invalid {
+            kind: "Pod",
+            name: p.metadata.name.clone(),
+            field: format!("metadata.annotations.{field}"),
+            why,
+        })?;
     Ok(LivePod::GroupMember {
         group: group.to_string(),
         total,
+        min,
         pod: info,
     })
 }
@@ -770,6 +841,63 @@ pub fn plan_str(text: &str, opts: &PlanOptions) -> Result<PlanOutput> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pod_group_counts_are_checked() {
+        let ann = |pairs: &[(&str, &str)]| -> BTreeMap<String, String> {
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        };
+        let total = "kueue.x-k8s.io/pod-group-total-count";
+        // (annotations, (total, min) or part of the error)
+        type Case<'a> = (
+            &'a [(&'a str, &'a str)],
+            std::result::Result<(u32, Option<u32>), &'a str>,
+        );
+        let cases: [Case; 6] = [
+            (&[(total, "4")], Ok((4, None))),
+            (
+                &[(total, "4"), (POD_GROUP_MIN_COUNT, "2")],
+                Ok((4, Some(2))),
+            ),
+            (&[], Err("needs its total count")),
+            (&[(total, "0")], Err("at least 1")),
+            (
+                &[(total, "4"), (POD_GROUP_MIN_COUNT, "5")],
+                Err("between 1 and"),
+            ),
+            (
+                &[(total, "4"), (POD_GROUP_MIN_COUNT, "two")],
+                Err("not a number"),
+            ),
+        ];
+        for (pairs, want) in cases {
+            match (pod_group_counts(&ann(pairs)), want) {
+                (Ok(got), Ok(w)) => assert_eq!(got, w, "{pairs:?}"),
+                (Err((_, why)), Err(w)) => assert!(why.contains(w), "{pairs:?}: {why}"),
+                (got, _) => panic!("{pairs:?}: {got:?}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_min_count_on_a_group_of_two_shapes_is_refused() {
+        let pod = |name: &str, gpus: u32| {
+            format!(
+                "kind: Pod\nmetadata: {{name: {name}, namespace: ml, labels: {{tessera.io/queue-name: q, tessera.io/pod-group-name: g}}, annotations: {{tessera.io/pod-group-total-count: \"2\", {POD_GROUP_MIN_COUNT}: \"1\"}}}}\nspec: {{containers: [{{resources: {{requests: {{nvidia.com/gpu: {gpus}}}}}}}]}}\n"
+            )
+        };
+        let text = format!("{}---\n{}", pod("a", 1), pod("b", 2));
+        let err = plan_str(&text, &PlanOptions::default())
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("2 shapes") && err.contains("document 2"),
+            "{err}"
+        );
+    }
 
     #[test]
     fn document_lines_are_found() {

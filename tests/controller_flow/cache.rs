@@ -17,7 +17,10 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// A fed cache and the pass state reading it; the token stops the feeders.
-async fn cached(s: &ApiServer, c: &Config) -> (PassState, Arc<Cache>, CancellationToken) {
+pub(super) async fn cached(
+    s: &ApiServer,
+    c: &Config,
+) -> (PassState, Arc<Cache>, CancellationToken) {
     let cache = Arc::new(Cache::new());
     let stop = CancellationToken::new();
     let mut state = PassState::with_cache(c, cache.clone());
