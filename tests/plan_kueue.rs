@@ -112,6 +112,20 @@ fn same_priority_reclaim_needs_any() {
 }
 
 #[test]
+fn lower_or_newer_equal_priority_preempts_a_newer_workload_of_the_same_priority() {
+    let out = plan("newer-equal-priority");
+    // `a` is older than `old`: never a candidate. `b` is newer: a candidate only under
+    // LowerOrNewerEqualPriority.
+    assert_eq!(
+        preempted(&out),
+        vec![("ml/newer-b", "ml/newer-old", "InClusterQueue")]
+    );
+    assert_eq!(admitted_at(&out, "ml/newer-old"), vec![60.0]);
+    assert_eq!(admitted_at(&out, "ml/lower-old"), vec![320.0], "after b's 5 minutes");
+    assert_eq!(admitted_at(&out, "ml/lower-b"), vec![20.0]);
+}
+
+#[test]
 fn preemption_takes_the_minimal_victim_set() {
     let out = plan("minimal-victims");
     // c (most recent) is tried first but is given back: b alone makes room.
