@@ -173,6 +173,9 @@ pub(super) struct Built {
     /// The preemption scopes ([`Scopes::of`]) of the workloads the engine preempted or
     /// evicted in this pass (empty: none was).
     pub(super) evicted_scopes: BTreeSet<String>,
+    /// ClusterQueues with a waiting workload that kept its recorded reason while
+    /// admission was held ([`keeps_recorded`]): told their reasons again when it is not.
+    pub(super) kept_recorded: BTreeSet<String>,
 }
 
 /// The `Admit` action for waiting workload `l` admitted by event `ev`.
@@ -441,6 +444,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         .iter()
         .map(|p| (p.workload.as_str(), (p.reason.as_str(), p.message.as_str())))
         .collect();
+    let mut kept_recorded = BTreeSet::new();
     for l in lives.iter().filter(|l| l.state == State::Waiting) {
         let (reason, message) = if let Some((r, m)) = l
             .invalid
@@ -454,6 +458,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
             // see its next report of this workload as a change.
             if keeps_recorded(&engine, r, l) {
                 engine.forget_reported(&l.key);
+                kept_recorded.extend(engine.cluster_queue_of(&l.key).map(String::from));
                 continue;
             }
             if let Some((pod, delay, why)) = blocked_for.get(&l.key) {
@@ -497,6 +502,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         restore_problem,
         unfit,
         evicted_scopes,
+        kept_recorded,
     };
     (plan, built)
 }

@@ -168,8 +168,9 @@ struct Kept {
     /// (their reason is kept with the submit errors); a backoff ending submits them.
     backoffs: BTreeSet<(Millis, String)>,
     /// With `blockAdmission`, while admission is held: the ClusterQueues whose reasons
-    /// are re-decided once it is no longer held (a held pass decides none), and the
-    /// workloads told `WaitingForPodsReady` (told their reason again then).
+    /// are re-decided once it is no longer held (a held pass decides none, and a waiting
+    /// workload keeps its recorded reason: `keeps_recorded`), and the workloads told
+    /// `WaitingForPodsReady` (told their reason again then).
     touched_while_held: BTreeSet<String>,
     held_heads: BTreeSet<String>,
     /// Running workloads evicted for a pods-ready timeout, as (admission, key): kept as
@@ -340,6 +341,7 @@ fn keep(
         lives,
         mut submit_errors,
         unfit,
+        kept_recorded,
         ..
     } = built;
     let mut backoffs = BTreeSet::new();
@@ -395,7 +397,7 @@ fn keep(
         unrecorded: BTreeSet::new(),
         backoffs,
         timed_out: BTreeSet::new(),
-        touched_while_held: BTreeSet::new(),
+        touched_while_held: kept_recorded,
         held_heads: BTreeSet::new(),
         books: match cfg.pods_ready {
             Some(_) => cache
@@ -1567,6 +1569,9 @@ fn fast_pass(
         // (`Engine::report_line` finds moved lines by what was reported).
         if from_engine && keeps_recorded(&kept.engine, &reason, l) {
             kept.engine.forget_reported(key);
+            if let Some(cq) = kept.engine.cluster_queue_of(key) {
+                kept.touched_while_held.insert(cq.to_string());
+            }
             continue;
         }
         if held_pass && from_engine {

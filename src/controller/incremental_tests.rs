@@ -44,7 +44,9 @@ struct World {
 }
 
 /// The ClusterQueues (LocalQueue `lq-<name>` each) a workload's `q` picks from.
-const QUEUES: [&str; 5] = ["a", "b", "c", "d", "e"];
+const QUEUES: [&str; 8] = ["a", "b", "c", "d", "e", "f", "g", "h"];
+/// The queues that generated workloads pick from (`q` in `0..QUEUE_PICKS`).
+const QUEUE_PICKS: u8 = QUEUES.len() as u8;
 
 fn queue(name: &str, cohort: Option<&str>, flavors: &[(&str, u64)]) -> Value {
     let flavors: Vec<Value> = flavors
@@ -94,6 +96,18 @@ impl World {
         let mut e = queue("e", None, &[("h100", 2)]);
         e["spec"]["queueingStrategy"] = json!("StrictFIFO");
         w.put(2, e);
+        // Without preemption (parked reasons are not re-decided when the books move,
+        // `Engine::refresh_cohort_of`): `f` alone, and cohort `np` of `g` (two flavors)
+        // lending to `h`.
+        for (name, cohort, flavors) in [
+            ("f", None, &[("h100", 3)][..]),
+            ("g", Some("np"), &[("h100", 2), ("a100", 1)][..]),
+            ("h", Some("np"), &[("h100", 1)][..]),
+        ] {
+            let mut q = queue(name, cohort, flavors);
+            q["spec"]["preemption"] = json!({});
+            w.put(2, q);
+        }
         for q in QUEUES {
             w.put(3, json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
                 "metadata": {"name": format!("lq-{q}"), "namespace": "team"}, "spec": {"clusterQueue": q}}));
@@ -644,9 +658,9 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        4 => (0u8..5, 1u8..4, any::<bool>(), 0u8..3, 0u8..4, 0u8..3, proptest::bool::weighted(0.3)).prop_map(|(q, gpus, high, minute, group, prefix, partial)| Op::Pods { q, gpus, high, minute, group, prefix, partial }),
-        2 => (0u8..5, 1u8..3, any::<bool>(), 0u8..3, 1u8..4, 0u8..3, proptest::bool::weighted(0.3)).prop_map(|(q, gpus, high, minute, parallelism, prefix, partial)| Op::Job { q, gpus, high, minute, parallelism, prefix, partial }),
-        2 => (0u8..5, 1u8..3, 0u8..3, 2u8..5).prop_map(|(q, gpus, minute, count)| Op::Burst { q, gpus, minute, count }),
+        4 => (0..QUEUE_PICKS, 1u8..4, any::<bool>(), 0u8..3, 0u8..4, 0u8..3, proptest::bool::weighted(0.3)).prop_map(|(q, gpus, high, minute, group, prefix, partial)| Op::Pods { q, gpus, high, minute, group, prefix, partial }),
+        2 => (0..QUEUE_PICKS, 1u8..3, any::<bool>(), 0u8..3, 1u8..4, 0u8..3, proptest::bool::weighted(0.3)).prop_map(|(q, gpus, high, minute, parallelism, prefix, partial)| Op::Job { q, gpus, high, minute, parallelism, prefix, partial }),
+        2 => (0..QUEUE_PICKS, 1u8..3, 0u8..3, 2u8..5).prop_map(|(q, gpus, minute, count)| Op::Burst { q, gpus, minute, count }),
         1 => any::<usize>().prop_map(Op::Remove),
         1 => (any::<usize>(), 1u8..4).prop_map(|(i, g)| Op::Resize(i, g)),
         1 => (any::<usize>(), 1u8..4).prop_map(|(i, g)| Op::Recreate(i, g)),
@@ -1829,4 +1843,95 @@ fn partial_admissions_stay_incremental() {
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     // The preemption's two passes (eviction, victim gone); the admissions none.
     assert_eq!(inc.stats.scopes_redecided, 2, "{:?}", inc.stats);
+}
+
+/// A reason kept while admission is held (`blockAdmission`) is told again when the hold
+/// ends, also in a StrictFIFO queue whose workloads are not evaluated then: `p1` was
+/// told `WaitingForPodsReady` as a head, kept it behind a new head, and is `Queued`
+/// once the admitted workload that held admission times out (found by the property
+/// test, seed 10).
+#[test]
+fn a_reason_kept_while_held_is_told_again_when_the_hold_ends() {
+    let pods = |q: u8, gpus: u8, high: bool, group: u8| Op::Pods {
+        q,
+        gpus,
+        high,
+        minute: 0,
+        group,
+        prefix: 0,
+        partial: false,
+    };
+    let ops = [
+        pods(4, 1, false, 0),
+        pods(2, 1, false, 2),
+        Op::Apply(None),
+        Op::Advance(60),
+        pods(4, 3, true, 0),
+        pods(3, 1, false, 0),
+        Op::Apply(None),
+        Op::Advance(60),
+    ];
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let c = cfg_pods_ready(true);
+    let mut last = Plan::default();
+    for op in &ops {
+        step(&mut w, op, &last);
+        last = checked_pass(&w, &mut inc, &c, &BTreeMap::new());
+    }
+    assert!(
+        last.actions.iter().any(|a| matches!(a,
+            Action::Pending { workload, reason, .. } if workload == "team/pod-p1" && reason == "Queued")),
+        "{last:?}"
+    );
+}
+
+/// Time of the passes after the head of a queue of `N` (default 50,000) waiting 1-GPU
+/// pods is admitted (the 4-GPU pod ahead of them finished), in queue `a` as it is
+/// (preemption: every parked workload re-decided) and with `NOPREEMPT` set (no
+/// preemption: only the first ten). A measurement: `cargo test --release --lib
+/// head_pass_cost -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn head_pass_cost() {
+    let n: usize = std::env::var("N")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(50_000);
+    let mut w = World::new();
+    if std::env::var("NOPREEMPT").is_ok() {
+        let mut a = queue("a", None, &[("h100", 4)]);
+        a["spec"]["preemption"] = json!({});
+        w.put(2, a);
+    }
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    w.add_pods(0, 4, false, 0, 0);
+    let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+    w.apply(&plan, None);
+    for _ in 0..n {
+        w.add_pods(0, 1, false, 1, 0);
+    }
+    for _ in 0..2 {
+        let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+        w.apply(&plan, None);
+    }
+    let mut big = w
+        .pods()
+        .into_iter()
+        .find(|p| p["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 4)
+        .expect("the 4-GPU pod");
+    big["status"]["phase"] = json!("Succeeded");
+    w.put_pod(big);
+    for name in ["admitting the head", "seeing it back", "idle"] {
+        let t = std::time::Instant::now();
+        let plan = inc.decide(&w.cache, &c, w.now, &blocked);
+        eprintln!(
+            "{name}: {:?}, {} actions ({:?})",
+            t.elapsed(),
+            plan.actions.len(),
+            inc.stats
+        );
+        w.apply(&plan, None);
+    }
 }
