@@ -121,7 +121,11 @@ fn lower_or_newer_equal_priority_preempts_a_newer_workload_of_the_same_priority(
         vec![("ml/newer-b", "ml/newer-old", "InClusterQueue")]
     );
     assert_eq!(admitted_at(&out, "ml/newer-old"), vec![60.0]);
-    assert_eq!(admitted_at(&out, "ml/lower-old"), vec![320.0], "after b's 5 minutes");
+    assert_eq!(
+        admitted_at(&out, "ml/lower-old"),
+        vec![320.0],
+        "after b's 5 minutes"
+    );
     assert_eq!(admitted_at(&out, "ml/lower-b"), vec![20.0]);
 }
 

@@ -27,8 +27,9 @@ pub(crate) enum Mode {
 pub(crate) enum Failure {
     NoFlavor(String),
     ExceedsMax(String),
-    /// `message` names the quota free now; `brief` only what was requested (it changes
-    /// only when the workload's own request or the flavors tried change).
+    /// `message` names the quota free now; `brief` only what was requested, in every
+    /// flavor tried, short or not (it changes only when the workload's own request or
+    /// the flavors tried change, not with the books).
     Insufficient {
         message: String,
         brief: String,
@@ -42,8 +43,6 @@ enum Detail {
     Max,
     /// The quota free now.
     Free,
-    /// Only the request.
-    Requested,
 }
 
 /// The outcome of assigning flavors to every pod set of a workload.
@@ -65,6 +64,8 @@ struct Option_ {
     mode: Mode,
     exceeds: bool,
     shorts: Vec<(FrId, i64, i64)>,
+    /// `(fr, request)` of every requested resource in this flavor, short or not.
+    requested: Vec<(FrId, i64)>,
 }
 
 impl Engine {
@@ -174,12 +175,14 @@ impl Engine {
                     let mut m = Mode::Fit;
                     let mut exceeds = false;
                     let mut shorts = Vec::new();
+                    let mut requested = Vec::new();
                     for (r, total) in &reqs {
                         let Some(&(_, fr)) = slot.resources.iter().find(|(name, _)| name == r)
                         else {
                             continue;
                         };
                         let val = acc.get(&fr).copied().unwrap_or(0) + total;
+                        requested.push((fr, val));
                         let avail = self.available(cq, fr).unwrap_or(0);
                         let nominal = self.nominal(cq, fr);
                         let rm = if ignore_quota {
@@ -225,6 +228,7 @@ impl Engine {
                         mode: m,
                         exceeds,
                         shorts,
+                        requested,
                     });
                     if stop {
                         chosen = Some(options.len() - 1);
@@ -312,15 +316,24 @@ impl Engine {
     }
 
     fn insufficient(&self, cq: CqId, pod_set: &str, options: &[Option_]) -> Failure {
-        let say = |detail| {
-            format!(
-                "insufficient unused quota for pod set {pod_set}: {}",
-                self.describe_shorts(cq, options, detail)
-            )
-        };
+        let q = |v: i64| super::quantity::Quantity(v).to_string();
+        let requested: Vec<String> = options
+            .iter()
+            .flat_map(|o| &o.requested)
+            .map(|&(fr, val)| {
+                let (f, r) = &self.fr_names[fr];
+                format!("{r} in flavor {f}: {} requested", q(val))
+            })
+            .collect();
         Failure::Insufficient {
-            message: say(Detail::Free),
-            brief: say(Detail::Requested),
+            message: format!(
+                "insufficient unused quota for pod set {pod_set}: {}",
+                self.describe_shorts(cq, options, Detail::Free)
+            ),
+            brief: format!(
+                "insufficient unused quota for pod set {pod_set}: {}",
+                requested.join("; ")
+            ),
         }
     }
 
@@ -341,7 +354,6 @@ impl Engine {
                         q(val),
                         q(avail.max(0))
                     ),
-                    Detail::Requested => format!("{r} in flavor {f}: {} requested", q(val)),
                 });
             }
         }

@@ -210,6 +210,8 @@ pub(crate) struct Wl {
     pub gen: u64,
     pub reason: PendingReason,
     pub reported: Option<(&'static str, String)>,
+    /// The place `reported` was written for ([`place_key`]).
+    pub reported_place: (usize, usize),
     /// The [`Engine::flush_epoch`] of the last flush that compared its message with
     /// `reported` (a moved line needs no second look at it: `Engine::report_line`).
     pub checked: u64,
@@ -545,6 +547,7 @@ impl Engine {
             gen: 0,
             reason: PendingReason::Queued,
             reported: None,
+            reported_place: (0, 0),
             checked: 0,
             requeues: 0,
             progress: 0,
@@ -901,6 +904,7 @@ impl Engine {
         ev.position = position;
         self.events.push(ev);
         self.wls[id].reported = Some((code, message));
+        self.wls[id].reported_place = place_key(position, self.cfg.positions);
     }
 
     /// Emits a `Pending` event for each workload waiting in ClusterQueue `cq` whose
@@ -914,11 +918,17 @@ impl Engine {
         if !self.cfg.record_events {
             return;
         }
+        let positions = self.cfg.positions;
         for (rank, id) in self.queue_order(c).into_iter().enumerate() {
             let w = &self.wls[id];
             // Compared at its place by the last flush already (a re-decided cohort).
             if w.state == WlState::Pending && w.checked != self.flush_epoch {
                 let position = w.reason.has_position().then_some(rank + 1);
+                // Its reason is the one reported (every change of a reason is flushed
+                // and compared): the same place writes the same message.
+                if w.reported.is_some() && w.reported_place == place_key(position, positions) {
+                    continue;
+                }
                 self.report_pending(id, position, now);
             }
         }
@@ -943,7 +953,7 @@ impl Engine {
     }
 
     /// The workloads queued or parked in `cq`, in queue order (one merge of both).
-    fn queue_order(&self, cq: CqId) -> Vec<WlId> {
+    pub(crate) fn queue_order(&self, cq: CqId) -> Vec<WlId> {
         let q = &self.cqs[cq];
         let (mut a, mut b) = (q.pending.iter().peekable(), q.parked.iter().peekable());
         let mut out = Vec::with_capacity(q.pending.len() + q.parked.len());
@@ -1180,5 +1190,17 @@ impl Engine {
                 }
             }
         }
+    }
+}
+
+/// What of a workload's place its message shows: nothing, the exact place `(p, p)`, or
+/// with [`Positions::Ranged`] the range holding it further back.
+fn place_key(position: Option<usize>, positions: Positions) -> (usize, usize) {
+    match position {
+        None => (0, 0),
+        Some(p) if positions == Positions::Ranged => {
+            super::events::place_range(p).unwrap_or((p, p))
+        }
+        Some(p) => (p, p),
     }
 }

@@ -511,3 +511,44 @@ fn an_overtaken_strict_fifo_head_waits_queued_again() {
     assert!(e.is_admitted("ml/urgent"));
     assert_eq!(reason(&e, "ml/big").as_deref(), Some("WaitingForQuota"));
 }
+
+/// With ranged positions, refreshing a cohort whose queues cannot preempt re-decides
+/// only the first `EXACT_PLACES` parked workloads of each queue (their messages name
+/// the quota free now; the others' reasons cannot change with the books); a queue that
+/// can preempt is re-decided whole. The reasons stay what a fresh decision gives.
+#[test]
+fn refreshing_reasons_without_preemption_re_decides_only_the_front() {
+    use super::events::{Positions, EXACT_PLACES};
+    for (preempting, woken) in [(false, EXACT_PLACES as u64), (true, 100)] {
+        let mut b = cluster_queue("q").quota("h100", GPU, 4);
+        if preempting {
+            b = b.preemption("withinClusterQueue: LowerPriority");
+        }
+        let q = b.build();
+        let mut e = Engine::new(EngineConfig {
+            positions: Positions::Ranged,
+            ..EngineConfig::default()
+        });
+        e.apply_flavor(&flavor("h100"), 0).unwrap();
+        e.apply_cluster_queue(&q, 0).unwrap();
+        e.apply_local_queue(&local_queue("ml", "q", "q"), 0).unwrap();
+        submit(&mut e, 0, job("ml/big", "q", 4));
+        for i in 0..100 {
+            submit(&mut e, 1, job(&format!("ml/w{i:03}"), "q", 1).created(1));
+        }
+        e.take_events();
+        let before = e.stats.wakes;
+        e.refresh_cohort_of("q", 2);
+        e.schedule(2).unwrap();
+        e.check_invariants().unwrap();
+        assert_eq!(e.stats.wakes - before, woken, "preempting: {preempting}");
+        // Still parked, with the same reasons; the big one ending wakes them as before.
+        assert!(e.take_events().is_empty());
+        e.remove(3, "ml/big").unwrap();
+        e.schedule(3).unwrap();
+        let admitted = (0..100)
+            .filter(|i| e.is_admitted(&format!("ml/w{i:03}")))
+            .count();
+        assert_eq!(admitted, 4, "preempting: {preempting}");
+    }
+}

@@ -1,7 +1,9 @@
 //! Read-outs of the engine: the final state of a plan and invariant checks for tests.
 
 use super::engine::{Engine, WlState};
-use super::events::{AdmittedEntry, FinalState, PendingEntry, QueueUsage, UsageEntry};
+use super::events::{
+    AdmittedEntry, FinalState, PendingEntry, Positions, QueueUsage, UsageEntry, EXACT_PLACES,
+};
 use super::quantity::Quantity;
 use std::collections::{BTreeMap, HashMap};
 
@@ -129,24 +131,30 @@ impl Engine {
         let Some(&c) = self.cq_by_name.get(cq) else {
             return Vec::new();
         };
-        let q = &self.cqs[c];
-        let mut keys: Vec<_> = q.pending.iter().chain(q.parked.iter()).cloned().collect();
-        keys.sort_unstable();
-        keys.dedup();
-        keys.iter()
-            .enumerate()
-            .filter(|(_, k)| only.contains(&*self.wls[k.3].key))
-            .map(|(i, k)| {
-                let w = &self.wls[k.3];
-                let position =
-                    (w.reason.has_position() && w.state == WlState::Pending).then_some(i + 1);
-                (
-                    w.key.to_string(),
-                    w.reason.code().to_string(),
-                    w.reason.message_as(position, self.cfg.positions),
-                )
-            })
-            .collect()
+        let wanted: std::collections::HashSet<usize> = only
+            .iter()
+            .filter_map(|k| self.wl_by_key.get(k.as_str()).copied())
+            .filter(|&id| self.wls[id].cq == Some(c))
+            .collect();
+        let mut out = Vec::with_capacity(wanted.len());
+        // One walk, up to the last of them.
+        for (i, id) in self.queue_order(c).into_iter().enumerate() {
+            if out.len() == wanted.len() {
+                break;
+            }
+            if !wanted.contains(&id) {
+                continue;
+            }
+            let w = &self.wls[id];
+            let position =
+                (w.reason.has_position() && w.state == WlState::Pending).then_some(i + 1);
+            out.push((
+                w.key.to_string(),
+                w.reason.code().to_string(),
+                w.reason.message_as(position, self.cfg.positions),
+            ));
+        }
+        out
     }
 
     /// The ClusterQueue `key` waits or runs in, when known.
@@ -184,16 +192,23 @@ impl Engine {
         self.wl_by_key.contains_key(key)
     }
 
-    /// Puts every parked workload of `cq`'s cohort (or of `cq` alone, without one) back
-    /// in its queue, so the next [`Engine::schedule`] re-decides their reasons against
-    /// the books as they are now (a parked reason keeps the numbers it was decided on).
-    /// Returns the names of the ClusterQueues woken.
+    /// Puts the parked workloads of `cq`'s cohort (or of `cq` alone, without one) whose
+    /// reasons could have changed back in their queues, so the next
+    /// [`Engine::schedule`] re-decides them against the books as they are now (a parked
+    /// reason keeps the numbers it was decided on): with [`Positions::Ranged`] and no
+    /// preemption in the cohort, only the first [`EXACT_PLACES`] of each queue, whose
+    /// messages name the quota free now (see `wake.rs`); else all of them. Returns the
+    /// names of the cohort's ClusterQueues.
     pub fn refresh_cohort_of(&mut self, cq: &str, now: super::quantity::Time) -> Vec<String> {
         let Some(&c) = self.cq_by_name.get(cq) else {
             return Vec::new();
         };
         let co = self.cqs[c].cohort;
-        self.wake_cohort_all(co, now);
+        if self.cfg.positions == Positions::Ranged {
+            self.wake_cohort_reasons(co, EXACT_PLACES, now);
+        } else {
+            self.wake_cohort_all(co, now);
+        }
         self.cohorts[co]
             .members
             .iter()

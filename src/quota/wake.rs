@@ -362,25 +362,119 @@ impl Engine {
         self.cohorts[co].wake_free.clear();
         self.cohorts[co].reclaimers.clear();
         for m in members {
-            let q = &mut self.cqs[m];
-            q.wake.clear();
-            q.wake_usage.clear();
-            q.classes.clear();
-            let parked = std::mem::take(&mut q.parked);
-            self.stats.wakes += parked.len() as u64;
-            for key in &parked {
-                self.wls[key.3].gen += 1;
-            }
-            let q = &mut self.cqs[m];
-            q.pending.extend(parked);
-            if !q.pending.is_empty() && q.spec.stop == StopPolicy::None {
-                self.ready.insert(m);
-            }
-            if let Some(b) = q.blocked.take() {
-                self.wls[b.3].gen += 1;
-                self.queued_again(b.3);
-            }
+            self.wake_queue_all(m);
         }
+    }
+
+    /// Puts every parked workload of queue `m` back in it (and unblocks a StrictFIFO
+    /// head). Entries of its workloads left in the cohort's indexes go stale (their
+    /// generation moved on).
+    fn wake_queue_all(&mut self, m: CqId) {
+        let q = &mut self.cqs[m];
+        q.wake.clear();
+        q.wake_usage.clear();
+        q.classes.clear();
+        let parked = std::mem::take(&mut q.parked);
+        self.stats.wakes += parked.len() as u64;
+        for key in &parked {
+            self.wls[key.3].gen += 1;
+        }
+        let q = &mut self.cqs[m];
+        q.pending.extend(parked);
+        self.unblock(m);
+    }
+
+    /// Makes queue `m` ready if it has pending workloads, and puts its blocked
+    /// StrictFIFO head back.
+    fn unblock(&mut self, m: CqId) {
+        let q = &mut self.cqs[m];
+        if !q.pending.is_empty() && q.spec.stop == StopPolicy::None {
+            self.ready.insert(m);
+        }
+        if let Some(b) = q.blocked.take() {
+            self.wls[b.3].gen += 1;
+            self.queued_again(b.3);
+        }
+    }
+
+    /// Puts parked workloads of cohort `co` back in their queues so that the next
+    /// schedule decides their reasons against the books as they are now. Where a parked
+    /// reason cannot change with the books, only the first `front` of each queue are
+    /// (their messages name the quota free now; see [`Engine::reasons_follow_books`]);
+    /// elsewhere all of them. Used by a caller that must report what a fresh engine
+    /// would (the controller): the scheduling semantics are the wake index's.
+    pub(crate) fn wake_cohort_reasons(&mut self, co: usize, front: usize, now: Time) {
+        let members = self.cohorts[co].members.clone();
+        if members.iter().any(|&m| self.cqs[m].spec.can_preempt()) {
+            self.wake_cohort_all(co, now);
+            return;
+        }
+        for m in members {
+            if self.reasons_follow_books(m) {
+                self.wake_queue_all(m);
+                continue;
+            }
+            let keys: Vec<super::engine::OrderKey> =
+                self.cqs[m].parked.iter().take(front).cloned().collect();
+            for key in keys {
+                let shape = self.shape_in(key.3, m);
+                let q = &mut self.cqs[m];
+                q.parked.remove(&key);
+                // The class's wake-up may have been armed by this member: the class
+                // waits disarmed until a member parks again (this one, re-decided now).
+                if let Some(class) = q.classes.get_mut(&shape) {
+                    class.members.remove(&key);
+                    class.armed = false;
+                    if class.members.is_empty() {
+                        q.classes.remove(&shape);
+                    }
+                }
+                q.pending.insert(key.clone());
+                self.wls[key.3].gen += 1;
+                self.stats.wakes += 1;
+            }
+            self.unblock(m);
+        }
+    }
+
+    /// Whether a parked workload of queue `m` (which cannot preempt) may hold a reason
+    /// that the books alone change. Without preemption a parked workload cannot fit
+    /// until the wake index says so, and what its reason says apart from the quota free
+    /// (which flavor-fit failure, exceeding the queue's maximum or not, the request in
+    /// every flavor tried) follows from its request and the queue alone — when it is one
+    /// pod set, within one resource group, admitted whole. With several pod sets or
+    /// groups, which one fails first depends on the others' fit, and with partial
+    /// admission which count was tried last: such a queue is re-decided whole.
+    fn reasons_follow_books(&self, m: CqId) -> bool {
+        let q = &self.cqs[m];
+        let members: usize = q.classes.values().map(|c| c.members.len()).sum();
+        if members != q.parked.len() {
+            return true;
+        }
+        let covers_pods = q.spec.group_of(super::model::PODS).is_some();
+        q.classes.values().any(|c| {
+            let Some(first) = c.members.first() else {
+                return false;
+            };
+            let info = &self.wls[first.3].info;
+            let [ps] = info.pod_sets.as_slice() else {
+                return true;
+            };
+            if ps.min_count.is_some_and(|min| min < ps.count) {
+                return true;
+            }
+            let mut groups = ps
+                .requests
+                .iter()
+                .filter(|(_, v)| v.0 > 0)
+                .map(|(r, _)| q.spec.group_of(r));
+            let first_group = groups.next().flatten();
+            let mut other = groups.any(|g| g != first_group);
+            if covers_pods && !ps.requests.contains_key(super::model::PODS) {
+                other |= q.spec.group_of(super::model::PODS) != first_group;
+            }
+            other
+        })
     }
 
     /// Re-evaluates everything (a flavor or namespace changed).
