@@ -142,6 +142,13 @@ fn pod(s: &ApiServer, name: &str) -> Value {
         .unwrap()
 }
 
+fn job_named(s: &ApiServer, name: &str) -> Value {
+    s.objects(JOBS)
+        .into_iter()
+        .find(|j| j["metadata"]["name"] == name)
+        .unwrap()
+}
+
 fn gated(p: &Value) -> bool {
     p["spec"]["schedulingGates"]
         .as_array()
@@ -288,12 +295,7 @@ async fn jobs_are_unsuspended_on_admission_and_suspended_on_preemption() {
                                            "resources": {"limits": {"nvidia.com/gpu": 2}}}]}}}});
         patched(j, ("batch", "Job"))
     };
-    let get = |name: &str| {
-        s.objects(JOBS)
-            .into_iter()
-            .find(|j| j["metadata"]["name"] == name)
-            .unwrap()
-    };
+    let get = |name: &str| job_named(&s, name);
     s.put_object(JOBS, job("train", "low", 2));
     assert_eq!(
         get("train")["spec"]["suspend"],

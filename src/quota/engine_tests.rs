@@ -531,7 +531,8 @@ fn refreshing_reasons_without_preemption_re_decides_only_the_front() {
         });
         e.apply_flavor(&flavor("h100"), 0).unwrap();
         e.apply_cluster_queue(&q, 0).unwrap();
-        e.apply_local_queue(&local_queue("ml", "q", "q"), 0).unwrap();
+        e.apply_local_queue(&local_queue("ml", "q", "q"), 0)
+            .unwrap();
         submit(&mut e, 0, job("ml/big", "q", 4));
         for i in 0..100 {
             submit(&mut e, 1, job(&format!("ml/w{i:03}"), "q", 1).created(1));

@@ -107,12 +107,7 @@ async fn a_partially_admitted_job_queues_with_its_full_size_after_preemption() {
         }
         patched(j, ("batch", "Job"))
     };
-    let get = |name: &str| {
-        s.objects(JOBS)
-            .into_iter()
-            .find(|j| j["metadata"]["name"] == name)
-            .unwrap()
-    };
+    let get = |name: &str| job_named(&s, name);
     let shape = |name: &str| {
         let j = get(name);
         (

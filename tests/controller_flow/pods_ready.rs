@@ -6,12 +6,8 @@
 use super::*;
 use tessera::quota::WaitForPodsReady;
 
-fn job(s: &ApiServer, name: &str) -> Value {
-    s.objects(JOBS)
-        .into_iter()
-        .find(|j| j["metadata"]["name"] == name)
-        .unwrap()
-}
+// The Job `name` as stored.
+use super::job_named as job;
 
 fn annotation(v: &Value, key: &str) -> Value {
     v["metadata"]["annotations"][key].clone()

@@ -136,12 +136,8 @@ fn training_job(name: &str, resources: Value) -> Value {
     patched(j, ("batch", "Job"))
 }
 
-fn job(s: &ApiServer, name: &str) -> Value {
-    s.objects(JOBS)
-        .into_iter()
-        .find(|j| j["metadata"]["name"] == name)
-        .unwrap()
-}
+// The Job `name` as stored.
+use super::job_named as job;
 
 fn cq_status(s: &ApiServer, name: &str) -> Value {
     s.objects(&format!("{G}/clusterqueues"))
