@@ -5,7 +5,7 @@
 use super::api::{BorrowWithinCohortPolicy, WhenCanBorrow, WhenCanPreempt};
 use super::engine::Engine;
 use super::events::FlavorMap;
-use super::model::{CqId, FrId, PodSetInfo, WlId, PODS};
+use super::model::{CqId, FrId, Group, PodSetInfo, WlId, PODS};
 use super::preempt::Victims;
 use super::quantity::Time;
 use std::collections::BTreeMap;
@@ -64,8 +64,6 @@ struct Option_ {
     mode: Mode,
     exceeds: bool,
     shorts: Vec<(FrId, i64, i64)>,
-    /// `(fr, request)` of every requested resource in this flavor, short or not.
-    requested: Vec<(FrId, i64)>,
 }
 
 impl Engine {
@@ -175,14 +173,12 @@ impl Engine {
                     let mut m = Mode::Fit;
                     let mut exceeds = false;
                     let mut shorts = Vec::new();
-                    let mut requested = Vec::new();
                     for (r, total) in &reqs {
                         let Some(&(_, fr)) = slot.resources.iter().find(|(name, _)| name == r)
                         else {
                             continue;
                         };
                         let val = acc.get(&fr).copied().unwrap_or(0) + total;
-                        requested.push((fr, val));
                         let avail = self.available(cq, fr).unwrap_or(0);
                         let nominal = self.nominal(cq, fr);
                         let rm = if ignore_quota {
@@ -228,7 +224,6 @@ impl Engine {
                         mode: m,
                         exceeds,
                         shorts,
-                        requested,
                     });
                     if stop {
                         chosen = Some(options.len() - 1);
@@ -278,14 +273,19 @@ impl Engine {
                             self.describe_shorts(cq, &options, Detail::Max)
                         ))
                     } else {
-                        self.insufficient(cq, &ps.name, &options)
+                        self.insufficient(cq, &ps.name, &options, (group, &reqs, &acc))
                     });
                     break 'podsets;
                 };
                 let o = &options[ci];
                 mode = mode.max(o.mode);
                 if o.mode == Mode::Preempt && failure.is_none() {
-                    failure = Some(self.insufficient(cq, &ps.name, std::slice::from_ref(o)));
+                    failure = Some(self.insufficient(
+                        cq,
+                        &ps.name,
+                        std::slice::from_ref(o),
+                        (group, &reqs, &acc),
+                    ));
                 }
                 let slot = &group.flavors[o.slot];
                 let entry = flavors.entry(ps.name.clone()).or_default();
@@ -315,16 +315,33 @@ impl Engine {
         }
     }
 
-    fn insufficient(&self, cq: CqId, pod_set: &str, options: &[Option_]) -> Failure {
+    /// The failure of a pod set no flavor of `group` could take now. `request` is the
+    /// group, the pod set's total requests in it and what earlier pod sets put on each
+    /// flavor: the brief message names the request in every flavor tried, short or not
+    /// (built here, on failure only, not while trying flavors).
+    fn insufficient(
+        &self,
+        cq: CqId,
+        pod_set: &str,
+        options: &[Option_],
+        request: (&Group, &[(String, i64)], &BTreeMap<FrId, i64>),
+    ) -> Failure {
+        let (group, reqs, acc) = request;
         let q = |v: i64| super::quantity::Quantity(v).to_string();
-        let requested: Vec<String> = options
-            .iter()
-            .flat_map(|o| &o.requested)
-            .map(|&(fr, val)| {
-                let (f, r) = &self.fr_names[fr];
-                format!("{r} in flavor {f}: {} requested", q(val))
-            })
-            .collect();
+        let mut requested = Vec::new();
+        for o in options {
+            let slot = &group.flavors[o.slot];
+            for (r, total) in reqs {
+                if let Some(&(_, fr)) = slot.resources.iter().find(|(name, _)| name == r) {
+                    let val = acc.get(&fr).copied().unwrap_or(0) + total;
+                    requested.push(format!(
+                        "{r} in flavor {}: {} requested",
+                        slot.flavor,
+                        q(val)
+                    ));
+                }
+            }
+        }
         Failure::Insufficient {
             message: format!(
                 "insufficient unused quota for pod set {pod_set}: {}",
