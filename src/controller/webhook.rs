@@ -9,7 +9,8 @@
 
 use super::{ADMISSION_GATE, PRIORITY_ANNOTATION};
 use crate::quota::scenario::{
-    pod_group_counts, POD_GROUP_LABEL_KEYS as POD_GROUP_LABELS, PRIORITY_LABELS, QUEUE_LABELS,
+    pod_group_counts, POD_GROUP_LABEL_KEYS as POD_GROUP_LABELS, POD_GROUP_MIN_COUNT,
+    PRIORITY_LABELS, QUEUE_LABELS,
 };
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
@@ -123,6 +124,11 @@ pub fn decide(request: &Value, classes: Option<&BTreeMap<String, i32>>) -> Verdi
         if let Err((field, why)) = pod_group_counts(&annotations) {
             return Verdict::Deny(format!("Pod: annotation {field}: {why}"));
         }
+    } else if object["metadata"]["annotations"][POD_GROUP_MIN_COUNT].is_string() {
+        return Verdict::Deny(format!(
+            "Pod: annotation {POD_GROUP_MIN_COUNT} needs a pod group (label {})",
+            POD_GROUP_LABELS[0]
+        ));
     }
     let gates = &object["spec"]["schedulingGates"];
     let gated = gates
@@ -377,6 +383,19 @@ mod tests {
                 Some("pod-group-total-count: not a number"),
             ),
             (
+                "min count without a group",
+                ("", "Pod"),
+                "CREATE",
+                pod(
+                    json!({"tessera.io/queue-name": "lq"}),
+                    json!({"tessera.io/pod-group-min-count": "1"}),
+                    None,
+                ),
+                false,
+                false,
+                Some("tessera.io/pod-group-min-count needs a pod group"),
+            ),
+            (
                 "group min count above its total",
                 ("", "Pod"),
                 "CREATE",
@@ -397,6 +416,20 @@ mod tests {
                 pod(
                     group.clone(),
                     json!({"kueue.x-k8s.io/pod-group-total-count": "2"}),
+                    None,
+                ),
+                true,
+                false,
+                None,
+            ),
+            (
+                "group with a min count",
+                ("", "Pod"),
+                "CREATE",
+                pod(
+                    group.clone(),
+                    json!({"kueue.x-k8s.io/pod-group-total-count": "4",
+                           "tessera.io/pod-group-min-count": "2"}),
                     None,
                 ),
                 true,
