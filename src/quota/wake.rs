@@ -400,7 +400,7 @@ impl Engine {
     /// Puts parked workloads of cohort `co` back in their queues so that the next
     /// schedule decides their reasons against the books as they are now. Where a parked
     /// reason cannot change with the books, only the first `front` of each queue are
-    /// (their messages name the quota free now; see [`Engine::reasons_follow_books`]);
+    /// (their messages name the quota free now; see [`Engine::reasons_may_follow_books`]);
     /// elsewhere all of them. Used by a caller that must report what a fresh engine
     /// would (the controller): the scheduling semantics are the wake index's.
     pub(crate) fn wake_cohort_reasons(&mut self, co: usize, front: usize, now: Time) {
@@ -410,7 +410,7 @@ impl Engine {
             return;
         }
         for m in members {
-            if self.reasons_follow_books(m) {
+            if self.reasons_may_follow_books(m) {
                 self.wake_queue_all(m);
                 continue;
             }
@@ -445,7 +445,7 @@ impl Engine {
     /// pod set, within one resource group, admitted whole. With several pod sets or
     /// groups, which one fails first depends on the others' fit, and with partial
     /// admission which count was tried last: such a queue is re-decided whole.
-    fn reasons_follow_books(&self, m: CqId) -> bool {
+    fn reasons_may_follow_books(&self, m: CqId) -> bool {
         let q = &self.cqs[m];
         let members: usize = q.classes.values().map(|c| c.members.len()).sum();
         if members != q.parked.len() {
