@@ -142,6 +142,104 @@ fn pod(s: &ApiServer, name: &str) -> Value {
         .unwrap()
 }
 
+/// The `(API group, resource[/subresource], verb)` of a request `METHOD path?query` as
+/// the API server's authorizer sees it.
+fn request_attributes(request: &str) -> (String, String, String) {
+    let (method, url) = request.split_once(' ').unwrap();
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    let seg: Vec<&str> = path.split('/').filter(|x| !x.is_empty()).collect();
+    let (group, mut rest) = match seg[0] {
+        "api" => ("", &seg[2..]),
+        _ => (seg[1], &seg[3..]),
+    };
+    if rest.len() > 2 && rest[0] == "namespaces" {
+        rest = &rest[2..];
+    }
+    let resource = match rest.get(2) {
+        Some(sub) => format!("{}/{sub}", rest[0]),
+        None => rest[0].to_string(),
+    };
+    let watch = query
+        .split('&')
+        .any(|kv| kv == "watch=true" || kv == "watch=1");
+    let verb = match (method, rest.len()) {
+        ("GET", _) if watch => "watch",
+        ("GET", 1) => "list",
+        ("GET", _) => "get",
+        ("POST", _) => "create",
+        ("PUT", _) => "update",
+        ("PATCH", _) => "patch",
+        ("DELETE", _) => "delete",
+        (m, _) => panic!("unexpected method {m}"),
+    };
+    (group.to_string(), resource, verb.to_string())
+}
+
+/// Every request the API-server double saw is one the controller's ClusterRole or Role
+/// (`daemonset/controller/rbac.yaml`) allows: a verb missing there fails in a real
+/// cluster with 403 while every test against the double passes.
+fn assert_rbac_allows_every_request(s: &ApiServer) {
+    use serde::Deserialize;
+    let text = std::fs::read_to_string("daemonset/controller/rbac.yaml").unwrap();
+    let rules: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
+        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
+        .flat_map(|d| d["rules"].as_sequence().cloned().unwrap_or_default())
+        .collect();
+    let has = |v: &serde_yaml::Value, x: &str| {
+        v.as_sequence()
+            .is_some_and(|l| l.iter().any(|e| e.as_str() == Some(x)))
+    };
+    let requests = s.requests();
+    assert!(!requests.is_empty());
+    for r in requests {
+        let (group, resource, verb) = request_attributes(&r);
+        assert!(
+            rules.iter().any(|rule| has(&rule["apiGroups"], &group)
+                && has(&rule["resources"], &resource)
+                && has(&rule["verbs"], &verb)),
+            "{r}: RBAC does not allow {verb} {resource} in API group {group:?}"
+        );
+    }
+}
+
+#[test]
+fn request_attributes_are_read_as_the_authorizer_does() {
+    let cases = [
+        ("GET /api/v1/pods?labelSelector=x", ("", "pods", "list")),
+        (
+            "GET /api/v1/pods?watch=true&resourceVersion=3",
+            ("", "pods", "watch"),
+        ),
+        ("GET /api/v1/namespaces/team/pods/p", ("", "pods", "get")),
+        (
+            "PUT /api/v1/namespaces/team/pods/p/status?",
+            ("", "pods/status", "update"),
+        ),
+        (
+            "POST /api/v1/namespaces/team/pods/p/eviction?",
+            ("", "pods/eviction", "create"),
+        ),
+        ("GET /api/v1/namespaces?", ("", "namespaces", "list")),
+        ("GET /api/v1/namespaces/team?", ("", "namespaces", "get")),
+        (
+            "DELETE /apis/batch/v1/namespaces/team/jobs/j?",
+            ("batch", "jobs", "delete"),
+        ),
+        (
+            "GET /apis/tessera.io/v1alpha1/clusterqueues?",
+            ("tessera.io", "clusterqueues", "list"),
+        ),
+    ];
+    for (request, (g, r, v)) in cases {
+        assert_eq!(
+            request_attributes(request),
+            (g.to_string(), r.to_string(), v.to_string()),
+            "{request}"
+        );
+    }
+}
+
 fn job_named(s: &ApiServer, name: &str) -> Value {
     s.objects(JOBS)
         .into_iter()
@@ -278,6 +376,7 @@ async fn admits_within_quota_then_preempts_through_the_eviction_api() {
         .objects(EVENTS)
         .iter()
         .any(|e| e["reason"] == "Preempted" && e["type"] == "Warning"));
+    assert_rbac_allows_every_request(&s);
 }
 
 #[tokio::test]
@@ -331,6 +430,7 @@ async fn jobs_are_unsuspended_on_admission_and_suspended_on_preemption() {
         get("train")["metadata"]["annotations"]["tessera.io/pending-reason"],
         "WaitingForQuota"
     );
+    assert_rbac_allows_every_request(&s);
 }
 
 #[tokio::test]
@@ -397,6 +497,7 @@ async fn a_restart_mid_way_keeps_the_admitted_set_and_admits_nothing_twice() {
     assert_eq!(ungated_pods(&s), ungated);
     assert_eq!(s.writes(), writes);
     assert_eq!(condition(&pod(&s, "solo-2")).0, "WaitingForQuota");
+    assert_rbac_allows_every_request(&s);
 }
 
 /// An administrator lowers the ClusterQueue's quota from 4 to 2 GPUs under two running
@@ -451,6 +552,7 @@ async fn a_lowered_quota_admits_nothing_until_the_running_workloads_fit_again() 
         .await
         .unwrap();
     assert!(!gated(&pod(&s, "next")), "admitted once the quota is free");
+    assert_rbac_allows_every_request(&s);
 }
 
 #[tokio::test]
@@ -536,6 +638,7 @@ async fn only_the_lease_holder_acts_and_a_standby_takes_over_after_expiry() {
     assert_eq!(instances(&s, "second"), ["b".to_string()].into());
     b_token.cancel();
     b_task.await.unwrap().unwrap();
+    assert_rbac_allows_every_request(&s);
 }
 
 fn lease_spec(s: &ApiServer) -> Value {
@@ -605,4 +708,5 @@ async fn a_clean_shutdown_releases_the_lease_and_a_standby_takes_over_at_once() 
     b_task.await.unwrap().unwrap();
     assert!(lease_spec(&s)["holderIdentity"].is_null());
     assert_eq!(lease_spec(&s)["leaseDurationSeconds"], 1);
+    assert_rbac_allows_every_request(&s);
 }

@@ -5,7 +5,10 @@
 //! pass with nothing to do is recognised as settled until an object changes; a watch
 //! ended by a compaction (410 Gone) LISTs again and misses nothing.
 
-use super::{cfg, cluster, condition, create_pod, gated, pod, ungated_pods, wait_for, NOW, PODS};
+use super::{
+    assert_rbac_allows_every_request, cfg, cluster, condition, create_pod, gated, pod,
+    ungated_pods, wait_for, NOW, PODS,
+};
 use crate::support::apiserver::ApiServer;
 use serde_json::json;
 use std::sync::Arc;
@@ -118,6 +121,7 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
     assert_eq!(condition(&pod(&s, "late")).0, "WaitingForQuota");
     assert_eq!(s.list_stats().0, lists + cache.stores().len() as u64);
     stop.cancel();
+    assert_rbac_allows_every_request(&s);
 }
 
 #[tokio::test]
@@ -160,6 +164,7 @@ async fn a_compacted_watch_lists_again_and_misses_nothing() {
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     assert!(!gated(&pod(&s, "p-2")));
     stop.cancel();
+    assert_rbac_allows_every_request(&s);
 }
 
 /// The pods whose status the requests since `from` wrote, in order.
@@ -228,4 +233,5 @@ async fn an_admission_from_a_long_queue_writes_few_reasons() {
     assert!(message("w-20").ends_with("(position 11-20 in its ClusterQueue)"));
     assert!(message("w-21").ends_with("(position 21-50 in its ClusterQueue)"));
     stop.cancel();
+    assert_rbac_allows_every_request(&s);
 }

@@ -102,4 +102,5 @@ async fn a_blocked_eviction_is_retried_with_backoff_and_named_in_the_reason() {
         .unwrap();
     assert!(!gated(&pod(&s, "high-1")));
     support::schema::validate_all(&s.objects(EVENTS), &["1.34.0"]);
+    assert_rbac_allows_every_request(&s);
 }

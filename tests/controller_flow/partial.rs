@@ -88,6 +88,7 @@ async fn a_pod_group_runs_with_the_pods_that_fit_and_the_rest_is_deleted() {
         ["team/group-g", "team/pod-solo"].map(String::from).into()
     );
     assert_eq!(s.writes(), writes, "{:?}", again.actions);
+    assert_rbac_allows_every_request(&s);
 }
 
 #[tokio::test]
@@ -140,6 +141,7 @@ async fn a_partially_admitted_job_queues_with_its_full_size_after_preemption() {
         .await
         .unwrap();
     assert_eq!(s.writes(), writes);
+    assert_rbac_allows_every_request(&s);
 }
 
 /// Through the watch-fed cache: the pass right after the partial admission (before any
@@ -168,4 +170,5 @@ async fn a_cached_pass_reads_the_deletions_of_a_partial_admission() {
     assert_eq!(s.writes(), writes);
     assert_eq!(state.incremental_stats().map(|st| st.full), Some(1));
     stop.cancel();
+    assert_rbac_allows_every_request(&s);
 }

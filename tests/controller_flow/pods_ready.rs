@@ -106,6 +106,7 @@ async fn pods_not_ready_in_time_are_evicted_and_jobs_requeued_with_backoff() {
     written.extend(s.objects(PODS));
     written.extend(s.objects(EVENTS));
     support::schema::validate_all(&written, &["1.34.0"]);
+    assert_rbac_allows_every_request(&s);
 }
 
 /// Marks a pod's containers Ready (as the kubelet reports it).
@@ -173,6 +174,7 @@ async fn block_admission_holds_the_next_workload_until_pods_are_ready() {
         assert_eq!(evicted.len(), 1, "{evicted:?}");
         assert_eq!(evicted[0]["metadata"]["name"], "second");
         assert!(!gated(&pod(&s, "third")), "admitted once second is evicted");
+        assert_rbac_allows_every_request(&s);
     }
 }
 
@@ -252,4 +254,5 @@ async fn a_replica_not_ready_in_time_is_requeued_with_backoff_through_its_owner(
     let mut written = s.objects(PODS);
     written.extend(s.objects(DEPLOYMENTS));
     support::schema::validate_all(&written, &["1.34.0"]);
+    assert_rbac_allows_every_request(&s);
 }

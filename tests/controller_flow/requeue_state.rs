@@ -9,7 +9,10 @@
 //! state waits for it; a concurrent writer loses nothing; corrupt entries are reported
 //! and ignored.
 
-use super::{cfg, cluster, condition, create_pod, gated, pod, ungated_pods, wait_for, NOW, PODS};
+use super::{
+    assert_rbac_allows_every_request, cfg, cluster, condition, create_pod, gated, pod,
+    ungated_pods, wait_for, NOW, PODS,
+};
 use crate::support::apiserver::ApiServer;
 use serde_json::{json, Value};
 use std::collections::BTreeSet;
@@ -179,6 +182,7 @@ async fn a_recreated_group_keeps_its_backoff_and_deactivation_across_restarts() 
         .await
         .unwrap();
     assert!(group_ungated(&s));
+    assert_rbac_allows_every_request(&s);
 }
 
 fn support_validate(s: &ApiServer) {
@@ -225,6 +229,7 @@ async fn an_ownerless_pod_waits_out_its_backoff_and_is_forgotten_once_ready() {
     );
     assert!(pod(&s, "solo")["metadata"]["annotations"]["tessera.io/pods-ready-at"].is_string());
     support_validate(&s);
+    assert_rbac_allows_every_request(&s);
 }
 
 /// Forgetting the last entry deletes the ConfigMap with the resourceVersion read as its
@@ -254,6 +259,7 @@ async fn the_last_entry_forgotten_deletes_the_configmap_but_not_a_racing_entry()
         .count();
     assert_eq!(deletes, 1, "one DELETE, refused: {:?}", s.requests());
     support_validate(&s);
+    assert_rbac_allows_every_request(&s);
 }
 
 /// The state write fails: no pod is evicted (so none can come back early) until it is
@@ -323,6 +329,7 @@ async fn a_failed_or_racing_state_write_loses_nothing() {
         .count();
     assert!(conflicts >= 2, "a PUT retried after its 409: {conflicts}");
     support_validate(&s);
+    assert_rbac_allows_every_request(&s);
 }
 
 /// Corrupt entries are reported as problems of the pass and ignored: the group they
@@ -354,6 +361,7 @@ async fn corrupt_entries_are_reported_and_ignored() {
     // Timed out: its entry is written over the corrupt one.
     reconciler::pass(&client, &c, at(60)).await.unwrap();
     assert_eq!(count(&s, "group-g"), Some(1));
+    assert_rbac_allows_every_request(&s);
 }
 
 /// An admission decided from a view that missed the state (a cache whose ConfigMap
@@ -398,6 +406,7 @@ async fn an_admission_decided_without_the_state_waits_for_it() {
         let got = reconciler::apply(&client, &c, &plan, &mut evictions, None, now).await;
         assert_eq!((got, group_ungated(&s)), (failed, admitted), "at {now}");
     }
+    assert_rbac_allows_every_request(&s);
 }
 
 /// A serving replica's state goes on its owner first: while that write fails, the
@@ -421,4 +430,5 @@ async fn a_replica_is_not_evicted_before_its_owner_records_the_timeout() {
         deployment["metadata"]["annotations"]["tessera.io/requeue-count"],
         "1"
     );
+    assert_rbac_allows_every_request(&s);
 }

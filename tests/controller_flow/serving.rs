@@ -232,6 +232,7 @@ async fn serving_replicas_hold_quota_and_a_scale_down_returns_it_to_training() {
     written.extend(s.objects(JOBS));
     written.extend(s.objects(EVENTS));
     support::schema::validate_all(&written, &["1.34.0"]);
+    assert_rbac_allows_every_request(&s);
 }
 
 #[tokio::test]
@@ -288,4 +289,5 @@ async fn pods_are_charged_for_their_resource_claim_templates_by_device_class() {
     assert!(s.delete_object(PODS, "c"));
     reconciler::pass(&client, &c, NOW + 2_000).await.unwrap();
     assert_eq!(job(&s, "train")["spec"]["suspend"], false);
+    assert_rbac_allows_every_request(&s);
 }
