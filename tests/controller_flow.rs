@@ -142,65 +142,9 @@ fn pod(s: &ApiServer, name: &str) -> Value {
         .unwrap()
 }
 
-/// The `(API group, resource[/subresource], verb)` of a request `METHOD path?query` as
-/// the API server's authorizer sees it.
-fn request_attributes(request: &str) -> (String, String, String) {
-    let (method, url) = request.split_once(' ').unwrap();
-    let (path, query) = url.split_once('?').unwrap_or((url, ""));
-    let seg: Vec<&str> = path.split('/').filter(|x| !x.is_empty()).collect();
-    let (group, mut rest) = match seg[0] {
-        "api" => ("", &seg[2..]),
-        _ => (seg[1], &seg[3..]),
-    };
-    if rest.len() > 2 && rest[0] == "namespaces" {
-        rest = &rest[2..];
-    }
-    let resource = match rest.get(2) {
-        Some(sub) => format!("{}/{sub}", rest[0]),
-        None => rest[0].to_string(),
-    };
-    let watch = query
-        .split('&')
-        .any(|kv| kv == "watch=true" || kv == "watch=1");
-    let verb = match (method, rest.len()) {
-        ("GET", _) if watch => "watch",
-        ("GET", 1) => "list",
-        ("GET", _) => "get",
-        ("POST", _) => "create",
-        ("PUT", _) => "update",
-        ("PATCH", _) => "patch",
-        ("DELETE", _) => "delete",
-        (m, _) => panic!("unexpected method {m}"),
-    };
-    (group.to_string(), resource, verb.to_string())
-}
-
-/// Every request the API-server double saw is one the controller's ClusterRole or Role
-/// (`daemonset/controller/rbac.yaml`) allows: a verb missing there fails in a real
-/// cluster with 403 while every test against the double passes.
+/// Every request of the test was allowed by the controller's RBAC.
 fn assert_rbac_allows_every_request(s: &ApiServer) {
-    use serde::Deserialize;
-    let text = std::fs::read_to_string("daemonset/controller/rbac.yaml").unwrap();
-    let rules: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
-        .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
-        .flat_map(|d| d["rules"].as_sequence().cloned().unwrap_or_default())
-        .collect();
-    let has = |v: &serde_yaml::Value, x: &str| {
-        v.as_sequence()
-            .is_some_and(|l| l.iter().any(|e| e.as_str() == Some(x)))
-    };
-    let requests = s.requests();
-    assert!(!requests.is_empty());
-    for r in requests {
-        let (group, resource, verb) = request_attributes(&r);
-        assert!(
-            rules.iter().any(|rule| has(&rule["apiGroups"], &group)
-                && has(&rule["resources"], &resource)
-                && has(&rule["verbs"], &verb)),
-            "{r}: RBAC does not allow {verb} {resource} in API group {group:?}"
-        );
-    }
+    support::rbac::assert_allows_every_request(s, "daemonset/controller/rbac.yaml");
 }
 
 #[test]
@@ -233,7 +177,7 @@ fn request_attributes_are_read_as_the_authorizer_does() {
     ];
     for (request, (g, r, v)) in cases {
         assert_eq!(
-            request_attributes(request),
+            support::rbac::request_attributes(request),
             (g.to_string(), r.to_string(), v.to_string()),
             "{request}"
         );

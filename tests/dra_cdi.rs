@@ -210,6 +210,7 @@ async fn dra_claim_specs_are_valid_with_their_minimum_version() {
         }
         validate(&files).unwrap();
     }
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[test]
@@ -377,4 +378,5 @@ async fn device_nodes_get_host_paths_under_the_driver_root() {
         "the shim mount is there"
     );
     validate(&files).unwrap();
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }

@@ -309,4 +309,5 @@ async fn gate_off_names_the_gate_and_withholds_unhealthy_devices() {
         "the broken GPU is not advertised"
     );
     assert!(dev(&stored, "gpu-0").is_some(), "the healthy one still is");
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }

@@ -178,6 +178,7 @@ async fn side_by_side_publishes_valid_slices_and_prepares_through_sockets() {
         .kubelet_dir
         .join("plugins/gpu.tessera.io/dra.sock")
         .exists());
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 /// The taints of device `name` in `slices`.
@@ -298,6 +299,7 @@ async fn an_xid_on_a_dra_gpu_is_reported_unhealthy_and_taints_its_devices() {
     assert_eq!(status_of(&r, "gpu-1"), Some(HealthStatus::Unhealthy as i32));
     assert_eq!(status_of(&r, "gpu-2"), Some(HealthStatus::Healthy as i32));
     agent.shutdown().await;
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -320,6 +322,7 @@ async fn a_v1beta1_kubelet_gets_v1beta1() {
     assert_eq!(out[&c.uid].as_ref().unwrap()[0].device_name, "gpu-0");
     assert!(dirs.claim_spec(&c.uid).is_file());
     agent.shutdown().await;
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 /// Fake GPUs whose next MIG creation "crashes" after the instance exists.
@@ -496,6 +499,7 @@ async fn after_a_reboot_claims_are_prepared_again() {
         env_of(&dirs.claim_spec(&c.uid)).contains(&format!("NVIDIA_VISIBLE_DEVICES={mig_uuid}"))
     );
     agent.shutdown().await;
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -542,6 +546,7 @@ async fn a_hundred_concurrent_claims_get_distinct_devices_and_all_checkpointed()
     assert_eq!(cp.claims.len(), 100, "no lost checkpoint entry");
     assert!(cp.claims.values().all(|c| c.phase == Phase::Completed));
     agent.shutdown().await;
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -611,6 +616,7 @@ async fn slices_come_back_after_deletion_kubelet_restart_and_follow_the_node_lab
     assert!(*generations.first().unwrap() > generation);
     support::schema::validate_all(&now, &["1.35.0"]);
     agent.shutdown().await;
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 /// The real binary: `tessera node --dra` registers, publishes and prepares; SIGKILL and a
@@ -688,6 +694,7 @@ async fn the_binary_serves_dra_survives_sigkill_and_exits_cleanly() {
             "{socket} left behind"
         );
     }
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[test]
@@ -771,4 +778,5 @@ async fn a_graceful_stop_flushes_queued_status_writes() {
     let devices = status(&api);
     assert_eq!(devices.len(), 1, "{devices:?}");
     assert_eq!(devices[0]["conditions"][0]["reason"], "Prepared");
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }

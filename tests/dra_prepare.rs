@@ -113,6 +113,7 @@ async fn prepares_mig_and_vgpu_claims_and_undoes_them() {
     assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
     assert!(!tmp.path().join("cdi/tessera.io-claim-uid-1.json").exists());
     assert!(p.checkpoint.read().unwrap().claims.is_empty());
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test]
@@ -163,6 +164,7 @@ async fn bad_claims_get_per_claim_errors_and_change_nothing() {
     );
     let cp = p.checkpoint.read().unwrap();
     assert_eq!(cp.claims.keys().collect::<Vec<_>>(), vec!["uid-3"]);
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 fn preparer(
@@ -249,6 +251,7 @@ async fn crash_between_steps_is_rolled_back_and_reboot_reprepares() {
         .recover()
         .unwrap();
     assert!(loaded.data.claims.is_empty());
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 /// `status.devices` of claim `name` once `p`'s queued status writes are done (they are
@@ -333,6 +336,7 @@ async fn claim_status_devices_are_reported_kept_for_others_and_cleared() {
     // Unprepare withdraws only ours.
     p.unprepare(vec![c]).await["uid-s"].as_ref().unwrap();
     assert_eq!(status_devices(&p, &api, "mixed").await, vec![nic_status]);
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test]
@@ -372,6 +376,7 @@ async fn failed_prepare_reports_ready_false_and_gate_off_is_survived() {
     let out = p.prepare(vec![refs("fine", "uid-f")]).await;
     assert_eq!(out["uid-f"].as_ref().unwrap().len(), 1);
     assert!(status_devices(&p, &api, "fine").await.is_empty());
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 fn time_sliced(
@@ -486,6 +491,7 @@ async fn time_slicing_is_applied_recorded_checked_and_restored() {
         .recover()
         .unwrap();
     assert_eq!(backend.time_slice(&gpus[0].uuid), TimeSlice::Default);
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test]
@@ -511,6 +517,7 @@ async fn time_slicing_a_mig_device_is_refused() {
         "{e}"
     );
     assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test]
@@ -542,6 +549,7 @@ async fn status_write_retries_conflicts_and_keeps_concurrent_writes() {
     assert_eq!(devices.len(), 2, "{devices:#?}");
     assert_eq!(devices[0], nic, "the concurrent entry survived the retry");
     assert_eq!(ready(&devices[1]), ("True", "Prepared"));
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test]
@@ -571,6 +579,7 @@ async fn mig_claim_without_the_driver_caps_table_fails_clearly() {
     assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
     assert!(!tmp.path().join("cdi/tessera.io-claim-uid-1.json").exists());
     assert!(out["uid-2"].is_ok(), "{out:?}");
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test]
@@ -644,6 +653,7 @@ async fn start_destroys_unowned_mig_on_dra_gpus_and_recover_keeps_an_unchanged_f
     let rebooted = preparer(&api, backend.clone(), tmp.path(), "boot-2");
     assert!(rebooted.recover().unwrap().rebooted);
     assert_ne!(std::fs::metadata(&file).unwrap().ino(), inode);
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test]
@@ -704,6 +714,7 @@ async fn a_lost_started_record_leaves_nothing_behind_after_the_start_up_sweep() 
     // The kubelet retries "train": prepared again from scratch.
     assert!(restarted.prepare(vec![refs("train", "uid-1")]).await["uid-1"].is_ok());
     assert_eq!(backend.inventory().unwrap().gpus[0].mig_devices.len(), 1);
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test]
@@ -747,6 +758,7 @@ async fn concurrent_prepares_lose_no_entry_and_create_no_instance_twice() {
     let inv = backend.inventory().unwrap();
     let instances: Vec<usize> = inv.gpus.iter().map(|g| g.mig_devices.len()).collect();
     assert_eq!(instances, [7, 7], "one instance per claim, none twice");
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 /// What the driver owns as the agent sets it after a reload: GPU 0 on the DRA driver
@@ -905,6 +917,7 @@ async fn claims_outside_the_drivers_gpus_or_slices_are_refused_and_change_nothin
         .unwrap_err()
         .contains("is served by the device-plugin path since later"));
     assert_eq!(migs(&fresh_gpus), [2, 0]);
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 /// Offsets just past each record of the checkpoint log under `state`.
@@ -1000,6 +1013,7 @@ async fn a_torn_or_corrupt_log_record_is_recovered_from_at_start() {
     assert!(restarted.prepare(vec![refs("train", "uid-1")]).await["uid-1"].is_ok());
     assert!(restarted.prepare(vec![refs("later", "uid-3")]).await["uid-3"].is_ok());
     assert_eq!(restarted.checkpoint.read().unwrap().claims.len(), 2);
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 fn restarted_read_error(state: &std::path::Path) -> String {
@@ -1073,6 +1087,7 @@ async fn status_writes_follow_the_answer_in_order_per_claim() {
     // Nothing lands later (the replaced Ready is never written).
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
     assert_eq!(stored_status_devices(&api, "flaky"), vec![nic]);
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 /// A status write the API server fails is retried with backoff until it lands; the
@@ -1108,4 +1123,5 @@ async fn a_failed_status_write_is_retried_after_the_answer() {
     assert_eq!(devices.len(), 1, "{devices:#?}");
     assert_eq!(ready(&devices[0]), ("True", "Prepared"));
     assert_eq!(p.status.pending(), 0);
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }

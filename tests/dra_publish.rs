@@ -68,6 +68,7 @@ async fn publishes_and_converges() {
     p.publish(&fewer).await.unwrap();
     assert_eq!(ours(&api), fewer.len());
     assert_eq!(api.objects(SLICES).len(), fewer.len() + 1);
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test]
@@ -107,6 +108,7 @@ async fn republishes_after_slices_are_deleted() {
     wait_for("new set", || api.objects(SLICES).len() == m).await;
     cancel.cancel();
     task.await.unwrap();
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test]
@@ -137,4 +139,5 @@ async fn dropped_gated_fields_withdraw_the_slices() {
     }
     // Whole GPUs (no gated fields) publish fine on the same server.
     p.publish(&desired("version: v1")).await.unwrap();
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }

@@ -94,6 +94,7 @@ async fn label_selects_config_and_rejections_become_events() {
         .await;
     cancel.cancel();
     agent.shutdown().await;
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 /// The Event must be valid against the official Kubernetes OpenAPI schema.

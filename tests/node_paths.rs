@@ -264,6 +264,7 @@ async fn a_gpu_moving_to_dra_loses_the_device_plugins_mig_layout_only() {
     assert_eq!(migs(1).len(), 1);
     assert_eq!(migs(0), gpu0);
     agent.shutdown().await;
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 /// A claim the scheduler allocated `devices` of this node's DRA pool.
@@ -552,6 +553,7 @@ async fn a_gpu_a_claim_is_being_prepared_on_does_not_go_to_the_device_plugin() {
     wait_dra(&api, &["gpu-2"], Slices::MayBeAbsent).await;
     wait_dp(&plugins, &uuids, &[0, 1]).await;
     agent.shutdown().await;
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
 
 /// The bytes of the DRA checkpoint's files (snapshot, log), read when called.

@@ -240,4 +240,5 @@ async fn dra_gpus_flag_overrides_the_config_and_driver_root_maps_host_paths() {
     };
     assert!(status.success(), "exit status {status}: {}", log());
     assert!(!log().contains("panicked"), "{}", log());
+    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }

@@ -6,4 +6,5 @@ pub mod dra_agent;
 pub mod dra_kubelet;
 pub mod dra_pool;
 pub mod kubelet;
+pub mod rbac;
 pub mod schema;
