@@ -153,13 +153,39 @@ pub enum Positions {
 /// ClusterQueue's first 10 pending workloads).
 pub const EXACT_PLACES: usize = 10;
 
+#[cfg(test)]
+thread_local! {
+    static EXACT_FOR_TESTS: std::cell::Cell<usize> = const { std::cell::Cell::new(EXACT_PLACES) };
+}
+
+/// The places written exactly with [`Positions::Ranged`]: [`EXACT_PLACES`]. A unit test
+/// may lower it on its own thread ([`set_exact_places_for_tests`]), so that the short
+/// queues of a property test have workloads behind the exact places.
+pub fn exact_places() -> usize {
+    #[cfg(test)]
+    {
+        EXACT_FOR_TESTS.with(|c| c.get())
+    }
+    #[cfg(not(test))]
+    {
+        EXACT_PLACES
+    }
+}
+
+/// Sets [`exact_places`] for the calling thread (tests only).
+#[cfg(test)]
+pub fn set_exact_places_for_tests(n: usize) {
+    EXACT_FOR_TESTS.with(|c| c.set(n));
+}
+
 /// The range of the 1-2-5 series (11-20, 21-50, 51-100, 101-200, ...) holding 1-based
 /// place `p`; `None` within the first [`EXACT_PLACES`].
 pub fn place_range(p: usize) -> Option<(usize, usize)> {
-    if p <= EXACT_PLACES {
+    let exact = exact_places();
+    if p <= exact {
         return None;
     }
-    let mut decade = EXACT_PLACES;
+    let mut decade = exact;
     loop {
         let bounds = [decade, decade.checked_mul(2)?, decade.checked_mul(5)?];
         let next = decade.checked_mul(10)?;

@@ -1,9 +1,7 @@
 //! Read-outs of the engine: the final state of a plan and invariant checks for tests.
 
 use super::engine::{Engine, WlState};
-use super::events::{
-    AdmittedEntry, FinalState, PendingEntry, Positions, QueueUsage, UsageEntry, EXACT_PLACES,
-};
+use super::events::{AdmittedEntry, FinalState, PendingEntry, Positions, QueueUsage, UsageEntry};
 use super::quantity::Quantity;
 use std::collections::{BTreeMap, HashMap};
 
@@ -196,7 +194,7 @@ impl Engine {
     /// reasons could have changed back in their queues, so the next
     /// [`Engine::schedule`] re-decides them against the books as they are now (a parked
     /// reason keeps the numbers it was decided on): with [`Positions::Ranged`] and no
-    /// preemption in the cohort, only the first [`EXACT_PLACES`] of each queue, whose
+    /// preemption in the cohort, only the first [`EXACT_PLACES`](super::events::EXACT_PLACES) of each queue, whose
     /// messages name the quota free now (see `wake.rs`); else all of them. Returns the
     /// names of the cohort's ClusterQueues.
     pub fn refresh_cohort_of(&mut self, cq: &str, now: super::quantity::Time) -> Vec<String> {
@@ -205,7 +203,7 @@ impl Engine {
         };
         let co = self.cqs[c].cohort;
         if self.cfg.positions == Positions::Ranged {
-            self.wake_cohort_reasons(co, EXACT_PLACES, now);
+            self.wake_cohort_reasons(co, super::events::exact_places(), now);
         } else {
             self.wake_cohort_all(co, now);
         }
