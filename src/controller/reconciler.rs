@@ -31,6 +31,7 @@ use super::requeue_state;
 use super::serving::ADMITTED_REPLICAS_ANNOTATION;
 use super::snapshot::{crd_resource, QUEUE_KINDS};
 pub use super::snapshot::{list_priority_classes, snapshot, snapshot_cached};
+use super::workloads::{annotation, is_gated};
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_COUNT_ANNOTATION, CONDITION_TYPE,
     ORIGINAL_PARALLELISM_ANNOTATION, PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION,
@@ -228,10 +229,6 @@ async fn get_value(api: &Api<DynamicObject>, r: &ObjRef) -> Result<Value> {
     })
 }
 
-fn annotation_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
-    v["metadata"]["annotations"][key].as_str()
-}
-
 /// Deletes a gated pod a partial admission left out of its group. It is read first and
 /// deleted with that resourceVersion as a precondition, so a pod ungated meanwhile (or
 /// changed in any way) is never deleted: the next pass decides again. `Ok(false)`: it
@@ -239,10 +236,7 @@ fn annotation_of<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
 async fn delete_excess(client: &kube::Client, r: &ObjRef, cache: Option<&Cache>) -> Result<bool> {
     let api = api_for(client, r);
     let v = get_value(&api, r).await?;
-    let gated = v["spec"]["schedulingGates"]
-        .as_array()
-        .is_some_and(|g| g.iter().any(|x| x["name"] == ADMISSION_GATE));
-    if !gated {
+    if !is_gated(&v) {
         return Ok(false);
     }
     let dp = DeleteParams {
@@ -343,7 +337,7 @@ async fn admit(
             v["spec"]["suspend"] = json!(false);
             if let Some(p) = partial {
                 let full = v["spec"]["parallelism"].as_u64().unwrap_or(1);
-                if annotation_of(&v, ORIGINAL_PARALLELISM_ANNOTATION).is_none() {
+                if annotation(&v, ORIGINAL_PARALLELISM_ANNOTATION).is_none() {
                     set_annotation(
                         &mut v,
                         ORIGINAL_PARALLELISM_ANNOTATION,
@@ -418,7 +412,7 @@ async fn suspend_job(
     v["spec"]["suspend"] = json!(true);
     // A partial admission is over: the Job queues again with its full size.
     if let Some(full) =
-        annotation_of(&v, ORIGINAL_PARALLELISM_ANNOTATION).and_then(|p| p.parse::<u32>().ok())
+        annotation(&v, ORIGINAL_PARALLELISM_ANNOTATION).and_then(|p| p.parse::<u32>().ok())
     {
         v["spec"]["parallelism"] = json!(full);
     }

@@ -80,7 +80,8 @@ fn obj_ref(kind: ObjKind, v: &Value) -> ObjRef {
     }
 }
 
-fn annotation<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
+/// The value of annotation `key` of object `v`.
+pub(super) fn annotation<'a>(v: &'a Value, key: &str) -> Option<&'a str> {
     v["metadata"]["annotations"][key].as_str()
 }
 
@@ -146,7 +147,8 @@ fn names_queue(v: &Value) -> bool {
         .any(|k| v["metadata"]["labels"][*k].is_string())
 }
 
-fn is_gated(pod: &Value) -> bool {
+/// Whether `pod` still carries Tessera's admission gate.
+pub(super) fn is_gated(pod: &Value) -> bool {
     pod["spec"]["schedulingGates"]
         .as_array()
         .is_some_and(|g| g.iter().any(|x| x["name"] == ADMISSION_GATE))
