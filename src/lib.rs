@@ -13,6 +13,7 @@ pub mod cdi;
 pub mod controller;
 pub mod deviceplugin;
 pub mod dra;
+pub mod fsio;
 pub mod gpu;
 pub mod grpc;
 pub mod metrics;

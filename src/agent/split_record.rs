@@ -4,8 +4,9 @@
 //! One file beside the DRA checkpoint, `<state-dir>/dra/split.json`, rewritten whenever
 //! the split the agent builds for changes (a GPU moved, a move off the driver started,
 //! confirmed or rolled back), before anything is advertised for the new split: written
-//! atomically (temporary file, write, fsync, rename, directory fsync), so a reader sees
-//! the old record or the new one, never a mix.
+//! atomically with [`crate::fsio::Replace`] (a new uniquely named temporary file that a
+//! planted symlink cannot redirect, write, fsync, rename, directory fsync), so a reader
+//! sees the old record or the new one, never a mix.
 //!
 //! Format (JSON), with the checkpoint's rules: `{"version": 1, "checksum": "<crc32 of
 //! data>", "data": {"dra": [uuid…], "withdrawing": [uuid…], "devicePlugin": [uuid…],
@@ -21,7 +22,6 @@
 //! the agent does the I/O through [`read`] and [`write`].
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -119,24 +119,17 @@ pub fn read(path: &Path) -> Result<Recorded, ReadError> {
     }
 }
 
-/// Write `record` at `path` atomically and durably (temporary file, write, fsync, rename,
-/// directory fsync).
+/// Write `record` at `path` atomically and durably ([`crate::fsio::Replace::durable`]:
+/// unique temporary file, write, fsync, rename, directory fsync), readable by root only.
 pub fn write(path: &Path, record: &Recorded) -> Result<(), WriteError> {
     let err = |source: std::io::Error| WriteError {
         path: path.display().to_string(),
         source,
     };
     let body = encode(record).map_err(|e| err(std::io::Error::other(e)))?;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    std::fs::create_dir_all(dir).map_err(err)?;
-    let tmp = path.with_extension("json.tmp");
-    let mut f = std::fs::File::create(&tmp).map_err(err)?;
-    f.write_all(&body).map_err(err)?;
-    f.sync_all().map_err(err)?;
-    drop(f);
-    std::fs::rename(&tmp, path).map_err(err)?;
-    std::fs::File::open(dir)
-        .and_then(|d| d.sync_all())
+    crate::fsio::Replace::durable(0o600)
+        .write(path, &body)
+        .map(drop)
         .map_err(err)
 }
 
@@ -181,6 +174,21 @@ mod tests {
         remove(&path).unwrap();
         remove(&path).unwrap();
         assert!(matches!(read(&path), Err(ReadError::Missing { .. })));
+    }
+
+    #[test]
+    fn a_symlink_at_the_old_temp_name_or_the_record_is_not_followed() {
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("victim");
+        std::fs::write(&victim, b"precious").unwrap();
+        let path = path_in(&dir.path().join("dra"));
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::os::unix::fs::symlink(&victim, path.with_extension("json.tmp")).unwrap();
+        std::os::unix::fs::symlink(&victim, &path).unwrap();
+        write(&path, &record()).unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"precious");
+        assert_eq!(read(&path).unwrap(), record());
+        assert!(!std::fs::symlink_metadata(&path).unwrap().is_symlink());
     }
 
     #[test]

@@ -6,15 +6,17 @@
 //! compute-instance access nodes, see [`migcaps`]), plus the control nodes every GPU
 //! container needs. The kubelet passes
 //! the fully qualified names (`tessera.io/gpu=GPU-…`) from Allocate's `cdi_devices` to
-//! the runtime, which applies the edits. Files are replaced atomically (write to a
-//! temporary file, rename) so a runtime never reads half a spec. There is no fsync: the
-//! spec is regenerated from the inventory at every start, so a crash can lose nothing.
+//! the runtime, which applies the edits. Files are replaced with [`crate::fsio::Replace`]:
+//! a new temporary file with a unique name (never one a symlink planted in the CDI
+//! directory can redirect), fsynced, renamed over the spec, the directory fsynced, so a
+//! runtime never reads half a spec and a power loss leaves the old or the new one.
+//! [`verify_spec`] compares the spec on disk with the one the agent wrote and rewrites a
+//! missing, damaged or edited one (the agent does so on SIGHUP and periodically).
 //!
 //! Device nodes get a `hostPath` when the NVIDIA driver's nodes are not in the host's
 //! `/dev` (a driver container: `--driver-root`, see [`devroot`]); this applies to the node
 //! spec and to the DRA driver's per-claim specs alike.
 
-use std::io::Write;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -240,21 +242,69 @@ pub fn node_spec_with(
     })
 }
 
-/// Write `spec` as `<root>/<file_stem>.json`, atomically; returns the path.
+/// Write `spec` as `<root>/<file_stem>.json`, atomically and durably; returns the path.
 pub fn write_spec(root: &Path, file_stem: &str, spec: &Spec) -> Result<PathBuf> {
-    let path = root.join(format!("{file_stem}.json"));
-    let err = |source| Error::Write {
-        path: path.clone(),
-        source,
-    };
-    std::fs::create_dir_all(root).map_err(err)?;
+    let path = spec_path(root, file_stem);
     let body = serde_json::to_vec_pretty(spec)?;
-    let tmp = root.join(format!(".{file_stem}.json.tmp"));
-    let mut f = std::fs::File::create(&tmp).map_err(err)?;
-    f.write_all(&body).map_err(err)?;
-    drop(f);
-    std::fs::rename(&tmp, &path).map_err(err)?;
+    crate::fsio::Replace::durable(SPEC_MODE)
+        .write(&path, &body)
+        .map_err(|source| Error::Write {
+            path: path.clone(),
+            source,
+        })?;
     Ok(path)
+}
+
+/// Where [`write_spec`] puts a spec.
+pub fn spec_path(root: &Path, file_stem: &str) -> PathBuf {
+    root.join(format!("{file_stem}.json"))
+}
+
+/// Specs are read by the container runtime (root) and by tools that list CDI devices.
+const SPEC_MODE: u32 = 0o644;
+
+/// What [`verify_spec`] found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Verified {
+    /// The file holds exactly `spec`.
+    Intact,
+    /// It did not (the reason, never the file's content) and was rewritten.
+    Repaired { reason: String },
+}
+
+/// Check that `<root>/<file_stem>.json` is a regular file holding exactly `spec` (parsed,
+/// not compared byte for byte); rewrite it when it is missing, not a regular file (a
+/// symlink is replaced, never followed), does not parse, or differs.
+pub fn verify_spec(root: &Path, file_stem: &str, spec: &Spec) -> Result<Verified> {
+    let path = spec_path(root, file_stem);
+    let problem = match std::fs::symlink_metadata(&path) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Some("missing".to_string()),
+        Err(e) => Some(format!("cannot be inspected ({})", e.kind())),
+        Ok(m) if !m.file_type().is_file() => Some("not a regular file".to_string()),
+        Ok(_) => match std::fs::read(&path) {
+            Err(e) => Some(format!("cannot be read ({})", e.kind())),
+            // Where it fails, never what it holds (serde's messages can quote values).
+            Ok(bytes) => match serde_json::from_slice::<Spec>(&bytes) {
+                Err(e) => Some(format!(
+                    "not a valid CDI spec ({:?} error at line {} column {})",
+                    e.classify(),
+                    e.line(),
+                    e.column()
+                )),
+                Ok(found) if found != *spec => {
+                    Some("differs from the spec the agent wrote".to_string())
+                }
+                Ok(_) => None,
+            },
+        },
+    };
+    match problem {
+        None => Ok(Verified::Intact),
+        Some(reason) => {
+            write_spec(root, file_stem, spec)?;
+            Ok(Verified::Repaired { reason })
+        }
+    }
 }
 
 #[cfg(test)]
@@ -289,6 +339,65 @@ mod tests {
             .map(|e| e.unwrap().file_name().to_string_lossy().to_string())
             .collect();
         assert_eq!(names, vec!["tessera.io-gpu.json"], "no temporary file left");
+    }
+
+    #[test]
+    fn symlinks_planted_in_the_cdi_root_are_not_followed() {
+        let inv = FakeBackend::from_spec("1xL4").unwrap().inventory().unwrap();
+        let spec = node_spec(&inv, "/dev");
+        let dir = tempfile::tempdir().unwrap();
+        let victim = dir.path().join("shadow");
+        std::fs::write(&victim, "root:secret\n").unwrap();
+        let root = dir.path().join("cdi");
+        std::fs::create_dir(&root).unwrap();
+        // The fixed temporary name of earlier releases, and the spec itself.
+        std::os::unix::fs::symlink(&victim, root.join(".tessera.io-gpu.json.tmp")).unwrap();
+        std::os::unix::fs::symlink(&victim, root.join("tessera.io-gpu.json")).unwrap();
+        let path = write_spec(&root, "tessera.io-gpu", &spec).unwrap();
+        assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root:secret\n");
+        assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_file());
+        let back: Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        assert_eq!(back, spec);
+    }
+
+    #[test]
+    fn verify_rewrites_a_damaged_edited_missing_or_linked_spec() {
+        let inv = FakeBackend::from_spec("2xL4").unwrap().inventory().unwrap();
+        let spec = node_spec(&inv, "/dev");
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path();
+        let path = write_spec(root, "n", &spec).unwrap();
+        assert_eq!(verify_spec(root, "n", &spec).unwrap(), Verified::Intact);
+        let mut edited = spec.clone();
+        edited.devices.pop();
+        let victim = dir.path().join("victim.json");
+        std::fs::write(&victim, serde_json::to_vec(&spec).unwrap()).unwrap();
+        let damage: Vec<(&str, Box<dyn Fn()>)> = vec![
+            ("not a valid CDI spec", Box::new(|| std::fs::write(&path, "{ garbage").unwrap())),
+            ("differs", Box::new(|| std::fs::write(&path, serde_json::to_vec(&edited).unwrap()).unwrap())),
+            ("missing", Box::new(|| std::fs::remove_file(&path).unwrap())),
+            ("not a regular file", Box::new(|| {
+                std::fs::remove_file(&path).unwrap();
+                std::os::unix::fs::symlink(&victim, &path).unwrap();
+            })),
+        ];
+        for (want, damage) in damage {
+            damage();
+            match verify_spec(root, "n", &spec).unwrap() {
+                Verified::Repaired { reason } => {
+                    assert!(reason.contains(want), "{want}: {reason}");
+                    assert!(!reason.contains("garbage"), "no file content: {reason}");
+                }
+                other => panic!("{want}: {other:?}"),
+            }
+            assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_file());
+            let back: Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+            assert_eq!(back, spec, "{want}");
+            assert_eq!(verify_spec(root, "n", &spec).unwrap(), Verified::Intact);
+        }
+        // A pretty-printed spec equal to the expected one is intact (parsed, not bytes).
+        std::fs::write(&path, serde_json::to_vec(&spec).unwrap()).unwrap();
+        assert_eq!(verify_spec(root, "n", &spec).unwrap(), Verified::Intact);
     }
 
     #[test]

@@ -36,7 +36,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
+use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
@@ -259,11 +260,14 @@ impl Store {
         if let Some(dir) = self.lock_path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| self.io(e))?;
         }
-        let f = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&self.lock_path)
+        let f = crate::fsio::no_follow(
+            File::options()
+                .create(true)
+                .truncate(false)
+                .write(true)
+                .mode(0o600),
+        )
+        .open(&self.lock_path)
             .map_err(|e| self.io(e))?;
         nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
             .map(Lock)
@@ -292,9 +296,7 @@ impl Store {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => (Data::default(), 0),
             Err(e) => return Err(self.io(e)),
         };
-        let file = match File::options()
-            .read(true)
-            .write(for_writing)
+        let file = match crate::fsio::no_follow(File::options().read(true).write(for_writing))
             .open(&self.log_path)
         {
             Ok(f) => f,
@@ -353,26 +355,17 @@ impl Store {
         self.write_body(&body, true, false).map(|_| ())
     }
 
-    /// Write `body` to a temporary file, fsync it when `sync`, rename it over the
+    /// Write `body` to a new temporary file ([`crate::fsio::Replace`]: a unique name a
+    /// planted symlink cannot redirect), fsync it when `sync`, rename it over the
     /// snapshot, fsync the directory when `sync_dir`; returns the new file's [`Stamp`].
     fn write_body(&self, body: &[u8], sync: bool, sync_dir: bool) -> Result<Stamp> {
-        let dir = self.path.parent().unwrap_or(Path::new("."));
-        std::fs::create_dir_all(dir).map_err(|e| self.io(e))?;
-        let tmp = self.path.with_extension("json.tmp");
-        let mut f = File::create(&tmp).map_err(|e| self.io(e))?;
-        f.write_all(body).map_err(|e| self.io(e))?;
-        if sync {
-            f.sync_all().map_err(|e| self.io(e))?;
-        }
-        let stamp = Stamp::of(&f.metadata().map_err(|e| self.io(e))?);
-        drop(f);
-        std::fs::rename(&tmp, &self.path).map_err(|e| self.io(e))?;
-        if sync_dir {
-            File::open(dir)
-                .and_then(|d| d.sync_all())
-                .map_err(|e| self.io(e))?;
-        }
-        Ok(stamp)
+        let replace = crate::fsio::Replace {
+            mode: 0o600,
+            sync_file: sync,
+            sync_dir,
+        };
+        let f = replace.write(&self.path, body).map_err(|e| self.io(e))?;
+        Ok(Stamp::of(&f.metadata().map_err(|e| self.io(e))?))
     }
 
     /// A compaction, under the writer lock: the in-memory copy becomes a new snapshot with
@@ -389,6 +382,12 @@ impl Store {
         };
         let epoch = next_epoch(w.epoch);
         let body = encode_snapshot(&data, epoch).map_err(|e| self.io(std::io::Error::other(e)))?;
+        // Under the writer lock no other write is in progress: what a crash left goes.
+        for path in [&self.path, &self.log_path] {
+            if let Err(e) = crate::fsio::remove_stale_temps(path) {
+                warn!(path = %path.display(), error = %e, "cannot remove stale temporary files");
+            }
+        }
         let stamp = self.write_body(&body, true, true)?;
         w.epoch = epoch;
         w.on_file = data;

@@ -291,10 +291,6 @@ impl Tail {
     }
 }
 
-fn sync_dir(dir: &Path) -> std::io::Result<()> {
-    File::open(dir)?.sync_all()
-}
-
 impl LogFile {
     /// A log found on disk (`parsed` from its bytes), to append to after `end`.
     pub fn found(file: File, parsed: &Parsed) -> std::io::Result<Self> {
@@ -308,26 +304,20 @@ impl LogFile {
     }
 
     /// Create a zero-filled log of [`SIZE`] with the header of `epoch` in `dir`: written
-    /// as a temporary file, fsynced, renamed into place, directory fsynced.
+    /// as a new temporary file ([`crate::fsio::Replace`]: a unique name a planted symlink
+    /// cannot redirect), fsynced, renamed into place, directory fsynced.
     pub fn create(dir: &Path, epoch: u64) -> std::io::Result<Self> {
-        let tmp = dir.join(format!("{FILE_NAME}.tmp"));
-        let mut file = File::options()
-            .read(true)
-            .write(true)
-            .create(true)
-            .truncate(true)
-            .open(&tmp)?;
         let mut first = header(epoch);
         let end = first.len() as u64;
         first.resize(64 * 1024, 0);
-        file.write_all(&first)?;
-        let zeros = vec![0u8; 64 * 1024];
-        for _ in 1..SIZE / zeros.len() as u64 {
-            file.write_all(&zeros)?;
-        }
-        file.sync_all()?;
-        std::fs::rename(&tmp, dir.join(FILE_NAME))?;
-        sync_dir(dir)?;
+        let file = crate::fsio::Replace::durable(0o600).write_with(&dir.join(FILE_NAME), |file| {
+            file.write_all(&first)?;
+            let zeros = vec![0u8; 64 * 1024];
+            for _ in 1..SIZE / zeros.len() as u64 {
+                file.write_all(&zeros)?;
+            }
+            Ok(())
+        })?;
         Ok(Self {
             file: Arc::new(file),
             epoch,
