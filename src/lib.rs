@@ -21,4 +21,5 @@ pub mod partition;
 pub mod placement;
 pub mod proto;
 pub mod quota;
+pub mod shimfiles;
 pub mod sim;

@@ -175,7 +175,8 @@ async fn serves_every_resource_to_the_kubelet() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn vgpu_allocation_prepares_the_accounting_dir() {
+async fn vgpu_allocation_writes_read_only_limits_and_refuses_without_the_shim() {
+    use std::os::unix::fs::PermissionsExt;
     let tmp = tempfile::tempdir().unwrap();
     let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
     let agent = AgentBuilder::new("1xH100-80GB")
@@ -186,29 +187,107 @@ async fn vgpu_allocation_prepares_the_accounting_dir() {
     assert!(agent.events.0.lock().unwrap().is_empty());
     assert_eq!(devs.len(), 4);
     let mut client = kubelet.client("nvidia.com/vgpu").await;
+    let request = |id: &str| pb::AllocateRequest {
+        container_requests: vec![pb::ContainerAllocateRequest {
+            devices_ids: vec![id.to_string()],
+        }],
+    };
     let resp = client
-        .allocate(pb::AllocateRequest {
-            container_requests: vec![pb::ContainerAllocateRequest {
-                devices_ids: vec![devs[0].id.clone()],
-            }],
-        })
+        .allocate(request(&devs[0].id))
         .await
         .unwrap()
         .into_inner();
     let c = &resp.container_responses[0];
+    // The HAMi-core variables stay for tools; the shim reads the read-only limits file.
     assert_eq!(c.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "16384m");
     assert_eq!(c.envs["CUDA_DEVICE_SM_LIMIT_0"], "25");
-    let cache = c
-        .mounts
-        .iter()
-        .find(|m| m.container_path == "/var/run/tessera")
-        .unwrap();
-    assert!(cache
-        .host_path
-        .starts_with(agent.state_dir.to_str().unwrap()));
+    assert!(!c.envs.contains_key("LD_PRELOAD"), "preloaded by file");
+    let mount = |path: &str| {
+        c.mounts
+            .iter()
+            .find(|m| m.container_path == path)
+            .unwrap_or_else(|| panic!("no mount at {path}: {:?}", c.mounts))
+    };
+    let limits = mount("/etc/tessera");
+    assert!(limits.read_only);
+    let alloc_dir = std::path::Path::new(&limits.host_path);
+    assert!(alloc_dir.starts_with(&agent.state_dir));
+    let text = std::fs::read_to_string(alloc_dir.join("limits")).unwrap();
     assert!(
-        std::path::Path::new(&cache.host_path).is_dir(),
-        "accounting dir created"
+        text.contains("CUDA_DEVICE_MEMORY_LIMIT_0=16384m\n"),
+        "{text}"
+    );
+    assert!(text.contains("CUDA_DEVICE_SM_LIMIT_0=25\n"), "{text}");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o7777;
+    assert_eq!(mode(&alloc_dir.join("limits")), 0o444);
+    let acct = mount("/var/run/tessera");
+    assert!(!acct.read_only);
+    assert_eq!(
+        std::path::Path::new(&acct.host_path),
+        alloc_dir.join("acct")
+    );
+    assert_eq!(
+        mode(&alloc_dir.join("acct")),
+        0o1733,
+        "not world-listable, sticky"
+    );
+    assert_eq!(
+        mode(alloc_dir.parent().unwrap()),
+        0o700,
+        "host users cannot reach it"
+    );
+    let preload = mount("/etc/ld.so.preload");
+    assert!(preload.read_only);
+    assert_eq!(
+        std::fs::read_to_string(&preload.host_path).unwrap(),
+        "/usr/local/tessera/lib/libtessera_cuda.so\n"
+    );
+    let lib = mount("/usr/local/tessera/lib/libtessera_cuda.so");
+    assert!(lib.read_only && std::path::Path::new(&lib.host_path).is_file());
+
+    // The kubelet's checkpoint holds the container: its directory stays; once the pod is
+    // gone from the checkpoint, the directory goes.
+    let dirs = tessera::shimfiles::AllocDirs::new(alloc_dir.parent().unwrap());
+    let id = c.annotations[tessera::shimfiles::ALLOCATION_ANNOTATION].clone();
+    let checkpoint = tmp.path().join("kubelet_internal_checkpoint");
+    let entry = {
+        use base64::Engine as _;
+        use prost::Message as _;
+        let b64 = base64::engine::general_purpose::STANDARD.encode(c.encode_to_vec());
+        format!(
+            r#"{{"PodUID":"p1","ContainerName":"c","ResourceName":"nvidia.com/vgpu","DeviceIDs":{{"-1":["{}"]}},"AllocResp":"{b64}"}}"#,
+            devs[0].id
+        )
+    };
+    std::fs::write(
+        &checkpoint,
+        format!(
+            r#"{{"Data":{{"PodDeviceEntries":[{entry}],"RegisteredDevices":{{}}}},"Checksum":1}}"#
+        ),
+    )
+    .unwrap();
+    let removed =
+        tessera::shimfiles::reconcile_device_plugin(&dirs, &checkpoint, Duration::ZERO).unwrap();
+    assert!(removed.is_empty() && alloc_dir.is_dir(), "{removed:?}");
+    std::fs::write(
+        &checkpoint,
+        r#"{"Data":{"PodDeviceEntries":null,"RegisteredDevices":{}},"Checksum":1}"#,
+    )
+    .unwrap();
+    let removed =
+        tessera::shimfiles::reconcile_device_plugin(&dirs, &checkpoint, Duration::ZERO).unwrap();
+    assert_eq!(removed, vec![id]);
+    assert!(!alloc_dir.exists());
+
+    // The library removed from the host: a vGPU is refused with the reason, not handed a
+    // mount of nothing.
+    std::fs::remove_file(&lib.host_path).unwrap();
+    let refused = client.allocate(request(&devs[1].id)).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::FailedPrecondition);
+    assert!(
+        refused.message().contains("not installed") && refused.message().contains(&lib.host_path),
+        "{}",
+        refused.message()
     );
     agent.shutdown().await;
 }

@@ -153,6 +153,10 @@ async fn dra_claim_specs_are_valid_with_their_minimum_version() {
         settings.mig_caps =
             tessera::cdi::migcaps::write_synthetic(&tmp.path().join("proc"), 4, 508).unwrap();
         settings.preload = preload;
+        // A stand-in for the shim library the agent installs at start (vGPU needs one).
+        let stand_in = tmp.path().join("libtessera_cuda.so");
+        std::fs::write(&stand_in, b"stand-in for libtessera_cuda.so").unwrap();
+        settings.shim.install(&stand_in, &settings.shim_container_path).unwrap();
         let backend = Arc::new(FakeBackend::from_yaml(yaml).unwrap());
         let p = NodePreparer {
             client: api.client(),
@@ -310,6 +314,10 @@ async fn device_nodes_get_host_paths_under_the_driver_root() {
     // What `tessera node --driver-root` sets.
     settings.mig_caps.host_dev_dir = root.caps_dir();
     settings.host_dev = root.clone();
+    // A stand-in for the shim library the agent installs at start (vGPU needs one).
+    let stand_in = tmp.path().join("libtessera_cuda.so");
+    std::fs::write(&stand_in, b"stand-in for libtessera_cuda.so").unwrap();
+    settings.shim.install(&stand_in, &settings.shim_container_path).unwrap();
     let backend =
         Arc::new(FakeBackend::from_yaml("gpus: [ { model: A100-80GB, count: 4 } ]").unwrap());
     let p = NodePreparer {

@@ -97,6 +97,24 @@ async fn prepares_mig_and_vgpu_claims_and_undoes_them() {
         1,
         "no caps for a vGPU slice"
     );
+    // The claim's vGPU limits: an agent-written read-only file the CDI spec mounts.
+    let claim_dir = tmp.path().join("state/vgpu/claim-uid-1");
+    let limits = std::fs::read_to_string(claim_dir.join("limits")).unwrap();
+    assert!(
+        limits.contains("CUDA_DEVICE_MEMORY_LIMIT_1=16384m\n"),
+        "{limits}"
+    );
+    let mounts = &spec["containerEdits"]["mounts"];
+    assert!(
+        mounts
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["containerPath"] == "/etc/tessera"
+                && m["hostPath"] == claim_dir.to_str().unwrap()
+                && m["options"][0] == "ro"),
+        "{mounts}"
+    );
     let cp = p.checkpoint.read().unwrap();
     assert_eq!(cp.claims["uid-1"].phase, Phase::Completed);
 
@@ -112,8 +130,36 @@ async fn prepares_mig_and_vgpu_claims_and_undoes_them() {
     }
     assert!(backend.inventory().unwrap().gpus[0].mig_devices.is_empty());
     assert!(!tmp.path().join("cdi/tessera.io-claim-uid-1.json").exists());
+    assert!(
+        !claim_dir.exists(),
+        "the claim's limits and accounting go with it"
+    );
     assert!(p.checkpoint.read().unwrap().claims.is_empty());
     support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
+}
+
+#[tokio::test]
+async fn a_vgpu_claim_is_refused_without_the_installed_shim() {
+    let api = ApiServer::empty().await;
+    let mut vgpu = r("gpu-1-vgpu");
+    vgpu["consumedCapacity"] = json!({"memory": "16Gi", "cores": "25"});
+    api.put_object(CLAIMS, claim("infer", "uid-9", json!([vgpu])));
+    let tmp = tempfile::tempdir().unwrap();
+    let backend = Arc::new(FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let p = preparer(&api, backend, tmp.path(), "boot-1");
+    std::fs::remove_file(&p.settings.shim.host_path).unwrap();
+    let c = ClaimRef {
+        namespace: "ml".into(),
+        name: "infer".into(),
+        uid: "uid-9".into(),
+    };
+    let out = p.prepare(vec![c]).await;
+    let e = out["uid-9"].as_ref().unwrap_err().to_string();
+    assert!(
+        e.contains("vGPU refused") && e.contains("not installed"),
+        "{e}"
+    );
+    assert!(!tmp.path().join("cdi/tessera.io-claim-uid-9.json").exists());
 }
 
 #[tokio::test]
@@ -173,15 +219,23 @@ fn preparer(
     root: &std::path::Path,
     boot: &str,
 ) -> NodePreparer {
+    let settings = AllocateSettings {
+        mig_caps: tessera::cdi::migcaps::write_synthetic(&root.join("proc"), 2, 508).unwrap(),
+        ..AllocateSettings::with_state_dir(root.join("state"))
+    };
+    // A stand-in for the shim library the agent installs at start (vGPU needs one).
+    let stand_in = root.join("libtessera_cuda.so");
+    std::fs::write(&stand_in, b"stand-in for libtessera_cuda.so").unwrap();
+    settings
+        .shim
+        .install(&stand_in, &settings.shim_container_path)
+        .unwrap();
     NodePreparer {
         client: api.client(),
         node: "node-a".into(),
         checkpoint: Store::new(&root.join("state")),
         cdi_root: root.join("cdi"),
-        settings: AllocateSettings {
-            mig_caps: tessera::cdi::migcaps::write_synthetic(&root.join("proc"), 2, 508).unwrap(),
-            ..AllocateSettings::with_state_dir(root.join("state"))
-        },
+        settings,
         boot_id: boot.into(),
         // Every device of every GPU: these tests are about preparing, not the split.
         owned: OwnedDevices::every_device_of(&backend.inventory().unwrap()),

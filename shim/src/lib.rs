@@ -13,3 +13,4 @@ pub mod ffi;
 pub mod limiter;
 pub mod log;
 pub mod runtime;
+pub mod source;

@@ -18,6 +18,8 @@ pub const LOCK_TIMEOUT: Duration = Duration::from_secs(10);
 pub enum InitError {
     #[error("invalid configuration: {0}")]
     Config(#[from] config::Error),
+    #[error("{0}")]
+    Source(#[from] crate::source::Error),
     #[error("memory accounting unavailable: {0}")]
     Shared(#[from] shared::Error),
 }

@@ -54,9 +54,20 @@ pub struct Args {
     /// Agent state (vGPU accounting directories, the shim library).
     #[arg(long, env = "TESSERA_STATE_DIR", default_value = "/var/lib/tessera")]
     pub state_dir: PathBuf,
-    /// How the shim is injected into vGPU containers.
-    #[arg(long, value_enum, default_value = "env")]
+    /// How the shim is injected into vGPU containers: `file` mounts the agent-written
+    /// `<state-dir>/lib/ld.so.preload` at `/etc/ld.so.preload` (the container cannot
+    /// unset it); `env` sets `LD_PRELOAD` (opt-in, not enforcing).
+    #[arg(long, value_enum, default_value = "file")]
     pub shim_preload: PreloadMode,
+    /// The CUDA shim in the agent's image, installed at start into
+    /// `<state-dir>/lib/libtessera_cuda.so` (SHA-256 checked); vGPU allocations are refused
+    /// while it is missing.
+    #[arg(
+        long,
+        env = "TESSERA_SHIM_SOURCE",
+        default_value = "/usr/lib/tessera/libtessera_cuda.so"
+    )]
+    pub shim_source: PathBuf,
     /// Where the host's /dev is mounted in the agent's container.
     #[arg(long, default_value = "/dev")]
     pub dev_root: String,
@@ -230,6 +241,7 @@ async fn run_async(args: Args) -> Result<()> {
     let metrics = Arc::new(tessera::metrics::NodeMetrics::new());
     let mut allocate = AllocateSettings::with_state_dir(&args.state_dir);
     allocate.preload = args.shim_preload;
+    install_shim(&allocate, &args.shim_source);
     allocate.cdi = !args.no_cdi;
     // The capability table is read under --proc-root; its nodes live under --dev-root.
     allocate.mig_caps = MigCapsPaths::under(&args.proc_root, &args.dev_root);
@@ -287,6 +299,7 @@ async fn run_async(args: Args) -> Result<()> {
         });
     }
     let (recorder, config_label, client) = cluster_hooks(&args, &cancel).await;
+    spawn_vgpu_dir_reconcile(&args, &opts.allocate, &cancel);
     let triggers = agent::Triggers {
         reload: reload_rx,
         config_label,
@@ -305,6 +318,53 @@ async fn run_async(args: Args) -> Result<()> {
         settle_dra_checkpoint(dra_dir).await;
     }
     result.context("node agent")
+}
+
+/// Copy the shim from the image into the state directory (checksum verified). A failure
+/// is logged, and every vGPU allocation is refused with its reason until a restart.
+fn install_shim(allocate: &AllocateSettings, source: &std::path::Path) {
+    match allocate.shim.install(source, &allocate.shim_container_path) {
+        Ok(sha256) => info!(source = %source.display(), dest = %allocate.shim.host_path.display(),
+                            %sha256, "CUDA shim installed"),
+        Err(e) => tracing::error!(error = %e,
+            "CUDA shim not installed: vGPU allocations will be refused"),
+    }
+}
+
+/// Every minute, remove the device-plugin vGPU directories (limits, accounting) of
+/// containers the kubelet's device checkpoint no longer holds.
+fn spawn_vgpu_dir_reconcile(args: &Args, allocate: &AllocateSettings, cancel: &CancellationToken) {
+    let dirs = allocate.alloc_dirs();
+    let checkpoint = args
+        .kubelet_dir
+        .join("device-plugins/kubelet_internal_checkpoint");
+    let cancel = cancel.clone();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
+        loop {
+            tokio::select! {
+                _ = cancel.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let (d, cp) = (dirs.clone(), checkpoint.clone());
+            let grace = std::time::Duration::from_secs(120);
+            match tokio::task::spawn_blocking(move || {
+                tessera::shimfiles::reconcile_device_plugin(&d, &cp, grace)
+            })
+            .await
+            {
+                Ok(Ok(removed)) if !removed.is_empty() => {
+                    info!(
+                        ?removed,
+                        "removed vGPU directories of containers that are gone"
+                    )
+                }
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "vGPU directory cleanup skipped"),
+                Err(e) => tracing::warn!(error = %e, "vGPU directory cleanup failed"),
+            }
+        }
+    });
 }
 
 /// At shutdown (SIGTERM, the agent stopped): fold the DRA checkpoint's log into its

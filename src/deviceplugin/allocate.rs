@@ -2,9 +2,14 @@
 //!
 //! Every device is checked (known, healthy, not twice); then the container gets
 //! `NVIDIA_VISIBLE_DEVICES` and the CDI names of the GPUs/MIG devices behind the IDs, and
-//! for vGPU slices the shim contract of design.md: `LD_PRELOAD` (or an `/etc/ld.so.preload`
-//! mount) of `libtessera_cuda.so`, `CUDA_DEVICE_MEMORY_LIMIT_<i>`, `CUDA_DEVICE_SM_LIMIT_<i>`
-//! and `CUDA_DEVICE_MEMORY_SHARED_CACHE` in a per-container accounting directory.
+//! for vGPU slices the shim contract (docs/shim.md "Where limits come from"): the
+//! container's allocation directory (agent-written `limits` file) mounted read-only at
+//! `/etc/tessera`, its accounting directory read-write at `/var/run/tessera`, the library,
+//! and `/etc/ld.so.preload` naming it (or `LD_PRELOAD`, opt-in); the HAMi-core variables
+//! `CUDA_DEVICE_MEMORY_LIMIT_<i>`, `CUDA_DEVICE_SM_LIMIT_<i>` and
+//! `CUDA_DEVICE_MEMORY_SHARED_CACHE` stay in the environment for tools, but the shim lets
+//! them only lower the file's limits. The server refuses a vGPU when the library is not
+//! installed or not the one the agent installed ([`crate::shimfiles::ShimLibrary::verify`]).
 //!
 //! MIG devices also need their GPU-instance and compute-instance access nodes
 //! (`/dev/nvidia-caps/nvidia-cap<minor>`): the decision lists them as [`MigUnit`]s, and
@@ -17,6 +22,7 @@ use std::path::PathBuf;
 use crate::cdi;
 use crate::cdi::migcaps::{MigCaps, MigCapsPaths};
 use crate::partition::layout::{Device, Share, Target};
+use crate::shimfiles::{self, AllocDirs, ShimLibrary, UnitLimits};
 
 use super::snapshot::Snapshot;
 use super::{Error, Result};
@@ -24,11 +30,12 @@ use super::{Error, Result};
 /// How the shim is injected into vGPU containers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum PreloadMode {
-    /// `LD_PRELOAD=<container lib path>`.
-    #[default]
+    /// `LD_PRELOAD=<container lib path>`: opt-in; the container can unset it, so the
+    /// limits hold only for processes that keep it.
     Env,
-    /// Mount a file listing the library at `/etc/ld.so.preload` (cannot be unset by the
-    /// application's environment).
+    /// Mount the agent-written list naming the library at `/etc/ld.so.preload` (the
+    /// dynamic loader reads it whatever the environment says). The default.
+    #[default]
     File,
 }
 
@@ -37,15 +44,14 @@ pub enum PreloadMode {
 pub struct AllocateSettings {
     /// Add `cdi_devices` to responses.
     pub cdi: bool,
-    /// Host path of `libtessera_cuda.so`.
-    pub shim_host_path: PathBuf,
     /// Where the container sees it.
     pub shim_container_path: String,
     pub preload: PreloadMode,
-    /// Host directory holding per-container accounting directories.
+    /// Host directory holding the per-allocation directories ([`crate::shimfiles::AllocDirs`]).
     pub vgpu_state_dir: PathBuf,
-    /// Host path of a file containing `shim_container_path` (for [`PreloadMode::File`]).
-    pub preload_file_host_path: PathBuf,
+    /// The installed library (`<state-dir>/lib/libtessera_cuda.so`) and the preload list
+    /// naming it; vGPU allocations are refused while it does not verify.
+    pub shim: ShimLibrary,
     /// The driver's MIG capability table (MIG devices' access nodes).
     pub mig_caps: MigCapsPaths,
     /// Where the NVIDIA device nodes are on the host (CDI `hostPath`, `--driver-root`).
@@ -57,19 +63,26 @@ impl AllocateSettings {
         let state_dir = state_dir.into();
         Self {
             cdi: true,
-            shim_host_path: state_dir.join("lib/libtessera_cuda.so"),
             shim_container_path: "/usr/local/tessera/lib/libtessera_cuda.so".into(),
-            preload: PreloadMode::Env,
-            preload_file_host_path: state_dir.join("lib/ld.so.preload"),
+            shim: ShimLibrary::new(
+                state_dir.join("lib/libtessera_cuda.so"),
+                state_dir.join("lib/ld.so.preload"),
+            ),
+            preload: PreloadMode::File,
             vgpu_state_dir: state_dir.join("vgpu"),
             mig_caps: MigCapsPaths::default(),
             host_dev: crate::cdi::devroot::DevRoot::host(),
         }
     }
+
+    /// The per-allocation directories.
+    pub fn alloc_dirs(&self) -> AllocDirs {
+        AllocDirs::new(&self.vgpu_state_dir)
+    }
 }
 
 /// Where the accounting directory is mounted in the container.
-pub const CONTAINER_CACHE_DIR: &str = "/var/run/tessera";
+pub const CONTAINER_CACHE_DIR: &str = shimfiles::CONTAINER_ACCOUNTING_DIR;
 
 /// A host-path mount.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -106,8 +119,17 @@ pub struct ContainerAllocation {
     pub devices: Vec<DeviceSpec>,
     pub cdi_devices: Vec<String>,
     pub annotations: BTreeMap<String, String>,
-    /// Host directory to create before answering (vGPU accounting), if any.
-    pub create_dir: Option<PathBuf>,
+    /// vGPU: the allocation directory to create and the limits to write in it before
+    /// answering.
+    pub vgpu: Option<VgpuFiles>,
+}
+
+/// The files a vGPU container's answer refers to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct VgpuFiles {
+    /// The allocation directory's name under [`AllocateSettings::vgpu_state_dir`].
+    pub id: String,
+    pub units: Vec<UnitLimits>,
 }
 
 /// Decide the allocation of `ids` from `resource` for one container. `alloc_id` names the
@@ -255,29 +277,41 @@ fn add_shim_contract(
     settings: &AllocateSettings,
     alloc_id: &str,
 ) {
+    let mut limits = Vec::new();
     for (i, (_, slice)) in units.iter().enumerate() {
         if let Some((memory_mib, cores)) = slice {
+            // For tools only: the shim reads the limits file and lets these only lower it.
             out.envs.insert(
                 format!("CUDA_DEVICE_MEMORY_LIMIT_{i}"),
                 format!("{memory_mib}m"),
             );
             out.envs
                 .insert(format!("CUDA_DEVICE_SM_LIMIT_{i}"), cores.to_string());
+            limits.push(UnitLimits {
+                index: i,
+                memory_mib: *memory_mib,
+                cores: *cores,
+            });
         }
     }
-    let host_dir = settings.vgpu_state_dir.join(alloc_id);
+    let dirs = settings.alloc_dirs();
     out.envs.insert(
         "CUDA_DEVICE_MEMORY_SHARED_CACHE".into(),
-        format!("{CONTAINER_CACHE_DIR}/cuda.cache"),
+        format!("{CONTAINER_CACHE_DIR}/{}", shimfiles::ACCOUNTING_FILE),
     );
     out.mounts.push(Mount {
+        container_path: shimfiles::CONTAINER_LIMITS_DIR.into(),
+        host_path: dirs.dir(alloc_id).display().to_string(),
+        read_only: true,
+    });
+    out.mounts.push(Mount {
         container_path: CONTAINER_CACHE_DIR.into(),
-        host_path: host_dir.display().to_string(),
+        host_path: dirs.accounting_dir(alloc_id).display().to_string(),
         read_only: false,
     });
     out.mounts.push(Mount {
         container_path: settings.shim_container_path.clone(),
-        host_path: settings.shim_host_path.display().to_string(),
+        host_path: settings.shim.host_path.display().to_string(),
         read_only: true,
     });
     match settings.preload {
@@ -286,14 +320,19 @@ fn add_shim_contract(
                 .insert("LD_PRELOAD".into(), settings.shim_container_path.clone());
         }
         PreloadMode::File => out.mounts.push(Mount {
-            container_path: "/etc/ld.so.preload".into(),
-            host_path: settings.preload_file_host_path.display().to_string(),
+            container_path: shimfiles::CONTAINER_PRELOAD_LIST.into(),
+            host_path: settings.shim.preload_list.display().to_string(),
             read_only: true,
         }),
     }
-    out.annotations
-        .insert("tessera.io/vgpu-allocation".into(), alloc_id.to_string());
-    out.create_dir = Some(host_dir);
+    out.annotations.insert(
+        shimfiles::ALLOCATION_ANNOTATION.into(),
+        alloc_id.to_string(),
+    );
+    out.vgpu = Some(VgpuFiles {
+        id: alloc_id.to_string(),
+        units: limits,
+    });
 }
 
 #[cfg(test)]
@@ -369,31 +408,68 @@ mod tests {
             a.envs["CUDA_DEVICE_MEMORY_SHARED_CACHE"],
             "/var/run/tessera/cuda.cache"
         );
+        // Preloaded through /etc/ld.so.preload by default, not the environment.
+        assert!(!a.envs.contains_key("LD_PRELOAD"));
+        let mount = |path: &str| {
+            a.mounts
+                .iter()
+                .find(|m| m.container_path == path)
+                .cloned()
+                .unwrap_or_else(|| panic!("no mount at {path}: {:?}", a.mounts))
+        };
+        assert_eq!(
+            mount("/etc/ld.so.preload"),
+            Mount {
+                container_path: "/etc/ld.so.preload".into(),
+                host_path: "/var/lib/tessera/lib/ld.so.preload".into(),
+                read_only: true,
+            }
+        );
+        assert_eq!(
+            mount("/etc/tessera"),
+            Mount {
+                container_path: "/etc/tessera".into(),
+                host_path: "/var/lib/tessera/vgpu/a1".into(),
+                read_only: true,
+            }
+        );
+        assert_eq!(
+            mount(CONTAINER_CACHE_DIR),
+            Mount {
+                container_path: CONTAINER_CACHE_DIR.into(),
+                host_path: "/var/lib/tessera/vgpu/a1/acct".into(),
+                read_only: false,
+            }
+        );
+        assert!(mount("/usr/local/tessera/lib/libtessera_cuda.so").read_only);
+        assert_eq!(
+            a.vgpu,
+            Some(VgpuFiles {
+                id: "a1".into(),
+                units: vec![UnitLimits {
+                    index: 0,
+                    memory_mib: 10240,
+                    cores: 25
+                }],
+            })
+        );
+
+        // Two slices of the same GPU in one container: limits add up.
+        let two = ids(&s, "nvidia.com/vgpu", 2);
+        let mut env_mode = settings();
+        env_mode.preload = PreloadMode::Env;
+        let a = allocate_container(&s, "nvidia.com/vgpu", &two, &env_mode, "a2").unwrap();
+        assert_eq!(a.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "20480m");
+        assert_eq!(a.envs["CUDA_DEVICE_SM_LIMIT_0"], "50");
         assert_eq!(
             a.envs["LD_PRELOAD"],
             "/usr/local/tessera/lib/libtessera_cuda.so"
         );
-        assert_eq!(
-            a.create_dir,
-            Some(PathBuf::from("/var/lib/tessera/vgpu/a1"))
-        );
-        assert!(a
-            .mounts
-            .iter()
-            .any(|m| m.container_path == CONTAINER_CACHE_DIR && !m.read_only));
-
-        // Two slices of the same GPU in one container: limits add up.
-        let two = ids(&s, "nvidia.com/vgpu", 2);
-        let mut file_mode = settings();
-        file_mode.preload = PreloadMode::File;
-        let a = allocate_container(&s, "nvidia.com/vgpu", &two, &file_mode, "a2").unwrap();
-        assert_eq!(a.envs["CUDA_DEVICE_MEMORY_LIMIT_0"], "20480m");
-        assert_eq!(a.envs["CUDA_DEVICE_SM_LIMIT_0"], "50");
-        assert!(!a.envs.contains_key("LD_PRELOAD"));
-        assert!(a
+        assert!(!a
             .mounts
             .iter()
             .any(|m| m.container_path == "/etc/ld.so.preload"));
+        assert_eq!(a.vgpu.map(|v| v.units[0].memory_mib), Some(20480));
     }
 
     #[test]

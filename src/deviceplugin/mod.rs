@@ -68,6 +68,8 @@ pub enum Error {
     },
     #[error("CDI: {0}")]
     Cdi(#[from] crate::cdi::Error),
+    #[error("vGPU refused: {0}")]
+    Shim(#[from] crate::shimfiles::Error),
     #[error("MIG device {device}: {source}")]
     MigCaps {
         device: String,
@@ -93,6 +95,7 @@ impl Error {
             Error::RegistrationRefused { .. } => "registration_refused",
             Error::Serve { .. } => "serve",
             Error::Cdi(_) => "cdi",
+            Error::Shim(_) => "shim",
             Error::MigCaps { .. } => "mig_caps",
         }
     }
@@ -106,7 +109,9 @@ impl From<Error> for tonic::Status {
             | Error::DuplicateDevice { .. }
             | Error::InvalidRequest(_)
             | Error::RequestRefused { .. } => Code::InvalidArgument,
-            Error::UnhealthyDevice { .. } | Error::MigCaps { .. } => Code::FailedPrecondition,
+            Error::UnhealthyDevice { .. } | Error::MigCaps { .. } | Error::Shim(_) => {
+                Code::FailedPrecondition
+            }
             Error::UnknownResource { .. } => Code::NotFound,
             Error::Io { .. }
             | Error::KubeletUnavailable { .. }

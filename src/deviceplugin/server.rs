@@ -76,7 +76,11 @@ impl ResourceService {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_nanos())
             .unwrap_or(0);
-        format!("{nanos:x}-{}-{n}", std::process::id())
+        format!(
+            "{}{nanos:x}-{}-{n}",
+            crate::shimfiles::DP_PREFIX,
+            std::process::id()
+        )
     }
 }
 
@@ -191,11 +195,26 @@ impl DevicePlugin for ResourceService {
                     .map_err(|e| self.refused(e))?;
             }
         }
+        // A vGPU needs the shim library the agent installed (fail closed: never a mount
+        // of nothing, which glibc would ignore and leave the container unlimited).
+        if decided.iter().any(|a| a.vgpu.is_some()) {
+            self.settings
+                .shim
+                .verify()
+                .map_err(Error::from)
+                .inspect_err(|e| warn!(error = %e, "Allocate refused"))
+                .map_err(|e| self.refused(e))?;
+        }
         // All containers validated; only now touch the filesystem.
         let mut container_responses = Vec::with_capacity(decided.len());
         for a in decided {
-            if let Some(dir) = &a.create_dir {
-                create_accounting_dir(dir).map_err(|e| self.refused(e))?;
+            if let Some(v) = &a.vgpu {
+                let dirs = self.settings.alloc_dirs();
+                dirs.create(&v.id)
+                    .and_then(|_| dirs.write_limits(&v.id, &v.units))
+                    .map_err(Error::from)
+                    .inspect_err(|e| warn!(error = %e, "Allocate refused"))
+                    .map_err(|e| self.refused(e))?;
             }
             self.metrics
                 .allocations
@@ -225,17 +244,6 @@ pub fn options() -> pb::DevicePluginOptions {
         pre_start_required: false,
         get_preferred_allocation_available: true,
     }
-}
-
-fn create_accounting_dir(dir: &Path) -> Result<()> {
-    use std::os::unix::fs::PermissionsExt;
-    let io = |source| Error::Io {
-        path: dir.display().to_string(),
-        source,
-    };
-    std::fs::create_dir_all(dir).map_err(io)?;
-    // Container processes run as any UID; the shim must be able to create its file.
-    std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o777)).map_err(io)
 }
 
 fn to_proto(a: ContainerAllocation) -> pb::ContainerAllocateResponse {

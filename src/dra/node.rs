@@ -404,10 +404,9 @@ impl NodePreparer {
                 }
             }
         }
-        if plan.devices.iter().any(|d| d.share.is_some()) {
-            let dir = self.settings.vgpu_state_dir.join(uid);
-            std::fs::create_dir_all(&dir).map_err(|e| format!("{}: {e}", dir.display()))?;
-        }
+        // vGPU: the installed shim is checked (fail closed) and the claim's limits written.
+        super::prepare::write_claim_files(&self.settings, uid, &plan.devices)
+            .map_err(|e| format!("vGPU refused: {e}"))?;
         Ok((
             cdi::devroot::with_host_dev(spec, &self.settings.host_dev),
             report,
@@ -524,6 +523,8 @@ impl NodePreparer {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(format!("{}: {e}", spec.display())),
         }
+        // The claim's vGPU limits and accounting go with it.
+        super::prepare::remove_claim_files(&self.settings, uid).map_err(|e| e.to_string())?;
         if record.devices.iter().any(|d| d.mig.is_some()) {
             let inventory = self.backend.inventory().map_err(|e| e.to_string())?;
             let mut layouts: BTreeMap<&str, Vec<(String, u8)>> = BTreeMap::new();

@@ -23,6 +23,7 @@ use crate::cdi::{self, CdiDevice, ContainerEdits, DeviceNode, Mount, Spec};
 use crate::deviceplugin::allocate::{AllocateSettings, PreloadMode, CONTAINER_CACHE_DIR};
 use crate::gpu::Inventory;
 use crate::partition::catalog;
+use crate::shimfiles::{self, UnitLimits};
 
 use super::checkpoint::CreatedMig;
 use super::sharing::{self, ConfigError};
@@ -306,6 +307,70 @@ pub fn devices_here(claim: &ResourceClaim, node: &str) -> Vec<String> {
         .collect()
 }
 
+/// The claim's allocation directory name under the vGPU state directory.
+pub fn claim_dir_id(claim_uid: &str) -> String {
+    format!("{}{claim_uid}", shimfiles::CLAIM_PREFIX)
+}
+
+/// The vGPU limits of a planned claim, per CUDA ordinal (the order of
+/// `NVIDIA_VISIBLE_DEVICES`; shares of one GPU add up, cores at most 100).
+pub fn claim_limits(devices: &[PlannedDevice]) -> Vec<UnitLimits> {
+    let mut visible: Vec<&str> = Vec::new();
+    let mut shares: BTreeMap<usize, (u64, u32)> = BTreeMap::new();
+    for d in devices {
+        let pos = match visible.iter().position(|v| *v == d.visible) {
+            Some(p) => p,
+            None => {
+                visible.push(&d.visible);
+                visible.len() - 1
+            }
+        };
+        if let Some((m, c)) = d.share {
+            let e = shares.entry(pos).or_insert((0, 0));
+            e.0 += m;
+            e.1 = (e.1 + c).min(100);
+        }
+    }
+    shares
+        .into_iter()
+        .map(|(index, (memory_mib, cores))| UnitLimits {
+            index,
+            memory_mib,
+            cores,
+        })
+        .collect()
+}
+
+/// Before a vGPU claim's CDI spec is written: check the installed shim library (fail
+/// closed), create the claim's allocation directory and write its limits file.
+pub fn write_claim_files(
+    settings: &AllocateSettings,
+    claim_uid: &str,
+    devices: &[PlannedDevice],
+) -> Result<(), shimfiles::Error> {
+    let limits = claim_limits(devices);
+    if limits.is_empty() {
+        return Ok(());
+    }
+    settings.shim.verify()?;
+    let dirs = settings.alloc_dirs();
+    let id = claim_dir_id(claim_uid);
+    dirs.create(&id)?;
+    dirs.write_limits(&id, &limits)
+}
+
+/// At unprepare: remove the claim's allocation directory (limits and accounting).
+pub fn remove_claim_files(
+    settings: &AllocateSettings,
+    claim_uid: &str,
+) -> Result<(), shimfiles::Error> {
+    match settings.alloc_dirs().remove(&claim_dir_id(claim_uid)) {
+        // A UID no directory can be named after never had one.
+        Err(shimfiles::Error::BadId(_)) => Ok(()),
+        other => other,
+    }
+}
+
 /// CDI device name of a claim's device: unique per claim.
 pub fn cdi_device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
@@ -355,23 +420,31 @@ fn claim_spec(
             env.push(format!("CUDA_DEVICE_SM_LIMIT_{i}={c}"));
         }
         env.push(format!(
-            "CUDA_DEVICE_MEMORY_SHARED_CACHE={CONTAINER_CACHE_DIR}/cuda.cache"
+            "CUDA_DEVICE_MEMORY_SHARED_CACHE={CONTAINER_CACHE_DIR}/{}",
+            shimfiles::ACCOUNTING_FILE
         ));
+        let dirs = settings.alloc_dirs();
+        let id = claim_dir_id(uid);
         mounts.push(Mount {
-            host_path: settings.vgpu_state_dir.join(uid).display().to_string(),
+            host_path: dirs.dir(&id).display().to_string(),
+            container_path: shimfiles::CONTAINER_LIMITS_DIR.into(),
+            options: vec!["ro".into(), "bind".into()],
+        });
+        mounts.push(Mount {
+            host_path: dirs.accounting_dir(&id).display().to_string(),
             container_path: CONTAINER_CACHE_DIR.into(),
             options: vec!["rw".into(), "bind".into()],
         });
         mounts.push(Mount {
-            host_path: settings.shim_host_path.display().to_string(),
+            host_path: settings.shim.host_path.display().to_string(),
             container_path: settings.shim_container_path.clone(),
             options: vec!["ro".into(), "bind".into()],
         });
         match settings.preload {
             PreloadMode::Env => env.push(format!("LD_PRELOAD={}", settings.shim_container_path)),
             PreloadMode::File => mounts.push(Mount {
-                host_path: settings.preload_file_host_path.display().to_string(),
-                container_path: "/etc/ld.so.preload".into(),
+                host_path: settings.shim.preload_list.display().to_string(),
+                container_path: shimfiles::CONTAINER_PRELOAD_LIST.into(),
                 options: vec!["ro".into(), "bind".into()],
             }),
         }
@@ -509,7 +582,50 @@ mod tests {
             env.iter().any(|e| e == "CUDA_DEVICE_SM_LIMIT_1=25"),
             "{env:?}"
         );
-        assert!(env.iter().any(|e| e.starts_with("LD_PRELOAD=")));
+        // Preloaded through the mounted list, limits from the read-only claim directory.
+        assert!(!env.iter().any(|e| e.starts_with("LD_PRELOAD=")));
+        let mounts: Vec<(&str, &str, &str)> = plan
+            .cdi
+            .container_edits
+            .mounts
+            .iter()
+            .map(|m| {
+                (
+                    m.container_path.as_str(),
+                    m.host_path.as_str(),
+                    m.options[0].as_str(),
+                )
+            })
+            .collect();
+        for want in [
+            ("/etc/tessera", "/var/lib/tessera/vgpu/claim-u1", "ro"),
+            (
+                "/var/run/tessera",
+                "/var/lib/tessera/vgpu/claim-u1/acct",
+                "rw",
+            ),
+            (
+                "/etc/ld.so.preload",
+                "/var/lib/tessera/lib/ld.so.preload",
+                "ro",
+            ),
+        ] {
+            assert!(mounts.contains(&want), "{want:?} not in {mounts:?}");
+        }
+        assert_eq!(
+            claim_limits(&plan.devices),
+            vec![UnitLimits {
+                index: 1,
+                memory_mib: 16384,
+                cores: 25
+            }]
+        );
+        // Without the installed library the claim's files are refused.
+        let tmp = tempfile::tempdir().unwrap();
+        let s = AllocateSettings::with_state_dir(tmp.path());
+        let e = write_claim_files(&s, "u1", &plan.devices).unwrap_err();
+        assert!(e.to_string().contains("not installed"), "{e}");
+        assert!(!tmp.path().join("vgpu/claim-u1").exists());
         assert_eq!(plan.cdi.devices[0].name, "u1-gpu-0-mig-3g-40gb-4");
         assert_eq!(plan.cdi_file, "tessera.io-claim-u1");
     }

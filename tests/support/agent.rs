@@ -137,6 +137,10 @@ impl AgentBuilder {
             },
             metrics: metrics.clone(),
         };
+        // A stand-in for the shim library the agent installs at start (vGPU needs one).
+        let stand_in = root.join("libtessera_cuda.so");
+        std::fs::write(&stand_in, b"stand-in for libtessera_cuda.so").unwrap();
+        opts.allocate.shim.install(&stand_in, &opts.allocate.shim_container_path).unwrap();
         let task = tokio::spawn(agent::run(
             backend.clone(),
             opts,

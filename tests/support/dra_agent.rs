@@ -160,6 +160,10 @@ impl DraAgentBuilder {
         allocate.mig_caps =
             tessera::cdi::migcaps::write_synthetic(&self.dirs.root.join("proc"), gpus, 508)
                 .unwrap();
+        // A stand-in for the shim library the agent installs at start (vGPU needs one).
+        let stand_in = self.dirs.root.join("libtessera_cuda.so");
+        std::fs::write(&stand_in, b"stand-in for libtessera_cuda.so").unwrap();
+        allocate.shim.install(&stand_in, &allocate.shim_container_path).unwrap();
         let opts = AgentOptions {
             kubelet_dir: self.dirs.kubelet_dir.clone(),
             cdi_root: self.dirs.cdi_root.clone(),

@@ -15,14 +15,15 @@ pub struct AccountFile {
 }
 
 impl AccountFile {
-    /// Open or create `path` (mode 0666 before umask, so every uid in the container can share it).
+    /// Open or create `path`, mode 0600: only processes of the uid that created it (the
+    /// container's processes) may open it; see docs/security.md.
     pub fn open(path: &Path) -> io::Result<AccountFile> {
         let file = OpenOptions::new()
             .read(true)
             .write(true)
             .create(true)
             .truncate(false)
-            .mode(0o666)
+            .mode(0o600)
             .open(path)?;
         Ok(AccountFile { file })
     }
@@ -34,7 +35,7 @@ impl AccountFile {
             .write(true)
             .create(true)
             .truncate(true)
-            .mode(0o666)
+            .mode(0o600)
             .open(path)?;
         Ok(AccountFile { file })
     }
@@ -181,4 +182,19 @@ pub fn close_fd(fd: i32) {
 pub fn at_fork_child(child: extern "C" fn()) {
     // SAFETY: registering a plain function pointer.
     unsafe { libc::pthread_atfork(None, None, Some(child)) };
+}
+
+/// Whether `path` lies on a read-only mount (`statvfs` `ST_RDONLY`).
+pub fn is_read_only(path: &Path) -> io::Result<bool> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(path.as_os_str().as_bytes())
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "path contains NUL"))?;
+    // SAFETY: statvfs on a NUL-terminated path into a zeroed, owned struct.
+    let mut st: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    let rc = unsafe { libc::statvfs(c.as_ptr(), &mut st) };
+    if rc != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(st.f_flag & libc::ST_RDONLY != 0)
 }

@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicI32, AtomicPtr, AtomicU8, Ordering};
 
 use crate::config::{Config, LogLevel};
 use crate::runtime::{InitError, Shim};
+use crate::source;
 
 /// The outcome of initialisation (leaked once per process, so the size gap is harmless).
 #[allow(clippy::large_enum_variant)]
@@ -76,19 +77,37 @@ fn init_slow() -> &'static Outcome {
 }
 
 fn build() -> Outcome {
-    let parsed = Config::from_env().and_then(|cfg| {
-        let names: Vec<String> = std::env::vars_os()
-            .map(|(k, _)| k.to_string_lossy().into_owned())
-            .collect();
-        Config::check_indices(names.iter().map(String::as_str))?;
-        Ok(cfg)
-    });
-    if let Ok(cfg) = &parsed {
-        crate::log::set_level(cfg.log_level);
+    let names: Vec<String> = std::env::vars_os()
+        .map(|(k, _)| k.to_string_lossy().into_owned())
+        .collect();
+    let fs = source::System {
+        root: std::path::PathBuf::from("/"),
+        read_only: super::os::is_read_only,
+    };
+    let loaded = source::load(
+        &fs,
+        |k| std::env::var_os(k).map(|v| v.to_string_lossy().into_owned()),
+        &names,
+        source::LIMITS_WAIT,
+    );
+    match &loaded {
+        Ok(l) => {
+            crate::log::set_level(l.cfg.log_level);
+            for note in &l.ignored {
+                crate::log::warn(note);
+            }
+        }
+        Err(_) => {
+            // The log level of a refused process: the environment's, if it parses.
+            if let Ok(cfg) = Config::from_env() {
+                crate::log::set_level(cfg.log_level);
+            }
+        }
     }
-    let result = parsed
+    let origin = loaded.as_ref().map(|l| l.origin.clone()).ok();
+    let result = loaded
         .map_err(InitError::from)
-        .and_then(|cfg| Shim::build(cfg, u64::from(std::process::id())));
+        .and_then(|l| Shim::build(l.cfg, u64::from(std::process::id())));
     match result {
         Ok(shim) => {
             if crate::log::enabled(LogLevel::Info) {
@@ -98,10 +117,20 @@ fn build() -> Outcome {
                     .iter()
                     .enumerate()
                     .filter(|(i, d)| *i == 0 || **d != shim.cfg.devices[0])
-                    .map(|(i, d)| format!("dev{i}: mem={:?} sm={:?}", d.memory, d.sm_percent))
+                    .map(|(i, d)| {
+                        format!(
+                            "dev{i}: mem={:?} sm={:?}",
+                            d.memory,
+                            shim.cfg.effective_sm_limit(i)
+                        )
+                    })
                     .collect();
+                let from = match &origin {
+                    Some(source::Origin::File(p)) => format!("limits from {}", p.display()),
+                    _ => "limits from the environment (standalone)".to_string(),
+                };
                 crate::log::info(&format!(
-                    "active; {} (unlisted devices as dev0)",
+                    "active; {from}; {} (unlisted devices as dev0)",
                     limits.join(", ")
                 ));
             }

@@ -1,0 +1,664 @@
+//! What the node agent provides to the CUDA shim (`libtessera_cuda.so`, `shim/`), so that
+//! a vGPU container cannot lift its own limits (docs/shim.md "Where limits come from"):
+//!
+//! - [`ShimLibrary`]: the library copied from the agent's image into `<state-dir>/lib/`
+//!   (SHA-256 of source and copy compared, atomic rename) and the preload list
+//!   `<state-dir>/lib/ld.so.preload` naming it; [`ShimLibrary::verify`] is what Allocate
+//!   and NodePrepareResources call before handing out a vGPU (fail closed);
+//! - [`AllocDirs`]: one directory per allocation (device-plugin container or DRA claim),
+//!   `<state-dir>/vgpu/<id>/`, holding the agent-written `limits` file (root, 0444,
+//!   replaced atomically) and the `acct/` directory of that allocation's accounting file.
+//!   The runtime mounts `<id>/` read-only at [`CONTAINER_LIMITS_DIR`] (the path compiled
+//!   into the shim) and `<id>/acct/` read-write at [`CONTAINER_ACCOUNTING_DIR`].
+//!
+//! Permissions: `<state-dir>/vgpu` is root 0700 (no host user but root reaches anything
+//! below it; the runtime's bind mounts do not need the host path to be traversable),
+//! `<id>/` root 0755, `limits` root 0444, `acct/` root 01733 (any uid of the container can
+//! create its accounting file there, nobody can list it or remove another uid's file).
+//!
+//! Device-plugin directories (`dp-<id>`) are removed by [`reconcile_device_plugin`] once
+//! the kubelet's device checkpoint no longer holds the allocation; a DRA claim's
+//! (`claim-<uid>`) by NodeUnprepareResources.
+
+use std::collections::BTreeSet;
+use std::fs::{File, OpenOptions};
+use std::io::{Read, Write};
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+/// Where the allocation's directory is mounted (read-only) in the container. Must equal
+/// `tessera_cuda::source::LIMITS_DIR`, which the shim has compiled in.
+pub const CONTAINER_LIMITS_DIR: &str = "/etc/tessera";
+/// The limits file's name in the allocation's directory.
+pub const LIMITS_FILE: &str = "limits";
+/// The accounting directory's name in the allocation's directory.
+pub const ACCOUNTING_DIR: &str = "acct";
+/// Where the accounting directory is mounted (read-write) in the container.
+pub const CONTAINER_ACCOUNTING_DIR: &str = "/var/run/tessera";
+/// The accounting file the shim creates there.
+pub const ACCOUNTING_FILE: &str = "cuda.cache";
+/// Where the preload list is mounted in the container.
+pub const CONTAINER_PRELOAD_LIST: &str = "/etc/ld.so.preload";
+/// Prefix of device-plugin allocation directories.
+pub const DP_PREFIX: &str = "dp-";
+/// Prefix of DRA claim directories.
+pub const CLAIM_PREFIX: &str = "claim-";
+/// Mode of the accounting directory: sticky, writable and searchable by all, listable
+/// only by root.
+pub const ACCOUNTING_DIR_MODE: u32 = 0o1733;
+
+/// Errors of the shim files.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("the CUDA shim library is not installed at {path}: {reason}")]
+    NotInstalled { path: String, reason: String },
+    #[error(
+        "the CUDA shim library at {path} does not match what the agent installed \
+         (sha256 {got}, expected {want})"
+    )]
+    Checksum {
+        path: String,
+        want: String,
+        got: String,
+    },
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid allocation directory name {0:?}")]
+    BadId(String),
+    #[error("kubelet checkpoint {path}: {reason}")]
+    Checkpoint { path: String, reason: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
+        path: path.display().to_string(),
+        source,
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// SHA-256 of the file at `path`, streamed.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    let mut file = File::open(path).map_err(io(path))?;
+    let mut ctx = ring::digest::Context::new(&ring::digest::SHA256);
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = file.read(&mut buf).map_err(io(path))?;
+        if n == 0 {
+            break;
+        }
+        ctx.update(&buf[..n]);
+    }
+    Ok(hex(ctx.finish().as_ref()))
+}
+
+/// Write `bytes` to `dir/name` atomically: a new temporary file (`O_EXCL | O_NOFOLLOW`,
+/// unique name) in `dir`, mode set with `fchmod` (umask does not apply), fsynced, renamed
+/// over the target, directory fsynced.
+pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<()> {
+    let target = dir.join(name);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let mut last = None;
+    for attempt in 0..16u32 {
+        let tmp = dir.join(format!(
+            ".{name}.{}.{nanos:x}.{attempt}.tmp",
+            std::process::id()
+        ));
+        let opened = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
+            .mode(0o600)
+            .open(&tmp);
+        let mut file = match opened {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+                last = Some(e);
+                continue;
+            }
+            Err(e) => return Err(io(&tmp)(e)),
+        };
+        let written = file
+            .write_all(bytes)
+            .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(mode)))
+            .and_then(|()| file.sync_all())
+            .and_then(|()| std::fs::rename(&tmp, &target));
+        if let Err(e) = written {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(io(&target)(e));
+        }
+        return File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir));
+    }
+    Err(io(&target)(last.unwrap_or_else(|| {
+        std::io::Error::other("no free temporary name")
+    })))
+}
+
+/// What identifies the installed file without reading it again.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    dev: u64,
+    ino: u64,
+    len: u64,
+    mtime: (i64, i64),
+    ctime: (i64, i64),
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        Stamp {
+            dev: meta.dev(),
+            ino: meta.ino(),
+            len: meta.len(),
+            mtime: (meta.mtime(), meta.mtime_nsec()),
+            ctime: (meta.ctime(), meta.ctime_nsec()),
+        }
+    }
+}
+
+#[derive(Debug)]
+enum LibState {
+    /// Not installed (yet), and why.
+    Absent(String),
+    Installed {
+        sha256: String,
+        stamp: Stamp,
+    },
+}
+
+/// The shim library on the host and the preload list naming it.
+#[derive(Debug, Clone)]
+pub struct ShimLibrary {
+    /// `<state-dir>/lib/libtessera_cuda.so`.
+    pub host_path: PathBuf,
+    /// `<state-dir>/lib/ld.so.preload`.
+    pub preload_list: PathBuf,
+    state: Arc<Mutex<LibState>>,
+}
+
+impl PartialEq for ShimLibrary {
+    fn eq(&self, other: &Self) -> bool {
+        self.host_path == other.host_path && self.preload_list == other.preload_list
+    }
+}
+
+impl Eq for ShimLibrary {}
+
+impl ShimLibrary {
+    /// Nothing installed yet: vGPU allocations are refused until [`Self::install`].
+    pub fn new(host_path: PathBuf, preload_list: PathBuf) -> ShimLibrary {
+        ShimLibrary {
+            host_path,
+            preload_list,
+            state: Arc::new(Mutex::new(LibState::Absent(
+                "the agent has not installed it (--shim-source)".into(),
+            ))),
+        }
+    }
+
+    fn set(&self, s: LibState) {
+        match self.state.lock() {
+            Ok(mut g) => *g = s,
+            Err(p) => *p.into_inner() = s,
+        }
+    }
+
+    /// Record why the library is not installed (shown in every refusal).
+    pub fn mark_absent(&self, reason: impl Into<String>) {
+        self.set(LibState::Absent(reason.into()));
+    }
+
+    /// Copy `source` to [`Self::host_path`] (compared by SHA-256 after the copy, then
+    /// renamed into place, mode 0444) and write the preload list naming
+    /// `container_path`. Returns the library's SHA-256.
+    pub fn install(&self, source: &Path, container_path: &str) -> Result<String> {
+        let result = self.install_inner(source, container_path);
+        match &result {
+            Ok(_) => {}
+            Err(e) => self.mark_absent(e.to_string()),
+        }
+        result
+    }
+
+    fn install_inner(&self, source: &Path, container_path: &str) -> Result<String> {
+        let dir = self
+            .host_path
+            .parent()
+            .ok_or_else(|| Error::BadId(self.host_path.display().to_string()))?;
+        let name = self
+            .host_path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| Error::BadId(self.host_path.display().to_string()))?;
+        std::fs::create_dir_all(dir).map_err(io(dir))?;
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755)).map_err(io(dir))?;
+        let want = sha256_file(source)?;
+        let mut bytes = Vec::new();
+        File::open(source)
+            .and_then(|mut f| f.read_to_end(&mut bytes))
+            .map_err(io(source))?;
+        let copied = hex(ring::digest::digest(&ring::digest::SHA256, &bytes).as_ref());
+        if copied != want {
+            return Err(Error::Checksum {
+                path: source.display().to_string(),
+                want,
+                got: copied,
+            });
+        }
+        write_atomic(dir, name, &bytes, 0o444)?;
+        let got = sha256_file(&self.host_path)?;
+        if got != want {
+            return Err(Error::Checksum {
+                path: self.host_path.display().to_string(),
+                want,
+                got,
+            });
+        }
+        let meta = std::fs::symlink_metadata(&self.host_path).map_err(io(&self.host_path))?;
+        let list_dir = self
+            .preload_list
+            .parent()
+            .ok_or_else(|| Error::BadId(self.preload_list.display().to_string()))?;
+        let list_name = self
+            .preload_list
+            .file_name()
+            .and_then(|n| n.to_str())
+            .ok_or_else(|| Error::BadId(self.preload_list.display().to_string()))?;
+        std::fs::create_dir_all(list_dir).map_err(io(list_dir))?;
+        write_atomic(
+            list_dir,
+            list_name,
+            format!("{container_path}\n").as_bytes(),
+            0o444,
+        )?;
+        self.set(LibState::Installed {
+            sha256: want.clone(),
+            stamp: Stamp::of(&meta),
+        });
+        Ok(want)
+    }
+
+    /// Check that the installed library is still there and unchanged (re-hashed only
+    /// when its inode, size or times changed) and that the preload list exists.
+    pub fn verify(&self) -> Result<()> {
+        let mut guard = match self.state.lock() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        let (want, stamp) = match &*guard {
+            LibState::Absent(reason) => {
+                return Err(Error::NotInstalled {
+                    path: self.host_path.display().to_string(),
+                    reason: reason.clone(),
+                })
+            }
+            LibState::Installed { sha256, stamp } => (sha256.clone(), *stamp),
+        };
+        let missing = |e: std::io::Error, path: &Path| Error::NotInstalled {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        let meta =
+            std::fs::symlink_metadata(&self.host_path).map_err(|e| missing(e, &self.host_path))?;
+        if !meta.is_file() {
+            return Err(Error::NotInstalled {
+                path: self.host_path.display().to_string(),
+                reason: "not a regular file".into(),
+            });
+        }
+        std::fs::symlink_metadata(&self.preload_list)
+            .map_err(|e| missing(e, &self.preload_list))?;
+        let now = Stamp::of(&meta);
+        if now == stamp {
+            return Ok(());
+        }
+        let got = sha256_file(&self.host_path)?;
+        if got != want {
+            return Err(Error::Checksum {
+                path: self.host_path.display().to_string(),
+                want,
+                got,
+            });
+        }
+        *guard = LibState::Installed {
+            sha256: want,
+            stamp: now,
+        };
+        Ok(())
+    }
+}
+
+/// One vGPU unit's limits as the container sees it (CUDA ordinal `index`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitLimits {
+    pub index: usize,
+    pub memory_mib: u64,
+    pub cores: u32,
+}
+
+/// The limits file's text (the format `shim/src/source.rs` parses): `version=1`, the
+/// HAMi-core variables per unit, the accounting file and the core policy.
+pub fn limits_text(units: &[UnitLimits]) -> String {
+    let mut s = String::from("# written by tessera node; read by libtessera_cuda.so\nversion=1\n");
+    for u in units {
+        s.push_str(&format!(
+            "CUDA_DEVICE_MEMORY_LIMIT_{}={}m\n",
+            u.index, u.memory_mib
+        ));
+        s.push_str(&format!("CUDA_DEVICE_SM_LIMIT_{}={}\n", u.index, u.cores));
+    }
+    s.push_str(&format!(
+        "CUDA_DEVICE_MEMORY_SHARED_CACHE={CONTAINER_ACCOUNTING_DIR}/{ACCOUNTING_FILE}\n"
+    ));
+    s.push_str("TESSERA_CORE_POLICY=default\n");
+    s
+}
+
+/// The per-allocation directories under `<state-dir>/vgpu`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AllocDirs {
+    pub root: PathBuf,
+}
+
+fn check_id(id: &str) -> Result<()> {
+    let ok = !id.is_empty()
+        && id.len() <= 128
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_' || b == b'.')
+        && !id.starts_with('.');
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::BadId(id.to_string()))
+    }
+}
+
+fn ensure_dir(path: &Path, mode: u32) -> Result<()> {
+    match std::fs::create_dir(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(io(path)(e)),
+    }
+    let meta = std::fs::symlink_metadata(path).map_err(io(path))?;
+    if !meta.is_dir() {
+        return Err(io(path)(std::io::Error::other(
+            "exists and is not a directory",
+        )));
+    }
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io(path))
+}
+
+impl AllocDirs {
+    pub fn new(root: impl Into<PathBuf>) -> AllocDirs {
+        AllocDirs { root: root.into() }
+    }
+
+    /// `<root>/<id>`.
+    pub fn dir(&self, id: &str) -> PathBuf {
+        self.root.join(id)
+    }
+
+    /// `<root>/<id>/acct`.
+    pub fn accounting_dir(&self, id: &str) -> PathBuf {
+        self.root.join(id).join(ACCOUNTING_DIR)
+    }
+
+    /// Create `<root>` (0700), `<root>/<id>` (0755) and its `acct/` (01733). The limits
+    /// file may be written now or later ([`Self::write_limits`]); the shim waits a
+    /// bounded time for it.
+    pub fn create(&self, id: &str) -> Result<PathBuf> {
+        check_id(id)?;
+        if let Some(parent) = self.root.parent() {
+            std::fs::create_dir_all(parent).map_err(io(parent))?;
+        }
+        ensure_dir(&self.root, 0o700)?;
+        let dir = self.dir(id);
+        ensure_dir(&dir, 0o755)?;
+        ensure_dir(&dir.join(ACCOUNTING_DIR), ACCOUNTING_DIR_MODE)?;
+        Ok(dir)
+    }
+
+    /// Write (or replace) the allocation's limits file: root, 0444, atomic.
+    pub fn write_limits(&self, id: &str, units: &[UnitLimits]) -> Result<()> {
+        check_id(id)?;
+        write_atomic(
+            &self.dir(id),
+            LIMITS_FILE,
+            limits_text(units).as_bytes(),
+            0o444,
+        )
+    }
+
+    /// Remove `<root>/<id>` and everything in it; a missing directory is fine.
+    pub fn remove(&self, id: &str) -> Result<()> {
+        check_id(id)?;
+        let dir = self.dir(id);
+        match std::fs::remove_dir_all(&dir) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(io(&dir)(e)),
+        }
+    }
+
+    /// The directory names under `<root>` starting with `prefix`.
+    pub fn list(&self, prefix: &str) -> Result<Vec<String>> {
+        let entries = match std::fs::read_dir(&self.root) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(io(&self.root)(e)),
+        };
+        let mut out: Vec<String> = entries
+            .flatten()
+            .filter_map(|e| e.file_name().to_str().map(str::to_string))
+            .filter(|n| n.starts_with(prefix))
+            .collect();
+        out.sort();
+        Ok(out)
+    }
+}
+
+/// The annotation naming a device-plugin container's allocation directory.
+pub const ALLOCATION_ANNOTATION: &str = "tessera.io/vgpu-allocation";
+
+/// The allocation directories the kubelet's device checkpoint still refers to: each pod
+/// entry's `AllocResp` (base64 of the `ContainerAllocateResponse` the agent answered)
+/// carries [`ALLOCATION_ANNOTATION`].
+pub fn referenced_allocations(checkpoint: &[u8]) -> Result<BTreeSet<String>, String> {
+    use base64::Engine as _;
+    use prost::Message as _;
+    #[derive(serde::Deserialize)]
+    struct Checkpoint {
+        #[serde(rename = "Data")]
+        data: Data,
+    }
+    #[derive(serde::Deserialize)]
+    struct Data {
+        #[serde(rename = "PodDeviceEntries", default)]
+        entries: Option<Vec<Entry>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        #[serde(rename = "AllocResp", default)]
+        alloc_resp: Option<String>,
+    }
+    let cp: Checkpoint = serde_json::from_slice(checkpoint).map_err(|e| e.to_string())?;
+    let mut out = BTreeSet::new();
+    for e in cp.data.entries.unwrap_or_default() {
+        let Some(b64) = e.alloc_resp else { continue };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|e| format!("AllocResp is not base64: {e}"))?;
+        let resp = crate::proto::deviceplugin::ContainerAllocateResponse::decode(bytes.as_slice())
+            .map_err(|e| format!("AllocResp is not a ContainerAllocateResponse: {e}"))?;
+        if let Some(id) = resp.annotations.get(ALLOCATION_ANNOTATION) {
+            out.insert(id.clone());
+        }
+    }
+    Ok(out)
+}
+
+/// Remove the device-plugin allocation directories (`dp-*`) that the kubelet's device
+/// checkpoint at `checkpoint` no longer refers to and that are older than `grace` (the
+/// kubelet writes its checkpoint after Allocate returns). A checkpoint that is missing or
+/// cannot be read removes nothing. Returns the removed names.
+pub fn reconcile_device_plugin(
+    dirs: &AllocDirs,
+    checkpoint: &Path,
+    grace: Duration,
+) -> Result<Vec<String>> {
+    let bytes = match std::fs::read(checkpoint) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io(checkpoint)(e)),
+    };
+    let live = referenced_allocations(&bytes).map_err(|reason| Error::Checkpoint {
+        path: checkpoint.display().to_string(),
+        reason,
+    })?;
+    let now = SystemTime::now();
+    let mut removed = Vec::new();
+    for name in dirs.list(DP_PREFIX)? {
+        if live.contains(&name) {
+            continue;
+        }
+        let young = std::fs::symlink_metadata(dirs.dir(&name))
+            .and_then(|m| m.modified())
+            .map(|t| now.duration_since(t).unwrap_or_default() < grace)
+            .unwrap_or(false);
+        if young {
+            continue;
+        }
+        dirs.remove(&name)?;
+        removed.push(name);
+    }
+    Ok(removed)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mode(p: &Path) -> u32 {
+        std::fs::symlink_metadata(p).unwrap().permissions().mode() & 0o7777
+    }
+
+    #[test]
+    fn install_copies_verifies_and_refuses_a_changed_library() {
+        let tmp = tempfile::tempdir().unwrap();
+        let src = tmp.path().join("src.so");
+        std::fs::write(&src, b"\x7fELF shim").unwrap();
+        let lib = ShimLibrary::new(
+            tmp.path().join("state/lib/libtessera_cuda.so"),
+            tmp.path().join("state/lib/ld.so.preload"),
+        );
+        let e = lib.verify().unwrap_err();
+        assert!(e.to_string().contains("not installed"), "{e}");
+        let sum = lib
+            .install(&src, "/usr/local/tessera/lib/libtessera_cuda.so")
+            .unwrap();
+        assert_eq!(sum.len(), 64);
+        lib.verify().unwrap();
+        assert_eq!(mode(&lib.host_path), 0o444);
+        assert_eq!(
+            std::fs::read_to_string(&lib.preload_list).unwrap(),
+            "/usr/local/tessera/lib/libtessera_cuda.so\n"
+        );
+        assert_eq!(mode(&lib.preload_list), 0o444);
+        // Replaced by something else: refused, naming both checksums.
+        std::fs::remove_file(&lib.host_path).unwrap();
+        std::fs::write(&lib.host_path, b"\x7fELF other").unwrap();
+        let e = lib.verify().unwrap_err();
+        assert!(e.to_string().contains(&sum), "{e}");
+        std::fs::remove_file(&lib.host_path).unwrap();
+        let e = lib.verify().unwrap_err();
+        assert!(e.to_string().contains("not installed"), "{e}");
+        // A missing source: refused with the reason.
+        let e = lib.install(&tmp.path().join("nope.so"), "/x").unwrap_err();
+        assert!(e.to_string().contains("nope.so"), "{e}");
+        let e = lib.verify().unwrap_err();
+        assert!(e.to_string().contains("nope.so"), "{e}");
+    }
+
+    #[test]
+    fn allocation_dirs_have_their_modes_and_limits_are_atomic() {
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = AllocDirs::new(tmp.path().join("vgpu"));
+        let dir = dirs.create("dp-1").unwrap();
+        assert_eq!(mode(&dirs.root), 0o700);
+        assert_eq!(mode(&dir), 0o755);
+        assert_eq!(mode(&dirs.accounting_dir("dp-1")), 0o1733);
+        let units = [UnitLimits {
+            index: 0,
+            memory_mib: 16384,
+            cores: 25,
+        }];
+        dirs.write_limits("dp-1", &units).unwrap();
+        let text = std::fs::read_to_string(dir.join(LIMITS_FILE)).unwrap();
+        assert!(text.contains("version=1\n"));
+        assert!(text.contains("CUDA_DEVICE_MEMORY_LIMIT_0=16384m\n"));
+        assert!(text.contains("CUDA_DEVICE_SM_LIMIT_0=25\n"));
+        assert!(text.contains("CUDA_DEVICE_MEMORY_SHARED_CACHE=/var/run/tessera/cuda.cache\n"));
+        assert_eq!(mode(&dir.join(LIMITS_FILE)), 0o444);
+        // Rewritten in place of the old file; no temporary left.
+        dirs.write_limits("dp-1", &units).unwrap();
+        let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
+        assert_eq!(names.len(), 2, "limits + acct only");
+        for bad in ["", "..", "a/b", ".hidden"] {
+            assert!(dirs.create(bad).is_err(), "{bad:?}");
+        }
+        dirs.remove("dp-1").unwrap();
+        assert!(!dir.exists());
+        dirs.remove("dp-1").unwrap();
+    }
+
+    #[test]
+    fn device_plugin_dirs_go_when_the_checkpoint_drops_them() {
+        use base64::Engine as _;
+        use prost::Message as _;
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = AllocDirs::new(tmp.path().join("vgpu"));
+        for id in ["dp-live", "dp-gone", "claim-u1"] {
+            dirs.create(id).unwrap();
+        }
+        let resp = crate::proto::deviceplugin::ContainerAllocateResponse {
+            annotations: [(ALLOCATION_ANNOTATION.to_string(), "dp-live".to_string())]
+                .into_iter()
+                .collect(),
+            ..Default::default()
+        };
+        let b64 = base64::engine::general_purpose::STANDARD.encode(resp.encode_to_vec());
+        let cp = tmp.path().join("kubelet_internal_checkpoint");
+        std::fs::write(
+            &cp,
+            format!(
+                r#"{{"Data":{{"PodDeviceEntries":[{{"PodUID":"p","ContainerName":"c","ResourceName":"nvidia.com/vgpu","DeviceIDs":{{"-1":["x"]}},"AllocResp":"{b64}"}}],"RegisteredDevices":{{}}}},"Checksum":1}}"#
+            ),
+        )
+        .unwrap();
+        // Within the grace period nothing goes.
+        let removed = reconcile_device_plugin(&dirs, &cp, Duration::from_secs(600)).unwrap();
+        assert!(removed.is_empty());
+        let removed = reconcile_device_plugin(&dirs, &cp, Duration::ZERO).unwrap();
+        assert_eq!(removed, vec!["dp-gone".to_string()]);
+        assert!(dirs.dir("dp-live").exists() && dirs.dir("claim-u1").exists());
+        // An unreadable checkpoint removes nothing and says why.
+        std::fs::write(&cp, "not json").unwrap();
+        assert!(reconcile_device_plugin(&dirs, &cp, Duration::ZERO).is_err());
+        assert!(dirs.dir("dp-live").exists());
+    }
+}
