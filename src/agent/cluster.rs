@@ -133,6 +133,15 @@ pub fn gpu_move_stalled_event(
     node_event(node, "GpuMoveStalled", "MoveGpu", message, now)
 }
 
+/// The Event of another device plugin competing with Tessera's on the node.
+pub fn device_plugin_conflict_event(
+    node: &str,
+    message: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Event {
+    node_event(node, "DevicePluginConflict", "RegisterDevicePlugin", message, now)
+}
+
 /// A Warning Event about the Node.
 fn node_event(
     node: &str,
@@ -195,6 +204,12 @@ impl EventRecorder for KubeEventRecorder {
         super::LogRecorder.gpu_move_stalled(message);
         let now = k8s_openapi::jiff::Timestamp::now();
         self.post(gpu_move_stalled_event(&self.node, message, now));
+    }
+
+    fn device_plugin_conflict(&self, message: &str) {
+        super::LogRecorder.device_plugin_conflict(message);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        self.post(device_plugin_conflict_event(&self.node, message, now));
     }
 }
 

@@ -111,6 +111,12 @@ pub trait EventRecorder: Send + Sync {
     fn gpu_move_stalled(&self, message: &str) {
         warn!(%message, "GPU move off the DRA driver stalled");
     }
+
+    /// Another device plugin registers a resource Tessera registers or advertises this
+    /// node's GPUs ([`crate::deviceplugin::coexist`]). Once per conflict while it lasts.
+    fn device_plugin_conflict(&self, message: &str) {
+        error!(%message, "device plugin conflict");
+    }
 }
 
 /// Logs only (no cluster).

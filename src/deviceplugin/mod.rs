@@ -15,6 +15,7 @@
 //!   everything when the kubelet restarts (inotify on `kubelet.sock`).
 
 pub mod allocate;
+pub mod coexist;
 pub mod preferred;
 pub mod registration;
 pub mod server;

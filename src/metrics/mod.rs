@@ -59,6 +59,9 @@ pub struct NodeMetrics {
     /// GPUs on neither kubelet path whose move off the DRA driver has waited past its
     /// warning threshold (`agent::withdraw`).
     pub gpu_moves_stalled: Gauge,
+    /// Other device plugins on the node that register a resource Tessera registers or
+    /// advertise its GPUs (`deviceplugin::coexist`).
+    pub device_plugin_conflicts: Gauge,
 }
 
 impl Default for NodeMetrics {
@@ -76,6 +79,7 @@ impl NodeMetrics {
         let health_transitions = Family::<HealthLabels, Counter>::default();
         let config_reloads = Family::<OutcomeLabels, Counter>::default();
         let gpu_moves_stalled = Gauge::default();
+        let device_plugin_conflicts = Gauge::default();
         registry.register(
             "devices",
             "Devices advertised to the kubelet",
@@ -106,6 +110,11 @@ impl NodeMetrics {
             "GPUs on neither kubelet path whose move off the DRA driver is stalled",
             gpu_moves_stalled.clone(),
         );
+        registry.register(
+            "device_plugin_conflicts",
+            "Other device plugins registering a resource Tessera registers or advertising its GPUs",
+            device_plugin_conflicts.clone(),
+        );
         Self {
             registry,
             devices,
@@ -114,6 +123,7 @@ impl NodeMetrics {
             health_transitions,
             config_reloads,
             gpu_moves_stalled,
+            device_plugin_conflicts,
         }
     }
 

@@ -8,7 +8,10 @@
 //!   `GetDevicePluginOptions`, and keeps a `ListAndWatch` stream open, recording every list;
 //!   a second registration of a resource replaces the first endpoint;
 //! - `restart()` is what a kubelet restart does to the directory: the old socket goes away,
-//!   every other socket file in the directory is deleted, and `kubelet.sock` is created anew.
+//!   every other socket file in the directory is deleted, and `kubelet.sock` is created anew;
+//! - on every device list received, the device manager's checkpoint
+//!   `kubelet_internal_checkpoint` is rewritten in the kubelet's JSON layout
+//!   (`Data.RegisteredDevices`: resource name → the IDs of its latest list; no pod entries).
 
 #![allow(dead_code)]
 
@@ -169,6 +172,9 @@ async fn stream_devices(
                     if let Some(st) = map.get_mut(resource).filter(|s| s.epoch == epoch) {
                         st.lists.push(list.devices);
                     }
+                    if let Some(dir) = socket.parent() {
+                        write_checkpoint(dir, &map);
+                    }
                     drop(map);
                     shared.changed.notify_waiters();
                 }
@@ -177,6 +183,29 @@ async fn stream_devices(
         }
     }
     Ok(())
+}
+
+/// The device manager's checkpoint, as the kubelet writes it after each device update.
+fn write_checkpoint(dir: &Path, resources: &BTreeMap<String, ResourceState>) {
+    let registered: BTreeMap<&str, Vec<&str>> = resources
+        .iter()
+        .map(|(r, st)| {
+            let ids = st
+                .lists
+                .last()
+                .map(|l| l.iter().map(|d| d.id.as_str()).collect())
+                .unwrap_or_default();
+            (r.as_str(), ids)
+        })
+        .collect();
+    let body = serde_json::json!({
+        "Data": {"PodDeviceEntries": null, "RegisteredDevices": registered},
+        "Checksum": 0,
+    });
+    let tmp = dir.join(".kubelet_internal_checkpoint.tmp");
+    if std::fs::write(&tmp, body.to_string()).is_ok() {
+        let _ = std::fs::rename(&tmp, dir.join("kubelet_internal_checkpoint"));
+    }
 }
 
 impl Kubelet {
