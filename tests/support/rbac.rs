@@ -59,11 +59,49 @@ pub fn assert_allows_every_request(s: &ApiServer, rbac_file: &str) {
     assert!(!requests.is_empty());
     for r in requests {
         let (group, resource, verb) = request_attributes(&r);
+        let name = request_name(&r);
+        // A rule with resourceNames allows only requests naming one of them (never a
+        // create, list or watch without a metadata.name field selector).
+        let named = |rule: &serde_yaml::Value| match rule["resourceNames"].as_sequence() {
+            None => true,
+            Some(_) => name
+                .as_deref()
+                .is_some_and(|n| has(&rule["resourceNames"], n)),
+        };
         assert!(
             rules.iter().any(|rule| has(&rule["apiGroups"], &group)
                 && has(&rule["resources"], &resource)
-                && has(&rule["verbs"], &verb)),
+                && has(&rule["verbs"], &verb)
+                && named(rule)),
             "{r}: RBAC does not allow {verb} {resource} in API group {group:?}"
         );
+    }
+}
+
+/// The object name a request names as the authorizer sees it: the path's name segment,
+/// or a list/watch's `metadata.name` field selector; `None` for a create or a plain list.
+pub fn request_name(request: &str) -> Option<String> {
+    let (method, url) = request.split_once(' ')?;
+    let (path, query) = url.split_once('?').unwrap_or((url, ""));
+    let seg: Vec<&str> = path.split('/').filter(|x| !x.is_empty()).collect();
+    let mut rest = match seg.first() {
+        Some(&"api") => seg.get(2..)?,
+        _ => seg.get(3..)?,
+    };
+    if rest.len() > 2 && rest[0] == "namespaces" {
+        rest = &rest[2..];
+    }
+    match (method, rest.get(1)) {
+        ("POST", _) if rest.len() < 3 => None,
+        (_, Some(name)) => Some((*name).to_string()),
+        _ => query
+            .split('&')
+            .find_map(|kv| kv.strip_prefix("fieldSelector=metadata.name%3D"))
+            .or_else(|| {
+                query
+                    .split('&')
+                    .find_map(|kv| kv.strip_prefix("fieldSelector=metadata.name="))
+            })
+            .map(String::from),
     }
 }
