@@ -146,7 +146,10 @@ fn split(path: &Path) -> std::io::Result<(PathBuf, &str, Option<&str>)> {
             format!("{} is not a file path", path.display()),
         )
     };
-    let name = path.file_name().and_then(|n| n.to_str()).ok_or_else(invalid)?;
+    let name = path
+        .file_name()
+        .and_then(|n| n.to_str())
+        .ok_or_else(invalid)?;
     let dir = match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p.to_path_buf(),
         _ => PathBuf::from("."),
@@ -241,7 +244,11 @@ mod tests {
         assert_eq!(remove_stale_temps(&dir.path().join("lock")).unwrap(), 1);
         assert_eq!(
             names(dir.path()),
-            vec![".checkpoint.json.tmp", ".other.Ab12Cd.json.tmp", "checkpoint.json"]
+            vec![
+                ".checkpoint.json.tmp",
+                ".other.Ab12Cd.json.tmp",
+                "checkpoint.json"
+            ]
         );
     }
 

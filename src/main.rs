@@ -16,6 +16,22 @@ mod cmd;
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// Log lines as plain text (no colour unless stderr is a terminal) or as one JSON
+    /// object per line, for log pipelines.
+    #[arg(
+        long,
+        global = true,
+        env = "TESSERA_LOG_FORMAT",
+        value_enum,
+        default_value_t = LogFormat::Text
+    )]
+    log_format: LogFormat,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    Text,
+    Json,
 }
 
 // Parsed once at start: the size difference between subcommands' flags does not matter.
@@ -41,7 +57,8 @@ fn main() -> ExitCode {
         Command::Node(_) | Command::Controller(_) => "info",
         _ => "warn",
     };
-    init_tracing(default_level);
+    let log_format = cli.log_format;
+    init_tracing(default_level, log_format);
     let result: Result<()> = match cli.command {
         Command::Node(args) => cmd::node::run(args),
         Command::Layout(args) => cmd::layout::run(args),
@@ -53,22 +70,34 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             // The whole cause chain on one line, no backtrace: these are user errors.
-            eprintln!("error: {e:#}");
+            match log_format {
+                LogFormat::Text => eprintln!("error: {e:#}"),
+                LogFormat::Json => tracing::error!(error = %format!("{e:#}"), "exiting"),
+            }
             ExitCode::FAILURE
         }
     }
 }
 
-/// Logs go to stderr; `RUST_LOG` (or `TESSERA_LOG`) sets the filter.
-fn init_tracing(default_level: &str) {
+/// Logs go to stderr; `RUST_LOG` (or `TESSERA_LOG`) sets the filter. Text has ANSI
+/// colour only when stderr is a terminal and `NO_COLOR` is unset (`kubectl logs` shows
+/// escape codes verbatim); JSON is one object per line.
+fn init_tracing(default_level: &str, format: LogFormat) {
+    use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
     let filter = std::env::var("RUST_LOG")
         .or_else(|_| std::env::var("TESSERA_LOG"))
         .ok()
         .and_then(|v| EnvFilter::try_new(v).ok())
         .unwrap_or_else(|| EnvFilter::new(default_level));
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    match format {
+        LogFormat::Json => builder.json().init(),
+        LogFormat::Text => {
+            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
+            builder.with_ansi(colour).init()
+        }
+    }
 }

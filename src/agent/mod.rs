@@ -141,6 +141,9 @@ pub struct AgentOptions {
     pub dev_root: String,
     pub allocate: AllocateSettings,
     pub metrics: Arc<NodeMetrics>,
+    /// How often the node's CDI spec on disk is checked against what the agent wrote and
+    /// rewritten when wrong (also on SIGHUP); zero: only on SIGHUP.
+    pub cdi_verify_interval: Duration,
 }
 
 /// The CDI spec file name (without `.json`) for this node's devices.
@@ -196,7 +199,7 @@ pub fn build_owned(
         sorted_wanted.sort_by_key(|(_, s)| *s);
         if current != sorted_wanted {
             info!(gpu = %uuid, layout = ?wanted, "applying MIG layout");
-            backend.apply_mig_layout(uuid, &wanted)?;
+            crate::gpu::watch::apply_mig_layout_or_restore(backend, uuid, &current, &wanted)?;
         }
     }
     let inventory = backend.inventory()?;
@@ -303,6 +306,10 @@ struct Agent {
     split_record: Option<PathBuf>,
     /// What that file holds (as this process last wrote it).
     recorded: Option<split_record::Recorded>,
+    /// The node's CDI spec as last written ([`Agent::verify_cdi`] checks the file).
+    cdi_written: Option<cdi::Spec>,
+    /// A reload that failed on a GPU driver error is retried with backoff.
+    driver_retry: crate::gpu::watch::RetryTimer,
 }
 
 impl Agent {
@@ -315,11 +322,45 @@ impl Agent {
                 "unchanged"
             }
             Err(e) => {
+                self.retry_if_driver_error(&e);
                 self.recorder.config_rejected(&e.to_string());
                 "rejected"
             }
         };
+        if outcome != "rejected" {
+            self.driver_retry.succeeded();
+        }
         self.opts.metrics.reload(outcome);
+    }
+
+    /// A reload that failed because the GPU driver did (inventory, MIG) is retried with
+    /// backoff instead of waiting for the next config change.
+    fn retry_if_driver_error(&mut self, e: &Error) {
+        if matches!(e, Error::Gpu(_)) {
+            let wait = self.driver_retry.failed();
+            warn!(error = %e, retry_in = ?wait, "the GPU driver failed; retrying");
+        }
+    }
+
+    /// Check the node's CDI spec on disk against the one last written and rewrite it when
+    /// it is missing, damaged or edited (on SIGHUP and every `cdi_verify_interval`).
+    fn verify_cdi(&mut self) {
+        let Some(spec) = &self.cdi_written else {
+            return;
+        };
+        let root = &self.opts.cdi_root;
+        match cdi::verify_spec(root, CDI_SPEC_STEM, spec) {
+            Ok(cdi::Verified::Intact) => debug!("CDI spec intact"),
+            Ok(cdi::Verified::Repaired { reason }) => {
+                warn!(path = %cdi::spec_path(root, CDI_SPEC_STEM).display(), %reason,
+                      "the CDI spec on disk was wrong; rewritten");
+                self.opts.metrics.cdi_spec_repairs.inc();
+            }
+            Err(e) => error!(error = %e, "cannot check or rewrite the CDI spec"),
+        }
+        if let Err(e) = crate::fsio::remove_stale_temps(&cdi::spec_path(root, CDI_SPEC_STEM)) {
+            warn!(error = %e, "cannot remove stale temporary CDI files");
+        }
     }
 
     /// Apply the config in force again when a blocked move may have become possible.
@@ -795,14 +836,12 @@ impl Agent {
                     })
                     .ok()
                 });
-            cdi::write_spec(
-                &self.opts.cdi_root,
-                CDI_SPEC_STEM,
-                &cdi::devroot::with_host_dev(
-                    cdi::node_spec_with(&inventory, &self.opts.dev_root, caps.as_ref()),
-                    &self.opts.allocate.host_dev,
-                ),
-            )?;
+            let spec = cdi::devroot::with_host_dev(
+                cdi::node_spec_with(&inventory, &self.opts.dev_root, caps.as_ref()),
+                &self.opts.allocate.host_dev,
+            );
+            cdi::write_spec(&self.opts.cdi_root, CDI_SPEC_STEM, &spec)?;
+            self.cdi_written = Some(spec);
         }
         let advertisement = built.advertisement;
         if let Some(mut view) = built.dra {
@@ -1073,6 +1112,8 @@ pub async fn run_with(
         built: None,
         split_record: dra_checkpoint_dir.as_deref().map(split_record::path_in),
         recorded: None,
+        cdi_written: None,
+        driver_retry: Default::default(),
     };
     // The first config decides which GPUs the DRA driver owns (the split reads the DRA
     // checkpoint, not the driver, so this comes first; it takes milliseconds).
@@ -1118,7 +1159,22 @@ pub async fn run_with(
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let (health_tx, mut health_rx) = mpsc::unbounded_channel();
-    backend.watch_health(health_tx)?;
+    // Restarted with backoff when it ends or cannot start; devices stay advertised.
+    let health_metrics = opts.metrics.clone();
+    tokio::spawn(crate::gpu::watch::keep_watching(
+        backend.clone(),
+        health_tx,
+        Default::default(),
+        move |state| {
+            if matches!(state, crate::gpu::watch::WatchState::Down { .. }) {
+                health_metrics.health_watch_restarts.inc();
+            }
+        },
+        cancel.child_token(),
+    ));
+    let cdi_every = opts.cdi_verify_interval;
+    let mut cdi_check = tokio::time::interval(cdi_every.max(Duration::from_millis(1)));
+    cdi_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let (file_tx, mut file_rx) = mpsc::unbounded_channel();
     let _watcher = match &opts.config_path {
@@ -1154,6 +1210,14 @@ pub async fn run_with(
             }
             Some(()) = reload_rx.recv() => {
                 info!("SIGHUP; reloading config");
+                agent.reload().await;
+                agent.verify_cdi();
+            }
+            _ = cdi_check.tick(), if !cdi_every.is_zero() => agent.verify_cdi(),
+            _ = tokio::time::sleep_until(agent.driver_retry.due().unwrap_or_else(tokio::time::Instant::now)),
+                if agent.driver_retry.due().is_some() => {
+                agent.driver_retry.start();
+                info!("retrying after a GPU driver error");
                 agent.reload().await;
             }
             Some(()) = usage_rx.recv() => {

@@ -355,7 +355,10 @@ mod tests {
         std::os::unix::fs::symlink(&victim, root.join("tessera.io-gpu.json")).unwrap();
         let path = write_spec(&root, "tessera.io-gpu", &spec).unwrap();
         assert_eq!(std::fs::read_to_string(&victim).unwrap(), "root:secret\n");
-        assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_file());
+        assert!(std::fs::symlink_metadata(&path)
+            .unwrap()
+            .file_type()
+            .is_file());
         let back: Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
         assert_eq!(back, spec);
     }
@@ -373,13 +376,22 @@ mod tests {
         let victim = dir.path().join("victim.json");
         std::fs::write(&victim, serde_json::to_vec(&spec).unwrap()).unwrap();
         let damage: Vec<(&str, Box<dyn Fn()>)> = vec![
-            ("not a valid CDI spec", Box::new(|| std::fs::write(&path, "{ garbage").unwrap())),
-            ("differs", Box::new(|| std::fs::write(&path, serde_json::to_vec(&edited).unwrap()).unwrap())),
+            (
+                "not a valid CDI spec",
+                Box::new(|| std::fs::write(&path, "{ garbage").unwrap()),
+            ),
+            (
+                "differs",
+                Box::new(|| std::fs::write(&path, serde_json::to_vec(&edited).unwrap()).unwrap()),
+            ),
             ("missing", Box::new(|| std::fs::remove_file(&path).unwrap())),
-            ("not a regular file", Box::new(|| {
-                std::fs::remove_file(&path).unwrap();
-                std::os::unix::fs::symlink(&victim, &path).unwrap();
-            })),
+            (
+                "not a regular file",
+                Box::new(|| {
+                    std::fs::remove_file(&path).unwrap();
+                    std::os::unix::fs::symlink(&victim, &path).unwrap();
+                }),
+            ),
         ];
         for (want, damage) in damage {
             damage();
@@ -390,7 +402,10 @@ mod tests {
                 }
                 other => panic!("{want}: {other:?}"),
             }
-            assert!(std::fs::symlink_metadata(&path).unwrap().file_type().is_file());
+            assert!(std::fs::symlink_metadata(&path)
+                .unwrap()
+                .file_type()
+                .is_file());
             let back: Spec = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
             assert_eq!(back, spec, "{want}");
             assert_eq!(verify_spec(root, "n", &spec).unwrap(), Verified::Intact);

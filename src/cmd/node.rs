@@ -36,6 +36,10 @@ pub struct Args {
     /// Where CDI specs are written.
     #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
     pub cdi_root: PathBuf,
+    /// Seconds between checks of the node's CDI spec on disk (rewritten when missing,
+    /// damaged or edited; also checked on SIGHUP); 0: on SIGHUP only.
+    #[arg(long, env = "TESSERA_CDI_VERIFY_INTERVAL", default_value_t = 60)]
+    pub cdi_verify_interval: u64,
     /// Layout config: a file, or a directory of named configs (mounted ConfigMap).
     /// Hot-reloaded on change and on SIGHUP.
     #[arg(long, env = "TESSERA_CONFIG")]
@@ -260,6 +264,7 @@ async fn run_async(args: Args) -> Result<()> {
         dev_root: args.dev_root.clone(),
         allocate,
         metrics: metrics.clone(),
+        cdi_verify_interval: std::time::Duration::from_secs(args.cdi_verify_interval),
     };
     info!(
         backend = backend.name(),

@@ -268,7 +268,7 @@ impl Store {
                 .mode(0o600),
         )
         .open(&self.lock_path)
-            .map_err(|e| self.io(e))?;
+        .map_err(|e| self.io(e))?;
         nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive)
             .map(Lock)
             .map_err(|(_, errno)| self.io(std::io::Error::from(errno)))

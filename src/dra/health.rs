@@ -416,28 +416,39 @@ impl HealthService {
         report(&inner.devices, &inner.state, SystemTime::now())
     }
 
-    /// Feed the backend's health events into this service until `cancel` (or until the
-    /// backend stops sending: then every device is Unknown).
+    /// Feed the backend's health events into this service until `cancel`. A watch that
+    /// ends or cannot start is restarted with backoff ([`crate::gpu::watch`]); while none
+    /// runs every device is Unknown (and stays published).
     pub async fn run(
         &self,
         backend: Arc<dyn GpuBackend>,
         cancel: CancellationToken,
     ) -> crate::gpu::Result<()> {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        backend.watch_health(tx)?;
-        self.set_watching(true);
+        let svc = self.clone();
+        let watch = tokio::spawn(crate::gpu::watch::keep_watching(
+            backend,
+            tx,
+            crate::gpu::watch::Backoff::default(),
+            move |state| {
+                let running = state == crate::gpu::watch::WatchState::Running;
+                if !running {
+                    warn!("no GPU health watch; devices are Unknown until it is back");
+                }
+                svc.set_watching(running);
+            },
+            cancel.clone(),
+        ));
         loop {
             tokio::select! {
                 _ = cancel.cancelled() => break,
                 event = rx.recv() => match event {
                     Some(e) => self.apply(&e),
-                    None => {
-                        warn!("the GPU backend stopped sending health events; devices are Unknown");
-                        break;
-                    }
+                    None => break,
                 },
             }
         }
+        watch.abort();
         self.set_watching(false);
         Ok(())
     }

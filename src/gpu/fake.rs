@@ -8,6 +8,15 @@
 //! their UUIDs when a layout changes around them); health events (XIDs, ECC, recovery)
 //! either scripted in the YAML with delays or injected by tests through [`FakeBackend::inject`].
 //!
+//! Driver faults ([`Faults`], from the YAML's `faults:` or set by tests with
+//! [`FakeBackend::set_faults`]): inventory calls that fail, a health watch that fails to
+//! start or ends (its channel closes, as when the driver's event thread dies), a MIG
+//! reconfiguration that fails half-way (some instances created, then an error, the
+//! created ones left in place as the driver leaves them), and GPUs that disappear
+//! ([`FakeBackend::remove_gpu`]).
+//!
+//! At most [`MAX_FAKE_GPUS`] GPUs in all, checked before anything is built.
+//!
 //! ```yaml
 //! driverVersion: "570.124.06"
 //! cudaVersion: "12.8"
@@ -17,11 +26,12 @@
 //! healthEvents:
 //!   - { afterMs: 2000, gpu: 0, xid: 79 }
 //!   - { afterMs: 5000, gpu: 0, recovered: true }
+//! faults: { inventoryFailures: 2, healthWatchEndsAfterMs: 3000 }
 //! ```
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use serde::Deserialize;
@@ -33,13 +43,48 @@ use super::{
 };
 use crate::partition::catalog;
 
+/// Most GPUs a fake node may have, over all spec tokens or inventory entries. Real nodes
+/// have at most 16 (HGX boards have 8, the largest single-node systems 16), and the
+/// driver numbers GPU device nodes `/dev/nvidia0`..`/dev/nvidia254` (minor 255 is
+/// `nvidiactl`), so 256 covers any real node with room to spare, and equals the
+/// per-token limit (`256xT4` stays valid). The bound keeps a typo from costing memory:
+/// all-to-all NVLink wiring stores a peer list per GPU, quadratic in the count.
+pub const MAX_FAKE_GPUS: u64 = 256;
+
+/// Most scripted health events in an inventory YAML.
+pub const MAX_HEALTH_EVENTS: usize = 10_000;
+
+/// Injectable driver faults (the YAML's `faults:`; [`FakeBackend::set_faults`]).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Faults {
+    /// The next this many `inventory()` calls fail.
+    #[serde(default)]
+    pub inventory_failures: u32,
+    /// The next this many `watch_health()` calls fail.
+    #[serde(default)]
+    pub health_watch_start_failures: u32,
+    /// Every health watch ends this long after it started (its channel closes).
+    #[serde(default)]
+    pub health_watch_ends_after_ms: Option<u64>,
+    /// The next this many MIG reconfigurations that create instances fail half-way.
+    #[serde(default)]
+    pub mig_create_failures: u32,
+    /// How many of its new instances such a reconfiguration creates before failing.
+    #[serde(default)]
+    pub mig_create_fails_after: u32,
+}
+
 /// In-memory GPUs.
 pub struct FakeBackend {
     inventory: Mutex<Inventory>,
-    watchers: Mutex<Vec<HealthSender>>,
+    /// Live health watches by id: dropping one's sender ends that watch.
+    watchers: Arc<Mutex<Vec<(u64, HealthSender)>>>,
+    next_watch: Mutex<u64>,
     scripted: Vec<ScriptedEvent>,
     /// Compute time-slice per GPU UUID (absent: the driver default).
     time_slices: Mutex<BTreeMap<String, TimeSlice>>,
+    faults: Mutex<Faults>,
 }
 
 #[derive(Debug, Clone)]
@@ -56,6 +101,8 @@ struct RawInventory {
     gpus: Vec<RawGpu>,
     #[serde(default)]
     health_events: Vec<RawEvent>,
+    #[serde(default)]
+    faults: Faults,
 }
 
 #[derive(Debug, Deserialize)]
@@ -115,7 +162,8 @@ impl FakeBackend {
     /// (NVSwitch); the first half of the GPUs is on NUMA node 0, the rest on node 1.
     pub fn from_spec(spec: &str) -> Result<Self> {
         let parsed = models::parse_fake_spec(spec).map_err(|e| Error::FakeSpec(e.to_string()))?;
-        let total: u32 = parsed.iter().map(|(n, _)| *n).sum();
+        check_total(parsed.iter().map(|(n, _)| *n)).map_err(Error::FakeSpec)?;
+        let total = parsed.iter().map(|(n, _)| *n).sum::<u32>();
         let mut gpus = Vec::new();
         let mut links = Vec::new();
         for (count, model) in parsed {
@@ -139,6 +187,14 @@ impl FakeBackend {
         let de = serde_yaml::Deserializer::from_str(text);
         let raw: RawInventory = serde_path_to_error::deserialize(de)
             .map_err(|e| Error::FakeSpec(format!("{}: {}", e.path(), e.inner())))?;
+        check_total(raw.gpus.iter().map(|g| g.count))
+            .map_err(|e| Error::FakeSpec(format!("gpus: {e}")))?;
+        if raw.health_events.len() > MAX_HEALTH_EVENTS {
+            return Err(Error::FakeSpec(format!(
+                "healthEvents: {} events; at most {MAX_HEALTH_EVENTS}",
+                raw.health_events.len()
+            )));
+        }
         let mut gpus: Vec<GpuInfo> = Vec::new();
         let mut nvlink_specs = Vec::new();
         let mut mig_layouts = Vec::new();
@@ -216,7 +272,9 @@ impl FakeBackend {
                 .cuda_version
                 .unwrap_or_else(|| default_driver().cuda_version),
         };
-        Ok(Self::new(driver, gpus, scripted))
+        let backend = Self::new(driver, gpus, scripted);
+        backend.set_faults(raw.faults);
+        Ok(backend)
     }
 
     /// An in-memory copy of a real inventory: `tessera layout` previews MIG layouts on it
@@ -228,10 +286,41 @@ impl FakeBackend {
     fn new(driver: DriverInfo, gpus: Vec<GpuInfo>, scripted: Vec<ScriptedEvent>) -> Self {
         Self {
             inventory: Mutex::new(Inventory { driver, gpus }),
-            watchers: Mutex::new(Vec::new()),
+            watchers: Arc::default(),
+            next_watch: Mutex::new(0),
             scripted,
             time_slices: Mutex::new(BTreeMap::new()),
+            faults: Mutex::default(),
         }
+    }
+
+    /// Replace the injected faults (tests, chaos drills).
+    pub fn set_faults(&self, faults: Faults) {
+        *lock(&self.faults) = faults;
+    }
+
+    /// The faults still pending (counters go down as faults fire).
+    pub fn faults(&self) -> Faults {
+        lock(&self.faults).clone()
+    }
+
+    /// End every health watch now: their channels close, as when the driver's event
+    /// stream dies.
+    pub fn end_health_watches(&self) {
+        lock(&self.watchers).clear();
+    }
+
+    /// How many health watches are live.
+    pub fn health_watches(&self) -> usize {
+        lock(&self.watchers).len()
+    }
+
+    /// The GPU falls off the bus: later inventories do not list it.
+    pub fn remove_gpu(&self, uuid: &str) -> bool {
+        let mut inv = lock(&self.inventory);
+        let before = inv.gpus.len();
+        inv.gpus.retain(|g| g.uuid != uuid);
+        inv.gpus.len() != before
     }
 
     /// The GPU's current compute time-slice (what `set_time_slice` last set).
@@ -245,7 +334,29 @@ impl FakeBackend {
     /// Deliver a health event to every watcher now (tests, chaos drills).
     pub fn inject(&self, event: HealthEvent) {
         let mut watchers = lock(&self.watchers);
-        watchers.retain(|tx| tx.send(event.clone()).is_ok());
+        watchers.retain(|(_, tx)| tx.send(event.clone()).is_ok());
+    }
+}
+
+/// Refuse more than [`MAX_FAKE_GPUS`] GPUs in all (summed without overflow, before
+/// anything is allocated).
+fn check_total(counts: impl Iterator<Item = u32>) -> Result<(), String> {
+    let total: u64 = counts.map(u64::from).sum();
+    if total > MAX_FAKE_GPUS {
+        return Err(format!(
+            "{total} GPUs in all; the fake backend models at most {MAX_FAKE_GPUS} GPUs per node"
+        ));
+    }
+    Ok(())
+}
+
+/// Take one fault from a counter: true when it fires.
+fn take(counter: &mut u32) -> bool {
+    if *counter > 0 {
+        *counter -= 1;
+        true
+    } else {
+        false
     }
 }
 
@@ -261,18 +372,61 @@ impl GpuBackend for FakeBackend {
     }
 
     fn inventory(&self) -> Result<Inventory> {
+        if take(&mut lock(&self.faults).inventory_failures) {
+            return Err(Error::Nvml {
+                call: "nvmlDeviceGetCount",
+                gpu: "all".into(),
+                reason: "injected driver fault: GPU_IS_LOST".into(),
+            });
+        }
         Ok(lock(&self.inventory).clone())
     }
 
+    /// The watch is the sender kept in `watchers`: scripted events and the fault that ends
+    /// it look it up by id, so removing it closes the channel.
     fn watch_health(&self, tx: HealthSender) -> Result<()> {
-        for s in self.scripted.clone() {
-            let tx = tx.clone();
+        let ends_after = {
+            let mut faults = lock(&self.faults);
+            if take(&mut faults.health_watch_start_failures) {
+                return Err(Error::Nvml {
+                    call: "nvmlEventSetCreate",
+                    gpu: "all".into(),
+                    reason: "injected driver fault: UNKNOWN".into(),
+                });
+            }
+            faults.health_watch_ends_after_ms.map(Duration::from_millis)
+        };
+        let id = {
+            let mut next = lock(&self.next_watch);
+            *next += 1;
+            *next
+        };
+        lock(&self.watchers).push((id, tx));
+        let send = move |watchers: &Mutex<Vec<(u64, HealthSender)>>, event: HealthEvent| {
+            if let Some((_, tx)) = lock(watchers).iter().find(|(w, _)| *w == id) {
+                let _ = tx.send(event);
+            }
+        };
+        if !self.scripted.is_empty() {
+            let mut script = self.scripted.clone();
+            script.sort_by_key(|s| s.after);
+            let watchers = self.watchers.clone();
             std::thread::spawn(move || {
-                std::thread::sleep(s.after);
-                let _ = tx.send(s.event);
+                let mut at = Duration::ZERO;
+                for s in script {
+                    std::thread::sleep(s.after.saturating_sub(at));
+                    at = s.after;
+                    send(&watchers, s.event);
+                }
             });
         }
-        lock(&self.watchers).push(tx);
+        if let Some(after) = ends_after {
+            let watchers = self.watchers.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(after);
+                lock(&watchers).retain(|(w, _)| *w != id);
+            });
+        }
         Ok(())
     }
 
@@ -305,6 +459,34 @@ impl GpuBackend for FakeBackend {
         })?;
         let devices = build_mig_devices(gpu, layout, &gpu.mig_devices);
         gpu.mig_enabled = true;
+        let created: Vec<&MigDeviceInfo> = devices
+            .iter()
+            .filter(|d| !gpu.mig_devices.iter().any(|e| e.uuid == d.uuid))
+            .collect();
+        let mut faults = lock(&self.faults);
+        if !created.is_empty() && take(&mut faults.mig_create_failures) {
+            // Like the driver: what it destroyed stays destroyed and the instances it
+            // created before the failure exist; nothing rolls them back here.
+            let made = (faults.mig_create_fails_after as usize).min(created.len());
+            let mut partial: Vec<MigDeviceInfo> = gpu
+                .mig_devices
+                .iter()
+                .filter(|e| devices.iter().any(|d| d.uuid == e.uuid))
+                .cloned()
+                .collect();
+            partial.extend(created[..made].iter().map(|d| (*d).clone()));
+            partial.sort_by_key(|d| d.start);
+            let total = created.len();
+            gpu.mig_devices = partial;
+            return Err(Error::Mig {
+                gpu: gpu_uuid.to_string(),
+                reason: format!(
+                    "injected driver fault: creating MIG instance {} of {total} failed \
+                     (INSUFFICIENT_RESOURCES)",
+                    made + 1
+                ),
+            });
+        }
         gpu.mig_devices = devices.clone();
         Ok(devices)
     }
@@ -511,4 +693,100 @@ fn build_mig_devices(
     }
     out.sort_by_key(|d| d.start);
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_total_is_bounded_not_each_token() {
+        // 40 tokens of 256 each: every token is valid, the total is not.
+        let spec = vec!["256xH100-80GB"; 40].join(",");
+        let err = FakeBackend::from_spec(&spec).err().unwrap().to_string();
+        assert!(err.contains("10240 GPUs in all"), "{err}");
+        assert!(err.contains(&MAX_FAKE_GPUS.to_string()), "{err}");
+        assert!(FakeBackend::from_spec("256xT4").is_ok());
+        assert!(FakeBackend::from_spec("128xT4,128xL4").is_ok());
+        assert!(FakeBackend::from_spec("128xT4,129xL4").is_err());
+        // Checked before anything is built: this would not fit in memory otherwise.
+        let err = FakeBackend::from_yaml("gpus: [ { model: L4, count: 4294967295 } ]")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            err.contains("gpus: 4294967295 GPUs in all") && err.contains("at most 256"),
+            "{err}"
+        );
+        let err = FakeBackend::from_yaml(
+            "gpus: [ { model: L4, count: 4294967295 }, { model: L4, count: 4294967295 } ]",
+        )
+        .err()
+        .unwrap()
+        .to_string();
+        assert!(err.contains("8589934590 GPUs in all"), "no overflow: {err}");
+    }
+
+    #[test]
+    fn inventory_faults_fire_then_clear() {
+        let b = FakeBackend::from_yaml(
+            "gpus: [ { model: L4, count: 2 } ]\nfaults: { inventoryFailures: 2 }",
+        )
+        .unwrap();
+        assert!(b.inventory().is_err());
+        assert!(b.inventory().is_err());
+        assert_eq!(b.inventory().unwrap().gpus.len(), 2);
+        let uuid = b.inventory().unwrap().gpus[0].uuid.clone();
+        assert!(b.remove_gpu(&uuid));
+        assert_eq!(b.inventory().unwrap().gpus.len(), 1);
+        assert!(FakeBackend::from_yaml("gpus: [ { model: L4 } ]\nfaults: { bogus: 1 }").is_err());
+    }
+
+    #[tokio::test]
+    async fn a_health_watch_can_fail_to_start_and_end() {
+        let b = FakeBackend::from_spec("1xL4").unwrap();
+        b.set_faults(Faults {
+            health_watch_start_failures: 1,
+            health_watch_ends_after_ms: Some(50),
+            ..Faults::default()
+        });
+        let (tx, _rx) = tokio::sync::mpsc::unbounded_channel();
+        assert!(b.watch_health(tx).is_err());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        b.watch_health(tx).unwrap();
+        let uuid = b.inventory().unwrap().gpus[0].uuid.clone();
+        b.inject(HealthEvent::Recovered {
+            gpu_uuid: uuid.clone(),
+        });
+        assert!(rx.recv().await.is_some());
+        let ended = tokio::time::timeout(Duration::from_secs(5), rx.recv()).await;
+        assert_eq!(ended.unwrap(), None, "the watch ended: its channel closed");
+        assert_eq!(b.health_watches(), 0);
+        // Ended at once on request.
+        b.set_faults(Faults::default());
+        let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+        b.watch_health(tx).unwrap();
+        b.end_health_watches();
+        assert_eq!(rx.recv().await, None);
+    }
+
+    #[test]
+    fn a_mig_create_can_fail_half_way() {
+        let b = FakeBackend::from_yaml("gpus: [ { model: A100-80GB, migEnabled: true } ]").unwrap();
+        let uuid = b.inventory().unwrap().gpus[0].uuid.clone();
+        b.set_faults(Faults {
+            mig_create_failures: 1,
+            mig_create_fails_after: 1,
+            ..Faults::default()
+        });
+        let layout = vec![("3g.40gb".to_string(), 0), ("3g.40gb".to_string(), 4)];
+        let err = b.apply_mig_layout(&uuid, &layout).unwrap_err().to_string();
+        assert!(err.contains("creating MIG instance 2 of 2 failed"), "{err}");
+        let left = &b.inventory().unwrap().gpus[0].mig_devices;
+        assert_eq!(left.len(), 1, "the first instance was created: {left:?}");
+        // The fault fired once: the same request now works and keeps that instance.
+        let devices = b.apply_mig_layout(&uuid, &layout).unwrap();
+        assert_eq!(devices.len(), 2);
+        assert!(devices.iter().any(|d| d.uuid == left[0].uuid));
+    }
 }

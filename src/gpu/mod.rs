@@ -8,6 +8,7 @@ pub mod fake;
 pub mod health;
 pub mod models;
 pub mod nvml;
+pub mod watch;
 
 use serde::Serialize;
 
@@ -168,12 +169,16 @@ pub trait GpuBackend: Send + Sync {
     /// The current inventory (GPUs, MIG devices, driver versions).
     fn inventory(&self) -> Result<Inventory>;
 
-    /// Start delivering health events to `tx` until it is closed.
+    /// Start delivering health events to `tx` until it is closed. The watch may end on
+    /// its own (the driver's event stream dies): the backend then drops `tx`, and the
+    /// caller sees the channel close; [`watch::keep_watching`] restarts it.
     fn watch_health(&self, tx: HealthSender) -> Result<()>;
 
     /// Make the GPU's MIG devices exactly `layout` (profile name + start slot each),
     /// enabling MIG mode if needed, and return the resulting devices. Devices already in
-    /// place are kept (same UUID); only the difference is destroyed or created.
+    /// place are kept (same UUID); only the difference is destroyed or created. On an
+    /// error the GPU may be left half-way (some instances created, as a driver leaves
+    /// them): [`watch::apply_mig_layout_or_restore`] puts it back.
     fn apply_mig_layout(
         &self,
         gpu_uuid: &str,

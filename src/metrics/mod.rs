@@ -8,6 +8,8 @@
 //! | `tessera_allocation_errors_total` | resource, reason | Allocate refusals |
 //! | `tessera_health_transitions_total` | to | GPU health flips |
 //! | `tessera_config_reloads_total` | outcome | applied / rejected / unchanged |
+//! | `tessera_cdi_spec_repairs_total` | | CDI spec rewritten after a check found it wrong |
+//! | `tessera_health_watch_restarts_total` | | GPU health watch lost and restarted |
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -62,6 +64,10 @@ pub struct NodeMetrics {
     /// Other device plugins on the node that register a resource Tessera registers or
     /// advertise its GPUs (`deviceplugin::coexist`).
     pub device_plugin_conflicts: Gauge,
+    /// The node's CDI spec found missing, damaged or edited on disk and rewritten.
+    pub cdi_spec_repairs: Counter,
+    /// The GPU backend's health watch lost (ended or failed to start) and restarted.
+    pub health_watch_restarts: Counter,
 }
 
 impl Default for NodeMetrics {
@@ -80,6 +86,18 @@ impl NodeMetrics {
         let config_reloads = Family::<OutcomeLabels, Counter>::default();
         let gpu_moves_stalled = Gauge::default();
         let device_plugin_conflicts = Gauge::default();
+        let cdi_spec_repairs = Counter::default();
+        let health_watch_restarts = Counter::default();
+        registry.register(
+            "cdi_spec_repairs",
+            "Times the node's CDI spec was found missing, damaged or edited and rewritten",
+            cdi_spec_repairs.clone(),
+        );
+        registry.register(
+            "health_watch_restarts",
+            "Times the GPU health watch was lost and restarted",
+            health_watch_restarts.clone(),
+        );
         registry.register(
             "devices",
             "Devices advertised to the kubelet",
@@ -124,6 +142,8 @@ impl NodeMetrics {
             config_reloads,
             gpu_moves_stalled,
             device_plugin_conflicts,
+            cdi_spec_repairs,
+            health_watch_restarts,
         }
     }
 

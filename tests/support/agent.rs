@@ -46,6 +46,8 @@ pub struct AgentBuilder {
     pub named: Vec<(String, String)>,
     /// Replaces the recording double (e.g. with the Kubernetes Event recorder).
     pub recorder: Option<Arc<dyn EventRecorder>>,
+    /// See `AgentOptions::cdi_verify_interval`.
+    pub cdi_verify_interval: std::time::Duration,
 }
 
 impl AgentBuilder {
@@ -58,6 +60,7 @@ impl AgentBuilder {
             label: None,
             named: Vec::new(),
             recorder: None,
+            cdi_verify_interval: std::time::Duration::from_secs(60),
         }
     }
 
@@ -136,11 +139,15 @@ impl AgentBuilder {
                 ..AllocateSettings::with_state_dir(&state_dir)
             },
             metrics: metrics.clone(),
+            cdi_verify_interval: self.cdi_verify_interval,
         };
         // A stand-in for the shim library the agent installs at start (vGPU needs one).
         let stand_in = root.join("libtessera_cuda.so");
         std::fs::write(&stand_in, b"stand-in for libtessera_cuda.so").unwrap();
-        opts.allocate.shim.install(&stand_in, &opts.allocate.shim_container_path).unwrap();
+        opts.allocate
+            .shim
+            .install(&stand_in, &opts.allocate.shim_container_path)
+            .unwrap();
         let task = tokio::spawn(agent::run(
             backend.clone(),
             opts,

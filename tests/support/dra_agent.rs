@@ -163,7 +163,10 @@ impl DraAgentBuilder {
         // A stand-in for the shim library the agent installs at start (vGPU needs one).
         let stand_in = self.dirs.root.join("libtessera_cuda.so");
         std::fs::write(&stand_in, b"stand-in for libtessera_cuda.so").unwrap();
-        allocate.shim.install(&stand_in, &allocate.shim_container_path).unwrap();
+        allocate
+            .shim
+            .install(&stand_in, &allocate.shim_container_path)
+            .unwrap();
         let opts = AgentOptions {
             kubelet_dir: self.dirs.kubelet_dir.clone(),
             cdi_root: self.dirs.cdi_root.clone(),
@@ -172,6 +175,7 @@ impl DraAgentBuilder {
             dev_root: "/dev".into(),
             allocate: allocate.clone(),
             metrics: Arc::new(tessera::metrics::NodeMetrics::new()),
+            cdi_verify_interval: std::time::Duration::from_secs(60),
         };
         let paths = Paths {
             ownership: Ownership::with_mode(self.device_plugin, self.dra, self.dra_gpus.as_deref())

@@ -310,14 +310,15 @@ impl LogFile {
         let mut first = header(epoch);
         let end = first.len() as u64;
         first.resize(64 * 1024, 0);
-        let file = crate::fsio::Replace::durable(0o600).write_with(&dir.join(FILE_NAME), |file| {
-            file.write_all(&first)?;
-            let zeros = vec![0u8; 64 * 1024];
-            for _ in 1..SIZE / zeros.len() as u64 {
-                file.write_all(&zeros)?;
-            }
-            Ok(())
-        })?;
+        let file =
+            crate::fsio::Replace::durable(0o600).write_with(&dir.join(FILE_NAME), |file| {
+                file.write_all(&first)?;
+                let zeros = vec![0u8; 64 * 1024];
+                for _ in 1..SIZE / zeros.len() as u64 {
+                    file.write_all(&zeros)?;
+                }
+                Ok(())
+            })?;
         Ok(Self {
             file: Arc::new(file),
             epoch,
