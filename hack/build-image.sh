@@ -22,7 +22,10 @@ case "$PROFILE" in
   dev) out=target/debug ;;
   *) echo "build-image: PROFILE is release or dev" >&2; exit 1 ;;
 esac
-cargo build --profile "$PROFILE" --locked -p tessera --bin tessera -p tessera-cuda --lib
+# Two builds, so each package gets its own features (and the binary is the one
+# `cargo build --release --bin tessera` makes).
+cargo build --profile "$PROFILE" --locked --bin tessera
+cargo build --profile "$PROFILE" --locked -p tessera-cuda --lib
 bin=$out/tessera
 shim=$out/libtessera_cuda.so
 for f in "$bin" "$shim"; do
