@@ -16,6 +16,12 @@ done
 for v in 1.34.0 1.35.0; do
   kubernetes-validate --strict --quiet -k "$v" daemonset/controller/*.yaml
 done
+# The controller's ValidatingAdmissionPolicy: its CEL evaluated (cel-python) against the
+# requests the controller makes and those it must never make.
+if ! python3 -c 'import celpy' >/dev/null 2>&1; then
+  python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore cel-python
+fi
+python3 tests/py/admission_policy.py
 # What `kubectl apply -k` installs: daemonset/ (DRA, 1.34+) and daemonset/ with each
 # component of daemonset/components/, rendered by kustomize (kubectl's built-in, v5) and
 # validated as a whole. CI (`CI=true`, .ci/run installs kubectl) fails without kubectl;
