@@ -331,7 +331,7 @@ async fn jobs_are_unsuspended_on_admission_and_suspended_on_preemption() {
     let job = |name: &str, class: &str, parallelism: u32| {
         let j = json!({"apiVersion": "batch/v1", "kind": "Job",
             "metadata": {"name": name, "namespace": "team", "creationTimestamp": "2026-11-18T12:00:00Z",
-                         "labels": {"kueue.x-k8s.io/queue-name": "lq", "kueue.x-k8s.io/priority-class": class}},
+                         "labels": {"tessera.io/queue-name": "lq", "kueue.x-k8s.io/priority-class": class}},
             "spec": {"parallelism": parallelism, "completions": parallelism,
                      "template": {"metadata": {"labels": {"app": name}},
                                   "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x",

@@ -1,6 +1,16 @@
 //! The admission webhook over real HTTPS (rustls on loopback): an AdmissionReview for a
 //! pod naming a queue comes back with the scheduling-gate JSONPatch; garbage is a 400; a
 //! rotated certificate is served to new connections while open ones keep working.
+//! Hardening (`controller_webhook/hardening.rs`): slow clients, the connection cap, accept
+//! errors (injected, and a real EMFILE in a child process), the probes. The
+//! self-managed certificate against the API-server double (`controller_webhook/certs.rs`).
+
+mod support;
+
+#[path = "controller_webhook/certs.rs"]
+mod certs;
+#[path = "controller_webhook/hardening.rs"]
+mod hardening;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
@@ -68,7 +78,7 @@ async fn https_round_trip_gates_a_queued_pod() {
                     "kind": {"group": "", "version": "v1", "kind": "Pod"},
                     "object": {"apiVersion": "v1", "kind": "Pod",
                                "metadata": {"name": "p", "namespace": "team",
-                                            "labels": {"kueue.x-k8s.io/queue-name": "lq",
+                                            "labels": {"tessera.io/queue-name": "lq",
                                                        "tessera.io/priority-class": "high"}},
                                "spec": {"containers": [{"name": "c", "image": "x"}]}}}});
     let (code, out) = post(addr, "/mutate", serde_json::to_vec(&review).unwrap()).await;

@@ -5,11 +5,13 @@ use anyhow::{Context, Result};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tessera::controller::certs::{self, CertConfig};
 use tessera::controller::config::ControllerConfig;
 use tessera::controller::crd;
 use tessera::controller::reconciler::{self, Config, SystemClock};
-use tessera::controller::tls::ReloadingCert;
-use tessera::controller::webhook_server::{self, ApiClasses};
+use tessera::controller::tls::{CertResolver, ReloadingCert};
+use tessera::controller::webhook::Options;
+use tessera::controller::webhook_server::{self, ApiClasses, Health, Limits, Server};
 use tessera::quota::quantity::parse_duration;
 use tokio::signal::unix::{signal, SignalKind};
 use tokio_util::sync::CancellationToken;
@@ -39,16 +41,46 @@ pub struct Args {
     /// Address of the HTTPS admission webhook.
     #[arg(long, default_value = "0.0.0.0:9443")]
     pub webhook_addr: String,
-    /// PEM certificate chain of the webhook.
+    /// Plain-HTTP address of the probes: `GET /livez` (fails when the webhook listener
+    /// has died) and `GET /readyz` (200 only while it accepts and has a certificate).
+    #[arg(long, default_value = "0.0.0.0:8081")]
+    pub probe_addr: String,
+    /// Where the webhook's serving certificate comes from: `self` (the controller
+    /// makes a CA and the pair, keeps them in --cert-secret, rotates them and sets the
+    /// webhook's caBundle) or `files` (--webhook-cert/--webhook-key, e.g. a
+    /// cert-manager Secret mounted, the caBundle injected by cert-manager).
+    #[arg(long, value_enum, default_value_t = CertMode::SelfSigned)]
+    pub cert_mode: CertMode,
+    /// `--cert-mode=self`: the Secret (in the controller's namespace) holding the CA and
+    /// the serving pair; both replicas share it.
+    #[arg(long, default_value = "tessera-webhook-cert")]
+    pub cert_secret: String,
+    /// `--cert-mode=self`: the webhook Service (its DNS names are in the certificate).
+    #[arg(long, default_value = "tessera-webhook")]
+    pub webhook_service: String,
+    /// `--cert-mode=self`: the MutatingWebhookConfiguration whose caBundle is kept at
+    /// the CA ("" to leave it alone).
+    #[arg(long, default_value = "tessera-admission")]
+    pub webhook_config: String,
+    /// `--cert-mode=self`: how often the Secret and the caBundle are checked (a
+    /// certificate within 30 days of its end is rotated).
+    #[arg(long, default_value = "1m")]
+    pub cert_check_interval: String,
+    /// `--cert-mode=files`: PEM certificate chain of the webhook.
     #[arg(long, default_value = "/etc/tessera/webhook/tls.crt")]
     pub webhook_cert: PathBuf,
-    /// PEM private key of the webhook.
+    /// `--cert-mode=files`: PEM private key of the webhook.
     #[arg(long, default_value = "/etc/tessera/webhook/tls.key")]
     pub webhook_key: PathBuf,
-    /// How often the certificate files are re-read (a rotated pair is served to new
-    /// connections without a restart).
+    /// `--cert-mode=files`: how often the certificate files are re-read (a rotated
+    /// pair is served to new connections without a restart).
     #[arg(long, default_value = "10s")]
     pub webhook_cert_reload: String,
+    /// Also treat Kueue's `kueue.x-k8s.io/queue-name` label as naming a Tessera queue
+    /// (webhook and controller). Off by default: beside a real Kueue both would gate
+    /// the same pod. The webhook's objectSelector must match (see webhook.yaml).
+    #[arg(long)]
+    pub accept_kueue_labels: bool,
     /// Do not serve the webhook (e.g. it runs in another Deployment).
     #[arg(long)]
     pub no_webhook: bool,
@@ -65,6 +97,16 @@ pub struct Args {
     pub eviction_backoff: String,
     #[arg(long, default_value = "5m")]
     pub eviction_backoff_max: String,
+}
+
+/// Where the webhook's certificate comes from.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CertMode {
+    /// Made, stored in a Secret and rotated by the controller.
+    #[value(name = "self")]
+    SelfSigned,
+    /// Read from --webhook-cert / --webhook-key (cert-manager).
+    Files,
 }
 
 /// Subcommands of `tessera controller`.
@@ -131,30 +173,77 @@ async fn run_async(args: Args) -> Result<()> {
     let client = kube::Client::try_from(kube_config).context("building the API client")?;
     let shutdown = CancellationToken::new();
     let mut tasks = Vec::new();
-    let reload_shutdown = shutdown.clone();
-    if !args.no_webhook {
-        let cert = ReloadingCert::load(&args.webhook_cert, &args.webhook_key)
-            .context("--webhook-cert/--webhook-key")?;
-        let tls = cert.server_config().context("webhook TLS")?;
-        let every = Duration::from_millis(
-            millis("webhook-cert-reload", &args.webhook_cert_reload)?.max(100),
-        );
-        tasks.push(tokio::spawn(async move {
-            cert.watch(every, reload_shutdown).await;
-            Ok(())
-        }));
+    let health = if args.no_webhook {
+        Health::disabled()
+    } else {
+        let resolver = match args.cert_mode {
+            CertMode::Files => {
+                let cert = ReloadingCert::load(&args.webhook_cert, &args.webhook_key)
+                    .context("--webhook-cert/--webhook-key")?;
+                let every = Duration::from_millis(
+                    millis("webhook-cert-reload", &args.webhook_cert_reload)?.max(100),
+                );
+                let resolver = cert.resolver();
+                let reload_shutdown = shutdown.clone();
+                tasks.push(tokio::spawn(async move {
+                    cert.watch(every, reload_shutdown).await;
+                    Ok(())
+                }));
+                resolver
+            }
+            CertMode::SelfSigned => {
+                let cert_cfg = CertConfig {
+                    secret: args.cert_secret.clone(),
+                    service: args.webhook_service.clone(),
+                    webhook_config: args.webhook_config.clone(),
+                    check_every: Duration::from_millis(
+                        millis("cert-check-interval", &args.cert_check_interval)?.max(1000),
+                    ),
+                    ..CertConfig::new(&args.lease_namespace)
+                };
+                let resolver = CertResolver::empty();
+                info!(secret = %cert_cfg.secret, namespace = %cert_cfg.namespace,
+                      "webhook certificate: self-managed");
+                tasks.push(tokio::spawn({
+                    let (client, resolver, shutdown) =
+                        (client.clone(), resolver.clone(), shutdown.clone());
+                    async move {
+                        certs::run(client, cert_cfg, resolver, shutdown).await;
+                        Ok(())
+                    }
+                }));
+                resolver
+            }
+        };
+        let limits = Limits::default();
+        let health = Health::new(Some(resolver.clone()), limits.accept_failure_grace);
         let listener = tokio::net::TcpListener::bind(&args.webhook_addr)
             .await
             .with_context(|| format!("--webhook-addr {}", args.webhook_addr))?;
         info!(addr = %args.webhook_addr, "serving the admission webhook");
-        let classes = Arc::new(ApiClasses(client.clone()));
-        tasks.push(tokio::spawn(webhook_server::serve(
+        let server = Server {
+            tls: resolver.server_config().context("webhook TLS")?,
+            classes: Arc::new(ApiClasses(client.clone())),
+            options: Options {
+                accept_kueue_labels: args.accept_kueue_labels,
+            },
+            limits,
+            health: health.clone(),
+        };
+        tasks.push(tokio::spawn(webhook_server::run(
+            server,
             listener,
-            tls,
-            classes,
             shutdown.clone(),
         )));
-    }
+        health
+    };
+    let probes = webhook_server::bind_probes(&args.probe_addr).await?;
+    info!(addr = %args.probe_addr, "serving /livez and /readyz");
+    tasks.push(tokio::spawn(webhook_server::serve_probes(
+        probes,
+        health,
+        shutdown.clone(),
+    )));
     if !args.webhook_only {
         info!(identity = %cfg.identity, lease = %cfg.lease_name, "starting the quota controller");
         tasks.push(tokio::spawn(reconciler::run(

@@ -4,7 +4,8 @@
 //!
 //! - [`crd`]: the `tessera.io/v1alpha1` queue CRDs, derived from the engine's types.
 //! - [`webhook`] (pure) and [`webhook_server`] (HTTPS): gate pods, suspend Jobs;
-//!   [`tls`]: its certificate, reloaded when the files rotate.
+//!   [`tls`]: its certificate, reloaded when the files rotate; [`certs`]: or made,
+//!   stored in a Secret and rotated by the controller itself (`--cert-mode=self`).
 //! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions;
 //!   `workloads` reads the live objects as workloads; [`incremental`] keeps the engine
 //!   between passes over the watch-fed cache and applies only what changed;
@@ -19,6 +20,7 @@
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
 
 pub mod cache;
+pub mod certs;
 pub mod claims;
 pub mod config;
 pub mod crd;

@@ -11,6 +11,10 @@
 //! ```
 //! The files are read whole (a few kB) rather than compared by mtime, so the Secret
 //! volume's symlink swap and editors that keep mtimes are both seen.
+//!
+//! With `--cert-mode=self` the pair comes from memory instead ([`super::certs`]
+//! generates and rotates it and calls [`CertResolver::set`]); a resolver with no pair
+//! yet refuses handshakes and [`CertResolver::is_ready`] is false (the readiness probe).
 
 use super::error::{Error, Result};
 use rustls::crypto::CryptoProvider;
@@ -29,7 +33,7 @@ fn provider() -> Arc<CryptoProvider> {
 
 /// Parses a PEM certificate chain and key, checking that the key belongs to the chain's
 /// first certificate. `what` names the files in errors.
-fn certified_key(cert_pem: &[u8], key_pem: &[u8], what: &str) -> Result<CertifiedKey> {
+pub fn certified_key(cert_pem: &[u8], key_pem: &[u8], what: &str) -> Result<CertifiedKey> {
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_slice_iter(cert_pem)
         .collect::<std::result::Result<_, _>>()
         .map_err(|e| Error::Tls(format!("{what}: certificate: {e}")))?;
@@ -41,15 +45,50 @@ fn certified_key(cert_pem: &[u8], key_pem: &[u8], what: &str) -> Result<Certifie
     CertifiedKey::from_der(certs, key, &provider()).map_err(|e| Error::Tls(format!("{what}: {e}")))
 }
 
-/// Serves whatever pair was loaded last.
-#[derive(Debug)]
+/// Serves whatever pair was set last (none yet: handshakes fail).
+#[derive(Debug, Default)]
 pub struct CertResolver {
-    current: RwLock<Arc<CertifiedKey>>,
+    current: RwLock<Option<Arc<CertifiedKey>>>,
 }
 
 impl ResolvesServerCert for CertResolver {
     fn resolve(&self, _hello: ClientHello<'_>) -> Option<Arc<CertifiedKey>> {
-        self.current.read().ok().map(|k| k.clone())
+        self.current.read().ok().and_then(|k| k.clone())
+    }
+}
+
+impl CertResolver {
+    /// A resolver serving nothing until [`Self::set`].
+    pub fn empty() -> Arc<CertResolver> {
+        Arc::new(CertResolver::default())
+    }
+
+    /// Serves `pair` to the handshakes from now on.
+    pub fn set(&self, pair: CertifiedKey) {
+        if let Ok(mut current) = self.current.write() {
+            *current = Some(Arc::new(pair));
+        }
+    }
+
+    /// Whether a pair is being served.
+    pub fn is_ready(&self) -> bool {
+        self.current.read().is_ok_and(|k| k.is_some())
+    }
+
+    /// The leaf certificate served now (DER).
+    pub fn leaf(&self) -> Option<Vec<u8>> {
+        let current = self.current.read().ok()?;
+        Some(current.as_ref()?.cert.first()?.to_vec())
+    }
+
+    /// A rustls server configuration that always presents the current pair.
+    pub fn server_config(self: &Arc<Self>) -> Result<Arc<rustls::ServerConfig>> {
+        let config = rustls::ServerConfig::builder_with_provider(provider())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::Tls(e.to_string()))?
+            .with_no_client_auth()
+            .with_cert_resolver(self.clone());
+        Ok(Arc::new(config))
     }
 }
 
@@ -72,24 +111,24 @@ impl ReloadingCert {
         let (c, k) = (read(cert)?, read(key)?);
         let what = format!("{} / {}", cert.display(), key.display());
         let pair = certified_key(&c, &k, &what)?;
+        let resolver = CertResolver::empty();
+        resolver.set(pair);
         Ok(ReloadingCert {
             cert: cert.to_path_buf(),
             key: key.to_path_buf(),
-            resolver: Arc::new(CertResolver {
-                current: RwLock::new(Arc::new(pair)),
-            }),
+            resolver,
             seen: (c, k),
         })
     }
 
     /// A rustls server configuration that always presents the current pair.
     pub fn server_config(&self) -> Result<Arc<rustls::ServerConfig>> {
-        let config = rustls::ServerConfig::builder_with_provider(provider())
-            .with_safe_default_protocol_versions()
-            .map_err(|e| Error::Tls(e.to_string()))?
-            .with_no_client_auth()
-            .with_cert_resolver(self.resolver.clone());
-        Ok(Arc::new(config))
+        self.resolver.server_config()
+    }
+
+    /// The resolver serving the pair (shared with the readiness probe).
+    pub fn resolver(&self) -> Arc<CertResolver> {
+        self.resolver.clone()
     }
 
     /// Re-reads the files; swaps the served pair when they changed and are valid.
@@ -103,10 +142,7 @@ impl ReloadingCert {
         let what = format!("{} / {}", self.cert.display(), self.key.display());
         let result = certified_key(&c, &k, &what);
         self.seen = (c, k);
-        let pair = result?;
-        if let Ok(mut current) = self.resolver.current.write() {
-            *current = Arc::new(pair);
-        }
+        self.resolver.set(result?);
         Ok(true)
     }
 
@@ -144,7 +180,7 @@ mod tests {
         copy("tls.crt", &cert);
         copy("tls.key", &key);
         let mut r = ReloadingCert::load(&cert, &key).unwrap();
-        let served = |r: &ReloadingCert| r.resolver.current.read().unwrap().cert[0].clone();
+        let served = |r: &ReloadingCert| r.resolver.leaf().unwrap();
         let first = served(&r);
         assert!(!r.reload().unwrap(), "unchanged files");
         // Half a rotation: the new certificate with the old key is refused.

@@ -6,6 +6,10 @@
 //! StatefulSet labelled with a queue (Kueue's way) has its queue and priority labels
 //! copied into its pod template, so its replica pods are gated and queued. The HTTPS
 //! shell is `webhook_server.rs`.
+//!
+//! Only `tessera.io/queue-name` names a queue unless [`Options::accept_kueue_labels`]
+//! (`--accept-kueue-labels`) is set: beside a real Kueue, a pod carrying Kueue's
+//! `kueue.x-k8s.io/queue-name` is Kueue's to gate, not ours.
 
 use super::{ADMISSION_GATE, PRIORITY_ANNOTATION};
 use crate::quota::scenario::{
@@ -14,6 +18,28 @@ use crate::quota::scenario::{
 };
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+
+/// What the webhook honours beyond Tessera's own labels.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Options {
+    /// Kueue's `kueue.x-k8s.io/queue-name` names a queue too (off by default: beside a
+    /// real Kueue the same pod would be gated by both).
+    pub accept_kueue_labels: bool,
+}
+
+/// `tessera.io/queue-name` alone.
+static TESSERA_QUEUE_LABEL: [&str; 1] = [QUEUE_LABELS[0]];
+
+impl Options {
+    /// The labels that name a queue, in order of precedence.
+    pub fn queue_labels(&self) -> &'static [&'static str] {
+        if self.accept_kueue_labels {
+            &QUEUE_LABELS
+        } else {
+            &TESSERA_QUEUE_LABEL
+        }
+    }
+}
 
 /// A request that is not an AdmissionReview this webhook can answer (HTTP 400).
 #[derive(Debug, thiserror::Error, PartialEq, Eq)]
@@ -32,7 +58,11 @@ pub enum Verdict {
 /// Answers an AdmissionReview (`admission.k8s.io/v1`). `classes` are the known
 /// WorkloadPriorityClasses (name → value); `None` when they could not be listed, in
 /// which case the priority label is not checked here (the controller reports it).
-pub fn review(body: &Value, classes: Option<&BTreeMap<String, i32>>) -> Result<Value, BadReview> {
+pub fn review(
+    body: &Value,
+    classes: Option<&BTreeMap<String, i32>>,
+    options: Options,
+) -> Result<Value, BadReview> {
     if body["apiVersion"] != "admission.k8s.io/v1" || body["kind"] != "AdmissionReview" {
         return Err(BadReview(
             "expected apiVersion admission.k8s.io/v1, kind AdmissionReview".into(),
@@ -43,7 +73,7 @@ pub fn review(body: &Value, classes: Option<&BTreeMap<String, i32>>) -> Result<V
         .as_str()
         .filter(|u| !u.is_empty())
         .ok_or_else(|| BadReview("request.uid is missing".into()))?;
-    let verdict = decide(request, classes);
+    let verdict = decide_with(request, classes, options);
     let response = match verdict {
         Verdict::Allow(ops) if ops.is_empty() => json!({"uid": uid, "allowed": true}),
         Verdict::Allow(ops) => {
@@ -59,8 +89,19 @@ pub fn review(body: &Value, classes: Option<&BTreeMap<String, i32>>) -> Result<V
     )
 }
 
-/// The decision for one `request` of an AdmissionReview.
+/// The decision for one `request` of an AdmissionReview, with the default
+/// [`Options`] (only Tessera's queue label).
 pub fn decide(request: &Value, classes: Option<&BTreeMap<String, i32>>) -> Verdict {
+    decide_with(request, classes, Options::default())
+}
+
+/// The decision for one `request` of an AdmissionReview.
+pub fn decide_with(
+    request: &Value,
+    classes: Option<&BTreeMap<String, i32>>,
+    options: Options,
+) -> Verdict {
+    let queue_labels = options.queue_labels();
     if request["operation"] != "CREATE" {
         return Verdict::Allow(Vec::new());
     }
@@ -73,7 +114,7 @@ pub fn decide(request: &Value, classes: Option<&BTreeMap<String, i32>>) -> Verdi
         ("", "Pod") => "Pod",
         ("batch", "Job") => "Job",
         ("apps", "Deployment" | "StatefulSet") => {
-            return Verdict::Allow(propagate_labels(&request["object"]))
+            return Verdict::Allow(propagate_labels(&request["object"], queue_labels))
         }
         _ => return Verdict::Allow(Vec::new()),
     };
@@ -82,7 +123,7 @@ pub fn decide(request: &Value, classes: Option<&BTreeMap<String, i32>>) -> Verdi
     }
     let labels = &object["metadata"]["labels"];
     let label = |keys: &[&str]| keys.iter().find_map(|k| labels[*k].as_str());
-    let Some(queue) = label(&QUEUE_LABELS) else {
+    let Some(queue) = label(queue_labels) else {
         return Verdict::Allow(Vec::new());
     };
     if queue.is_empty() {
@@ -146,16 +187,20 @@ pub fn decide(request: &Value, classes: Option<&BTreeMap<String, i32>>) -> Verdi
 }
 
 /// JSONPatch copying the queue and priority labels of a Deployment / StatefulSet into
-/// its pod template (labels the template already has are kept).
-fn propagate_labels(object: &Value) -> Vec<Value> {
+/// its pod template (labels the template already has are kept). Nothing without one
+/// of `queue_labels`.
+fn propagate_labels(object: &Value, queue_labels: &[&str]) -> Vec<Value> {
     let labels = &object["metadata"]["labels"];
-    let wanted: Vec<(&str, &str)> = QUEUE_LABELS
+    if !queue_labels.iter().any(|k| labels[*k].is_string()) {
+        return Vec::new();
+    }
+    let wanted: Vec<(&str, &str)> = queue_labels
         .iter()
         .chain(PRIORITY_LABELS.iter())
         .filter_map(|k| labels[*k].as_str().map(|v| (*k, v)))
         .collect();
     let template = &object["spec"]["template"];
-    if wanted.is_empty() || !template.is_object() {
+    if !template.is_object() {
         return Vec::new();
     }
     let have = &template["metadata"]["labels"];
@@ -226,6 +271,10 @@ mod tests {
         }
         p
     }
+
+    const KUEUE: Options = Options {
+        accept_kueue_labels: true,
+    };
 
     fn classes() -> BTreeMap<String, i32> {
         [("high".to_string(), 1000)].into()
@@ -456,7 +505,12 @@ mod tests {
             ),
         ];
         for (name, kind, op, object, gated, suspended, denial) in cases {
-            let out = review(&review_of(kind, op, object.clone()), Some(&classes())).unwrap();
+            let out = review(
+                &review_of(kind, op, object.clone()),
+                Some(&classes()),
+                KUEUE,
+            )
+            .unwrap();
             let resp = &out["response"];
             assert_eq!(resp["uid"], "u-1", "{name}");
             match denial {
@@ -499,13 +553,60 @@ mod tests {
     }
 
     #[test]
+    fn kueue_labels_are_honoured_only_when_accepted() {
+        let kq = json!({"kueue.x-k8s.io/queue-name": "lq"});
+        let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+            "metadata": {"name": "j", "labels": kq.clone()},
+            "spec": {"template": {"spec": {"containers": []}}}});
+        let deployment = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "labels": kq.clone()},
+            "spec": {"template": {"metadata": {"labels": {"app": "web"}}, "spec": {}}}});
+        let objects = [
+            (("", "Pod"), pod(kq.clone(), Value::Null, None)),
+            (("batch", "Job"), job),
+            (("apps", "Deployment"), deployment),
+        ];
+        for (kind, object) in objects {
+            let req = review_of(kind, "CREATE", object);
+            assert_eq!(
+                decide(&req["request"], Some(&classes())),
+                Verdict::Allow(Vec::new()),
+                "{kind:?}: Kueue's, not ours, by default"
+            );
+            let Verdict::Allow(ops) = decide_with(&req["request"], Some(&classes()), KUEUE) else {
+                panic!("{kind:?}: denied");
+            };
+            assert!(!ops.is_empty(), "{kind:?}: gated / suspended / propagated");
+        }
+        // Tessera's own label is honoured either way, and wins over Kueue's.
+        let both = pod(
+            json!({"tessera.io/queue-name": "lq", "kueue.x-k8s.io/queue-name": "other"}),
+            Value::Null,
+            None,
+        );
+        let req = review_of(("", "Pod"), "CREATE", both);
+        for options in [Options::default(), KUEUE] {
+            let Verdict::Allow(ops) = decide_with(&req["request"], Some(&classes()), options)
+            else {
+                panic!("denied");
+            };
+            assert_eq!(ops.len(), 1, "{options:?}: the gate");
+        }
+    }
+
+    #[test]
     fn unknown_classes_are_not_checked_when_they_could_not_be_listed() {
         let p = pod(
             json!({"tessera.io/queue-name": "lq", "tessera.io/priority-class": "nope"}),
             Value::Null,
             None,
         );
-        let out = review(&review_of(("", "Pod"), "CREATE", p), None).unwrap();
+        let out = review(
+            &review_of(("", "Pod"), "CREATE", p),
+            None,
+            Options::default(),
+        )
+        .unwrap();
         assert_eq!(out["response"]["allowed"], true);
     }
 
@@ -517,12 +618,12 @@ mod tests {
             json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview"}),
             json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "request": {"uid": 3}}),
         ] {
-            assert!(review(&body, None).is_err(), "{body}");
+            assert!(review(&body, None, Options::default()).is_err(), "{body}");
         }
         // A request without an object is denied with a reason.
         let r = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                        "request": {"uid": "u", "operation": "CREATE", "kind": {"group": "", "kind": "Pod"}}});
-        let out = review(&r, None).unwrap();
+        let out = review(&r, None, Options::default()).unwrap();
         assert_eq!(out["response"]["allowed"], false);
     }
 
@@ -575,7 +676,8 @@ mod tests {
             }
             for kind in ["Deployment", "StatefulSet"] {
                 let req = review_of(("apps", kind), "CREATE", object.clone());
-                let Verdict::Allow(ops) = decide(&req["request"], Some(&classes())) else {
+                let Verdict::Allow(ops) = decide_with(&req["request"], Some(&classes()), KUEUE)
+                else {
                     panic!("{name}: denied");
                 };
                 let after = apply(object.clone(), &ops);
