@@ -18,5 +18,16 @@ fi
 passed=$(grep -Eo 'test result: [A-Za-z]+\. [0-9]+ passed' "$log" | awk '{s+=$4} END {print s+0}')
 failed=$(grep -Eo '[0-9]+ failed;' "$log" | awk '{s+=$1} END {print s+0}')
 ignored=$(grep -Eo '[0-9]+ ignored;' "$log" | awk '{s+=$1} END {print s+0}')
-echo "tests: $passed passed, $failed failed, $ignored skipped"
+# A check whose tool is missing prints `SKIPPED-CHECK: <test>: <tool> not installed (...)`
+# (tests/support/skip.rs; under CI=true it fails instead). Each distinct one is named here
+# and in the summary line, so a green run that skipped checks says so.
+skipped_checks=$(grep -Eo 'SKIPPED-CHECK: [^ ]+: [^(]+ not installed' "$log" \
+  | sed 's/^SKIPPED-CHECK: //; s/ not installed$//' | sort -u || true)
+summary="tests: $passed passed, $failed failed, $ignored skipped"
+if [ -n "$skipped_checks" ]; then
+  n=$(printf '%s\n' "$skipped_checks" | wc -l)
+  printf '%s\n' "$skipped_checks" | sed 's/^/check skipped (tool missing): /'
+  summary="$summary ($n checks skipped: $(printf '%s\n' "$skipped_checks" | paste -sd, - | sed 's/,/, /g'))"
+fi
+echo "$summary"
 exit "$status"

@@ -8,3 +8,4 @@ pub mod dra_pool;
 pub mod kubelet;
 pub mod rbac;
 pub mod schema;
+pub mod skip;
