@@ -23,3 +23,4 @@ pub mod proto;
 pub mod quota;
 pub mod shimfiles;
 pub mod sim;
+pub mod yaml;

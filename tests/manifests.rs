@@ -1,7 +1,6 @@
 //! The shipped manifests stay in step with the code: every named layout in the example
 //! ConfigMap parses and lays out on real GPU models.
 
-use serde::Deserialize;
 use tessera::agent;
 use tessera::gpu::fake::FakeBackend;
 use tessera::partition::config::parse_config;
@@ -9,11 +8,11 @@ use tessera::partition::config::parse_config;
 #[test]
 fn example_configmap_layouts_are_valid() {
     let text = std::fs::read_to_string("daemonset/node/configmap.yaml").unwrap();
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
-    let data = doc["data"].as_mapping().unwrap();
+    let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
+    let data = doc["data"].as_object().unwrap();
     assert!(data.contains_key("default"), "a default config must exist");
     for (name, body) in data {
-        let name = name.as_str().unwrap();
+        let name = name.as_str();
         let cfg = parse_config(name, body.as_str().unwrap()).unwrap_or_else(|e| panic!("{e}"));
         for gpus in ["8xA100-80GB", "8xH100-80GB", "4xA30"] {
             let backend = FakeBackend::from_spec(gpus).unwrap();
@@ -63,8 +62,7 @@ fn device_classes_select_published_types() {
         .filter_map(|d| d.attributes.as_ref()?.get("type")?.string.clone())
         .collect();
     let mut classes = 0;
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let v = serde_yaml::Value::deserialize(doc).unwrap();
+    for v in serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap() {
         let expr = v["spec"]["selectors"][0]["cel"]["expression"]
             .as_str()
             .unwrap();
@@ -93,9 +91,11 @@ fn example_claims_use_shipped_classes_and_published_devices() {
     use tessera::gpu::GpuBackend;
     use tessera::partition::layout;
     let classes = std::fs::read_to_string("daemonset/dra/deviceclasses.yaml").unwrap();
-    let class_names: Vec<String> = serde_yaml::Deserializer::from_str(&classes)
+    let class_names: Vec<String> = serde_saphyr::from_multiple::<serde_json::Value>(&classes)
+        .unwrap()
+        .into_iter()
         .map(|d| {
-            serde_yaml::Value::deserialize(d).unwrap()["metadata"]["name"]
+            d["metadata"]["name"]
                 .as_str()
                 .unwrap()
                 .to_string()
@@ -121,14 +121,13 @@ fn example_claims_use_shipped_classes_and_published_devices() {
     for entry in std::fs::read_dir("daemonset/examples/claims").unwrap() {
         let path = entry.unwrap().path();
         let text = std::fs::read_to_string(&path).unwrap();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let v = serde_yaml::Value::deserialize(doc).unwrap();
+        for v in serde_saphyr::from_multiple::<serde_json::Value>(&text).unwrap() {
             let spec = match v["kind"].as_str() {
                 Some("ResourceClaimTemplate") => &v["spec"]["spec"],
                 Some("ResourceClaim") => &v["spec"],
                 _ => continue,
             };
-            for r in spec["devices"]["requests"].as_sequence().unwrap() {
+            for r in spec["devices"]["requests"].as_array().unwrap() {
                 let class = r["exactly"]["deviceClassName"].as_str().unwrap();
                 assert!(
                     class_names.iter().any(|c| c == class),
@@ -137,7 +136,7 @@ fn example_claims_use_shipped_classes_and_published_devices() {
                 );
                 kinds.insert(class.to_string());
                 for sel in r["exactly"]["selectors"]
-                    .as_sequence()
+                    .as_array()
                     .into_iter()
                     .flatten()
                 {
@@ -157,13 +156,13 @@ fn example_claims_use_shipped_classes_and_published_devices() {
                         );
                     }
                 }
-                if let Some(caps) = r["exactly"]["capacity"]["requests"].as_mapping() {
+                if let Some(caps) = r["exactly"]["capacity"]["requests"].as_object() {
                     let vgpu = devices
                         .iter()
                         .find(|d| d.allow_multiple_allocations == Some(true))
                         .unwrap();
                     for key in caps.keys() {
-                        let key = key.as_str().unwrap();
+                        let key = key.as_str();
                         assert!(
                             vgpu.capacity.as_ref().unwrap().contains_key(key),
                             "capacity {key}"
@@ -184,9 +183,9 @@ fn example_claims_use_shipped_classes_and_published_devices() {
 #[test]
 fn daemonset_env_is_read_by_the_agent() {
     let text = std::fs::read_to_string("daemonset/node/daemonset.yaml").unwrap();
-    let doc: serde_yaml::Value = serde_yaml::from_str(&text).unwrap();
+    let doc: serde_json::Value = serde_saphyr::from_str(&text).unwrap();
     let env = doc["spec"]["template"]["spec"]["containers"][0]["env"]
-        .as_sequence()
+        .as_array()
         .unwrap();
     let help = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["node", "--help"])
@@ -218,11 +217,9 @@ fn committed_crds_match_the_generated_ones() {
     );
 }
 
-fn yaml_docs(path: &str) -> Vec<serde_yaml::Value> {
+fn yaml_docs(path: &str) -> Vec<serde_json::Value> {
     let text = std::fs::read_to_string(path).unwrap();
-    serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
-        .collect()
+    serde_saphyr::from_multiple(&text).unwrap()
 }
 
 /// `kubectl apply -k daemonset/` installs every node and DRA manifest (DeviceClasses and
@@ -231,7 +228,7 @@ fn yaml_docs(path: &str) -> Vec<serde_yaml::Value> {
 fn kustomization_installs_the_dra_parts() {
     let k = &yaml_docs("daemonset/kustomization.yaml")[0];
     let listed: Vec<&str> = k["resources"]
-        .as_sequence()
+        .as_array()
         .unwrap()
         .iter()
         .map(|r| r.as_str().unwrap())
@@ -250,16 +247,16 @@ fn kustomization_installs_the_dra_parts() {
     }
     // The node agent may publish slices and read and report on claims.
     let rbac = yaml_docs("daemonset/node/rbac.yaml");
-    let rules = rbac[0]["rules"].as_sequence().unwrap();
+    let rules = rbac[0]["rules"].as_array().unwrap();
     let allows = |resource: &str, verb: &str| {
         rules.iter().any(|r| {
             r["apiGroups"][0] == "resource.k8s.io"
                 && r["resources"]
-                    .as_sequence()
+                    .as_array()
                     .unwrap()
                     .iter()
                     .any(|x| x == resource)
-                && r["verbs"].as_sequence().unwrap().iter().any(|x| x == verb)
+                && r["verbs"].as_array().unwrap().iter().any(|x| x == verb)
         })
     };
     for (resource, verb) in [
@@ -281,7 +278,7 @@ fn kustomization_installs_the_dra_parts() {
 fn daemonset_lets_the_node_config_choose_dra() {
     let ds = &yaml_docs("daemonset/node/daemonset.yaml")[0];
     let env = ds["spec"]["template"]["spec"]["containers"][0]["env"]
-        .as_sequence()
+        .as_array()
         .unwrap();
     let value = |name: &str| {
         env.iter()
@@ -333,8 +330,8 @@ fn no_dra_component_undoes_the_dra_parts() {
         .collect();
     let mut deleted = std::collections::BTreeSet::new();
     let mut dra_off = false;
-    for p in c["patches"].as_sequence().unwrap() {
-        let patch: serde_yaml::Value = serde_yaml::from_str(p["patch"].as_str().unwrap()).unwrap();
+    for p in c["patches"].as_array().unwrap() {
+        let patch: serde_json::Value = serde_saphyr::from_str(p["patch"].as_str().unwrap()).unwrap();
         match patch["kind"].as_str() {
             Some("DeviceClass") => {
                 assert_eq!(patch["$patch"], "delete");

@@ -114,7 +114,7 @@ struct RawGpu {
     numa: Option<u32>,
     uuid: Option<String>,
     /// `all` (NVSwitch: every other NVLink GPU of the node) or a list of GPU indices.
-    nvlink: Option<serde_yaml::Value>,
+    nvlink: Option<serde_json::Value>,
     #[serde(default)]
     mig_enabled: bool,
     #[serde(default)]
@@ -184,9 +184,11 @@ impl FakeBackend {
 
     /// An inventory YAML (see the module docs).
     pub fn from_yaml(text: &str) -> Result<Self> {
-        let de = serde_yaml::Deserializer::from_str(text);
-        let raw: RawInventory = serde_path_to_error::deserialize(de)
-            .map_err(|e| Error::FakeSpec(format!("{}: {}", e.path(), e.inner())))?;
+        let mut track = serde_path_to_error::Track::new();
+        let raw = serde_saphyr::with_deserializer_from_str(text, |de| {
+            RawInventory::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
+        })
+        .map_err(|e| Error::FakeSpec(format!("{}: {e}", track.path())))?;
         check_total(raw.gpus.iter().map(|g| g.count))
             .map_err(|e| Error::FakeSpec(format!("gpus: {e}")))?;
         if raw.health_events.len() > MAX_HEALTH_EVENTS {
@@ -581,10 +583,10 @@ fn connect_all_nvlink(gpus: &mut [GpuInfo], links: &[u32]) {
     }
 }
 
-type NvlinkSpec = (usize, Option<serde_yaml::Value>, u32);
+type NvlinkSpec = (usize, Option<serde_json::Value>, u32);
 
 fn wire_nvlink(gpus: &mut [GpuInfo], specs: &[NvlinkSpec]) -> Result<()> {
-    use serde_yaml::Value;
+    use serde_json::Value;
     let all: Vec<u32> = specs
         .iter()
         .map(|(_, s, links)| match s {
@@ -597,7 +599,7 @@ fn wire_nvlink(gpus: &mut [GpuInfo], specs: &[NvlinkSpec]) -> Result<()> {
         match spec {
             None => {}
             Some(Value::String(s)) if s == "all" => {}
-            Some(Value::Sequence(peers)) => {
+            Some(Value::Array(peers)) => {
                 let mut uuids = Vec::new();
                 for p in peers {
                     let peer = p

@@ -79,7 +79,7 @@ struct RawConfig {
     #[serde(default)]
     sharing: RawSharing,
     #[serde(default)]
-    imex: Option<serde_yaml::Value>,
+    imex: Option<serde_json::Value>,
     #[serde(default)]
     tessera: RawTessera,
 }
@@ -103,8 +103,8 @@ struct RawFlags {
     #[serde(rename = "useNodeFeatureAPI")]
     use_node_feature_api: Option<bool>,
     device_discovery_strategy: Option<String>,
-    plugin: Option<serde_yaml::Value>,
-    gfd: Option<serde_yaml::Value>,
+    plugin: Option<serde_json::Value>,
+    gfd: Option<serde_json::Value>,
 }
 
 /// NVIDIA's `resources`: rename whole GPUs (matched by product name) and MIG devices
@@ -152,7 +152,7 @@ struct RawReplicaResource {
     #[serde(default)]
     rename: Option<String>,
     #[serde(default)]
-    devices: Option<serde_yaml::Value>,
+    devices: Option<serde_json::Value>,
     replicas: i64,
 }
 
@@ -225,7 +225,7 @@ struct RawVgpu {
     resource: Option<String>,
     /// Uniform slices: `count` slices of `memory` and `cores` each.
     count: Option<i64>,
-    memory: Option<serde_yaml::Value>,
+    memory: Option<serde_json::Value>,
     cores: Option<i64>,
     /// Or an explicit list of slices.
     slices: Option<Vec<RawSlice>>,
@@ -234,7 +234,7 @@ struct RawVgpu {
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawSlice {
-    memory: serde_yaml::Value,
+    memory: serde_json::Value,
     cores: i64,
 }
 
@@ -542,15 +542,18 @@ pub fn load(path: &Path) -> Result<ConfigSet> {
 
 /// Parse and validate one named config.
 pub fn parse_config(name: &str, yaml: &str) -> Result<NodeConfig> {
-    let de = serde_yaml::Deserializer::from_str(yaml);
-    let raw: RawConfig = serde_path_to_error::deserialize(de).map_err(|e| {
-        let path = e.path().to_string();
+    let mut track = serde_path_to_error::Track::new();
+    let raw = serde_saphyr::with_deserializer_from_str(yaml, |de| {
+        RawConfig::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
+    })
+    .map_err(|e| {
+        let path = track.path().to_string();
         let field = if path == "." {
             "(document)".into()
         } else {
             path
         };
-        ConfigError::new(name, field, e.into_inner().to_string())
+        ConfigError::new(name, field, e.to_string())
     })?;
     validate(name, raw)
 }
@@ -771,8 +774,8 @@ fn validate_replicated(
     })
 }
 
-fn parse_replica_devices(v: Option<&serde_yaml::Value>) -> Result<ReplicaDevices, String> {
-    use serde_yaml::Value;
+fn parse_replica_devices(v: Option<&serde_json::Value>) -> Result<ReplicaDevices, String> {
+    use serde_json::Value;
     match v {
         None => Ok(ReplicaDevices::All),
         Some(Value::String(s)) if s == "all" => Ok(ReplicaDevices::All),
@@ -781,7 +784,7 @@ fn parse_replica_devices(v: Option<&serde_yaml::Value>) -> Result<ReplicaDevices
             Some(c) if c > 0 && c <= u32::MAX as u64 => Ok(ReplicaDevices::Count(c as u32)),
             _ => Err(format!("{n}: a count of devices must be > 0")),
         },
-        Some(Value::Sequence(items)) => {
+        Some(Value::Array(items)) => {
             let mut out = Vec::new();
             for (i, item) in items.iter().enumerate() {
                 let s = match item {
@@ -992,11 +995,11 @@ fn validate_vgpu(name: &str, field: &str, v: RawVgpu) -> Result<GpuMode> {
 
 /// Memory sizes: a number is MiB; strings take `m`/`mi`/`mib`, `g`/`gi`/`gib` suffixes
 /// (binary units, as HAMi's `10240m` and `10g`).
-pub fn parse_memory(v: &serde_yaml::Value) -> Result<u64, String> {
+pub fn parse_memory(v: &serde_json::Value) -> Result<u64, String> {
     let bad = |s: &str| format!("{s:?} is not a memory size (e.g. 10240, \"10240m\", \"10g\")");
     let mib = match v {
-        serde_yaml::Value::Number(n) => n.as_u64().ok_or_else(|| bad(&n.to_string()))?,
-        serde_yaml::Value::String(s) => {
+        serde_json::Value::Number(n) => n.as_u64().ok_or_else(|| bad(&n.to_string()))?,
+        serde_json::Value::String(s) => {
             let t = s.trim().to_ascii_lowercase();
             let digits_end = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
             let (num, unit) = t.split_at(digits_end);
@@ -1258,7 +1261,7 @@ sharing:
 
     #[test]
     fn memory_sizes() {
-        use serde_yaml::Value;
+        use serde_json::Value;
         let ok = [
             ("10240", 10240),
             ("10240m", 10240),

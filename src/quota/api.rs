@@ -467,7 +467,7 @@ spec:
   flavorFungibility: {whenCanBorrow: TryNextFlavor, whenCanPreempt: Preempt}
   stopPolicy: Hold
 "#;
-        let cq: ClusterQueue = serde_yaml::from_str(yaml).unwrap();
+        let cq: ClusterQueue = serde_saphyr::from_str(yaml).unwrap();
         assert_eq!(cq.spec.cohort_name.as_deref(), Some("research"));
         assert_eq!(cq.spec.queueing_strategy, QueueingStrategy::StrictFIFO);
         let gpu = &cq.spec.resource_groups[0].flavors[0].resources[1];
@@ -520,7 +520,7 @@ spec:
     #[test]
     fn selectors_match_labels_and_expressions() {
         let labels: BTreeMap<String, String> = [("team".to_string(), "a".to_string())].into();
-        let sel = |yaml: &str| serde_yaml::from_str::<LabelSelector>(yaml).unwrap();
+        let sel = |yaml: &str| serde_saphyr::from_str::<LabelSelector>(yaml).unwrap();
         assert!(sel("{}").matches(&labels));
         assert!(sel("matchLabels: {team: a}").matches(&labels));
         assert!(!sel("matchLabels: {team: b}").matches(&labels));
@@ -532,7 +532,7 @@ spec:
 
     #[test]
     fn effective_requests_take_max_of_init_and_sum() {
-        let spec: PodSpec = serde_yaml::from_str(
+        let spec: PodSpec = serde_saphyr::from_str(
             r#"
 containers:
 - resources: {requests: {cpu: 1, nvidia.com/gpu: 1}}

@@ -99,7 +99,7 @@ impl ClusterQueueBuilder {
     }
 
     pub fn preemption(mut self, yaml: &str) -> Self {
-        if let Ok(p) = serde_yaml::from_str(yaml) {
+        if let Ok(p) = serde_saphyr::from_str(yaml) {
             self.0.spec.preemption = p;
         }
         self

@@ -103,14 +103,16 @@ fn err(field: &str, why: impl Into<String>) -> ConfigError {
 impl KueueConfig {
     /// Parses and validates a YAML document.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let de = serde_yaml::Deserializer::from_str(text);
-        let raw: Raw = serde_path_to_error::deserialize(de)
-            .map_err(|e| err(&e.path().to_string(), e.inner().to_string()))?;
+        let mut track = serde_path_to_error::Track::new();
+        let raw = serde_saphyr::with_deserializer_from_str(text, |de| {
+            Raw::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
+        })
+        .map_err(|e| err(&track.path().to_string(), e.to_string()))?;
         Self::validate(raw)
     }
 
     /// Parses and validates one already-read YAML document (a plan scenario's).
-    pub fn from_value(value: serde_yaml::Value) -> Result<Self, ConfigError> {
+    pub fn from_value(value: serde_json::Value) -> Result<Self, ConfigError> {
         let raw: Raw = serde_path_to_error::deserialize(value)
             .map_err(|e| err(&e.path().to_string(), e.inner().to_string()))?;
         Self::validate(raw)
@@ -265,8 +267,9 @@ mod tests {
     #[test]
     fn the_shipped_config_map_parses() {
         let text = std::fs::read_to_string("daemonset/controller/deployment.yaml").unwrap();
-        let doc = serde_yaml::Deserializer::from_str(&text)
-            .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+        let doc = serde_saphyr::from_multiple::<serde_json::Value>(&text)
+            .unwrap()
+            .into_iter()
             .find(|d| d["kind"] == "ConfigMap")
             .expect("a ConfigMap");
         let config = doc["data"]["config.yaml"].as_str().unwrap();

@@ -379,7 +379,7 @@ mod tests {
     use super::*;
 
     fn compile(yaml: &str) -> Result<CqSpec> {
-        let cq: ClusterQueue = serde_yaml::from_str(yaml).unwrap();
+        let cq: ClusterQueue = serde_saphyr::from_str(yaml).unwrap();
         let mut ids: HashMap<(String, String), FrId> = HashMap::new();
         CqSpec::compile(&cq, |f, r| {
             let n = ids.len();

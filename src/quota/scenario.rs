@@ -193,6 +193,9 @@ pub struct Scenario {
     steps: Vec<Step>,
 }
 
+/// Largest plan file read, in bytes (nesting, node and alias budgets: [`crate::yaml`]).
+pub const MAX_PLAN_BYTES: u64 = 64 << 20;
+
 /// First line (1-based) of each YAML document in `text`.
 fn doc_lines(text: &str) -> Vec<usize> {
     let mut starts = Vec::new();
@@ -215,13 +218,17 @@ impl Scenario {
     pub fn parse(text: &str) -> Result<Scenario> {
         let lines = doc_lines(text);
         let mut docs = Vec::new();
-        for (i, de) in serde_yaml::Deserializer::from_str(text).enumerate() {
+        let values = crate::yaml::documents(text, MAX_PLAN_BYTES).map_err(|e| {
+            // The document the error is in: the last one starting at or before its line.
+            let line = e.line.unwrap_or(1);
+            Error::Scenario {
+                doc: lines.iter().filter(|&&start| start <= line).count().max(1),
+                line,
+                why: e.reason,
+            }
+        })?;
+        for (i, value) in values.into_iter().enumerate() {
             let line = lines.get(i).copied().unwrap_or(1);
-            let value = serde_yaml::Value::deserialize(de).map_err(|e| Error::Scenario {
-                doc: i + 1,
-                line: e.location().map_or(line, |l| l.line()),
-                why: e.to_string(),
-            })?;
             if value.is_null() {
                 continue;
             }
@@ -238,7 +245,7 @@ impl Scenario {
                 .ok_or_else(|| err("missing `kind`".into()))?
                 .to_string();
             fn typed<T: for<'de> Deserialize<'de>>(
-                v: serde_yaml::Value,
+                v: serde_json::Value,
                 kind: &str,
                 err: &dyn Fn(String) -> Error,
             ) -> Result<T> {
@@ -248,14 +255,14 @@ impl Scenario {
                     .and_then(|n| n.as_str())
                     .unwrap_or("")
                     .to_string();
-                serde_yaml::from_value(v).map_err(|e| err(format!("{kind} {name:?}: {e}")))
+                serde_json::from_value(v).map_err(|e| err(format!("{kind} {name:?}: {e}")))
             }
             let at = value
                 .get("metadata")
                 .and_then(|m| m.get("creationTimestamp"))
                 .map(|t| match t {
-                    serde_yaml::Value::String(s) => parse_time(s),
-                    serde_yaml::Value::Number(n) => parse_time(&n.to_string()),
+                    serde_json::Value::String(s) => parse_time(s),
+                    serde_json::Value::Number(n) => parse_time(&n.to_string()),
                     _ => Err(Error::Duration {
                         value: format!("{t:?}"),
                         why: "expected an offset like 90s".into(),
@@ -280,7 +287,7 @@ impl Scenario {
                     let meta: ObjectMeta = value
                         .get("metadata")
                         .cloned()
-                        .map(serde_yaml::from_value)
+                        .map(serde_json::from_value)
                         .transpose()
                         .map_err(|e| err(format!("Namespace: {e}")))?
                         .ok_or_else(|| err("Namespace: missing metadata".into()))?;

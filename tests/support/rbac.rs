@@ -44,15 +44,15 @@ pub fn request_attributes(request: &str) -> (String, String, String) {
 /// `rbac_file` allow: a verb missing there fails in a real cluster with 403 while every
 /// test against the double passes.
 pub fn assert_allows_every_request(s: &ApiServer, rbac_file: &str) {
-    use serde::Deserialize;
     let text = std::fs::read_to_string(rbac_file).unwrap();
-    let rules: Vec<serde_yaml::Value> = serde_yaml::Deserializer::from_str(&text)
-        .map(|d| serde_yaml::Value::deserialize(d).unwrap())
+    let rules: Vec<serde_json::Value> = serde_saphyr::from_multiple::<serde_json::Value>(&text)
+        .unwrap()
+        .into_iter()
         .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
-        .flat_map(|d| d["rules"].as_sequence().cloned().unwrap_or_default())
+        .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
         .collect();
-    let has = |v: &serde_yaml::Value, x: &str| {
-        v.as_sequence()
+    let has = |v: &serde_json::Value, x: &str| {
+        v.as_array()
             .is_some_and(|l| l.iter().any(|e| e.as_str() == Some(x)))
     };
     let requests = s.requests();
@@ -62,7 +62,7 @@ pub fn assert_allows_every_request(s: &ApiServer, rbac_file: &str) {
         let name = request_name(&r);
         // A rule with resourceNames allows only requests naming one of them (never a
         // create, list or watch without a metadata.name field selector).
-        let named = |rule: &serde_yaml::Value| match rule["resourceNames"].as_sequence() {
+        let named = |rule: &serde_json::Value| match rule["resourceNames"].as_array() {
             None => true,
             Some(_) => name
                 .as_deref()
