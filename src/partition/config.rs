@@ -42,6 +42,8 @@ use crate::gpu::health::{HealthPolicy, DEFAULT_IGNORED_XIDS};
 pub const DEFAULT_CONFIG_NAME: &str = "default";
 /// Node label that selects a named config.
 pub const CONFIG_LABEL: &str = "tessera.io/config";
+/// Largest config file (one ConfigMap key) read, in bytes: a larger one is rejected unread.
+pub const MAX_CONFIG_BYTES: u64 = crate::yaml::MAX_BYTES;
 
 /// A config error: the config's name, the field path, and what is wrong.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -473,19 +475,32 @@ impl NodeConfig {
     }
 }
 
-/// All named configs of the ConfigMap.
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// All named configs of the ConfigMap, each validated on its own: a bad one is kept
+/// with its error and does not stop the others from loading.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct ConfigSet {
     pub configs: BTreeMap<String, NodeConfig>,
+    /// The named configs that were rejected, with why.
+    pub rejected: BTreeMap<String, ConfigError>,
 }
 
 impl ConfigSet {
     /// Pick the config named by the node label, or `default`. A label naming a config that
-    /// does not exist is an error (the caller keeps the last good config).
+    /// does not exist, or one that was rejected, is an error (the caller keeps the last
+    /// good config); other configs' errors do not matter here.
     pub fn select(&self, label: Option<&str>) -> Result<&NodeConfig> {
         let name = label.unwrap_or(DEFAULT_CONFIG_NAME);
+        if let Some(e) = self.rejected.get(name) {
+            return Err(e.clone());
+        }
         self.configs.get(name).ok_or_else(|| {
-            let known: Vec<&str> = self.configs.keys().map(String::as_str).collect();
+            let known: BTreeSet<&str> = self
+                .configs
+                .keys()
+                .chain(self.rejected.keys())
+                .map(String::as_str)
+                .collect();
+            let known: Vec<&str> = known.into_iter().collect();
             ConfigError::new(
                 name,
                 CONFIG_LABEL,
@@ -500,14 +515,43 @@ impl ConfigSet {
 
 /// Load a config source: a directory (a mounted ConfigMap: one file per named config,
 /// the file name without `.yaml`/`.yml` is the config name; dotfiles are skipped), or a
-/// single file, which is the `default` config.
+/// single file, which is the `default` config. Each config is read (at most
+/// [`MAX_CONFIG_BYTES`]) and validated on its own; one that fails is in
+/// [`ConfigSet::rejected`], with the file named. Only a directory that cannot be listed
+/// or holds no config is an error for the whole source.
+///
+/// This reads files and parses: call it off the async runtime.
 pub fn load(path: &Path) -> Result<ConfigSet> {
     let source = path.display().to_string();
-    let io_err = |e: std::io::Error| ConfigError::new(&source, "(file)", e.to_string());
-    let mut configs = BTreeMap::new();
+    let mut set = ConfigSet::default();
+    let mut load_one = |name: String, file: &Path| {
+        let loaded = crate::yaml::read_bounded(file, MAX_CONFIG_BYTES)
+            .map_err(|e| {
+                ConfigError::new(
+                    &name,
+                    "(file)",
+                    format!("cannot read {}: {e}", file.display()),
+                )
+            })
+            .and_then(|text| parse_config(&name, &text))
+            .map_err(|mut e| {
+                if e.field != "(file)" {
+                    e.reason = format!("{} (in {})", e.reason, file.display());
+                }
+                e
+            });
+        match loaded {
+            Ok(config) => {
+                set.configs.insert(name, config);
+            }
+            Err(e) => {
+                set.rejected.insert(name, e);
+            }
+        }
+    };
     if path.is_dir() {
         let mut entries: Vec<_> = std::fs::read_dir(path)
-            .map_err(io_err)?
+            .map_err(|e| ConfigError::new(&source, "(directory)", e.to_string()))?
             .filter_map(|e| e.ok())
             .collect();
         entries.sort_by_key(|e| e.file_name());
@@ -520,10 +564,9 @@ pub fn load(path: &Path) -> Result<ConfigSet> {
                 .trim_end_matches(".yaml")
                 .trim_end_matches(".yml")
                 .to_string();
-            let text = std::fs::read_to_string(entry.path()).map_err(io_err)?;
-            configs.insert(name.clone(), parse_config(&name, &text)?);
+            load_one(name, &entry.path());
         }
-        if configs.is_empty() {
+        if set.configs.is_empty() && set.rejected.is_empty() {
             return Err(ConfigError::new(
                 &source,
                 "(directory)",
@@ -531,29 +574,22 @@ pub fn load(path: &Path) -> Result<ConfigSet> {
             ));
         }
     } else {
-        let text = std::fs::read_to_string(path).map_err(io_err)?;
-        configs.insert(
-            DEFAULT_CONFIG_NAME.to_string(),
-            parse_config(DEFAULT_CONFIG_NAME, &text)?,
-        );
+        load_one(DEFAULT_CONFIG_NAME.to_string(), path);
     }
-    Ok(ConfigSet { configs })
+    Ok(set)
 }
 
-/// Parse and validate one named config.
+/// Parse and validate one named config (at most [`MAX_CONFIG_BYTES`]; nesting, node and
+/// alias budgets in [`crate::yaml`]). Errors name the field, line and column, never the
+/// text of the input.
 pub fn parse_config(name: &str, yaml: &str) -> Result<NodeConfig> {
-    let mut track = serde_path_to_error::Track::new();
-    let raw = serde_saphyr::with_deserializer_from_str(yaml, |de| {
-        RawConfig::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
-    })
-    .map_err(|e| {
-        let path = track.path().to_string();
-        let field = if path == "." {
-            "(document)".into()
+    let raw: RawConfig = crate::yaml::from_str_limited(yaml, MAX_CONFIG_BYTES).map_err(|e| {
+        let field = if e.path == "." {
+            "(document)".to_string()
         } else {
-            path
+            e.path
         };
-        ConfigError::new(name, field, e.to_string())
+        ConfigError::new(name, field, e.reason)
     })?;
     validate(name, raw)
 }
@@ -1274,6 +1310,100 @@ sharing:
         assert_eq!(parse_memory(&Value::Number(512.into())), Ok(512));
         for bad in ["", "g", "10t", "-1g", "0"] {
             assert!(parse_memory(&Value::String(bad.into())).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn each_named_config_is_validated_on_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("default"), "version: v1\n").unwrap();
+        std::fs::write(dir.path().join("a-bad.yaml"), "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { count: 2, memory: 10g, cores: 130 } } ] }\n").unwrap();
+        std::fs::write(dir.path().join("broken"), "flags: [\n").unwrap();
+        std::fs::write(dir.path().join("mig"), "flags: { migStrategy: mixed }\n").unwrap();
+        let set = load(dir.path()).unwrap();
+        // The bad ones sort first and stop nothing.
+        assert_eq!(set.select(None).unwrap().name, "default");
+        assert_eq!(
+            set.select(Some("mig")).unwrap().mig_strategy,
+            MigStrategy::Mixed
+        );
+        let e = set.select(Some("a-bad")).unwrap_err();
+        assert_eq!(e.config, "a-bad");
+        assert_eq!(e.field, "tessera.gpus[0].vgpu.cores");
+        assert!(e.reason.contains("a-bad.yaml"), "the file is named: {e}");
+        let e = set.select(Some("broken")).unwrap_err();
+        assert!(
+            e.reason.contains("line ") && e.reason.contains("broken"),
+            "{e}"
+        );
+        let e = set.select(Some("nope")).unwrap_err();
+        assert!(
+            e.reason
+                .contains("known configs: a-bad, broken, default, mig"),
+            "{e}"
+        );
+    }
+
+    #[test]
+    fn a_config_that_is_not_yaml_config_is_not_echoed() {
+        let dir = tempfile::tempdir().unwrap();
+        let secret = dir.path().join("shadow");
+        std::fs::write(
+            &secret,
+            "root:$6$s3cr3tSalt$Zm9vYmFyaGFzaA:19000:0:99999:7:::\ndaemon:*:19000:0:99999:7:::\n",
+        )
+        .unwrap();
+        let link = dir.path().join("config.yaml");
+        std::os::unix::fs::symlink(&secret, &link).unwrap();
+        let set = load(&link).unwrap();
+        let e = set.select(None).unwrap_err().to_string();
+        assert!(
+            !e.contains("s3cr3t") && !e.contains("root") && !e.contains("daemon"),
+            "{e}"
+        );
+        assert!(e.contains("line 1") && e.contains("config.yaml"), "{e}");
+        // Binary content, and a file over the size limit, are not quoted either.
+        std::fs::write(&secret, [0xff, 0xfe, b's', b'e', b'c']).unwrap();
+        let e = load(&link).unwrap().select(None).unwrap_err().to_string();
+        assert!(e.contains("not UTF-8") && !e.contains("sec"), "{e}");
+        let big = format!("# {}\n", "s".repeat(MAX_CONFIG_BYTES as usize));
+        std::fs::write(&secret, big).unwrap();
+        let e = load(&link).unwrap().select(None).unwrap_err().to_string();
+        assert!(e.contains("limit") && !e.contains("sss"), "{e}");
+    }
+
+    #[test]
+    fn adversarial_configs_fail_fast_with_a_clear_error() {
+        let deep = format!("imex: {}{}\n", "[".repeat(200_000), "]".repeat(200_000));
+        let mut deep_block = String::from("imex:\n");
+        for i in 1..1000 {
+            deep_block.push_str(&format!("{}a:\n", " ".repeat(i)));
+        }
+        // Under `imex`, which takes anything (NVIDIA's field, ignored by Tessera).
+        let mut laughs = String::from(
+            "version: v1\nimex:\n  x0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol]\n",
+        );
+        for i in 1..10 {
+            let prev = format!("*a{}", i - 1);
+            laughs.push_str(&format!("  x{i}: &a{i} [{}]\n", vec![prev; 8].join(", ")));
+        }
+        let huge = format!("version: v1\n# {}\n", "x".repeat(2 << 20));
+        for (what, text, want) in [
+            ("deep", deep, "recursion limit"),
+            ("deep block", deep_block, "budget"),
+            ("laughs", laughs, "budget|limit"),
+            ("huge", huge, "limit"),
+        ] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            std::thread::spawn(move || {
+                let _ = tx.send(parse_config("evil", &text).map(|c| c.name));
+            });
+            let e = rx
+                .recv_timeout(std::time::Duration::from_secs(10))
+                .unwrap_or_else(|_| panic!("{what}: no answer in 10 s"))
+                .expect_err(what);
+            assert_eq!(e.config, "evil");
+            assert!(want.split('|').any(|w| e.reason.contains(w)), "{what}: {e}");
         }
     }
 
