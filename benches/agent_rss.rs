@@ -100,16 +100,18 @@ async fn registered(k: &Kubelet, n: usize) {
 /// connection of each resource (as the kubelet keeps one per plugin). MIG resources are
 /// listed but not allocated: their Allocate reads the driver's capability table
 /// (`/proc/driver/nvidia-caps`), which a machine without the NVIDIA driver lacks.
-async fn allocate(k: &Kubelet, n: usize) {
+async fn allocate(k: &Kubelet, n: usize) -> Vec<Duration> {
     let mut clients = Vec::new();
     for resource in k.resources().into_iter().filter(|r| !r.contains("/mig-")) {
         let devices = k.devices(&resource).await;
         clients.push((k.client(&resource).await, devices));
     }
     let count = clients.len();
+    let mut times = Vec::with_capacity(n);
     for i in 0..n {
         let (client, devices) = &mut clients[i % count];
         let id = devices[(i / 4) % devices.len()].id.clone();
+        let t = std::time::Instant::now();
         client
             .allocate(pb::AllocateRequest {
                 container_requests: vec![pb::ContainerAllocateRequest {
@@ -118,7 +120,9 @@ async fn allocate(k: &Kubelet, n: usize) {
             })
             .await
             .unwrap();
+        times.push(t.elapsed());
     }
+    times
 }
 
 struct Figures {
@@ -127,6 +131,8 @@ struct Figures {
     anon: u64,
     file: u64,
     threads: u64,
+    /// Median Allocate round trip (a cross-check that a memory change costs no speed).
+    allocate_p50: Duration,
 }
 
 async fn measure(config: &str, resources: usize, allocates: usize) -> Figures {
@@ -134,10 +140,11 @@ async fn measure(config: &str, resources: usize, allocates: usize) -> Figures {
     let mut kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
     let mut agent = spawn_agent(tmp.path(), config);
     registered(&kubelet, resources).await;
-    allocate(&kubelet, allocates).await;
+    let mut times = allocate(&kubelet, allocates).await;
     kubelet.restart().await;
     registered(&kubelet, resources).await;
-    allocate(&kubelet, allocates).await;
+    times.extend(allocate(&kubelet, allocates).await);
+    times.sort();
     tokio::time::sleep(Duration::from_millis(200)).await;
     let pid = agent.id();
     let figures = Figures {
@@ -146,6 +153,7 @@ async fn measure(config: &str, resources: usize, allocates: usize) -> Figures {
         anon: proc_kib(pid, "status", "RssAnon:"),
         file: proc_kib(pid, "status", "RssFile:"),
         threads: proc_kib(pid, "status", "Threads:"),
+        allocate_p50: times[times.len() / 2],
     };
     let _ = agent.kill();
     let _ = agent.wait();
@@ -163,20 +171,27 @@ async fn main() {
         .ok()
         .and_then(|v| v.parse().ok());
     println!(
-        "\n{:<34} {:>10} {:>10} {:>10} {:>10} {:>8}",
-        "LAYOUT (2 x allocates, 1 restart)", "PEAK", "RSS NOW", "ANON", "FILE", "THREADS"
+        "\n{:<34} {:>10} {:>10} {:>10} {:>10} {:>8} {:>12}",
+        "LAYOUT (2 x allocates, 1 restart)",
+        "PEAK",
+        "RSS NOW",
+        "ANON",
+        "FILE",
+        "THREADS",
+        "ALLOCATE p50"
     );
     let mut over = Vec::new();
     for (name, config, resources) in [("8 GPUs whole", WHOLE, 1), ("8 GPUs, 4 modes", MIXED_8, 4)] {
         let f = measure(config, resources, allocates).await;
         println!(
-            "{:<34} {:>6.1} MiB {:>6.1} MiB {:>6.1} MiB {:>6.1} MiB {:>8}",
+            "{:<34} {:>6.1} MiB {:>6.1} MiB {:>6.1} MiB {:>6.1} MiB {:>8} {:>9.0} µs",
             format!("{name} ({allocates})"),
             mib(f.hwm),
             mib(f.rss),
             mib(f.anon),
             mib(f.file),
-            f.threads
+            f.threads,
+            f.allocate_p50.as_secs_f64() * 1e6
         );
         if limit.is_some_and(|l| mib(f.hwm) > l) {
             over.push(name);
