@@ -4,6 +4,8 @@
 //! Hardening (`controller_webhook/hardening.rs`): slow clients, the connection cap, accept
 //! errors (injected, and a real EMFILE in a child process), the probes. The
 //! self-managed certificate against the API-server double (`controller_webhook/certs.rs`).
+//! Kueue's label honoured only with `--accept-kueue-labels`, by the controller too
+//! (`controller_webhook/kueue.rs`).
 
 mod support;
 
@@ -11,6 +13,8 @@ mod support;
 mod certs;
 #[path = "controller_webhook/hardening.rs"]
 mod hardening;
+#[path = "controller_webhook/kueue.rs"]
+mod kueue;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};

@@ -162,6 +162,7 @@ async fn run_async(args: Args) -> Result<()> {
         eviction_backoff_max: millis("eviction-backoff-max", &args.eviction_backoff_max)?,
         device_classes: file.device_classes,
         pods_ready: file.wait_for_pods_ready,
+        accept_kueue_labels: args.accept_kueue_labels,
     };
     let mut kube_config = kube::Config::infer()
         .await

@@ -249,9 +249,15 @@ impl Default for Cache {
 }
 
 impl Cache {
+    /// Stores for both queue labels (Tessera's and Kueue's).
     pub fn new() -> Cache {
+        Self::for_labels(&QUEUE_LABELS)
+    }
+
+    /// Stores whose pods and Jobs are those carrying one of `queue_labels`.
+    pub fn for_labels(queue_labels: &[&str]) -> Cache {
         let labelled = |ar: ApiResource| -> Vec<Store> {
-            QUEUE_LABELS
+            queue_labels
                 .iter()
                 .map(|l| Store::new(ar.clone(), Some(l.to_string()), false))
                 .collect()

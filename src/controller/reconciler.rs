@@ -78,6 +78,19 @@ pub struct Config {
     pub device_classes: BTreeMap<String, String>,
     /// Kueue's `waitForPodsReady` (off when `None`).
     pub pods_ready: Option<WaitForPodsReady>,
+    /// Kueue's `kueue.x-k8s.io/queue-name` also names a queue (`--accept-kueue-labels`;
+    /// off: objects carrying only Kueue's label are Kueue's and never read).
+    pub accept_kueue_labels: bool,
+}
+
+impl Config {
+    /// The labels naming a queue that this controller honours.
+    pub fn queue_labels(&self) -> &'static [&'static str] {
+        super::webhook::Options {
+            accept_kueue_labels: self.accept_kueue_labels,
+        }
+        .queue_labels()
+    }
 }
 
 impl Default for Config {
@@ -93,6 +106,7 @@ impl Default for Config {
             eviction_backoff_max: 300_000,
             device_classes: BTreeMap::new(),
             pods_ready: None,
+            accept_kueue_labels: false,
         }
     }
 }
@@ -967,7 +981,7 @@ pub async fn run(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let notify = Arc::new(Notify::new());
-    let cache = Arc::new(Cache::new());
+    let cache = Arc::new(Cache::for_labels(cfg.queue_labels()));
     cache.spawn_feeders(&client, notify.clone(), &shutdown);
     let mut elector = Elector::new(
         client.clone(),

@@ -9,7 +9,6 @@ use super::error::{Error, Result};
 use super::lease::Millis;
 use super::reconciler::Config;
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
-use crate::quota::scenario::QUEUE_LABELS;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
@@ -109,8 +108,8 @@ pub(super) fn queued_namespaces(local_queues: &[LocalQueue]) -> BTreeSet<String>
         .collect()
 }
 
-fn queue_selectors() -> [String; 2] {
-    QUEUE_LABELS.map(String::from)
+fn queue_selectors(cfg: &Config) -> Vec<String> {
+    cfg.queue_labels().iter().map(|l| l.to_string()).collect()
 }
 
 /// Lists `ar` once per label selector (cluster-wide), without duplicates.
@@ -243,7 +242,7 @@ pub async fn snapshot(
         .collect();
     let local_queues = typed::<LocalQueue>(list_values(client, &lq).await?, "LocalQueue", problems);
     let queued_ns = queued_namespaces(&local_queues);
-    let selectors = queue_selectors();
+    let selectors = queue_selectors(cfg);
     let pods = list_selected(client, &ApiResource::erase::<Pod>(&()), &selectors).await?;
     let jobs = list_selected(client, &ApiResource::erase::<Job>(&()), &selectors).await?;
     let none = BTreeSet::new();
