@@ -105,6 +105,20 @@ fn bad_input_is_a_clear_error_not_a_panic() {
             &["lots"][..],
         ),
         ("kind: [\n", &["document 1"][..]),
+        // Fields Tessera would ignore are refused by path, in its own kinds and in the
+        // Kubernetes ones (checked against the full API types).
+        (
+            "kind: ClusterQueue\nmetadata: {name: q}\nspec: {bogus: 1, resourceGroups: []}\n",
+            &["ClusterQueue \"q\"", "unknown field spec.bogus"][..],
+        ),
+        (
+            "apiVersion: batch/v1\nkind: Job\nmetadata: {name: j}\nspec:\n  paralelism: 2\n  template: {spec: {containers: [{name: c, image: x}]}}\n",
+            &["Job \"j\"", "unknown field spec.paralelism"][..],
+        ),
+        (
+            "kind: LocalQueue\nmetadata: {name: l, namespace: n, labels: {a: b}, bogus: 1}\nspec: {clusterQueue: q}\n",
+            &["unknown field metadata.bogus"][..],
+        ),
     ];
     for (i, (yaml, want)) in cases.iter().enumerate() {
         let path = dir.path().join(format!("bad-{i}.yaml"));

@@ -33,10 +33,18 @@ pub struct Args {
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
+    let limit = tessera::quota::scenario::MAX_PLAN_BYTES;
     let text = if args.file.as_os_str() == "-" {
-        std::io::read_to_string(std::io::stdin()).context("reading the scenario from stdin")?
+        use std::io::Read;
+        let mut text = String::new();
+        std::io::stdin()
+            .take(limit + 1)
+            .read_to_string(&mut text)
+            .context("reading the scenario from stdin")?;
+        tessera::yaml::check_size(text.len(), limit).context("the scenario on stdin")?;
+        text
     } else {
-        std::fs::read_to_string(&args.file)
+        tessera::yaml::read_bounded(&args.file, limit)
             .with_context(|| format!("reading scenario {}", args.file.display()))?
     };
     let until = args

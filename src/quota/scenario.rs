@@ -213,6 +213,68 @@ fn doc_lines(text: &str) -> Vec<usize> {
     starts
 }
 
+/// The first field of a plan document that reading it would silently ignore (`spec.bogus`),
+/// if any. Tessera's own kinds are checked against the types they are read into; the
+/// Kubernetes kinds, of which Tessera reads a subset, against the full API types of
+/// `k8s-openapi` (so `spec.template.spec.containers[0].image` is fine, `spec.paralelism`
+/// is not).
+fn unknown_field<T: for<'de> Deserialize<'de>>(
+    v: &serde_json::Value,
+    kind: &str,
+) -> Option<String> {
+    use k8s_openapi::api::{apps, batch, core, resource};
+    fn ignored<U: for<'de> Deserialize<'de>>(v: &serde_json::Value) -> Vec<String> {
+        let mut paths = Vec::new();
+        let parsed: std::result::Result<U, _> =
+            serde_ignored::deserialize(v, |p| paths.push(render(&p)));
+        // A document the full type cannot read is reported by Tessera's own reading.
+        if parsed.is_err() {
+            paths.clear();
+        }
+        paths
+    }
+    /// `spec.containers[0].x`: map keys joined by dots, indices in brackets, `Option`
+    /// and newtype layers left out.
+    fn render(path: &serde_ignored::Path) -> String {
+        use serde_ignored::Path;
+        match path {
+            Path::Root => String::new(),
+            Path::Seq { parent, index } => format!("{}[{index}]", render(parent)),
+            Path::Map { parent, key } => match render(parent) {
+                p if p.is_empty() => key.clone(),
+                p => format!("{p}.{key}"),
+            },
+            Path::Some { parent }
+            | Path::NewtypeStruct { parent }
+            | Path::NewtypeVariant { parent } => render(parent),
+        }
+    }
+    let api_version = v.get("apiVersion").and_then(|a| a.as_str()).unwrap_or("");
+    let paths = match (kind, api_version) {
+        ("Job", _) => ignored::<batch::v1::Job>(v),
+        ("Pod", _) => ignored::<core::v1::Pod>(v),
+        ("Deployment", _) => ignored::<apps::v1::Deployment>(v),
+        ("StatefulSet", _) => ignored::<apps::v1::StatefulSet>(v),
+        ("ResourceClaimTemplate", "resource.k8s.io/v1") => {
+            ignored::<resource::v1::ResourceClaimTemplate>(v)
+        }
+        ("ResourceClaimTemplate", "resource.k8s.io/v1beta2") => {
+            ignored::<resource::v1beta2::ResourceClaimTemplate>(v)
+        }
+        ("ResourceClaimTemplate", "resource.k8s.io/v1beta1") => {
+            ignored::<resource::v1beta1::ResourceClaimTemplate>(v)
+        }
+        ("ResourceClaimTemplate", _) => Vec::new(),
+        _ => ignored::<T>(v),
+    };
+    // Every document has these; the creation time is read on its own.
+    const READ_ELSEWHERE: [&str; 3] = ["apiVersion", "kind", "metadata.creationTimestamp"];
+    paths
+        .into_iter()
+        .find(|p| !READ_ELSEWHERE.contains(&p.as_str()))
+        .map(|p| crate::yaml::safe_path(&p))
+}
+
 impl Scenario {
     /// Parses a scenario file. Errors name the document, its line and the field.
     pub fn parse(text: &str) -> Result<Scenario> {
@@ -255,7 +317,18 @@ impl Scenario {
                     .and_then(|n| n.as_str())
                     .unwrap_or("")
                     .to_string();
-                serde_json::from_value(v).map_err(|e| err(format!("{kind} {name:?}: {e}")))
+                if let Some(field) = unknown_field::<T>(&v, kind) {
+                    return Err(err(format!(
+                        "{kind} {name:?}: unknown field {field} (it would be ignored)"
+                    )));
+                }
+                serde_path_to_error::deserialize(v).map_err(|e| {
+                    err(format!(
+                        "{kind} {name:?}: {}: {}",
+                        crate::yaml::safe_path(&e.path().to_string()),
+                        e.inner()
+                    ))
+                })
             }
             let at = value
                 .get("metadata")
