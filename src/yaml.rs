@@ -54,10 +54,7 @@ impl YamlError {
     fn from_parser(path: impl Into<String>, e: &serde_saphyr::Error) -> Self {
         Self {
             path: path.into(),
-            line: e
-                .location()
-                .map(|l| l.line() as usize)
-                .filter(|&l| l > 0),
+            line: e.location().map(|l| l.line() as usize).filter(|&l| l > 0),
             reason: safe_message(e),
         }
     }
@@ -72,7 +69,9 @@ pub fn options() -> serde_saphyr::Options {
 pub fn options_for(limit: u64) -> serde_saphyr::Options {
     let mut budget = serde_saphyr::Budget::default();
     budget.max_depth = MAX_DEPTH;
-    budget.max_nodes = usize::try_from(limit / 4).unwrap_or(usize::MAX).max(MAX_NODES);
+    budget.max_nodes = usize::try_from(limit / 4)
+        .unwrap_or(usize::MAX)
+        .max(MAX_NODES);
     budget.max_aliases = MAX_ALIASES;
     budget.max_total_scalar_bytes = usize::try_from(limit).unwrap_or(usize::MAX);
     let mut options = serde_saphyr::Options::default();

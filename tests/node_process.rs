@@ -88,15 +88,87 @@ fn bad_flags_give_a_clear_error_not_a_panic() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("unknown GPU model \"Q900\""), "{err}");
     assert!(!err.contains("panicked"), "{err}");
+}
 
-    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["node", "--gpu-backend", "nvml"])
-        .output()
+/// `GET path` on 127.0.0.1:`port`: the status code and the body (`None` while nothing
+/// listens).
+async fn get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    let status = out.get(9..12)?.parse().ok()?;
+    Some((status, out.split("\r\n\r\n").nth(1)?.to_string()))
+}
+
+/// With the NVML backend on a node without the NVIDIA driver (the library is absent), the
+/// agent does not crash-loop: it stays up, advertises nothing, answers `/livez` and
+/// `/readyz` ("no GPU on this node"), and exits 0 on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn nvml_without_a_driver_idles_and_exits_cleanly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet_dir = tmp.path().join("kubelet");
+    let kubelet = Kubelet::start(&kubelet_dir.join("device-plugins")).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["node", "--gpu-backend", "nvml", "--standalone"])
+        .arg("--nvml-lib")
+        .arg(tmp.path().join("absent/libnvidia-ml.so.1"))
+        .arg("--metrics-addr")
+        .arg(format!("127.0.0.1:{port}"))
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
+        .arg("--cdi-root")
+        .arg(tmp.path().join("cdi"))
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .env("RUST_LOG", "info")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
         .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(err.contains("NVML"), "{err}");
-    assert!(!err.contains("panicked"), "{err}");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let ready = loop {
+        if let Some((200, body)) = get(port, "/readyz").await {
+            break body;
+        }
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the agent exited ({status}) instead of idling");
+        }
+        assert!(Instant::now() < deadline, "no /readyz answer");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(ready.contains("no GPU on this node"), "{ready}");
+    assert_eq!(get(port, "/livez").await.map(|r| r.0), Some(200));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        child.try_wait().unwrap().is_none(),
+        "the agent must keep running"
+    );
+    assert!(kubelet.resources().is_empty(), "nothing is advertised");
+
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < deadline, "agent did not exit on SIGTERM");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+    let mut log = String::new();
+    std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut log).unwrap();
+    assert!(log.contains("no NVIDIA driver on this node"), "{log}");
+    assert!(!log.contains("panicked"), "{log}");
 }
 
 #[test]

@@ -124,7 +124,8 @@ pub struct LogRecorder;
 
 impl EventRecorder for LogRecorder {
     fn config_rejected(&self, message: &str) {
-        error!(%message, "config rejected; the last good config stays in force");
+        // The agent logs what follows (last good config kept, or not ready).
+        debug!(%message, "config rejected");
     }
 }
 
@@ -315,6 +316,7 @@ struct Agent {
 impl Agent {
     /// Load, validate and apply the config; on any error keep the last good one.
     async fn reload(&mut self) {
+        let probes = self.opts.metrics.probes.clone();
         let outcome = match self.try_reload().await {
             Ok(true) => "applied",
             Ok(false) => {
@@ -323,10 +325,27 @@ impl Agent {
             }
             Err(e) => {
                 self.retry_if_driver_error(&e);
-                self.recorder.config_rejected(&e.to_string());
+                let message = e.to_string();
+                match &self.current {
+                    Some(good) => error!(%message, config = %good.name,
+                        "config rejected; the last good config stays in force"),
+                    None => {
+                        error!(%message, "config rejected and no good config in force: \
+                               not ready, nothing advertised until a good config arrives");
+                        probes.config_missing(&message);
+                    }
+                }
+                self.recorder.config_rejected(&message);
                 "rejected"
             }
         };
+        if let Some(good) = &self.current {
+            probes.config_applied(&good.name);
+        }
+        if let Ok(inventory) = self.backend.inventory() {
+            probes.gpus(inventory.gpus.len());
+        }
+        probes.beat();
         if outcome != "rejected" {
             self.driver_retry.succeeded();
         }
@@ -504,9 +523,20 @@ impl Agent {
 
     async fn try_reload(&mut self) -> Result<bool> {
         let config = match &self.opts.config_path {
-            Some(path) => config::load(path)?
-                .select(self.opts.config_name.as_deref())?
-                .clone(),
+            Some(path) => {
+                // Reading and parsing (bounded, see `partition::config::load`) happen off
+                // the runtime; only this node's config matters, the others' errors do not.
+                let path = path.clone();
+                let name = self.opts.config_name.clone();
+                tokio::task::spawn_blocking(move || {
+                    config::load(&path)?.select(name.as_deref()).cloned()
+                })
+                .await
+                .map_err(|e| Error::Watch {
+                    path: "config loader".into(),
+                    reason: e.to_string(),
+                })??
+            }
             None => NodeConfig::builtin_default(),
         };
         self.apply(config).await
@@ -1157,6 +1187,8 @@ pub async fn run_with(
         .collect();
     let mut retry = tokio::time::interval(Duration::from_secs(10));
     retry.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    // `/livez`: the loop beats while it runs.
+    let mut beat = tokio::time::interval(crate::metrics::probes::BEAT_EVERY);
 
     let (health_tx, mut health_rx) = mpsc::unbounded_channel();
     // Restarted with backoff when it ends or cannot start; devices stay advertised.
@@ -1178,7 +1210,7 @@ pub async fn run_with(
 
     let (file_tx, mut file_rx) = mpsc::unbounded_channel();
     let _watcher = match &opts.config_path {
-        Some(path) => Some(watch_dir(&config_dir(path), file_tx)?),
+        Some(path) => Some(watch_config(path, file_tx)?),
         None => None,
     };
 
@@ -1200,6 +1232,7 @@ pub async fn run_with(
         agent.follow_slices_while_withdrawing();
         tokio::select! {
             _ = cancel.cancelled() => break,
+            _ = beat.tick() => agent.opts.metrics.probes.beat(),
             Some(event) = health_rx.recv() => agent.on_health(event),
             Some(()) = file_rx.recv() => {
                 // Editors and the kubelet's ConfigMap updates write in several steps.
@@ -1309,6 +1342,51 @@ fn config_dir(path: &std::path::Path) -> PathBuf {
             .unwrap_or(std::path::Path::new("."))
             .to_path_buf()
     }
+}
+
+/// Send `()` when the config at `path` may have changed: a write, rename or removal of
+/// the file itself, or of a config file in the directory of named configs (dotfiles
+/// aside), or the `..data` symlink swap by which the kubelet updates a mounted ConfigMap.
+/// Writes to anything else in the folder (a log file beside `--config`, an editor's swap
+/// file, the ConfigMap's timestamped directories) are ignored.
+fn watch_config(
+    path: &std::path::Path,
+    tx: mpsc::UnboundedSender<()>,
+) -> Result<notify::RecommendedWatcher> {
+    let is_dir = path.is_dir();
+    let file_name = path.file_name().map(|n| n.to_os_string());
+    let relevant = move |p: &std::path::Path| {
+        let Some(name) = p.file_name() else {
+            return false;
+        };
+        if name == "..data" {
+            return true;
+        }
+        if is_dir {
+            // The watch is not recursive: every path is in the directory.
+            !name.to_string_lossy().starts_with('.')
+        } else {
+            Some(name) == file_name.as_deref()
+        }
+    };
+    let werr = |e: notify::Error| Error::Watch {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    };
+    let mut watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+        if let Ok(e) = event {
+            if !matches!(e.kind, notify::EventKind::Access(_))
+                && e.paths.iter().any(|p| relevant(p))
+            {
+                let _ = tx.send(());
+            }
+        }
+    })
+    .map_err(werr)?;
+    watcher
+        .watch(&config_dir(path), RecursiveMode::NonRecursive)
+        .map_err(werr)?;
+    Ok(watcher)
 }
 
 /// Send `()` on every change in `dir` (not recursive; reads are ignored).

@@ -121,6 +121,9 @@ pub struct Args {
     /// This boot's ID; a change means the node rebooted (claims are prepared again).
     #[arg(long, default_value = "/proc/sys/kernel/random/boot_id")]
     pub boot_id_file: PathBuf,
+    /// The NVML library to load (default: `libnvidia-ml.so.1` on the library path).
+    #[arg(long, env = "TESSERA_NVML_LIB", hide = true)]
+    pub nvml_lib: Option<PathBuf>,
 }
 
 /// `--dra-counters`.
@@ -180,9 +183,45 @@ fn backend(args: &Args) -> Result<Arc<dyn GpuBackend>> {
             tessera::gpu::fake::FakeBackend::from_arg(&args.fake_gpus).context("--fake-gpus")?,
         ),
         Backend::Nvml => {
-            Arc::new(tessera::gpu::nvml::NvmlBackend::new(None).context("--gpu-backend nvml")?)
+            match tessera::gpu::nvml::NvmlBackend::new(
+                args.nvml_lib.as_deref().map(|p| p.as_os_str()),
+            ) {
+                Ok(nvml) => Arc::new(nvml),
+                // A node without the NVIDIA driver (the DaemonSet does not need NVIDIA's
+                // feature discovery to pick GPU nodes): idle rather than crash-loop.
+                Err(e @ tessera::gpu::Error::NvmlUnavailable(_)) => {
+                    tracing::warn!(error = %e, "no NVIDIA driver on this node: idling, nothing advertised (/readyz: no GPU on this node)");
+                    Arc::new(NoGpu)
+                }
+                Err(e) => return Err(e).context("--gpu-backend nvml"),
+            }
         }
     })
+}
+
+/// The backend of a node without the NVIDIA driver: no GPU, no health events.
+struct NoGpu;
+
+impl GpuBackend for NoGpu {
+    fn name(&self) -> &'static str {
+        "none"
+    }
+
+    fn inventory(&self) -> tessera::gpu::Result<tessera::gpu::Inventory> {
+        Ok(tessera::gpu::Inventory::default())
+    }
+
+    fn watch_health(&self, _tx: tessera::gpu::HealthSender) -> tessera::gpu::Result<()> {
+        Ok(())
+    }
+
+    fn apply_mig_layout(
+        &self,
+        gpu_uuid: &str,
+        _layout: &[(String, u8)],
+    ) -> tessera::gpu::Result<Vec<tessera::gpu::MigDeviceInfo>> {
+        Err(tessera::gpu::Error::UnknownGpu(gpu_uuid.to_string()))
+    }
 }
 
 /// The kubelet paths to run (`--device-plugin`, `--dra`, `--dra-gpus`).

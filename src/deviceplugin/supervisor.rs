@@ -67,6 +67,9 @@ pub async fn run(
     let initial = snapshots.borrow_and_update().resource_names();
     reconcile(&cfg, &snapshots, &mut running, &initial, false).await;
     loop {
+        // For `/readyz`: how many servers the kubelet has accepted.
+        let registered = running.values().filter(|r| r.registered).count();
+        cfg.metrics.probes.plugins(registered, running.len());
         let needs_retry = running.values().any(|r| !r.registered);
         let retry = tokio::time::sleep(if needs_retry {
             backoff
@@ -98,6 +101,7 @@ pub async fn run(
             }
         }
     }
+    cfg.metrics.probes.plugins_stopped();
     for (_, r) in std::mem::take(&mut running) {
         stop(r).await;
     }

@@ -10,6 +10,10 @@
 //! | `tessera_config_reloads_total` | outcome | applied / rejected / unchanged |
 //! | `tessera_cdi_spec_repairs_total` | | CDI spec rewritten after a check found it wrong |
 //! | `tessera_health_watch_restarts_total` | | GPU health watch lost and restarted |
+//!
+//! The same listener serves the probes `GET /livez` and `GET /readyz` ([`probes`]).
+
+pub mod probes;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -53,6 +57,8 @@ pub struct OutcomeLabels {
 #[derive(Debug)]
 pub struct NodeMetrics {
     registry: Registry,
+    /// What `/livez` and `/readyz` answer.
+    pub probes: Arc<probes::Probes>,
     pub devices: Family<DeviceLabels, Gauge>,
     pub allocations: Family<ResourceLabels, Counter>,
     pub allocation_errors: Family<ErrorLabels, Counter>,
@@ -135,6 +141,7 @@ impl NodeMetrics {
         );
         Self {
             registry,
+            probes: Arc::default(),
             devices,
             allocations,
             allocation_errors,
@@ -164,7 +171,7 @@ impl NodeMetrics {
     }
 }
 
-/// Serve `GET /metrics` on `listener` until `cancel`.
+/// Serve `GET /metrics`, `GET /livez` and `GET /readyz` on `listener` until `cancel`.
 pub async fn serve(
     listener: tokio::net::TcpListener,
     metrics: Arc<NodeMetrics>,
@@ -189,7 +196,21 @@ pub async fn serve(
                 hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
                     let metrics = metrics.clone();
                     async move {
-                        let resp = if req.uri().path() == "/metrics" {
+                        let probe = match req.uri().path() {
+                            "/livez" => Some(metrics.probes.live()),
+                            "/readyz" => Some(metrics.probes.ready()),
+                            _ => None,
+                        };
+                        let resp = if let Some(answer) = probe {
+                            let (status, line) = match answer {
+                                Ok(line) => (StatusCode::OK, line),
+                                Err(line) => (StatusCode::SERVICE_UNAVAILABLE, line),
+                            };
+                            Response::builder()
+                                .status(status)
+                                .header("content-type", "text/plain; charset=utf-8")
+                                .body(Full::new(bytes::Bytes::from(format!("{line}\n"))))
+                        } else if req.uri().path() == "/metrics" {
                             Response::builder()
                                 .header(
                                     "content-type",
@@ -199,7 +220,9 @@ pub async fn serve(
                         } else {
                             Response::builder()
                                 .status(StatusCode::NOT_FOUND)
-                                .body(Full::new(bytes::Bytes::from_static(b"see /metrics\n")))
+                                .body(Full::new(bytes::Bytes::from_static(
+                                    b"see /metrics, /livez, /readyz\n",
+                                )))
                         };
                         resp.map_err(std::io::Error::other)
                     }
