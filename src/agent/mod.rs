@@ -38,7 +38,9 @@
 //! rejected as a whole: the error (naming the field) is logged and recorded, and the last
 //! good config stays in force. If the very first config is bad, nothing is advertised
 //! until a good one arrives (advertising a default instead could hand out whole GPUs the
-//! operator meant to partition).
+//! operator meant to partition), and `/readyz` answers 503 saying why
+//! ([`crate::metrics::probes`]). Only this node's named config is read into force: other
+//! configs' errors do not touch it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
