@@ -69,7 +69,8 @@ pub struct Limits {
     pub connection_wait: Duration,
     /// Largest request body (413 beyond).
     pub max_body: usize,
-    /// Bytes of request bodies being read at once, all connections together (503 beyond).
+    /// Bytes of request bodies being read or decoded at once, all connections together
+    /// (503 beyond): held from the body's first byte to the answer.
     pub max_body_in_flight: usize,
     /// Accepting that keeps failing this long fails the liveness probe.
     pub accept_failure_grace: Duration,
@@ -87,7 +88,7 @@ impl Default for Limits {
             max_connections: 128,
             connection_wait: Duration::from_secs(1),
             max_body: MAX_BODY,
-            max_body_in_flight: 64 << 20,
+            max_body_in_flight: 32 << 20,
             accept_failure_grace: Duration::from_secs(60),
         }
     }
