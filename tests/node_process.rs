@@ -314,3 +314,38 @@ async fn dra_gpus_flag_overrides_the_config_and_driver_root_maps_host_paths() {
     assert!(!log().contains("panicked"), "{}", log());
     support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
 }
+
+/// `tessera layout` on a directory of named configs: one bad config does not stop the
+/// chosen one from laying out; it is reported as a warning.
+#[test]
+fn layout_command_lays_out_a_config_beside_a_bad_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    std::fs::write(tmp.path().join("default"), "version: v1\n").unwrap();
+    std::fs::write(
+        tmp.path().join("broken"),
+        "tessera: { gpus: [ { mode: nope } ] }\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["layout", "--fake-gpus", "2xA100-80GB", "--config"])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("config \"broken\" is rejected"), "{err}");
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "layout",
+            "--fake-gpus",
+            "2xA100-80GB",
+            "--config-name",
+            "broken",
+            "--config",
+        ])
+        .arg(tmp.path())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("config \"broken\""));
+}

@@ -46,9 +46,18 @@ pub fn run(args: Args) -> Result<()> {
         FakeBackend::from_arg(&args.fake_gpus).context("--fake-gpus")?
     };
     let config = match &args.config {
-        Some(path) => config::load(path)?
-            .select(args.config_name.as_deref())?
-            .clone(),
+        Some(path) => {
+            let set = config::load(path)?;
+            let chosen = args
+                .config_name
+                .as_deref()
+                .unwrap_or(config::DEFAULT_CONFIG_NAME);
+            // The other configs' errors do not stop this one; they are still worth seeing.
+            for (name, e) in set.rejected.iter().filter(|(name, _)| *name != chosen) {
+                eprintln!("warning: config {name:?} is rejected (nodes using it keep their last good config): {e}");
+            }
+            set.select(args.config_name.as_deref())?.clone()
+        }
         None => NodeConfig::builtin_default(),
     };
     let (inventory, plan, ad) = agent::build(&backend, &config)
