@@ -20,14 +20,14 @@
 
 use std::fs::{File, OpenOptions};
 use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 
 /// How a file is replaced: its mode and what is synced. [`Replace::durable`] is what a
 /// write must use unless losing it in a power loss is harmless.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Replace {
-    /// Permission bits of the new file (before the umask).
+    /// Permission bits of the new file (set exactly: the umask does not apply).
     pub mode: u32,
     /// `fsync` the new file before the rename.
     pub sync_file: bool,
@@ -75,6 +75,9 @@ impl Replace {
                     .open(p)
             })?;
         // On any error below the temporary file is removed when `tmp` drops.
+        // The exact mode, whatever the umask.
+        tmp.as_file()
+            .set_permissions(std::fs::Permissions::from_mode(mode))?;
         fill(tmp.as_file_mut())?;
         if self.sync_file {
             tmp.as_file().sync_all()?;
@@ -163,7 +166,6 @@ fn split(path: &Path) -> std::io::Result<(PathBuf, &str, Option<&str>)> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::os::unix::fs::PermissionsExt;
 
     fn names(dir: &Path) -> Vec<String> {
         let mut v: Vec<_> = std::fs::read_dir(dir)
@@ -183,7 +185,10 @@ mod tests {
         assert_eq!(std::fs::read(&path).unwrap(), b"two");
         assert_eq!(names(&dir.path().join("sub")), vec!["spec.json"]);
         let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
-        assert_eq!(mode & !0o022, 0o644 & !0o022, "mode {mode:o}");
+        assert_eq!(mode, 0o644, "mode {mode:o}");
+        Replace::durable(0o600).write(&path, b"three").unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "mode {mode:o}");
     }
 
     #[test]

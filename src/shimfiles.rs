@@ -21,9 +21,9 @@
 //! (`claim-<uid>`) by NodeUnprepareResources.
 
 use std::collections::BTreeSet;
-use std::fs::{File, OpenOptions};
-use std::io::{Read, Write};
-use std::os::unix::fs::{MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::fs::File;
+use std::io::Read;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -103,49 +103,16 @@ pub fn sha256_file(path: &Path) -> Result<String> {
     Ok(hex(ctx.finish().as_ref()))
 }
 
-/// Write `bytes` to `dir/name` atomically: a new temporary file (`O_EXCL | O_NOFOLLOW`,
-/// unique name) in `dir`, mode set with `fchmod` (umask does not apply), fsynced, renamed
-/// over the target, directory fsynced.
+/// Write `bytes` to `dir/name` atomically with [`crate::fsio::Replace`] (the one helper
+/// for files the agent writes as root): a new temporary file (`O_EXCL | O_NOFOLLOW`,
+/// unique name) in `dir`, mode set exactly (umask does not apply), fsynced, renamed over
+/// the target, directory fsynced.
 pub fn write_atomic(dir: &Path, name: &str, bytes: &[u8], mode: u32) -> Result<()> {
     let target = dir.join(name);
-    let nanos = SystemTime::now()
-        .duration_since(SystemTime::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    let mut last = None;
-    for attempt in 0..16u32 {
-        let tmp = dir.join(format!(
-            ".{name}.{}.{nanos:x}.{attempt}.tmp",
-            std::process::id()
-        ));
-        let opened = OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .custom_flags(nix::libc::O_NOFOLLOW | nix::libc::O_CLOEXEC)
-            .mode(0o600)
-            .open(&tmp);
-        let mut file = match opened {
-            Ok(f) => f,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {
-                last = Some(e);
-                continue;
-            }
-            Err(e) => return Err(io(&tmp)(e)),
-        };
-        let written = file
-            .write_all(bytes)
-            .and_then(|()| file.set_permissions(std::fs::Permissions::from_mode(mode)))
-            .and_then(|()| file.sync_all())
-            .and_then(|()| std::fs::rename(&tmp, &target));
-        if let Err(e) = written {
-            let _ = std::fs::remove_file(&tmp);
-            return Err(io(&target)(e));
-        }
-        return File::open(dir).and_then(|d| d.sync_all()).map_err(io(dir));
-    }
-    Err(io(&target)(last.unwrap_or_else(|| {
-        std::io::Error::other("no free temporary name")
-    })))
+    crate::fsio::Replace::durable(mode)
+        .write(&target, bytes)
+        .map(drop)
+        .map_err(io(&target))
 }
 
 /// What identifies the installed file without reading it again.
