@@ -94,12 +94,7 @@ fn example_claims_use_shipped_classes_and_published_devices() {
     let class_names: Vec<String> = serde_saphyr::from_multiple::<serde_json::Value>(&classes)
         .unwrap()
         .into_iter()
-        .map(|d| {
-            d["metadata"]["name"]
-                .as_str()
-                .unwrap()
-                .to_string()
-        })
+        .map(|d| d["metadata"]["name"].as_str().unwrap().to_string())
         .collect();
     let inv = FakeBackend::from_spec("3xA100-80GB")
         .unwrap()
@@ -135,11 +130,7 @@ fn example_claims_use_shipped_classes_and_published_devices() {
                     path.display()
                 );
                 kinds.insert(class.to_string());
-                for sel in r["exactly"]["selectors"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                {
+                for sel in r["exactly"]["selectors"].as_array().into_iter().flatten() {
                     let expr = sel["cel"]["expression"].as_str().unwrap();
                     if let Some(profile) = expr.split("profile == \"").nth(1) {
                         let profile = profile.split('"').next().unwrap();
@@ -331,7 +322,8 @@ fn no_dra_component_undoes_the_dra_parts() {
     let mut deleted = std::collections::BTreeSet::new();
     let mut dra_off = false;
     for p in c["patches"].as_array().unwrap() {
-        let patch: serde_json::Value = serde_saphyr::from_str(p["patch"].as_str().unwrap()).unwrap();
+        let patch: serde_json::Value =
+            serde_saphyr::from_str(p["patch"].as_str().unwrap()).unwrap();
         match patch["kind"].as_str() {
             Some("DeviceClass") => {
                 assert_eq!(patch["$patch"], "delete");
@@ -349,4 +341,490 @@ fn no_dra_component_undoes_the_dra_parts() {
     }
     assert_eq!(deleted, classes);
     assert!(dra_off);
+}
+
+/// Every Kubernetes object under `daemonset/` that `kubectl apply -k` can install: the
+/// base's files and the patches of each component (examples excluded).
+fn installed_docs() -> Vec<(String, serde_json::Value)> {
+    let mut out = Vec::new();
+    let mut dirs = vec![std::path::PathBuf::from("daemonset")];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                if !path.ends_with("examples") {
+                    dirs.push(path);
+                }
+                continue;
+            }
+            if path.extension().and_then(|e| e.to_str()) != Some("yaml") {
+                continue;
+            }
+            let name = path.display().to_string();
+            for doc in yaml_docs(&name) {
+                if doc["kind"] == "Component" {
+                    for p in doc["patches"].as_array().into_iter().flatten() {
+                        if let Ok(v) = serde_saphyr::from_str::<serde_json::Value>(
+                            p["patch"].as_str().unwrap_or(""),
+                        ) {
+                            out.push((format!("{name} (patch)"), v));
+                        }
+                    }
+                }
+                out.push((name.clone(), doc));
+            }
+        }
+    }
+    out
+}
+
+/// Every `image:` anywhere in `v`.
+fn images(v: &serde_json::Value, out: &mut Vec<String>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                if k.as_str() == "image" {
+                    out.push(x.as_str().unwrap_or("<not a string>").to_string());
+                } else {
+                    images(x, out);
+                }
+            }
+        }
+        serde_json::Value::Array(s) => s.iter().for_each(|x| images(x, out)),
+        _ => {}
+    }
+}
+
+/// One image name, pinned to this release's version, everywhere (no `latest`, no
+/// second repository).
+#[test]
+fn one_pinned_image_everywhere() {
+    let want = format!("ghcr.io/tessera-io/tessera:{}", env!("CARGO_PKG_VERSION"));
+    let mut found = Vec::new();
+    for (file, doc) in installed_docs() {
+        let mut here = Vec::new();
+        images(&doc, &mut here);
+        for image in here {
+            assert_eq!(image, want, "{file}");
+            found.push(file.clone());
+        }
+    }
+    assert!(
+        found.iter().any(|f| f.ends_with("node/daemonset.yaml"))
+            && found
+                .iter()
+                .any(|f| f.ends_with("controller/deployment.yaml")),
+        "both workloads name the image: {found:?}"
+    );
+    // hack/build-image.sh tags what it builds with the same name and version.
+    let script = std::fs::read_to_string("hack/build-image.sh").unwrap();
+    assert!(script.contains("ghcr.io/tessera-io/tessera:$version"));
+    let containerfile = std::fs::read_to_string("daemonset/image/Containerfile").unwrap();
+    assert!(containerfile.contains("ENTRYPOINT [\"/usr/bin/tessera\"]"));
+    assert!(script.contains("/usr/lib/tessera/libtessera_cuda.so"));
+}
+
+fn container<'a>(doc: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    doc["spec"]["template"]["spec"]["containers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == name)
+        .unwrap_or_else(|| panic!("no container {name}"))
+}
+
+/// The container port a probe's named or numbered port stands for.
+fn probe_port(c: &serde_json::Value, probe: &str, path: &str) -> u64 {
+    let get = &c[probe]["httpGet"];
+    assert_eq!(get["path"], path, "{probe}");
+    assert!(
+        get["scheme"].is_null() || get["scheme"] == "HTTP",
+        "{probe}: plain HTTP"
+    );
+    match &get["port"] {
+        serde_json::Value::Number(n) => n.as_u64().unwrap(),
+        serde_json::Value::String(name) => c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|p| p["name"].as_str() == Some(name))
+            .and_then(|p| p["containerPort"].as_u64())
+            .unwrap_or_else(|| panic!("{probe}: no port named {name}")),
+        other => panic!("{probe}: port {other:?}"),
+    }
+}
+
+/// The agent is probed on its metrics port (/livez, /readyz), which its args serve; the
+/// controller on the plain-HTTP probe port its `--probe-addr` opens.
+#[test]
+fn agent_and_controller_have_probes_on_the_ports_they_serve() {
+    let ds = &yaml_docs("daemonset/node/daemonset.yaml")[0];
+    let agent = container(ds, "agent");
+    let args: Vec<&str> = agent["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    let metrics = args
+        .iter()
+        .position(|a| *a == "--metrics-addr")
+        .map(|i| args[i + 1])
+        .unwrap();
+    for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/readyz")] {
+        let port = probe_port(agent, probe, path);
+        assert_eq!(metrics, format!("0.0.0.0:{port}"));
+    }
+    let dep = yaml_docs("daemonset/controller/deployment.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
+    let ctl = container(&dep, "controller");
+    let args: Vec<&str> = ctl["args"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| a.as_str().unwrap())
+        .collect();
+    for (probe, path) in [("livenessProbe", "/livez"), ("readinessProbe", "/readyz")] {
+        let port = probe_port(ctl, probe, path);
+        assert!(
+            args.contains(&format!("--probe-addr=0.0.0.0:{port}").as_str()),
+            "{args:?}"
+        );
+    }
+}
+
+/// The flags the manifests pass are flags of the binary (a renamed flag would crash-loop
+/// the pod).
+#[test]
+fn manifest_args_are_flags_of_the_binary() {
+    let dep = yaml_docs("daemonset/controller/deployment.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
+    let ds = &yaml_docs("daemonset/node/daemonset.yaml")[0];
+    for c in [container(ds, "agent"), container(&dep, "controller")] {
+        let args: Vec<&str> = c["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let help = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+            .args([args[0], "--help"])
+            .output()
+            .unwrap();
+        let help = String::from_utf8_lossy(&help.stdout);
+        for flag in args.iter().filter(|a| a.starts_with("--")) {
+            let name = flag.split('=').next().unwrap();
+            assert!(
+                help.contains(&format!("{name} ")) || help.contains(&format!("{name}\n")),
+                "`tessera {}` has no flag {name}",
+                args[0]
+            );
+        }
+    }
+}
+
+/// The controller: seccomp RuntimeDefault, non-root, two replicas kept apart and kept up
+/// by a PodDisruptionBudget that selects exactly its pods.
+#[test]
+fn controller_is_hardened_spread_and_budgeted() {
+    let dep = yaml_docs("daemonset/controller/deployment.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
+    let pod = &dep["spec"]["template"]["spec"];
+    assert_eq!(
+        pod["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    assert_eq!(pod["securityContext"]["runAsNonRoot"], true);
+    let c = container(&dep, "controller");
+    assert_eq!(c["securityContext"]["allowPrivilegeEscalation"], false);
+    assert_eq!(c["securityContext"]["readOnlyRootFilesystem"], true);
+    assert!(c["securityContext"]["privileged"].is_null());
+    let labels = &dep["spec"]["template"]["metadata"]["labels"];
+    let replicas = dep["spec"]["replicas"].as_u64().unwrap();
+    assert_eq!(replicas, 2);
+    let anti = &pod["affinity"]["podAntiAffinity"]
+        ["preferredDuringSchedulingIgnoredDuringExecution"][0]["podAffinityTerm"];
+    assert_eq!(anti["topologyKey"], "kubernetes.io/hostname");
+    assert_eq!(&anti["labelSelector"]["matchLabels"], labels);
+    let pdb = &yaml_docs("daemonset/controller/pdb.yaml")[0];
+    assert_eq!(pdb["kind"], "PodDisruptionBudget");
+    assert_eq!(&pdb["spec"]["selector"]["matchLabels"], labels);
+    let min = pdb["spec"]["minAvailable"].as_u64().unwrap();
+    assert!(
+        min >= 1 && min < replicas,
+        "a drain can go on, one replica stays"
+    );
+}
+
+/// Ports a NetworkPolicy opens to the pods it selects.
+fn policy_ports(file: &str, labels: &serde_json::Value) -> std::collections::BTreeSet<u64> {
+    let np = &yaml_docs(file)[0];
+    assert_eq!(np["kind"], "NetworkPolicy");
+    assert_eq!(&np["spec"]["podSelector"]["matchLabels"], labels, "{file}");
+    assert_eq!(np["spec"]["policyTypes"][0], "Ingress");
+    np["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(|rule| {
+            assert!(rule["from"].is_null(), "{file}: from anywhere, ports only");
+            rule["ports"].as_array().unwrap().clone()
+        })
+        .map(|p| p["port"].as_u64().unwrap())
+        .collect()
+}
+
+/// NetworkPolicies open exactly the ports the pods serve: the webhook and the probe port
+/// on the controller, metrics and probes on the agent.
+#[test]
+fn network_policies_open_only_the_served_ports() {
+    let dep = yaml_docs("daemonset/controller/deployment.yaml")
+        .into_iter()
+        .find(|d| d["kind"] == "Deployment")
+        .unwrap();
+    let served = |c: &serde_json::Value| -> std::collections::BTreeSet<u64> {
+        c["ports"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|p| p["containerPort"].as_u64().unwrap())
+            .collect()
+    };
+    let ctl = container(&dep, "controller");
+    assert_eq!(
+        policy_ports(
+            "daemonset/controller/networkpolicy.yaml",
+            &dep["spec"]["template"]["metadata"]["labels"]
+        ),
+        served(ctl)
+    );
+    assert_eq!(served(ctl), [8081, 9443].into());
+    let ds = &yaml_docs("daemonset/node/daemonset.yaml")[0];
+    assert_eq!(
+        policy_ports(
+            "daemonset/node/networkpolicy.yaml",
+            &ds["spec"]["template"]["metadata"]["labels"]
+        ),
+        served(container(ds, "agent"))
+    );
+}
+
+/// `privileged` is on the agent only (for MIG), and components/unprivileged takes it away
+/// with every capability but the two the agent's host files need.
+#[test]
+fn privileged_only_where_mig_needs_it() {
+    for (file, doc) in installed_docs() {
+        for c in doc["spec"]["template"]["spec"]["containers"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if c["securityContext"]["privileged"] == true {
+                assert!(
+                    file.ends_with("node/daemonset.yaml") && c["name"] == "agent",
+                    "{file}: {} is privileged",
+                    c["name"].as_str().unwrap_or("?")
+                );
+            }
+        }
+    }
+    let ds = &yaml_docs("daemonset/node/daemonset.yaml")[0];
+    assert_eq!(
+        ds["spec"]["template"]["spec"]["securityContext"]["seccompProfile"]["type"],
+        "RuntimeDefault"
+    );
+    let c = &yaml_docs("daemonset/components/unprivileged/kustomization.yaml")[0];
+    let patch: serde_json::Value =
+        serde_saphyr::from_str(c["patches"][0]["patch"].as_str().unwrap()).unwrap();
+    assert_eq!(patch["metadata"]["name"], "tessera-node");
+    let sc = &patch["spec"]["template"]["spec"]["containers"][0]["securityContext"];
+    assert_eq!(sc["privileged"], false);
+    assert_eq!(sc["allowPrivilegeEscalation"], false);
+    assert_eq!(sc["capabilities"]["drop"][0], "ALL");
+    let added: Vec<&str> = sc["capabilities"]["add"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x.as_str().unwrap())
+        .collect();
+    assert_eq!(added, ["DAC_OVERRIDE", "FOWNER"]);
+}
+
+/// The DaemonSet runs on GPU nodes without NVIDIA's feature discovery: Tessera's own
+/// label alone selects a node, and `tessera.io/gpu=false` keeps one out.
+#[test]
+fn daemonset_runs_without_feature_discovery() {
+    let ds = &yaml_docs("daemonset/node/daemonset.yaml")[0];
+    let pod = &ds["spec"]["template"]["spec"];
+    assert!(
+        pod["nodeSelector"].is_null(),
+        "no label only GFD sets is required"
+    );
+    let terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+        ["nodeSelectorTerms"]
+        .as_array()
+        .unwrap();
+    // A node's labels against one term (In / NotIn only).
+    let matches = |term: &serde_json::Value, labels: &[(&str, &str)]| {
+        term["matchExpressions"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|e| {
+                let key = e["key"].as_str().unwrap();
+                let values: Vec<&str> = e["values"]
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|v| v.as_str().unwrap())
+                    .collect();
+                let have = labels.iter().find(|(k, _)| *k == key).map(|(_, v)| *v);
+                match e["operator"].as_str().unwrap() {
+                    "In" => have.is_some_and(|v| values.contains(&v)),
+                    "NotIn" => !have.is_some_and(|v| values.contains(&v)),
+                    op => panic!("operator {op}"),
+                }
+            })
+    };
+    let runs = |labels: &[(&str, &str)]| terms.iter().any(|t| matches(t, labels));
+    assert!(runs(&[("tessera.io/gpu", "true")]));
+    assert!(runs(&[(
+        "feature.node.kubernetes.io/pci-10de.present",
+        "true"
+    )]));
+    assert!(runs(&[("nvidia.com/gpu.present", "true")]));
+    assert!(!runs(&[]), "not on nodes without any GPU label");
+    assert!(!runs(&[
+        ("nvidia.com/gpu.present", "true"),
+        ("tessera.io/gpu", "false")
+    ]));
+}
+
+/// The controller may not write ConfigMaps but its requeue state, nor pods anywhere
+/// without a reason: write verbs are in the workloads role (bindable per namespace),
+/// ConfigMap writes are by name except create, and the admission policy covers what
+/// RBAC cannot, for the controller's own service account.
+#[test]
+fn controller_rbac_is_narrowed_to_what_it_manages() {
+    let docs = yaml_docs("daemonset/controller/rbac.yaml");
+    let role = |name: &str| {
+        docs.iter()
+            .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == name)
+            .unwrap_or_else(|| panic!("no ClusterRole {name}"))["rules"]
+            .as_array()
+            .unwrap()
+            .clone()
+    };
+    let writes = [
+        "create",
+        "update",
+        "patch",
+        "delete",
+        "deletecollection",
+        "*",
+    ];
+    let has = |r: &serde_json::Value, key: &str, x: &str| {
+        r[key]
+            .as_array()
+            .is_some_and(|l| l.iter().any(|e| e.as_str() == Some(x)))
+    };
+    // The cluster-wide reader writes nothing in tenants' namespaces.
+    for r in role("tessera-controller") {
+        for res in ["pods", "configmaps", "jobs", "deployments", "secrets"] {
+            if has(&r, "resources", res) {
+                assert!(
+                    !writes.iter().any(|w| has(&r, "verbs", w)),
+                    "tessera-controller writes {res}: {r:?}"
+                );
+            }
+        }
+    }
+    // ConfigMaps: only tessera-requeue-state, except create (which RBAC cannot name).
+    for r in role("tessera-controller-workloads") {
+        if has(&r, "resources", "configmaps") {
+            let only_create = r["verbs"].as_array().unwrap().iter().all(|v| v == "create");
+            assert!(
+                only_create || r["resourceNames"] == serde_json::json!(["tessera-requeue-state"]),
+                "{r:?}"
+            );
+        }
+        assert!(
+            !has(&r, "verbs", "*") && !has(&r, "resources", "*"),
+            "{r:?}"
+        );
+    }
+    // The workloads role is bound through its own binding, which namespaced-writes removes.
+    let binding = docs
+        .iter()
+        .find(|d| {
+            d["kind"] == "ClusterRoleBinding"
+                && d["roleRef"]["name"] == "tessera-controller-workloads"
+        })
+        .unwrap();
+    let c = &yaml_docs("daemonset/components/namespaced-writes/kustomization.yaml")[0];
+    let patch: serde_json::Value =
+        serde_saphyr::from_str(c["patches"][0]["patch"].as_str().unwrap()).unwrap();
+    assert_eq!(patch["$patch"], "delete");
+    assert_eq!(patch["metadata"]["name"], binding["metadata"]["name"]);
+    // The admission policy applies to the controller's service account, is bound, and
+    // covers pods (update, delete, eviction) and ConfigMaps (create, update, delete).
+    let sa = &yaml_docs("daemonset/controller/serviceaccount.yaml")[0];
+    let user = format!(
+        "system:serviceaccount:{}:{}",
+        sa["metadata"]["namespace"].as_str().unwrap(),
+        sa["metadata"]["name"].as_str().unwrap()
+    );
+    let vap = yaml_docs("daemonset/controller/admission-policy.yaml");
+    let policy = vap
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicy")
+        .unwrap();
+    let bound = vap
+        .iter()
+        .find(|d| d["kind"] == "ValidatingAdmissionPolicyBinding")
+        .unwrap();
+    assert_eq!(bound["spec"]["policyName"], policy["metadata"]["name"]);
+    assert_eq!(bound["spec"]["validationActions"][0], "Deny");
+    assert_eq!(policy["spec"]["failurePolicy"], "Fail");
+    let cond = policy["spec"]["matchConditions"][0]["expression"]
+        .as_str()
+        .unwrap();
+    assert!(cond.contains(&format!("\"{user}\"")), "{cond}");
+    let rules = policy["spec"]["matchConstraints"]["resourceRules"]
+        .as_array()
+        .unwrap();
+    let covered = |res: &str, op: &str| {
+        rules
+            .iter()
+            .any(|r| has(r, "resources", res) && has(r, "operations", op))
+    };
+    for (res, op) in [
+        ("pods", "UPDATE"),
+        ("pods", "DELETE"),
+        ("pods/eviction", "CREATE"),
+        ("configmaps", "CREATE"),
+        ("configmaps", "UPDATE"),
+        ("configmaps", "DELETE"),
+    ] {
+        assert!(covered(res, op), "the policy does not cover {op} {res}");
+    }
+    let checks: String = policy["spec"]["validations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v["expression"].as_str().unwrap().to_string())
+        .collect();
+    for want in [
+        "kube-system",
+        "tessera-requeue-state",
+        "tessera.io/queue-name",
+    ] {
+        assert!(checks.contains(want), "{want}");
+    }
 }
