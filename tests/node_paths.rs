@@ -115,14 +115,15 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
         .iter()
         .all(|l| l.iter().any(|d| d.id == uuids[4] && d.health == "Healthy")));
 
-    // An invalid `tessera.dra` in the ConfigMap is rejected naming the field; the split
-    // stays.
+    // An invalid `tessera.dra` in the node's config is rejected naming the field; the
+    // split stays. (Another node's bad config would not touch this node at all.)
     let broken = dirs.config.join("broken");
     std::fs::write(
         &broken,
         "tessera: { dra: { gpus: { index: [0], uuid: [x] } } }\n",
     )
     .unwrap();
+    api.set_label("tessera.io/config", Some("broken"));
     let start = Instant::now();
     let rejected = loop {
         let notes: Vec<String> = api
@@ -138,6 +139,7 @@ async fn the_node_config_splits_gpus_and_moves_only_free_ones() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     assert!(rejected.contains("tessera.dra.gpus"), "{rejected}");
+    api.set_label("tessera.io/config", Some("swap"));
     std::fs::remove_file(&broken).unwrap();
 
     // Released: the claim is deallocated (Kubernetes does that once its pod is gone) and
