@@ -430,6 +430,10 @@ impl NodePreparer {
             self.undo(uid, claim, &time_sliced_gpus(&loaded.data, uid))?;
         }
         self.remove_orphan_specs(&loaded.data)?;
+        super::prepare::remove_orphan_claim_files(&self.settings, |uid| {
+            completed(&loaded.data, uid).is_some()
+        })
+        .map_err(|e| e.to_string())?;
         if before != loaded.data {
             session.update(|d| *d = loaded.data.clone());
         }

@@ -371,6 +371,24 @@ pub fn remove_claim_files(
     }
 }
 
+/// At start-up: remove the vGPU directories of claims `prepared` does not hold (records
+/// lost in a crash, or claims unprepared while the agent was down). Returns their names.
+pub fn remove_orphan_claim_files(
+    settings: &AllocateSettings,
+    prepared: impl Fn(&str) -> bool,
+) -> Result<Vec<String>, shimfiles::Error> {
+    let dirs = settings.alloc_dirs();
+    let mut removed = Vec::new();
+    for name in dirs.list(shimfiles::CLAIM_PREFIX)? {
+        let uid = name.trim_start_matches(shimfiles::CLAIM_PREFIX);
+        if !prepared(uid) {
+            dirs.remove(&name)?;
+            removed.push(name);
+        }
+    }
+    Ok(removed)
+}
+
 /// CDI device name of a claim's device: unique per claim.
 pub fn cdi_device_name(claim_uid: &str, device: &str) -> String {
     format!("{claim_uid}-{device}")
@@ -626,6 +644,14 @@ mod tests {
         let e = write_claim_files(&s, "u1", &plan.devices).unwrap_err();
         assert!(e.to_string().contains("not installed"), "{e}");
         assert!(!tmp.path().join("vgpu/claim-u1").exists());
+        // Start-up sweep: only the directories of prepared claims stay.
+        let dirs = s.alloc_dirs();
+        for id in ["claim-kept", "claim-lost", "dp-1"] {
+            dirs.create(id).unwrap();
+        }
+        let removed = remove_orphan_claim_files(&s, |uid| uid == "kept").unwrap();
+        assert_eq!(removed, vec!["claim-lost".to_string()]);
+        assert!(dirs.dir("claim-kept").exists() && dirs.dir("dp-1").exists());
         assert_eq!(plan.cdi.devices[0].name, "u1-gpu-0-mig-3g-40gb-4");
         assert_eq!(plan.cdi_file, "tessera.io-claim-u1");
     }
