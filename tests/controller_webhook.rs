@@ -15,6 +15,8 @@ mod certs;
 mod hardening;
 #[path = "controller_webhook/kueue.rs"]
 mod kueue;
+#[path = "controller_webhook/selectors.rs"]
+mod selectors;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
