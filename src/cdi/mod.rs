@@ -375,7 +375,8 @@ mod tests {
         edited.devices.pop();
         let victim = dir.path().join("victim.json");
         std::fs::write(&victim, serde_json::to_vec(&spec).unwrap()).unwrap();
-        let damage: Vec<(&str, Box<dyn Fn()>)> = vec![
+        type Damage<'a> = (&'static str, Box<dyn Fn() + 'a>);
+        let damage: Vec<Damage> = vec![
             (
                 "not a valid CDI spec",
                 Box::new(|| std::fs::write(&path, "{ garbage").unwrap()),
