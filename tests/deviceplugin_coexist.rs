@@ -57,7 +57,9 @@ impl DevicePlugin for OtherPlugin {
             })
             .collect();
         let first = futures::stream::iter([Ok(pb::ListAndWatchResponse { devices })]);
-        Ok(Response::new(Box::pin(first.chain(futures::stream::pending()))))
+        Ok(Response::new(Box::pin(
+            first.chain(futures::stream::pending()),
+        )))
     }
 
     async fn get_preferred_allocation(
@@ -125,7 +127,13 @@ async fn a_second_plugin_for_the_same_gpus_is_reported_and_other_hardware_is_not
         .into_iter()
         .map(|g| g.uuid)
         .collect();
-    start_other_plugin(&plugin_dir, "nvidia-gpu.sock", "nvidia.com/gpu", uuids.clone()).await;
+    start_other_plugin(
+        &plugin_dir,
+        "nvidia-gpu.sock",
+        "nvidia.com/gpu",
+        uuids.clone(),
+    )
+    .await;
     start_other_plugin(
         &plugin_dir,
         "example-nic.sock",
