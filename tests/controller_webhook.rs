@@ -9,6 +9,8 @@
 
 mod support;
 
+#[path = "controller_webhook/binary.rs"]
+mod binary;
 #[path = "controller_webhook/certs.rs"]
 mod certs;
 #[path = "controller_webhook/hardening.rs"]

@@ -17,7 +17,7 @@ use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
 
 const SECRETS: &str = "/api/v1/namespaces/tessera-system/secrets";
-const HOOKS: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
+pub const HOOKS: &str = "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations";
 const DNS: &str = "tessera-webhook.tessera-system.svc";
 
 fn cfg() -> CertConfig {
@@ -28,12 +28,12 @@ fn cfg() -> CertConfig {
 }
 
 /// The shipped MutatingWebhookConfiguration (no caBundle), as `kubectl apply` made it.
-fn shipped_webhook_config() -> Value {
+pub fn shipped_webhook_config() -> Value {
     let text = std::fs::read_to_string("daemonset/controller/webhook.yaml").unwrap();
     serde_saphyr::from_str::<Value>(&text).unwrap()
 }
 
-fn secret_entry(s: &ApiServer, key: &str) -> Vec<u8> {
+pub fn secret_entry(s: &ApiServer, key: &str) -> Vec<u8> {
     let secret = s
         .objects(SECRETS)
         .into_iter()
@@ -43,7 +43,7 @@ fn secret_entry(s: &ApiServer, key: &str) -> Vec<u8> {
     b.0
 }
 
-fn ca_bundles(s: &ApiServer) -> Vec<Vec<u8>> {
+pub fn ca_bundles(s: &ApiServer) -> Vec<Vec<u8>> {
     let config = &s.objects(HOOKS)[0];
     config["webhooks"]
         .as_array()

@@ -497,7 +497,7 @@ fn a_real_emfile_does_not_end_the_listener() {
     assert!(child.wait().unwrap().success());
 }
 
-async fn probe(addr: SocketAddr, path: &str) -> (u16, String) {
+pub async fn probe(addr: SocketAddr, path: &str) -> (u16, String) {
     let tcp = TcpStream::connect(addr).await.unwrap();
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
         .await
