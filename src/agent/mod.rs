@@ -344,9 +344,6 @@ impl Agent {
         if let Some(good) = &self.current {
             probes.config_applied(&good.name);
         }
-        if let Ok(inventory) = self.backend.inventory() {
-            probes.gpus(inventory.gpus.len());
-        }
         probes.beat();
         if outcome != "rejected" {
             self.driver_retry.succeeded();
@@ -741,6 +738,8 @@ impl Agent {
         settled: &BTreeSet<String>,
     ) -> Result<bool> {
         let before = self.backend.inventory()?;
+        // `/readyz` on a node without a GPU (from this inventory: no extra driver call).
+        self.opts.metrics.probes.gpus(before.gpus.len());
         let mut holders = self.usage.holders(&before);
         // Claims being prepared right now hold their GPUs too (their checkpoint record may
         // not be written yet).
