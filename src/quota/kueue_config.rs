@@ -103,11 +103,8 @@ fn err(field: &str, why: impl Into<String>) -> ConfigError {
 impl KueueConfig {
     /// Parses and validates a YAML document.
     pub fn parse(text: &str) -> Result<Self, ConfigError> {
-        let mut track = serde_path_to_error::Track::new();
-        let raw = serde_saphyr::with_deserializer_from_str(text, |de| {
-            Raw::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
-        })
-        .map_err(|e| err(&track.path().to_string(), e.to_string()))?;
+        // Bounded (size, depth, aliases) and without quoting the input: crate::yaml.
+        let raw: Raw = crate::yaml::from_str(text).map_err(|e| err(&e.path, e.reason))?;
         Self::validate(raw)
     }
 
