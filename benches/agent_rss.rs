@@ -49,6 +49,9 @@ tessera:
 fn spawn_agent(dir: &Path, config: &str) -> Child {
     let cfg = dir.join("config.yaml");
     std::fs::write(&cfg, config).unwrap();
+    // vGPU Allocates need the shim installed; the agent copies whatever file it is given.
+    let shim = dir.join("libtessera_cuda.so");
+    std::fs::write(&shim, b"stand-in for libtessera_cuda.so").unwrap();
     // `TESSERA_BIN`: measure another build (e.g. before a change) with the same driver.
     let bin =
         std::env::var_os("TESSERA_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tessera").into());
@@ -68,6 +71,8 @@ fn spawn_agent(dir: &Path, config: &str) -> Child {
         .arg(dir.join("state"))
         .arg("--config")
         .arg(&cfg)
+        .arg("--shim-source")
+        .arg(&shim)
         .env("RUST_LOG", "info")
         .stdout(Stdio::null())
         .stderr(Stdio::null())

@@ -537,10 +537,12 @@ fn recorded_dra(n: &Node) -> Option<std::collections::BTreeSet<String>> {
 /// GPUs the driver had. GPU 1 left the driver earlier (its move confirmed); a claim the
 /// scheduler then allocated on it from stale slices stays refused. With the record the
 /// next start gives GPU 1 to the device plugin at once (in its first list, no Event) and
-/// moves only GPU 2, the driver's, in two phases. Without the record, or with a corrupt
-/// one, the start infers the split: the allocated claim makes GPU 1 look like the
-/// driver's, so it stays with the driver (the limit the record removes), and the agent
-/// writes a valid record again.
+/// moves only GPU 2, the driver's, in two phases. Without the record, the kubelet's
+/// checkpoint (`RegisteredDevices`, rewritten after each device list) still shows GPU 1
+/// as the device plugin's: it stays there, no Event. Without either record, or with a
+/// corrupt split record, the start infers the split: the allocated claim makes GPU 1 look
+/// like the driver's, so it stays with the driver (the limit the records remove), and the
+/// agent writes a valid record again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_recorded_split_decides_the_start_and_inference_is_the_fallback() {
     let (n, backend) = node("3xL4").await;
@@ -600,7 +602,24 @@ async fn the_recorded_split_decides_the_start_and_inference_is_the_fallback() {
     agent.shutdown().await;
     assert_eq!(recorded_dra(&n), Some(Default::default()));
 
-    // Record absent, then corrupt: inferred from the claim allocated on GPU 1.
+    // Record absent, the kubelet's checkpoint kept: GPU 1 was the device plugin's.
+    std::fs::remove_file(split_record(&n)).unwrap();
+    let agent = start();
+    wait_dp(plugins, uuids, &[0, 1, 2]).await;
+    wait_for("a valid record again", || {
+        recorded_dra(&n) == Some(Default::default())
+    })
+    .await;
+    assert!(blocked_events(api).is_empty(), "{:?}", blocked_events(api));
+    assert!(our_slices(api).is_empty());
+    agent.shutdown().await;
+
+    // Both records absent, then the split record corrupt: inferred from the claim
+    // allocated on GPU 1.
+    let kubelet_checkpoint = n
+        .dirs
+        .kubelet_dir
+        .join("device-plugins/kubelet_internal_checkpoint");
     for (case, damage) in [
         ("absent", None),
         (
@@ -611,6 +630,10 @@ async fn the_recorded_split_decides_the_start_and_inference_is_the_fallback() {
         match damage {
             None => std::fs::remove_file(split_record(&n)).unwrap(),
             Some(bytes) => std::fs::write(split_record(&n), bytes).unwrap(),
+        }
+        // (Not there when the last start ended before its device plugin's first list.)
+        if let Err(e) = std::fs::remove_file(&kubelet_checkpoint) {
+            assert_eq!(e.kind(), std::io::ErrorKind::NotFound, "{e}");
         }
         // Events of earlier starts are gone: the one found is this start's.
         for e in api.events() {

@@ -1206,7 +1206,10 @@ pub async fn run_with(
         cancel.child_token(),
     ));
     let cdi_every = opts.cdi_verify_interval;
-    let mut cdi_check = tokio::time::interval(cdi_every.max(Duration::from_millis(1)));
+    // The start has just written the spec: the first check is one period from now.
+    let cdi_period = cdi_every.max(Duration::from_millis(1));
+    let mut cdi_check =
+        tokio::time::interval_at(tokio::time::Instant::now() + cdi_period, cdi_period);
     cdi_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
 
     let (file_tx, mut file_rx) = mpsc::unbounded_channel();

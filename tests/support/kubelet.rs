@@ -11,7 +11,10 @@
 //!   every other socket file in the directory is deleted, and `kubelet.sock` is created anew;
 //! - on every device list received, the device manager's checkpoint
 //!   `kubelet_internal_checkpoint` is rewritten in the kubelet's JSON layout
-//!   (`Data.RegisteredDevices`: resource name → the IDs of its latest list; no pod entries).
+//!   (`Data.RegisteredDevices`: resource name → the IDs of its latest list). The emulator
+//!   makes no allocations of its own: tests record pods' devices by writing
+//!   `Data.PodDeviceEntries` into the file, and each rewrite keeps those entries, as the
+//!   kubelet keeps its pod allocations across device updates.
 
 #![allow(dead_code)]
 
@@ -198,13 +201,19 @@ fn write_checkpoint(dir: &Path, resources: &BTreeMap<String, ResourceState>) {
             (r.as_str(), ids)
         })
         .collect();
+    let path = dir.join("kubelet_internal_checkpoint");
+    let pod_entries = std::fs::read(&path)
+        .ok()
+        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
+        .and_then(|v| v.pointer("/Data/PodDeviceEntries").cloned())
+        .unwrap_or(serde_json::Value::Null);
     let body = serde_json::json!({
-        "Data": {"PodDeviceEntries": null, "RegisteredDevices": registered},
+        "Data": {"PodDeviceEntries": pod_entries, "RegisteredDevices": registered},
         "Checksum": 0,
     });
     let tmp = dir.join(".kubelet_internal_checkpoint.tmp");
     if std::fs::write(&tmp, body.to_string()).is_ok() {
-        let _ = std::fs::rename(&tmp, dir.join("kubelet_internal_checkpoint"));
+        let _ = std::fs::rename(&tmp, path);
     }
 }
 
