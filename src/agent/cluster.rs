@@ -139,7 +139,13 @@ pub fn device_plugin_conflict_event(
     message: &str,
     now: k8s_openapi::jiff::Timestamp,
 ) -> Event {
-    node_event(node, "DevicePluginConflict", "RegisterDevicePlugin", message, now)
+    node_event(
+        node,
+        "DevicePluginConflict",
+        "RegisterDevicePlugin",
+        message,
+        now,
+    )
 }
 
 /// A Warning Event about the Node.

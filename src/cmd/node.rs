@@ -343,8 +343,8 @@ async fn run_async(args: Args) -> Result<()> {
         });
     }
     let (recorder, config_label, client) = cluster_hooks(&args, &cancel).await;
-    spawn_coexistence_watch(&args, backend.as_ref(), &recorder, &metrics, &cancel);
     spawn_vgpu_dir_reconcile(&args, &opts.allocate, &cancel);
+    spawn_coexistence_watch(&args, backend.as_ref(), &recorder, &metrics, &cancel);
     let triggers = agent::Triggers {
         reload: reload_rx,
         config_label,
@@ -363,6 +363,33 @@ async fn run_async(args: Args) -> Result<()> {
         settle_dra_checkpoint(dra_dir).await;
     }
     result.context("node agent")
+}
+
+/// Reports other device plugins that register Tessera's resources or advertise this
+/// node's GPUs (NVIDIA's plugin, HAMi), once a minute.
+fn spawn_coexistence_watch(
+    args: &Args,
+    backend: &dyn GpuBackend,
+    recorder: &Arc<dyn EventRecorder>,
+    metrics: &Arc<tessera::metrics::NodeMetrics>,
+    cancel: &CancellationToken,
+) {
+    use tessera::deviceplugin::coexist;
+    let gpu_ids = backend
+        .inventory()
+        .map(|inv| coexist::node_gpu_ids(&inv))
+        .unwrap_or_default();
+    let sink = Arc::new(coexist::AgentSink {
+        recorder: recorder.clone(),
+        metrics: metrics.clone(),
+    });
+    tokio::spawn(coexist::watch(
+        args.kubelet_dir.join("device-plugins"),
+        gpu_ids,
+        sink,
+        std::time::Duration::from_secs(60),
+        cancel.clone(),
+    ));
 }
 
 /// Copy the shim from the image into the state directory (checksum verified). A failure
@@ -412,32 +439,6 @@ fn spawn_vgpu_dir_reconcile(args: &Args, allocate: &AllocateSettings, cancel: &C
     });
 }
 
-/// Reports other device plugins that register Tessera's resources or advertise this
-/// node's GPUs (NVIDIA's plugin, HAMi), once a minute.
-fn spawn_coexistence_watch(
-    args: &Args,
-    backend: &dyn GpuBackend,
-    recorder: &Arc<dyn EventRecorder>,
-    metrics: &Arc<tessera::metrics::NodeMetrics>,
-    cancel: &CancellationToken,
-) {
-    use tessera::deviceplugin::coexist;
-    let gpu_ids = backend
-        .inventory()
-        .map(|inv| coexist::node_gpu_ids(&inv))
-        .unwrap_or_default();
-    let sink = Arc::new(coexist::AgentSink {
-        recorder: recorder.clone(),
-        metrics: metrics.clone(),
-    });
-    tokio::spawn(coexist::watch(
-        args.kubelet_dir.join("device-plugins"),
-        gpu_ids,
-        sink,
-        std::time::Duration::from_secs(60),
-        cancel.clone(),
-    ));
-}
 /// At shutdown (SIGTERM, the agent stopped): fold the DRA checkpoint's log into its
 /// snapshot, so that a rollback to a release that reads only the snapshot (0.2 and
 /// earlier) finds every prepared claim there.
