@@ -142,9 +142,11 @@ impl FakeBackend {
     pub fn from_arg(arg: &str) -> Result<Self> {
         let path = Path::new(arg);
         if arg.ends_with(".yaml") || arg.ends_with(".yml") || path.is_file() {
-            let text = std::fs::read_to_string(path).map_err(|e| Error::FakeInventory {
-                path: arg.to_string(),
-                reason: e.to_string(),
+            let text = crate::yaml::read_bounded(path, crate::yaml::MAX_BYTES).map_err(|e| {
+                Error::FakeInventory {
+                    path: arg.to_string(),
+                    reason: e.to_string(),
+                }
             })?;
             Self::from_yaml(&text).map_err(|e| match e {
                 Error::FakeSpec(reason) => Error::FakeInventory {
@@ -184,11 +186,9 @@ impl FakeBackend {
 
     /// An inventory YAML (see the module docs).
     pub fn from_yaml(text: &str) -> Result<Self> {
-        let mut track = serde_path_to_error::Track::new();
-        let raw = serde_saphyr::with_deserializer_from_str(text, |de| {
-            RawInventory::deserialize(serde_path_to_error::Deserializer::new(de, &mut track))
-        })
-        .map_err(|e| Error::FakeSpec(format!("{}: {e}", track.path())))?;
+        // Bounded (size, depth, aliases) and without the input's text in errors.
+        let raw: RawInventory =
+            crate::yaml::from_str(text).map_err(|e| Error::FakeSpec(format!("{}: {e}", e.path)))?;
         check_total(raw.gpus.iter().map(|g| g.count))
             .map_err(|e| Error::FakeSpec(format!("gpus: {e}")))?;
         if raw.health_events.len() > MAX_HEALTH_EVENTS {
@@ -727,6 +727,24 @@ mod tests {
         .unwrap()
         .to_string();
         assert!(err.contains("8589934590 GPUs in all"), "no overflow: {err}");
+    }
+
+    #[test]
+    fn an_inventory_file_is_parsed_bounded_and_never_quoted() {
+        let deep = format!("gpus: {}{}", "[".repeat(10_000), "]".repeat(10_000));
+        let t = std::time::Instant::now();
+        let err = FakeBackend::from_yaml(&deep).err().unwrap().to_string();
+        assert!(t.elapsed() < std::time::Duration::from_secs(1), "{err}");
+        assert!(err.contains("recursion limit"), "{err}");
+        let err = FakeBackend::from_yaml("gpus: [ { model: L4, count: s3cr3t-value } ]")
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(err.contains("gpus[0].count"), "{err}");
+        assert!(!err.contains("s3cr3t"), "{err}");
+        let big = format!("# {}\ngpus: []\n", "x".repeat(2 << 20));
+        let err = FakeBackend::from_yaml(&big).err().unwrap().to_string();
+        assert!(err.contains("limit"), "{err}");
     }
 
     #[test]

@@ -1,0 +1,129 @@
+//! The fuzz targets' bodies: one function per input format Tessera reads from outside,
+//! each taking the raw bytes a file, a request or a flag would carry.
+//!
+//! What a target asserts: the parser returns (`Ok` or a clear `Err`) without panicking or
+//! aborting, quickly (hack/fuzz.sh runs libFuzzer with `-timeout=1`: no input may take a
+//! second). Where a format has an encoder, what it accepts must also survive an
+//! encode → decode round trip unchanged.
+//!
+//! `fuzz_targets/<name>.rs` wraps each function for libFuzzer (`cargo fuzz run <name>`).
+
+use std::collections::{BTreeMap, HashMap};
+
+use tessera::agent::split_record;
+use tessera::controller::webhook;
+use tessera::dra::checkpoint;
+use tessera::dra::sharing;
+use tessera::gpu::GpuBackend;
+
+/// Every target by name, for tools that drive them all.
+pub const TARGETS: &[(&str, fn(&[u8]))] = &[
+    ("layout_config", layout_config),
+    ("fake_inventory", fake_inventory),
+    ("plan_file", plan_file),
+    ("simulate_csv", simulate_csv),
+    ("admission_review", admission_review),
+    ("dra_checkpoint", dra_checkpoint),
+    ("split_record", split_record),
+    ("gpu_config", gpu_config),
+    ("shim_limits", shim_limits),
+];
+
+fn text(data: &[u8]) -> Option<&str> {
+    std::str::from_utf8(data).ok()
+}
+
+/// A named layout config (the ConfigMap's `config.yaml` or a named entry).
+pub fn layout_config(data: &[u8]) {
+    if let Some(yaml) = text(data) {
+        let _ = tessera::partition::config::parse_config("fuzz", yaml);
+    }
+}
+
+/// `--fake-gpus`: a spec string (`8xH100-80GB,1xL4`) or an inventory YAML file; an
+/// inventory that parses is also listed, as the agent does at start.
+pub fn fake_inventory(data: &[u8]) {
+    let Some(text) = text(data) else { return };
+    if let Ok(backend) = tessera::gpu::fake::FakeBackend::from_spec(text) {
+        let _ = backend.inventory();
+    }
+    if let Ok(backend) = tessera::gpu::fake::FakeBackend::from_yaml(text) {
+        let _ = backend.inventory();
+    }
+}
+
+/// A `tessera plan -f` scenario file (multi-document YAML).
+pub fn plan_file(data: &[u8]) {
+    if let Some(text) = text(data) {
+        let _ = tessera::quota::scenario::Scenario::parse(text);
+    }
+}
+
+/// `tessera simulate` trace CSVs: the same text as a node list and as a pod list.
+pub fn simulate_csv(data: &[u8]) {
+    if let Some(text) = text(data) {
+        let _ = tessera::sim::trace::parse_node_list(text, "nodes.csv");
+        let _ = tessera::sim::trace::parse_pod_list(text, "pods.csv");
+    }
+}
+
+/// An AdmissionReview request body, as the webhook server hands it over after JSON
+/// decoding; answered without and with known priority classes.
+pub fn admission_review(data: &[u8]) {
+    let Ok(body) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let _ = webhook::review(&body, None, webhook::Options::default());
+    let classes = BTreeMap::from([("high".to_string(), 1000), ("low".to_string(), -10)]);
+    let _ = webhook::review(&body, Some(&classes), webhook::Options::default());
+}
+
+/// The DRA driver's checkpoint: the snapshot file, the log file that continues it, and
+/// (when the input is a JSON `Data`) the snapshot round trip and the start-up recovery.
+pub fn dra_checkpoint(data: &[u8]) {
+    let _ = checkpoint::decode_snapshot("fuzz", data);
+    if let Ok(parsed) = checkpoint::log::parse(data) {
+        let mut state = checkpoint::Data::default();
+        checkpoint::log::apply(&mut state, parsed.ops);
+    }
+    if let Ok(content) = serde_json::from_slice::<checkpoint::Data>(data) {
+        let bytes = checkpoint::encode(&content).expect("a decoded checkpoint encodes");
+        let back = checkpoint::decode("fuzz", &bytes).expect("an encoded checkpoint decodes");
+        assert_eq!(back, content, "checkpoint round trip changed the content");
+        let _ = checkpoint::recover(content, "boot-id");
+    }
+}
+
+/// The DRA/device-plugin split record, and its round trip.
+pub fn split_record(data: &[u8]) {
+    let _ = split_record::decode("fuzz", data);
+    if let Ok(record) = serde_json::from_slice::<split_record::Recorded>(data) {
+        let bytes = split_record::encode(&record).expect("a decoded record encodes");
+        let back = split_record::decode("fuzz", &bytes).expect("an encoded record decodes");
+        assert_eq!(back, record, "split record round trip changed the content");
+    }
+}
+
+/// A ResourceClaim's opaque `GpuConfig` parameters (`gpu.tessera.io/v1alpha1`).
+pub fn gpu_config(data: &[u8]) {
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
+        let _ = sharing::parse_parameters(&value);
+    }
+}
+
+/// The CUDA shim's limits: the agent-written limits file (`/etc/tessera/limits`), and the
+/// same bytes as `KEY=VALUE` environment variables for the shim's config parser (the limit
+/// variables, the core policy, the shared cache path), each value through the size parser.
+pub fn shim_limits(data: &[u8]) {
+    let _ = tessera_cuda::source::parse_file("fuzz", data);
+    let Some(text) = text(data) else { return };
+    let vars: HashMap<&str, &str> = text
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .collect();
+    let _ = tessera_cuda::config::Config::parse(|k| vars.get(k).map(|v| v.to_string()));
+    let _ = tessera_cuda::config::Config::check_indices(vars.keys().copied());
+    for (k, v) in &vars {
+        let _ = tessera_cuda::config::parse_size(k, v);
+    }
+}
