@@ -85,11 +85,14 @@ fn main() -> ExitCode {
 fn init_tracing(default_level: &str, format: LogFormat) {
     use std::io::IsTerminal;
     use tracing_subscriber::EnvFilter;
-    let filter = std::env::var("RUST_LOG")
-        .or_else(|_| std::env::var("TESSERA_LOG"))
-        .ok()
-        .and_then(|v| EnvFilter::try_new(v).ok())
-        .unwrap_or_else(|| EnvFilter::new(default_level));
+    let (filter, refused) =
+        match std::env::var("RUST_LOG").or_else(|_| std::env::var("TESSERA_LOG")) {
+            Ok(v) => match EnvFilter::try_new(v) {
+                Ok(f) => (f, None),
+                Err(e) => (EnvFilter::new(default_level), Some(e.to_string())),
+            },
+            Err(_) => (EnvFilter::new(default_level), None),
+        };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
@@ -99,5 +102,8 @@ fn init_tracing(default_level: &str, format: LogFormat) {
             let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
             builder.with_ansi(colour).init()
         }
+    }
+    if let Some(reason) = refused {
+        tracing::warn!(%reason, level = default_level, "RUST_LOG/TESSERA_LOG not understood; logging at the default level");
     }
 }
