@@ -5,7 +5,9 @@
 //! (as Kueue fixes a workload's priority when it is created). A Deployment or
 //! StatefulSet labelled with a queue (Kueue's way) has its queue and priority labels
 //! copied into its pod template, so its replica pods are gated and queued. The HTTPS
-//! shell is `webhook_server.rs`.
+//! shell is `webhook_server.rs`. A pod whose HAMi-style vGPU request
+//! (`nvidia.com/gpumem`, `gpumem-percentage`, `gpucores`) is invalid is denied with the
+//! reason [`crate::vgpu::request`] gives (docs/hami.md).
 //!
 //! Only `tessera.io/queue-name` names a queue unless [`Options::accept_kueue_labels`]
 //! (`--accept-kueue-labels`) is set: beside a real Kueue, a pod carrying Kueue's
@@ -16,6 +18,8 @@ use crate::quota::scenario::{
     pod_group_counts, POD_GROUP_LABEL_KEYS as POD_GROUP_LABELS, POD_GROUP_MIN_COUNT,
     PRIORITY_LABELS, QUEUE_LABELS,
 };
+use crate::vgpu;
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -121,6 +125,11 @@ pub fn decide_with(
     if !object.is_object() {
         return Verdict::Deny(format!("{what}: request.object is missing"));
     }
+    if what == "Pod" {
+        if let Some(message) = vgpu_denial(object, &vgpu::RequestConfig::default()) {
+            return Verdict::Deny(message);
+        }
+    }
     let labels = &object["metadata"]["labels"];
     let label = |keys: &[&str]| keys.iter().find_map(|k| labels[*k].as_str());
     let Some(queue) = label(queue_labels) else {
@@ -225,6 +234,21 @@ fn propagate_labels(object: &Value, queue_labels: &[&str]) -> Vec<Value> {
     } else {
         vec![json!({"op": "add", "path": "/spec/template/metadata", "value": {"labels": missing}})]
     }
+}
+
+/// Why a pod's HAMi-style vGPU request cannot be placed, for pods that name
+/// `gpumem`, `gpumem-percentage` or `gpucores`; `None` for every other pod (a pod with
+/// only `nvidia.com/gpu` may be a whole-GPU pod and is not checked here). A pod that
+/// does not decode is left to the API server's own validation.
+fn vgpu_denial(object: &Value, config: &vgpu::RequestConfig) -> Option<String> {
+    let pod: Pod = serde_json::from_value(object.clone()).ok()?;
+    let names = vgpu::request::ResourceNames::new(&config.prefix);
+    if !vgpu::request::carries_vgpu_resources(&pod, &names) {
+        return None;
+    }
+    vgpu::pod_request(&pod, config)
+        .err()
+        .map(|e| format!("Pod: {e}"))
 }
 
 fn owned_by_job(object: &Value) -> bool {
@@ -592,6 +616,153 @@ mod tests {
             };
             assert_eq!(ops.len(), 1, "{options:?}: the gate");
         }
+    }
+
+    /// An AdmissionReview as the API server sends it for a pod CREATE.
+    fn pod_review(annotations: Value, labels: Value, spec: Value) -> Value {
+        json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "infer",
+                "namespace": "ml",
+                "operation": "CREATE",
+                "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+                "object": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "infer", "namespace": "ml",
+                                 "labels": labels, "annotations": annotations},
+                    "spec": spec,
+                },
+                "oldObject": null,
+                "dryRun": false,
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+            }
+        })
+    }
+
+    fn one_container(limits: Value) -> Value {
+        json!({"containers": [{"name": "main", "image": "cuda",
+                               "resources": {"limits": limits}}]})
+    }
+
+    #[test]
+    fn invalid_vgpu_requests_are_denied_with_the_reason() {
+        let issue_pod = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240",
+                               "nvidia.com/gpucores": "30"});
+        // (case, annotations, labels, spec, None if allowed / the denial message)
+        let cases = [
+            (
+                "the issue's pod",
+                json!({"nvidia.com/use-gputype": "A100,H100",
+                       "hami.io/gpu-scheduler-policy": "binpack"}),
+                json!({}),
+                one_container(issue_pod.clone()),
+                None,
+            ),
+            (
+                "gpucores above 100",
+                json!({}),
+                json!({}),
+                one_container(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"})),
+                Some("Pod: container \"main\": nvidia.com/gpucores is 150, above 100 (% of the GPU's SMs)"),
+            ),
+            (
+                "memory and percentage together",
+                json!({}),
+                json!({}),
+                one_container(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024",
+                                     "nvidia.com/gpumem-percentage": "50"})),
+                Some("Pod: container \"main\": nvidia.com/gpumem and nvidia.com/gpumem-percentage together; ask for one of them"),
+            ),
+            (
+                "gpumem without a count",
+                json!({}),
+                json!({}),
+                one_container(json!({"nvidia.com/gpumem": "1024"})),
+                Some("Pod: container \"main\": nvidia.com/gpumem without nvidia.com/gpu; add nvidia.com/gpu: 1 (HAMi adds it silently, Tessera asks you to write it)"),
+            ),
+            (
+                "unknown policy on a vGPU pod",
+                json!({"hami.io/node-scheduler-policy": "random"}),
+                json!({}),
+                one_container(issue_pod.clone()),
+                Some("Pod: annotation hami.io/node-scheduler-policy: \"random\" is not a policy (binpack or spread)"),
+            ),
+            (
+                "an invalid init container",
+                json!({}),
+                json!({}),
+                json!({"initContainers": [{"name": "warm", "image": "cuda",
+                        "resources": {"limits": {"nvidia.com/gpu": "1",
+                                                 "nvidia.com/gpumem-percentage": "120"}}}],
+                       "containers": [{"name": "main", "image": "cuda"}]}),
+                Some("Pod: container \"warm\": nvidia.com/gpumem-percentage is 120, not between 1 and 100"),
+            ),
+            (
+                "a queued vGPU pod is still checked",
+                json!({}),
+                json!({"tessera.io/queue-name": "lq"}),
+                one_container(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"})),
+                Some("Pod: container \"main\": nvidia.com/gpucores is 101, above 100 (% of the GPU's SMs)"),
+            ),
+            (
+                "a whole-GPU pod is not a vGPU pod",
+                json!({"hami.io/node-scheduler-policy": "random"}),
+                json!({}),
+                one_container(json!({"nvidia.com/gpu": "1"})),
+                None,
+            ),
+            (
+                "a CPU pod is left alone",
+                json!({"nvidia.com/use-gputype": ""}),
+                json!({}),
+                one_container(json!({"cpu": "1"})),
+                None,
+            ),
+        ];
+        for (name, annotations, labels, spec, denial) in cases {
+            let out = review(
+                &pod_review(annotations, labels, spec),
+                None,
+                Options::default(),
+            )
+            .unwrap();
+            let response = &out["response"];
+            assert_eq!(out["kind"], "AdmissionReview", "{name}");
+            assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+            match denial {
+                Some(message) => {
+                    assert_eq!(response["allowed"], false, "{name}: {response}");
+                    assert_eq!(response["status"]["code"], 400, "{name}");
+                    assert_eq!(response["status"]["message"], message, "{name}");
+                }
+                None => assert_eq!(response["allowed"], true, "{name}: {response}"),
+            }
+        }
+    }
+
+    #[test]
+    fn a_valid_queued_vgpu_pod_is_gated_as_before() {
+        let limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "25"});
+        let out = review(
+            &pod_review(
+                json!({}),
+                json!({"tessera.io/queue-name": "lq"}),
+                one_container(limits),
+            ),
+            None,
+            Options::default(),
+        )
+        .unwrap();
+        assert_eq!(out["response"]["allowed"], true);
+        assert_eq!(out["response"]["patchType"], "JSONPatch");
     }
 
     #[test]
