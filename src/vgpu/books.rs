@@ -442,10 +442,11 @@ impl NodeBooks {
                 self.shortfall(usage, container, &fitting, &refusals),
             ));
         }
-        // Stable sort: among equals, the GPU listed first.
-        fitting.sort_by_key(|&i| fullness_ppm(&self.gpus[i], &usage[i]));
-        if request.gpu_policy == Policy::Binpack {
-            fitting.sort_by_key(|&i| std::cmp::Reverse(fullness_ppm(&self.gpus[i], &usage[i])));
+        // Stable sorts: among equals, the GPU listed first.
+        let fullness = |i: &usize| fullness_ppm(&self.gpus[*i], &usage[*i]);
+        match request.gpu_policy {
+            Policy::Binpack => fitting.sort_by_key(|i| std::cmp::Reverse(fullness(i))),
+            Policy::Spread => fitting.sort_by_key(fullness),
         }
         fitting.truncate(want);
         Ok(fitting)

@@ -10,6 +10,7 @@
 
 use crate::quota::quantity::Quantity;
 use k8s_openapi::api::core::v1::{Container, Pod};
+use k8s_openapi::apimachinery::pkg::api::resource::Quantity as K8sQuantity;
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -352,6 +353,10 @@ pub fn pod_request(pod: &Pod, config: &RequestConfig) -> Result<Option<PodReques
             containers.push(request);
         }
     }
+    if containers.is_empty() {
+        // The annotations of a pod without vGPUs are not ours to judge.
+        return Ok(None);
+    }
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let selectors = selectors(&annotations)?;
     let policy = |key: &str, default: Policy| match annotations.get(key) {
@@ -360,9 +365,6 @@ pub fn pod_request(pod: &Pod, config: &RequestConfig) -> Result<Option<PodReques
     };
     let gpu_policy = policy(GPU_POLICY, config.default_gpu_policy)?;
     let node_policy = policy(NODE_POLICY, config.default_node_policy)?;
-    if containers.is_empty() {
-        return Ok(None);
-    }
     Ok(Some(PodRequest {
         containers,
         selectors,
@@ -398,9 +400,9 @@ fn all_containers(pod: &Pod) -> impl Iterator<Item = (&Container, ContainerKind)
 /// A resource's quantity text: the limit, else the request (as HAMi reads them).
 fn resource<'a>(container: &'a Container, name: &str) -> Option<&'a str> {
     let resources = container.resources.as_ref()?;
-    let from = |m: &'a Option<
-        BTreeMap<String, k8s_openapi::apimachinery::pkg::api::resource::Quantity>,
-    >| { m.as_ref().and_then(|m| m.get(name)).map(|q| q.0.as_str()) };
+    let from = |m: &'a Option<BTreeMap<String, K8sQuantity>>| {
+        m.as_ref().and_then(|m| m.get(name)).map(|q| q.0.as_str())
+    };
     from(&resources.limits).or_else(|| from(&resources.requests))
 }
 

@@ -146,6 +146,12 @@ fn pods_without_vgpus_have_no_request() {
             &ResourceNames::new("nvidia.com")
         ));
     }
+    // A pod without vGPUs keeps whatever annotations it has.
+    let p = pod(
+        json!({GPU_POLICY: "whatever", USE_GPUTYPE: ""}),
+        json!([{"name": "main"}]),
+    );
+    assert_eq!(pod_request(&p, &RequestConfig::default()), Ok(None));
 }
 
 #[test]
