@@ -249,6 +249,17 @@ impl NodeBooks {
         (books, problems)
     }
 
+    /// The books with the node's GPUs described anew (a health change, a GPU gone):
+    /// the same assignments rebooked as [`NodeBooks::rebuild`] does, at a newer version,
+    /// so a fit made against the old description fails to reserve. Assignments that no
+    /// longer fit (their GPU is gone, or smaller) are reported and left out.
+    pub fn with_gpus(&self, gpus: Vec<GpuRecord>) -> (Self, Vec<BooksError>) {
+        let (mut books, problems) =
+            NodeBooks::rebuild(&self.node, gpus, self.assignments.values().cloned());
+        books.version = self.version + 1;
+        (books, problems)
+    }
+
     /// The node's name.
     pub fn node(&self) -> &str {
         &self.node

@@ -363,6 +363,36 @@ fn rebuild_books_each_assignment_once_and_reports_the_rest() {
 }
 
 #[test]
+fn a_gpu_that_turns_unhealthy_keeps_its_pods_and_takes_no_more() {
+    let mut books = NodeBooks::new("n", a100s(2));
+    let held = place(&mut books, "a", &one(1, mib(1_024), 0));
+    assert_eq!(uuids(&held), [["gpu0"]]);
+    let stale = books.fit("b", &one(1, mib(1_024), 0)).unwrap();
+    let before = books.version();
+    let mut gpus = a100s(2);
+    gpus[0].healthy = false;
+    gpus[1].healthy = false;
+    let (updated, problems) = books.with_gpus(gpus);
+    assert_eq!(problems, []);
+    assert_eq!(updated.version(), before + 1);
+    assert_eq!(updated.assignment("a"), Some(&held));
+    let short = updated.fit("b", &one(1, mib(1_024), 0)).unwrap_err();
+    assert_eq!(short.to_string(), "n: all 2 GPUs unhealthy");
+    let mut updated = updated;
+    assert!(matches!(
+        updated.reserve(before, stale),
+        Err(BooksError::Conflict { .. })
+    ));
+    // A GPU gone with a pod on it: the pod's assignment is reported, not kept.
+    let (shrunk, problems) = books.with_gpus(a100s(2).split_off(1));
+    assert_eq!(
+        problems.iter().map(ToString::to_string).collect::<Vec<_>>(),
+        ["n: pod a container \"main\": no GPU gpu0 on this node"]
+    );
+    assert_eq!(shrunk.assignments().count(), 0);
+}
+
+#[test]
 fn scores_follow_the_node_policy() {
     let mut books = NodeBooks::new("n", a100s(2));
     let request = one(1, mib(A100_40), 100);
@@ -397,6 +427,8 @@ enum Op {
     Release(usize),
     /// Rebuild from the recorded assignments, some listed twice.
     Rebuild { duplicate: usize },
+    /// Mark one GPU healthy or not.
+    Health { gpu: usize, healthy: bool },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -411,6 +443,7 @@ fn op() -> impl Strategy<Value = Op> {
             .prop_map(|(gpu, memory_mib, cores)| Op::Raw { gpu, memory_mib, cores }),
         2 => (0usize..16).prop_map(Op::Release),
         1 => (0usize..16).prop_map(|duplicate| Op::Rebuild { duplicate }),
+        1 => (0usize..4, any::<bool>()).prop_map(|(gpu, healthy)| Op::Health { gpu, healthy }),
     ]
 }
 
@@ -503,6 +536,16 @@ proptest! {
                     prop_assert_eq!(rebuilt.assignments().count(), count);
                     prop_assert_eq!(problems.len(), usize::from(duplicate < count));
                     books = rebuilt;
+                }
+                Op::Health { gpu, healthy } => {
+                    let mut gpus: Vec<GpuRecord> = books.gpus().map(|(g, _)| g.clone()).collect();
+                    gpus[gpu].healthy = healthy;
+                    let count = books.assignments().count();
+                    let (updated, problems) = books.with_gpus(gpus);
+                    prop_assert_eq!(problems, vec![]);
+                    prop_assert_eq!(updated.assignments().count(), count);
+                    prop_assert!(updated.version() > books.version());
+                    books = updated;
                 }
             }
             check_invariants(&books)?;
