@@ -5,9 +5,10 @@
 //! (as Kueue fixes a workload's priority when it is created). A Deployment or
 //! StatefulSet labelled with a queue (Kueue's way) has its queue and priority labels
 //! copied into its pod template, so its replica pods are gated and queued. The HTTPS
-//! shell is `webhook_server.rs`. A pod whose HAMi-style vGPU request
-//! (`nvidia.com/gpumem`, `gpumem-percentage`, `gpucores`) is invalid is denied with the
-//! reason [`crate::vgpu::request`] gives (docs/hami.md).
+//! shell is `webhook_server.rs`. A pod, or the pod template of a Job, Deployment or
+//! StatefulSet, whose HAMi-style vGPU request (`nvidia.com/gpumem`, `gpumem-percentage`,
+//! `gpucores`) is invalid is denied with the reason [`crate::vgpu::request`] gives
+//! (docs/hami.md).
 //!
 //! Only `tessera.io/queue-name` names a queue unless [`Options::accept_kueue_labels`]
 //! (`--accept-kueue-labels`) is set: beside a real Kueue, a pod carrying Kueue's
@@ -117,18 +118,23 @@ pub fn decide_with(
     let what = match kind {
         ("", "Pod") => "Pod",
         ("batch", "Job") => "Job",
-        ("apps", "Deployment" | "StatefulSet") => {
-            return Verdict::Allow(propagate_labels(&request["object"], queue_labels))
+        ("apps", owner @ ("Deployment" | "StatefulSet")) => {
+            if let Some(e) = vgpu_error(&pod_template(object)) {
+                return Verdict::Deny(format!("{owner}: pod template: {e}"));
+            }
+            return Verdict::Allow(propagate_labels(object, queue_labels));
         }
         _ => return Verdict::Allow(Vec::new()),
     };
     if !object.is_object() {
         return Verdict::Deny(format!("{what}: request.object is missing"));
     }
-    if what == "Pod" {
-        if let Some(message) = vgpu_denial(object, &vgpu::RequestConfig::default()) {
-            return Verdict::Deny(message);
-        }
+    let denial = match what {
+        "Pod" => vgpu_error(object),
+        _ => vgpu_error(&pod_template(object)).map(|e| format!("pod template: {e}")),
+    };
+    if let Some(e) = denial {
+        return Verdict::Deny(format!("{what}: {e}"));
     }
     let labels = &object["metadata"]["labels"];
     let label = |keys: &[&str]| keys.iter().find_map(|k| labels[*k].as_str());
@@ -237,18 +243,30 @@ fn propagate_labels(object: &Value, queue_labels: &[&str]) -> Vec<Value> {
 }
 
 /// Why a pod's HAMi-style vGPU request cannot be placed, for pods that name
-/// `gpumem`, `gpumem-percentage` or `gpucores`; `None` for every other pod (a pod with
-/// only `nvidia.com/gpu` may be a whole-GPU pod and is not checked here). A pod that
-/// does not decode is left to the API server's own validation.
-fn vgpu_denial(object: &Value, config: &vgpu::RequestConfig) -> Option<String> {
-    let pod: Pod = serde_json::from_value(object.clone()).ok()?;
+/// `gpumem`, `gpumem-percentage` or `gpucores` (resources under the default
+/// `nvidia.com` prefix); `None` for every other pod (a pod with only `nvidia.com/gpu`
+/// may be a whole-GPU pod and is not checked here). A pod that does not decode is left
+/// to the API server's own validation.
+fn vgpu_error(pod: &Value) -> Option<String> {
+    let pod: Pod = serde_json::from_value(pod.clone()).ok()?;
+    let config = vgpu::RequestConfig::default();
     let names = vgpu::request::ResourceNames::new(&config.prefix);
     if !vgpu::request::carries_vgpu_resources(&pod, &names) {
         return None;
     }
-    vgpu::pod_request(&pod, config)
+    vgpu::pod_request(&pod, &config)
         .err()
-        .map(|e| format!("Pod: {e}"))
+        .map(|e| e.to_string())
+}
+
+/// The pod a Job, Deployment or StatefulSet would create, from its template.
+fn pod_template(object: &Value) -> Value {
+    let template = &object["spec"]["template"];
+    let metadata = match &template["metadata"] {
+        Value::Null => json!({}),
+        metadata => metadata.clone(),
+    };
+    json!({"metadata": metadata, "spec": template["spec"]})
 }
 
 fn owned_by_job(object: &Value) -> bool {
@@ -745,6 +763,40 @@ mod tests {
                 }
                 None => assert_eq!(response["allowed"], true, "{name}: {response}"),
             }
+        }
+    }
+
+    #[test]
+    fn invalid_vgpu_pod_templates_are_denied_at_their_owner() {
+        let template = |limits: Value| {
+            json!({"metadata": {"labels": {"app": "infer"}},
+                   "spec": one_container(limits)})
+        };
+        let bad = template(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "200"}));
+        let good = template(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "20"}));
+        let owner = |group: &str, kind: &str, template: &Value| {
+            let api_version = format!("{group}/v1");
+            let object = json!({"apiVersion": api_version, "kind": kind,
+                                "metadata": {"name": "infer", "namespace": "ml"},
+                                "spec": {"template": template}});
+            review_of((group, kind), "CREATE", object)
+        };
+        let reason = "pod template: container \"main\": nvidia.com/gpucores is 200, \
+                      above 100 (% of the GPU's SMs)";
+        for (group, kind) in [
+            ("apps", "Deployment"),
+            ("apps", "StatefulSet"),
+            ("batch", "Job"),
+        ] {
+            let out = review(&owner(group, kind, &bad), None, Options::default()).unwrap();
+            assert_eq!(out["response"]["allowed"], false, "{kind}");
+            assert_eq!(
+                out["response"]["status"]["message"],
+                format!("{kind}: {reason}"),
+                "{kind}"
+            );
+            let out = review(&owner(group, kind, &good), None, Options::default()).unwrap();
+            assert_eq!(out["response"]["allowed"], true, "{kind}");
         }
     }
 
