@@ -406,6 +406,60 @@ fn scores_follow_the_node_policy() {
     assert_eq!(books.score(&second, Policy::Spread), 0);
 }
 
+/// The burst: 50 pods of mixed sizes bound at once to one 8-GPU node by 8
+/// schedulers that fit on a copy with no lock held and reserve with the version they
+/// fitted against, fitting again on a conflict.
+#[test]
+fn concurrent_binds_with_optimistic_reserves_never_overcommit() {
+    use std::sync::{Barrier, Mutex};
+    let gpus = (0..8)
+        .map(|i| GpuRecord::new(&format!("gpu{i}"), "H100", H100_80))
+        .collect();
+    let shared = Mutex::new(NodeBooks::new("n", gpus));
+    let conflicts = Mutex::new(0u32);
+    // Every worker's first fit is made on the same books, so 7 of 8 first reserves
+    // must conflict.
+    let start = Barrier::new(8);
+    let bind = |uid: String, request: PodRequest, mut first: bool| loop {
+        let snapshot = shared.lock().expect("books").clone();
+        let assignment = snapshot.fit(&uid, &request).expect("room for every pod");
+        if std::mem::take(&mut first) {
+            start.wait();
+        }
+        let result = shared
+            .lock()
+            .expect("books")
+            .reserve(snapshot.version(), assignment);
+        match result {
+            Ok(_) => return,
+            Err(BooksError::Conflict { .. }) => *conflicts.lock().expect("count") += 1,
+            Err(other) => panic!("{uid}: {other}"),
+        }
+    };
+    std::thread::scope(|scope| {
+        for worker in 0..8u32 {
+            let bind = &bind;
+            scope.spawn(move || {
+                for k in 0..50u32 {
+                    if k % 8 != worker {
+                        continue;
+                    }
+                    let memory = mib(1_024 * u64::from(1 + k % 4));
+                    let request = one(1 + k % 2, memory, (k % 3) * 5);
+                    bind(format!("pod-{k}"), request, k == worker);
+                }
+            });
+        }
+    });
+    let books = shared.into_inner().expect("books");
+    assert_eq!(books.assignments().count(), 50);
+    check_invariants(&books).expect("within every GPU's capacity");
+    // Every bind moved the version once; conflicts moved nothing.
+    assert_eq!(books.version(), 50);
+    let conflicts = conflicts.into_inner().expect("count");
+    assert!(conflicts >= 7, "{conflicts} conflicts");
+}
+
 // --- property: the books never overcommit ------------------------------------------
 
 #[derive(Clone, Debug)]
