@@ -195,6 +195,49 @@ mod tests {
     }
 
     #[test]
+    fn the_issue_pod_from_spec_to_booking() {
+        let pod: k8s_openapi::api::core::v1::Pod = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "infer", "uid": "uid-1", "annotations": {
+                "nvidia.com/use-gputype": "A100,H100",
+                "hami.io/gpu-scheduler-policy": "binpack"}},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {
+                "nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240",
+                "nvidia.com/gpucores": "30"}}}]}
+        }))
+        .expect("a Pod");
+        let request = crate::vgpu::pod_request(&pod, &Default::default())
+            .expect("valid")
+            .expect("asks for vGPUs");
+        let l4 = NodeBooks::new("l4-node", vec![GpuRecord::new("l4", "NVIDIA L4", 23_034)]);
+        let h100 = NodeBooks::new(
+            "h100-node",
+            vec![GpuRecord::new("h0", "NVIDIA H100 80GB HBM3", 81_559)],
+        );
+        let mut nodes = [l4, h100];
+        let outcome = filter(&nodes, "uid-1", &request);
+        assert_eq!(
+            outcome.reasons()["l4-node"],
+            "l4-node: none of its 1 GPUs is allowed by the pod's GPU annotations"
+        );
+        let [fit] = outcome.fits.as_slice() else {
+            panic!("one node fits: {outcome:?}");
+        };
+        assert_eq!(fit.node, "h100-node");
+        let grant = &fit.assignment.containers[0].grants[0];
+        assert_eq!(
+            (grant.uuid.as_str(), grant.memory_mib, grant.cores),
+            ("h0", 10_240, 30)
+        );
+        let books = &mut nodes[1];
+        assert_eq!(
+            books.reserve(fit.version, fit.assignment.clone()),
+            Ok(fit.version + 1)
+        );
+        let (_, used) = books.gpus().next().expect("one GPU");
+        assert_eq!((used.memory_mib, used.cores, used.vgpus), (10_240, 30, 1));
+    }
+
+    #[test]
     fn nodes_that_fit_are_scored_by_node_policy() {
         let nodes = [node("busy", 2, 20_480), node("idle", 2, 0)];
         let mut want = request(1, 10_240, 0);
