@@ -6,7 +6,7 @@
 //!   typed error naming the container and the field (the webhook denies with it);
 //! - [`books`]: per-node, per-GPU books; `fit`, versioned `reserve` (optimistic
 //!   concurrency instead of HAMi's node lock), `release`, `rebuild`, node scores;
-//! - [`filter`]: one pod over many nodes, with one reason per node and a summary.
+//! - [`filter`](mod@filter): one pod over many nodes, with one reason per node and a summary.
 //!
 //! The semantics and where they differ from HAMi: docs/hami.md.
 
