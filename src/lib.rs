@@ -23,4 +23,5 @@ pub mod proto;
 pub mod quota;
 pub mod shimfiles;
 pub mod sim;
+pub mod vgpu;
 pub mod yaml;

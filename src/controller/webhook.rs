@@ -5,7 +5,10 @@
 //! (as Kueue fixes a workload's priority when it is created). A Deployment or
 //! StatefulSet labelled with a queue (Kueue's way) has its queue and priority labels
 //! copied into its pod template, so its replica pods are gated and queued. The HTTPS
-//! shell is `webhook_server.rs`.
+//! shell is `webhook_server.rs`. A pod, or the pod template of a Job, Deployment or
+//! StatefulSet, whose HAMi-style vGPU request (`nvidia.com/gpumem`, `gpumem-percentage`,
+//! `gpucores`) is invalid is denied with the reason [`crate::vgpu::request`] gives
+//! (docs/hami.md).
 //!
 //! Only `tessera.io/queue-name` names a queue unless [`Options::accept_kueue_labels`]
 //! (`--accept-kueue-labels`) is set: beside a real Kueue, a pod carrying Kueue's
@@ -16,6 +19,8 @@ use crate::quota::scenario::{
     pod_group_counts, POD_GROUP_LABEL_KEYS as POD_GROUP_LABELS, POD_GROUP_MIN_COUNT,
     PRIORITY_LABELS, QUEUE_LABELS,
 };
+use crate::vgpu;
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 
@@ -113,13 +118,23 @@ pub fn decide_with(
     let what = match kind {
         ("", "Pod") => "Pod",
         ("batch", "Job") => "Job",
-        ("apps", "Deployment" | "StatefulSet") => {
-            return Verdict::Allow(propagate_labels(&request["object"], queue_labels))
+        ("apps", owner @ ("Deployment" | "StatefulSet")) => {
+            if let Some(e) = vgpu_error(&pod_template(object)) {
+                return Verdict::Deny(format!("{owner}: pod template: {e}"));
+            }
+            return Verdict::Allow(propagate_labels(object, queue_labels));
         }
         _ => return Verdict::Allow(Vec::new()),
     };
     if !object.is_object() {
         return Verdict::Deny(format!("{what}: request.object is missing"));
+    }
+    let denial = match what {
+        "Pod" => vgpu_error(object),
+        _ => vgpu_error(&pod_template(object)).map(|e| format!("pod template: {e}")),
+    };
+    if let Some(e) = denial {
+        return Verdict::Deny(format!("{what}: {e}"));
     }
     let labels = &object["metadata"]["labels"];
     let label = |keys: &[&str]| keys.iter().find_map(|k| labels[*k].as_str());
@@ -225,6 +240,33 @@ fn propagate_labels(object: &Value, queue_labels: &[&str]) -> Vec<Value> {
     } else {
         vec![json!({"op": "add", "path": "/spec/template/metadata", "value": {"labels": missing}})]
     }
+}
+
+/// Why a pod's HAMi-style vGPU request cannot be placed, for pods that name
+/// `gpumem`, `gpumem-percentage` or `gpucores` (resources under the default
+/// `nvidia.com` prefix); `None` for every other pod (a pod with only `nvidia.com/gpu`
+/// may be a whole-GPU pod and is not checked here). A pod that does not decode is left
+/// to the API server's own validation.
+fn vgpu_error(pod: &Value) -> Option<String> {
+    let pod: Pod = serde_json::from_value(pod.clone()).ok()?;
+    let config = vgpu::RequestConfig::default();
+    let names = vgpu::request::ResourceNames::new(&config.prefix);
+    if !vgpu::request::carries_vgpu_resources(&pod, &names) {
+        return None;
+    }
+    vgpu::pod_request(&pod, &config)
+        .err()
+        .map(|e| e.to_string())
+}
+
+/// The pod a Job, Deployment or StatefulSet would create, from its template.
+fn pod_template(object: &Value) -> Value {
+    let template = &object["spec"]["template"];
+    let metadata = match &template["metadata"] {
+        Value::Null => json!({}),
+        metadata => metadata.clone(),
+    };
+    json!({"metadata": metadata, "spec": template["spec"]})
 }
 
 fn owned_by_job(object: &Value) -> bool {
@@ -592,6 +634,187 @@ mod tests {
             };
             assert_eq!(ops.len(), 1, "{options:?}: the gate");
         }
+    }
+
+    /// An AdmissionReview as the API server sends it for a pod CREATE.
+    fn pod_review(annotations: Value, labels: Value, spec: Value) -> Value {
+        json!({
+            "apiVersion": "admission.k8s.io/v1",
+            "kind": "AdmissionReview",
+            "request": {
+                "uid": "705ab4f5-6393-11e8-b7cc-42010a800002",
+                "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                "resource": {"group": "", "version": "v1", "resource": "pods"},
+                "requestKind": {"group": "", "version": "v1", "kind": "Pod"},
+                "requestResource": {"group": "", "version": "v1", "resource": "pods"},
+                "name": "infer",
+                "namespace": "ml",
+                "operation": "CREATE",
+                "userInfo": {"username": "alice", "groups": ["system:authenticated"]},
+                "object": {
+                    "apiVersion": "v1",
+                    "kind": "Pod",
+                    "metadata": {"name": "infer", "namespace": "ml",
+                                 "labels": labels, "annotations": annotations},
+                    "spec": spec,
+                },
+                "oldObject": null,
+                "dryRun": false,
+                "options": {"apiVersion": "meta.k8s.io/v1", "kind": "CreateOptions"},
+            }
+        })
+    }
+
+    fn one_container(limits: Value) -> Value {
+        json!({"containers": [{"name": "main", "image": "cuda",
+                               "resources": {"limits": limits}}]})
+    }
+
+    #[test]
+    fn invalid_vgpu_requests_are_denied_with_the_reason() {
+        let issue_pod = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240",
+                               "nvidia.com/gpucores": "30"});
+        // (case, annotations, labels, spec, None if allowed / the denial message)
+        let cases = [
+            (
+                "the issue's pod",
+                json!({"nvidia.com/use-gputype": "A100,H100",
+                       "hami.io/gpu-scheduler-policy": "binpack"}),
+                json!({}),
+                one_container(issue_pod.clone()),
+                None,
+            ),
+            (
+                "gpucores above 100",
+                json!({}),
+                json!({}),
+                one_container(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"})),
+                Some("Pod: container \"main\": nvidia.com/gpucores is 150, above 100 (% of the GPU's SMs)"),
+            ),
+            (
+                "memory and percentage together",
+                json!({}),
+                json!({}),
+                one_container(json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024",
+                                     "nvidia.com/gpumem-percentage": "50"})),
+                Some("Pod: container \"main\": nvidia.com/gpumem and nvidia.com/gpumem-percentage together; ask for one of them"),
+            ),
+            (
+                "gpumem without a count",
+                json!({}),
+                json!({}),
+                one_container(json!({"nvidia.com/gpumem": "1024"})),
+                Some("Pod: container \"main\": nvidia.com/gpumem without nvidia.com/gpu; add nvidia.com/gpu: 1 (HAMi adds it silently, Tessera asks you to write it)"),
+            ),
+            (
+                "unknown policy on a vGPU pod",
+                json!({"hami.io/node-scheduler-policy": "random"}),
+                json!({}),
+                one_container(issue_pod.clone()),
+                Some("Pod: annotation hami.io/node-scheduler-policy: \"random\" is not a policy (binpack or spread)"),
+            ),
+            (
+                "an invalid init container",
+                json!({}),
+                json!({}),
+                json!({"initContainers": [{"name": "warm", "image": "cuda",
+                        "resources": {"limits": {"nvidia.com/gpu": "1",
+                                                 "nvidia.com/gpumem-percentage": "120"}}}],
+                       "containers": [{"name": "main", "image": "cuda"}]}),
+                Some("Pod: container \"warm\": nvidia.com/gpumem-percentage is 120, not between 1 and 100"),
+            ),
+            (
+                "a queued vGPU pod is still checked",
+                json!({}),
+                json!({"tessera.io/queue-name": "lq"}),
+                one_container(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "101"})),
+                Some("Pod: container \"main\": nvidia.com/gpucores is 101, above 100 (% of the GPU's SMs)"),
+            ),
+            (
+                "a whole-GPU pod is not a vGPU pod",
+                json!({"hami.io/node-scheduler-policy": "random"}),
+                json!({}),
+                one_container(json!({"nvidia.com/gpu": "1"})),
+                None,
+            ),
+            (
+                "a CPU pod is left alone",
+                json!({"nvidia.com/use-gputype": ""}),
+                json!({}),
+                one_container(json!({"cpu": "1"})),
+                None,
+            ),
+        ];
+        for (name, annotations, labels, spec, denial) in cases {
+            let out = review(
+                &pod_review(annotations, labels, spec),
+                None,
+                Options::default(),
+            )
+            .unwrap();
+            let response = &out["response"];
+            assert_eq!(out["kind"], "AdmissionReview", "{name}");
+            assert_eq!(response["uid"], "705ab4f5-6393-11e8-b7cc-42010a800002");
+            match denial {
+                Some(message) => {
+                    assert_eq!(response["allowed"], false, "{name}: {response}");
+                    assert_eq!(response["status"]["code"], 400, "{name}");
+                    assert_eq!(response["status"]["message"], message, "{name}");
+                }
+                None => assert_eq!(response["allowed"], true, "{name}: {response}"),
+            }
+        }
+    }
+
+    #[test]
+    fn invalid_vgpu_pod_templates_are_denied_at_their_owner() {
+        let template = |limits: Value| {
+            json!({"metadata": {"labels": {"app": "infer"}},
+                   "spec": one_container(limits)})
+        };
+        let bad = template(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "200"}));
+        let good = template(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "20"}));
+        let owner = |group: &str, kind: &str, template: &Value| {
+            let api_version = format!("{group}/v1");
+            let object = json!({"apiVersion": api_version, "kind": kind,
+                                "metadata": {"name": "infer", "namespace": "ml"},
+                                "spec": {"template": template}});
+            review_of((group, kind), "CREATE", object)
+        };
+        let reason = "pod template: container \"main\": nvidia.com/gpucores is 200, \
+                      above 100 (% of the GPU's SMs)";
+        for (group, kind) in [
+            ("apps", "Deployment"),
+            ("apps", "StatefulSet"),
+            ("batch", "Job"),
+        ] {
+            let out = review(&owner(group, kind, &bad), None, Options::default()).unwrap();
+            assert_eq!(out["response"]["allowed"], false, "{kind}");
+            assert_eq!(
+                out["response"]["status"]["message"],
+                format!("{kind}: {reason}"),
+                "{kind}"
+            );
+            let out = review(&owner(group, kind, &good), None, Options::default()).unwrap();
+            assert_eq!(out["response"]["allowed"], true, "{kind}");
+        }
+    }
+
+    #[test]
+    fn a_valid_queued_vgpu_pod_is_gated_as_before() {
+        let limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "25"});
+        let out = review(
+            &pod_review(
+                json!({}),
+                json!({"tessera.io/queue-name": "lq"}),
+                one_container(limits),
+            ),
+            None,
+            Options::default(),
+        )
+        .unwrap();
+        assert_eq!(out["response"]["allowed"], true);
+        assert_eq!(out["response"]["patchType"], "JSONPatch");
     }
 
     #[test]
