@@ -312,19 +312,28 @@ pub fn claim_dir_id(claim_uid: &str) -> String {
     format!("{}{claim_uid}", shimfiles::CLAIM_PREFIX)
 }
 
+/// The GPUs of a planned claim in `NVIDIA_VISIBLE_DEVICES` order: each once, in the order
+/// of their first device.
+fn visible_order(devices: &[PlannedDevice]) -> Vec<&str> {
+    let mut visible: Vec<&str> = Vec::new();
+    for d in devices {
+        if !visible.contains(&d.visible.as_str()) {
+            visible.push(&d.visible);
+        }
+    }
+    visible
+}
+
 /// The vGPU limits of a planned claim, per CUDA ordinal (the order of
 /// `NVIDIA_VISIBLE_DEVICES`; shares of one GPU add up, cores at most 100).
 pub fn claim_limits(devices: &[PlannedDevice]) -> Vec<UnitLimits> {
-    let mut visible: Vec<&str> = Vec::new();
+    let visible = visible_order(devices);
     let mut shares: BTreeMap<usize, (u64, u32)> = BTreeMap::new();
     for d in devices {
-        let pos = match visible.iter().position(|v| *v == d.visible) {
-            Some(p) => p,
-            None => {
-                visible.push(&d.visible);
-                visible.len() - 1
-            }
-        };
+        let pos = visible
+            .iter()
+            .position(|v| *v == d.visible)
+            .unwrap_or_default();
         if let Some((m, c)) = d.share {
             let e = shares.entry(pos).or_insert((0, 0));
             e.0 += m;
@@ -400,22 +409,10 @@ fn claim_spec(
     devices: &[PlannedDevice],
     settings: &AllocateSettings,
 ) -> Spec {
-    let mut visible: Vec<&str> = Vec::new();
-    let mut shares: BTreeMap<usize, (u64, u32)> = BTreeMap::new();
+    let visible = visible_order(devices);
+    let limits = claim_limits(devices);
     let mut cdi_devices = Vec::new();
     for d in devices {
-        let pos = match visible.iter().position(|v| *v == d.visible) {
-            Some(p) => p,
-            None => {
-                visible.push(&d.visible);
-                visible.len() - 1
-            }
-        };
-        if let Some((m, c)) = d.share {
-            let e = shares.entry(pos).or_insert((0, 0));
-            e.0 += m;
-            e.1 = (e.1 + c).min(100);
-        }
         let minor = inventory
             .gpus
             .iter()
@@ -432,10 +429,13 @@ fn claim_spec(
     }
     let mut env = vec![format!("NVIDIA_VISIBLE_DEVICES={}", visible.join(","))];
     let mut mounts = Vec::new();
-    if !shares.is_empty() {
-        for (i, (m, c)) in &shares {
-            env.push(format!("CUDA_DEVICE_MEMORY_LIMIT_{i}={m}m"));
-            env.push(format!("CUDA_DEVICE_SM_LIMIT_{i}={c}"));
+    if !limits.is_empty() {
+        for l in &limits {
+            env.push(format!(
+                "CUDA_DEVICE_MEMORY_LIMIT_{}={}m",
+                l.index, l.memory_mib
+            ));
+            env.push(format!("CUDA_DEVICE_SM_LIMIT_{}={}", l.index, l.cores));
         }
         env.push(format!(
             "CUDA_DEVICE_MEMORY_SHARED_CACHE={CONTAINER_CACHE_DIR}/{}",
