@@ -260,6 +260,19 @@ impl NodeBooks {
         (books, problems)
     }
 
+    /// These books replaced by ones rebuilt from `gpus` and `assignments` (as
+    /// [`NodeBooks::rebuild`]), at a newer version than these, so a fit made against
+    /// these fails to reserve on the new ones.
+    pub fn replaced(
+        &self,
+        gpus: Vec<GpuRecord>,
+        assignments: impl IntoIterator<Item = Assignment>,
+    ) -> (Self, Vec<BooksError>) {
+        let (mut books, problems) = NodeBooks::rebuild(&self.node, gpus, assignments);
+        books.version = self.version.max(books.version) + 1;
+        (books, problems)
+    }
+
     /// The node's name.
     pub fn node(&self) -> &str {
         &self.node

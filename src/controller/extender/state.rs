@@ -1,0 +1,356 @@
+//! The extender's books: one [`NodeBooks`] per vGPU node, kept current from the
+//! Nodes' records and the pods' assignment annotations ([`Books::sync`]), read by
+//! filter and prioritize, and changed by bind ([`Books::reserve`]) without a node lock.
+//!
+//! ```text
+//! watch events ─► sync: per node, desired = records + annotated pods + binds in flight;
+//!                       a node whose desired state differs is replaced (newer version)
+//! /filter, /prioritize ─► fit on every candidate (one short lock)
+//! /bind ─► copy the node's books, fit with no lock, reserve(version) under the lock;
+//!          Conflict → fit again on the fresh books; the reservation is "in flight"
+//!          until the watch shows the pod's annotation (or the bind fails: released)
+//! ```
+//!
+//! No I/O here: the HTTP server and the watch loop call in with decoded objects and
+//! the time.
+
+use super::records::{heartbeat_problem, NodeState, PodAssignment};
+use crate::vgpu::{filter, pod_request, Assignment, NodeBooks, PodRequest, RequestConfig};
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use std::collections::BTreeMap;
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+/// How many times a bind fits again after a conflicting reserve before giving up (the
+/// scheduler then retries the pod).
+const MAX_BIND_ATTEMPTS: usize = 16;
+
+/// What the books are configured with.
+#[derive(Clone, Debug)]
+pub struct BooksConfig {
+    /// How pods' requests are read (resource prefix, HAMi's defaults).
+    pub request: RequestConfig,
+    /// A node whose heartbeat is older than this is out of scheduling.
+    pub heartbeat_window: Duration,
+    /// A bind's reservation not yet seen on the pod by the watch is kept this long.
+    pub in_flight_grace: Duration,
+}
+
+impl Default for BooksConfig {
+    fn default() -> Self {
+        BooksConfig {
+            request: RequestConfig::default(),
+            heartbeat_window: Duration::from_secs(60),
+            in_flight_grace: Duration::from_secs(120),
+        }
+    }
+}
+
+/// An error answering the scheduler (said in the answer's `error`).
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum BindError {
+    /// The books have not been built from the cluster yet.
+    #[error("the vGPU books are not synced with the cluster yet; retry")]
+    NotSynced,
+    /// The node cannot take the pod now.
+    #[error("pod no longer fits: {0}")]
+    NoFit(String),
+    /// The pod's request cannot be placed as written.
+    #[error("{0}")]
+    Request(String),
+    /// Other binds kept changing the node.
+    #[error("node {0}: books changed on every one of {MAX_BIND_ATTEMPTS} attempts; retry")]
+    Contended(String),
+    /// Booking refused for another reason.
+    #[error("{0}")]
+    Books(String),
+}
+
+/// The filter's answer for one pod.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Filtered {
+    /// Nodes that fit, with their 0..=10 score, in the order asked.
+    pub fits: Vec<(String, u8)>,
+    /// Nodes short of something preemption could free.
+    pub failed: BTreeMap<String, String>,
+    /// Nodes no preemption helps (no vGPU record, stale heartbeat, a bad request).
+    pub unresolvable: BTreeMap<String, String>,
+    /// Why the pod fits nowhere (for the log).
+    pub summary: Option<String>,
+}
+
+struct Node {
+    state: NodeState,
+    books: NodeBooks,
+}
+
+#[derive(Default)]
+struct Inner {
+    synced: bool,
+    nodes: BTreeMap<String, Node>,
+    /// Pod UID → a bind's reservation and when it was made.
+    in_flight: BTreeMap<String, (Assignment, Timestamp)>,
+}
+
+/// The shared books.
+pub struct Books {
+    config: BooksConfig,
+    inner: Mutex<Inner>,
+}
+
+impl Books {
+    pub fn new(config: BooksConfig) -> Books {
+        Books {
+            config,
+            inner: Mutex::new(Inner::default()),
+        }
+    }
+
+    pub fn config(&self) -> &BooksConfig {
+        &self.config
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // Plain data: a panic elsewhere while holding it leaves nothing half-changed
+        // that a later sync does not rebuild.
+        self.inner.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the books have been built from the cluster once.
+    pub fn synced(&self) -> bool {
+        self.lock().synced
+    }
+
+    /// Brings the books in line with the cluster: `nodes` (every vGPU node's state)
+    /// and `pods` (every pod's recorded assignment). Reservations of binds the watch
+    /// has not shown yet are kept for the grace period. Returns the problems found
+    /// (unreadable or overcommitting records), for the log.
+    pub fn sync(
+        &self,
+        nodes: Vec<NodeState>,
+        pods: Vec<PodAssignment>,
+        now: Timestamp,
+    ) -> Vec<String> {
+        let mut problems = Vec::new();
+        let mut inner = self.lock();
+        let mut pods: Vec<PodAssignment> = pods.into_iter().filter(|p| !p.finished).collect();
+        pods.sort_by(|a, b| {
+            (&a.created, &a.assignment.pod_uid).cmp(&(&b.created, &b.assignment.pod_uid))
+        });
+        let grace_ms = i64::try_from(self.config.in_flight_grace.as_millis()).unwrap_or(i64::MAX);
+        inner.in_flight.retain(|uid, (_, at)| {
+            !pods.iter().any(|p| &p.assignment.pod_uid == uid)
+                && now.as_millisecond().saturating_sub(at.as_millisecond()) <= grace_ms
+        });
+        let mut desired: BTreeMap<String, Vec<Assignment>> = BTreeMap::new();
+        for p in &pods {
+            desired
+                .entry(p.assignment.node.clone())
+                .or_default()
+                .push(p.assignment.clone());
+        }
+        for (a, _) in inner.in_flight.values() {
+            desired.entry(a.node.clone()).or_default().push(a.clone());
+        }
+        let mut next = BTreeMap::new();
+        for state in nodes {
+            let gpus = state.gpus.clone().unwrap_or_default();
+            let assignments = desired.remove(&state.name).unwrap_or_default();
+            let books = match inner.nodes.remove(&state.name) {
+                Some(old) if same(&old.books, &gpus, &assignments) => old.books,
+                Some(old) => {
+                    let (books, errors) = old.books.replaced(gpus, assignments);
+                    problems.extend(errors.iter().map(|e| e.to_string()));
+                    books
+                }
+                None => {
+                    let (books, errors) = NodeBooks::rebuild(&state.name, gpus, assignments);
+                    problems.extend(errors.iter().map(|e| e.to_string()));
+                    books
+                }
+            };
+            next.insert(state.name.clone(), Node { state, books });
+        }
+        for node in desired.keys() {
+            problems.push(format!(
+                "pods hold vGPUs on {node}, which publishes no vGPU record"
+            ));
+        }
+        inner.nodes = next;
+        inner.synced = true;
+        problems
+    }
+
+    /// Filter and prioritize in one: every candidate node fitted for the pod.
+    pub fn filter(&self, pod: &Pod, candidates: &[String], now: Timestamp) -> Filtered {
+        let mut out = Filtered::default();
+        let request = match pod_request(pod, &self.config.request) {
+            Ok(Some(r)) => r,
+            // Not a vGPU pod: nothing of the extender's to judge.
+            Ok(None) => {
+                out.fits = candidates.iter().map(|n| (n.clone(), 0)).collect();
+                return out;
+            }
+            Err(e) => {
+                let why = e.to_string();
+                out.unresolvable = candidates
+                    .iter()
+                    .map(|n| (n.clone(), why.clone()))
+                    .collect();
+                out.summary = Some(why);
+                return out;
+            }
+        };
+        let uid = pod_uid(pod);
+        let inner = self.lock();
+        let mut usable = Vec::new();
+        for name in candidates {
+            match self.usable(&inner, name, now) {
+                Ok(books) => usable.push(books),
+                Err(why) => {
+                    out.unresolvable.insert(name.clone(), why);
+                }
+            }
+        }
+        let outcome = filter(usable, &uid, &request);
+        drop(inner);
+        out.summary = outcome.summary(&request);
+        out.failed = outcome.reasons();
+        out.fits = outcome
+            .fits
+            .into_iter()
+            .map(|f| (f.node, f.score))
+            .collect();
+        out
+    }
+
+    /// The node's books if it may take pods now, else why not.
+    fn usable<'a>(
+        &self,
+        inner: &'a Inner,
+        name: &str,
+        now: Timestamp,
+    ) -> Result<&'a NodeBooks, String> {
+        let Some(node) = inner.nodes.get(name) else {
+            return Err(format!(
+                "{name}: publishes no vGPU devices (annotation {})",
+                super::records::DEVICES_ANNOTATION
+            ));
+        };
+        if let Err(why) = &node.state.gpus {
+            return Err(why.clone());
+        }
+        match heartbeat_problem(&node.state, now, self.config.heartbeat_window) {
+            Some(why) => Err(why),
+            None => Ok(&node.books),
+        }
+    }
+
+    /// Books the pod on `node` for a bind: fits on a copy of the node's books with no
+    /// lock held, reserves with the version fitted against, and fits again on a
+    /// conflict. A pod already booked on `node` gets its booking back (a retried bind);
+    /// one booked elsewhere is released there first.
+    pub fn reserve(&self, pod: &Pod, node: &str, now: Timestamp) -> Result<Assignment, BindError> {
+        let request = match pod_request(pod, &self.config.request) {
+            Ok(Some(r)) => r,
+            Ok(None) => return Err(BindError::Request("the pod asks for no vGPUs".into())),
+            Err(e) => return Err(BindError::Request(e.to_string())),
+        };
+        let uid = pod_uid(pod);
+        for _ in 0..MAX_BIND_ATTEMPTS {
+            let copy = {
+                let mut inner = self.lock();
+                if !inner.synced {
+                    return Err(BindError::NotSynced);
+                }
+                if let Some(held) = held_on(&inner, &uid, node) {
+                    return Ok(held);
+                }
+                release_locked(&mut inner, &uid);
+                self.usable(&inner, node, now)
+                    .map_err(BindError::NoFit)?
+                    .clone()
+            };
+            match self.try_reserve(&copy, &uid, &request, now)? {
+                Some(assignment) => return Ok(assignment),
+                None => continue,
+            }
+        }
+        Err(BindError::Contended(node.to_string()))
+    }
+
+    /// One fit on `copy` and a reserve against its version; `None` on a conflict.
+    fn try_reserve(
+        &self,
+        copy: &NodeBooks,
+        uid: &str,
+        request: &PodRequest,
+        now: Timestamp,
+    ) -> Result<Option<Assignment>, BindError> {
+        let assignment = copy
+            .fit(uid, request)
+            .map_err(|s| BindError::NoFit(s.to_string()))?;
+        let mut inner = self.lock();
+        let Some(node) = inner.nodes.get_mut(copy.node()) else {
+            return Err(BindError::NoFit(format!(
+                "{}: no longer a vGPU node",
+                copy.node()
+            )));
+        };
+        match node.books.reserve(copy.version(), assignment.clone()) {
+            Ok(_) => {
+                inner
+                    .in_flight
+                    .insert(uid.to_string(), (assignment.clone(), now));
+                Ok(Some(assignment))
+            }
+            Err(crate::vgpu::BooksError::Conflict { .. }) => Ok(None),
+            Err(e) => Err(BindError::Books(e.to_string())),
+        }
+    }
+
+    /// Frees what the pod holds (a bind that failed after reserving).
+    pub fn release(&self, pod_uid: &str) {
+        release_locked(&mut self.lock(), pod_uid);
+    }
+
+    /// The assignment the pod holds, wherever.
+    pub fn assignment(&self, pod_uid: &str) -> Option<Assignment> {
+        let inner = self.lock();
+        inner
+            .nodes
+            .values()
+            .find_map(|n| n.books.assignment(pod_uid).cloned())
+    }
+
+    /// A copy of one node's books (tests, diagnostics).
+    pub fn node_books(&self, node: &str) -> Option<NodeBooks> {
+        self.lock().nodes.get(node).map(|n| n.books.clone())
+    }
+}
+
+fn pod_uid(pod: &Pod) -> String {
+    pod.metadata.uid.clone().unwrap_or_default()
+}
+
+fn held_on(inner: &Inner, uid: &str, node: &str) -> Option<Assignment> {
+    inner.nodes.get(node)?.books.assignment(uid).cloned()
+}
+
+fn release_locked(inner: &mut Inner, uid: &str) {
+    inner.in_flight.remove(uid);
+    for node in inner.nodes.values_mut() {
+        node.books.release(uid);
+    }
+}
+
+/// Whether `books` already describe these GPUs and hold exactly these assignments.
+fn same(books: &NodeBooks, gpus: &[crate::vgpu::GpuRecord], assignments: &[Assignment]) -> bool {
+    let held: Vec<&Assignment> = books.assignments().collect();
+    books.gpus().map(|(g, _)| g).eq(gpus.iter())
+        && held.len() == assignments.len()
+        && assignments
+            .iter()
+            .all(|a| books.assignment(&a.pod_uid) == Some(a))
+}
