@@ -324,6 +324,11 @@ impl Books {
             .find_map(|n| n.books.assignment(pod_uid).cloned())
     }
 
+    /// Binds whose reservation the watch has not shown on the pod yet.
+    pub fn in_flight(&self) -> usize {
+        self.lock().in_flight.len()
+    }
+
     /// A copy of one node's books (tests, diagnostics).
     pub fn node_books(&self, node: &str) -> Option<NodeBooks> {
         self.lock().nodes.get(node).map(|n| n.books.clone())
