@@ -326,13 +326,17 @@ pub async fn keep_books(client: kube::Client, books: Arc<Books>, shutdown: Cance
             .filter_map(records::node_state)
             .collect();
         let mut problems = Vec::new();
+        let pods = pods.values();
+        let present = pods
+            .iter()
+            .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_string))
+            .collect();
         let assignments = pods
-            .values()
             .iter()
             .filter_map(records::pod_assignment)
             .filter_map(|r| r.map_err(|e| problems.push(e)).ok())
             .collect();
-        problems.extend(books.sync(node_states, assignments, Timestamp::now()));
+        problems.extend(books.sync(node_states, assignments, &present, Timestamp::now()));
         for p in problems {
             warn!(problem = %p, "vGPU books");
         }

@@ -18,7 +18,7 @@ use super::records::{heartbeat_problem, NodeState, PodAssignment};
 use crate::vgpu::{filter, pod_request, Assignment, NodeBooks, PodRequest, RequestConfig};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -80,6 +80,15 @@ pub struct Filtered {
     pub summary: Option<String>,
 }
 
+/// A bind's reservation the watch has not shown on the pod yet.
+struct InFlight {
+    assignment: Assignment,
+    /// When it was reserved.
+    at: Timestamp,
+    /// A sync has seen the pod since (so its absence later means it was deleted).
+    seen: bool,
+}
+
 struct Node {
     state: NodeState,
     books: NodeBooks,
@@ -89,8 +98,8 @@ struct Node {
 struct Inner {
     synced: bool,
     nodes: BTreeMap<String, Node>,
-    /// Pod UID → a bind's reservation and when it was made.
-    in_flight: BTreeMap<String, (Assignment, Timestamp)>,
+    /// Pod UID → a bind's reservation not yet seen on the pod.
+    in_flight: BTreeMap<String, InFlight>,
 }
 
 /// The shared books.
@@ -122,14 +131,16 @@ impl Books {
         self.lock().synced
     }
 
-    /// Brings the books in line with the cluster: `nodes` (every vGPU node's state)
-    /// and `pods` (every pod's recorded assignment). Reservations of binds the watch
-    /// has not shown yet are kept for the grace period. Returns the problems found
-    /// (unreadable or overcommitting records), for the log.
+    /// Brings the books in line with the cluster: `nodes` (every vGPU node's state),
+    /// `pods` (every pod's recorded assignment) and `present` (the UIDs of every pod).
+    /// A bind's reservation not yet shown on its pod is kept until the pod shows it, or
+    /// is seen and then gone (deleted), or for the grace period at most. Returns the
+    /// problems found (unreadable or overcommitting records), for the log.
     pub fn sync(
         &self,
         nodes: Vec<NodeState>,
         pods: Vec<PodAssignment>,
+        present: &BTreeSet<String>,
         now: Timestamp,
     ) -> Vec<String> {
         let mut problems = Vec::new();
@@ -138,10 +149,15 @@ impl Books {
         pods.sort_by(|a, b| {
             (&a.created, &a.assignment.pod_uid).cmp(&(&b.created, &b.assignment.pod_uid))
         });
+        let recorded: BTreeSet<&str> = pods.iter().map(|p| p.assignment.pod_uid.as_str()).collect();
         let grace_ms = i64::try_from(self.config.in_flight_grace.as_millis()).unwrap_or(i64::MAX);
-        inner.in_flight.retain(|uid, (_, at)| {
-            !pods.iter().any(|p| &p.assignment.pod_uid == uid)
-                && now.as_millisecond().saturating_sub(at.as_millisecond()) <= grace_ms
+        inner.in_flight.retain(|uid, f| {
+            let here = present.contains(uid);
+            let keep = !recorded.contains(uid.as_str())
+                && !(f.seen && !here)
+                && now.as_millisecond().saturating_sub(f.at.as_millisecond()) <= grace_ms;
+            f.seen |= here;
+            keep
         });
         let mut desired: BTreeMap<String, Vec<Assignment>> = BTreeMap::new();
         for p in &pods {
@@ -150,8 +166,11 @@ impl Books {
                 .or_default()
                 .push(p.assignment.clone());
         }
-        for (a, _) in inner.in_flight.values() {
-            desired.entry(a.node.clone()).or_default().push(a.clone());
+        for f in inner.in_flight.values() {
+            desired
+                .entry(f.assignment.node.clone())
+                .or_default()
+                .push(f.assignment.clone());
         }
         let mut next = BTreeMap::new();
         for state in nodes {
@@ -300,9 +319,12 @@ impl Books {
         };
         match node.books.reserve(copy.version(), assignment.clone()) {
             Ok(_) => {
-                inner
-                    .in_flight
-                    .insert(uid.to_string(), (assignment.clone(), now));
+                let flight = InFlight {
+                    assignment: assignment.clone(),
+                    at: now,
+                    seen: false,
+                };
+                inner.in_flight.insert(uid.to_string(), flight);
                 Ok(Some(assignment))
             }
             Err(crate::vgpu::BooksError::Conflict { .. }) => Ok(None),
@@ -358,4 +380,131 @@ fn same(books: &NodeBooks, gpus: &[crate::vgpu::GpuRecord], assignments: &[Assig
         && assignments
             .iter()
             .all(|a| books.assignment(&a.pod_uid) == Some(a))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::extender::records::{node_state, pod_assignment};
+    use serde_json::{json, Value};
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().expect("RFC 3339")
+    }
+
+    fn node(healthy: bool) -> NodeState {
+        let devices = json!([{"uuid": "g0", "model": "A100", "memoryMiB": 40960, "slots": 4,
+                              "healthy": healthy}]);
+        node_state(&json!({"metadata": {"name": "n", "annotations": {
+            "tessera.io/vgpu-devices": devices.to_string(),
+            "tessera.io/vgpu-heartbeat": "2026-12-01T00:00:00Z"}}}))
+        .expect("a vGPU node")
+    }
+
+    fn pod(name: &str, memory: u64) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name, "uid": name},
+            "spec": {"containers": [{"name": "main", "resources": {"limits": {
+                "nvidia.com/gpu": "1", "nvidia.com/gpumem": memory.to_string()}}}]}}))
+        .expect("a Pod")
+    }
+
+    /// The pod as the watch shows it after the bind, annotated with `a`.
+    fn annotated(a: &Assignment, phase: &str) -> PodAssignment {
+        let record = super::super::records::AssignmentRecord::of(a);
+        let v: Value = json!({"metadata": {"uid": a.pod_uid, "annotations": {
+            "tessera.io/vgpu-assignment": serde_json::to_string(&record).expect("encodes")}},
+            "status": {"phase": phase}});
+        pod_assignment(&v).expect("annotated").expect("readable")
+    }
+
+    fn used(books: &Books) -> u64 {
+        let b = books.node_books("n").expect("node n");
+        b.gpus().map(|(_, u)| u.memory_mib).sum()
+    }
+
+    #[test]
+    fn a_bind_is_held_until_its_pod_shows_it_and_released_when_the_pod_ends() {
+        let now = at("2026-12-01T00:00:10Z");
+        let books = Books::new(BooksConfig::default());
+        let none = BTreeSet::new();
+        assert_eq!(
+            books.reserve(&pod("a", 1024), "n", now),
+            Err(BindError::NotSynced)
+        );
+        books.sync(vec![node(true)], vec![], &none, now);
+        let a = books.reserve(&pod("a", 10_240), "n", now).expect("fits");
+        // A retried bind gets the same booking back.
+        assert_eq!(books.reserve(&pod("a", 10_240), "n", now), Ok(a.clone()));
+        // The watch has not shown the pod yet: the reservation stays.
+        books.sync(vec![node(true)], vec![], &none, now);
+        assert_eq!((used(&books), books.in_flight()), (10_240, 1));
+        // Shown with its annotation: it stands on the record.
+        let present: BTreeSet<String> = ["a".to_string()].into();
+        books.sync(
+            vec![node(true)],
+            vec![annotated(&a, "Running")],
+            &present,
+            now,
+        );
+        assert_eq!((used(&books), books.in_flight()), (10_240, 0));
+        // Finished: released.
+        books.sync(
+            vec![node(true)],
+            vec![annotated(&a, "Succeeded")],
+            &present,
+            now,
+        );
+        assert_eq!(used(&books), 0);
+    }
+
+    #[test]
+    fn a_reservation_whose_pod_is_seen_then_gone_or_never_shown_is_dropped() {
+        let now = at("2026-12-01T00:00:10Z");
+        let books = Books::new(BooksConfig::default());
+        books.sync(vec![node(true)], vec![], &BTreeSet::new(), now);
+        books.reserve(&pod("a", 1_024), "n", now).expect("fits");
+        books.reserve(&pod("b", 2_048), "n", now).expect("fits");
+        let both: BTreeSet<String> = ["a".to_string(), "b".to_string()].into();
+        books.sync(vec![node(true)], vec![], &both, now);
+        assert_eq!(used(&books), 3_072);
+        // a deleted after it was seen: released at once; b never shown: kept.
+        let only_b: BTreeSet<String> = ["b".to_string()].into();
+        books.sync(vec![node(true)], vec![], &only_b, now);
+        assert_eq!(used(&books), 2_048);
+        let later = at("2026-12-01T00:05:00Z");
+        books.sync(vec![node(true)], vec![], &BTreeSet::new(), later);
+        assert_eq!((used(&books), books.in_flight()), (0, 0));
+    }
+
+    #[test]
+    fn a_node_described_anew_moves_its_version_and_keeps_its_pods() {
+        let now = at("2026-12-01T00:00:10Z");
+        let books = Books::new(BooksConfig::default());
+        books.sync(vec![node(true)], vec![], &BTreeSet::new(), now);
+        let a = books.reserve(&pod("a", 1_024), "n", now).expect("fits");
+        let before = books.node_books("n").expect("n").version();
+        let present: BTreeSet<String> = ["a".to_string()].into();
+        books.sync(
+            vec![node(true)],
+            vec![annotated(&a, "Running")],
+            &present,
+            now,
+        );
+        assert_eq!(
+            books.node_books("n").expect("n").version(),
+            before,
+            "nothing changed"
+        );
+        books.sync(
+            vec![node(false)],
+            vec![annotated(&a, "Running")],
+            &present,
+            now,
+        );
+        let after = books.node_books("n").expect("n");
+        assert!(after.version() > before);
+        assert_eq!(after.assignment("a"), Some(&a));
+        let out = books.filter(&pod("b", 1_024), &["n".to_string()], now);
+        assert_eq!(out.failed["n"], "n: all 1 GPUs unhealthy");
+    }
 }
