@@ -127,54 +127,12 @@ impl Extender {
 
     /// `POST /filter`.
     pub fn filter(&self, args: &ExtenderArgs, now: Timestamp) -> ExtenderFilterResult {
-        if !self.books.synced() {
-            return ExtenderFilterResult {
-                error: BindError::NotSynced.to_string(),
-                ..Default::default()
-            };
-        }
-        let names = args.node_names();
-        let out = self.books.filter(&args.pod, &names, now);
-        if let Some(summary) = &out.summary {
-            debug!(pod = ?args.pod.metadata.name, %summary, "fits no node");
-        }
-        let passed: Vec<String> = out.fits.into_iter().map(|(n, _)| n).collect();
-        let nodes = args.nodes.as_ref().map(|list| {
-            let items: Vec<&serde_json::Value> = list
-                .items
-                .iter()
-                .filter(|n| {
-                    n["metadata"]["name"]
-                        .as_str()
-                        .is_some_and(|name| passed.iter().any(|p| p == name))
-                })
-                .collect();
-            serde_json::json!({"apiVersion": "v1", "kind": "NodeList", "items": items})
-        });
-        ExtenderFilterResult {
-            nodenames: args.nodenames.is_some().then_some(passed),
-            nodes,
-            failed_nodes: out.failed,
-            failed_and_unresolvable_nodes: out.unresolvable,
-            error: String::new(),
-        }
+        filter_answer(&self.books, args, now)
     }
 
-    /// `POST /prioritize`: every candidate scored 0..=10; those that do not fit get 0.
+    /// `POST /prioritize`.
     pub fn prioritize(&self, args: &ExtenderArgs, now: Timestamp) -> Vec<HostPriority> {
-        let names = args.node_names();
-        let out = self.books.filter(&args.pod, &names, now);
-        names
-            .into_iter()
-            .map(|host| {
-                let score = out
-                    .fits
-                    .iter()
-                    .find(|(n, _)| *n == host)
-                    .map_or(0, |(_, s)| i64::from(*s).min(MAX_EXTENDER_PRIORITY));
-                HostPriority { host, score }
-            })
-            .collect()
+        prioritize_answer(&self.books, args, now)
     }
 
     /// `POST /bind`: reserve, record the assignment on the pod, create the Binding.
@@ -273,6 +231,59 @@ impl Extender {
         .map(|_| ())
         .map_err(|e| format!("binding pod {} to {}: {e}", args.pod_name, args.node))
     }
+}
+
+/// The answer to `POST /filter` from `books`.
+pub fn filter_answer(books: &Books, args: &ExtenderArgs, now: Timestamp) -> ExtenderFilterResult {
+    if !books.synced() {
+        return ExtenderFilterResult {
+            error: BindError::NotSynced.to_string(),
+            ..Default::default()
+        };
+    }
+    let names = args.node_names();
+    let out = books.filter(&args.pod, &names, now);
+    if let Some(summary) = &out.summary {
+        debug!(pod = ?args.pod.metadata.name, %summary, "fits no node");
+    }
+    let passed: Vec<String> = out.fits.into_iter().map(|(n, _)| n).collect();
+    let nodes = args.nodes.as_ref().map(|list| {
+        let items: Vec<&serde_json::Value> = list
+            .items
+            .iter()
+            .filter(|n| {
+                n["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|name| passed.iter().any(|p| p == name))
+            })
+            .collect();
+        serde_json::json!({"apiVersion": "v1", "kind": "NodeList", "items": items})
+    });
+    ExtenderFilterResult {
+        nodenames: args.nodenames.is_some().then_some(passed),
+        nodes,
+        failed_nodes: out.failed,
+        failed_and_unresolvable_nodes: out.unresolvable,
+        error: String::new(),
+    }
+}
+
+/// The answer to `POST /prioritize` from `books`: every candidate scored 0..=10;
+/// those that do not fit get 0.
+pub fn prioritize_answer(books: &Books, args: &ExtenderArgs, now: Timestamp) -> Vec<HostPriority> {
+    let names = args.node_names();
+    let out = books.filter(&args.pod, &names, now);
+    names
+        .into_iter()
+        .map(|host| {
+            let score = out
+                .fits
+                .iter()
+                .find(|(n, _)| *n == host)
+                .map_or(0, |(_, s)| i64::from(*s).min(MAX_EXTENDER_PRIORITY));
+            HostPriority { host, score }
+        })
+        .collect()
 }
 
 fn bad_request(what: &str, e: &serde_json::Error) -> Response<Full<Bytes>> {
