@@ -153,9 +153,10 @@ impl Books {
         let grace_ms = i64::try_from(self.config.in_flight_grace.as_millis()).unwrap_or(i64::MAX);
         inner.in_flight.retain(|uid, f| {
             let here = present.contains(uid);
-            let keep = !recorded.contains(uid.as_str())
-                && !(f.seen && !here)
-                && now.as_millisecond().saturating_sub(f.at.as_millisecond()) <= grace_ms;
+            let shown = recorded.contains(uid.as_str());
+            let deleted = f.seen && !here;
+            let expired = now.as_millisecond().saturating_sub(f.at.as_millisecond()) > grace_ms;
+            let keep = !(shown || deleted || expired);
             f.seen |= here;
             keep
         });
