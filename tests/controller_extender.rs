@@ -510,3 +510,72 @@ async fn a_deleted_pod_releases_its_assignment() {
     assert_eq!(filtered["nodenames"], json!(["n"]));
     ext.shutdown.cancel();
 }
+
+/// `tessera controller --extender-addr` as shipped: the flag starts the extender, which
+/// syncs from the cluster and answers; SIGTERM ends the process cleanly.
+#[tokio::test]
+async fn the_binary_serves_the_extender_on_its_flag() {
+    let api = cluster().await;
+    vgpu_node(&api, "n", 2, &now_rfc3339());
+    let pod = create_pod(&api, "p", 1_024, 10);
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("kubeconfig");
+    std::fs::write(
+        &kubeconfig,
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster: {{ server: \"{}\" }}\n\
+             users:\n- name: test\n  user: {{}}\ncontexts:\n- name: double\n  context: {{ cluster: double, user: test }}\n\
+             current-context: double\n",
+            api.url
+        ),
+    )
+    .unwrap();
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+    };
+    let (extender, probes) = (free(), free());
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(["controller", "--webhook-only", "--no-webhook"])
+        .arg(format!("--extender-addr={extender}"))
+        .arg(format!("--probe-addr={probes}"))
+        .env("KUBECONFIG", &kubeconfig)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let args = extender_args(&pod, &["n"]);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let answer = loop {
+        if tokio::net::TcpStream::connect(extender).await.is_ok() {
+            let (code, answer) = post(extender, "POST", "/filter", &args).await;
+            if code == 200 && answer.get("error").is_none() {
+                break answer;
+            }
+        }
+        if tokio::time::Instant::now() > deadline || child.try_wait().unwrap().is_some() {
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "extender not serving: {}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(answer["nodenames"], json!(["n"]));
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    )
+    .unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "exit {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
