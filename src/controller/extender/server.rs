@@ -331,20 +331,15 @@ pub async fn keep_books(client: kube::Client, books: Arc<Books>, shutdown: Cance
         if !(nodes.synced() && pods.synced()) {
             continue;
         }
-        let node_states = nodes
-            .values()
-            .iter()
-            .filter_map(records::node_state)
+        let node_states = nodes.filter_map(records::node_state);
+        let present = pods
+            .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_string))
+            .into_iter()
             .collect();
         let mut problems = Vec::new();
-        let pods = pods.values();
-        let present = pods
-            .iter()
-            .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_string))
-            .collect();
         let assignments = pods
-            .iter()
             .filter_map(records::pod_assignment)
+            .into_iter()
             .filter_map(|r| r.map_err(|e| problems.push(e)).ok())
             .collect();
         problems.extend(books.sync(node_states, assignments, &present, Timestamp::now()));
