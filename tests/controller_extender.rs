@@ -579,3 +579,26 @@ async fn the_binary_serves_the_extender_on_its_flag() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[tokio::test]
+async fn a_binding_the_api_server_refuses_releases_the_reservation() {
+    let api = cluster().await;
+    vgpu_node(&api, "n", 1, &now_rfc3339());
+    let mut pod = create_pod(&api, "taken", 20_480, 50);
+    // Another scheduler bound it meanwhile: the Binding answers 409.
+    pod["spec"]["nodeName"] = json!("elsewhere");
+    api.put_object("/api/v1/namespaces/team/pods", pod.clone());
+    let ext = start(&api).await;
+    let (_, bound) = post(ext.addr, "POST", "/bind", &binding_args(&pod, "n")).await;
+    let error = bound["error"].as_str().expect("a bind error");
+    assert!(error.starts_with("binding pod taken to n: "), "{error}");
+    assert_eq!(ext.books.assignment("uid-taken"), None);
+    let stored = stored_pod(&api, "taken");
+    assert_eq!(stored["spec"]["nodeName"], "elsewhere");
+    assert_eq!(recorded(&stored), None, "the annotation is taken back");
+    // The room is free for the next pod.
+    let next = create_pod(&api, "next", GPU_MIB, 100);
+    let (_, bound) = post(ext.addr, "POST", "/bind", &binding_args(&next, "n")).await;
+    assert_eq!(bound, json!({}));
+    ext.shutdown.cancel();
+}
