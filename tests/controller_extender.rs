@@ -203,6 +203,9 @@ async fn the_issue_pod_goes_through_filter_prioritize_and_bind() {
 
     let (code, bound) = post(ext.addr, "POST", "/bind", &binding_args(&pod, "gpu-node")).await;
     assert_eq!((code, &bound), (200, &json!({})));
+    // A retried bind (its answer lost) is done already and writes nothing.
+    let (_, again) = post(ext.addr, "POST", "/bind", &binding_args(&pod, "gpu-node")).await;
+    assert_eq!(again, json!({}));
     let stored = stored_pod(&api, "infer");
     assert_eq!(stored["spec"]["nodeName"], "gpu-node");
     let record = recorded(&stored).expect("assignment annotation");
@@ -584,11 +587,14 @@ async fn the_binary_serves_the_extender_on_its_flag() {
 async fn a_binding_the_api_server_refuses_releases_the_reservation() {
     let api = cluster().await;
     vgpu_node(&api, "n", 1, &now_rfc3339());
-    let mut pod = create_pod(&api, "taken", 20_480, 50);
-    // Another scheduler bound it meanwhile: the Binding answers 409.
-    pod["spec"]["nodeName"] = json!("elsewhere");
-    api.put_object("/api/v1/namespaces/team/pods", pod.clone());
+    let pod = create_pod(&api, "taken", 20_480, 50);
     let ext = start(&api).await;
+    // Another scheduler binds it just before our Binding: that one answers 409.
+    api.before_next_write("POST", "/api/v1/namespaces/team/pods", |api| {
+        let mut pod = stored_pod(api, "taken");
+        pod["spec"]["nodeName"] = json!("elsewhere");
+        api.put_object("/api/v1/namespaces/team/pods", pod);
+    });
     let (_, bound) = post(ext.addr, "POST", "/bind", &binding_args(&pod, "n")).await;
     let error = bound["error"].as_str().expect("a bind error");
     assert!(error.starts_with("binding pod taken to n: "), "{error}");
@@ -596,6 +602,12 @@ async fn a_binding_the_api_server_refuses_releases_the_reservation() {
     let stored = stored_pod(&api, "taken");
     assert_eq!(stored["spec"]["nodeName"], "elsewhere");
     assert_eq!(recorded(&stored), None, "the annotation is taken back");
+    // Asked again, it is refused before anything is reserved.
+    let (_, again) = post(ext.addr, "POST", "/bind", &binding_args(&pod, "n")).await;
+    assert_eq!(
+        again["error"],
+        "pod team/taken is already bound to elsewhere"
+    );
     // The room is free for the next pod.
     let next = create_pod(&api, "next", GPU_MIB, 100);
     let (_, bound) = post(ext.addr, "POST", "/bind", &binding_args(&next, "n")).await;

@@ -164,6 +164,17 @@ impl Extender {
                 args.pod_namespace, args.pod_name, args.pod_uid
             ));
         }
+        match pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) {
+            // A retried bind whose answer was lost: done already.
+            Some(bound) if bound == args.node => return Ok(()),
+            Some(bound) if !bound.is_empty() => {
+                return Err(format!(
+                    "pod {}/{} is already bound to {bound}",
+                    args.pod_namespace, args.pod_name
+                ))
+            }
+            _ => {}
+        }
         let vgpu = crate::vgpu::pod_request(&pod, &self.books.config().request)
             .map_err(|e| e.to_string())?
             .is_some();
@@ -173,7 +184,7 @@ impl Extender {
                 .reserve(&pod, &args.node, now)
                 .map_err(|e| e.to_string())?;
             let record = AssignmentRecord::of(&assignment);
-            if let Err(e) = self.annotate(&pods, &args.pod_name, Some(&record)).await {
+            if let Err(e) = self.annotate(&pods, args, Some(&record)).await {
                 self.books.release(&uid);
                 return Err(e);
             }
@@ -183,7 +194,7 @@ impl Extender {
                 self.books.release(&uid);
                 // Best effort: a leftover annotation only holds room until the pod's
                 // next bind rewrites it or the pod goes.
-                let _ = self.annotate(&pods, &args.pod_name, None).await;
+                let _ = self.annotate(&pods, args, None).await;
             }
             return Err(e);
         }
@@ -193,7 +204,7 @@ impl Extender {
     async fn annotate(
         &self,
         pods: &Api<Pod>,
-        name: &str,
+        args: &ExtenderBindingArgs,
         record: Option<&AssignmentRecord>,
     ) -> std::result::Result<(), String> {
         let value = match record {
@@ -202,8 +213,11 @@ impl Extender {
             ),
             None => serde_json::Value::Null,
         };
-        let patch =
-            serde_json::json!({"metadata": {"annotations": {ASSIGNMENT_ANNOTATION: value}}});
+        // The UID in the patch is a precondition: the API server refuses to change it,
+        // so a pod recreated under the same name is not annotated.
+        let patch = serde_json::json!({"metadata": {"uid": args.pod_uid,
+            "annotations": {ASSIGNMENT_ANNOTATION: value}}});
+        let name = &args.pod_name;
         pods.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
             .await
             .map(|_| ())
