@@ -614,3 +614,21 @@ async fn a_binding_the_api_server_refuses_releases_the_reservation() {
     assert_eq!(bound, json!({}));
     ext.shutdown.cancel();
 }
+
+/// `nodeCacheCapable: false`: the scheduler sends whole Nodes and reads Nodes back.
+#[tokio::test]
+async fn a_node_list_is_answered_with_a_node_list() {
+    let api = cluster().await;
+    vgpu_node(&api, "gpu", 1, &now_rfc3339());
+    let pod = create_pod(&api, "p", 1_024, 10);
+    let ext = start(&api).await;
+    let gpu = json!({"metadata": {"name": "gpu", "labels": {"zone": "a"}}});
+    let cpu = json!({"metadata": {"name": "cpu"}});
+    let body = json!({"pod": pod, "nodes": {"items": [gpu, cpu]}}).to_string();
+    let (code, filtered) = post(ext.addr, "POST", "/filter", &body).await;
+    assert_eq!(code, 200);
+    assert_eq!(filtered["nodes"]["items"], json!([gpu]), "{filtered}");
+    assert!(filtered.get("nodenames").is_none(), "{filtered}");
+    assert!(filtered["failedAndUnresolvableNodes"]["cpu"].is_string());
+    ext.shutdown.cancel();
+}

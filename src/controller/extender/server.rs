@@ -262,13 +262,14 @@ pub fn filter_answer(books: &Books, args: &ExtenderArgs, now: Timestamp) -> Exte
     }
     let passed: Vec<String> = out.fits.into_iter().map(|(n, _)| n).collect();
     let nodes = args.nodes.as_ref().map(|list| {
+        let fit: std::collections::HashSet<&str> = passed.iter().map(String::as_str).collect();
         let items: Vec<&serde_json::Value> = list
             .items
             .iter()
             .filter(|n| {
                 n["metadata"]["name"]
                     .as_str()
-                    .is_some_and(|name| passed.iter().any(|p| p == name))
+                    .is_some_and(|name| fit.contains(name))
             })
             .collect();
         serde_json::json!({"apiVersion": "v1", "kind": "NodeList", "items": items})
@@ -287,15 +288,15 @@ pub fn filter_answer(books: &Books, args: &ExtenderArgs, now: Timestamp) -> Exte
 pub fn prioritize_answer(books: &Books, args: &ExtenderArgs, now: Timestamp) -> Vec<HostPriority> {
     let names = args.node_names();
     let out = books.filter(&args.pod, &names, now);
+    let scores: std::collections::HashMap<&str, u8> =
+        out.fits.iter().map(|(n, s)| (n.as_str(), *s)).collect();
     names
-        .into_iter()
-        .map(|host| {
-            let score = out
-                .fits
-                .iter()
-                .find(|(n, _)| *n == host)
-                .map_or(0, |(_, s)| i64::from(*s).min(MAX_EXTENDER_PRIORITY));
-            HostPriority { host, score }
+        .iter()
+        .map(|host| HostPriority {
+            host: host.clone(),
+            score: scores
+                .get(host.as_str())
+                .map_or(0, |s| i64::from(*s).min(MAX_EXTENDER_PRIORITY)),
         })
         .collect()
 }
