@@ -334,6 +334,7 @@ pub async fn keep_books(client: kube::Client, books: Arc<Books>, shutdown: Cance
         );
         tokio::spawn(async move { feed(client, &stores[i], notify, shutdown).await });
     }
+    let mut last_problems = Vec::new();
     loop {
         tokio::select! {
             _ = shutdown.cancelled() => return,
@@ -358,8 +359,12 @@ pub async fn keep_books(client: kube::Client, books: Arc<Books>, shutdown: Cance
             .filter_map(|r| r.map_err(|e| problems.push(e)).ok())
             .collect();
         problems.extend(books.sync(node_states, assignments, &present, Timestamp::now()));
-        for p in problems {
-            warn!(problem = %p, "vGPU books");
+        // Said once, not on every sync while it lasts.
+        if problems != last_problems {
+            for p in &problems {
+                warn!(problem = %p, "vGPU books");
+            }
+            last_problems = problems;
         }
     }
 }

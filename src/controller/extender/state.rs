@@ -15,7 +15,9 @@
 //! the time.
 
 use super::records::{heartbeat_problem, NodeState, PodAssignment};
-use crate::vgpu::{filter, pod_request, Assignment, NodeBooks, PodRequest, RequestConfig};
+use crate::vgpu::{
+    filter, pod_request, Assignment, GpuRecord, NodeBooks, PodRequest, RequestConfig,
+};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use std::collections::{BTreeMap, BTreeSet};
@@ -92,6 +94,10 @@ struct InFlight {
 struct Node {
     state: NodeState,
     books: NodeBooks,
+    /// The GPUs and assignments the books were last rebuilt from: a sync rebuilds
+    /// only when these change (a record the rebuild refused is not retried, and
+    /// re-logged, on every sync).
+    built_from: (Vec<GpuRecord>, Vec<Assignment>),
 }
 
 #[derive(Default)]
@@ -177,20 +183,27 @@ impl Books {
         for state in nodes {
             let gpus = state.gpus.clone().unwrap_or_default();
             let assignments = desired.remove(&state.name).unwrap_or_default();
+            let wanted = (gpus, assignments);
             let books = match inner.nodes.remove(&state.name) {
-                Some(old) if same(&old.books, &gpus, &assignments) => old.books,
+                Some(old) if old.built_from == wanted || holds(&old.books, &wanted) => old.books,
                 Some(old) => {
-                    let (books, errors) = old.books.replaced(gpus, assignments);
+                    let (books, errors) = old.books.replaced(wanted.0.clone(), wanted.1.clone());
                     problems.extend(errors.iter().map(|e| e.to_string()));
                     books
                 }
                 None => {
-                    let (books, errors) = NodeBooks::rebuild(&state.name, gpus, assignments);
+                    let (books, errors) =
+                        NodeBooks::rebuild(&state.name, wanted.0.clone(), wanted.1.clone());
                     problems.extend(errors.iter().map(|e| e.to_string()));
                     books
                 }
             };
-            next.insert(state.name.clone(), Node { state, books });
+            let node = Node {
+                state,
+                books,
+                built_from: wanted,
+            };
+            next.insert(node.state.name.clone(), node);
         }
         for node in desired.keys() {
             problems.push(format!(
@@ -374,10 +387,9 @@ fn release_locked(inner: &mut Inner, uid: &str) {
 }
 
 /// Whether `books` already describe these GPUs and hold exactly these assignments.
-fn same(books: &NodeBooks, gpus: &[crate::vgpu::GpuRecord], assignments: &[Assignment]) -> bool {
-    let held: Vec<&Assignment> = books.assignments().collect();
+fn holds(books: &NodeBooks, (gpus, assignments): &(Vec<GpuRecord>, Vec<Assignment>)) -> bool {
     books.gpus().map(|(g, _)| g).eq(gpus.iter())
-        && held.len() == assignments.len()
+        && books.assignments().count() == assignments.len()
         && assignments
             .iter()
             .all(|a| books.assignment(&a.pod_uid) == Some(a))
@@ -507,5 +519,40 @@ mod tests {
         assert_eq!(after.assignment("a"), Some(&a));
         let out = books.filter(&pod("b", 1_024), &["n".to_string()], now);
         assert_eq!(out.failed["n"], "n: all 1 GPUs unhealthy");
+    }
+
+    #[test]
+    fn an_overcommitting_record_is_refused_once_not_on_every_sync() {
+        let now = at("2026-12-01T00:00:10Z");
+        let books = Books::new(BooksConfig::default());
+        let big = |uid: &str| Assignment {
+            pod_uid: uid.into(),
+            node: "n".into(),
+            containers: vec![crate::vgpu::books::ContainerAssignment {
+                container: "main".into(),
+                grants: vec![crate::vgpu::books::Grant {
+                    uuid: "g0".into(),
+                    memory_mib: 30_000,
+                    cores: 0,
+                }],
+            }],
+        };
+        let pods = || {
+            vec![
+                annotated(&big("a"), "Running"),
+                annotated(&big("b"), "Running"),
+            ]
+        };
+        let present: BTreeSet<String> = ["a".to_string(), "b".to_string()].into();
+        let problems = books.sync(vec![node(true)], pods(), &present, now);
+        assert_eq!(problems.len(), 1, "{problems:?}");
+        assert!(problems[0].contains("pod b"), "{problems:?}");
+        let version = books.node_books("n").expect("n").version();
+        assert_eq!(
+            books.sync(vec![node(true)], pods(), &present, now),
+            Vec::<String>::new()
+        );
+        assert_eq!(books.node_books("n").expect("n").version(), version);
+        assert_eq!(used(&books), 30_000);
     }
 }
