@@ -2,12 +2,14 @@
 //! mutating admission webhook in one process. `tessera controller crds` prints the CRDs.
 
 use anyhow::{Context, Result};
+use futures::FutureExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera::controller::certs::{self, CertConfig};
 use tessera::controller::config::ControllerConfig;
 use tessera::controller::crd;
+use tessera::controller::extender::{self, Books, BooksConfig, Extender};
 use tessera::controller::reconciler::{self, Config, SystemClock};
 use tessera::controller::tls::{CertResolver, ReloadingCert};
 use tessera::controller::webhook::Options;
@@ -97,6 +99,14 @@ pub struct Args {
     pub eviction_backoff: String,
     #[arg(long, default_value = "5m")]
     pub eviction_backoff_max: String,
+    /// Address of the kube-scheduler extender for HAMi-style vGPU pods (plain HTTP:
+    /// `POST /filter`, `/prioritize`, `/bind`); off when unset.
+    #[arg(long)]
+    pub extender_addr: Option<String>,
+    /// A node whose `tessera.io/vgpu-heartbeat` is older than this has its GPUs taken
+    /// out of the extender's scheduling.
+    #[arg(long, default_value = "60s")]
+    pub extender_heartbeat_window: String,
 }
 
 /// Where the webhook's certificate comes from.
@@ -238,6 +248,28 @@ async fn run_async(args: Args) -> Result<()> {
         )));
         health
     };
+    if let Some(addr) = &args.extender_addr {
+        let books = Arc::new(Books::new(BooksConfig {
+            heartbeat_window: Duration::from_millis(millis(
+                "extender-heartbeat-window",
+                &args.extender_heartbeat_window,
+            )?),
+            ..BooksConfig::default()
+        }));
+        let listener = extender::server::bind_listener(addr).await?;
+        info!(%addr, "serving the scheduler extender");
+        let (client, shutdown) = (client.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(
+            extender::keep_books(client.clone(), books.clone(), shutdown.clone())
+                .then(|()| async { Ok(()) }),
+        ));
+        let extender = Arc::new(Extender {
+            books,
+            client,
+            limits: Limits::default(),
+        });
+        tasks.push(tokio::spawn(extender::serve(listener, extender, shutdown)));
+    }
     let probes = webhook_server::bind_probes(&args.probe_addr).await?;
     info!(addr = %args.probe_addr, "serving /livez and /readyz");
     tasks.push(tokio::spawn(webhook_server::serve_probes(

@@ -219,6 +219,12 @@ impl Store {
             .collect()
     }
 
+    /// `f` of every cached object, where it gives something (reads without copying
+    /// the objects).
+    pub fn filter_map<T>(&self, f: impl FnMut(&Value) -> Option<T>) -> Vec<T> {
+        self.read().objects.values().filter_map(f).collect()
+    }
+
     pub fn get(&self, key: &Key) -> Option<Value> {
         self.read().objects.get(key).cloned()
     }

@@ -18,6 +18,7 @@
 //! - [`snapshot`]: reads a pass's objects (by LIST, or from the watch-fed [`cache`]);
 //!   [`reconciler`]: applies the actions, runs the loop.
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
+//! - [`extender`]: the kube-scheduler extender for HAMi-style vGPU pods (`--extender-addr`).
 
 pub mod cache;
 pub mod certs;
@@ -29,6 +30,7 @@ pub mod decide;
 mod decide_tests;
 pub mod error;
 pub mod evictions;
+pub mod extender;
 pub mod incremental;
 #[cfg(test)]
 mod incremental_tests;

@@ -481,7 +481,7 @@ impl Shared {
     }
 }
 
-fn reply(code: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+pub(crate) fn reply(code: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
     let mut r = Response::new(Full::new(Bytes::from(body)));
     *r.status_mut() = code;
     r.headers_mut().insert(
@@ -491,7 +491,7 @@ fn reply(code: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
     r
 }
 
-fn error(code: StatusCode, message: String) -> Response<Full<Bytes>> {
+pub(crate) fn error(code: StatusCode, message: String) -> Response<Full<Bytes>> {
     let body = serde_json::json!({ "error": message });
     reply(code, body.to_string().into_bytes())
 }
@@ -578,7 +578,7 @@ impl<I: AsyncWrite + Unpin> AsyncWrite for Watched<I> {
 }
 
 /// Serves HTTP/1 requests on `io` with `handle` under the watchdog of `limits`.
-async fn drive<I, F, Fut>(
+pub(crate) async fn drive<I, F, Fut>(
     io: I,
     peer: SocketAddr,
     limits: Limits,

@@ -260,6 +260,19 @@ impl NodeBooks {
         (books, problems)
     }
 
+    /// These books replaced by ones rebuilt from `gpus` and `assignments` (as
+    /// [`NodeBooks::rebuild`]), at a newer version than these, so a fit made against
+    /// these fails to reserve on the new ones.
+    pub fn replaced(
+        &self,
+        gpus: Vec<GpuRecord>,
+        assignments: impl IntoIterator<Item = Assignment>,
+    ) -> (Self, Vec<BooksError>) {
+        let (mut books, problems) = NodeBooks::rebuild(&self.node, gpus, assignments);
+        books.version = self.version.max(books.version) + 1;
+        (books, problems)
+    }
+
     /// The node's name.
     pub fn node(&self) -> &str {
         &self.node
@@ -410,7 +423,9 @@ impl NodeBooks {
                         uuid,
                     });
                 };
-                if let Err(refusal) = room_for(&self.gpus[index], &usage[index], grant) {
+                let (memory_mib, cores) = (grant.memory_mib, grant.cores);
+                if let Err(refusal) = room_for(&self.gpus[index], &usage[index], memory_mib, cores)
+                {
                     return Err(BooksError::Overcommit {
                         node,
                         pod_uid,
@@ -547,25 +562,26 @@ fn admits(
     if container.cores == 0 && used.cores >= WHOLE_GPU_CORES {
         return Err(Refusal::Taken);
     }
-    let grant = Grant {
-        uuid: gpu.uuid.clone(),
-        memory_mib: container.memory.mib_on(gpu.memory_mib),
-        cores: container.cores,
-    };
-    room_for(gpu, used, &grant)
+    room_for(
+        gpu,
+        used,
+        container.memory.mib_on(gpu.memory_mib),
+        container.cores,
+    )
 }
 
-/// Whether `grant` fits what is left on `gpu`: the capacity check every booking passes.
-fn room_for(gpu: &GpuRecord, used: &GpuUsage, grant: &Grant) -> Result<(), Refusal> {
+/// Whether a vGPU of `memory_mib` and `cores` fits what is left on `gpu`: the capacity
+/// check every booking passes.
+fn room_for(gpu: &GpuRecord, used: &GpuUsage, memory_mib: u64, cores: u32) -> Result<(), Refusal> {
     if used.vgpus >= gpu.slots {
         Err(Refusal::SlotsFull)
     } else if used.exclusive {
         Err(Refusal::Taken)
-    } else if grant.exclusive() && used.vgpus > 0 {
+    } else if cores == WHOLE_GPU_CORES && used.vgpus > 0 {
         Err(Refusal::NotIdle)
-    } else if gpu.memory_mib.saturating_sub(used.memory_mib) < grant.memory_mib {
+    } else if gpu.memory_mib.saturating_sub(used.memory_mib) < memory_mib {
         Err(Refusal::Memory)
-    } else if WHOLE_GPU_CORES.saturating_sub(used.cores) < grant.cores {
+    } else if WHOLE_GPU_CORES.saturating_sub(used.cores) < cores {
         Err(Refusal::Cores)
     } else {
         Ok(())

@@ -606,3 +606,19 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn replaced_books_are_newer_so_old_fits_conflict() {
+    let mut books = NodeBooks::new("n", a100s(2));
+    let held = place(&mut books, "held", &one(1, mib(10_240), 0));
+    let stale_fit = books.fit("late", &one(1, mib(1_024), 0)).expect("fits");
+    let before = books.version();
+    let (mut replaced, problems) = books.replaced(a100s(2), [held.clone()]);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert!(replaced.version() > before);
+    assert_eq!(replaced.assignment("held"), Some(&held));
+    assert!(matches!(
+        replaced.reserve(before, stale_fit),
+        Err(BooksError::Conflict { .. })
+    ));
+}

@@ -300,6 +300,9 @@ pub struct Selectors {
 impl Selectors {
     /// Whether a GPU of `model` with `uuid` may hold this pod's vGPUs.
     pub fn allows(&self, uuid: &str, model: &str) -> bool {
+        if !self.is_set() {
+            return true;
+        }
         let model = model.to_uppercase();
         let names_model = |t: &String| model.contains(&t.to_uppercase());
         (self.use_types.is_empty() || self.use_types.iter().any(names_model))

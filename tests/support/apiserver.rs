@@ -20,6 +20,9 @@
 //! [`ApiServer::fail_requests`] makes chosen requests fail with `500 InternalError` (a
 //! driver's writes, a cluster-wide LIST) until [`ApiServer::stop_failing`];
 //! [`ApiServer::before_next_write`] lets another client write just before a POST/PUT/DELETE.
+//! PATCH is a JSON merge patch (RFC 7386, also for strategic merge patches of maps);
+//! the Binding subresource (`POST …/pods/<name>/binding`) sets `spec.nodeName` once
+//! ([`ApiServer::bindings`]).
 //! Not modelled: authentication, admission, field managers / server-side apply, pagination.
 
 #![allow(dead_code)]
@@ -53,6 +56,8 @@ struct Store {
     before_status_put: Vec<StatusHook>,
     /// Bodies of `POST …/pods/<name>/eviction` requests, in order.
     evictions: Vec<Value>,
+    /// Bodies of the Bindings created (`POST …/pods/<name>/binding`), in order.
+    bindings: Vec<Value>,
     /// Cluster-wide LIST/WATCH of a namespaced resource (`/api/v1/pods`) also returns
     /// the objects of every namespace (off by default).
     across_namespaces: bool,
@@ -532,6 +537,25 @@ impl ApiServer {
                     Err(_) => not_found(&name),
                 }
             }
+            (Method::POST, Some(name)) if path.ends_with("/binding") => {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                self.bind(&collection, &name, &body)
+            }
+            (Method::PATCH, Some(name)) => {
+                let body = req.into_body().collect().await.unwrap().to_bytes();
+                let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+                    return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+                };
+                let Some(mut object) = self.get(&collection, &name) else {
+                    return not_found(&name);
+                };
+                let read_rv = object["metadata"]["resourceVersion"].clone();
+                merge_patch(&mut object, &patch);
+                if let Err(code) = self.replace_object(&collection, object, &read_rv) {
+                    return lost_write(code, &name);
+                }
+                self.written(StatusCode::OK, &collection, &name)
+            }
             (Method::POST, Some(name)) if path.ends_with("/eviction") => {
                 let body = req.into_body().collect().await.unwrap().to_bytes();
                 self.evict(&collection, &name, &body)
@@ -644,6 +668,64 @@ impl ApiServer {
             StatusCode::CREATED,
             json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}),
         )
+    }
+
+    /// The Binding subresource (`POST …/pods/<name>/binding`, a v1 Binding): sets the
+    /// pod's `spec.nodeName` to the target, atomically; 409 Conflict when the pod is
+    /// already bound or the Binding's `metadata.uid` is not the pod's, as the API server.
+    fn bind(
+        &self,
+        collection: &str,
+        name: &str,
+        body: &[u8],
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        let Ok(binding) = serde_json::from_slice::<Value>(body) else {
+            return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+        };
+        let Some(target) = binding["target"]["name"].as_str().filter(|t| !t.is_empty()) else {
+            return status(
+                StatusCode::BAD_REQUEST,
+                "BadRequest",
+                "target.name is required",
+            );
+        };
+        let Some(mut pod) = self.get(collection, name) else {
+            return not_found(name);
+        };
+        if let Some(uid) = binding["metadata"]["uid"]
+            .as_str()
+            .filter(|u| !u.is_empty())
+        {
+            if pod["metadata"]["uid"] != uid {
+                return status(
+                    StatusCode::CONFLICT,
+                    "Conflict",
+                    &format!("Precondition failed: UID in precondition: {uid}"),
+                );
+            }
+        }
+        if let Some(bound) = pod["spec"]["nodeName"].as_str().filter(|n| !n.is_empty()) {
+            return status(
+                StatusCode::CONFLICT,
+                "Conflict",
+                &format!("pod {name} is already assigned to node {bound:?}"),
+            );
+        }
+        let read_rv = pod["metadata"]["resourceVersion"].clone();
+        pod["spec"]["nodeName"] = json!(target);
+        if let Err(code) = self.replace_object(collection, pod, &read_rv) {
+            return lost_write(code, name);
+        }
+        self.store.lock().unwrap().bindings.push(binding);
+        json_response(
+            StatusCode::CREATED,
+            json!({"apiVersion": "v1", "kind": "Status", "status": "Success", "code": 201}),
+        )
+    }
+
+    /// Bodies of the Bindings created so far.
+    pub fn bindings(&self) -> Vec<Value> {
+        self.store.lock().unwrap().bindings.clone()
     }
 
     /// Makes cluster-wide LIST and WATCH of namespaced resources (`/api/v1/pods`,
@@ -867,6 +949,26 @@ fn selects(object: &Value, query: &BTreeMap<String, String>) -> bool {
         }
     });
     field_ok && label_ok
+}
+
+/// JSON merge patch (RFC 7386): objects merge, `null` removes, anything else replaces.
+fn merge_patch(target: &mut Value, patch: &Value) {
+    let Some(fields) = patch.as_object() else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    for (k, v) in fields {
+        if v.is_null() {
+            if let Some(t) = target.as_object_mut() {
+                t.remove(k);
+            }
+        } else {
+            merge_patch(&mut target[k], v);
+        }
+    }
 }
 
 fn remove_path(v: &mut Value, parts: &[&str]) {

@@ -51,6 +51,12 @@ pub fn assert_allows_every_request(s: &ApiServer, rbac_file: &str) {
         .filter(|d| matches!(d["kind"].as_str(), Some("ClusterRole" | "Role")))
         .flat_map(|d| d["rules"].as_array().cloned().unwrap_or_default())
         .collect();
+    assert_rules_allow_every_request(s, &rules);
+}
+
+/// Every request the API-server double saw is allowed by one of `rules` (RBAC
+/// PolicyRules as JSON: `apiGroups`, `resources`, `verbs`, optional `resourceNames`).
+pub fn assert_rules_allow_every_request(s: &ApiServer, rules: &[serde_json::Value]) {
     let has = |v: &serde_json::Value, x: &str| {
         v.as_array()
             .is_some_and(|l| l.iter().any(|e| e.as_str() == Some(x)))

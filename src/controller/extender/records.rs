@@ -1,0 +1,303 @@
+//! The records the extender reads and writes on cluster objects, and their meaning:
+//!
+//! - on a Node, written by the node agent: [`DEVICES_ANNOTATION`], the JSON list of
+//!   the node's vGPU-mode GPUs ([`DeviceRecord`]), and [`HEARTBEAT_ANNOTATION`], the
+//!   RFC 3339 time the agent last confirmed it; a node whose heartbeat is older than
+//!   the window has its GPUs taken out of scheduling ([`heartbeat_problem`]);
+//! - on a Pod, written by the extender's bind before the Binding:
+//!   [`ASSIGNMENT_ANNOTATION`], per container the GPUs and the memory and cores on each
+//!   ([`AssignmentRecord`]). The books are rebuilt from these after a restart.
+//!
+//! Pure: no I/O, the time is passed in.
+
+use crate::vgpu::books::{ContainerAssignment, Grant};
+use crate::vgpu::{Assignment, GpuRecord};
+use k8s_openapi::jiff::Timestamp;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::time::Duration;
+
+/// Node annotation: the node's vGPU-mode GPUs (JSON list of [`DeviceRecord`]).
+pub const DEVICES_ANNOTATION: &str = "tessera.io/vgpu-devices";
+/// Node annotation: when the agent last confirmed the devices (RFC 3339).
+pub const HEARTBEAT_ANNOTATION: &str = "tessera.io/vgpu-heartbeat";
+/// Pod annotation: the pod's vGPU assignment (JSON [`AssignmentRecord`]).
+pub const ASSIGNMENT_ANNOTATION: &str = "tessera.io/vgpu-assignment";
+
+/// One GPU as the agent publishes it.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeviceRecord {
+    pub uuid: String,
+    pub model: String,
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// Streaming multiprocessors, when known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sms: Option<u32>,
+    /// vGPUs the GPU may hold at once (the split count).
+    pub slots: u32,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub numa: Option<u32>,
+    pub healthy: bool,
+}
+
+impl From<DeviceRecord> for GpuRecord {
+    fn from(d: DeviceRecord) -> GpuRecord {
+        GpuRecord {
+            uuid: d.uuid,
+            model: d.model,
+            memory_mib: d.memory_mib,
+            sm_count: d.sms,
+            slots: d.slots,
+            numa: d.numa,
+            healthy: d.healthy,
+        }
+    }
+}
+
+/// One vGPU of a container, as recorded on the pod.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct DeviceGrant {
+    pub uuid: String,
+    #[serde(rename = "memoryMiB")]
+    pub memory_mib: u64,
+    /// % of the GPU's SMs.
+    pub cores: u32,
+}
+
+/// One container's vGPUs, as recorded on the pod.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct ContainerRecord {
+    pub name: String,
+    pub devices: Vec<DeviceGrant>,
+}
+
+/// The pod's assignment annotation.
+#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(deny_unknown_fields)]
+pub struct AssignmentRecord {
+    pub node: String,
+    pub containers: Vec<ContainerRecord>,
+}
+
+impl AssignmentRecord {
+    /// The record of `assignment`.
+    pub fn of(assignment: &Assignment) -> AssignmentRecord {
+        AssignmentRecord {
+            node: assignment.node.clone(),
+            containers: assignment
+                .containers
+                .iter()
+                .map(|c| ContainerRecord {
+                    name: c.container.clone(),
+                    devices: c
+                        .grants
+                        .iter()
+                        .map(|g| DeviceGrant {
+                            uuid: g.uuid.clone(),
+                            memory_mib: g.memory_mib,
+                            cores: g.cores,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The assignment of pod `pod_uid` this record describes.
+    pub fn assignment(self, pod_uid: &str) -> Assignment {
+        Assignment {
+            pod_uid: pod_uid.to_string(),
+            node: self.node,
+            containers: self
+                .containers
+                .into_iter()
+                .map(|c| ContainerAssignment {
+                    container: c.name,
+                    grants: c
+                        .devices
+                        .into_iter()
+                        .map(|d| Grant {
+                            uuid: d.uuid,
+                            memory_mib: d.memory_mib,
+                            cores: d.cores,
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+/// What a Node says about its vGPUs.
+#[derive(Clone, Debug, PartialEq)]
+pub struct NodeState {
+    pub name: String,
+    /// The GPUs, or why the annotation cannot be read.
+    pub gpus: Result<Vec<GpuRecord>, String>,
+    /// The last heartbeat, or why there is none.
+    pub heartbeat: Result<Timestamp, String>,
+}
+
+fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
+    object["metadata"]["annotations"][key].as_str()
+}
+
+/// A Node's vGPU state; `None` when the node publishes no vGPU devices.
+pub fn node_state(node: &Value) -> Option<NodeState> {
+    let name = node["metadata"]["name"].as_str()?.to_string();
+    let devices = annotation(node, DEVICES_ANNOTATION)?;
+    let gpus = serde_json::from_str::<Vec<DeviceRecord>>(devices)
+        .map(|list| list.into_iter().map(GpuRecord::from).collect())
+        .map_err(|e| format!("{name}: annotation {DEVICES_ANNOTATION} unreadable: {e}"));
+    let heartbeat = match annotation(node, HEARTBEAT_ANNOTATION) {
+        None => Err(format!(
+            "{name}: no {HEARTBEAT_ANNOTATION}; its GPUs are out of scheduling"
+        )),
+        Some(t) => t.parse::<Timestamp>().map_err(|e| {
+            format!("{name}: annotation {HEARTBEAT_ANNOTATION} {t:?} is not RFC 3339 ({e})")
+        }),
+    };
+    Some(NodeState {
+        name,
+        gpus,
+        heartbeat,
+    })
+}
+
+/// Why the node's GPUs are out of scheduling at `now`, if they are: no heartbeat, or
+/// one older than `window`.
+pub fn heartbeat_problem(state: &NodeState, now: Timestamp, window: Duration) -> Option<String> {
+    let at = match &state.heartbeat {
+        Ok(at) => *at,
+        Err(why) => return Some(why.clone()),
+    };
+    let age_ms = now.as_millisecond().saturating_sub(at.as_millisecond());
+    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+    (age_ms > window_ms).then(|| {
+        format!(
+            "{}: vGPU agent heartbeat is {} s old (limit {} s); its GPUs are out of scheduling",
+            state.name,
+            age_ms / 1000,
+            window.as_secs()
+        )
+    })
+}
+
+/// A pod's recorded assignment as the books hold it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodAssignment {
+    /// `creationTimestamp` (RFC 3339 sorts in time order): the oldest are booked first.
+    pub created: String,
+    pub assignment: Assignment,
+    /// The pod has finished (`Succeeded` or `Failed`): it holds nothing.
+    pub finished: bool,
+}
+
+/// A Pod's recorded assignment: `None` without the annotation, an error naming the
+/// pod when it is unreadable.
+pub fn pod_assignment(pod: &Value) -> Option<Result<PodAssignment, String>> {
+    let text = annotation(pod, ASSIGNMENT_ANNOTATION)?;
+    let meta = &pod["metadata"];
+    let uid = meta["uid"].as_str().unwrap_or("");
+    let record = serde_json::from_str::<AssignmentRecord>(text).map_err(|e| {
+        format!(
+            "pod {}/{}: annotation {ASSIGNMENT_ANNOTATION} unreadable: {e}",
+            meta["namespace"].as_str().unwrap_or(""),
+            meta["name"].as_str().unwrap_or("")
+        )
+    });
+    Some(record.map(|r| PodAssignment {
+        created: meta["creationTimestamp"].as_str().unwrap_or("").to_string(),
+        assignment: r.assignment(uid),
+        finished: matches!(
+            pod["status"]["phase"].as_str(),
+            Some("Succeeded" | "Failed")
+        ),
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn node(annotations: Value) -> Value {
+        json!({"metadata": {"name": "n1", "annotations": annotations}})
+    }
+
+    fn at(s: &str) -> Timestamp {
+        s.parse().expect("RFC 3339")
+    }
+
+    #[test]
+    fn a_node_record_reads_into_gpu_records() {
+        let devices = json!([{"uuid": "GPU-0", "model": "NVIDIA A100", "memoryMiB": 40960,
+            "sms": 108, "slots": 10, "numa": 0, "healthy": true}]);
+        let state = node_state(&node(json!({
+            DEVICES_ANNOTATION: devices.to_string(),
+            HEARTBEAT_ANNOTATION: "2026-12-01T10:00:00Z"})))
+        .expect("a vGPU node");
+        let gpus = state.gpus.clone().expect("readable");
+        assert_eq!(gpus[0].memory_mib, 40_960);
+        assert_eq!(gpus[0].sm_count, Some(108));
+        let window = Duration::from_secs(60);
+        assert_eq!(
+            heartbeat_problem(&state, at("2026-12-01T10:01:00Z"), window),
+            None
+        );
+        assert_eq!(
+            heartbeat_problem(&state, at("2026-12-01T10:01:35Z"), window).as_deref(),
+            Some(
+                "n1: vGPU agent heartbeat is 95 s old (limit 60 s); its GPUs are out of scheduling"
+            )
+        );
+    }
+
+    #[test]
+    fn unreadable_or_missing_annotations_are_reasons_not_panics() {
+        assert_eq!(node_state(&node(json!({}))), None);
+        let state = node_state(&node(json!({DEVICES_ANNOTATION: "[{\"uuid\": 1}]",
+            HEARTBEAT_ANNOTATION: "yesterday"})))
+        .expect("a vGPU node");
+        assert!(state.gpus.is_err());
+        let why = heartbeat_problem(&state, at("2026-12-01T10:00:00Z"), Duration::from_secs(60))
+            .expect("no usable heartbeat");
+        assert!(why.contains("not RFC 3339"), "{why}");
+        let pod = json!({"metadata": {"name": "p", "namespace": "ns",
+            "annotations": {ASSIGNMENT_ANNOTATION: "{"}}});
+        let err = pod_assignment(&pod)
+            .expect("annotated")
+            .expect_err("unreadable");
+        assert!(err.starts_with("pod ns/p: annotation"), "{err}");
+    }
+
+    #[test]
+    fn an_assignment_survives_the_round_trip_through_the_annotation() {
+        let assignment = Assignment {
+            pod_uid: "u1".into(),
+            node: "n1".into(),
+            containers: vec![ContainerAssignment {
+                container: "main".into(),
+                grants: vec![Grant {
+                    uuid: "GPU-0".into(),
+                    memory_mib: 10_240,
+                    cores: 30,
+                }],
+            }],
+        };
+        let text = serde_json::to_string(&AssignmentRecord::of(&assignment)).expect("encodes");
+        assert_eq!(
+            text,
+            r#"{"node":"n1","containers":[{"name":"main","devices":[{"uuid":"GPU-0","memoryMiB":10240,"cores":30}]}]}"#
+        );
+        let pod = json!({"metadata": {"uid": "u1", "creationTimestamp": "2026-12-01T00:00:00Z",
+            "annotations": {ASSIGNMENT_ANNOTATION: text}}, "status": {"phase": "Succeeded"}});
+        let read = pod_assignment(&pod).expect("annotated").expect("readable");
+        assert_eq!(read.assignment, assignment);
+        assert!(read.finished);
+    }
+}
