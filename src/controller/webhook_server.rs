@@ -313,6 +313,39 @@ pub async fn serve(
     run(server, listener, shutdown).await
 }
 
+/// The next connection of `source`, or `None` once `shutdown` is cancelled. An accept
+/// error (EMFILE, ECONNABORTED, …) is logged, reported to `failed`, and retried after a
+/// backoff that doubles from 5 ms to 1 s and starts over after a success.
+pub async fn next_connection<A: Accept>(
+    source: &mut A,
+    backoff: &mut Duration,
+    shutdown: &CancellationToken,
+    server: &str,
+    mut failed: impl FnMut(),
+) -> Option<(A::Io, SocketAddr)> {
+    loop {
+        let accepted = tokio::select! {
+            _ = shutdown.cancelled() => return None,
+            accepted = source.accept() => accepted,
+        };
+        match accepted {
+            Ok(a) => {
+                *backoff = Duration::ZERO;
+                return Some(a);
+            }
+            Err(e) => {
+                failed();
+                *backoff = (*backoff * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
+                tracing::warn!(error = %e, retry_in = ?*backoff, "{server} accept failed; retrying");
+                tokio::select! {
+                    _ = shutdown.cancelled() => return None,
+                    _ = tokio::time::sleep(*backoff) => {}
+                }
+            }
+        }
+    }
+}
+
 /// Serves the webhook on the connections of `source` until `shutdown` is cancelled.
 /// Accept errors (EMFILE, ECONNABORTED, …) are logged and retried with backoff; they
 /// never end the loop.
@@ -334,24 +367,15 @@ pub async fn run<A: Accept>(
     let health = server.health;
     let mut backoff = Duration::ZERO;
     loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            accepted = source.accept() => accepted,
-        };
-        let (io, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                health.accept_failed();
-                backoff = (backoff * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                tracing::warn!(error = %e, retry_in = ?backoff, "webhook accept failed; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(backoff) => continue,
-                }
-            }
+        let Some((io, peer)) =
+            next_connection(&mut source, &mut backoff, &shutdown, "webhook", || {
+                health.accept_failed()
+            })
+            .await
+        else {
+            return Ok(());
         };
         health.accept_ok();
-        backoff = Duration::ZERO;
         let slot = match slots.clone().try_acquire_owned() {
             Ok(slot) => slot,
             Err(_) => {

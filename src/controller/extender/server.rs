@@ -19,7 +19,7 @@ use super::wire::{
 };
 use crate::controller::cache::{feed, Store};
 use crate::controller::error::{Error, Result};
-use crate::controller::webhook_server::{drive, error, reply, Limits};
+use crate::controller::webhook_server::{drive, error, next_connection, reply, Limits};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Request, Response, StatusCode};
@@ -50,23 +50,13 @@ pub async fn serve(
 ) -> Result<()> {
     let slots = Arc::new(Semaphore::new(extender.limits.max_connections));
     let mut backoff = Duration::ZERO;
+    let mut listener = listener;
     loop {
-        let accepted = tokio::select! {
-            _ = shutdown.cancelled() => return Ok(()),
-            accepted = listener.accept() => accepted,
+        let Some((io, peer)) =
+            next_connection(&mut listener, &mut backoff, &shutdown, "extender", || {}).await
+        else {
+            return Ok(());
         };
-        let (io, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                backoff = (backoff * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                warn!(error = %e, retry_in = ?backoff, "extender accept failed; retrying");
-                tokio::select! {
-                    _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(backoff) => continue,
-                }
-            }
-        };
-        backoff = Duration::ZERO;
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             debug!(%peer, "extender: too many connections; dropped");
             continue;
