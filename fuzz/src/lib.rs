@@ -27,6 +27,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("split_record", split_record),
     ("gpu_config", gpu_config),
     ("shim_limits", shim_limits),
+    ("extender", extender),
 ];
 
 fn text(data: &[u8]) -> Option<&str> {
@@ -125,5 +126,21 @@ pub fn shim_limits(data: &[u8]) {
     let _ = tessera_cuda::config::Config::check_indices(vars.keys().copied());
     for (k, v) in &vars {
         let _ = tessera_cuda::config::parse_size(k, v);
+    }
+}
+
+/// The scheduler extender's inputs: `ExtenderArgs` (the pod's vGPU request read with
+/// HAMi's semantics, the candidate names), `ExtenderBindingArgs`, and the records it reads
+/// from Nodes and Pods (`tessera.io/vgpu-devices`, `tessera.io/vgpu-assignment`).
+pub fn extender(data: &[u8]) {
+    use tessera::controller::extender::{records, wire};
+    if let Ok(args) = serde_json::from_slice::<wire::ExtenderArgs>(data) {
+        let _ = tessera::vgpu::request::pod_request(&args.pod, &Default::default());
+        let _ = args.node_names();
+    }
+    let _ = serde_json::from_slice::<wire::ExtenderBindingArgs>(data);
+    if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
+        let _ = records::node_state(&value);
+        let _ = records::pod_assignment(&value);
     }
 }
