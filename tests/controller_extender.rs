@@ -42,6 +42,10 @@ struct Running {
 }
 
 async fn start(api: &ApiServer) -> Running {
+    start_with(api, Limits::default()).await
+}
+
+async fn start_with(api: &ApiServer, limits: Limits) -> Running {
     let books = Arc::new(Books::new(BooksConfig::default()));
     let shutdown = CancellationToken::new();
     tokio::spawn(keep_books(api.client(), books.clone(), shutdown.clone()));
@@ -50,7 +54,7 @@ async fn start(api: &ApiServer) -> Running {
     let extender = Arc::new(Extender {
         books: books.clone(),
         client: api.client(),
-        limits: Limits::default(),
+        limits,
     });
     tokio::spawn(serve(listener, extender, shutdown.clone()));
     wait_for("the books to sync", || books.synced()).await;
@@ -630,5 +634,35 @@ async fn a_node_list_is_answered_with_a_node_list() {
     assert_eq!(filtered["nodes"]["items"], json!([gpu]), "{filtered}");
     assert!(filtered.get("nodenames").is_none(), "{filtered}");
     assert!(filtered["failedAndUnresolvableNodes"]["cpu"].is_string());
+    ext.shutdown.cancel();
+}
+
+/// kube-scheduler binds in a goroutine per pod and its HTTP client opens a connection per
+/// concurrent call: a call over the connection cap waits for a slot instead of being
+/// reset (a reset bind sends the pod back to the scheduler's backoff).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_over_the_connection_cap_waits_for_a_slot() {
+    let api = cluster().await;
+    vgpu_node(&api, "gpu", 8, &now_rfc3339());
+    let pod = create_pod(&api, "p", 1_024, 10);
+    let limits = Limits {
+        max_connections: 4,
+        connection_wait: Duration::from_secs(10),
+        ..Limits::default()
+    };
+    let ext = start_with(&api, limits).await;
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(tokio::net::TcpStream::connect(ext.addr).await.unwrap());
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let body = extender_args(&pod, &["gpu"]);
+    let call = tokio::spawn(async move { post(ext.addr, "POST", "/filter", &body).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(!call.is_finished(), "answered while every slot was held");
+    drop(held);
+    let (code, filtered) = call.await.unwrap();
+    assert_eq!(code, 200);
+    assert_eq!(filtered["nodenames"], json!(["gpu"]), "{filtered}");
     ext.shutdown.cancel();
 }

@@ -42,7 +42,7 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 use tokio::net::TcpListener;
-use tokio::sync::Semaphore;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 
@@ -362,8 +362,7 @@ pub async fn run<A: Accept>(
         body_budget: Semaphore::new(kib(server.limits.max_body_in_flight)),
         limits: server.limits,
     });
-    let slots = Arc::new(Semaphore::new(shared.limits.max_connections));
-    let waiting = Arc::new(Semaphore::new(shared.limits.max_connections));
+    let slots = ConnectionSlots::new(&shared.limits);
     let health = server.health;
     let mut backoff = Duration::ZERO;
     loop {
@@ -376,43 +375,64 @@ pub async fn run<A: Accept>(
             return Ok(());
         };
         health.accept_ok();
-        let slot = match slots.clone().try_acquire_owned() {
-            Ok(slot) => slot,
-            Err(_) => {
-                let Ok(waiter) = waiting.clone().try_acquire_owned() else {
-                    health.connections_dropped.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!(%peer, "webhook: too many connections; dropped");
-                    continue;
-                };
-                let (slots, health, shared, shutdown) = (
-                    slots.clone(),
-                    health.clone(),
-                    shared.clone(),
-                    shutdown.clone(),
-                );
-                tokio::spawn(async move {
-                    let wait = shared.limits.connection_wait;
-                    let slot = tokio::time::timeout(wait, slots.acquire_owned()).await;
-                    drop(waiter);
-                    match slot {
-                        Ok(Ok(slot)) => {
-                            shared.connection(io, peer, shutdown).await;
-                            drop(slot);
-                        }
-                        _ => {
-                            health.connections_dropped.fetch_add(1, Ordering::Relaxed);
-                            tracing::debug!(%peer, "webhook: no free connection slot; dropped");
-                        }
-                    }
-                });
-                continue;
-            }
+        let Some(slot) = slots.admit() else {
+            health.connections_dropped.fetch_add(1, Ordering::Relaxed);
+            tracing::debug!(%peer, "webhook: too many connections; dropped");
+            continue;
         };
-        let (shared, shutdown) = (shared.clone(), shutdown.clone());
+        let (shared, health, shutdown) = (shared.clone(), health.clone(), shutdown.clone());
         tokio::spawn(async move {
+            let Some(slot) = slot.await else {
+                health.connections_dropped.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(%peer, "webhook: no free connection slot; dropped");
+                return;
+            };
             shared.connection(io, peer, shutdown).await;
             drop(slot);
         });
+    }
+}
+
+/// The connection cap of a server: `max_connections` served at once; a connection over
+/// it waits up to `connection_wait` for a slot (at most `max_connections` wait), so a
+/// burst from one client (kube-scheduler binding 100 pods, the API server calling the
+/// webhook for a rollout) is queued briefly instead of reset, while a flood stays bounded.
+pub struct ConnectionSlots {
+    slots: Arc<Semaphore>,
+    waiting: Arc<Semaphore>,
+    wait: Duration,
+}
+
+impl ConnectionSlots {
+    pub fn new(limits: &Limits) -> Self {
+        ConnectionSlots {
+            slots: Arc::new(Semaphore::new(limits.max_connections)),
+            waiting: Arc::new(Semaphore::new(limits.max_connections)),
+            wait: limits.connection_wait,
+        }
+    }
+
+    /// `None`: drop the connection now (too many are waiting already). Otherwise a
+    /// future, to await off the accept loop, giving the slot to hold while serving, or
+    /// `None` when none came free within the wait.
+    pub fn admit(
+        &self,
+    ) -> Option<impl std::future::Future<Output = Option<OwnedSemaphorePermit>> + Send + 'static>
+    {
+        let now = self.slots.clone().try_acquire_owned().ok();
+        let waiter = match now {
+            Some(_) => None,
+            None => Some(self.waiting.clone().try_acquire_owned().ok()?),
+        };
+        let (slots, wait) = (self.slots.clone(), self.wait);
+        Some(async move {
+            if now.is_some() {
+                return now;
+            }
+            let slot = tokio::time::timeout(wait, slots.acquire_owned()).await;
+            drop(waiter);
+            slot.ok()?.ok()
+        })
     }
 }
 

@@ -19,7 +19,9 @@ use super::wire::{
 };
 use crate::controller::cache::{feed, Store};
 use crate::controller::error::{Error, Result};
-use crate::controller::webhook_server::{drive, error, next_connection, reply, Limits};
+use crate::controller::webhook_server::{
+    drive, error, next_connection, reply, ConnectionSlots, Limits,
+};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Request, Response, StatusCode};
@@ -31,7 +33,7 @@ use serde::Serialize;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpListener;
-use tokio::sync::{Notify, Semaphore};
+use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
@@ -48,7 +50,7 @@ pub async fn serve(
     extender: Arc<Extender>,
     shutdown: CancellationToken,
 ) -> Result<()> {
-    let slots = Arc::new(Semaphore::new(extender.limits.max_connections));
+    let slots = ConnectionSlots::new(&extender.limits);
     let mut backoff = Duration::ZERO;
     let mut listener = listener;
     loop {
@@ -57,12 +59,16 @@ pub async fn serve(
         else {
             return Ok(());
         };
-        let Ok(slot) = slots.clone().try_acquire_owned() else {
+        let Some(slot) = slots.admit() else {
             debug!(%peer, "extender: too many connections; dropped");
             continue;
         };
         let (extender, shutdown) = (extender.clone(), shutdown.clone());
         tokio::spawn(async move {
+            let Some(slot) = slot.await else {
+                debug!(%peer, "extender: no free connection slot; dropped");
+                return;
+            };
             let limits = extender.limits.clone();
             drive(io, peer, limits, shutdown, move |req| {
                 let extender = extender.clone();
