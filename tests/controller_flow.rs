@@ -654,3 +654,38 @@ async fn a_clean_shutdown_releases_the_lease_and_a_standby_takes_over_at_once() 
     assert_eq!(lease_spec(&s)["leaseDurationSeconds"], 1);
     assert_rbac_allows_every_request(&s);
 }
+
+/// HAMi-style vGPU pods in a queue are charged their memory and cores per vGPU (issue 18,
+/// part 6): with 40 GiB of `nvidia.com/gpumem` quota, two pods of 2 × 10 GiB are admitted
+/// and a third waits with the resource named, as `tessera plan` decides it.
+#[tokio::test]
+async fn vgpu_pods_are_charged_memory_and_cores_per_vgpu() {
+    let s = cluster().await;
+    s.put_object(
+        "/apis/tessera.io/v1alpha1/clusterqueues",
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "ClusterQueue", "metadata": {"name": "cq"},
+               "spec": {"namespaceSelector": {},
+                        "resourceGroups": [{"coveredResources": ["nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores"],
+                            "flavors": [{"name": "h100", "resources": [
+                                {"name": "nvidia.com/gpu", "nominalQuota": 8},
+                                {"name": "nvidia.com/gpumem", "nominalQuota": 40960},
+                                {"name": "nvidia.com/gpucores", "nominalQuota": 800}]}]}]}}),
+    );
+    for (name, gpus, minute) in [("a", 2, "00"), ("b", 2, "01"), ("c", 1, "02")] {
+        let pod = json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "team",
+                         "labels": {"tessera.io/queue-name": "lq", "tessera.io/priority-class": "low"},
+                         "creationTimestamp": format!("2026-11-18T11:{minute}:00Z")},
+            "spec": {"containers": [{"name": "infer", "image": "server",
+                "resources": {"limits": {"nvidia.com/gpu": gpus, "nvidia.com/gpumem": 10240,
+                                         "nvidia.com/gpucores": 30}}}]}});
+        s.put_object(PODS, patched(pod, ("", "Pod")));
+    }
+    let plan = reconciler::pass(&s.client(), &cfg("a"), NOW).await.unwrap();
+    assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+    assert_eq!(ungated_pods(&s), ["a", "b"].map(String::from).into());
+    let (reason, message) = condition(&pod(&s, "c"));
+    assert_eq!(reason, "WaitingForQuota");
+    assert!(message.contains("nvidia.com/gpumem"), "{message}");
+    assert_rbac_allows_every_request(&s);
+}

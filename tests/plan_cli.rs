@@ -198,3 +198,73 @@ spec:
     let usage = &out.final_state.cluster_queues[0].resources[0];
     assert_eq!(usage.usage, "4");
 }
+
+/// HAMi-style vGPU pods are charged their shares times their vGPU count: two pods of
+/// 2 × 10 GiB fill a queue's 40 GiB of `nvidia.com/gpumem`, and a third waits with the
+/// resource named (charged per vGPU, 3 × 10 GiB would have fit).
+#[test]
+fn vgpu_pods_are_charged_memory_and_cores_per_vgpu() {
+    let pod = |name: &str, at: &str, gpus: u32| {
+        format!(
+            r#"---
+kind: Pod
+metadata:
+  name: {name}
+  namespace: ml
+  labels: {{tessera.io/queue-name: q}}
+  creationTimestamp: {at}
+spec:
+  containers:
+  - name: main
+    resources: {{limits: {{nvidia.com/gpu: {gpus}, nvidia.com/gpumem: 10240, nvidia.com/gpucores: 30}}}}
+"#
+        )
+    };
+    let yaml = format!(
+        r#"kind: ResourceFlavor
+metadata: {{name: a100}}
+---
+kind: ClusterQueue
+metadata: {{name: q}}
+spec:
+  namespaceSelector: {{}}
+  resourceGroups:
+  - coveredResources: [nvidia.com/gpu, nvidia.com/gpumem, nvidia.com/gpucores]
+    flavors:
+    - name: a100
+      resources:
+      - {{name: nvidia.com/gpu, nominalQuota: 8}}
+      - {{name: nvidia.com/gpumem, nominalQuota: 40960}}
+      - {{name: nvidia.com/gpucores, nominalQuota: 800}}
+---
+kind: LocalQueue
+metadata: {{name: q, namespace: ml}}
+spec: {{clusterQueue: q}}
+{}{}{}"#,
+        pod("a", "0s", 2),
+        pod("b", "10s", 2),
+        pod("c", "20s", 1)
+    );
+    let out = tessera::quota::scenario::plan_str(&yaml, &Default::default()).expect("plan");
+    let admitted: Vec<_> = out
+        .events
+        .iter()
+        .filter(|e| e.kind == tessera::quota::EventType::Admitted)
+        .map(|e| e.workload.as_str())
+        .collect();
+    assert_eq!(admitted, ["ml/a", "ml/b"], "{:?}", out.events);
+    let usage: std::collections::BTreeMap<_, _> = out.final_state.cluster_queues[0]
+        .resources
+        .iter()
+        .map(|r| (r.resource.as_str(), r.usage.as_str()))
+        .collect();
+    assert_eq!(usage["nvidia.com/gpumem"], "40960", "{usage:?}");
+    assert_eq!(usage["nvidia.com/gpucores"], "120", "{usage:?}");
+    let pending = out
+        .events
+        .iter()
+        .find(|e| e.kind == tessera::quota::EventType::Pending && e.workload == "ml/c")
+        .expect("c waits");
+    let message = format!("{pending:?}");
+    assert!(message.contains("nvidia.com/gpumem"), "{message}");
+}

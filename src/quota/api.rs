@@ -6,9 +6,12 @@
 //! (`src/controller/crd.rs`) without a second model. Tessera extensions are marked as such.
 
 use super::quantity::Quantity;
+use crate::vgpu::charge::charged;
+use crate::vgpu::request::{ResourceNames, DEFAULT_PREFIX};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::sync::LazyLock;
 
 /// The CRD group and version of every Tessera queue object.
 pub const API_VERSION: &str = "tessera.io/v1alpha1";
@@ -415,15 +418,21 @@ pub struct PodResourceClaim {
 impl PodSpec {
     /// Effective per-pod requests: the larger of the sum over containers and the largest
     /// init container, per resource (Kubernetes rules). Extended resources without a
-    /// request take their limit.
+    /// request take their limit. HAMi-style vGPU shares (`nvidia.com/gpumem`,
+    /// `gpumem-percentage`, `gpucores`) are charged per vGPU times the count
+    /// ([`crate::vgpu::charge`]), and an init container's shares are added, not maxed:
+    /// the node's vGPU books hold them for the pod's life.
     pub fn effective_requests(&self) -> BTreeMap<String, Quantity> {
+        static NAMES: LazyLock<ResourceNames> =
+            LazyLock::new(|| ResourceNames::new(DEFAULT_PREFIX));
         fn requests_of(c: &Container) -> BTreeMap<String, Quantity> {
             let mut out = c.resources.requests.clone();
             for (k, v) in &c.resources.limits {
                 out.entry(k.clone()).or_insert(*v);
             }
-            out
+            charged(out, &NAMES)
         }
+        let shares = NAMES.share_names();
         let mut sum: BTreeMap<String, Quantity> = BTreeMap::new();
         for c in &self.containers {
             for (k, v) in requests_of(c) {
@@ -431,11 +440,21 @@ impl PodSpec {
                 e.0 = e.0.saturating_add(v.0);
             }
         }
+        let mut init: BTreeMap<String, Quantity> = BTreeMap::new();
         for c in &self.init_containers {
             for (k, v) in requests_of(c) {
-                let e = sum.entry(k).or_default();
-                e.0 = e.0.max(v.0);
+                if shares.contains(&k.as_str()) {
+                    let e = sum.entry(k).or_default();
+                    e.0 = e.0.saturating_add(v.0);
+                } else {
+                    let e = init.entry(k).or_default();
+                    e.0 = e.0.max(v.0);
+                }
             }
+        }
+        for (k, v) in init {
+            let e = sum.entry(k).or_default();
+            e.0 = e.0.max(v.0);
         }
         sum
     }
@@ -545,5 +564,27 @@ initContainers:
         let req = spec.effective_requests();
         assert_eq!(req["cpu"], Quantity(4000));
         assert_eq!(req["nvidia.com/gpu"], Quantity::units(2));
+    }
+
+    #[test]
+    fn vgpu_shares_are_charged_per_vgpu_and_init_shares_added() {
+        let spec: PodSpec = serde_saphyr::from_str(
+            r#"
+containers:
+- resources: {limits: {nvidia.com/gpu: 2, nvidia.com/gpumem: 10240, nvidia.com/gpucores: 30}}
+- resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem-percentage: 50}}
+initContainers:
+- resources: {limits: {nvidia.com/gpu: 1, nvidia.com/gpumem: 2048, nvidia.com/gpucores: 10}}
+"#,
+        )
+        .unwrap();
+        let req = spec.effective_requests();
+        assert_eq!(req["nvidia.com/gpu"], Quantity::units(3));
+        assert_eq!(
+            req["nvidia.com/gpumem"],
+            Quantity::units(2 * 10_240 + 2_048)
+        );
+        assert_eq!(req["nvidia.com/gpucores"], Quantity::units(2 * 30 + 10));
+        assert_eq!(req["nvidia.com/gpumem-percentage"], Quantity::units(50));
     }
 }

@@ -7,10 +7,12 @@
 //! - [`books`]: per-node, per-GPU books; `fit`, versioned `reserve` (optimistic
 //!   concurrency instead of HAMi's node lock), `release`, `rebuild`, node scores;
 //! - [`filter`](mod@filter): one pod over many nodes, with one reason per node and a summary.
+//! - [`charge`]: what a container's vGPU request costs a queue (shares × count).
 //!
 //! The semantics and where they differ from HAMi: docs/hami.md.
 
 pub mod books;
+pub mod charge;
 pub mod filter;
 pub mod request;
 
