@@ -9,6 +9,7 @@
 //! [`partition`] advertisement and [`cdi`] spec writer.
 
 pub mod agent;
+pub mod autoscale;
 pub mod cdi;
 pub mod controller;
 pub mod deviceplugin;
