@@ -20,6 +20,7 @@ pub mod grpc;
 pub mod metrics;
 pub mod partition;
 pub mod placement;
+pub mod prometheus;
 pub mod proto;
 pub mod quota;
 pub mod shimfiles;

@@ -462,17 +462,18 @@ fn trigger(field: &str, t: &Trigger) -> Result<PrometheusTrigger, SpecError> {
             ))
         }
     };
-    let metric_type =
-        match t.metric_type.as_deref() {
-            None | Some("AverageValue") => MetricType::AverageValue,
-            Some("Value") => MetricType::Value,
-            Some(other) => return Err(invalid(
+    let metric_type = match t.metric_type.as_deref() {
+        None | Some("AverageValue") => MetricType::AverageValue,
+        Some("Value") => MetricType::Value,
+        Some(other) => {
+            return Err(invalid(
                 format!("{field}.metricType"),
                 format!(
                     "{other:?} is not AverageValue or Value (Utilization needs a resource metric)"
                 ),
-            )),
-        };
+            ))
+        }
+    };
     Ok(PrometheusTrigger {
         server_address: server_address.to_string(),
         query: query.to_string(),

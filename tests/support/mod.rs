@@ -6,6 +6,7 @@ pub mod dra_agent;
 pub mod dra_kubelet;
 pub mod dra_pool;
 pub mod kubelet;
+pub mod prometheus;
 pub mod rbac;
 pub mod schema;
 pub mod skip;

@@ -1,0 +1,164 @@
+//! A real Prometheus server (Debian's `prometheus`) on a loopback port, scraping a small
+//! exporter whose samples the test sets, for the tests that query Prometheus the way the
+//! autoscaler and the chargeback report do.
+//!
+//! `Prometheus::start` returns `None` (after `skip::tool_missing`, which fails in CI) when
+//! the binary is not installed. The server's data lives in a temporary directory; it is
+//! killed when dropped.
+
+#![allow(dead_code)]
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::service::service_fn;
+use hyper_util::rt::TokioIo;
+use std::net::SocketAddr;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// The exporter's page: OpenMetrics/Prometheus text the test rewrites at will.
+#[derive(Clone, Default)]
+pub struct Exporter {
+    page: Arc<Mutex<String>>,
+    pub addr: Option<SocketAddr>,
+}
+
+impl Exporter {
+    /// Serves `/metrics` on a loopback port until the runtime ends.
+    pub async fn start() -> Exporter {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let page: Arc<Mutex<String>> = Arc::default();
+        let served = page.clone();
+        tokio::spawn(async move {
+            loop {
+                let Ok((tcp, _)) = listener.accept().await else {
+                    continue;
+                };
+                let page = served.clone();
+                tokio::spawn(async move {
+                    let service = service_fn(move |_req| {
+                        let body = page.lock().unwrap().clone();
+                        async move {
+                            hyper::Response::builder()
+                                .header("content-type", "text/plain; version=0.0.4")
+                                .body(Full::new(Bytes::from(body)))
+                        }
+                    });
+                    let _ = hyper::server::conn::http1::Builder::new()
+                        .serve_connection(TokioIo::new(tcp), service)
+                        .await;
+                });
+            }
+        });
+        Exporter {
+            page,
+            addr: Some(addr),
+        }
+    }
+
+    /// Replaces the page (Prometheus text format).
+    pub fn set(&self, text: &str) {
+        *self.page.lock().unwrap() = text.to_string();
+    }
+}
+
+pub struct Prometheus {
+    child: Child,
+    pub url: String,
+    _data: tempfile::TempDir,
+}
+
+impl Drop for Prometheus {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl Prometheus {
+    /// Prometheus scraping `exporter` every second; ready when this returns.
+    pub async fn start(exporter: &Exporter) -> Option<Prometheus> {
+        if Command::new("prometheus")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            super::skip::tool_missing("prometheus", "apt-get install prometheus");
+            return None;
+        }
+        let data = tempfile::tempdir().unwrap();
+        let target = exporter.addr.expect("a started exporter");
+        let config = data.path().join("prometheus.yml");
+        std::fs::write(
+            &config,
+            format!(
+                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+                 scrape_configs:\n- job_name: exporter\n  static_configs: [{{targets: ['{target}']}}]\n"
+            ),
+        )
+        .unwrap();
+        let port = free_port();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!(
+                "--storage.tsdb.path={}",
+                data.path().join("tsdb").display()
+            ))
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus starts");
+        let p = Prometheus {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            _data: data,
+        };
+        p.wait_ready().await;
+        Some(p)
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let addr: SocketAddr = self.url.trim_start_matches("http://").parse().unwrap();
+        loop {
+            if let Ok(tcp) = tokio::net::TcpStream::connect(addr).await {
+                if ready(tcp).await {
+                    return;
+                }
+            }
+            assert!(Instant::now() < deadline, "prometheus did not become ready");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Kills the server (the address then refuses connections).
+    pub fn stop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+async fn ready(tcp: tokio::net::TcpStream) -> bool {
+    let Ok((mut sender, conn)) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await
+    else {
+        return false;
+    };
+    tokio::spawn(conn);
+    let req = hyper::Request::get("/-/ready")
+        .header("host", "prometheus")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    matches!(sender.send_request(req).await, Ok(r) if r.status() == 200)
+}
