@@ -207,9 +207,28 @@ fn the_profile_is_the_one_the_webhook_sends_pods_to() {
             .any(|p| p.contains(&format!("value: --vgpu-scheduler-name={name}"))),
         "{patches:?}"
     );
-    // ... and the matchConditions let pods already naming it through.
-    let webhook_patch = std::fs::read_to_string(format!("{DIR}/webhook-patch.yaml")).unwrap();
-    assert!(webhook_patch.contains(&format!("'default-scheduler', '{name}'")));
+    // ... and the matchConditions let pods already naming it through, and select the
+    // resources the request parser reads (tests/py/vgpu_match_conditions.py evaluates them).
+    let ops = docs("webhook-patch.yaml");
+    let entry = &ops[0][0]["value"];
+    assert_eq!(entry["name"], "vgpu-pods.admission.tessera.io");
+    assert_eq!(entry["clientConfig"]["service"]["path"], "/vgpu");
+    let conditions = entry["matchConditions"].as_array().unwrap();
+    let scheduler = conditions[1]["expression"].as_str().unwrap();
+    assert!(scheduler.contains(&format!("'default-scheduler', '{name}'")));
+    let resources = conditions[0]["expression"].as_str().unwrap();
+    let names = ResourceNames::new(DEFAULT_PREFIX);
+    for share in names.share_names() {
+        assert_eq!(
+            resources.matches(&format!("'{share}'")).count(),
+            4,
+            "{share}"
+        );
+    }
+    assert!(
+        !resources.contains(&format!("'{}'", names.gpu)),
+        "whole-GPU pods not sent"
+    );
 
     let le = config.leader_election.as_ref().unwrap();
     assert_eq!(le.leader_elect, Some(true));
