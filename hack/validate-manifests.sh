@@ -22,6 +22,8 @@ if ! python3 -c 'import celpy' >/dev/null 2>&1; then
   python3 -m pip install --quiet --disable-pip-version-check --root-user-action=ignore cel-python
 fi
 python3 tests/py/admission_policy.py
+# The vGPU pod webhook's matchConditions (components/vgpu-scheduler), the same way.
+python3 tests/py/vgpu_match_conditions.py
 # What `kubectl apply -k` installs: daemonset/ (DRA, 1.34+) and daemonset/ with each
 # component of daemonset/components/, rendered by kustomize (kubectl's built-in, v5) and
 # validated as a whole. CI (`CI=true`, .ci/run installs kubectl) fails without kubectl;
@@ -41,6 +43,8 @@ if command -v kubectl >/dev/null 2>&1; then
   done
   grep -q 'value: /run/nvidia/driver' "$tmp/driver-container.yaml"
   grep -q '^kind: DeviceClass' "$tmp/dra.yaml"
+  grep -q 'name: vgpu-pods.admission.tessera.io' "$tmp/vgpu-scheduler.yaml"
+  grep -q -- '--vgpu-scheduler-name=tessera-scheduler' "$tmp/vgpu-scheduler.yaml"
   if grep -q '^kind: DeviceClass' "$tmp/no-dra.yaml"; then
     echo "no-dra component left a DeviceClass" >&2; exit 1
   fi

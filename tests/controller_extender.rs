@@ -26,14 +26,8 @@ use tokio_util::sync::CancellationToken;
 
 const GPU_MIB: u64 = 40_960;
 
-/// The RBAC rules the extender needs (the manifests' ClusterRole must hold them).
-fn extender_rules() -> Vec<Value> {
-    vec![
-        json!({"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}),
-        json!({"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]}),
-        json!({"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]}),
-    ]
-}
+/// The extender's shipped RBAC: every request its tests make must be allowed by it.
+const EXTENDER_RBAC: &str = "daemonset/components/vgpu-scheduler/extender.yaml";
 
 struct Running {
     addr: SocketAddr,
@@ -238,7 +232,7 @@ async fn the_issue_pod_goes_through_filter_prioritize_and_bind() {
             "POST /api/v1/namespaces/team/pods/infer/binding?"
         ]
     );
-    support::rbac::assert_rules_allow_every_request(&api, &extender_rules());
+    support::rbac::assert_allows_every_request(&api, EXTENDER_RBAC);
     ext.shutdown.cancel();
 }
 

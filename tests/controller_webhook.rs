@@ -5,7 +5,8 @@
 //! errors (injected, and a real EMFILE in a child process), the probes. The
 //! self-managed certificate against the API-server double (`controller_webhook/certs.rs`).
 //! Kueue's label honoured only with `--accept-kueue-labels`, by the controller too
-//! (`controller_webhook/kueue.rs`).
+//! (`controller_webhook/kueue.rs`). `POST /vgpu` (the vGPU pod webhook): the
+//! schedulerName patch, denials, and a queued vGPU pod through both entries.
 
 mod support;
 
@@ -30,7 +31,11 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 use tessera::controller::tls::ReloadingCert;
-use tessera::controller::webhook_server::{serve, tls_config, StaticClasses};
+use tessera::controller::vgpu_webhook::VgpuOptions;
+use tessera::controller::webhook::Options;
+use tessera::controller::webhook_server::{
+    run, serve, tls_config, Health, Limits, Server, StaticClasses,
+};
 use tokio_util::sync::CancellationToken;
 
 const DIR: &str = "tests/data/webhook";
@@ -228,4 +233,146 @@ async fn a_rotated_certificate_is_served_without_dropping_the_listener() {
     shutdown.cancel();
     server.await.unwrap().unwrap();
     watcher.await.unwrap();
+}
+
+/// The JSONPatch of an allowed AdmissionReview response (none: empty).
+fn patch_ops(response: &Value) -> Vec<Value> {
+    match response.get("patch") {
+        None => Vec::new(),
+        Some(p) => {
+            assert_eq!(response["patchType"], "JSONPatch");
+            let bytes: k8s_openapi::ByteString = serde_json::from_value(p.clone()).unwrap();
+            serde_json::from_slice(&bytes.0).unwrap()
+        }
+    }
+}
+
+/// Applies `add` operations (all the webhook emits) as the API server would.
+fn apply(mut doc: Value, ops: &[Value]) -> Value {
+    for op in ops {
+        assert_eq!(op["op"], "add", "{op}");
+        let path = op["path"].as_str().unwrap();
+        let (parent, last) = path.rsplit_once('/').unwrap();
+        let target = doc.pointer_mut(parent).expect("the parent exists");
+        if last == "-" {
+            target.as_array_mut().unwrap().push(op["value"].clone());
+        } else {
+            target[last] = op["value"].clone();
+        }
+    }
+    doc
+}
+
+fn vgpu_pod(labels: Value, limits: Value, scheduler: &str) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+           "metadata": {"name": "infer", "namespace": "ml", "labels": labels},
+           "spec": {"schedulerName": scheduler,
+                    "containers": [{"name": "main", "image": "cuda",
+                                    "resources": {"limits": limits}}]}})
+}
+
+fn pod_review(uid: &str, pod: &Value) -> Vec<u8> {
+    serde_json::to_vec(&json!({
+        "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": uid, "operation": "CREATE",
+                    "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "namespace": "ml", "object": pod}}))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn vgpu_pods_are_sent_to_the_scheduler_profile_over_https() {
+    let tls = tls_config(
+        &Path::new(DIR).join("tls.crt"),
+        &Path::new(DIR).join("tls.key"),
+    )
+    .unwrap();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let shutdown = CancellationToken::new();
+    let limits = Limits::default();
+    let server = Server {
+        tls,
+        classes: Arc::new(StaticClasses(None)),
+        options: Options::default(),
+        vgpu: VgpuOptions::new("gpu-scheduler", false),
+        health: Health::new(None, limits.accept_failure_grace),
+        limits,
+    };
+    let task = tokio::spawn(run(server, listener, shutdown.clone()));
+    let issue = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240",
+                       "nvidia.com/gpucores": "30"});
+
+    // The issue's pod, no queue label: schedulerName set, nothing else touched.
+    let pod = vgpu_pod(json!({"app": "infer"}), issue.clone(), "default-scheduler");
+    let (code, out) = post(addr, "/vgpu", pod_review("a1", &pod)).await;
+    assert_eq!(code, 200, "{out}");
+    assert_eq!(out["kind"], "AdmissionReview");
+    assert_eq!(out["response"]["uid"], "a1");
+    assert_eq!(out["response"]["allowed"], true);
+    let ops = patch_ops(&out["response"]);
+    assert_eq!(
+        ops,
+        [json!({"op": "add", "path": "/spec/schedulerName", "value": "gpu-scheduler"})]
+    );
+    let after = apply(pod.clone(), &ops);
+    assert_eq!(after["spec"]["schedulerName"], "gpu-scheduler");
+    assert_eq!(after["spec"]["containers"], pod["spec"]["containers"]);
+
+    // An invalid request: denied with the reason, whatever the label.
+    let bad = vgpu_pod(
+        json!({}),
+        json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2048",
+               "nvidia.com/gpumem-percentage": "50"}),
+        "default-scheduler",
+    );
+    let (code, out) = post(addr, "/vgpu", pod_review("a2", &bad)).await;
+    assert_eq!(code, 200);
+    assert_eq!(out["response"]["allowed"], false);
+    assert_eq!(out["response"]["status"]["code"], 400);
+    assert_eq!(
+        out["response"]["status"]["message"],
+        "Pod: container \"main\": nvidia.com/gpumem and nvidia.com/gpumem-percentage together; ask for one of them"
+    );
+
+    // A pod for another scheduler: left alone.
+    let theirs = vgpu_pod(json!({}), issue.clone(), "hami-scheduler");
+    let (_, out) = post(addr, "/vgpu", pod_review("a3", &theirs)).await;
+    assert_eq!(out["response"]["allowed"], true);
+    assert!(patch_ops(&out["response"]).is_empty());
+
+    // A queued vGPU pod goes through both entries (the queue one, then this one): the
+    // patches compose into a gated pod for the profile, and running them again adds
+    // nothing (the API server may call a webhook again).
+    let queued = vgpu_pod(
+        json!({"tessera.io/queue-name": "lq"}),
+        issue,
+        "default-scheduler",
+    );
+    let (_, out) = post(addr, "/mutate", pod_review("q1", &queued)).await;
+    let gated = apply(queued.clone(), &patch_ops(&out["response"]));
+    let (_, out) = post(addr, "/vgpu", pod_review("q2", &gated)).await;
+    let both = apply(gated, &patch_ops(&out["response"]));
+    assert_eq!(
+        both["spec"]["schedulingGates"],
+        json!([{"name": "tessera.io/admission"}])
+    );
+    assert_eq!(both["spec"]["schedulerName"], "gpu-scheduler");
+    for path in ["/mutate", "/vgpu"] {
+        let (_, out) = post(addr, path, pod_review("again", &both)).await;
+        assert_eq!(out["response"]["allowed"], true, "{path}");
+        assert!(patch_ops(&out["response"]).is_empty(), "{path}: {out}");
+    }
+
+    // Garbage on the new path: a 400 like /mutate's.
+    let (code, out) = post(addr, "/vgpu", b"{\"kind\": \"Pod\"}".to_vec()).await;
+    assert_eq!(code, 400);
+    assert!(
+        out["error"].as_str().unwrap().contains("AdmissionReview"),
+        "{out}"
+    );
+
+    shutdown.cancel();
+    task.await.unwrap().unwrap();
 }

@@ -12,6 +12,7 @@ use tessera::controller::crd;
 use tessera::controller::extender::{self, Books, BooksConfig, Extender};
 use tessera::controller::reconciler::{self, Config, SystemClock};
 use tessera::controller::tls::{CertResolver, ReloadingCert};
+use tessera::controller::vgpu_webhook::VgpuOptions;
 use tessera::controller::webhook::Options;
 use tessera::controller::webhook_server::{self, ApiClasses, Health, Limits, Server};
 use tessera::quota::quantity::parse_duration;
@@ -83,6 +84,17 @@ pub struct Args {
     /// the same pod. The webhook's objectSelector must match (see webhook.yaml).
     #[arg(long)]
     pub accept_kueue_labels: bool,
+    /// The kube-scheduler profile the webhook's `POST /vgpu` sets as `schedulerName` on
+    /// pods asking for `nvidia.com/gpumem`, `gpumem-percentage` or `gpucores` (a pod
+    /// naming another scheduler keeps it); "" checks those pods without setting it.
+    #[arg(long, default_value = "tessera-scheduler")]
+    pub vgpu_scheduler_name: String,
+    /// Also send pods asking for `nvidia.com/gpu` alone to --vgpu-scheduler-name, as
+    /// HAMi does. Off by default: such a pod may be a whole-GPU pod, and the extender
+    /// only places pods on nodes that publish vGPU records (docs/install.md). The
+    /// webhook's matchConditions must then select those pods too.
+    #[arg(long)]
+    pub vgpu_scheduler_plain_gpu: bool,
     /// Do not serve the webhook (e.g. it runs in another Deployment).
     #[arg(long)]
     pub no_webhook: bool,
@@ -238,6 +250,7 @@ async fn run_async(args: Args) -> Result<()> {
             options: Options {
                 accept_kueue_labels: args.accept_kueue_labels,
             },
+            vgpu: VgpuOptions::new(&args.vgpu_scheduler_name, args.vgpu_scheduler_plain_gpu),
             limits,
             health: health.clone(),
         };

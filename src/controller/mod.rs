@@ -18,7 +18,9 @@
 //! - [`snapshot`]: reads a pass's objects (by LIST, or from the watch-fed [`cache`]);
 //!   [`reconciler`]: applies the actions, runs the loop.
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
-//! - [`extender`]: the kube-scheduler extender for HAMi-style vGPU pods (`--extender-addr`).
+//! - [`extender`]: the kube-scheduler extender for HAMi-style vGPU pods (`--extender-addr`);
+//!   [`vgpu_webhook`] (pure, `POST /vgpu`): checks vGPU pods and sends them to the
+//!   scheduler profile that calls it.
 
 pub mod cache;
 pub mod certs;
@@ -43,6 +45,7 @@ mod requeue_state_tests;
 pub mod serving;
 pub mod snapshot;
 pub mod tls;
+pub mod vgpu_webhook;
 pub mod webhook;
 pub mod webhook_server;
 mod workloads;

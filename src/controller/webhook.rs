@@ -68,6 +68,12 @@ pub fn review(
     classes: Option<&BTreeMap<String, i32>>,
     options: Options,
 ) -> Result<Value, BadReview> {
+    respond(body, |request| decide_with(request, classes, options))
+}
+
+/// Answers an AdmissionReview (`admission.k8s.io/v1`) with the verdict `decide` gives
+/// its `request`: the response envelope every webhook path of Tessera shares.
+pub fn respond(body: &Value, decide: impl FnOnce(&Value) -> Verdict) -> Result<Value, BadReview> {
     if body["apiVersion"] != "admission.k8s.io/v1" || body["kind"] != "AdmissionReview" {
         return Err(BadReview(
             "expected apiVersion admission.k8s.io/v1, kind AdmissionReview".into(),
@@ -78,7 +84,7 @@ pub fn review(
         .as_str()
         .filter(|u| !u.is_empty())
         .ok_or_else(|| BadReview("request.uid is missing".into()))?;
-    let verdict = decide_with(request, classes, options);
+    let verdict = decide(request);
     let response = match verdict {
         Verdict::Allow(ops) if ops.is_empty() => json!({"uid": uid, "allowed": true}),
         Verdict::Allow(ops) => {

@@ -1,5 +1,6 @@
 //! The webhook's HTTPS shell: TLS (rustls) over a TCP listener, `POST /mutate` decoded
-//! and answered by the pure [`super::webhook::review`], `GET /healthz`; and the plain
+//! and answered by the pure [`super::webhook::review`], `POST /vgpu` by
+//! [`super::vgpu_webhook::review`], `GET /healthz`; and the plain
 //! HTTP probe server (`GET /livez`, `GET /readyz`). The known WorkloadPriorityClasses
 //! come from a [`ClassSource`] (the API server in production).
 //!
@@ -24,6 +25,7 @@
 
 use super::error::{Error, Result};
 use super::tls::CertResolver;
+use super::vgpu_webhook::{self, VgpuOptions};
 use super::webhook::{review, Options};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -289,6 +291,8 @@ pub struct Server {
     pub tls: Arc<rustls::ServerConfig>,
     pub classes: Arc<dyn ClassSource>,
     pub options: Options,
+    /// What `POST /vgpu` does (the vGPU pod webhook).
+    pub vgpu: VgpuOptions,
     pub limits: Limits,
     pub health: Arc<Health>,
 }
@@ -307,6 +311,7 @@ pub async fn serve(
         tls,
         classes,
         options: Options::default(),
+        vgpu: VgpuOptions::default(),
         limits,
         health,
     };
@@ -359,6 +364,7 @@ pub async fn run<A: Accept>(
         acceptor: TlsAcceptor::from(server.tls),
         classes: server.classes,
         options: server.options,
+        vgpu: server.vgpu,
         body_budget: Semaphore::new(kib(server.limits.max_body_in_flight)),
         limits: server.limits,
     });
@@ -445,6 +451,7 @@ struct Shared {
     acceptor: TlsAcceptor,
     classes: Arc<dyn ClassSource>,
     options: Options,
+    vgpu: VgpuOptions,
     limits: Limits,
     /// Permits in KiB of request bodies being read.
     body_budget: Semaphore,
@@ -480,9 +487,10 @@ impl Shared {
     async fn handle(&self, req: Request<hyper::body::Incoming>) -> Response<Full<Bytes>> {
         match (req.method().as_str(), req.uri().path()) {
             ("GET", "/healthz") => return reply(StatusCode::OK, b"{\"ok\":true}".to_vec()),
-            ("POST", "/mutate") => {}
+            ("POST", "/mutate" | "/vgpu") => {}
             _ => return error(StatusCode::NOT_FOUND, "not found".into()),
         }
+        let vgpu_path = req.uri().path() == "/vgpu";
         let max = self.limits.max_body;
         let declared = req
             .headers()
@@ -517,8 +525,13 @@ impl Shared {
             Err(e) => return error(StatusCode::BAD_REQUEST, format!("body is not JSON: {e}")),
         };
         drop(body);
-        let known = self.classes.classes().await;
-        match review(&parsed, known.as_ref(), self.options) {
+        let answer = if vgpu_path {
+            vgpu_webhook::review(&parsed, &self.vgpu)
+        } else {
+            let known = self.classes.classes().await;
+            review(&parsed, known.as_ref(), self.options)
+        };
+        match answer {
             Ok(out) => reply(StatusCode::OK, out.to_string().into_bytes()),
             Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
         }

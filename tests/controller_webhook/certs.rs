@@ -80,6 +80,7 @@ async fn start(s: &ApiServer) -> Instance {
         tls: resolver.server_config().unwrap(),
         classes: Arc::new(StaticClasses(None)),
         options: Options::default(),
+        vgpu: Default::default(),
         health: Health::new(Some(resolver.clone()), limits.accept_failure_grace),
         limits,
     };

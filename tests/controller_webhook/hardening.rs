@@ -126,6 +126,7 @@ fn server(limits: Limits, options: Options) -> (Server, Arc<Health>) {
         tls: resolver.server_config().unwrap(),
         classes: Arc::new(StaticClasses(None)),
         options,
+        vgpu: Default::default(),
         limits,
         health: health.clone(),
     };
@@ -529,6 +530,7 @@ async fn probes_fail_when_the_listener_is_gone_or_has_no_certificate() {
         tls: resolver.server_config().unwrap(),
         classes: Arc::new(StaticClasses(None)),
         options: Options::default(),
+        vgpu: Default::default(),
         limits,
         health: health.clone(),
     };
