@@ -268,3 +268,109 @@ spec: {{clusterQueue: q}}
     let message = format!("{pending:?}");
     assert!(message.contains("nvidia.com/gpumem"), "{message}");
 }
+
+/// `tessera plan` replays an InferenceScaler on a MetricSeries with the quota engine: the
+/// queue grows at 10m, the scale-up reclaims the GPUs training borrowed; it falls at 30m
+/// and the replicas go once the 5-minute scale-down window has passed.
+#[test]
+fn inference_scaling_is_replayed_with_admissions_and_preemptions() {
+    let out = tessera(&[
+        "plan",
+        "-f",
+        &scenario("inference-scaling"),
+        "--until",
+        "50m",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("valid JSON");
+    let events = v["events"].as_array().expect("events");
+    let brief: Vec<(f64, &str, &str)> = events
+        .iter()
+        .map(|e| {
+            (
+                e["time"].as_f64().unwrap(),
+                e["type"].as_str().unwrap(),
+                e["workload"].as_str().unwrap(),
+            )
+        })
+        .collect();
+    let scaled: Vec<_> = events.iter().filter(|e| e["type"] == "Scaled").collect();
+    assert_eq!(scaled.len(), 2, "{brief:?}");
+    assert_eq!(
+        (scaled[0]["time"].as_f64(), scaled[0]["reason"].as_str()),
+        (Some(600.0), Some("ScaledUp"))
+    );
+    assert!(
+        scaled[0]["message"]
+            .as_str()
+            .unwrap()
+            .contains("1 → 4 replicas"),
+        "{}",
+        scaled[0]
+    );
+    assert_eq!(scaled[1]["reason"], "ScaledDown");
+    assert_eq!(
+        scaled[1]["time"].as_f64(),
+        Some(1800.0 + 285.0),
+        "the first poll whose window no longer holds a 4"
+    );
+    let preempted = events
+        .iter()
+        .find(|e| e["type"] == "Preempted")
+        .expect("training reclaimed");
+    assert_eq!(preempted["workload"], "llm/finetune");
+    assert_eq!(preempted["time"].as_f64(), Some(600.0));
+    let readmitted = events
+        .iter()
+        .filter(|e| e["type"] == "Admitted" && e["workload"] == "llm/finetune")
+        .count();
+    assert_eq!(
+        readmitted, 2,
+        "admitted at 0, again after the scale-down: {brief:?}"
+    );
+}
+
+#[test]
+fn bad_scalers_and_series_are_refused_naming_the_field() {
+    let base = "kind: ResourceFlavor\nmetadata: {name: h100}\n---\napiVersion: apps/v1\nkind: Deployment\nmetadata: {name: chat, namespace: llm}\nspec: {replicas: 1, template: {spec: {containers: [{resources: {requests: {nvidia.com/gpu: 1}}}]}}}\n---\n";
+    let trigger = "triggers: [{type: prometheus, metadata: {serverAddress: 'http://p:9090', query: q, threshold: '1'}}]";
+    let cases = [
+        (
+            format!("kind: InferenceScaler\nmetadata: {{name: s, namespace: llm}}\nspec: {{scaleTargetRef: {{name: other}}, {trigger}}}\n"),
+            "Deployment llm/other is not defined earlier",
+        ),
+        (
+            format!("kind: InferenceScaler\nmetadata: {{name: s, namespace: llm}}\nspec: {{scaleTargetRef: {{kind: Job, name: chat}}, {trigger}}}\n"),
+            "spec.scaleTargetRef.kind",
+        ),
+        (
+            format!("kind: InferenceScaler\nmetadata: {{name: s, namespace: llm}}\nspec: {{scaleTargetRef: {{name: chat}}, minReplicaCount: 3, maxReplicaCount: 2, {trigger}}}\n"),
+            "spec.minReplicaCount",
+        ),
+        (
+            format!("kind: InferenceScaler\nmetadata: {{name: s, namespace: llm}}\nspec: {{scaleTargetRef: {{name: chat}}, pollingIntervall: 5, {trigger}}}\n"),
+            "pollingIntervall",
+        ),
+        (
+            "kind: MetricSeries\nmetadata: {name: m}\nspec: {query: q, samples: [{at: 0s, value: 1, down: true}]}\n".to_string(),
+            "spec.samples[0]",
+        ),
+        (
+            "kind: MetricSeries\nmetadata: {name: m}\nspec: {query: q, samples: [{at: 5m, value: 1}, {at: 1m, value: 2}]}\n".to_string(),
+            "spec.samples[1].at",
+        ),
+    ];
+    for (doc, want) in cases {
+        let yaml = format!("{base}{doc}");
+        let err = tessera::quota::scenario::plan_str(&yaml, &Default::default())
+            .expect_err(&doc)
+            .to_string();
+        assert!(err.contains(want), "{doc}\n→ {err}");
+    }
+}

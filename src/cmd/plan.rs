@@ -96,7 +96,7 @@ fn write_table(w: &mut impl Write, out: &PlanOutput) -> std::io::Result<()> {
                 e.by.as_deref().unwrap_or(""),
                 e.expected_rework.unwrap_or(0.0)
             ),
-            EventType::Pending => format!(
+            EventType::Pending | EventType::Scaled => format!(
                 "{}: {}",
                 e.reason.as_deref().unwrap_or(""),
                 e.message.as_deref().unwrap_or("")

@@ -207,6 +207,9 @@ pub enum EventType {
     Evicted,
     Pending,
     Finished,
+    /// `tessera plan` only: an InferenceScaler changed its target's replicas (or began
+    /// holding them: metric failed, waiting for capacity); `workload` names the scaler.
+    Scaled,
 }
 
 /// One thing that happened to a workload.

@@ -28,6 +28,7 @@ pub mod quantity;
 mod report;
 mod reserve;
 mod restore;
+mod scale_replay;
 pub mod scenario;
 mod wake;
 

@@ -18,6 +18,8 @@ use super::events::{Event, FinalState};
 use super::kueue_config::KueueConfig;
 use super::model::{PodSetInfo, WorkloadInfo};
 use super::quantity::{parse_duration, Quantity, Time};
+use super::scale_replay::{Replay, Replicas, ScalerDoc, Series, SeriesDoc, POLL_TAIL};
+use crate::autoscale::Coupling;
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, HashMap};
 
@@ -175,6 +177,8 @@ enum Object {
         base: Box<WorkloadInfo>,
         replicas: u32,
     },
+    Scaler(Box<ScalerDoc>),
+    Series(String, Series),
 }
 
 #[derive(Clone, Debug)]
@@ -448,6 +452,12 @@ impl Scenario {
                         replicas: s.spec.replicas,
                     }
                 }
+                "InferenceScaler" => Object::Scaler(Box::new(typed(value, &kind, &err)?)),
+                "MetricSeries" => {
+                    let doc: SeriesDoc = typed(value, &kind, &err)?;
+                    let (query, series) = doc.read().map_err(|e| err(e.to_string()))?;
+                    Object::Series(query, series)
+                }
                 other => return Err(err(format!("unsupported kind {other:?}"))),
             };
             steps.push(Step {
@@ -475,12 +485,15 @@ impl Scenario {
         let mut clock: Time = 0;
         let mut claims: HashMap<(String, String), BTreeMap<String, u32>> = HashMap::new();
         let mut groups: HashMap<String, Vec<WorkloadInfo>> = HashMap::new();
-        let mut serving: HashMap<String, u32> = HashMap::new();
+        let mut replicas = Replicas::default();
+        let mut replay = Replay::default();
+        let mut events = Vec::new();
         for step in &self.steps {
             let at = step.at.unwrap_or(clock).max(clock);
             if opts.until.is_some_and(|u| at > u) {
                 break;
             }
+            replay.poll_before(at, &mut engine, &mut replicas, &mut events)?;
             engine.advance_to(at)?;
             clock = at;
             let err = |e: Error| Error::Scenario {
@@ -528,30 +541,30 @@ impl Scenario {
                 Object::Serving {
                     kind,
                     base,
-                    replicas,
+                    replicas: want,
                 } => {
-                    let key = format!("{}/{}", base.namespace, base.name);
                     let base = self.with_claims(base, &claims).map_err(err)?;
-                    let have = serving.get(&key).copied().unwrap_or(0);
-                    for i in have..*replicas {
-                        let mut w = base.clone().with_creation(at);
-                        w.name = format!("{}-{i}", base.name);
-                        engine.submit(at, w).map_err(err)?;
-                    }
-                    for i in (*replicas..have).rev() {
-                        let name = format!("{}/{}-{i}", base.namespace, base.name);
-                        engine
-                            .remove_with_reason(at, &name, &format!("{kind}ScaledDown"))
-                            .map_err(err)?;
-                    }
-                    serving.insert(key, *replicas);
+                    replicas
+                        .set(&mut engine, at, kind, &base, *want)
+                        .map_err(err)?;
                 }
+                Object::Scaler(doc) => replay
+                    .add_scaler(at, doc, &replicas, Coupling::default())
+                    .map_err(err)?,
+                Object::Series(query, series) => replay.add_series(query.clone(), series.clone()),
             }
             engine.schedule(at)?;
         }
+        if !replay.is_empty() {
+            let end = opts
+                .until
+                .unwrap_or(clock.max(replay.last_change()).saturating_add(POLL_TAIL));
+            replay.poll_before(end, &mut engine, &mut replicas, &mut events)?;
+            clock = clock.max(end);
+        }
         let horizon = opts.until.unwrap_or(clock.saturating_add(DEFAULT_HORIZON));
         engine.advance_to(horizon)?;
-        let mut events = engine.take_events();
+        events.extend(engine.take_events());
         for (key, members) in groups {
             let mut ev = Event::new(clock, super::events::EventType::Pending, key);
             ev.reason = Some("PodGroupIncomplete".into());
@@ -602,7 +615,7 @@ impl Scenario {
 }
 
 impl WorkloadInfo {
-    fn with_creation(mut self, at: Time) -> Self {
+    pub(super) fn with_creation(mut self, at: Time) -> Self {
         if !self.explicit_creation {
             self.creation = at;
         }
