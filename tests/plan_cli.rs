@@ -374,3 +374,106 @@ fn bad_scalers_and_series_are_refused_naming_the_field() {
         assert!(err.contains(want), "{doc}\n→ {err}");
     }
 }
+
+/// A non-urgent scale-up (2 → 3 replicas) that needs training's GPUs waits for its demand
+/// to persist: when the queue falls back within the window the waiting replica is
+/// released and training is never preempted; when it persists, training is preempted at
+/// the window's end. KEDA + Kueue (`--scaling-coupling off`) preempt at once either way.
+#[test]
+fn a_scale_up_preempts_training_only_once_its_demand_persisted() {
+    let yaml = |drop_at: &str| {
+        format!(
+            r#"kind: ResourceFlavor
+metadata: {{name: h100}}
+---
+kind: ClusterQueue
+metadata: {{name: inference}}
+spec:
+  cohortName: fleet
+  namespaceSelector: {{}}
+  preemption: {{reclaimWithinCohort: Any}}
+  resourceGroups: [{{coveredResources: [nvidia.com/gpu], flavors: [{{name: h100, resources: [{{name: nvidia.com/gpu, nominalQuota: 4}}]}}]}}]
+---
+kind: ClusterQueue
+metadata: {{name: training}}
+spec:
+  cohortName: fleet
+  namespaceSelector: {{}}
+  resourceGroups: [{{coveredResources: [nvidia.com/gpu], flavors: [{{name: h100, resources: [{{name: nvidia.com/gpu, nominalQuota: 4}}]}}]}}]
+---
+kind: LocalQueue
+metadata: {{name: serve, namespace: llm}}
+spec: {{clusterQueue: inference}}
+---
+kind: LocalQueue
+metadata: {{name: train, namespace: llm}}
+spec: {{clusterQueue: training}}
+---
+kind: MetricSeries
+metadata: {{name: q}}
+spec:
+  query: sum(q)
+  samples: [{{at: 0s, value: 200}}, {{at: 10m, value: 300}}, {{at: {drop_at}, value: 150}}]
+---
+kind: Deployment
+metadata: {{name: chat, namespace: llm, labels: {{tessera.io/queue-name: serve}}}}
+spec: {{replicas: 2, template: {{spec: {{containers: [{{resources: {{requests: {{nvidia.com/gpu: 1}}}}}}]}}}}}}
+---
+kind: Job
+metadata: {{name: finetune, namespace: llm, labels: {{tessera.io/queue-name: train}}}}
+spec: {{parallelism: 6, template: {{spec: {{containers: [{{resources: {{requests: {{nvidia.com/gpu: 1}}}}}}]}}}}}}
+---
+kind: InferenceScaler
+metadata: {{name: chat, namespace: llm}}
+spec:
+  scaleTargetRef: {{name: chat}}
+  pollingInterval: 15
+  minReplicaCount: 1
+  maxReplicaCount: 4
+  preemption: {{persistSeconds: 180}}
+  triggers: [{{type: prometheus, metadata: {{serverAddress: 'http://p:9090', query: sum(q), threshold: '100'}}}}]
+"#
+        )
+    };
+    let run = |drop_at: &str, coupling| {
+        let opts = tessera::quota::scenario::PlanOptions {
+            until: Some(40 * 60_000),
+            coupling,
+        };
+        tessera::quota::scenario::plan_str(&yaml(drop_at), &opts).expect("plan")
+    };
+    let preemptions = |out: &tessera::quota::scenario::PlanOutput| -> Vec<f64> {
+        out.events
+            .iter()
+            .filter(|e| e.kind == tessera::quota::EventType::Preempted)
+            .map(|e| e.time)
+            .collect()
+    };
+    use tessera::autoscale::Coupling;
+    let brief = run("11m", Coupling::Quota);
+    assert!(preemptions(&brief).is_empty(), "{:#?}", brief.events);
+    let waited = brief
+        .events
+        .iter()
+        .find(|e| e.workload == "llm/chat-2" && e.kind == tessera::quota::EventType::Pending)
+        .expect("chat-2 waited");
+    assert_eq!(
+        waited.reason.as_deref(),
+        Some("DemandNotPersisted"),
+        "{waited:?}"
+    );
+    assert!(brief
+        .events
+        .iter()
+        .any(|e| e.reason.as_deref() == Some("ReleasedWaiting") && e.time == 660.0));
+    assert_eq!(
+        preemptions(&run("11m", Coupling::Off)),
+        [600.0],
+        "KEDA + Kueue preempt at once"
+    );
+    assert_eq!(
+        preemptions(&run("30m", Coupling::Quota)),
+        [780.0],
+        "persisted: preempts at 10m + 180 s"
+    );
+}

@@ -77,6 +77,9 @@ pub enum Why {
     MetricFailed { failures: u32, reason: String },
     /// Replicas of the target still wait for quota or placement: not raised.
     WaitingForCapacity { serving: u32 },
+    /// The metrics ask for fewer than the target while some replicas still wait: the
+    /// waiting ones are released at once (they serve nothing), whatever the windows.
+    ReleasedWaiting { serving: u32 },
 }
 
 impl fmt::Display for Why {
@@ -99,6 +102,10 @@ impl fmt::Display for Why {
                 f,
                 "only {serving} replicas admitted and placed; not raising the target while the rest wait"
             ),
+            Why::ReleasedWaiting { serving } => write!(
+                f,
+                "demand fell while replicas waited for quota; the waiting ones released ({serving} serve)"
+            ),
         }
     }
 }
@@ -113,6 +120,9 @@ pub struct Decision {
     /// KEDA's `Fallback` condition.
     pub fallback: bool,
     pub why: Why,
+    /// Replicas this decision adds may preempt only from then on (coupled scale-ups
+    /// that are not urgent); `None`: at once.
+    pub preempt_after: Option<Time>,
 }
 
 /// A scaler's state between polls.
@@ -182,6 +192,7 @@ impl Scaler {
                     replicas: replicas.clamp(s.min_replicas, s.max_replicas),
                     active: true,
                     fallback: true,
+                    preempt_after: None,
                     why: Why::Fallback {
                         failures: self.failures,
                     },
@@ -203,6 +214,7 @@ impl Scaler {
             replicas: up.clamp(obs.target, s.max_replicas.max(obs.target)),
             active: true,
             fallback: false,
+            preempt_after: None,
             why: Why::MetricFailed {
                 failures: self.failures,
                 reason,
@@ -226,6 +238,7 @@ impl Scaler {
             active,
             fallback: false,
             why,
+            preempt_after: None,
         };
         if obs.target <= floor && s.idle_replicas.is_some() || obs.target == 0 {
             return if active {
@@ -247,16 +260,33 @@ impl Scaler {
         let (up, down) = (&s.scale_up, &s.scale_down);
         let stabilized = stabilize(&mut self.history, now, obs.target, raw, up, down);
         let limited = limit_rate(&self.history, now, obs.target, stabilized, up, down);
-        let replicas = limited.clamp(s.min_replicas.max(1), s.max_replicas);
-        if self.coupling == Coupling::Quota && obs.serving < obs.target && replicas > obs.target {
-            return decision(
-                obs.target,
-                Why::WaitingForCapacity {
-                    serving: obs.serving,
-                },
-            );
+        let floor = s.min_replicas.max(1);
+        let replicas = limited.clamp(floor, s.max_replicas);
+        if self.coupling == Coupling::Off {
+            return decision(replicas, Why::Metric { raw, stabilized });
         }
-        decision(replicas, Why::Metric { raw, stabilized })
+        let serving = obs.serving;
+        if serving < obs.target && replicas > obs.target {
+            return decision(obs.target, Why::WaitingForCapacity { serving });
+        }
+        if serving < obs.target && raw < obs.target {
+            let keep = raw
+                .max(serving)
+                .clamp(floor, s.max_replicas)
+                .min(obs.target);
+            return decision(keep, Why::ReleasedWaiting { serving });
+        }
+        let mut d = decision(replicas, Why::Metric { raw, stabilized });
+        if replicas > obs.target && !self.urgent(raw, obs.target) {
+            d.preempt_after = Some(now.saturating_add(s.persist_ms));
+        }
+        d
+    }
+
+    /// Whether the metrics ask for so much more that a scale-up may preempt at once.
+    fn urgent(&self, raw: u32, target: u32) -> bool {
+        let ratio = self.settings.urgent_ratio;
+        ratio > 0.0 && f64::from(raw) >= ratio * f64::from(target.max(1))
     }
 
     /// The HPA's replica count: the largest over the given triggers' values.

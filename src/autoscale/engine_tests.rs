@@ -197,19 +197,25 @@ fn coupled_a_value_metric_scales_from_the_replicas_that_serve() {
     let yaml = "scaleTargetRef: {name: x}\ntriggers:\n- type: prometheus\n  metricType: Value\n  metadata: {serverAddress: 'http://p', query: latency, threshold: '100'}\n";
     let spec: ScalerSpec = crate::yaml::from_str(yaml).unwrap();
     let settings = spec.validate().unwrap();
-    // 6 replicas asked, 3 serve, latency at half the threshold: 3 would do.
+    // 6 replicas asked, 3 serve, latency at 1.5 × the threshold: the 3 that serve need
+    // ceil(1.5 × 3) = 5; counting the 3 that wait as serving asks for ceil(1.5 × 6) = 9.
     let obs = Observation {
         target: 6,
         serving: 3,
-        readings: vec![value(50.0)],
+        readings: vec![value(150.0)],
     };
     let mut coupled = Scaler::new(settings.clone(), Coupling::Quota);
     let mut keda = Scaler::new(settings, Coupling::Off);
-    let later = 301 * S;
-    coupled.step(&obs, 0);
-    keda.step(&obs, 0);
-    assert_eq!(coupled.step(&obs, later).replicas, 2, "ceil(0.5 × 3)");
-    assert_eq!(keda.step(&obs, later).replicas, 3, "ceil(0.5 × 6)");
+    let d = coupled.step(&obs, 0);
+    assert_eq!(
+        (d.replicas, d.why),
+        (5, Why::ReleasedWaiting { serving: 3 })
+    );
+    assert_eq!(
+        keda.step(&obs, 0).replicas,
+        9,
+        "runaway: 3 wait, 3 more asked"
+    );
 }
 
 fn reading() -> impl Strategy<Value = Reading> {
@@ -259,4 +265,52 @@ proptest! {
             target = d.replicas;
         }
     }
+}
+
+#[test]
+fn a_coupled_scale_up_that_is_not_urgent_waits_to_preempt() {
+    let mut s = scaler(
+        "preemption: {persistSeconds: 180, urgentRatio: 2}\n",
+        Coupling::Quota,
+    );
+    let d = s.step(&at(2, value(300.0)), 0);
+    assert_eq!(
+        (d.replicas, d.preempt_after),
+        (3, Some(180 * S)),
+        "3 < 2 × 2: not urgent"
+    );
+    let mut s = scaler(
+        "preemption: {persistSeconds: 180, urgentRatio: 2}\n",
+        Coupling::Quota,
+    );
+    let d = s.step(&at(2, value(400.0)), 0);
+    assert_eq!(
+        (d.replicas, d.preempt_after),
+        (4, None),
+        "4 ≥ 2 × 2: urgent"
+    );
+    let mut keda = scaler("", Coupling::Off);
+    assert_eq!(keda.step(&at(2, value(300.0)), 0).preempt_after, None);
+}
+
+#[test]
+fn coupled_waiting_replicas_are_released_as_soon_as_demand_falls() {
+    let mut s = scaler("", Coupling::Quota);
+    let waiting = Observation {
+        target: 4,
+        serving: 2,
+        readings: vec![value(150.0)],
+    };
+    let d = s.step(&waiting, 0);
+    assert_eq!(
+        (d.replicas, d.why),
+        (2, Why::ReleasedWaiting { serving: 2 }),
+        "no 300 s window for replicas that serve nothing"
+    );
+    let mut keda = scaler("", Coupling::Off);
+    assert_eq!(
+        keda.step(&waiting, 0).replicas,
+        4,
+        "HPA holds them for its scale-down window"
+    );
 }

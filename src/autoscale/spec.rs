@@ -47,6 +47,20 @@ pub struct ScalerSpec {
     pub advanced: Option<Advanced>,
     #[serde(default)]
     pub triggers: Vec<Trigger>,
+    /// Tessera's extension (not in KEDA): when a scale-up may preempt training.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub preemption: Option<RawPreemption>,
+}
+
+/// `spec.preemption`: new replicas that need preemption wait `persistSeconds` for their
+/// demand to persist, unless the metrics ask for `urgentRatio` × the replicas or more.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct RawPreemption {
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub persist_seconds: Option<i64>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub urgent_ratio: Option<f64>,
 }
 
 /// The object scaled: anything with a `/scale` subresource.
@@ -197,6 +211,10 @@ pub struct Settings {
     pub scale_up: Rules,
     pub scale_down: Rules,
     pub triggers: Vec<PrometheusTrigger>,
+    /// New replicas that need preemption wait this long for their demand to persist.
+    pub persist_ms: u64,
+    /// ... unless the metrics ask for this many times the replicas (0: never urgent).
+    pub urgent_ratio: f64,
 }
 
 /// Largest replica count accepted (the `/scale` subresource's int32).
@@ -310,7 +328,26 @@ impl ScalerSpec {
                 Direction::Down,
             )?,
             triggers,
+            persist_ms: seconds(
+                "preemption.persistSeconds",
+                self.preemption.as_ref().and_then(|p| p.persist_seconds),
+                120,
+                0,
+                MAX_SECONDS,
+            )?,
+            urgent_ratio: urgent_ratio(self.preemption.as_ref().and_then(|p| p.urgent_ratio))?,
         })
+    }
+}
+
+fn urgent_ratio(v: Option<f64>) -> Result<f64, SpecError> {
+    match v {
+        None => Ok(2.0),
+        Some(r) if r == 0.0 || (r.is_finite() && r > 1.0) => Ok(r),
+        Some(r) => Err(invalid(
+            "preemption.urgentRatio",
+            format!("{r} must be above 1 (or 0: never urgent)"),
+        )),
     }
 }
 

@@ -30,6 +30,17 @@ pub struct Args {
     /// is left to happen.
     #[arg(long)]
     pub until: Option<String>,
+    /// How InferenceScalers couple with quota: `quota` (Tessera: waiting replicas are not
+    /// capacity, a non-urgent scale-up waits for its demand to persist before it
+    /// preempts) or `off` (KEDA + Kueue as they are, for comparison).
+    #[arg(long, value_enum, default_value = "quota")]
+    pub scaling_coupling: CouplingArg,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum CouplingArg {
+    Quota,
+    Off,
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
@@ -55,7 +66,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .context("--until")?;
     let scenario = Scenario::parse(&text).with_context(|| format!("in {}", args.file.display()))?;
     let out = scenario
-        .run(&PlanOptions { until })
+        .run(&PlanOptions {
+            until,
+            coupling: match args.scaling_coupling {
+                CouplingArg::Quota => tessera::autoscale::Coupling::Quota,
+                CouplingArg::Off => tessera::autoscale::Coupling::Off,
+            },
+        })
         .with_context(|| format!("planning {}", args.file.display()))?;
     let mut stdout = std::io::stdout().lock();
     let written = match args.output {

@@ -36,7 +36,10 @@ impl Decision {
 
 enum Try {
     Ok(Decision),
+    /// The only victims are protected until then (minimum runtime).
     Gated(Time),
+    /// The workload itself may not preempt before then (`preempt_not_before`).
+    Persist(Time),
     No,
 }
 
@@ -48,6 +51,9 @@ impl Engine {
                 let Some(cq) = self.wls[id].cq else {
                     return Try::No;
                 };
+                if let Some(t) = self.wls[id].info.preempt_not_before.filter(|t| *t > now) {
+                    return Try::Persist(t);
+                }
                 match self.find_victims(id, cq, &a.usage, now) {
                     Victims::Found { victims, .. } => Try::Ok(Decision::Preempt {
                         assignment: a,
@@ -116,9 +122,11 @@ impl Engine {
         let mut failure = a.failure.clone();
         let mut shortfalls = a.shortfalls.clone();
         let mut gated = None;
+        let mut persist = None;
         match self.try_assignment(id, a, now) {
             Try::Ok(d) => return d,
             Try::Gated(t) => gated = Some(t),
+            Try::Persist(t) => persist = Some(t),
             Try::No => {}
         }
         // Partial admission: the largest pod counts (down to minCount) that fit.
@@ -150,6 +158,10 @@ impl Engine {
                     gated = Some(gated.map_or(t, |g: Time| g.min(t)));
                     None
                 }
+                Try::Persist(t) => {
+                    persist = Some(t);
+                    None
+                }
                 Try::No => None,
             };
             if let Some(d_min) = d_min {
@@ -171,6 +183,10 @@ impl Engine {
             }
         }
         let reason = match (gated, failure) {
+            (None, f) if persist.is_some() => PendingReason::DemandNotPersisted {
+                until: persist.unwrap_or(now),
+                message: failure_text(f.as_ref()),
+            },
             (Some(until), f) => PendingReason::MinimumRuntime {
                 until,
                 message: format!(
@@ -188,10 +204,14 @@ impl Engine {
                 brief: "waiting for quota".into(),
             },
         };
+        let wake_at = match (gated, persist) {
+            (Some(g), Some(p)) => Some(g.min(p)),
+            (g, p) => g.or(p),
+        };
         Decision::Fail {
             reason,
             shortfalls,
-            wake_at: gated,
+            wake_at,
         }
     }
 

@@ -1036,6 +1036,7 @@ fn shape_hash(priority: i32, info: &WorkloadInfo) -> u64 {
         (&ps.name, ps.count, ps.min_count, &ps.requests).hash(&mut h);
         (&ps.node_selector, &ps.tolerations).hash(&mut h);
     }
+    info.preempt_not_before.hash(&mut h);
     h.finish()
 }
 

@@ -31,6 +31,12 @@ pub enum PendingReason {
         until: Time,
         message: String,
     },
+    /// Admission needs preemption and the workload may not preempt before `until`
+    /// (an autoscaler's replica waiting for its demand to persist).
+    DemandNotPersisted {
+        until: Time,
+        message: String,
+    },
     /// The ClusterQueue has a stopPolicy.
     ClusterQueueStopped,
     /// `waitForPodsReady.blockAdmission`: an admitted workload's pods are not all ready.
@@ -58,6 +64,7 @@ impl PendingReason {
             PendingReason::WaitingForQuota { .. } => "WaitingForQuota",
             PendingReason::WaitingForPreemptedWorkloads(_) => "WaitingForPreemptedWorkloads",
             PendingReason::MinimumRuntime { .. } => "MinimumRuntime",
+            PendingReason::DemandNotPersisted { .. } => "DemandNotPersisted",
             PendingReason::ClusterQueueStopped => "ClusterQueueStopped",
             PendingReason::WaitingForPodsReady => "WaitingForPodsReady",
             PendingReason::Backoff { .. } => "Backoff",
@@ -81,6 +88,10 @@ impl PendingReason {
             PendingReason::WaitingForQuota { message, .. } => format!("{message}{pos}"),
             PendingReason::MinimumRuntime { until, message } => format!(
                 "{message}; earliest at {}",
+                super::quantity::format_duration(*until)
+            ),
+            PendingReason::DemandNotPersisted { until, message } => format!(
+                "{message}; a scale-up may preempt only once its demand has persisted, at {}",
                 super::quantity::format_duration(*until)
             ),
             PendingReason::ClusterQueueStopped => "the ClusterQueue is stopped (stopPolicy)".into(),

@@ -45,6 +45,10 @@ pub struct WorkloadInfo {
     pub grace_period: Time,
     /// Whether `creation` was given (else the time of submission is used).
     pub explicit_creation: bool,
+    /// Until then the workload may be admitted into free quota but may not preempt: an
+    /// autoscaler's new replicas wait for their demand to persist before they take
+    /// GPUs from training (`docs/autoscale.md`, "Coupled with quota").
+    pub preempt_not_before: Option<Time>,
 }
 
 /// A pod set: `count` identical pods with per-pod `requests`.
@@ -78,6 +82,7 @@ impl WorkloadInfo {
             pods_ready_after: Some(0),
             grace_period: 0,
             explicit_creation: false,
+            preempt_not_before: None,
         }
     }
 

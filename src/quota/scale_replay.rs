@@ -146,12 +146,14 @@ impl Replicas {
         kind: &'static str,
         base: &WorkloadInfo,
         want: u32,
+        preempt_not_before: Option<Time>,
     ) -> Result<()> {
         let key = format!("{}/{}", base.namespace, base.name);
         let have = self.targets.get(&key).map_or(0, |(_, _, n)| *n);
         for i in have..want {
             let mut w = base.clone().with_creation(at);
             w.name = format!("{}-{i}", base.name);
+            w.preempt_not_before = preempt_not_before;
             engine.submit(at, w)?;
         }
         for i in (want..have).rev() {
@@ -331,7 +333,7 @@ fn poll(
     ));
     events.push(ev);
     if d.replicas != target {
-        replicas.set(engine, t, kind, &base, d.replicas)?;
+        replicas.set(engine, t, kind, &base, d.replicas, d.preempt_after)?;
         engine.schedule(t)?;
     }
     Ok(())
@@ -352,6 +354,7 @@ fn reason_code(d: &Decision, target: u32) -> &'static str {
         Why::Fallback { .. } => "Fallback",
         Why::MetricFailed { .. } => "MetricFailed",
         Why::WaitingForCapacity { .. } => "WaitingForCapacity",
+        Why::ReleasedWaiting { .. } => "ReleasedWaiting",
         Why::Metric { .. } if d.replicas > target => "ScaledUp",
         Why::Metric { .. } if d.replicas < target => "ScaledDown",
         Why::Metric { .. } => "Held",

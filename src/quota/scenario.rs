@@ -53,6 +53,8 @@ pub struct PlanOptions {
     /// Stop at this time (offset from the start); default: when nothing is left to
     /// happen, at most [`DEFAULT_HORIZON`] after the last object.
     pub until: Option<Time>,
+    /// How InferenceScalers couple with quota (`Off`: KEDA + Kueue as they are).
+    pub coupling: Coupling,
 }
 
 /// The output of `tessera plan`.
@@ -545,11 +547,11 @@ impl Scenario {
                 } => {
                     let base = self.with_claims(base, &claims).map_err(err)?;
                     replicas
-                        .set(&mut engine, at, kind, &base, *want)
+                        .set(&mut engine, at, kind, &base, *want, None)
                         .map_err(err)?;
                 }
                 Object::Scaler(doc) => replay
-                    .add_scaler(at, doc, &replicas, Coupling::default())
+                    .add_scaler(at, doc, &replicas, opts.coupling)
                     .map_err(err)?,
                 Object::Series(query, series) => replay.add_series(query.clone(), series.clone()),
             }
