@@ -133,6 +133,12 @@ pub struct Scaler {
     history: History,
     failures: u32,
     last_active: Option<Time>,
+    /// Since when the metrics have asked, poll after poll, for more replicas than serve:
+    /// the demand whose persistence a non-urgent scale-up waits for.
+    excess_since: Option<Time>,
+    /// Since when the metrics have asked for no more than serve (ends an excess once it
+    /// lasts half the persistence window: a one-poll dip does not restart the wait).
+    calm_since: Option<Time>,
 }
 
 impl Scaler {
@@ -143,6 +149,8 @@ impl Scaler {
             history: History::default(),
             failures: 0,
             last_active: None,
+            excess_since: None,
+            calm_since: None,
         }
     }
 
@@ -254,14 +262,28 @@ impl Scaler {
         if !active && may_deactivate && cooled {
             return decision(floor, Why::Deactivated);
         }
+        self.scale(obs, now, values, active)
+    }
+
+    /// The HPA's computation and, coupled, the rules for replicas that wait.
+    fn scale(&mut self, obs: &Observation, now: Time, values: &[f64], active: bool) -> Decision {
         let raw = self
             .raw(obs, values.iter().copied().enumerate())
             .unwrap_or(obs.target);
+        self.track_excess(raw, obs.serving, now);
+        let s = &self.settings;
         let (up, down) = (&s.scale_up, &s.scale_down);
         let stabilized = stabilize(&mut self.history, now, obs.target, raw, up, down);
         let limited = limit_rate(&self.history, now, obs.target, stabilized, up, down);
         let floor = s.min_replicas.max(1);
         let replicas = limited.clamp(floor, s.max_replicas);
+        let decision = |replicas, why| Decision {
+            replicas,
+            active,
+            fallback: false,
+            why,
+            preempt_after: None,
+        };
         if self.coupling == Coupling::Off {
             return decision(replicas, Why::Metric { raw, stabilized });
         }
@@ -269,18 +291,31 @@ impl Scaler {
         if serving < obs.target && replicas > obs.target {
             return decision(obs.target, Why::WaitingForCapacity { serving });
         }
-        if serving < obs.target && raw < obs.target {
-            let keep = raw
-                .max(serving)
-                .clamp(floor, s.max_replicas)
-                .min(obs.target);
+        if serving < obs.target && raw <= serving {
+            let keep = serving.clamp(floor, s.max_replicas).min(obs.target);
             return decision(keep, Why::ReleasedWaiting { serving });
         }
         let mut d = decision(replicas, Why::Metric { raw, stabilized });
         if replicas > obs.target && !self.urgent(raw, obs.target) {
-            d.preempt_after = Some(now.saturating_add(s.persist_ms));
+            let since = self.excess_since.unwrap_or(now);
+            d.preempt_after = Some(since.saturating_add(s.persist_ms));
         }
         d
+    }
+
+    /// Follows the demand above the replicas that serve: it starts at the first poll
+    /// asking for more, and ends only once no more has been asked for half the
+    /// persistence window.
+    fn track_excess(&mut self, raw: u32, serving: u32, now: Time) {
+        if raw > serving {
+            self.calm_since = None;
+            self.excess_since.get_or_insert(now);
+            return;
+        }
+        let calm = *self.calm_since.get_or_insert(now);
+        if now.saturating_sub(calm) >= self.settings.persist_ms / 2 {
+            self.excess_since = None;
+        }
     }
 
     /// Whether the metrics ask for so much more that a scale-up may preempt at once.

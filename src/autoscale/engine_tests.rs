@@ -208,13 +208,23 @@ fn coupled_a_value_metric_scales_from_the_replicas_that_serve() {
     let mut keda = Scaler::new(settings, Coupling::Off);
     let d = coupled.step(&obs, 0);
     assert_eq!(
-        (d.replicas, d.why),
-        (5, Why::ReleasedWaiting { serving: 3 })
+        d.replicas, 6,
+        "5 asked from the 3 that serve: held, not raised: {d:?}"
     );
     assert_eq!(
         keda.step(&obs, 0).replicas,
         9,
         "runaway: 3 wait, 3 more asked"
+    );
+    let calm = Observation {
+        readings: vec![value(90.0)],
+        ..obs
+    };
+    let d = coupled.step(&calm, 15 * S);
+    assert_eq!(
+        (d.replicas, d.why),
+        (3, Why::ReleasedWaiting { serving: 3 }),
+        "the 3 that serve suffice"
     );
 }
 

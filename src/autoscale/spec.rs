@@ -342,7 +342,7 @@ impl ScalerSpec {
 
 fn urgent_ratio(v: Option<f64>) -> Result<f64, SpecError> {
     match v {
-        None => Ok(2.0),
+        None => Ok(3.0),
         Some(r) if r == 0.0 || (r.is_finite() && r > 1.0) => Ok(r),
         Some(r) => Err(invalid(
             "preemption.urgentRatio",

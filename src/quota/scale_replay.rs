@@ -154,6 +154,8 @@ impl Replicas {
             let mut w = base.clone().with_creation(at);
             w.name = format!("{}-{i}", base.name);
             w.preempt_not_before = preempt_not_before;
+            // An ordinal scaled away earlier comes back as a new workload.
+            engine.forget_finished(&format!("{key}-{i}"));
             engine.submit(at, w)?;
         }
         for i in (want..have).rev() {
