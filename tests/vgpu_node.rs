@@ -2,7 +2,8 @@
 //! `nvidia.com/gpu` slots for the kubelet (each naming its GPU, health following the
 //! GPU), a layout giving `nvidia.com/gpu` two meanings is refused, and the agent
 //! describes the split GPUs on its Node in the record the scheduler extender reads,
-//! kept current (health, config) and confirmed by a heartbeat.
+//! kept current (health, config) and confirmed by a heartbeat; the extender places the
+//! issue's pod on that record and takes a dead agent's GPUs out of scheduling.
 
 mod support;
 
@@ -288,4 +289,127 @@ async fn a_stale_record_goes_at_start_and_a_stopped_agent_leaves_its_heartbeat_t
         .unwrap();
     let why = heartbeat_problem(&state, later, Duration::from_secs(60)).expect("stale");
     assert!(why.contains("out of scheduling"), "{why}");
+}
+
+/// POST `body` to the extender at `addr`, as kube-scheduler does.
+async fn post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Value {
+    use http_body_util::BodyExt;
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) =
+        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
+            .await
+            .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::builder()
+        .method("POST")
+        .uri(path)
+        .header("host", "extender")
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(
+            body.to_string(),
+        )))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    assert_eq!(resp.status(), 200);
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    serde_json::from_slice(&bytes).unwrap()
+}
+
+/// Filter `pod` on the node until the answer satisfies `cond` (the extender's books
+/// follow the Node's watch).
+async fn filter_until(
+    addr: std::net::SocketAddr,
+    pod: &Value,
+    what: &str,
+    cond: impl Fn(&Value) -> bool,
+) -> Value {
+    let args = json!({"pod": pod, "nodenames": [NODE]});
+    let deadline = Instant::now() + Duration::from_secs(15);
+    loop {
+        let answer = post(addr, "/filter", &args).await;
+        if cond(&answer) {
+            return answer;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{what}: /filter answers {answer}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_extender_places_on_the_agents_record_and_drops_a_dead_agents_gpus() {
+    use tessera::controller::extender::{keep_books, serve, Books, BooksConfig, Extender};
+    let api = ApiServer::start(NODE).await;
+    api.list_across_namespaces();
+    let tmp = tempfile::tempdir().unwrap();
+    let agent = recorded_agent(&api, SPLIT_ALL)
+        .root(tmp.path().to_path_buf())
+        .start();
+    let inventory = agent.backend.inventory().unwrap();
+    wait_for_state(&api, "published", |s| s.is_some()).await;
+
+    let books = Arc::new(Books::new(BooksConfig {
+        heartbeat_window: Duration::from_secs(3),
+        ..BooksConfig::default()
+    }));
+    let stop = tokio_util::sync::CancellationToken::new();
+    tokio::spawn(keep_books(api.client(), books.clone(), stop.clone()));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let extender = Arc::new(Extender {
+        books: books.clone(),
+        client: api.client(),
+        limits: tessera::controller::webhook_server::Limits::default(),
+    });
+    tokio::spawn(serve(listener, extender, stop.clone()));
+
+    // The pod fits on the agent's split GPUs.
+    let pod = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "infer", "namespace": "team", "uid": "uid-infer"},
+        "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {"limits": {
+            "nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "30"}}}]}});
+    filter_until(addr, &pod, "the node fits", |a| {
+        a["nodenames"] == json!([NODE])
+    })
+    .await;
+
+    // Both GPUs fail: the node is out, with the reason.
+    for gpu in &inventory.gpus {
+        agent.backend.inject(HealthEvent::Xid {
+            gpu_uuid: gpu.uuid.clone(),
+            xid: 79,
+        });
+    }
+    let answer = filter_until(addr, &pod, "unhealthy GPUs refused", |a| {
+        a["nodenames"] != json!([NODE])
+    })
+    .await;
+    assert!(answer.to_string().contains("unhealthy"), "{answer}");
+
+    // Healthy again, then the agent dies: once its heartbeat is older than the window,
+    // its GPUs leave scheduling.
+    for gpu in &inventory.gpus {
+        agent.backend.inject(HealthEvent::Recovered {
+            gpu_uuid: gpu.uuid.clone(),
+        });
+    }
+    filter_until(addr, &pod, "fits again", |a| {
+        a["nodenames"] == json!([NODE])
+    })
+    .await;
+    agent.shutdown().await;
+    let answer = filter_until(addr, &pod, "a dead agent's GPUs are out", |a| {
+        a["nodenames"] != json!([NODE])
+    })
+    .await;
+    let why = answer["failedAndUnresolvableNodes"][NODE]
+        .as_str()
+        .unwrap_or("");
+    assert!(
+        why.contains("vGPU agent heartbeat is") && why.contains("out of scheduling"),
+        "{answer}"
+    );
+    stop.cancel();
 }
