@@ -821,8 +821,11 @@ impl Agent {
         }
         // GPUs the DRA driver takes over lose the device plugin's MIG layout: the driver
         // creates instances per claim in slots it assumes free. Only once the config is
-        // known to fit the GPUs (a rejected config must change nothing).
-        layout::plan(&before, &config)?;
+        // known to fit the GPUs (a rejected config must change nothing), and gives no
+        // resource name of the device plugin two meanings.
+        let plan = layout::plan(&before, &config)?;
+        let (_, device_plugin_plan) = assignment.part(&before, &plan, Owner::DevicePlugin);
+        layout::check_split_names(&before, &config, &device_plugin_plan)?;
         // Put the split in force for the DRA driver before anything is built for it: from
         // here on it refuses claims on the GPUs it gives up.
         let split_before = match &self.owned {

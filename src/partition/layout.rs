@@ -218,7 +218,6 @@ pub fn plan(inventory: &Inventory, config: &NodeConfig) -> Result<NodePlan> {
         };
         out.gpus.insert(gpu.uuid.clone(), plan);
     }
-    check_split_names(inventory, config, &out)?;
     Ok(out)
 }
 
@@ -252,8 +251,14 @@ fn rule_field(config: &NodeConfig, gpu: &GpuInfo) -> String {
 /// Refuse a layout that gives one resource name two meanings: the slots of split-mode
 /// GPUs (sized per pod by the scheduler) under the name of whole GPUs, replicas or
 /// fixed slices of other GPUs (e.g. `nvidia.com/gpu`). The error names both rules and
-/// the fields that rename either side.
-fn check_split_names(inventory: &Inventory, config: &NodeConfig, plan: &NodePlan) -> Result<()> {
+/// the fields that rename either side. Only the GPUs of `plan` count: pass the device
+/// plugin's part (a DRA GPU's "whole" mode advertises no extended resource).
+/// [`advertise`] checks this first; the agent calls it before changing anything.
+pub fn check_split_names(
+    inventory: &Inventory,
+    config: &NodeConfig,
+    plan: &NodePlan,
+) -> Result<()> {
     let planned = || {
         inventory
             .gpus
@@ -391,6 +396,7 @@ pub fn advertise(
     config: &NodeConfig,
     plan: &NodePlan,
 ) -> Result<Advertisement> {
+    check_split_names(inventory, config, plan)?;
     let mut builder = Builder::default();
     for gpu in &inventory.gpus {
         let Some(gpu_plan) = plan.gpus.get(&gpu.uuid) else {
@@ -670,6 +676,30 @@ mod tests {
                 assert!(text.contains(w), "{yaml}: {text} lacks {w}");
             }
         }
+    }
+
+    #[test]
+    fn only_the_gpus_of_the_plan_count_for_the_names() {
+        // GPU 0 whole (no rule), GPU 1 split: a clash when both are the device plugin's,
+        // none when GPU 0 is the DRA driver's (left out of the device plugin's plan).
+        let inventory = FakeBackend::from_spec("2xA100-80GB")
+            .expect("fake spec")
+            .inventory()
+            .expect("inventory");
+        let config = parse_config(
+            "t",
+            "tessera: { gpus: [ { match: { index: [1] }, mode: vgpu, vgpu: { split: 4 } } ] }",
+        )
+        .expect("valid config");
+        let mut plan = plan(&inventory, &config).expect("plans");
+        assert!(check_split_names(&inventory, &config, &plan).is_err());
+        plan.gpus.remove(&inventory.gpus[0].uuid);
+        assert_eq!(check_split_names(&inventory, &config, &plan), Ok(()));
+        let ad = advertise(&inventory, &config, &plan).expect("advertises");
+        assert_eq!(
+            ad.resource("nvidia.com/gpu").map(|r| r.devices.len()),
+            Some(4)
+        );
     }
 
     #[test]
