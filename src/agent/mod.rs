@@ -1185,6 +1185,13 @@ pub async fn run_with(
         dp_inventory: Inventory::default(),
         records_tx,
     };
+    // Watch the config before the first load: a change written after that load began
+    // (a ConfigMap update during the start) is seen, not missed until the next one.
+    let (file_tx, mut file_rx) = mpsc::unbounded_channel();
+    let _watcher = match &opts.config_path {
+        Some(path) => Some(watch_config(path, file_tx)?),
+        None => None,
+    };
     // The first config decides which GPUs the DRA driver owns (the split reads the DRA
     // checkpoint, not the driver, so this comes first; it takes milliseconds).
     agent.reload().await;
@@ -1250,12 +1257,6 @@ pub async fn run_with(
     let mut cdi_check =
         tokio::time::interval_at(tokio::time::Instant::now() + cdi_period, cdi_period);
     cdi_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-
-    let (file_tx, mut file_rx) = mpsc::unbounded_channel();
-    let _watcher = match &opts.config_path {
-        Some(path) => Some(watch_config(path, file_tx)?),
-        None => None,
-    };
 
     let sup_cfg = SupervisorConfig {
         plugin_dir: opts.kubelet_dir.join("device-plugins"),
