@@ -52,6 +52,11 @@ fn rule() -> impl Strategy<Value = String> {
         (1u32..5, 1u32..24, 1u32..40).prop_map(|(n, g, c)| format!(
             "mode: vgpu, vgpu: {{ count: {n}, memory: {g}g, cores: {c} }}"
         )),
+        (1u32..12, any::<bool>()).prop_map(|(n, rename)| if rename {
+            format!("mode: vgpu, vgpu: {{ split: {n}, resource: nvidia.com/vgpu-slot }}")
+        } else {
+            format!("mode: vgpu, vgpu: {{ split: {n} }}")
+        }),
     ];
     (selector, mode).prop_map(|(s, m)| format!("  - {{ match: {s}, {m} }}"))
 }
@@ -113,6 +118,7 @@ proptest! {
                 Share::Exclusive => "exclusive",
                 Share::Replica { .. } => "replica",
                 Share::Vgpu { .. } => "vgpu",
+                Share::Slot { .. } => "slot",
             }).collect();
             prop_assert!(kinds.len() <= 1, "{} mixes {:?}", r.name, kinds);
         }
@@ -133,6 +139,9 @@ proptest! {
                     prop_assert!(slices.iter().map(|s| s.memory_mib).sum::<u64>() <= g.memory_mib);
                     prop_assert!(slices.iter().map(|s| s.cores).sum::<u32>() <= 100);
                     prop_assert_eq!(devices.len(), slices.len());
+                }
+                GpuPlan::VgpuSplit { split, .. } => {
+                    prop_assert_eq!(devices.len(), *split as usize);
                 }
                 GpuPlan::Whole { replicas } => {
                     prop_assert_eq!(devices.len(), replicas.as_ref().map_or(1, |r| r.replicas as usize));

@@ -57,6 +57,7 @@ pub mod dra;
 pub mod ownership;
 pub mod split_record;
 pub mod usage;
+pub mod vgpu_record;
 pub mod withdraw;
 
 use crate::cdi;
@@ -147,6 +148,9 @@ pub struct AgentOptions {
     /// How often the node's CDI spec on disk is checked against what the agent wrote and
     /// rewritten when wrong (also on SIGHUP); zero: only on SIGHUP.
     pub cdi_verify_interval: Duration,
+    /// In a cluster: publish the node's split-mode GPUs on its Node for the scheduler
+    /// extender ([`vgpu_record`]). `None`: no cluster, nothing published.
+    pub vgpu_record: Option<vgpu_record::RecordSettings>,
 }
 
 /// The CDI spec file name (without `.json`) for this node's devices.
@@ -313,6 +317,11 @@ struct Agent {
     cdi_written: Option<cdi::Spec>,
     /// A reload that failed on a GPU driver error is retried with backoff.
     driver_retry: crate::gpu::watch::RetryTimer,
+    /// The device plugin's GPUs as last applied (their facts go into the vGPU record).
+    dp_inventory: Inventory,
+    /// The node's split-mode GPUs for the scheduler extender ([`vgpu_record`]); `None`
+    /// until a config is in force.
+    records_tx: watch::Sender<Option<Vec<crate::vgpu::record::DeviceRecord>>>,
 }
 
 impl Agent {
@@ -812,8 +821,11 @@ impl Agent {
         }
         // GPUs the DRA driver takes over lose the device plugin's MIG layout: the driver
         // creates instances per claim in slots it assumes free. Only once the config is
-        // known to fit the GPUs (a rejected config must change nothing).
-        layout::plan(&before, &config)?;
+        // known to fit the GPUs (a rejected config must change nothing), and gives no
+        // resource name of the device plugin two meanings.
+        let plan = layout::plan(&before, &config)?;
+        let (_, device_plugin_plan) = assignment.part(&before, &plan, Owner::DevicePlugin);
+        layout::check_split_names(&before, &config, &device_plugin_plan)?;
         // Put the split in force for the DRA driver before anything is built for it: from
         // here on it refuses claims on the GPUs it gives up.
         let split_before = match &self.owned {
@@ -918,6 +930,7 @@ impl Agent {
         self.snapshot.advertisement = advertisement;
         self.snapshot.allocation = config.allocation.clone();
         self.snapshot.topology = Topology::from_inventory(&inventory);
+        self.dp_inventory = inventory;
         info!(config = %config.name, resources = ?self.snapshot.resource_names(),
               dra_gpus = assignment.dra_uuids(&before).len(), "config applied");
         self.current = Some(config);
@@ -1033,6 +1046,22 @@ impl Agent {
         }
         self.snapshot.generation += 1;
         self.tx.send_replace(Arc::new(self.snapshot.clone()));
+        if self.current.is_none() {
+            // Nothing is in force: an earlier run's record is left to go stale.
+            return;
+        }
+        let records = vgpu_record::device_records(
+            &self.dp_inventory,
+            &self.snapshot.advertisement,
+            &self.snapshot.unhealthy,
+        );
+        self.records_tx.send_if_modified(|current| {
+            let changed = current.as_ref() != Some(&records);
+            if changed {
+                *current = Some(records);
+            }
+            changed
+        });
     }
 }
 
@@ -1109,6 +1138,14 @@ pub async fn run_with(
         .map(|_| OwnedDevices::new());
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
     let (slices_tx, mut slices_rx) = mpsc::unbounded_channel();
+    let (records_tx, records_rx) = watch::channel(None);
+    if let Some(settings) = opts.vgpu_record.clone() {
+        tokio::spawn(vgpu_record::keep_published(
+            settings,
+            records_rx,
+            cancel.child_token(),
+        ));
+    }
     let mut agent = Agent {
         backend: backend.clone(),
         opts: opts.clone(),
@@ -1145,6 +1182,15 @@ pub async fn run_with(
         recorded: None,
         cdi_written: None,
         driver_retry: Default::default(),
+        dp_inventory: Inventory::default(),
+        records_tx,
+    };
+    // Watch the config before the first load: a change written after that load began
+    // (a ConfigMap update during the start) is seen, not missed until the next one.
+    let (file_tx, mut file_rx) = mpsc::unbounded_channel();
+    let _watcher = match &opts.config_path {
+        Some(path) => Some(watch_config(path, file_tx)?),
+        None => None,
     };
     // The first config decides which GPUs the DRA driver owns (the split reads the DRA
     // checkpoint, not the driver, so this comes first; it takes milliseconds).
@@ -1211,12 +1257,6 @@ pub async fn run_with(
     let mut cdi_check =
         tokio::time::interval_at(tokio::time::Instant::now() + cdi_period, cdi_period);
     cdi_check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-
-    let (file_tx, mut file_rx) = mpsc::unbounded_channel();
-    let _watcher = match &opts.config_path {
-        Some(path) => Some(watch_config(path, file_tx)?),
-        None => None,
-    };
 
     let sup_cfg = SupervisorConfig {
         plugin_dir: opts.kubelet_dir.join("device-plugins"),

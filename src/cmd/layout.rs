@@ -111,6 +111,9 @@ fn print_table(
                     .collect();
                 format!("vgpu [{}]", parts.join(", "))
             }
+            Some(GpuPlan::VgpuSplit { resource, split }) => {
+                format!("vgpu split ×{split} as {resource}")
+            }
             None => "-".to_string(),
         };
         let numa = g
@@ -143,6 +146,7 @@ fn print_table(
                     ) => {
                         format!("vGPU {memory_mib} MiB, {cores}% SMs")
                     }
+                    (_, Share::Slot { index, of }) => format!("vGPU slot {}/{of}", index + 1),
                 };
                 println!("    {:<52} GPU {}  {}", d.id, d.gpu_index, what);
             }

@@ -11,6 +11,7 @@ use tracing::info;
 use tessera::agent::cluster::{watch_config_label, KubeEventRecorder};
 use tessera::agent::dra::DraSettings;
 use tessera::agent::ownership::{DraMode, Ownership};
+use tessera::agent::vgpu_record::{self, RecordSettings};
 use tessera::agent::{self, AgentOptions, EventRecorder, LogRecorder};
 use tessera::cdi::devroot::DevRoot;
 use tessera::cdi::migcaps::MigCapsPaths;
@@ -295,7 +296,7 @@ async fn run_async(args: Args) -> Result<()> {
     info!(driver_root = %args.driver_root.display(), host_dev_root = host_dev.as_str(),
           "CDI specs name the NVIDIA device nodes under <host_dev_root>/dev");
     allocate.host_dev = host_dev;
-    let opts = AgentOptions {
+    let mut opts = AgentOptions {
         kubelet_dir: args.kubelet_dir.clone(),
         cdi_root: args.cdi_root.clone(),
         config_path: args.config.clone(),
@@ -304,6 +305,7 @@ async fn run_async(args: Args) -> Result<()> {
         allocate,
         metrics: metrics.clone(),
         cdi_verify_interval: std::time::Duration::from_secs(args.cdi_verify_interval),
+        vgpu_record: None,
     };
     info!(
         backend = backend.name(),
@@ -343,6 +345,15 @@ async fn run_async(args: Args) -> Result<()> {
         });
     }
     let (recorder, config_label, client) = cluster_hooks(&args, &cancel).await;
+    // In a cluster, the split-mode GPUs are described on the Node for the extender.
+    opts.vgpu_record = client
+        .clone()
+        .zip(args.node_name.clone())
+        .map(|(client, node_name)| RecordSettings {
+            client,
+            node_name,
+            heartbeat: vgpu_record::HEARTBEAT_PERIOD,
+        });
     spawn_vgpu_dir_reconcile(&args, &opts.allocate, &cancel);
     spawn_coexistence_watch(&args, backend.as_ref(), &recorder, &metrics, &cancel);
     let triggers = agent::Triggers {

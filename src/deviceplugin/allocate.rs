@@ -176,9 +176,12 @@ pub fn allocate_container(
         }
         devices.push(device);
     }
-    let shared = devices
-        .iter()
-        .any(|d| matches!(d.share, Share::Replica { .. } | Share::Vgpu { .. }));
+    let shared = devices.iter().any(|d| {
+        matches!(
+            d.share,
+            Share::Replica { .. } | Share::Vgpu { .. } | Share::Slot { .. }
+        )
+    });
     if shared && res.fail_requests_greater_than_one && devices.len() > 1 {
         return Err(Error::RequestRefused {
             resource: resource.to_string(),

@@ -82,10 +82,12 @@ pub fn preferred(
             must.len()
         )));
     }
-    let shared = res
-        .devices
-        .iter()
-        .any(|d| matches!(d.share, Share::Replica { .. } | Share::Vgpu { .. }));
+    let shared = res.devices.iter().any(|d| {
+        matches!(
+            d.share,
+            Share::Replica { .. } | Share::Vgpu { .. } | Share::Slot { .. }
+        )
+    });
     let chosen = if shared {
         pick_shares(snapshot, &must, &avail, size)
     } else {

@@ -348,7 +348,9 @@ pub fn build_slices(
     for gpu in &inventory.gpus {
         match plan.gpus.get(&gpu.uuid) {
             Some(GpuPlan::Mig { .. }) => partitioned.push(mig_devices(gpu, driver_version)?),
-            Some(GpuPlan::Vgpu { .. }) => plain.push(vgpu_device(gpu, driver_version, opts)),
+            Some(GpuPlan::Vgpu { .. } | GpuPlan::VgpuSplit { .. }) => {
+                plain.push(vgpu_device(gpu, driver_version, opts))
+            }
             Some(GpuPlan::Whole { .. }) | None => plain.push(whole_device(gpu, driver_version)),
         }
     }

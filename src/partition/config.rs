@@ -20,6 +20,9 @@
 //!     - match: { model: H100-80GB }
 //!       mode: vgpu
 //!       vgpu: { count: 4, memory: 20g, cores: 25 }
+//!     - match: { model: A100 }
+//!       mode: vgpu
+//!       vgpu: { split: 10 }    # free-form (HAMi's way): 10 nvidia.com/gpu slots per GPU
 //!   dra:
 //!     gpus: { index: [0] }     # all | none | { index } | { uuid } | { model }
 //! ```
@@ -231,6 +234,8 @@ struct RawVgpu {
     cores: Option<i64>,
     /// Or an explicit list of slices.
     slices: Option<Vec<RawSlice>>,
+    /// Or free-form: `split` vGPU slots per GPU, sized per pod by the scheduler extender.
+    split: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -361,7 +366,17 @@ pub enum GpuMode {
         resource: Option<String>,
         slices: Vec<VgpuSlice>,
     },
+    /// Free-form vGPUs (HAMi's way): the GPU takes up to `split` vGPUs at once, each
+    /// sized per pod (`nvidia.com/gpumem`, `nvidia.com/gpucores`) by the scheduler
+    /// extender. Advertised as `split` slots of `resource` (default `<prefix>/gpu`).
+    VgpuSplit {
+        resource: Option<String>,
+        split: u32,
+    },
 }
+
+/// The largest `vgpu.split`: vGPUs one GPU may hold at once.
+pub const MAX_SPLIT: u32 = 64;
 
 /// A per-GPU rule; the first rule whose selector matches a GPU decides its mode.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -949,7 +964,7 @@ fn validate_rule(name: &str, field: &str, rule: RawGpuRule) -> Result<GpuRule> {
             let v = rule.vgpu.ok_or_else(|| {
                 err(
                     "vgpu",
-                    "mode vgpu needs vgpu.count+memory+cores or vgpu.slices".into(),
+                    "mode vgpu needs vgpu.count+memory+cores, vgpu.slices or vgpu.split".into(),
                 )
             })?;
             validate_vgpu(name, &format!("{field}.vgpu"), v)?
@@ -973,6 +988,9 @@ fn validate_vgpu(name: &str, field: &str, v: RawVgpu) -> Result<GpuMode> {
                 format!("{r:?} is not a valid extended resource name"),
             ));
         }
+    }
+    if let Some(split) = v.split {
+        return validate_split(name, field, split, v);
     }
     let check_cores = |f: String, cores: i64| -> Result<u32> {
         if (1..=100).contains(&cores) {
@@ -1019,13 +1037,48 @@ fn validate_vgpu(name: &str, field: &str, v: RawVgpu) -> Result<GpuMode> {
         _ => {
             return Err(err(
                 field.to_string(),
-                "set exactly one of count (with memory and cores) or slices".into(),
+                "set exactly one of count (with memory and cores), slices, or split".into(),
             ))
         }
     };
     Ok(GpuMode::Vgpu {
         resource: v.resource,
         slices,
+    })
+}
+
+/// `vgpu: { split }`: free-form vGPUs, nothing fixed beside the split (the resource
+/// name aside).
+fn validate_split(name: &str, field: &str, split: i64, v: RawVgpu) -> Result<GpuMode> {
+    let fixed = [
+        ("count", v.count.is_some()),
+        ("memory", v.memory.is_some()),
+        ("cores", v.cores.is_some()),
+        ("slices", v.slices.is_some()),
+    ];
+    if let Some((key, _)) = fixed.iter().find(|(_, set)| *set) {
+        return Err(ConfigError::new(
+            name,
+            format!("{field}.{key}"),
+            "not allowed with split: split GPUs are sized per pod by the scheduler \
+             (nvidia.com/gpumem, nvidia.com/gpucores); use split alone, or fixed slices \
+             (count+memory+cores or slices) without it",
+        ));
+    }
+    let max = i64::from(MAX_SPLIT);
+    let split = u32::try_from(split)
+        .ok()
+        .filter(|s| (1..=MAX_SPLIT).contains(s))
+        .ok_or_else(|| {
+            ConfigError::new(
+                name,
+                format!("{field}.split"),
+                format!("{split} is not in 1..={max} (vGPUs one GPU may hold at once)"),
+            )
+        })?;
+    Ok(GpuMode::VgpuSplit {
+        resource: v.resource,
+        split,
     })
 }
 
@@ -1231,12 +1284,96 @@ tessera:
             ("tessera: { dra: { gpus: { index: [] } } }", "tessera.dra.gpus", "exactly one"),
             ("tessera: { dra: { gpus: { index: [0], model: A30 } } }", "tessera.dra.gpus", "exactly one"),
             ("tessera: { dra: { path: dra } }", "tessera.dra.path", "unknown field `path`"),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 10, count: 2 } } ] }",
+                "tessera.gpus[0].vgpu.count",
+                "not allowed with split",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 10, memory: 10g } } ] }",
+                "tessera.gpus[0].vgpu.memory",
+                "not allowed with split",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 4, cores: 25 } } ] }",
+                "tessera.gpus[0].vgpu.cores",
+                "not allowed with split",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 4, slices: [ { memory: 1g, cores: 10 } ] } } ] }",
+                "tessera.gpus[0].vgpu.slices",
+                "not allowed with split",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 0 } } ] }",
+                "tessera.gpus[0].vgpu.split",
+                "0 is not in 1..=64",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 65 } } ] }",
+                "tessera.gpus[0].vgpu.split",
+                "65 is not in 1..=64",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: -3 } } ] }",
+                "tessera.gpus[0].vgpu.split",
+                "-3 is not in 1..=64",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: ten } } ] }",
+                "tessera.gpus[0].vgpu.split",
+                "invalid i64",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 4, resource: gpu } } ] }",
+                "tessera.gpus[0].vgpu.resource",
+                "not a valid extended resource name",
+            ),
+            (
+                "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: {} } ] }",
+                "tessera.gpus[0].vgpu",
+                "count (with memory and cores), slices, or split",
+            ),
         ];
         for (yaml, field, reason) in cases {
             let e = parse(yaml).expect_err(yaml);
             assert_eq!(&e.field, field, "{yaml}: {e}");
             assert!(e.reason.contains(reason), "{yaml}: {e}");
             assert!(e.to_string().starts_with("config \"t\": "), "{e}");
+        }
+    }
+
+    #[test]
+    fn vgpu_split_is_free_form_vgpus() {
+        let cases: &[(&str, GpuMode)] = &[
+            (
+                "{ split: 10 }",
+                GpuMode::VgpuSplit {
+                    resource: None,
+                    split: 10,
+                },
+            ),
+            (
+                "{ split: 1 }",
+                GpuMode::VgpuSplit {
+                    resource: None,
+                    split: 1,
+                },
+            ),
+            (
+                "{ split: 64, resource: nvidia.com/vgpu-slot }",
+                GpuMode::VgpuSplit {
+                    resource: Some("nvidia.com/vgpu-slot".into()),
+                    split: MAX_SPLIT,
+                },
+            ),
+        ];
+        for (vgpu, want) in cases {
+            let yaml = format!(
+                "version: v1\ntessera: {{ gpus: [ {{ match: {{ model: A100 }}, mode: vgpu, vgpu: {vgpu} }} ] }}"
+            );
+            let cfg = parse(&yaml).expect(vgpu);
+            assert_eq!(&cfg.gpu_rules[0].mode, want, "{vgpu}");
         }
     }
 

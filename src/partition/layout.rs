@@ -43,6 +43,11 @@ pub enum GpuPlan {
         resource: String,
         slices: Vec<PlannedSlice>,
     },
+    /// Free-form vGPUs: `split` slots of `resource`, sized per pod by the scheduler.
+    VgpuSplit {
+        resource: String,
+        split: u32,
+    },
 }
 
 /// Replicas of whole GPUs or MIG devices (time-slicing).
@@ -117,14 +122,20 @@ pub enum Share {
         memory_mib: u64,
         cores: u32,
     },
+    /// A slot of a split-mode GPU: one of the `of` vGPUs it may hold, sized per pod by
+    /// the scheduler extender (the pod's assignment), not by the layout.
+    Slot {
+        index: u32,
+        of: u32,
+    },
 }
 
 /// One device as the kubelet sees it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Device {
-    /// Stable ID (≤ 63 chars): the GPU or MIG UUID, plus `::<n>` for replicas and
-    /// `::v<n>` for vGPU slices.
+    /// Stable ID (≤ 63 chars): the GPU or MIG UUID, plus `::<n>` for replicas,
+    /// `::v<n>` for vGPU slices and `::s<n>` for the slots of a split-mode GPU.
     pub id: String,
     pub gpu_uuid: String,
     pub gpu_index: u32,
@@ -194,6 +205,10 @@ pub fn plan(inventory: &Inventory, config: &NodeConfig) -> Result<NodePlan> {
                 }),
             },
             Some(GpuMode::Vgpu { resource, slices }) => plan_vgpu(config, gpu, resource, slices)?,
+            Some(GpuMode::VgpuSplit { resource, split }) => GpuPlan::VgpuSplit {
+                resource: resource.clone().unwrap_or_else(|| config.resource("gpu")),
+                split: *split,
+            },
             None if gpu.mig_enabled && config.mig_strategy != MigStrategy::None => {
                 GpuPlan::Mig { layout: None }
             }
@@ -204,6 +219,76 @@ pub fn plan(inventory: &Inventory, config: &NodeConfig) -> Result<NodePlan> {
         out.gpus.insert(gpu.uuid.clone(), plan);
     }
     Ok(out)
+}
+
+/// The resource name a GPU's plan advertises whole GPUs, replicas or single-strategy MIG
+/// devices under (`None`: MIG devices under their profiles' names, or vGPU slices).
+fn unit_resource(config: &NodeConfig, gpu: &GpuInfo, plan: &GpuPlan) -> Option<String> {
+    match plan {
+        GpuPlan::Whole { replicas: Some(r) } => Some(r.resource.clone()),
+        GpuPlan::Whole { replicas: None } => Some(config.gpu_resource(&gpu.product_name)),
+        GpuPlan::Mig { .. } if config.mig_strategy == MigStrategy::Single => {
+            Some(config.resource("gpu"))
+        }
+        GpuPlan::Mig { .. } => None,
+        GpuPlan::Vgpu { resource, .. } => Some(resource.clone()),
+        GpuPlan::VgpuSplit { .. } => None,
+    }
+}
+
+/// The config field that decides a GPU's mode: its rule, or the default.
+fn rule_field(config: &NodeConfig, gpu: &GpuInfo) -> String {
+    match config
+        .gpu_rules
+        .iter()
+        .position(|r| r.selector.matches(gpu))
+    {
+        Some(i) => format!("tessera.gpus[{i}]"),
+        None => "no tessera.gpus rule: whole".to_string(),
+    }
+}
+
+/// Refuse a layout that gives one resource name two meanings: the slots of split-mode
+/// GPUs (sized per pod by the scheduler) under the name of whole GPUs, replicas or
+/// fixed slices of other GPUs (e.g. `nvidia.com/gpu`). The error names both rules and
+/// the fields that rename either side. Only the GPUs of `plan` count: pass the device
+/// plugin's part (a DRA GPU's "whole" mode advertises no extended resource).
+/// [`advertise`] checks this first; the agent calls it before changing anything.
+pub fn check_split_names(
+    inventory: &Inventory,
+    config: &NodeConfig,
+    plan: &NodePlan,
+) -> Result<()> {
+    let planned = || {
+        inventory
+            .gpus
+            .iter()
+            .filter_map(|g| plan.gpus.get(&g.uuid).map(|p| (g, p)))
+    };
+    for (split_gpu, split_plan) in planned() {
+        let GpuPlan::VgpuSplit { resource, .. } = split_plan else {
+            continue;
+        };
+        let clash = planned()
+            .find(|(g, p)| unit_resource(config, g, p).as_deref() == Some(resource.as_str()));
+        if let Some((other, _)) = clash {
+            return Err(LayoutError::Resource {
+                resource: resource.clone(),
+                reason: format!(
+                    "would mean two things: vGPU slots of GPU {} ({}, vgpu split) and \
+                     other devices of GPU {} ({}); set {}.vgpu.resource to another name, or \
+                     advertise the other GPUs under another name (resources.gpus, \
+                     timeslice.rename, vgpu.resource)",
+                    split_gpu.index,
+                    rule_field(config, split_gpu),
+                    other.index,
+                    rule_field(config, other),
+                    rule_field(config, split_gpu),
+                ),
+            });
+        }
+    }
+    Ok(())
 }
 
 fn gpu_err(gpu: &GpuInfo, reason: impl Into<String>) -> LayoutError {
@@ -311,6 +396,7 @@ pub fn advertise(
     config: &NodeConfig,
     plan: &NodePlan,
 ) -> Result<Advertisement> {
+    check_split_names(inventory, config, plan)?;
     let mut builder = Builder::default();
     for gpu in &inventory.gpus {
         let Some(gpu_plan) = plan.gpus.get(&gpu.uuid) else {
@@ -347,6 +433,16 @@ pub fn advertise(
                         cores: s.cores,
                     };
                     builder.push(resource, d, Kind::Vgpu, false)?;
+                }
+            }
+            GpuPlan::VgpuSplit { resource, split } => {
+                for i in 0..*split {
+                    let mut d = builder.device(gpu, Target::Gpu, format!("{}::s{i}", gpu.uuid));
+                    d.share = Share::Slot {
+                        index: i,
+                        of: *split,
+                    };
+                    builder.push(resource, d, Kind::Slot, false)?;
                 }
             }
         }
@@ -402,6 +498,7 @@ enum Kind {
     Mig,
     Replica,
     Vgpu,
+    Slot,
 }
 
 impl Kind {
@@ -411,6 +508,7 @@ impl Kind {
             Kind::Mig => "MIG devices",
             Kind::Replica => "time-sliced replicas",
             Kind::Vgpu => "vGPU slices",
+            Kind::Slot => "vGPU slots (vgpu split)",
         }
     }
 }
@@ -500,6 +598,139 @@ impl Builder {
     fn finish(self) -> Advertisement {
         Advertisement {
             resources: self.resources.into_values().map(|(_, r)| r).collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::fake::FakeBackend;
+    use crate::gpu::GpuBackend;
+    use crate::partition::config::parse_config;
+
+    fn build(spec: &str, yaml: &str) -> Result<Advertisement> {
+        let inventory = FakeBackend::from_spec(spec)
+            .expect("fake spec")
+            .inventory()
+            .expect("inventory");
+        let config = parse_config("t", yaml).expect("valid config");
+        let plan = plan(&inventory, &config)?;
+        advertise(&inventory, &config, &plan)
+    }
+
+    #[test]
+    fn split_gpus_are_advertised_as_gpu_slots_naming_their_gpu() {
+        let ad = build(
+            "2xA100-80GB",
+            "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 4 } } ] }",
+        )
+        .expect("builds");
+        assert_eq!(ad.resources.len(), 1);
+        let gpu = ad
+            .resource("nvidia.com/gpu")
+            .expect("slots under nvidia.com/gpu");
+        assert_eq!(gpu.devices.len(), 8);
+        for (n, d) in gpu.devices.iter().enumerate() {
+            let i = (n % 4) as u32;
+            assert_eq!(d.id, format!("{}::s{i}", d.gpu_uuid));
+            assert_eq!(d.share, Share::Slot { index: i, of: 4 });
+            assert_eq!(d.target, Target::Gpu);
+            assert_eq!(d.gpu_index, (n / 4) as u32);
+        }
+    }
+
+    #[test]
+    fn one_resource_name_with_two_meanings_is_refused() {
+        let split0 = "{ match: { index: [0] }, mode: vgpu, vgpu: { split: 4 } }";
+        let cases: &[(&str, &[&str])] = &[
+            (
+                &format!("tessera: {{ gpus: [ {split0} ] }}"),
+                &["nvidia.com/gpu", "GPU 0 (tessera.gpus[0], vgpu split)", "GPU 1 (no tessera.gpus rule: whole)", "set tessera.gpus[0].vgpu.resource"],
+            ),
+            (
+                &format!("tessera: {{ gpus: [ {split0}, {{ match: all, mode: whole }} ] }}"),
+                &["GPU 1 (tessera.gpus[1])"],
+            ),
+            (
+                &format!("tessera: {{ gpus: [ {split0}, {{ match: all, mode: timeslice, timeslice: {{ replicas: 2 }} }} ] }}"),
+                &["GPU 1 (tessera.gpus[1])"],
+            ),
+            (
+                &format!("sharing: {{ timeSlicing: {{ resources: [ {{ name: nvidia.com/gpu, replicas: 2 }} ] }} }}\ntessera: {{ gpus: [ {split0} ] }}"),
+                &["GPU 1 (no tessera.gpus rule: whole)"],
+            ),
+            (
+                &format!("tessera: {{ gpus: [ {split0}, {{ match: all, mode: vgpu, vgpu: {{ count: 2, memory: 10g, cores: 50, resource: nvidia.com/gpu }} }} ] }}"),
+                &["GPU 1 (tessera.gpus[1])"],
+            ),
+        ];
+        for (yaml, wanted) in cases {
+            let e = build("2xA100-80GB", yaml).expect_err(yaml);
+            let text = e.to_string();
+            assert!(
+                text.starts_with("resource nvidia.com/gpu: would mean two things"),
+                "{text}"
+            );
+            for w in *wanted {
+                assert!(text.contains(w), "{yaml}: {text} lacks {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn only_the_gpus_of_the_plan_count_for_the_names() {
+        // GPU 0 whole (no rule), GPU 1 split: a clash when both are the device plugin's,
+        // none when GPU 0 is the DRA driver's (left out of the device plugin's plan).
+        let inventory = FakeBackend::from_spec("2xA100-80GB")
+            .expect("fake spec")
+            .inventory()
+            .expect("inventory");
+        let config = parse_config(
+            "t",
+            "tessera: { gpus: [ { match: { index: [1] }, mode: vgpu, vgpu: { split: 4 } } ] }",
+        )
+        .expect("valid config");
+        let mut plan = plan(&inventory, &config).expect("plans");
+        assert!(check_split_names(&inventory, &config, &plan).is_err());
+        plan.gpus.remove(&inventory.gpus[0].uuid);
+        assert_eq!(check_split_names(&inventory, &config, &plan), Ok(()));
+        let ad = advertise(&inventory, &config, &plan).expect("advertises");
+        assert_eq!(
+            ad.resource("nvidia.com/gpu").map(|r| r.devices.len()),
+            Some(4)
+        );
+    }
+
+    #[test]
+    fn split_slots_beside_other_gpus_under_another_name_are_allowed() {
+        let split0 = "{ match: { index: [0] }, mode: vgpu, vgpu: { split: 4 } }";
+        let cases: &[(String, &[(&str, usize)])] = &[
+            (
+                format!("resources: {{ gpus: [ {{ pattern: \"*\", name: whole-gpu }} ] }}\ntessera: {{ gpus: [ {split0} ] }}"),
+                &[("nvidia.com/gpu", 4), ("nvidia.com/whole-gpu", 1)],
+            ),
+            (
+                "tessera: { gpus: [ { match: { index: [0] }, mode: vgpu, vgpu: { split: 4, resource: nvidia.com/vgpu-slot } } ] }".to_string(),
+                &[("nvidia.com/gpu", 1), ("nvidia.com/vgpu-slot", 4)],
+            ),
+            (
+                format!("tessera: {{ gpus: [ {split0}, {{ match: all, mode: timeslice, timeslice: {{ replicas: 2, rename: nvidia.com/gpu.shared }} }} ] }}"),
+                &[("nvidia.com/gpu", 4), ("nvidia.com/gpu.shared", 2)],
+            ),
+            (
+                format!("tessera: {{ gpus: [ {split0}, {{ match: all, mode: vgpu, vgpu: {{ split: 2 }} }} ] }}"),
+                &[("nvidia.com/gpu", 6)],
+            ),
+        ];
+        for (yaml, want) in cases {
+            let ad = build("2xA100-80GB", yaml).unwrap_or_else(|e| panic!("{yaml}: {e}"));
+            let got: Vec<(&str, usize)> = ad
+                .resources
+                .iter()
+                .map(|r| (r.name.as_str(), r.devices.len()))
+                .collect();
+            assert_eq!(&got, want, "{yaml}");
         }
     }
 }

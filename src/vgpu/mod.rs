@@ -1,19 +1,23 @@
 //! Fractional GPUs asked for HAMi's way (`nvidia.com/gpu` with `nvidia.com/gpumem`,
 //! `nvidia.com/gpumem-percentage`, `nvidia.com/gpucores`), decided without a node lock.
 //!
-//! Pure: std, serde-free plain types and k8s-openapi's Pod; no kube, no I/O.
+//! Pure: std, plain types (serde only for the records) and k8s-openapi's Pod; no kube,
+//! no I/O.
 //! - [`request`]: a Pod → per-container vGPU requests, selectors and policies, or a
 //!   typed error naming the container and the field (the webhook denies with it);
 //! - [`books`]: per-node, per-GPU books; `fit`, versioned `reserve` (optimistic
 //!   concurrency instead of HAMi's node lock), `release`, `rebuild`, node scores;
-//! - [`filter`](mod@filter): one pod over many nodes, with one reason per node and a summary.
-//! - [`charge`]: what a container's vGPU request costs a queue (shares × count).
+//! - [`filter`](mod@filter): one pod over many nodes, with one reason per node and a summary;
+//! - [`charge`]: what a container's vGPU request costs a queue (shares × count);
+//! - [`record`]: the annotations the node agent and the extender exchange (the node's
+//!   GPUs and heartbeat, the pod's assignment), shared by both.
 //!
 //! The semantics and where they differ from HAMi: docs/hami.md.
 
 pub mod books;
 pub mod charge;
 pub mod filter;
+pub mod record;
 pub mod request;
 
 pub use books::{Assignment, BooksError, GpuRecord, NodeBooks, Shortfall};

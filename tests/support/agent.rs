@@ -48,6 +48,8 @@ pub struct AgentBuilder {
     pub recorder: Option<Arc<dyn EventRecorder>>,
     /// See `AgentOptions::cdi_verify_interval`.
     pub cdi_verify_interval: std::time::Duration,
+    /// See `AgentOptions::vgpu_record` (the API-server double and the node's name).
+    pub vgpu_record: Option<tessera::agent::vgpu_record::RecordSettings>,
 }
 
 impl AgentBuilder {
@@ -61,6 +63,7 @@ impl AgentBuilder {
             named: Vec::new(),
             recorder: None,
             cdi_verify_interval: std::time::Duration::from_secs(60),
+            vgpu_record: None,
         }
     }
 
@@ -140,6 +143,7 @@ impl AgentBuilder {
             },
             metrics: metrics.clone(),
             cdi_verify_interval: self.cdi_verify_interval,
+            vgpu_record: self.vgpu_record,
         };
         // A stand-in for the shim library the agent installs at start (vGPU needs one).
         let stand_in = root.join("libtessera_cuda.so");

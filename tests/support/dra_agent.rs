@@ -176,6 +176,7 @@ impl DraAgentBuilder {
             allocate: allocate.clone(),
             metrics: Arc::new(tessera::metrics::NodeMetrics::new()),
             cdi_verify_interval: std::time::Duration::from_secs(60),
+            vgpu_record: None,
         };
         let paths = Paths {
             ownership: Ownership::with_mode(self.device_plugin, self.dra, self.dra_gpus.as_deref())

@@ -8,129 +8,21 @@
 //!   [`ASSIGNMENT_ANNOTATION`], per container the GPUs and the memory and cores on each
 //!   ([`AssignmentRecord`]). The books are rebuilt from these after a restart.
 //!
+//! The record types and their encoding are shared with the node agent and live in
+//! [`crate::vgpu::record`]; this module reads them off the objects the extender watches.
+//!
 //! Pure: no I/O, the time is passed in.
 
-use crate::vgpu::books::{ContainerAssignment, Grant};
+use crate::vgpu::record::{parse_devices, parse_heartbeat};
 use crate::vgpu::{Assignment, GpuRecord};
 use k8s_openapi::jiff::Timestamp;
-use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use std::time::Duration;
 
-/// Node annotation: the node's vGPU-mode GPUs (JSON list of [`DeviceRecord`]).
-pub const DEVICES_ANNOTATION: &str = "tessera.io/vgpu-devices";
-/// Node annotation: when the agent last confirmed the devices (RFC 3339).
-pub const HEARTBEAT_ANNOTATION: &str = "tessera.io/vgpu-heartbeat";
-/// Pod annotation: the pod's vGPU assignment (JSON [`AssignmentRecord`]).
-pub const ASSIGNMENT_ANNOTATION: &str = "tessera.io/vgpu-assignment";
-
-/// One GPU as the agent publishes it.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct DeviceRecord {
-    pub uuid: String,
-    pub model: String,
-    #[serde(rename = "memoryMiB")]
-    pub memory_mib: u64,
-    /// Streaming multiprocessors, when known.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub sms: Option<u32>,
-    /// vGPUs the GPU may hold at once (the split count).
-    pub slots: u32,
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub numa: Option<u32>,
-    pub healthy: bool,
-}
-
-impl From<DeviceRecord> for GpuRecord {
-    fn from(d: DeviceRecord) -> GpuRecord {
-        GpuRecord {
-            uuid: d.uuid,
-            model: d.model,
-            memory_mib: d.memory_mib,
-            sm_count: d.sms,
-            slots: d.slots,
-            numa: d.numa,
-            healthy: d.healthy,
-        }
-    }
-}
-
-/// One vGPU of a container, as recorded on the pod.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct DeviceGrant {
-    pub uuid: String,
-    #[serde(rename = "memoryMiB")]
-    pub memory_mib: u64,
-    /// % of the GPU's SMs.
-    pub cores: u32,
-}
-
-/// One container's vGPUs, as recorded on the pod.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct ContainerRecord {
-    pub name: String,
-    pub devices: Vec<DeviceGrant>,
-}
-
-/// The pod's assignment annotation.
-#[derive(Clone, Debug, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(deny_unknown_fields)]
-pub struct AssignmentRecord {
-    pub node: String,
-    pub containers: Vec<ContainerRecord>,
-}
-
-impl AssignmentRecord {
-    /// The record of `assignment`.
-    pub fn of(assignment: &Assignment) -> AssignmentRecord {
-        AssignmentRecord {
-            node: assignment.node.clone(),
-            containers: assignment
-                .containers
-                .iter()
-                .map(|c| ContainerRecord {
-                    name: c.container.clone(),
-                    devices: c
-                        .grants
-                        .iter()
-                        .map(|g| DeviceGrant {
-                            uuid: g.uuid.clone(),
-                            memory_mib: g.memory_mib,
-                            cores: g.cores,
-                        })
-                        .collect(),
-                })
-                .collect(),
-        }
-    }
-
-    /// The assignment of pod `pod_uid` this record describes.
-    pub fn assignment(self, pod_uid: &str) -> Assignment {
-        Assignment {
-            pod_uid: pod_uid.to_string(),
-            node: self.node,
-            containers: self
-                .containers
-                .into_iter()
-                .map(|c| ContainerAssignment {
-                    container: c.name,
-                    grants: c
-                        .devices
-                        .into_iter()
-                        .map(|d| Grant {
-                            uuid: d.uuid,
-                            memory_mib: d.memory_mib,
-                            cores: d.cores,
-                        })
-                        .collect(),
-                })
-                .collect(),
-        }
-    }
-}
+pub use crate::vgpu::record::{
+    AssignmentRecord, ContainerRecord, DeviceGrant, DeviceRecord, ASSIGNMENT_ANNOTATION,
+    DEVICES_ANNOTATION, HEARTBEAT_ANNOTATION,
+};
 
 /// What a Node says about its vGPUs.
 #[derive(Clone, Debug, PartialEq)]
@@ -150,16 +42,16 @@ fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
 pub fn node_state(node: &Value) -> Option<NodeState> {
     let name = node["metadata"]["name"].as_str()?.to_string();
     let devices = annotation(node, DEVICES_ANNOTATION)?;
-    let gpus = serde_json::from_str::<Vec<DeviceRecord>>(devices)
+    let gpus = parse_devices(devices)
         .map(|list| list.into_iter().map(GpuRecord::from).collect())
         .map_err(|e| format!("{name}: annotation {DEVICES_ANNOTATION} unreadable: {e}"));
     let heartbeat = match annotation(node, HEARTBEAT_ANNOTATION) {
         None => Err(format!(
             "{name}: no {HEARTBEAT_ANNOTATION}; its GPUs are out of scheduling"
         )),
-        Some(t) => t.parse::<Timestamp>().map_err(|e| {
-            format!("{name}: annotation {HEARTBEAT_ANNOTATION} {t:?} is not RFC 3339 ({e})")
-        }),
+        Some(t) => {
+            parse_heartbeat(t).map_err(|e| format!("{name}: annotation {HEARTBEAT_ANNOTATION} {e}"))
+        }
     };
     Some(NodeState {
         name,
@@ -223,6 +115,7 @@ pub fn pod_assignment(pod: &Value) -> Option<Result<PodAssignment, String>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::vgpu::books::{ContainerAssignment, Grant};
     use serde_json::json;
 
     fn node(annotations: Value) -> Value {
