@@ -28,6 +28,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("gpu_config", gpu_config),
     ("shim_limits", shim_limits),
     ("extender", extender),
+    ("prometheus_answer", prometheus_answer),
 ];
 
 fn text(data: &[u8]) -> Option<&str> {
@@ -143,4 +144,13 @@ pub fn extender(data: &[u8]) {
         let _ = records::node_state(&value);
         let _ = records::pod_assignment(&value);
     }
+}
+
+/// A Prometheus server's answer to an instant query (any status, any body), as the
+/// autoscaler's triggers read it.
+pub fn prometheus_answer(data: &[u8]) {
+    let status = data
+        .first()
+        .map_or(200, |b| if b % 2 == 0 { 200 } else { 400 });
+    let _ = tessera::prometheus::decode_instant(status, data.get(1..).unwrap_or_default());
 }
