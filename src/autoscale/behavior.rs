@@ -172,31 +172,11 @@ mod tests {
     }
 
     fn hpa_up() -> Rules {
-        rules(
-            0,
-            Select::Max,
-            vec![
-                RatePolicy::Percent {
-                    value: 100,
-                    period_ms: 15_000,
-                },
-                RatePolicy::Pods {
-                    value: 4,
-                    period_ms: 15_000,
-                },
-            ],
-        )
+        Rules::hpa_up()
     }
 
     fn hpa_down() -> Rules {
-        rules(
-            300,
-            Select::Max,
-            vec![RatePolicy::Percent {
-                value: 100,
-                period_ms: 15_000,
-            }],
-        )
+        Rules::hpa_down()
     }
 
     #[test]

@@ -125,6 +125,19 @@ pub struct Decision {
     pub preempt_after: Option<Time>,
 }
 
+impl Decision {
+    /// A decision that is not a fallback and may preempt at once.
+    fn new(replicas: u32, active: bool, why: Why) -> Decision {
+        Decision {
+            replicas,
+            active,
+            fallback: false,
+            why,
+            preempt_after: None,
+        }
+    }
+}
+
 /// A scaler's state between polls.
 #[derive(Debug, Clone)]
 pub struct Scaler {
@@ -241,13 +254,7 @@ impl Scaler {
             self.last_active = Some(now);
         }
         let floor = s.idle_replicas.unwrap_or(0);
-        let decision = |replicas, why| Decision {
-            replicas,
-            active,
-            fallback: false,
-            why,
-            preempt_after: None,
-        };
+        let decision = |replicas, why| Decision::new(replicas, active, why);
         if obs.target <= floor && s.idle_replicas.is_some() || obs.target == 0 {
             return if active {
                 decision(s.min_replicas.max(1), Why::Activated)
@@ -277,13 +284,7 @@ impl Scaler {
         let limited = limit_rate(&self.history, now, obs.target, stabilized, up, down);
         let floor = s.min_replicas.max(1);
         let replicas = limited.clamp(floor, s.max_replicas);
-        let decision = |replicas, why| Decision {
-            replicas,
-            active,
-            fallback: false,
-            why,
-            preempt_after: None,
-        };
+        let decision = |replicas, why| Decision::new(replicas, active, why);
         if self.coupling == Coupling::Off {
             return decision(replicas, Why::Metric { raw, stabilized });
         }

@@ -198,6 +198,38 @@ pub struct Rules {
     pub policies: Vec<RatePolicy>,
 }
 
+impl Rules {
+    /// HPA's scale-up default: no window, +100 % or +4 pods per 15 s, the larger.
+    pub fn hpa_up() -> Rules {
+        Rules {
+            stabilization_ms: 0,
+            select: Select::Max,
+            policies: vec![
+                RatePolicy::Percent {
+                    value: 100,
+                    period_ms: 15_000,
+                },
+                RatePolicy::Pods {
+                    value: 4,
+                    period_ms: 15_000,
+                },
+            ],
+        }
+    }
+
+    /// HPA's scale-down default: a 300 s window, -100 % per 15 s.
+    pub fn hpa_down() -> Rules {
+        Rules {
+            stabilization_ms: 300_000,
+            select: Select::Max,
+            policies: vec![RatePolicy::Percent {
+                value: 100,
+                period_ms: 15_000,
+            }],
+        }
+    }
+}
+
 /// The validated spec the engine runs on (times in milliseconds).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Settings {
@@ -360,26 +392,8 @@ enum Direction {
 /// HPA's defaults for a direction, overridden field by field as HPA does.
 fn rules(field: &str, raw: Option<&RawRules>, dir: Direction) -> Result<Rules, SpecError> {
     let (window, default_policies) = match dir {
-        Direction::Up => (
-            0,
-            vec![
-                RatePolicy::Percent {
-                    value: 100,
-                    period_ms: 15_000,
-                },
-                RatePolicy::Pods {
-                    value: 4,
-                    period_ms: 15_000,
-                },
-            ],
-        ),
-        Direction::Down => (
-            300,
-            vec![RatePolicy::Percent {
-                value: 100,
-                period_ms: 15_000,
-            }],
-        ),
+        Direction::Up => (0, Rules::hpa_up().policies),
+        Direction::Down => (300, Rules::hpa_down().policies),
     };
     let raw = raw.cloned().unwrap_or_default();
     let stabilization_ms = seconds(
