@@ -442,6 +442,22 @@ impl ConnectionSlots {
     }
 }
 
+/// A request body of at most `max` bytes, or the answer to give: 413 beyond `max`, 400
+/// when it cannot be read.
+pub(crate) async fn read_body(
+    body: hyper::body::Incoming,
+    max: usize,
+) -> std::result::Result<Bytes, Response<Full<Bytes>>> {
+    match Limited::new(body, max).collect().await {
+        Ok(b) => Ok(b.to_bytes()),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => Err(error(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("body larger than {max} bytes"),
+        )),
+        Err(e) => Err(error(StatusCode::BAD_REQUEST, format!("reading body: {e}"))),
+    }
+}
+
 fn kib(bytes: usize) -> usize {
     bytes.div_ceil(1024).clamp(1, Semaphore::MAX_PERMITS)
 }
@@ -510,15 +526,9 @@ impl Shared {
                 "too many request bodies being read; retry".into(),
             );
         };
-        let body = match Limited::new(req.into_body(), max).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("body larger than {max} bytes"),
-                )
-            }
-            Err(e) => return error(StatusCode::BAD_REQUEST, format!("reading body: {e}")),
+        let body = match read_body(req.into_body(), max).await {
+            Ok(b) => b,
+            Err(answer) => return answer,
         };
         let parsed: serde_json::Value = match serde_json::from_slice(&body) {
             Ok(v) => v,

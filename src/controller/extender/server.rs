@@ -20,10 +20,10 @@ use super::wire::{
 use crate::controller::cache::{feed, Store};
 use crate::controller::error::{Error, Result};
 use crate::controller::webhook_server::{
-    drive, error, next_connection, reply, ConnectionSlots, Limits,
+    drive, error, next_connection, read_body, reply, ConnectionSlots, Limits,
 };
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::Full;
 use hyper::{Request, Response, StatusCode};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -97,15 +97,9 @@ impl Extender {
             _ => return error(StatusCode::NOT_FOUND, "not found".into()),
         };
         let max = self.limits.max_body;
-        let body = match Limited::new(req.into_body(), max).collect().await {
-            Ok(b) => b.to_bytes(),
-            Err(e) if e.is::<http_body_util::LengthLimitError>() => {
-                return error(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("body larger than {max} bytes"),
-                )
-            }
-            Err(e) => return error(StatusCode::BAD_REQUEST, format!("reading body: {e}")),
+        let body = match read_body(req.into_body(), max).await {
+            Ok(b) => b,
+            Err(answer) => return answer,
         };
         let now = Timestamp::now();
         match verb.as_str() {
