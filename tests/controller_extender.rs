@@ -520,17 +520,7 @@ async fn the_binary_serves_the_extender_on_its_flag() {
     vgpu_node(&api, "n", 2, &now_rfc3339());
     let pod = create_pod(&api, "p", 1_024, 10);
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster: {{ server: \"{}\" }}\n\
-             users:\n- name: test\n  user: {{}}\ncontexts:\n- name: double\n  context: {{ cluster: double, user: test }}\n\
-             current-context: double\n",
-            api.url
-        ),
-    )
-    .unwrap();
+    let kubeconfig = support::dra_agent::kubeconfig(dir.path(), &api.url);
     let free = || {
         std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()

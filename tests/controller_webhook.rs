@@ -72,8 +72,12 @@ async fn post(addr: std::net::SocketAddr, path: &str, body: Vec<u8>) -> (u16, Va
     (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
 
-#[tokio::test]
-async fn https_round_trip_gates_a_queued_pod() {
+/// The test certificate's TLS config and a loopback listener with its address.
+async fn test_server_parts() -> (
+    Arc<rustls::ServerConfig>,
+    tokio::net::TcpListener,
+    std::net::SocketAddr,
+) {
     let tls = tls_config(
         &Path::new(DIR).join("tls.crt"),
         &Path::new(DIR).join("tls.key"),
@@ -81,6 +85,12 @@ async fn https_round_trip_gates_a_queued_pod() {
     .unwrap();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    (tls, listener, addr)
+}
+
+#[tokio::test]
+async fn https_round_trip_gates_a_queued_pod() {
+    let (tls, listener, addr) = test_server_parts().await;
     let shutdown = CancellationToken::new();
     let classes = Arc::new(StaticClasses(Some([("high".to_string(), 1000)].into())));
     let server = tokio::spawn(serve(listener, tls, classes, shutdown.clone()));
@@ -283,13 +293,7 @@ fn pod_review(uid: &str, pod: &Value) -> Vec<u8> {
 
 #[tokio::test]
 async fn vgpu_pods_are_sent_to_the_scheduler_profile_over_https() {
-    let tls = tls_config(
-        &Path::new(DIR).join("tls.crt"),
-        &Path::new(DIR).join("tls.key"),
-    )
-    .unwrap();
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    let (tls, listener, addr) = test_server_parts().await;
     let shutdown = CancellationToken::new();
     let limits = Limits::default();
     let server = Server {

@@ -21,17 +21,7 @@ async fn a_fresh_install_brings_the_webhook_up_with_no_manual_step() {
     let s = ApiServer::empty().await;
     s.put_object(HOOKS, shipped_webhook_config());
     let dir = tempfile::tempdir().unwrap();
-    let kubeconfig = dir.path().join("kubeconfig");
-    std::fs::write(
-        &kubeconfig,
-        format!(
-            "apiVersion: v1\nkind: Config\nclusters:\n- name: double\n  cluster: {{ server: \"{}\" }}\n\
-             users:\n- name: test\n  user: {{}}\ncontexts:\n- name: double\n  context: {{ cluster: double, user: test }}\n\
-             current-context: double\n",
-            s.url
-        ),
-    )
-    .unwrap();
+    let kubeconfig = crate::support::dra_agent::kubeconfig(dir.path(), &s.url);
     let (webhook, probes) = (free_port(), free_port());
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["controller", "--webhook-only", "--cert-check-interval=1s"])
