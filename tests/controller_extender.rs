@@ -7,9 +7,6 @@
 
 mod support;
 
-use bytes::Bytes;
-use http_body_util::{BodyExt, Full};
-use hyper_util::rt::TokioIo;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -120,22 +117,7 @@ fn stored_pod(api: &ApiServer, name: &str) -> Value {
 }
 
 async fn post(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u16, Value) {
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    let req = hyper::Request::builder()
-        .method(method)
-        .uri(path)
-        .header("host", "extender")
-        .header("content-type", "application/json")
-        .body(Full::new(Bytes::from(body.to_string())))
-        .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
-    let code = resp.status().as_u16();
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
+    support::http::call(addr, method, path, body).await
 }
 
 /// The body kube-scheduler sends to `/filter` and `/prioritize` with

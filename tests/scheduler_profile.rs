@@ -347,10 +347,10 @@ async fn the_extender_entry_reaches_the_extender_as_deployed() {
     let verbs = [&e.filter_verb, &e.prioritize_verb, &e.bind_verb];
     for verb in verbs {
         assert!(!verb.is_empty());
-        let code = post(addr, &format!("/{verb}"), b"[]").await;
+        let code = post(addr, &format!("/{verb}"), "[]").await;
         assert_eq!(code, 400, "POST /{verb}");
     }
-    assert_eq!(post(addr, "/preempt", b"[]").await, 404, "the control");
+    assert_eq!(post(addr, "/preempt", "[]").await, 404, "the control");
     shutdown.cancel();
 
     let names = ResourceNames::new(DEFAULT_PREFIX);
@@ -365,20 +365,8 @@ async fn the_extender_entry_reaches_the_extender_as_deployed() {
     assert_eq!(managed, want);
 }
 
-async fn post(addr: std::net::SocketAddr, path: &str, body: &'static [u8]) -> u16 {
-    use http_body_util::Full;
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = hyper::Request::post(path)
-        .header("host", "localhost")
-        .header("content-type", "application/json")
-        .body(Full::new(bytes::Bytes::from_static(body)))
-        .unwrap();
-    sender.send_request(req).await.unwrap().status().as_u16()
+async fn post(addr: std::net::SocketAddr, path: &str, body: &'static str) -> u16 {
+    support::http::call(addr, "POST", path, body).await.0
 }
 
 /// Only the scheduler's pods reach the extender's port; the probe port is open for the

@@ -293,26 +293,9 @@ async fn a_stale_record_goes_at_start_and_a_stopped_agent_leaves_its_heartbeat_t
 
 /// POST `body` to the extender at `addr`, as kube-scheduler does.
 async fn post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Value {
-    use http_body_util::BodyExt;
-    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let (mut sender, conn) =
-        hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(tcp))
-            .await
-            .unwrap();
-    tokio::spawn(conn);
-    let req = hyper::Request::builder()
-        .method("POST")
-        .uri(path)
-        .header("host", "extender")
-        .header("content-type", "application/json")
-        .body(http_body_util::Full::new(bytes::Bytes::from(
-            body.to_string(),
-        )))
-        .unwrap();
-    let resp = sender.send_request(req).await.unwrap();
-    assert_eq!(resp.status(), 200);
-    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
-    serde_json::from_slice(&bytes).unwrap()
+    let (code, answer) = support::http::call(addr, "POST", path, &body.to_string()).await;
+    assert_eq!(code, 200, "{answer}");
+    answer
 }
 
 /// Filter `pod` on the node until the answer satisfies `cond` (the extender's books
