@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         "proto/dra/v1/api.proto",
         "proto/dra/v1beta1/api.proto",
         "proto/dra-health/v1alpha1/api.proto",
+        "proto/podresources/v1/api.proto",
     ];
     compile(&main_protos, out.clone())?;
 

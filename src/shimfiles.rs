@@ -33,6 +33,9 @@ use std::time::{Duration, SystemTime};
 pub const CONTAINER_LIMITS_DIR: &str = "/etc/tessera";
 /// The limits file's name in the allocation's directory.
 pub const LIMITS_FILE: &str = "limits";
+/// A split-mode allocation's request, until the agent knows its container
+/// ([`crate::vgpu::slots::PendingSlots`], JSON).
+pub const PENDING_FILE: &str = "slots";
 /// The accounting directory's name in the allocation's directory.
 pub const ACCOUNTING_DIR: &str = "acct";
 /// Where the accounting directory is mounted (read-write) in the container.
@@ -409,6 +412,24 @@ impl AllocDirs {
             limits_text(units).as_bytes(),
             0o444,
         )
+    }
+
+    /// Write `<root>/<id>/<name>` (root, 0444, atomically): the agent's own records of the
+    /// allocation, e.g. a split-mode allocation's [`PENDING_FILE`].
+    pub fn write_record(&self, id: &str, name: &str, bytes: &[u8]) -> Result<()> {
+        check_id(id)?;
+        write_atomic(&self.dir(id), name, bytes, 0o444)
+    }
+
+    /// Read `<root>/<id>/<name>`; `None` when it does not exist.
+    pub fn read_record(&self, id: &str, name: &str) -> Result<Option<Vec<u8>>> {
+        check_id(id)?;
+        let path = self.dir(id).join(name);
+        match std::fs::read(&path) {
+            Ok(bytes) => Ok(Some(bytes)),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(e) => Err(io(&path)(e)),
+        }
     }
 
     /// Remove `<root>/<id>` and everything in it; a missing directory is fine.

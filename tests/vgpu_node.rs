@@ -1,6 +1,6 @@
 //! The node side of HAMi-style vGPUs: GPUs in the layout's `vgpu: { split }` mode are
 //! `nvidia.com/gpu` slots for the kubelet (each naming its GPU, health following the
-//! GPU), a layout giving `nvidia.com/gpu` two meanings is refused, and the agent
+//! GPU; refused at Allocate without a cluster), a layout giving `nvidia.com/gpu` two meanings is refused, and the agent
 //! describes the split GPUs on its Node in the record the scheduler extender reads,
 //! kept current (health, config) and confirmed by a heartbeat; the extender places the
 //! issue's pod on that record and takes a dead agent's GPUs out of scheduling.
@@ -64,21 +64,20 @@ async fn split_gpus_are_gpu_slots_naming_their_gpu() {
     assert!(devices.iter().all(|d| d.health == "Healthy"));
     assert!(devices.iter().all(|d| d.topology.is_some()));
 
-    // Allocate hands the container the GPU a slot names.
+    // Without a cluster the agent cannot learn a slot's pod and its assignment, so
+    // Allocate refuses rather than hand out a GPU without limits (tests/vgpu_limits.rs
+    // has the path with the API server and the kubelet's PodResources).
     let mut client = kubelet.client("nvidia.com/gpu").await;
-    let answer = client
+    let refused = client
         .allocate(pb::AllocateRequest {
             container_requests: vec![pb::ContainerAllocateRequest {
                 devices_ids: vec![format!("{}::s2", gpus[1])],
             }],
         })
         .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        answer.container_responses[0].envs["NVIDIA_VISIBLE_DEVICES"],
-        gpus[1]
-    );
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::InvalidArgument);
+    assert!(refused.message().contains("PodResources"), "{refused:?}");
 
     // Health follows the GPU: all of GPU 0's slots, none of GPU 1's.
     agent.backend.inject(HealthEvent::Xid {

@@ -156,12 +156,58 @@ fn node_event(
     message: &str,
     now: k8s_openapi::jiff::Timestamp,
 ) -> Event {
+    warning_event(
+        node,
+        ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_string()),
+            uid: Some(node.to_string()),
+            ..Default::default()
+        },
+        format!("{node}.tessera-config-"),
+        "default",
+        (reason, action, message),
+        now,
+    )
+}
+
+/// A Warning Event about a pod on this node (in the pod's namespace, as the API server
+/// requires).
+pub fn pod_event(
+    node: &str,
+    pod: &ObjectReference,
+    reason: &str,
+    action: &str,
+    message: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Event {
+    let namespace = pod.namespace.clone().unwrap_or_default();
+    let prefix = format!("{}.tessera-", pod.name.as_deref().unwrap_or("pod"));
+    warning_event(
+        node,
+        pod.clone(),
+        prefix,
+        &namespace,
+        (reason, action, message),
+        now,
+    )
+}
+
+fn warning_event(
+    node: &str,
+    regarding: ObjectReference,
+    generate_name: String,
+    namespace: &str,
+    (reason, action, message): (&str, &str, &str),
+    now: k8s_openapi::jiff::Timestamp,
+) -> Event {
     // The API server caps `note` at 1 kB.
     let note: String = message.chars().take(1000).collect();
     Event {
         metadata: ObjectMeta {
-            generate_name: Some(format!("{node}.tessera-config-")),
-            namespace: Some("default".into()),
+            generate_name: Some(generate_name),
+            namespace: Some(namespace.to_string()),
             ..Default::default()
         },
         event_time: Some(MicroTime(now)),
@@ -171,13 +217,7 @@ fn node_event(
         type_: Some("Warning".into()),
         reporting_controller: Some("tessera.io/node-agent".into()),
         reporting_instance: Some(format!("tessera-node-{node}")),
-        regarding: Some(ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.to_string()),
-            uid: Some(node.to_string()),
-            ..Default::default()
-        }),
+        regarding: Some(regarding),
         ..Default::default()
     }
 }

@@ -55,6 +55,7 @@ use tracing::{debug, error, info, warn};
 pub mod cluster;
 pub mod dra;
 pub mod ownership;
+pub mod slot_binding;
 pub mod split_record;
 pub mod usage;
 pub mod vgpu_record;
@@ -151,6 +152,9 @@ pub struct AgentOptions {
     /// In a cluster: publish the node's split-mode GPUs on its Node for the scheduler
     /// extender ([`vgpu_record`]). `None`: no cluster, nothing published.
     pub vgpu_record: Option<vgpu_record::RecordSettings>,
+    /// In a cluster: bind split-mode slots to their pod's assignment
+    /// ([`slot_binding`]). `None`: Allocate refuses split-mode slots.
+    pub slot_binding: Option<slot_binding::BindingSettings>,
 }
 
 /// The CDI spec file name (without `.json`) for this node's devices.
@@ -322,6 +326,8 @@ struct Agent {
     /// The node's split-mode GPUs for the scheduler extender ([`vgpu_record`]); `None`
     /// until a config is in force.
     records_tx: watch::Sender<Option<Vec<crate::vgpu::record::DeviceRecord>>>,
+    /// The same GPUs for the slot binder ([`slot_binding`]).
+    slot_gpus_tx: watch::Sender<Vec<crate::vgpu::slots::SlotGpu>>,
 }
 
 impl Agent {
@@ -1055,6 +1061,14 @@ impl Agent {
             &self.snapshot.advertisement,
             &self.snapshot.unhealthy,
         );
+        let slot_gpus = slot_gpus(&self.dp_inventory, &records);
+        self.slot_gpus_tx.send_if_modified(|current| {
+            let changed = *current != slot_gpus;
+            if changed {
+                *current = slot_gpus;
+            }
+            changed
+        });
         self.records_tx.send_if_modified(|current| {
             let changed = current.as_ref() != Some(&records);
             if changed {
@@ -1063,6 +1077,26 @@ impl Agent {
             changed
         });
     }
+}
+
+/// The split-mode GPUs the slot binder may hand out: the published records with their
+/// device minors.
+fn slot_gpus(
+    inventory: &Inventory,
+    records: &[crate::vgpu::record::DeviceRecord],
+) -> Vec<crate::vgpu::slots::SlotGpu> {
+    records
+        .iter()
+        .filter_map(|r| {
+            let gpu = inventory.gpus.iter().find(|g| g.uuid == r.uuid)?;
+            Some(crate::vgpu::slots::SlotGpu {
+                uuid: r.uuid.clone(),
+                minor: gpu.minor,
+                memory_mib: r.memory_mib,
+                healthy: r.healthy,
+            })
+        })
+        .collect()
 }
 
 /// What besides files can make the agent reload.
@@ -1139,6 +1173,17 @@ pub async fn run_with(
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
     let (slices_tx, mut slices_rx) = mpsc::unbounded_channel();
     let (records_tx, records_rx) = watch::channel(None);
+    let (slot_gpus_tx, slot_gpus_rx) = watch::channel(Vec::new());
+    if let Some(binding) = opts.slot_binding.clone() {
+        opts.allocate.split_binding = true;
+        tokio::spawn(slot_binding::keep_bound(
+            binding,
+            Arc::new(opts.allocate.clone()),
+            opts.cdi_root.clone(),
+            slot_gpus_rx,
+            cancel.child_token(),
+        ));
+    }
     if let Some(settings) = opts.vgpu_record.clone() {
         tokio::spawn(vgpu_record::keep_published(
             settings,
@@ -1184,6 +1229,7 @@ pub async fn run_with(
         driver_retry: Default::default(),
         dp_inventory: Inventory::default(),
         records_tx,
+        slot_gpus_tx,
     };
     // Watch the config before the first load: a change written after that load began
     // (a ConfigMap update during the start) is seen, not missed until the next one.

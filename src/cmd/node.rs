@@ -11,6 +11,7 @@ use tracing::info;
 use tessera::agent::cluster::{watch_config_label, KubeEventRecorder};
 use tessera::agent::dra::DraSettings;
 use tessera::agent::ownership::{DraMode, Ownership};
+use tessera::agent::slot_binding::{self, BindingSettings};
 use tessera::agent::vgpu_record::{self, RecordSettings};
 use tessera::agent::{self, AgentOptions, EventRecorder, LogRecorder};
 use tessera::cdi::devroot::DevRoot;
@@ -34,6 +35,10 @@ pub struct Args {
     /// and `<dir>/plugins_registry/` + `<dir>/plugins/gpu.tessera.io/` (DRA).
     #[arg(long, env = "KUBELET_DIR", default_value = "/var/lib/kubelet")]
     pub kubelet_dir: PathBuf,
+    /// The kubelet's PodResources socket, read to learn which container holds a
+    /// split-mode vGPU allocation (default: `<kubelet-dir>/pod-resources/kubelet.sock`).
+    #[arg(long, env = "TESSERA_POD_RESOURCES_SOCKET")]
+    pub pod_resources_socket: Option<PathBuf>,
     /// Where CDI specs are written.
     #[arg(long, env = "CDI_ROOT", default_value = "/var/run/cdi")]
     pub cdi_root: PathBuf,
@@ -306,6 +311,7 @@ async fn run_async(args: Args) -> Result<()> {
         metrics: metrics.clone(),
         cdi_verify_interval: std::time::Duration::from_secs(args.cdi_verify_interval),
         vgpu_record: None,
+        slot_binding: None,
     };
     info!(
         backend = backend.name(),
@@ -353,6 +359,19 @@ async fn run_async(args: Args) -> Result<()> {
             client,
             node_name,
             heartbeat: vgpu_record::HEARTBEAT_PERIOD,
+        });
+    // ... and split-mode slots are bound to their pod's assignment.
+    opts.slot_binding = client
+        .clone()
+        .zip(args.node_name.clone())
+        .map(|(client, node_name)| BindingSettings {
+            client,
+            node_name,
+            pod_resources_socket: args
+                .pod_resources_socket
+                .clone()
+                .unwrap_or_else(|| args.kubelet_dir.join("pod-resources/kubelet.sock")),
+            poll: slot_binding::DEFAULT_POLL,
         });
     spawn_vgpu_dir_reconcile(&args, &opts.allocate, &cancel);
     spawn_coexistence_watch(&args, backend.as_ref(), &recorder, &metrics, &cancel);
@@ -422,6 +441,7 @@ fn spawn_vgpu_dir_reconcile(args: &Args, allocate: &AllocateSettings, cancel: &C
         .kubelet_dir
         .join("device-plugins/kubelet_internal_checkpoint");
     let cancel = cancel.clone();
+    let cdi_root = args.cdi_root.clone();
     tokio::spawn(async move {
         let mut tick = tokio::time::interval(std::time::Duration::from_secs(60));
         loop {
@@ -437,6 +457,12 @@ fn spawn_vgpu_dir_reconcile(args: &Args, allocate: &AllocateSettings, cancel: &C
             .await
             {
                 Ok(Ok(removed)) if !removed.is_empty() => {
+                    for id in &removed {
+                        // A split-mode allocation's CDI spec goes with its directory.
+                        if let Err(e) = slot_binding::remove_spec(&cdi_root, id) {
+                            tracing::warn!(%id, error = %e, "cannot remove a vGPU CDI spec");
+                        }
+                    }
                     info!(
                         ?removed,
                         "removed vGPU directories of containers that are gone"

@@ -23,6 +23,7 @@ use crate::cdi;
 use crate::cdi::migcaps::{MigCaps, MigCapsPaths};
 use crate::partition::layout::{Device, Share, Target};
 use crate::shimfiles::{self, AllocDirs, ShimLibrary, UnitLimits};
+use crate::vgpu::slots::PendingSlots;
 
 use super::snapshot::Snapshot;
 use super::{Error, Result};
@@ -56,6 +57,9 @@ pub struct AllocateSettings {
     pub mig_caps: MigCapsPaths,
     /// Where the NVIDIA device nodes are on the host (CDI `hostPath`, `--driver-root`).
     pub host_dev: crate::cdi::devroot::DevRoot,
+    /// The agent binds split-mode slots to their pod's assignment (it reaches the API
+    /// server and the kubelet's PodResources API); without it slots are refused.
+    pub split_binding: bool,
 }
 
 impl AllocateSettings {
@@ -72,6 +76,7 @@ impl AllocateSettings {
             vgpu_state_dir: state_dir.join("vgpu"),
             mig_caps: MigCapsPaths::default(),
             host_dev: crate::cdi::devroot::DevRoot::host(),
+            split_binding: false,
         }
     }
 
@@ -130,6 +135,10 @@ pub struct VgpuFiles {
     /// The allocation directory's name under [`AllocateSettings::vgpu_state_dir`].
     pub id: String,
     pub units: Vec<UnitLimits>,
+    /// Split-mode slots: the limits are not known yet. The server records this request
+    /// instead of a limits file; the agent writes the limits and the allocation's CDI
+    /// spec once it knows the container ([`crate::vgpu::slots`]).
+    pub pending: Option<PendingSlots>,
 }
 
 /// Decide the allocation of `ids` from `resource` for one container. `alloc_id` names the
@@ -192,6 +201,13 @@ pub fn allocate_container(
         });
     }
 
+    if devices
+        .iter()
+        .any(|d| matches!(d.share, Share::Slot { .. }))
+    {
+        return allocate_slots(resource, ids, settings, alloc_id);
+    }
+
     // Units (GPU or MIG device) in first-requested order; vGPU limits summed per unit.
     let mut units: Vec<(&str, Option<(u64, u32)>)> = Vec::new();
     for d in &devices {
@@ -250,6 +266,47 @@ pub fn allocate_container(
     }
     if units.iter().any(|(_, s)| s.is_some()) {
         add_shim_contract(&mut out, &units, settings, alloc_id);
+    }
+    Ok(out)
+}
+
+/// Split-mode slots: which GPUs and limits the container gets depends on its pod's
+/// assignment, which Allocate cannot see. The answer names a CDI device after the
+/// allocation (its spec is written once the agent knows the container, so the runtime
+/// cannot create the container before its limits exist), hides any GPU an image's
+/// `NVIDIA_VISIBLE_DEVICES` would ask for, and carries the shim contract.
+fn allocate_slots(
+    resource: &str,
+    ids: &[String],
+    settings: &AllocateSettings,
+    alloc_id: &str,
+) -> Result<ContainerAllocation> {
+    let refused = |reason: &str| Error::RequestRefused {
+        resource: resource.to_string(),
+        count: ids.len(),
+        reason: reason.to_string(),
+    };
+    if !settings.cdi {
+        return Err(refused(
+            "split-mode vGPUs reach the container through CDI, which is off (--cdi)",
+        ));
+    }
+    if !settings.split_binding {
+        return Err(refused(
+            "split-mode vGPUs need the agent to read the pod's assignment (API server) and \
+             the kubelet's PodResources API; neither is configured",
+        ));
+    }
+    let mut out = ContainerAllocation::default();
+    out.envs
+        .insert("NVIDIA_VISIBLE_DEVICES".into(), "void".into());
+    out.cdi_devices = vec![cdi::qualified_name(alloc_id)];
+    add_shim_contract(&mut out, &[], settings, alloc_id);
+    if let Some(v) = out.vgpu.as_mut() {
+        v.pending = Some(PendingSlots {
+            resource: resource.to_string(),
+            device_ids: ids.to_vec(),
+        });
     }
     Ok(out)
 }
@@ -335,6 +392,7 @@ fn add_shim_contract(
     out.vgpu = Some(VgpuFiles {
         id: alloc_id.to_string(),
         units: limits,
+        pending: None,
     });
 }
 
@@ -398,6 +456,42 @@ mod tests {
     }
 
     #[test]
+    fn split_slots_wait_for_their_pod_behind_a_cdi_device() {
+        let s = snapshot(
+            "2xA100-80GB",
+            "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 4 } } ] }",
+        );
+        let req = ids(&s, "nvidia.com/gpu", 2);
+        // Without the binder (no cluster), refused: never a GPU without limits.
+        let e = allocate_container(&s, "nvidia.com/gpu", &req, &settings(), "dp-1").unwrap_err();
+        assert!(e.to_string().contains("PodResources"), "{e}");
+        let mut with_binding = settings();
+        with_binding.split_binding = true;
+        let a = allocate_container(&s, "nvidia.com/gpu", &req, &with_binding, "dp-1").unwrap();
+        // No GPU in the answer itself (an image's NVIDIA_VISIBLE_DEVICES=all hidden); the
+        // GPUs come with the CDI device, whose spec the binder writes.
+        assert_eq!(a.envs["NVIDIA_VISIBLE_DEVICES"], "void");
+        assert_eq!(a.cdi_devices, ["tessera.io/gpu=dp-1"]);
+        assert!(a.devices.is_empty());
+        assert!(!a
+            .envs
+            .keys()
+            .any(|k| k.starts_with("CUDA_DEVICE_MEMORY_LIMIT")));
+        let limits = a
+            .mounts
+            .iter()
+            .find(|m| m.container_path == "/etc/tessera")
+            .unwrap();
+        assert!(limits.read_only && limits.host_path.ends_with("/vgpu/dp-1"));
+        let v = a.vgpu.unwrap();
+        assert!(v.units.is_empty());
+        assert_eq!(v.pending.unwrap().device_ids, req);
+        with_binding.cdi = false;
+        let e = allocate_container(&s, "nvidia.com/gpu", &req, &with_binding, "dp-1").unwrap_err();
+        assert!(e.to_string().contains("CDI"), "{e}");
+    }
+
+    #[test]
     fn vgpu_slices_get_the_shim_contract() {
         let s = snapshot(
             "1xH100-80GB",
@@ -454,6 +548,7 @@ mod tests {
                     memory_mib: 10240,
                     cores: 25
                 }],
+                pending: None,
             })
         );
 

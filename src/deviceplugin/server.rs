@@ -211,7 +211,16 @@ impl DevicePlugin for ResourceService {
             if let Some(v) = &a.vgpu {
                 let dirs = self.settings.alloc_dirs();
                 dirs.create(&v.id)
-                    .and_then(|_| dirs.write_limits(&v.id, &v.units))
+                    .and_then(|_| match &v.pending {
+                        // Split-mode slots: the agent writes the limits once it knows
+                        // the container (crate::vgpu::slots).
+                        Some(pending) => dirs.write_record(
+                            &v.id,
+                            crate::shimfiles::PENDING_FILE,
+                            &serde_json::to_vec(pending).unwrap_or_default(),
+                        ),
+                        None => dirs.write_limits(&v.id, &v.units),
+                    })
                     .map_err(Error::from)
                     .inspect_err(|e| warn!(error = %e, "Allocate refused"))
                     .map_err(|e| self.refused(e))?;

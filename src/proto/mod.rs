@@ -36,3 +36,9 @@ pub mod dra_health {
         include!(concat!(env!("OUT_DIR"), "/health/v1beta1.rs"));
     }
 }
+
+/// The kubelet's pod-resources API v1 (`/v1.PodResourcesLister/*`): which devices each
+/// pod's containers hold.
+pub mod podresources {
+    tonic::include_proto!("v1");
+}

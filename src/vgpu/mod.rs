@@ -10,7 +10,9 @@
 //! - [`filter`](mod@filter): one pod over many nodes, with one reason per node and a summary;
 //! - [`charge`]: what a container's vGPU request costs a queue (shares × count);
 //! - [`record`]: the annotations the node agent and the extender exchange (the node's
-//!   GPUs and heartbeat, the pod's assignment), shared by both.
+//!   GPUs and heartbeat, the pod's assignment), shared by both;
+//! - [`slots`]: which container holds a split-mode allocation and what it gets (the node
+//!   side's late binding of slots to the pod's assignment).
 //!
 //! The semantics and where they differ from HAMi: docs/hami.md.
 
@@ -19,6 +21,7 @@ pub mod charge;
 pub mod filter;
 pub mod record;
 pub mod request;
+pub mod slots;
 
 pub use books::{Assignment, BooksError, GpuRecord, NodeBooks, Shortfall};
 pub use filter::{filter, FilterOutcome, NodeFit};

@@ -50,6 +50,8 @@ pub struct AgentBuilder {
     pub cdi_verify_interval: std::time::Duration,
     /// See `AgentOptions::vgpu_record` (the API-server double and the node's name).
     pub vgpu_record: Option<tessera::agent::vgpu_record::RecordSettings>,
+    /// See `AgentOptions::slot_binding` (API-server double, PodResources socket).
+    pub slot_binding: Option<tessera::agent::slot_binding::BindingSettings>,
 }
 
 impl AgentBuilder {
@@ -64,6 +66,7 @@ impl AgentBuilder {
             recorder: None,
             cdi_verify_interval: std::time::Duration::from_secs(60),
             vgpu_record: None,
+            slot_binding: None,
         }
     }
 
@@ -144,6 +147,7 @@ impl AgentBuilder {
             metrics: metrics.clone(),
             cdi_verify_interval: self.cdi_verify_interval,
             vgpu_record: self.vgpu_record,
+            slot_binding: self.slot_binding,
         };
         // A stand-in for the shim library the agent installs at start (vGPU needs one).
         let stand_in = root.join("libtessera_cuda.so");

@@ -177,6 +177,7 @@ impl DraAgentBuilder {
             metrics: Arc::new(tessera::metrics::NodeMetrics::new()),
             cdi_verify_interval: std::time::Duration::from_secs(60),
             vgpu_record: None,
+            slot_binding: None,
         };
         let paths = Paths {
             ownership: Ownership::with_mode(self.device_plugin, self.dra, self.dra_gpus.as_deref())

@@ -14,7 +14,18 @@
 //!   (`Data.RegisteredDevices`: resource name → the IDs of its latest list). The emulator
 //!   makes no allocations of its own: tests record pods' devices by writing
 //!   `Data.PodDeviceEntries` into the file, and each rewrite keeps those entries, as the
-//!   kubelet keeps its pod allocations across device updates.
+//!   kubelet keeps its pod allocations across device updates;
+//! - [`Kubelet::admit`] is the device manager's part of admitting a pod: per container in
+//!   the order given (the kubelet's: init containers, then app containers), the healthy
+//!   devices no container holds are offered to `GetPreferredAllocation` (when the plugin
+//!   registered it), its answer is used when it is a valid choice (else the first free
+//!   devices, as the kubelet falls back), `Allocate` is called, and only after it
+//!   answered are the devices recorded for the container: in the checkpoint's
+//!   `PodDeviceEntries` (with the answer as `AllocResp`) and in the PodResources API;
+//!   too few free devices fails the admission (the kubelet's UnexpectedAdmissionError);
+//! - serves the PodResources API v1 (`List`, `Get`) on
+//!   `<dir>/../pod-resources/kubelet.sock`, listing the admitted pods' devices;
+//!   [`Kubelet::remove_pod`] drops a pod from it and from the checkpoint.
 
 #![allow(dead_code)]
 
@@ -27,6 +38,10 @@ use tessera::deviceplugin::registration::connect_unix;
 use tessera::proto::deviceplugin as pb;
 use tessera::proto::deviceplugin::device_plugin_client::DevicePluginClient;
 use tessera::proto::deviceplugin::registration_server::{Registration, RegistrationServer};
+use tessera::proto::podresources as pr;
+use tessera::proto::podresources::pod_resources_lister_server::{
+    PodResourcesLister, PodResourcesListerServer,
+};
 use tokio::net::UnixListener;
 use tokio::sync::Notify;
 use tokio_stream::wrappers::UnixListenerStream;
@@ -54,7 +69,21 @@ struct Shared {
     epochs: std::sync::atomic::AtomicU64,
     resources: Mutex<BTreeMap<String, ResourceState>>,
     changed: Notify,
+    pods: Mutex<Vec<AdmittedPod>>,
 }
+
+/// A pod the emulator admitted, with each container's devices.
+#[derive(Debug, Clone)]
+pub struct AdmittedPod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+    /// (container, resource, device IDs, the plugin's answer).
+    pub containers: Vec<(String, String, Vec<String>, pb::ContainerAllocateResponse)>,
+}
+
+/// What a container asks the device manager for: (container, resource, count).
+pub type ContainerAsk<'a> = (&'a str, &'a str, usize);
 
 /// The emulated kubelet.
 pub struct Kubelet {
@@ -207,6 +236,15 @@ fn write_checkpoint(dir: &Path, resources: &BTreeMap<String, ResourceState>) {
         .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
         .and_then(|v| v.pointer("/Data/PodDeviceEntries").cloned())
         .unwrap_or(serde_json::Value::Null);
+    write_checkpoint_with(dir, registered, pod_entries);
+}
+
+fn write_checkpoint_with(
+    dir: &Path,
+    registered: BTreeMap<&str, Vec<&str>>,
+    pod_entries: serde_json::Value,
+) {
+    let path = dir.join("kubelet_internal_checkpoint");
     let body = serde_json::json!({
         "Data": {"PodDeviceEntries": pod_entries, "RegisteredDevices": registered},
         "Checksum": 0,
@@ -224,6 +262,7 @@ impl Kubelet {
         let shared = Arc::new(Shared::default());
         let stop = CancellationToken::new();
         serve(dir, shared.clone(), stop.clone());
+        serve_pod_resources(&pod_resources_socket(dir), shared.clone(), stop.clone());
         Kubelet {
             dir: dir.to_path_buf(),
             shared,
@@ -250,6 +289,156 @@ impl Kubelet {
         self.shared.resources.lock().unwrap().clear();
         self.stop = CancellationToken::new();
         serve(&self.dir, self.shared.clone(), self.stop.clone());
+        serve_pod_resources(
+            &pod_resources_socket(&self.dir),
+            self.shared.clone(),
+            self.stop.clone(),
+        );
+    }
+
+    /// The PodResources socket.
+    pub fn pod_resources_socket(&self) -> PathBuf {
+        pod_resources_socket(&self.dir)
+    }
+
+    /// Admit a pod: allocate each container's devices in the order given (see the module
+    /// doc). Returns each container's answer, or why the admission failed (containers
+    /// allocated before the failure keep their devices, as in the kubelet).
+    pub async fn admit(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        asks: &[ContainerAsk<'_>],
+    ) -> Result<Vec<pb::ContainerAllocateResponse>, String> {
+        let mut answers = Vec::new();
+        for (container, resource, count) in asks {
+            let state = self
+                .state(resource)
+                .ok_or(format!("{resource}: not registered"))?;
+            let held: Vec<String> = self
+                .shared
+                .pods
+                .lock()
+                .unwrap()
+                .iter()
+                .flat_map(|p| &p.containers)
+                .filter(|c| c.1 == *resource)
+                .flat_map(|c| c.2.clone())
+                .collect();
+            let free: Vec<String> = state
+                .lists
+                .last()
+                .map(|l| {
+                    l.iter()
+                        .filter(|d| d.health == "Healthy" && !held.contains(&d.id))
+                        .map(|d| d.id.clone())
+                        .collect()
+                })
+                .unwrap_or_default();
+            if free.len() < *count {
+                return Err(format!(
+                    "UnexpectedAdmissionError: {resource}: requested {count}, available {}",
+                    free.len()
+                ));
+            }
+            let mut client = self.client(resource).await;
+            let preferred_available = state
+                .options
+                .as_ref()
+                .is_some_and(|o| o.get_preferred_allocation_available);
+            let mut ids: Vec<String> = free[..*count].to_vec();
+            if preferred_available {
+                let answer = client
+                    .get_preferred_allocation(pb::PreferredAllocationRequest {
+                        container_requests: vec![pb::ContainerPreferredAllocationRequest {
+                            available_device_i_ds: free.clone(),
+                            must_include_device_i_ds: vec![],
+                            allocation_size: *count as i32,
+                        }],
+                    })
+                    .await
+                    .map_err(|s| format!("GetPreferredAllocation: {}", s.message()))?
+                    .into_inner();
+                let chosen = answer.container_responses[0].device_i_ds.clone();
+                if chosen.len() == *count && chosen.iter().all(|id| free.contains(id)) {
+                    ids = chosen;
+                }
+            }
+            let answer = client
+                .allocate(pb::AllocateRequest {
+                    container_requests: vec![pb::ContainerAllocateRequest {
+                        devices_ids: ids.clone(),
+                    }],
+                })
+                .await
+                .map_err(|s| format!("Allocate: {}", s.message()))?
+                .into_inner()
+                .container_responses
+                .remove(0);
+            {
+                let mut pods = self.shared.pods.lock().unwrap();
+                let pos = match pods.iter().position(|p| p.uid == uid) {
+                    Some(pos) => pos,
+                    None => {
+                        pods.push(AdmittedPod {
+                            namespace: namespace.into(),
+                            name: name.into(),
+                            uid: uid.into(),
+                            containers: Vec::new(),
+                        });
+                        pods.len() - 1
+                    }
+                };
+                pods[pos].containers.push((
+                    container.to_string(),
+                    resource.to_string(),
+                    ids,
+                    answer.clone(),
+                ));
+                self.write_pod_entries(&pods);
+            }
+            answers.push(answer);
+        }
+        Ok(answers)
+    }
+
+    /// The pod is gone: its devices are free and no longer listed or checkpointed.
+    pub fn remove_pod(&self, uid: &str) {
+        let mut pods = self.shared.pods.lock().unwrap();
+        pods.retain(|p| p.uid != uid);
+        self.write_pod_entries(&pods);
+    }
+
+    fn write_pod_entries(&self, pods: &[AdmittedPod]) {
+        use base64::Engine as _;
+        use prost::Message as _;
+        let entries: Vec<serde_json::Value> = pods
+            .iter()
+            .flat_map(|p| {
+                p.containers.iter().map(|(c, r, ids, answer)| {
+                    serde_json::json!({
+                        "PodUID": p.uid, "ContainerName": c, "ResourceName": r,
+                        "DeviceIDs": {"-1": ids},
+                        "AllocResp": base64::engine::general_purpose::STANDARD
+                            .encode(answer.encode_to_vec()),
+                    })
+                })
+            })
+            .collect();
+        let resources = self.shared.resources.lock().unwrap();
+        let registered: BTreeMap<&str, Vec<&str>> = resources
+            .iter()
+            .map(|(r, st)| {
+                let ids = st
+                    .lists
+                    .last()
+                    .map(|l| l.iter().map(|d| d.id.as_str()).collect())
+                    .unwrap_or_default();
+                (r.as_str(), ids)
+            })
+            .collect();
+        write_checkpoint_with(&self.dir, registered, serde_json::Value::from(entries));
     }
 
     pub fn stop(&self) {
@@ -331,6 +520,99 @@ fn serve(dir: &Path, shared: Arc<Shared>, stop: CancellationToken) {
     tokio::spawn(async move {
         let _ = tonic::transport::Server::builder()
             .add_service(RegistrationServer::new(service))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.cancelled())
+            .await;
+        let _ = std::fs::remove_file(socket);
+    });
+}
+
+fn pod_resources_socket(dir: &Path) -> PathBuf {
+    dir.parent()
+        .unwrap_or(dir)
+        .join("pod-resources/kubelet.sock")
+}
+
+struct PodResourcesService {
+    shared: Arc<Shared>,
+}
+
+fn listed(p: &AdmittedPod) -> pr::PodResources {
+    let mut containers: Vec<pr::ContainerResources> = Vec::new();
+    for (c, r, ids, _) in &p.containers {
+        let devices = pr::ContainerDevices {
+            resource_name: r.clone(),
+            device_ids: ids.clone(),
+            topology: None,
+        };
+        match containers.iter_mut().find(|x| x.name == *c) {
+            Some(x) => x.devices.push(devices),
+            None => containers.push(pr::ContainerResources {
+                name: c.clone(),
+                devices: vec![devices],
+                ..Default::default()
+            }),
+        }
+    }
+    pr::PodResources {
+        name: p.name.clone(),
+        namespace: p.namespace.clone(),
+        containers,
+    }
+}
+
+#[tonic::async_trait]
+impl PodResourcesLister for PodResourcesService {
+    async fn list(
+        &self,
+        _: Request<pr::ListPodResourcesRequest>,
+    ) -> Result<Response<pr::ListPodResourcesResponse>, Status> {
+        let pods = self.shared.pods.lock().unwrap();
+        Ok(Response::new(pr::ListPodResourcesResponse {
+            pod_resources: pods.iter().map(listed).collect(),
+        }))
+    }
+
+    async fn get_allocatable_resources(
+        &self,
+        _: Request<pr::AllocatableResourcesRequest>,
+    ) -> Result<Response<pr::AllocatableResourcesResponse>, Status> {
+        Err(Status::unimplemented("not modelled"))
+    }
+
+    async fn get(
+        &self,
+        request: Request<pr::GetPodResourcesRequest>,
+    ) -> Result<Response<pr::GetPodResourcesResponse>, Status> {
+        let req = request.into_inner();
+        let pods = self.shared.pods.lock().unwrap();
+        // Like the kubelet: an unknown pod is an error naming it.
+        let pod = pods
+            .iter()
+            .find(|p| p.name == req.pod_name && p.namespace == req.pod_namespace)
+            .ok_or_else(|| {
+                Status::not_found(format!(
+                    "pod {} in namespace {} not found",
+                    req.pod_name, req.pod_namespace
+                ))
+            })?;
+        Ok(Response::new(pr::GetPodResourcesResponse {
+            pod_resources: Some(listed(pod)),
+        }))
+    }
+}
+
+fn serve_pod_resources(socket: &Path, shared: Arc<Shared>, stop: CancellationToken) {
+    if let Some(dir) = socket.parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    let _ = std::fs::remove_file(socket);
+    let listener = UnixListener::bind(socket).unwrap();
+    let socket = socket.to_path_buf();
+    tokio::spawn(async move {
+        let _ = tonic::transport::Server::builder()
+            .add_service(PodResourcesListerServer::new(PodResourcesService {
+                shared,
+            }))
             .serve_with_incoming_shutdown(UnixListenerStream::new(listener), stop.cancelled())
             .await;
         let _ = std::fs::remove_file(socket);
