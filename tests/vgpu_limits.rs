@@ -30,8 +30,18 @@ const WAIT: Duration = Duration::from_secs(10);
 const PODS: &str = "/api/v1/namespaces/team/pods";
 
 fn agent(api: &ApiServer, kubelet: &Kubelet, root: &Path) -> RunningAgent {
-    let mut builder = AgentBuilder::new("2xA100-80GB")
-        .config(SPLIT_ALL)
+    agent_on(api, kubelet, root, "2xA100-80GB", SPLIT_ALL)
+}
+
+fn agent_on(
+    api: &ApiServer,
+    kubelet: &Kubelet,
+    root: &Path,
+    gpus: &str,
+    config: &str,
+) -> RunningAgent {
+    let mut builder = AgentBuilder::new(gpus)
+        .config(config)
         .root(root.to_path_buf());
     builder.vgpu_record = Some(RecordSettings {
         client: api.client(),
@@ -75,28 +85,40 @@ async fn post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Value {
 /// Filter (until the books know the node) and bind `pod` to the node, as kube-scheduler
 /// does with the extender; returns the assignment recorded on the pod.
 async fn schedule(addr: std::net::SocketAddr, api: &ApiServer, pod: &Value) -> AssignmentRecord {
+    wait_until_fits(addr, pod).await;
+    assert_eq!(bind(addr, pod).await, json!({}));
+    assignment_of(api, pod["metadata"]["name"].as_str().unwrap())
+}
+
+async fn wait_until_fits(addr: std::net::SocketAddr, pod: &Value) {
     let deadline = Instant::now() + WAIT;
     loop {
         let answer = post(addr, "/filter", &json!({"pod": pod, "nodenames": [NODE]})).await;
         if answer["nodenames"] == json!([NODE]) {
-            break;
+            return;
         }
         assert!(Instant::now() < deadline, "/filter answers {answer}");
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// kube-scheduler's bind call: `{}` when bound, else `{"error": ...}`.
+async fn bind(addr: std::net::SocketAddr, pod: &Value) -> Value {
     let meta = &pod["metadata"];
-    let bound = post(
+    post(
         addr,
         "/bind",
         &json!({"podName": meta["name"], "podNamespace": meta["namespace"],
                 "podUID": meta["uid"], "node": NODE}),
     )
-    .await;
-    assert_eq!(bound, json!({}));
+    .await
+}
+
+fn assignment_of(api: &ApiServer, name: &str) -> AssignmentRecord {
     let stored = api
         .objects(PODS)
         .into_iter()
-        .find(|p| p["metadata"]["name"] == meta["name"])
+        .find(|p| p["metadata"]["name"] == name)
         .unwrap();
     serde_json::from_str(
         stored["metadata"]["annotations"][ASSIGNMENT_ANNOTATION]
@@ -389,4 +411,145 @@ async fn an_allocation_pending_across_an_agent_restart_is_bound_after_it() {
     );
     stop.cancel();
     second.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn fifty_pods_bound_at_once_to_one_node_each_get_their_own_limits() {
+    let api = ApiServer::start(NODE).await;
+    api.list_across_namespaces();
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let split10 = "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 10 } } ] }";
+    let agent = agent_on(&api, &kubelet, tmp.path(), "8xA100-80GB", split10);
+    let gpus = agent.backend.inventory().unwrap().gpus;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let addr = extender(&api, &stop).await;
+
+    // 50 pods of mixed sizes, some with two vGPUs or two containers, in the shapes of
+    // HAMi's examples (a share, a percentage, memory alone, an exclusive GPU).
+    let mut pods = Vec::new();
+    for i in 0..50 {
+        let limits = match i % 6 {
+            0 => json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240",
+                        "nvidia.com/gpucores": "10"}),
+            1 => json!({"nvidia.com/gpu": "2", "nvidia.com/gpumem": "4096",
+                        "nvidia.com/gpucores": "5"}),
+            2 => json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "5"}),
+            3 => json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}),
+            4 => json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "2048",
+                        "nvidia.com/gpucores": "15"}),
+            _ => json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "8192",
+                        "nvidia.com/gpucores": "20"}),
+        };
+        let mut containers = vec![container("main", limits)];
+        if i % 10 == 7 {
+            containers.push(container(
+                "sidecar",
+                json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "1024",
+                       "nvidia.com/gpucores": "5"}),
+            ));
+        }
+        let p = pod(&format!("p{i:02}"), Value::from(containers));
+        api.put_object(PODS, p.clone());
+        pods.push(p);
+    }
+    wait_until_fits(addr, &pods[0]).await;
+
+    // Every bind at once (kube-scheduler binds asynchronously); a bind that lost a race
+    // is retried as kube-scheduler would, after filtering again.
+    let binds: Vec<_> = pods
+        .iter()
+        .cloned()
+        .map(|p| tokio::spawn(async move { (bind(addr, &p).await, p) }))
+        .collect();
+    for handle in binds {
+        let (answer, p) = handle.await.unwrap();
+        if answer != json!({}) {
+            wait_until_fits(addr, &p).await;
+            assert_eq!(bind(addr, &p).await, json!({}), "{answer}");
+        }
+    }
+    assert_eq!(api.bindings().len(), 50);
+
+    // No GPU overcommitted by the assignments.
+    let mut per_gpu: std::collections::BTreeMap<String, (u64, u32, u32)> = Default::default();
+    let assignments: Vec<(String, AssignmentRecord)> = pods
+        .iter()
+        .map(|p| {
+            let name = p["metadata"]["name"].as_str().unwrap().to_string();
+            let a = assignment_of(&api, &name);
+            (name, a)
+        })
+        .collect();
+    for (_, a) in &assignments {
+        for g in a.containers.iter().flat_map(|c| &c.devices) {
+            let e = per_gpu.entry(g.uuid.clone()).or_default();
+            e.0 += g.memory_mib;
+            e.1 += g.cores;
+            e.2 += 1;
+        }
+    }
+    for (uuid, (memory, cores, slots)) in &per_gpu {
+        assert!(
+            *memory <= 81_920 && *cores <= 100 && *slots <= 10,
+            "{uuid}: {memory} MiB, {cores} %, {slots} slots"
+        );
+    }
+
+    // The kubelet admits the pods in another order than they were bound (a fixed
+    // shuffle), each pod's containers last to first.
+    kubelet.devices("nvidia.com/gpu").await;
+    let mut order: Vec<usize> = (0..50).collect();
+    order.sort_by_key(|i| (i * 37) % 50);
+    let mut allocated = Vec::new();
+    for i in order {
+        let (name, assignment) = &assignments[i];
+        let asks: Vec<(String, usize)> = assignment
+            .containers
+            .iter()
+            .rev()
+            .map(|c| (c.name.clone(), c.devices.len()))
+            .collect();
+        let asks: Vec<(&str, &str, usize)> = asks
+            .iter()
+            .map(|(c, n)| (c.as_str(), "nvidia.com/gpu", *n))
+            .collect();
+        let answers = kubelet
+            .admit("team", name, &format!("uid-{name}"), &asks)
+            .await
+            .unwrap();
+        for ((container, _, _), answer) in asks.iter().zip(&answers) {
+            allocated.push((i, container.to_string(), alloc_id(answer)));
+        }
+    }
+
+    // Every container runs on the GPUs of its own assignment, with its own limits.
+    for (i, container, id) in allocated {
+        let grants = &assignments[i]
+            .1
+            .containers
+            .iter()
+            .find(|c| c.name == container)
+            .unwrap()
+            .devices;
+        let (spec, limits) = bound(&agent, &id).await;
+        let device = &spec["devices"][0]["containerEdits"];
+        let want_nodes: Vec<Value> = grants
+            .iter()
+            .map(|g| {
+                let minor = gpus.iter().find(|x| x.uuid == g.uuid).unwrap().minor;
+                json!({"path": format!("/dev/nvidia{minor}")})
+            })
+            .collect();
+        assert_eq!(device["deviceNodes"], Value::from(want_nodes), "{id}");
+        for (ordinal, g) in grants.iter().enumerate() {
+            let want = format!(
+                "CUDA_DEVICE_MEMORY_LIMIT_{ordinal}={}m\nCUDA_DEVICE_SM_LIMIT_{ordinal}={}\n",
+                g.memory_mib, g.cores
+            );
+            assert!(limits.contains(&want), "{id}: {want:?} not in {limits}");
+        }
+    }
+    stop.cancel();
+    agent.shutdown().await;
 }
