@@ -13,6 +13,7 @@ pub mod autoscale;
 pub mod cdi;
 pub mod controller;
 pub mod deviceplugin;
+pub mod diagnose;
 pub mod dra;
 pub mod fsio;
 pub mod gpu;

@@ -48,6 +48,8 @@ enum Command {
     Plan(cmd::plan::Args),
     /// Quota controller and admission webhook (`tessera controller crds` prints the CRDs).
     Controller(cmd::controller::Args),
+    /// Why a pod waits (quota, memory, placement) or its GPUs idle; exit 2: no cause found.
+    Diagnose(cmd::diagnose::Args),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +67,12 @@ fn main() -> ExitCode {
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Controller(args) => cmd::controller::run(args),
+        Command::Diagnose(args) => match cmd::diagnose::run(args) {
+            Ok(true) => Ok(()),
+            // Diagnosed, no cause found: said on stdout, told by the exit code.
+            Ok(false) => return ExitCode::from(2),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

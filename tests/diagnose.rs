@@ -1,0 +1,368 @@
+//! `tessera diagnose` on snapshots built here: each of the four causes found with its
+//! evidence, "no cause" said as such, bad input refused; the binary's exit codes, the
+//! `--snapshot` round trip and `dump` against the API-server double.
+
+mod support;
+
+use std::process::Command;
+
+use serde_json::{json, Value};
+use tessera::diagnose::{diagnose_pod, Cause, Settings, Snapshot, Usage};
+use tessera::vgpu::record::ASSIGNMENT_ANNOTATION;
+
+const AT: &str = "2026-12-03T12:00:00Z";
+
+fn gpu_node(name: &str, gpus: u32, labels: Value, taints: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "labels": labels},
+        "spec": {"taints": taints},
+        "status": {"allocatable": {"nvidia.com/gpu": gpus.to_string(), "cpu": "64",
+                                   "memory": "512Gi"}}})
+}
+
+fn vgpu_node(name: &str) -> Value {
+    let devices: Vec<Value> = (0..2)
+        .map(|i| {
+            json!({"uuid": format!("GPU-{name}-{i}"), "model": "NVIDIA A100-SXM4-80GB",
+                        "memoryMiB": 81920, "slots": 10, "healthy": true})
+        })
+        .collect();
+    json!({"apiVersion": "v1", "kind": "Node",
+        "metadata": {"name": name, "annotations": {
+            "tessera.io/vgpu-devices": Value::from(devices).to_string(),
+            "tessera.io/vgpu-heartbeat": AT}},
+        "status": {"allocatable": {"nvidia.com/gpu": "20"}}})
+}
+
+fn pod(name: &str, limits: Value) -> Value {
+    json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team", "uid": format!("uid-{name}"),
+                     "creationTimestamp": "2026-12-03T11:00:00Z",
+                     "labels": {"tessera.io/queue-name": "lq"}},
+        "spec": {"containers": [{"name": "main", "image": "cuda",
+                                 "resources": {"limits": limits}}]},
+        "status": {"phase": "Pending"}})
+}
+
+fn gpus(n: u32) -> Value {
+    json!({"nvidia.com/gpu": n.to_string()})
+}
+
+fn running(mut p: Value, node: &str) -> Value {
+    p["spec"]["nodeName"] = json!(node);
+    p["status"]["phase"] = json!("Running");
+    p
+}
+
+/// vGPU pods holding 73,728 MiB of each of the four vGPU GPUs (8,192 MiB free on each).
+fn vgpu_tenants() -> Vec<Value> {
+    let mut out = Vec::new();
+    for node in ["v1", "v2"] {
+        for i in 0..2 {
+            let mut p = running(
+                pod(
+                    &format!("tenant-{node}-{i}"),
+                    json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "73728"}),
+                ),
+                node,
+            );
+            p["metadata"]["annotations"] = json!({ASSIGNMENT_ANNOTATION: json!({"node": node,
+                "containers": [{"name": "main", "devices": [
+                    {"uuid": format!("GPU-{node}-{i}"), "memoryMiB": 73728, "cores": 0}]}]})
+                .to_string()});
+            out.push(p);
+        }
+    }
+    out
+}
+
+/// Two 8-GPU nodes, 6 GPUs taken on each (2 free on each); `gpu-b` tainted; two vGPU
+/// nodes with 8 GiB free per GPU; and the pods under test.
+fn snapshot(extra: Vec<Value>) -> Snapshot {
+    let nodes = vec![
+        gpu_node("gpu-a", 8, json!({"pool": "infer"}), json!([])),
+        gpu_node(
+            "gpu-b",
+            8,
+            json!({"pool": "train"}),
+            json!([{"key": "gpu", "value": "reserved", "effect": "NoSchedule"}]),
+        ),
+        vgpu_node("v1"),
+        vgpu_node("v2"),
+    ];
+    let mut pods = vec![
+        running(pod("train-a", gpus(6)), "gpu-a"),
+        running(pod("train-b", gpus(6)), "gpu-b"),
+        // Finished pods hold nothing.
+        {
+            let mut done = running(pod("done", gpus(2)), "gpu-a");
+            done["status"]["phase"] = json!("Succeeded");
+            done
+        },
+    ];
+    pods.extend(vgpu_tenants());
+    pods.extend(extra);
+    Snapshot::new(nodes, pods, AT.parse().unwrap())
+}
+
+fn diagnose(s: &Snapshot, name: &str, usage: Option<&Usage>) -> tessera::diagnose::Diagnosis {
+    diagnose_pod(
+        s,
+        "team",
+        name,
+        usage,
+        &Settings::default(),
+        AT.parse().unwrap(),
+    )
+    .unwrap()
+}
+
+fn verdict(d: &tessera::diagnose::Diagnosis) -> (Cause, String) {
+    let v = d.verdict().unwrap_or_else(|| panic!("no verdict: {d:#?}"));
+    (v.cause, v.summary.clone())
+}
+
+#[test]
+fn a_gated_pod_waits_for_quota_with_the_controllers_reason() {
+    let mut p = pod("queued", gpus(1));
+    p["spec"]["schedulingGates"] = json!([{"name": "tessera.io/admission"}]);
+    p["status"]["conditions"] = json!([{"type": "tessera.io/Admitted", "status": "False",
+        "reason": "WaitingForQuota", "message": "position 4 in cluster queue team-a: needs 1 nvidia.com/gpu, 16 of 16 in use, cohort full"}]);
+    let d = diagnose(&snapshot(vec![p]), "queued", None);
+    let (cause, summary) = verdict(&d);
+    assert_eq!(cause, Cause::Quota);
+    assert_eq!(
+        summary,
+        "quota: WaitingForQuota: position 4 in cluster queue team-a: needs 1 nvidia.com/gpu, 16 of 16 in use, cohort full"
+    );
+    assert_eq!(d.findings[0].evidence, ["local queue lq"]);
+    // Only the first cause is walked when it explains the pod.
+    assert_eq!(d.findings.len(), 1);
+}
+
+#[test]
+fn whole_gpus_short_in_the_cluster_are_memory_and_scattered_ones_placement() {
+    let s = snapshot(vec![pod("five", gpus(5)), pod("four", gpus(4))]);
+    let (cause, summary) = verdict(&diagnose(&s, "five", None));
+    assert_eq!(cause, Cause::Memory);
+    assert!(
+        summary.contains(
+            "the pod asks 5 nvidia.com/gpu, the cluster has 4 nvidia.com/gpu free \
+             (largest free 2 nvidia.com/gpu on gpu-a)"
+        ),
+        "{summary}"
+    );
+    let d = diagnose(&s, "four", None);
+    let (cause, summary) = verdict(&d);
+    assert_eq!(cause, Cause::Placement);
+    assert!(
+        summary.contains("4 nvidia.com/gpu free in total, but no node has 4 nvidia.com/gpu"),
+        "{summary}"
+    );
+    assert_eq!(d.findings[0].cause, Cause::Quota);
+    assert!(!d.findings[0].explains);
+}
+
+#[test]
+fn nodes_with_room_ruled_out_by_taints_and_selectors_are_placement() {
+    let mut picky = pod("picky", gpus(2));
+    picky["spec"]["nodeSelector"] = json!({"pool": "train"});
+    let s = snapshot(vec![picky, pod("plain", gpus(2))]);
+    let d = diagnose(&s, "picky", None);
+    let (cause, summary) = verdict(&d);
+    assert_eq!(cause, Cause::Placement);
+    assert!(
+        summary.contains("every node with room is ruled out"),
+        "{summary}"
+    );
+    let evidence = &d.verdict().unwrap().evidence;
+    assert!(evidence.contains(&"gpu-a: node selector pool=train does not match".to_string()));
+    assert!(evidence.contains(&"gpu-b: taint gpu=reserved:NoSchedule not tolerated".to_string()));
+
+    // The same pod without the selector fits gpu-a: no cause, said as such.
+    let d = diagnose(&s, "plain", None);
+    assert!(d.verdict().is_none(), "{d:#?}");
+    let last = d.findings.last().unwrap();
+    assert!(
+        last.summary
+            .starts_with("no cause found: gpu-a may take it now"),
+        "{}",
+        last.summary
+    );
+}
+
+#[test]
+fn vgpu_pods_get_the_extenders_reason_or_fragmentation() {
+    let vgpu = |name: &str, mib: &str| {
+        let mut p = pod(
+            name,
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": mib}),
+        );
+        p["spec"]["schedulerName"] = json!("tessera-scheduler");
+        p
+    };
+    let s = snapshot(vec![
+        vgpu("small", "4096"),
+        vgpu("mid", "10240"),
+        vgpu("huge", "40960"),
+    ]);
+    // 8 GiB free on each GPU: 4 GiB fits, and placement finds no obstacle.
+    let d = diagnose(&s, "small", None);
+    assert!(d.verdict().is_none(), "{d:#?}");
+    assert!(d.findings[1]
+        .summary
+        .contains("its vGPUs fit on 2 node(s): v1, v2"));
+    // 10 GiB: 32 GiB free in total, on no single GPU.
+    let (cause, summary) = verdict(&diagnose(&s, "mid", None));
+    assert_eq!(cause, Cause::Placement);
+    assert_eq!(
+        summary,
+        "placement: 4 GPUs have 32768 MiB free in total, but no single GPU has 10240 MiB \
+         (largest free 8192 MiB)"
+    );
+    // 40 GiB: more than is free in total: the extender's own reason.
+    let d = diagnose(&s, "huge", None);
+    let (cause, summary) = verdict(&d);
+    assert_eq!(cause, Cause::Memory);
+    assert!(summary.starts_with("memory: "), "{summary}");
+    assert!(summary.contains("40960 MiB"), "{summary}");
+    assert!(!d.verdict().unwrap().evidence.is_empty());
+}
+
+#[test]
+fn a_running_pod_with_idle_gpus_is_the_app() {
+    let s = snapshot(vec![]);
+    let idle = Usage {
+        utilization_percent: 4.0,
+        window_seconds: 3 * 3600,
+    };
+    let (cause, summary) = verdict(&diagnose(&s, "train-a", Some(&idle)));
+    assert_eq!(cause, Cause::App);
+    assert_eq!(
+        summary,
+        "app: allocated 6 nvidia.com/gpu, used 4 % over the last 3.0 h: the job looks \
+         input-bound or idle"
+    );
+    let busy = Usage {
+        utilization_percent: 71.0,
+        window_seconds: 3600,
+    };
+    assert!(diagnose(&s, "train-a", Some(&busy)).verdict().is_none());
+    // Without a reading: nothing is claimed.
+    let d = diagnose(&s, "train-a", None);
+    assert!(d.verdict().is_none());
+    assert!(d.findings[0].summary.contains("no utilization reading"));
+}
+
+#[test]
+fn a_missing_pod_is_an_error_naming_it() {
+    let e = diagnose_pod(
+        &snapshot(vec![]),
+        "team",
+        "ghost",
+        None,
+        &Settings::default(),
+        AT.parse().unwrap(),
+    )
+    .unwrap_err();
+    assert_eq!(e.to_string(), "pod team/ghost does not exist");
+}
+
+fn tessera(args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args(args)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_binary_reads_snapshots_and_says_by_its_exit_code_whether_a_cause_was_found() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snap");
+    std::fs::create_dir_all(&dir).unwrap();
+    let s = snapshot(vec![pod("five", gpus(5)), pod("plain", gpus(2))]);
+    std::fs::write(dir.join("snapshot.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+    let snap = dir.to_str().unwrap();
+
+    let (code, out, _) = tessera(&["diagnose", "five", "-n", "team", "--snapshot", snap], &[]);
+    assert_eq!(code, 0, "{out}");
+    assert!(out.contains("verdict: memory"), "{out}");
+    let (code, out, _) = tessera(
+        &["diagnose", "plain", "-n", "team", "--snapshot", snap],
+        &[],
+    );
+    assert_eq!(code, 2, "{out}");
+    assert!(out.contains("verdict: no cause found"), "{out}");
+    let (code, out, _) = tessera(
+        &[
+            "diagnose",
+            "--namespace",
+            "team",
+            "--snapshot",
+            snap,
+            "-o",
+            "json",
+        ],
+        &[],
+    );
+    assert_eq!(code, 2, "one of two has no cause: {out}");
+    let all: Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = all
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["pod"].as_str().unwrap())
+        .collect();
+    assert_eq!(names, ["five", "plain"]);
+
+    // Bad input: a missing pod, another snapshot version, nothing to diagnose.
+    let (code, _, err) = tessera(
+        &["diagnose", "ghost", "-n", "team", "--snapshot", snap],
+        &[],
+    );
+    assert_eq!(code, 1);
+    assert!(err.contains("pod team/ghost does not exist"), "{err}");
+    let mut other: Value = serde_json::to_value(&s).unwrap();
+    other["format"] = json!("tessera.io/diagnose-snapshot/v0");
+    std::fs::write(dir.join("snapshot.json"), other.to_string()).unwrap();
+    let (code, _, err) = tessera(&["diagnose", "five", "-n", "team", "--snapshot", snap], &[]);
+    assert_eq!(code, 1);
+    assert!(err.contains("is not the one this tessera reads"), "{err}");
+    let (code, _, err) = tessera(&["diagnose", "--snapshot", snap], &[]);
+    assert_eq!(code, 1);
+    assert!(err.contains("name a pod, or give --namespace"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dump_lists_the_cluster_and_the_snapshot_diagnoses_offline() {
+    let api = support::apiserver::ApiServer::start("gpu-a").await;
+    api.list_across_namespaces();
+    api.put_object("/api/v1/namespaces/team/pods", pod("five", gpus(5)));
+    let tmp = tempfile::tempdir().unwrap();
+    let kubeconfig = support::dra_agent::kubeconfig(tmp.path(), &api.url);
+    let out_dir = tmp.path().join("dump");
+    let kubeconfig = kubeconfig.to_str().unwrap().to_string();
+    let out = out_dir.to_str().unwrap().to_string();
+    let (code, stdout, err) = tokio::task::spawn_blocking(move || {
+        tessera(
+            &["diagnose", "dump", "--out", &out],
+            &[("KUBECONFIG", &kubeconfig)],
+        )
+    })
+    .await
+    .unwrap();
+    assert_eq!(code, 0, "{err}");
+    assert!(stdout.contains("1 pods"), "{stdout}");
+    let snapshot =
+        Snapshot::from_json(&std::fs::read(out_dir.join("snapshot.json")).unwrap()).unwrap();
+    assert_eq!(snapshot.nodes.len(), 1);
+    let d = diagnose(&snapshot, "five", None);
+    // The double's node has no GPUs: 5 asked, none free.
+    assert_eq!(verdict(&d).0, Cause::Memory);
+}
