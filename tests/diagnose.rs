@@ -366,3 +366,73 @@ async fn dump_lists_the_cluster_and_the_snapshot_diagnoses_offline() {
     // The double's node has no GPUs: 5 asked, none free.
     assert_eq!(verdict(&d).0, Cause::Memory);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_app_step_reads_utilization_from_a_real_prometheus() {
+    use support::prometheus::{Exporter, Prometheus};
+    let exporter = Exporter::start().await;
+    // DCGM exporter's gauge for train-a's GPUs: 3 % and 5 % busy; nothing for train-b.
+    exporter.set(
+        "# TYPE DCGM_FI_DEV_GPU_UTIL gauge\n\
+         DCGM_FI_DEV_GPU_UTIL{gpu=\"0\",namespace=\"team\",pod=\"train-a\"} 3\n\
+         DCGM_FI_DEV_GPU_UTIL{gpu=\"1\",namespace=\"team\",pod=\"train-a\"} 5\n",
+    );
+    let Some(mut prom) = Prometheus::start(&exporter).await else {
+        return;
+    };
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snap");
+    std::fs::create_dir_all(&dir).unwrap();
+    // The snapshot is taken "now": the window reaches back into Prometheus's samples.
+    let mut s = snapshot(vec![]);
+    s.taken_at = k8s_openapi::jiff::Timestamp::now().to_string();
+    std::fs::write(dir.join("snapshot.json"), serde_json::to_vec(&s).unwrap()).unwrap();
+    let snap = dir.to_str().unwrap().to_string();
+    let url = prom.url.clone();
+    let run = move |pod: &'static str| {
+        let (snap, url) = (snap.clone(), url.clone());
+        tokio::task::spawn_blocking(move || {
+            tessera(
+                &[
+                    "diagnose",
+                    pod,
+                    "-n",
+                    "team",
+                    "--snapshot",
+                    &snap,
+                    "--prometheus",
+                    &url,
+                    "--window-seconds",
+                    "60",
+                ],
+                &[],
+            )
+        })
+    };
+    // Prometheus scrapes every second: wait for the first samples.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let (code, out, err) = loop {
+        let (code, out, err) = run("train-a").await.unwrap();
+        if code == 0 || std::time::Instant::now() > deadline {
+            break (code, out, err);
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    assert_eq!(code, 0, "{out}{err}");
+    assert!(
+        out.contains("app: allocated 6 nvidia.com/gpu, used 4 % over the last 1 min"),
+        "{out}"
+    );
+    // No series for train-b: said, not read as 0 %.
+    let (code, out, err) = run("train-b").await.unwrap();
+    assert_eq!(code, 2, "{out}");
+    assert!(
+        err.contains("has no GPU utilization for team/train-b"),
+        "{err}"
+    );
+    // Prometheus down: an error naming it, exit 1.
+    prom.stop();
+    let (code, _, err) = run("train-a").await.unwrap();
+    assert_eq!(code, 1);
+    assert!(err.contains(&format!("Prometheus {}", prom.url)), "{err}");
+}

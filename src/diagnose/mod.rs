@@ -280,12 +280,16 @@ fn app(pod: &Pod, phase: &str, usage: Option<&Usage>, settings: &Settings) -> Fi
         f.evidence.push("nothing waits: the pod is placed".into());
         return f;
     };
-    let hours = u.window_seconds as f64 / 3600.0;
+    let window = if u.window_seconds >= 3600 {
+        format!("{:.1} h", u.window_seconds as f64 / 3600.0)
+    } else {
+        format!("{} min", u.window_seconds.div_ceil(60))
+    };
     if u.utilization_percent < settings.idle_below_percent {
         let mut f = Finding::explains(
             Cause::App,
             format!(
-                "app: allocated {held}, used {:.0} % over the last {hours:.1} h: the job \
+                "app: allocated {held}, used {:.0} % over the last {window}: the job \
                  looks input-bound or idle",
                 u.utilization_percent
             ),
@@ -301,7 +305,7 @@ fn app(pod: &Pod, phase: &str, usage: Option<&Usage>, settings: &Settings) -> Fi
             Cause::App,
             format!(
                 "the pod is {phase}, holds {held} and uses them ({:.0} % over the last \
-                 {hours:.1} h)",
+                 {window})",
                 u.utilization_percent
             ),
         )
