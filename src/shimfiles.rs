@@ -467,6 +467,14 @@ pub const ALLOCATION_ANNOTATION: &str = "tessera.io/vgpu-allocation";
 /// entry's `AllocResp` (base64 of the `ContainerAllocateResponse` the agent answered)
 /// carries [`ALLOCATION_ANNOTATION`].
 pub fn referenced_allocations(checkpoint: &[u8]) -> Result<BTreeSet<String>, String> {
+    Ok(allocation_owners(checkpoint)?.into_keys().collect())
+}
+
+/// The pod UID each allocation directory named in the kubelet's device checkpoint
+/// belongs to (from the same entries as [`referenced_allocations`]).
+pub fn allocation_owners(
+    checkpoint: &[u8],
+) -> Result<std::collections::BTreeMap<String, String>, String> {
     use base64::Engine as _;
     use prost::Message as _;
     #[derive(serde::Deserialize)]
@@ -483,9 +491,11 @@ pub fn referenced_allocations(checkpoint: &[u8]) -> Result<BTreeSet<String>, Str
     struct Entry {
         #[serde(rename = "AllocResp", default)]
         alloc_resp: Option<String>,
+        #[serde(rename = "PodUID", default)]
+        pod_uid: String,
     }
     let cp: Checkpoint = serde_json::from_slice(checkpoint).map_err(|e| e.to_string())?;
-    let mut out = BTreeSet::new();
+    let mut out = std::collections::BTreeMap::new();
     for e in cp.data.entries.unwrap_or_default() {
         let Some(b64) = e.alloc_resp else { continue };
         let bytes = base64::engine::general_purpose::STANDARD
@@ -494,7 +504,7 @@ pub fn referenced_allocations(checkpoint: &[u8]) -> Result<BTreeSet<String>, Str
         let resp = crate::proto::deviceplugin::ContainerAllocateResponse::decode(bytes.as_slice())
             .map_err(|e| format!("AllocResp is not a ContainerAllocateResponse: {e}"))?;
         if let Some(id) = resp.annotations.get(ALLOCATION_ANNOTATION) {
-            out.insert(id.clone());
+            out.insert(id.clone(), e.pod_uid.clone());
         }
     }
     Ok(out)

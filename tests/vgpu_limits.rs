@@ -52,6 +52,7 @@ fn agent_on(
         client: api.client(),
         node_name: NODE.into(),
         pod_resources_socket: kubelet.pod_resources_socket(),
+        kubelet_checkpoint: kubelet.dir.join("kubelet_internal_checkpoint"),
         poll: Duration::from_millis(20),
     });
     builder.recorder = Some(Arc::new(KubeEventRecorder::new(api.client(), NODE.into())));
@@ -550,6 +551,64 @@ async fn fifty_pods_bound_at_once_to_one_node_each_get_their_own_limits() {
             assert!(limits.contains(&want), "{id}: {want:?} not in {limits}");
         }
     }
+    stop.cancel();
+    agent.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pod_created_again_under_the_same_name_is_not_taken_for_the_old_one() {
+    let api = ApiServer::start(NODE).await;
+    api.list_across_namespaces();
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let agent = agent(&api, &kubelet, tmp.path());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let addr = extender(&api, &stop).await;
+    let infer = pod(
+        "infer",
+        json!([container(
+            "main",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "4096"})
+        )]),
+    );
+    api.put_object(PODS, infer.clone());
+    schedule(addr, &api, &infer).await;
+    // The kubelet allocates to the pod while the agent cannot read it; meanwhile the pod
+    // is deleted and created again (new UID) with the same name and an assignment.
+    api.fail_requests(&["GET"], PODS);
+    kubelet.devices("nvidia.com/gpu").await;
+    let answers = kubelet
+        .admit(
+            "team",
+            "infer",
+            "uid-infer",
+            &[("main", "nvidia.com/gpu", 1)],
+        )
+        .await
+        .unwrap();
+    let id = alloc_id(&answers[0]);
+    let mut again = api
+        .objects(PODS)
+        .into_iter()
+        .find(|p| p["metadata"]["name"] == "infer")
+        .unwrap();
+    again["metadata"]["uid"] = json!("uid-infer-2");
+    api.put_object(PODS, again);
+    api.stop_failing();
+    let deadline = Instant::now() + WAIT;
+    let note = loop {
+        let events = api.objects("/apis/events.k8s.io/v1/namespaces/team/events");
+        if let Some(e) = events.into_iter().next() {
+            break e["note"].as_str().unwrap().to_string();
+        }
+        assert!(Instant::now() < deadline, "no Event");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    assert!(
+        note.contains("pod UID uid-infer, but the pod of that name is now UID uid-infer-2"),
+        "{note}"
+    );
+    assert!(!spec_path(&agent, &id).exists());
     stop.cancel();
     agent.shutdown().await;
 }

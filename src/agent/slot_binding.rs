@@ -53,6 +53,12 @@ pub struct BindingSettings {
     pub client: kube::Client,
     pub node_name: String,
     pub pod_resources_socket: PathBuf,
+    /// The kubelet's device checkpoint (`<kubelet-dir>/device-plugins/
+    /// kubelet_internal_checkpoint`): PodResources names pods by namespace and name only,
+    /// the checkpoint records the UID an allocation went to, so a pod deleted and created
+    /// again under the same name is not taken for the one the kubelet allocated to. When
+    /// the file is missing or unreadable the check is skipped.
+    pub kubelet_checkpoint: PathBuf,
     pub poll: Duration,
 }
 
@@ -307,6 +313,13 @@ impl Binder {
             .as_ref()
             .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
             .map(String::as_str);
+        if let Some(allocated) = self.allocated_uid(id).await {
+            let current = pod.metadata.uid.clone().unwrap_or_default();
+            if allocated != current {
+                let e = crate::vgpu::slots::BindError::OtherPod { allocated, current };
+                return self.refuse(id, holder, &pod, e.to_string()).await;
+            }
+        }
         let gpus = self.gpus.borrow().clone();
         // The container's own request bounds what the annotation may give it.
         let request = pod_request(&pod, &RequestConfig::default())
@@ -334,6 +347,19 @@ impl Binder {
             }
             Err(reason) => self.refuse(id, holder, &pod, reason).await,
         }
+    }
+
+    /// The UID of the pod the kubelet's checkpoint says allocation `id` went to.
+    async fn allocated_uid(&self, id: &str) -> Option<String> {
+        let path = self.binding.kubelet_checkpoint.clone();
+        let bytes = tokio::task::spawn_blocking(move || std::fs::read(path))
+            .await
+            .ok()?
+            .ok()?;
+        shimfiles::allocation_owners(&bytes)
+            .ok()?
+            .remove(id)
+            .filter(|uid| !uid.is_empty())
     }
 
     async fn refuse(&mut self, id: &str, holder: &Holder, pod: &Pod, reason: String) {

@@ -371,6 +371,9 @@ async fn run_async(args: Args) -> Result<()> {
                 .pod_resources_socket
                 .clone()
                 .unwrap_or_else(|| args.kubelet_dir.join("pod-resources/kubelet.sock")),
+            kubelet_checkpoint: args
+                .kubelet_dir
+                .join("device-plugins/kubelet_internal_checkpoint"),
             poll: slot_binding::DEFAULT_POLL,
         });
     spawn_vgpu_dir_reconcile(&args, &opts.allocate, &cancel);

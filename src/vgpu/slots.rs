@@ -89,6 +89,11 @@ pub enum BindError {
     Memory { uuid: String, want: u64, have: u64 },
     #[error("the assignment gives {cores} % of the SMs of GPU {uuid} (0-100)")]
     Cores { uuid: String, cores: u32 },
+    #[error(
+        "the kubelet allocated these slots to pod UID {allocated}, but the pod of that name \
+         is now UID {current} (deleted and created again)"
+    )]
+    OtherPod { allocated: String, current: String },
     #[error("container {container:?} asks for no vGPU in its resources")]
     NoRequest { container: String },
     #[error("the assignment gives {granted} on GPU {uuid}, but the container asks for {asked}")]
