@@ -77,6 +77,71 @@ async fn extender(
     addr
 }
 
+/// The emulated cluster: the API-server double, the kubelet emulator, and (when asked)
+/// the extender serving on `addr`; the extender stops when this is dropped.
+struct Cluster {
+    api: ApiServer,
+    kubelet: Kubelet,
+    tmp: tempfile::TempDir,
+    stop: tokio_util::sync::CancellationToken,
+    addr: std::net::SocketAddr,
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+async fn cluster(with_extender: bool) -> Cluster {
+    let api = ApiServer::start(NODE).await;
+    api.list_across_namespaces();
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let addr = if with_extender {
+        extender(&api, &stop).await
+    } else {
+        "127.0.0.1:9".parse().unwrap()
+    };
+    Cluster {
+        api,
+        kubelet,
+        tmp,
+        stop,
+        addr,
+    }
+}
+
+/// The kubelet admits `name`'s container `main` (one slot); returns the allocation ID.
+async fn admit_main(kubelet: &Kubelet, name: &str) -> String {
+    kubelet.devices("nvidia.com/gpu").await;
+    let answers = kubelet
+        .admit(
+            "team",
+            name,
+            &format!("uid-{name}"),
+            &[("main", "nvidia.com/gpu", 1)],
+        )
+        .await
+        .unwrap();
+    alloc_id(&answers[0])
+}
+
+/// The note of the first Event about pod `name`, once there is one.
+async fn event_note(api: &ApiServer, name: &str) -> (Value, String) {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let events = api.objects("/apis/events.k8s.io/v1/namespaces/team/events");
+        if let Some(e) = events.into_iter().find(|e| e["regarding"]["name"] == name) {
+            let note = e["note"].as_str().unwrap().to_string();
+            return (e, note);
+        }
+        assert!(Instant::now() < deadline, "no Event on pod {name}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn post(addr: std::net::SocketAddr, path: &str, body: &Value) -> Value {
     let (code, answer) = support::http::call(addr, "POST", path, &body.to_string()).await;
     assert_eq!(code, 200, "{answer}");
@@ -164,10 +229,8 @@ async fn bound(agent: &RunningAgent, id: &str) -> (Value, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_container_runs_under_its_own_assignment_whatever_the_allocation_order() {
-    let api = ApiServer::start(NODE).await;
-    api.list_across_namespaces();
-    let tmp = tempfile::tempdir().unwrap();
-    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let c = cluster(true).await;
+    let (api, kubelet, tmp, addr) = (&c.api, &c.kubelet, &c.tmp, c.addr);
     let agent = agent(&api, &kubelet, tmp.path());
     let minors: Vec<(String, u32)> = agent
         .backend
@@ -177,8 +240,6 @@ async fn each_container_runs_under_its_own_assignment_whatever_the_allocation_or
         .iter()
         .map(|g| (g.uuid.clone(), g.minor))
         .collect();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let addr = extender(&api, &stop).await;
 
     // The pod, plus a second container asking for a share by percentage.
     let infer = pod(
@@ -256,16 +317,13 @@ async fn each_container_runs_under_its_own_assignment_whatever_the_allocation_or
             "{limits}"
         );
     }
-    stop.cancel();
     agent.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_without_an_assignment_or_with_a_forged_one_never_gets_a_gpu_and_is_told_why() {
-    let api = ApiServer::start(NODE).await;
-    api.list_across_namespaces();
-    let tmp = tempfile::tempdir().unwrap();
-    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let c = cluster(false).await;
+    let (api, kubelet, tmp) = (&c.api, &c.kubelet, &c.tmp);
     let agent = agent(&api, &kubelet, tmp.path());
 
     // Placed by the default scheduler (no extender, no assignment).
@@ -274,30 +332,10 @@ async fn a_pod_without_an_assignment_or_with_a_forged_one_never_gets_a_gpu_and_i
         json!([container("main", json!({"nvidia.com/gpu": "1"}))]),
     );
     api.put_object(PODS, plain);
-    kubelet.devices("nvidia.com/gpu").await;
-    let answers = kubelet
-        .admit(
-            "team",
-            "plain",
-            "uid-plain",
-            &[("main", "nvidia.com/gpu", 1)],
-        )
-        .await
-        .unwrap();
-    let id = alloc_id(&answers[0]);
-    let deadline = Instant::now() + WAIT;
-    let event = loop {
-        let events = api.objects("/apis/events.k8s.io/v1/namespaces/team/events");
-        if let Some(e) = events.into_iter().next() {
-            break e;
-        }
-        assert!(Instant::now() < deadline, "no Event on the pod");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let id = admit_main(kubelet, "plain").await;
+    let (event, note) = event_note(api, "plain").await;
     assert_eq!(event["reason"], "VgpuBindingRefused");
     assert_eq!(event["regarding"]["kind"], "Pod");
-    assert_eq!(event["regarding"]["name"], "plain");
-    let note = event["note"].as_str().unwrap();
     assert!(
         note.contains("container \"main\"") && note.contains(ASSIGNMENT_ANNOTATION),
         "{note}"
@@ -334,28 +372,8 @@ async fn a_pod_without_an_assignment_or_with_a_forged_one_never_gets_a_gpu_and_i
         "containers": [{"name": "main", "devices": [{"uuid": gpu, "memoryMiB": 81920, "cores": 0}]}]})
         .to_string()});
     api.put_object(PODS, forged);
-    let answers = kubelet
-        .admit(
-            "team",
-            "forged",
-            "uid-forged",
-            &[("main", "nvidia.com/gpu", 1)],
-        )
-        .await
-        .unwrap();
-    let forged_id = alloc_id(&answers[0]);
-    let deadline = Instant::now() + WAIT;
-    let note = loop {
-        let events = api.objects("/apis/events.k8s.io/v1/namespaces/team/events");
-        if let Some(e) = events
-            .into_iter()
-            .find(|e| e["regarding"]["name"] == "forged")
-        {
-            break e["note"].as_str().unwrap().to_string();
-        }
-        assert!(Instant::now() < deadline, "no Event on the forged pod");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let forged_id = admit_main(kubelet, "forged").await;
+    let (_, note) = event_note(api, "forged").await;
     assert!(
         note.contains("gives 81920 MiB") && note.contains("asks for 10240 MiB"),
         "{note}"
@@ -367,13 +385,9 @@ async fn a_pod_without_an_assignment_or_with_a_forged_one_never_gets_a_gpu_and_i
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allocation_pending_across_an_agent_restart_is_bound_after_it() {
-    let api = ApiServer::start(NODE).await;
-    api.list_across_namespaces();
-    let tmp = tempfile::tempdir().unwrap();
-    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let c = cluster(true).await;
+    let (api, kubelet, tmp, addr) = (&c.api, &c.kubelet, &c.tmp, c.addr);
     let first = agent(&api, &kubelet, tmp.path());
-    let stop = tokio_util::sync::CancellationToken::new();
-    let addr = extender(&api, &stop).await;
     let infer = pod(
         "infer",
         json!([container(
@@ -387,17 +401,7 @@ async fn an_allocation_pending_across_an_agent_restart_is_bound_after_it() {
 
     // The pod cannot be read while the kubelet allocates; the agent then stops.
     api.fail_requests(&["GET"], PODS);
-    kubelet.devices("nvidia.com/gpu").await;
-    let answers = kubelet
-        .admit(
-            "team",
-            "infer",
-            "uid-infer",
-            &[("main", "nvidia.com/gpu", 1)],
-        )
-        .await
-        .unwrap();
-    let id = alloc_id(&answers[0]);
+    let id = admit_main(kubelet, "infer").await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(!spec_path(&first, &id).exists());
     first.shutdown().await;
@@ -410,21 +414,16 @@ async fn an_allocation_pending_across_an_agent_restart_is_bound_after_it() {
         limits.contains("CUDA_DEVICE_MEMORY_LIMIT_0=4096m\nCUDA_DEVICE_SM_LIMIT_0=20\n"),
         "{limits}"
     );
-    stop.cancel();
     second.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn fifty_pods_bound_at_once_to_one_node_each_get_their_own_limits() {
-    let api = ApiServer::start(NODE).await;
-    api.list_across_namespaces();
-    let tmp = tempfile::tempdir().unwrap();
-    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let c = cluster(true).await;
+    let (api, kubelet, tmp, addr) = (&c.api, &c.kubelet, &c.tmp, c.addr);
     let split10 = "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 10 } } ] }";
     let agent = agent_on(&api, &kubelet, tmp.path(), "8xA100-80GB", split10);
     let gpus = agent.backend.inventory().unwrap().gpus;
-    let stop = tokio_util::sync::CancellationToken::new();
-    let addr = extender(&api, &stop).await;
 
     // 50 pods of mixed sizes, some with two vGPUs or two containers, in the shapes of
     // HAMi's examples (a share, a percentage, memory alone, an exclusive GPU).
@@ -551,19 +550,14 @@ async fn fifty_pods_bound_at_once_to_one_node_each_get_their_own_limits() {
             assert!(limits.contains(&want), "{id}: {want:?} not in {limits}");
         }
     }
-    stop.cancel();
     agent.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pod_created_again_under_the_same_name_is_not_taken_for_the_old_one() {
-    let api = ApiServer::start(NODE).await;
-    api.list_across_namespaces();
-    let tmp = tempfile::tempdir().unwrap();
-    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let c = cluster(true).await;
+    let (api, kubelet, tmp, addr) = (&c.api, &c.kubelet, &c.tmp, c.addr);
     let agent = agent(&api, &kubelet, tmp.path());
-    let stop = tokio_util::sync::CancellationToken::new();
-    let addr = extender(&api, &stop).await;
     let infer = pod(
         "infer",
         json!([container(
@@ -576,17 +570,7 @@ async fn a_pod_created_again_under_the_same_name_is_not_taken_for_the_old_one() 
     // The kubelet allocates to the pod while the agent cannot read it; meanwhile the pod
     // is deleted and created again (new UID) with the same name and an assignment.
     api.fail_requests(&["GET"], PODS);
-    kubelet.devices("nvidia.com/gpu").await;
-    let answers = kubelet
-        .admit(
-            "team",
-            "infer",
-            "uid-infer",
-            &[("main", "nvidia.com/gpu", 1)],
-        )
-        .await
-        .unwrap();
-    let id = alloc_id(&answers[0]);
+    let id = admit_main(kubelet, "infer").await;
     let mut again = api
         .objects(PODS)
         .into_iter()
@@ -595,20 +579,11 @@ async fn a_pod_created_again_under_the_same_name_is_not_taken_for_the_old_one() 
     again["metadata"]["uid"] = json!("uid-infer-2");
     api.put_object(PODS, again);
     api.stop_failing();
-    let deadline = Instant::now() + WAIT;
-    let note = loop {
-        let events = api.objects("/apis/events.k8s.io/v1/namespaces/team/events");
-        if let Some(e) = events.into_iter().next() {
-            break e["note"].as_str().unwrap().to_string();
-        }
-        assert!(Instant::now() < deadline, "no Event");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    };
+    let (_, note) = event_note(api, "infer").await;
     assert!(
         note.contains("pod UID uid-infer, but the pod of that name is now UID uid-infer-2"),
         "{note}"
     );
     assert!(!spec_path(&agent, &id).exists());
-    stop.cancel();
     agent.shutdown().await;
 }

@@ -24,15 +24,14 @@ const VGPU_SCHEDULER: &str = "tessera-scheduler";
 /// The findings of steps 2 and 3.
 pub(super) fn capacity_and_placement(
     snapshot: &Snapshot,
-    raw: &Value,
     pod: &Pod,
     settings: &Settings,
     now: Timestamp,
 ) -> Vec<Finding> {
     if is_vgpu_pod(pod) {
-        vgpu(snapshot, raw, pod, settings, now)
+        vgpu(snapshot, pod, settings, now)
     } else {
-        devices(snapshot, raw, pod)
+        devices(snapshot, pod)
     }
 }
 
@@ -161,7 +160,7 @@ fn show(resource: &str, milli: i64) -> String {
 
 /// Whole devices (and cpu/memory): free per node from allocatable minus the requests of
 /// the pods bound there.
-fn devices(snapshot: &Snapshot, raw: &Value, pod: &Pod) -> Vec<Finding> {
+fn devices(snapshot: &Snapshot, pod: &Pod) -> Vec<Finding> {
     let asks = requests(pod);
     if asks.is_empty() {
         return vec![Finding::ruled_out(
@@ -208,7 +207,7 @@ fn devices(snapshot: &Snapshot, raw: &Value, pod: &Pod) -> Vec<Finding> {
         ),
     );
     memory.evidence.extend(note);
-    vec![memory, placement(&fitting, raw, pod)]
+    vec![memory, placement(&fitting, pod)]
 }
 
 /// A request larger than any (non-split) node's allocatable: never placeable.
@@ -293,7 +292,7 @@ fn no_room(asks: &BTreeMap<String, i64>, free: &[(&Value, BTreeMap<String, i64>)
 }
 
 /// Step 3 over the nodes that have room.
-fn placement(fitting: &[&Value], _raw: &Value, pod: &Pod) -> Finding {
+fn placement(fitting: &[&Value], pod: &Pod) -> Finding {
     let excluded: Vec<String> = fitting.iter().filter_map(|n| ruled_out(n, pod)).collect();
     if excluded.len() == fitting.len() {
         let mut f = Finding::explains(
@@ -339,13 +338,7 @@ fn names(nodes: &[&Value]) -> String {
 }
 
 /// vGPU pods: the scheduler extender's own books and fitting over the snapshot.
-fn vgpu(
-    snapshot: &Snapshot,
-    raw: &Value,
-    pod: &Pod,
-    settings: &Settings,
-    now: Timestamp,
-) -> Vec<Finding> {
+fn vgpu(snapshot: &Snapshot, pod: &Pod, settings: &Settings, now: Timestamp) -> Vec<Finding> {
     let books = Books::new(BooksConfig {
         heartbeat_window: settings.heartbeat_window,
         ..BooksConfig::default()
@@ -395,7 +388,7 @@ fn vgpu(
             names(&fitting)
         ),
     );
-    vec![memory, placement(&fitting, raw, pod)]
+    vec![memory, placement(&fitting, pod)]
 }
 
 fn vgpu_no_room(

@@ -186,7 +186,7 @@ pub fn diagnose_pod(
         findings.push(quota(&pod));
         if !findings[0].explains {
             findings.extend(devices::capacity_and_placement(
-                snapshot, raw, &pod, settings, now,
+                snapshot, &pod, settings, now,
             ));
         }
     }
