@@ -265,7 +265,7 @@ mod tests {
             ),
             (
                 Knobs {
-                    warmup_hours: 100.0,
+                    warmup_hours: 200.0,
                     ..Default::default()
                 },
                 "--warmup-hours",

@@ -121,8 +121,9 @@ fn nice_step(span: f64) -> f64 {
 mod tests {
     #[test]
     fn nice_steps() {
-        assert_eq!(super::nice_step(48.0), 10.0);
-        assert_eq!(super::nice_step(100.0), 20.0);
+        assert_eq!(super::nice_step(48.0), 5.0);
+        assert_eq!(super::nice_step(168.0), 20.0);
+        assert_eq!(super::nice_step(100.0), 10.0);
         assert_eq!(super::nice_step(7.0), 1.0);
     }
 }

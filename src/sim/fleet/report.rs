@@ -63,6 +63,10 @@ pub fn table(c: &Comparison) -> String {
             }),
         ),
         (
+            "  waits (demand units short of a replica)",
+            Box::new(|f| f.inference.waits.to_string()),
+        ),
+        (
             "  p99 while within quota (s)",
             Box::new(|f| format!("{:.0}", f.inference.ready_p99_within_quota_s)),
         ),
