@@ -57,8 +57,9 @@ pub fn table(c: &Comparison) -> String {
             "inference demand-to-ready p50/p99 (s)",
             Box::new(|f| {
                 format!(
-                    "{:.0} / {:.0}",
-                    f.inference.ready_p50_s, f.inference.ready_p99_s
+                    "{} / {}",
+                    secs(f.inference.ready_p50_s),
+                    secs(f.inference.ready_p99_s)
                 )
             }),
         ),
@@ -68,7 +69,7 @@ pub fn table(c: &Comparison) -> String {
         ),
         (
             "  p99 while within quota (s)",
-            Box::new(|f| format!("{:.0}", f.inference.ready_p99_within_quota_s)),
+            Box::new(|f| secs(f.inference.ready_p99_within_quota_s)),
         ),
         (
             "  under-provisioned (% of time)",
@@ -141,6 +142,11 @@ pub fn table(c: &Comparison) -> String {
         out.push('\n');
     }
     out
+}
+
+/// Whole seconds, or `–` when nothing waited.
+fn secs(v: Option<f64>) -> String {
+    v.map_or("–".into(), |s| format!("{s:.0}"))
 }
 
 /// The comparison as JSON (the series included).

@@ -136,10 +136,11 @@ pub struct SeriesPoint {
 pub struct InferenceStats {
     /// Demand units (one instance of the trace) that waited for a ready replica.
     pub waits: usize,
-    pub ready_p50_s: f64,
-    pub ready_p99_s: f64,
+    /// `None` when no unit waited.
+    pub ready_p50_s: Option<f64>,
+    pub ready_p99_s: Option<f64>,
     /// Only the units whose wait began while inference was within its nominal quota.
-    pub ready_p99_within_quota_s: f64,
+    pub ready_p99_within_quota_s: Option<f64>,
     /// Units still waiting at the end.
     pub unresolved: usize,
     /// Share of service-time with fewer replicas serving than demand.
@@ -700,6 +701,11 @@ fn job_workload(kind: FleetKind, i: usize, j: &Job) -> WorkloadInfo {
     w
 }
 
+/// The `p` quantile of sorted values, `None` when there are none.
+fn quantile(sorted: &[f64], p: f64) -> Option<f64> {
+    (!sorted.is_empty()).then(|| pct(sorted, p))
+}
+
 fn pct(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return 0.0;
@@ -913,9 +919,9 @@ pub fn run_fleet(
         admitted_unplaced_pct: 100.0 * unplaced_sum / n,
         inference: InferenceStats {
             waits: waits.len(),
-            ready_p50_s: pct(&waits, 0.5),
-            ready_p99_s: pct(&waits, 0.99),
-            ready_p99_within_quota_s: pct(&within, 0.99),
+            ready_p50_s: quantile(&waits, 0.5),
+            ready_p99_s: quantile(&waits, 0.99),
+            ready_p99_within_quota_s: quantile(&within, 0.99),
             unresolved,
             under_provisioned_pct: 100.0 * sim.under_ms as f64
                 / (measured * services.len().max(1) as f64),
