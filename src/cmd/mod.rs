@@ -6,3 +6,4 @@ pub mod layout;
 pub mod node;
 pub mod plan;
 pub mod simulate;
+pub mod simulate_fleet;

@@ -37,6 +37,10 @@ pub struct Args {
 enum Command {
     /// The FGD paper's protocol on a node list and pod list of the Alibaba GPU trace.
     Fgd(FgdArgs),
+    /// Training and inference over days on one fleet: dedicated pools vs shared with
+    /// Kueue + KEDA vs Tessera, on the DLRM inference and Alibaba GPU traces
+    /// (docs/fleet-simulation.md).
+    Fleet(super::simulate_fleet::FleetArgs),
 }
 
 #[derive(clap::Args, Debug)]
@@ -81,6 +85,7 @@ struct RunFlags {
 
 pub fn run(args: Args) -> Result<()> {
     match args.command.map(|c| *c) {
+        Some(Command::Fleet(a)) => super::simulate_fleet::run(a),
         Some(Command::Fgd(a)) => {
             let nodes = trace::read_node_list(&a.node_list)?;
             let pods = trace::read_pod_list(&a.pod_list)?;

@@ -358,6 +358,63 @@ impl Cluster {
         Ok(())
     }
 
+    /// Undoes [`Cluster::apply`]: gives back what `d` took at `p` (a pod that ended or
+    /// was evicted). Fails, changing nothing, when `p` does not hold `d`.
+    pub fn release(&mut self, d: &Demand, p: &Placement) -> Result<()> {
+        let reject = |reason: String| Error::InvalidRequest {
+            field: "placement",
+            reason,
+        };
+        let spec = self
+            .specs
+            .get(p.node)
+            .ok_or_else(|| reject(format!("node {} does not exist", p.node)))?;
+        let node = &self.nodes[p.node];
+        let cap = MILLI;
+        let holds = p.gpus.len() == usize::from(d.gpu_count)
+            && p.gpus.iter().all(|&g| {
+                node.gpus
+                    .get(usize::from(g))
+                    .is_some_and(|free| free.milli + d.gpu_milli <= cap)
+            })
+            && node
+                .cpu_left
+                .checked_add(d.cpu_milli)
+                .is_some_and(|c| c <= spec.cpu_milli)
+            && node
+                .mem_left
+                .checked_add(d.memory_mib)
+                .is_some_and(|m| m <= spec.memory_mib);
+        if !holds {
+            return Err(reject(format!(
+                "node {} does not hold this demand",
+                spec.name
+            )));
+        }
+        let node = &mut self.nodes[p.node];
+        node.cpu_left += d.cpu_milli;
+        node.mem_left += d.memory_mib;
+        for &g in &p.gpus {
+            let free = &mut node.gpus[usize::from(g)];
+            free.milli += d.gpu_milli;
+            if free.memory_mib != u32::MAX {
+                free.memory_mib += d.gpu_memory_mib;
+            }
+        }
+        if d.gpu_count > 0 {
+            let tag = affinity_tag(d);
+            if let Some(i) = node.tags.iter().position(|(t, _)| *t == tag) {
+                node.tags[i].1 -= 1;
+                if node.tags[i].1 == 0 {
+                    node.tags.swap_remove(i);
+                }
+            }
+        }
+        self.allocated_gpu_milli -= d.total_milli();
+        self.reclass(p.node);
+        Ok(())
+    }
+
     fn reclass(&mut self, i: usize) {
         let n = &self.nodes[i];
         let mut gpus = n.gpus.clone();
@@ -529,6 +586,34 @@ mod tests {
             let got = [c.fits(0, &d), c.fits(1, &d), c.fits(2, &d)];
             assert_eq!(got, want, "{r:?}");
         }
+    }
+
+    #[test]
+    fn release_undoes_apply_and_refuses_what_is_not_held() {
+        let mut c = two_nodes();
+        let before = (
+            c.node(0).clone().gpus,
+            c.class_id(0),
+            c.allocated_gpu_milli(),
+        );
+        let d = c.demand(&Request::shared(1000, 10, 300)).unwrap();
+        let p = Placement {
+            node: 0,
+            gpus: vec![1],
+        };
+        assert!(c.release(&d, &p).is_err(), "nothing placed yet");
+        c.apply(&d, &p).unwrap();
+        assert_eq!(c.allocated_gpu_milli(), before.2 + 300);
+        c.release(&d, &p).unwrap();
+        assert_eq!(
+            (
+                c.node(0).clone().gpus,
+                c.class_id(0),
+                c.allocated_gpu_milli()
+            ),
+            before
+        );
+        assert!(c.node(0).tags.is_empty());
     }
 
     #[test]

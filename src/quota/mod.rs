@@ -41,3 +41,4 @@ pub use events::{Event, EventType, FinalState};
 pub use model::WorkloadInfo;
 pub use quantity::{Quantity, Time};
 pub use restore::Restored;
+pub use scale_replay::Replicas;

@@ -129,9 +129,10 @@ impl SeriesDoc {
 }
 
 /// The replicas of the scenario's Deployments and StatefulSets, as workloads
-/// `name-0`, `name-1`, … in the quota engine.
+/// `name-0`, `name-1`, … in the quota engine. `tessera plan` and the fleet simulation
+/// (`crate::sim::fleet`) apply a scaler's decisions through it.
 #[derive(Default)]
-pub(super) struct Replicas {
+pub struct Replicas {
     /// `namespace/name` → (kind, one replica's workload, replicas now).
     targets: HashMap<String, (&'static str, WorkloadInfo, u32)>,
 }
@@ -139,7 +140,7 @@ pub(super) struct Replicas {
 impl Replicas {
     /// Sets `base`'s replicas to `want` at `at`: new ordinals submitted, the highest
     /// finished (as re-applying the object with fewer replicas does).
-    pub(super) fn set(
+    pub fn set(
         &mut self,
         engine: &mut Engine,
         at: Time,

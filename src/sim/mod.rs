@@ -7,9 +7,13 @@
 //!         └─► runner::summarize ──► report (table / JSON) + plot (SVG), beside
 //!             reference::PaperResults (the authors' published numbers)
 //! ```
+//!
+//! [`fleet`]: training and inference sharing one fleet over time vs dedicated pools
+//! (`tessera simulate fleet`).
 
 pub mod bound;
 mod error;
+pub mod fleet;
 pub mod plot;
 pub mod protocol;
 pub mod reference;

@@ -24,13 +24,13 @@ fn color(k: PolicyKind) -> &'static str {
     }
 }
 
-struct Panel {
-    x0: f64,
-    y0: f64,
-    w: f64,
-    h: f64,
-    xr: (f64, f64),
-    yr: (f64, f64),
+pub(crate) struct Panel {
+    pub(crate) x0: f64,
+    pub(crate) y0: f64,
+    pub(crate) w: f64,
+    pub(crate) h: f64,
+    pub(crate) xr: (f64, f64),
+    pub(crate) yr: (f64, f64),
 }
 
 impl Panel {
@@ -159,7 +159,7 @@ pub fn svg(title: &str, summaries: &[PolicySummary], paper: Option<&PaperResults
     s
 }
 
-fn axes(s: &mut String, p: &Panel, xstep: f64, ystep: f64) {
+pub(crate) fn axes(s: &mut String, p: &Panel, xstep: f64, ystep: f64) {
     let _ = writeln!(
         s,
         r##"<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#333"/>"##,
@@ -200,7 +200,14 @@ fn axes(s: &mut String, p: &Panel, xstep: f64, ystep: f64) {
     }
 }
 
-fn line(s: &mut String, p: &Panel, pts: &[(f64, f64)], color: &str, dash: &str, width: f64) {
+pub(crate) fn line(
+    s: &mut String,
+    p: &Panel,
+    pts: &[(f64, f64)],
+    color: &str,
+    dash: &str,
+    width: f64,
+) {
     let inside: Vec<String> = pts
         .iter()
         .filter(|(x, _)| *x >= p.xr.0 && *x <= p.xr.1)
@@ -221,7 +228,7 @@ fn line(s: &mut String, p: &Panel, pts: &[(f64, f64)], color: &str, dash: &str, 
     );
 }
 
-fn escape(t: &str) -> String {
+pub(crate) fn escape(t: &str) -> String {
     t.replace('&', "&amp;")
         .replace('<', "&lt;")
         .replace('>', "&gt;")

@@ -34,14 +34,14 @@ fn read(path: &Path) -> Result<String> {
 }
 
 /// A header-indexed CSV table over borrowed text.
-struct Table<'a> {
+pub(crate) struct Table<'a> {
     file: &'a str,
     header: Vec<&'a str>,
-    rows: Vec<(usize, Vec<&'a str>)>,
+    pub(crate) rows: Vec<(usize, Vec<&'a str>)>,
 }
 
 impl<'a> Table<'a> {
-    fn parse(text: &'a str, file: &'a str) -> Result<Self> {
+    pub(crate) fn parse(text: &'a str, file: &'a str) -> Result<Self> {
         let mut lines = text
             .lines()
             .enumerate()
@@ -76,7 +76,7 @@ impl<'a> Table<'a> {
         Ok(Self { file, header, rows })
     }
 
-    fn column(&self, name: &str) -> Result<usize> {
+    pub(crate) fn column(&self, name: &str) -> Result<usize> {
         self.header
             .iter()
             .position(|h| *h == name)
@@ -87,7 +87,7 @@ impl<'a> Table<'a> {
             })
     }
 
-    fn bad(&self, line: usize, reason: String) -> Error {
+    pub(crate) fn bad(&self, line: usize, reason: String) -> Error {
         Error::Malformed {
             file: self.file.into(),
             line,
@@ -95,7 +95,12 @@ impl<'a> Table<'a> {
         }
     }
 
-    fn num<T: std::str::FromStr>(&self, line: usize, row: &[&str], col: usize) -> Result<T> {
+    pub(crate) fn num<T: std::str::FromStr>(
+        &self,
+        line: usize,
+        row: &[&str],
+        col: usize,
+    ) -> Result<T> {
         let raw = row[col];
         raw.parse().map_err(|_| {
             self.bad(
@@ -107,7 +112,7 @@ impl<'a> Table<'a> {
 }
 
 /// `nan`/empty mean "not set" in these traces.
-fn unset(s: &str) -> bool {
+pub(crate) fn unset(s: &str) -> bool {
     s.is_empty() || s.eq_ignore_ascii_case("nan")
 }
 

@@ -1,0 +1,200 @@
+//! `tessera simulate fleet`: the three-fleet comparison (dedicated pools, shared with
+//! Kueue + KEDA, Tessera) on the bundled DLRM inference and Alibaba GPU traces.
+
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::time::Instant;
+
+use anyhow::{bail, Context, Result};
+
+use tessera::sim::fleet::{self, demand, FleetKind, Inputs, Knobs};
+
+const BUNDLED_DLRM: &str =
+    include_str!("../../data/alibaba-dlrm-inference-v2025/dlrm_hn_instances.csv");
+const BUNDLED_PODS: &str = include_str!("../../data/alibaba-gpu-v2023/openb_pod_list_default.csv");
+
+/// Flags of `tessera simulate fleet` (defaults: docs/fleet-simulation.md).
+#[derive(clap::Args, Debug)]
+pub struct FleetArgs {
+    /// GPUs in each fleet.
+    #[arg(long, default_value_t = Knobs::default().gpus)]
+    gpus: u32,
+    /// GPUs per node.
+    #[arg(long, default_value_t = Knobs::default().gpus_per_node)]
+    gpus_per_node: u8,
+    /// GPU model name of the nodes.
+    #[arg(long, default_value_t = Knobs::default().gpu_model)]
+    gpu_model: String,
+    /// Days of simulated time (from the start of the inference trace).
+    #[arg(long, default_value_t = Knobs::default().days)]
+    days: f64,
+    /// Hours at the start left out of the averages.
+    #[arg(long, default_value_t = Knobs::default().warmup_hours)]
+    warmup_hours: f64,
+    /// Inference's nominal quota in the shared fleets, as a share of the GPUs (default:
+    /// the dedicated inference pool's size).
+    #[arg(long)]
+    inference_share: Option<f64>,
+    /// Training work offered, as a multiple of the GPUs inference leaves on average.
+    #[arg(long, default_value_t = Knobs::default().training_load)]
+    training_load: f64,
+    /// Scalers' polling interval, seconds.
+    #[arg(long, default_value_t = Knobs::default().polling_s)]
+    polling: u32,
+    /// Demand instances one replica serves at its threshold (0.9: 10 % headroom).
+    #[arg(long, default_value_t = Knobs::default().replica_target)]
+    replica_target: f64,
+    /// Coupled scalers: seconds a scale-up's demand must persist before it may preempt.
+    #[arg(long, default_value_t = Knobs::default().persist_s)]
+    persist: u32,
+    /// Checkpoint interval in minutes, `MIN-MAX` (log-uniform) or one value.
+    #[arg(long, default_value = "5-30")]
+    checkpoint: String,
+    /// Training queue's minimum runtime before preemption, minutes (0: none).
+    #[arg(long, default_value_t = Knobs::default().min_runtime_min)]
+    min_runtime: f64,
+    /// Seed of the training arrivals and placement ties.
+    #[arg(long, default_value_t = Knobs::default().seed)]
+    seed: u64,
+    /// Fleets to run: `dedicated`, `shared`, `tessera`, comma-separated, or `all`.
+    #[arg(long, default_value = "all")]
+    fleets: String,
+    /// DLRM instance list (`app_name,gpu_request,creation_time,deletion_time`; default:
+    /// the bundled one).
+    #[arg(long)]
+    inference_trace: Option<PathBuf>,
+    /// Alibaba GPU trace 2023 pod list (default: the bundled default trace).
+    #[arg(long)]
+    training_trace: Option<PathBuf>,
+    /// Print JSON (with the over-time series) instead of the table.
+    #[arg(long)]
+    json: bool,
+    /// Write an SVG of allocation, use and inference headroom over time per fleet.
+    #[arg(long)]
+    plot: Option<PathBuf>,
+    /// Worker threads (default: all cores, at most one per fleet).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+fn checkpoint(s: &str) -> Result<(f64, f64)> {
+    let parse = |v: &str| -> Result<f64> {
+        v.trim()
+            .parse::<f64>()
+            .with_context(|| format!("--checkpoint: `{v}` is not a number of minutes"))
+    };
+    match s.split_once('-') {
+        Some((a, b)) => Ok((parse(a)?, parse(b)?)),
+        None => {
+            let v = parse(s)?;
+            Ok((v, v))
+        }
+    }
+}
+
+fn fleets(s: &str) -> Result<Vec<FleetKind>> {
+    if s.eq_ignore_ascii_case("all") {
+        return Ok(FleetKind::ALL.to_vec());
+    }
+    let mut out = Vec::new();
+    for name in s.split(',') {
+        let k = match name.trim().to_ascii_lowercase().as_str() {
+            "dedicated" => FleetKind::Dedicated,
+            "shared" => FleetKind::Shared,
+            "tessera" => FleetKind::Tessera,
+            other => bail!("--fleets: `{other}` is not dedicated, shared, tessera or all"),
+        };
+        if !out.contains(&k) {
+            out.push(k);
+        }
+    }
+    Ok(out)
+}
+
+fn text(path: &Option<PathBuf>, bundled: &'static str) -> Result<(String, String)> {
+    match path {
+        Some(p) => Ok((
+            std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?,
+            p.display().to_string(),
+        )),
+        None => Ok((bundled.to_string(), "bundled".to_string())),
+    }
+}
+
+pub fn run(a: FleetArgs) -> Result<()> {
+    let knobs = Knobs {
+        gpus: a.gpus,
+        gpus_per_node: a.gpus_per_node,
+        gpu_model: a.gpu_model.clone(),
+        days: a.days,
+        warmup_hours: a.warmup_hours,
+        inference_share: a.inference_share,
+        training_load: a.training_load,
+        polling_s: a.polling,
+        replica_target: a.replica_target,
+        persist_s: a.persist,
+        checkpoint_min: checkpoint(&a.checkpoint)?,
+        min_runtime_min: a.min_runtime,
+        seed: a.seed,
+    };
+    knobs.validate()?;
+    let kinds = fleets(&a.fleets)?;
+    let (dlrm, dlrm_name) = text(&a.inference_trace, BUNDLED_DLRM)?;
+    let (pods, pods_name) = text(&a.training_trace, BUNDLED_PODS)?;
+    let services = demand::parse_services(&dlrm, &format!("{dlrm_name} DLRM instance list"))?;
+    let shapes = demand::parse_tasks(&pods, &format!("{pods_name} pod list"))?;
+    let inputs = Inputs::new(&knobs, services, &shapes)?;
+    let threads = a
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+
+    let show = std::io::stderr().is_terminal();
+    let started = Instant::now();
+    let progress = |f: f64| {
+        if show {
+            let width = 30;
+            let filled = ((f * width as f64) as usize).min(width);
+            eprint!(
+                "\r[{}{}] {:>3.0}% of simulated time, {:.1}s",
+                "#".repeat(filled),
+                " ".repeat(width - filled),
+                f * 100.0,
+                started.elapsed().as_secs_f64()
+            );
+            let _ = std::io::stderr().flush();
+        }
+    };
+    let comparison = fleet::run_all(&knobs, &inputs, &kinds, threads, &progress)?;
+    if show {
+        eprintln!();
+    }
+    let elapsed = started.elapsed().as_secs_f64();
+    tracing::info!(
+        fleets = kinds.len(),
+        threads,
+        secs = elapsed,
+        "fleet simulation finished"
+    );
+    if let Some(path) = &a.plot {
+        let title = format!(
+            "{} GPUs, {} day(s): allocation, use and inference headroom per fleet",
+            knobs.gpus, knobs.days
+        );
+        std::fs::write(path, fleet::plot::svg(&title, &comparison.fleets))
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    if a.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&fleet::report::json(&comparison))?
+        );
+    } else {
+        print!("{}", fleet::report::table(&comparison));
+        println!(
+            "{} fleet(s) in {elapsed:.1}s on {} thread(s).",
+            kinds.len(),
+            threads.clamp(1, kinds.len().max(1))
+        );
+    }
+    Ok(())
+}

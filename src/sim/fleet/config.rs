@@ -1,0 +1,279 @@
+//! The what-if knobs of a fleet run, validated (every refusal names the knob), and the
+//! three fleets compared on the same demand and the same GPUs.
+
+use serde::Serialize;
+
+use crate::autoscale::Coupling;
+use crate::placement::PolicyKind;
+use crate::quota::Time;
+
+const HOUR: Time = 3_600_000;
+
+/// A knob with a value that cannot run.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("--{knob}: {reason}")]
+pub struct InvalidKnob {
+    pub knob: &'static str,
+    pub reason: String,
+}
+
+/// What a fleet run is asked to do (the CLI's flags, defaults documented in
+/// `docs/fleet-simulation.md`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Knobs {
+    /// GPUs in the fleet (all three fleets get the same).
+    pub gpus: u32,
+    pub gpus_per_node: u8,
+    pub gpu_model: String,
+    /// Simulated time, in days of the inference trace from its start.
+    pub days: f64,
+    /// Hours at the start left out of the time averages (the fleet filling up).
+    pub warmup_hours: f64,
+    /// Inference's nominal quota in the shared fleets, as a share of the fleet; `None`:
+    /// the dedicated inference pool's size (its peak, rounded up to whole nodes).
+    pub inference_share: Option<f64>,
+    /// Training work offered, as a multiple of the GPUs inference leaves on average.
+    pub training_load: f64,
+    /// Scalers' `pollingInterval`, seconds.
+    pub polling_s: u32,
+    /// Demand units per replica at which a replica is full (the trigger's threshold):
+    /// 0.9 keeps 10 % headroom.
+    pub replica_target: f64,
+    /// Coupled scalers' `preemption.persistSeconds`.
+    pub persist_s: u32,
+    /// Checkpoint interval, minutes: log-uniform between the two.
+    pub checkpoint_min: (f64, f64),
+    /// Training queue's `minimumRuntime`, minutes (0: none).
+    pub min_runtime_min: f64,
+    pub seed: u64,
+}
+
+impl Default for Knobs {
+    fn default() -> Self {
+        Knobs {
+            gpus: 4096,
+            gpus_per_node: 8,
+            gpu_model: "H100-80GB".into(),
+            days: 7.0,
+            warmup_hours: 6.0,
+            inference_share: None,
+            training_load: 1.2,
+            polling_s: 15,
+            replica_target: 0.9,
+            persist_s: 0,
+            checkpoint_min: (5.0, 30.0),
+            min_runtime_min: 0.0,
+            seed: 42,
+        }
+    }
+}
+
+impl Knobs {
+    /// Refuses values that cannot run, naming the knob.
+    pub fn validate(&self) -> Result<(), InvalidKnob> {
+        let bad = |knob, reason: &str| {
+            Err(InvalidKnob {
+                knob,
+                reason: reason.to_string(),
+            })
+        };
+        let finite_pos = |v: f64| v.is_finite() && v > 0.0;
+        if self.gpus_per_node == 0 || self.gpus_per_node > 16 {
+            return bad("gpus-per-node", "must be 1 to 16");
+        }
+        if self.gpus == 0 || !self.gpus.is_multiple_of(u32::from(self.gpus_per_node)) {
+            return bad(
+                "gpus",
+                &format!(
+                    "must be a positive multiple of --gpus-per-node ({})",
+                    self.gpus_per_node
+                ),
+            );
+        }
+        if self.gpus > 200_000 {
+            return bad("gpus", "at most 200000");
+        }
+        if self.gpu_model.trim().is_empty() {
+            return bad("gpu-model", "is empty");
+        }
+        if !(finite_pos(self.days) && self.days <= 31.0) {
+            return bad(
+                "days",
+                "must be more than 0 and at most 31 (the trace's length)",
+            );
+        }
+        if !(self.warmup_hours.is_finite()
+            && self.warmup_hours >= 0.0
+            && self.warmup_hours < self.days * 24.0)
+        {
+            return bad(
+                "warmup-hours",
+                "must be at least 0 and shorter than the run",
+            );
+        }
+        if let Some(s) = self.inference_share {
+            if !(s.is_finite() && s > 0.0 && s < 1.0) {
+                return bad("inference-share", "must be between 0 and 1 (exclusive)");
+            }
+        }
+        if !(self.training_load.is_finite() && (0.0..=20.0).contains(&self.training_load)) {
+            return bad("training-load", "must be 0 to 20");
+        }
+        if self.polling_s == 0 || self.polling_s > 3600 {
+            return bad("polling", "must be 1 to 3600 seconds");
+        }
+        if !(finite_pos(self.replica_target) && self.replica_target <= 100.0) {
+            return bad("replica-target", "must be more than 0 and at most 100");
+        }
+        if self.persist_s > 86_400 {
+            return bad("persist", "at most 86400 seconds");
+        }
+        let (lo, hi) = self.checkpoint_min;
+        if !(finite_pos(lo) && finite_pos(hi) && lo <= hi && hi <= 24.0 * 60.0) {
+            return bad(
+                "checkpoint",
+                "must be MIN[-MAX] minutes, 0 < MIN <= MAX <= 1440",
+            );
+        }
+        if !(self.min_runtime_min.is_finite()
+            && self.min_runtime_min >= 0.0
+            && self.min_runtime_min <= 24.0 * 60.0)
+        {
+            return bad("min-runtime", "must be 0 to 1440 minutes");
+        }
+        Ok(())
+    }
+
+    /// The run's length.
+    pub fn horizon(&self) -> Time {
+        (self.days * 24.0 * HOUR as f64) as Time
+    }
+
+    /// When the time averages start.
+    pub fn warmup(&self) -> Time {
+        (self.warmup_hours * HOUR as f64) as Time
+    }
+
+    pub fn checkpoint_ms(&self) -> (Time, Time) {
+        let ms = |m: f64| (m * 60_000.0) as Time;
+        (ms(self.checkpoint_min.0), ms(self.checkpoint_min.1))
+    }
+}
+
+/// The three fleets compared.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FleetKind {
+    /// Status quo: an inference pool sized for its peak, training gets the rest; no
+    /// borrowing between them; whole GPUs; KEDA + HPA scaling (coupling off).
+    Dedicated,
+    /// One pool, Kueue-style queues in a cohort (training borrows what inference does not
+    /// use, inference reclaims it), KEDA + HPA scaling (coupling off), whole GPUs.
+    Shared,
+    /// Tessera: the shared pool with coupled scaling, fractional GPUs where a task asks
+    /// for less than one, and Tessera's placement policy.
+    Tessera,
+}
+
+impl FleetKind {
+    pub const ALL: [FleetKind; 3] = [FleetKind::Dedicated, FleetKind::Shared, FleetKind::Tessera];
+
+    pub fn label(self) -> &'static str {
+        match self {
+            FleetKind::Dedicated => "dedicated pools",
+            FleetKind::Shared => "shared, Kueue + KEDA",
+            FleetKind::Tessera => "Tessera",
+        }
+    }
+
+    pub fn coupling(self) -> Coupling {
+        match self {
+            FleetKind::Tessera => Coupling::Quota,
+            _ => Coupling::Off,
+        }
+    }
+
+    /// Whether a task asking for part of a GPU gets just that part.
+    pub fn fractional(self) -> bool {
+        self == FleetKind::Tessera
+    }
+
+    /// Whether inference and training share one pool and one cohort.
+    pub fn shared(self) -> bool {
+        self != FleetKind::Dedicated
+    }
+
+    /// The placement policy: BestFit for the status quo (a strong stand-in for a
+    /// bin-packing kube-scheduler profile), Tessera's own otherwise.
+    pub fn policy(self) -> PolicyKind {
+        match self {
+            FleetKind::Tessera => PolicyKind::Tessera,
+            _ => PolicyKind::BestFit,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_validate_and_bad_values_name_their_knob() {
+        Knobs::default().validate().unwrap();
+        let cases: Vec<(Knobs, &str)> = vec![
+            (
+                Knobs {
+                    gpus: 100,
+                    ..Default::default()
+                },
+                "--gpus",
+            ),
+            (
+                Knobs {
+                    gpus_per_node: 0,
+                    ..Default::default()
+                },
+                "--gpus-per-node",
+            ),
+            (
+                Knobs {
+                    days: f64::NAN,
+                    ..Default::default()
+                },
+                "--days",
+            ),
+            (
+                Knobs {
+                    inference_share: Some(1.5),
+                    ..Default::default()
+                },
+                "--inference-share",
+            ),
+            (
+                Knobs {
+                    checkpoint_min: (30.0, 5.0),
+                    ..Default::default()
+                },
+                "--checkpoint",
+            ),
+            (
+                Knobs {
+                    polling_s: 0,
+                    ..Default::default()
+                },
+                "--polling",
+            ),
+            (
+                Knobs {
+                    warmup_hours: 200.0,
+                    ..Default::default()
+                },
+                "--warmup-hours",
+            ),
+        ];
+        for (k, knob) in cases {
+            let e = k.validate().unwrap_err().to_string();
+            assert!(e.starts_with(knob), "{e}");
+        }
+    }
+}

@@ -1,0 +1,334 @@
+//! Demand from real traces: each inference service's GPU instances alive over time
+//! (Alibaba DLRM inference 2025), and the shapes of training and batch tasks (the
+//! best-effort and burstable tasks of the Alibaba GPU trace 2023), resampled into a
+//! seeded arrival stream.
+
+use super::super::trace::{unset, Table};
+use super::super::{Error, Result};
+use crate::placement::SplitMix64;
+use crate::quota::Time;
+
+/// One inference service: how many GPU instances it needed over time.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Service {
+    pub name: String,
+    /// GPUs per instance (every instance of a service asks the same in the trace).
+    pub gpus: u8,
+    /// `(from, instances)`, sorted by time, the first at 0: a step function.
+    pub steps: Vec<(Time, u32)>,
+}
+
+impl Service {
+    /// Instances alive at `t`.
+    pub fn at(&self, t: Time) -> u32 {
+        let i = self.steps.partition_point(|(from, _)| *from <= t);
+        if i == 0 {
+            0
+        } else {
+            self.steps[i - 1].1
+        }
+    }
+
+    /// The most instances alive in `[0, until]`.
+    pub fn peak(&self, until: Time) -> u32 {
+        self.steps
+            .iter()
+            .take_while(|(t, _)| *t <= until)
+            .map(|(_, n)| *n)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// Mean instances alive over `[0, until)`.
+    pub fn mean(&self, until: Time) -> f64 {
+        if until == 0 {
+            return f64::from(self.at(0));
+        }
+        let mut area = 0.0;
+        for (i, &(from, n)) in self.steps.iter().enumerate() {
+            if from >= until {
+                break;
+            }
+            let to = self.steps.get(i + 1).map_or(until, |s| s.0.min(until));
+            area += f64::from(n) * (to - from) as f64;
+        }
+        area / until as f64
+    }
+}
+
+/// Parses the DLRM instance list (`app_name,gpu_request,creation_time,deletion_time`,
+/// times in seconds from the trace start, empty or `nan` for before the start / after
+/// the end) into one demand curve per service, in order of first appearance.
+pub fn parse_services(text: &str, file: &str) -> Result<Vec<Service>> {
+    let table = Table::parse(text, file)?;
+    let app = table.column("app_name")?;
+    let gpu = table.column("gpu_request")?;
+    let created = table.column("creation_time")?;
+    let deleted = table.column("deletion_time")?;
+    let mut names: Vec<String> = Vec::new();
+    let mut gpus: Vec<u8> = Vec::new();
+    let mut changes: Vec<Vec<(Time, i64)>> = Vec::new();
+    let seconds = |line: usize, row: &[&str], col: usize| -> Result<Option<Time>> {
+        if unset(row[col]) {
+            return Ok(None);
+        }
+        let s: f64 = table.num(line, row, col)?;
+        if !(s.is_finite() && s >= 0.0) {
+            return Err(table.bad(line, format!("time `{}` is not a time", row[col])));
+        }
+        Ok(Some((s * 1000.0).round() as Time))
+    };
+    for (line, row) in &table.rows {
+        let g: u8 = table.num(*line, row, gpu)?;
+        if g == 0 {
+            continue;
+        }
+        let name = row[app];
+        let i = match names.iter().position(|n| n == name) {
+            Some(i) => i,
+            None => {
+                names.push(name.to_string());
+                gpus.push(g);
+                changes.push(Vec::new());
+                names.len() - 1
+            }
+        };
+        if gpus[i] != g {
+            return Err(table.bad(
+                *line,
+                format!("{name}: instances ask {} and {g} GPUs", gpus[i]),
+            ));
+        }
+        let from = seconds(*line, row, created)?.unwrap_or(0);
+        let to = seconds(*line, row, deleted)?;
+        if to.is_some_and(|to| to < from) {
+            return Err(table.bad(*line, "deleted before it was created".into()));
+        }
+        changes[i].push((from, 1));
+        if let Some(to) = to {
+            changes[i].push((to, -1));
+        }
+    }
+    if names.is_empty() {
+        return Err(Error::Empty(file.into()));
+    }
+    Ok(names
+        .into_iter()
+        .zip(gpus)
+        .zip(changes)
+        .map(|((name, gpus), mut ch)| {
+            ch.sort_unstable();
+            let mut steps: Vec<(Time, u32)> = vec![(0, 0)];
+            let mut n = 0i64;
+            for (t, d) in ch {
+                n += d;
+                let v = n.max(0) as u32;
+                match steps.last_mut() {
+                    Some(last) if last.0 == t => last.1 = v,
+                    _ => steps.push((t, v)),
+                }
+            }
+            steps.dedup_by(|b, a| a.1 == b.1);
+            Service { name, gpus, steps }
+        })
+        .collect())
+}
+
+/// The shape of one training or batch task of the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TaskShape {
+    /// GPUs per task (one pod).
+    pub num_gpu: u8,
+    /// Share of each GPU, in milli (1000 = whole).
+    pub gpu_milli: u16,
+    /// How long it runs when not interrupted: `deletion_time - creation_time`.
+    pub duration: Time,
+}
+
+impl TaskShape {
+    /// GPU-milli the task uses.
+    pub fn milli(&self) -> u64 {
+        u64::from(self.num_gpu) * u64::from(self.gpu_milli)
+    }
+}
+
+/// The best-effort (`BE`) and `Burstable` GPU tasks of an Alibaba GPU trace 2023 pod
+/// list (`num_gpu,gpu_milli,qos,creation_time,deletion_time`). The trace has no run
+/// time: a task's duration is taken as `deletion_time - creation_time` (the pod's
+/// lifetime, queueing in Alibaba's cluster included). Tasks without GPUs or with a
+/// lifetime of zero are left out.
+pub fn parse_tasks(text: &str, file: &str) -> Result<Vec<TaskShape>> {
+    let table = Table::parse(text, file)?;
+    let num_gpu = table.column("num_gpu")?;
+    let gpu_milli = table.column("gpu_milli")?;
+    let qos = table.column("qos")?;
+    let created = table.column("creation_time")?;
+    let deleted = table.column("deletion_time")?;
+    let mut out = Vec::new();
+    for (line, row) in &table.rows {
+        if !matches!(row[qos], "BE" | "Burstable") {
+            continue;
+        }
+        let n: u8 = table.num(*line, row, num_gpu)?;
+        let m: u16 = table.num(*line, row, gpu_milli)?;
+        if n == 0 || m == 0 {
+            continue;
+        }
+        if m > 1000 {
+            return Err(table.bad(*line, format!("gpu_milli {m} is over 1000")));
+        }
+        let from: u64 = table.num(*line, row, created)?;
+        let to: u64 = table.num(*line, row, deleted)?;
+        if to <= from {
+            continue;
+        }
+        out.push(TaskShape {
+            num_gpu: n,
+            gpu_milli: m,
+            duration: (to - from).saturating_mul(1000),
+        });
+    }
+    if out.is_empty() {
+        return Err(Error::Empty(format!(
+            "{file} (no BE or Burstable GPU tasks)"
+        )));
+    }
+    Ok(out)
+}
+
+/// One training job of a run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Job {
+    pub arrival: Time,
+    pub shape: TaskShape,
+    /// Checkpoints every this long while it runs.
+    pub checkpoint: Time,
+}
+
+/// How training demand is drawn from the task shapes.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Arrivals {
+    /// Mean GPUs of training work offered (GPU-milli / 1000, at the tasks' own sizes).
+    pub offered_gpus: f64,
+    /// Until when jobs arrive.
+    pub until: Time,
+    /// Checkpoint interval: log-uniform between these (ms).
+    pub checkpoint: (Time, Time),
+    pub seed: u64,
+}
+
+/// Poisson arrivals of tasks resampled uniformly from `shapes`, at the rate that offers
+/// `offered_gpus` of work on average (durations cut at `until` when computing the rate,
+/// so a task longer than the run counts only for the run).
+pub fn arrivals(shapes: &[TaskShape], a: &Arrivals) -> Vec<Job> {
+    if shapes.is_empty() || a.offered_gpus <= 0.0 || a.until == 0 {
+        return Vec::new();
+    }
+    let mean_work = shapes
+        .iter()
+        .map(|s| s.milli() as f64 / 1000.0 * s.duration.min(a.until) as f64)
+        .sum::<f64>()
+        / shapes.len() as f64;
+    let rate = a.offered_gpus / mean_work.max(1.0); // jobs per ms
+    let mut rng = SplitMix64::new(a.seed);
+    let mut uniform = move || ((rng.next_u64() >> 11) as f64 + 0.5) / (1u64 << 53) as f64;
+    let (lo, hi) = (a.checkpoint.0.max(1) as f64, a.checkpoint.1.max(1) as f64);
+    let mut t = 0.0f64;
+    let mut out = Vec::new();
+    loop {
+        t += -uniform().ln() / rate;
+        if t >= a.until as f64 {
+            return out;
+        }
+        let i = ((uniform() * shapes.len() as f64) as usize).min(shapes.len() - 1);
+        let checkpoint = (lo.ln() + uniform() * (hi.ln() - lo.ln())).exp().round() as Time;
+        out.push(Job {
+            arrival: t as Time,
+            shape: shapes[i],
+            checkpoint: checkpoint.max(1),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const DLRM: &str = "instance_sn,app_name,gpu_request,creation_time,deletion_time\n\
+        i0,app_a,1,,\n\
+        i1,app_a,1,,100.0\n\
+        i2,app_a,1,50.0,\n\
+        i3,app_b,1,10,20\n\
+        i4,app_c,0,10,20\n";
+
+    #[test]
+    fn services_are_instances_alive_over_time() {
+        let s = parse_services(DLRM, "dlrm").unwrap();
+        assert_eq!(s.len(), 2, "CPU-only services are left out");
+        assert_eq!(s[0].steps, vec![(0, 2), (50_000, 3), (100_000, 2)]);
+        assert_eq!(s[1].steps, vec![(0, 0), (10_000, 1), (20_000, 0)]);
+        assert_eq!((s[0].at(60_000), s[0].peak(200_000)), (3, 3));
+        assert!((s[1].mean(100_000) - 0.1).abs() < 1e-9);
+    }
+
+    #[test]
+    fn bad_rows_are_refused_with_the_line() {
+        let bad = "app_name,gpu_request,creation_time,deletion_time\na,1,20,10\n";
+        let e = parse_services(bad, "f").unwrap_err().to_string();
+        assert!(e.contains("f:2") && e.contains("deleted before"), "{e}");
+        let e = parse_services("app_name,gpu_request\na,1\n", "f")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("creation_time"), "{e}");
+    }
+
+    #[test]
+    fn tasks_are_best_effort_and_burstable_with_gpus() {
+        let pods = "name,num_gpu,gpu_milli,qos,creation_time,deletion_time\n\
+            a,1,220,BE,0,100\n\
+            b,8,1000,Burstable,10,20\n\
+            c,1,1000,LS,0,100\n\
+            d,0,0,BE,0,100\n\
+            e,1,500,BE,50,50\n";
+        let t = parse_tasks(pods, "pods").unwrap();
+        assert_eq!(
+            t,
+            vec![
+                TaskShape {
+                    num_gpu: 1,
+                    gpu_milli: 220,
+                    duration: 100_000
+                },
+                TaskShape {
+                    num_gpu: 8,
+                    gpu_milli: 1000,
+                    duration: 10_000
+                }
+            ]
+        );
+    }
+
+    #[test]
+    fn arrivals_offer_the_asked_load_and_repeat_by_seed() {
+        let shapes = [TaskShape {
+            num_gpu: 1,
+            gpu_milli: 500,
+            duration: 600_000,
+        }];
+        let a = Arrivals {
+            offered_gpus: 100.0,
+            until: 48 * 3_600_000,
+            checkpoint: (300_000, 1_800_000),
+            seed: 7,
+        };
+        let jobs = arrivals(&shapes, &a);
+        // 100 GPUs of 0.5-GPU, 10-minute jobs: 1,200 an hour.
+        let per_hour = jobs.len() as f64 / 48.0;
+        assert!((per_hour - 1200.0).abs() < 60.0, "{per_hour}");
+        assert!(jobs
+            .iter()
+            .all(|j| (300_000..=1_800_000).contains(&j.checkpoint)));
+        assert_eq!(jobs, arrivals(&shapes, &a));
+        assert_ne!(jobs, arrivals(&shapes, &Arrivals { seed: 8, ..a }));
+    }
+}
