@@ -231,7 +231,7 @@ async fn bound(agent: &RunningAgent, id: &str) -> (Value, String) {
 async fn each_container_runs_under_its_own_assignment_whatever_the_allocation_order() {
     let c = cluster(true).await;
     let (api, kubelet, tmp, addr) = (&c.api, &c.kubelet, &c.tmp, c.addr);
-    let agent = agent(&api, &kubelet, tmp.path());
+    let agent = agent(api, kubelet, tmp.path());
     let minors: Vec<(String, u32)> = agent
         .backend
         .inventory()
@@ -259,7 +259,7 @@ async fn each_container_runs_under_its_own_assignment_whatever_the_allocation_or
         ]),
     );
     api.put_object(PODS, infer.clone());
-    let assignment = schedule(addr, &api, &infer).await;
+    let assignment = schedule(addr, api, &infer).await;
     let grant = |c: &str| {
         assignment
             .containers
@@ -324,7 +324,7 @@ async fn each_container_runs_under_its_own_assignment_whatever_the_allocation_or
 async fn a_pod_without_an_assignment_or_with_a_forged_one_never_gets_a_gpu_and_is_told_why() {
     let c = cluster(false).await;
     let (api, kubelet, tmp) = (&c.api, &c.kubelet, &c.tmp);
-    let agent = agent(&api, &kubelet, tmp.path());
+    let agent = agent(api, kubelet, tmp.path());
 
     // Placed by the default scheduler (no extender, no assignment).
     let plain = pod(
@@ -380,14 +380,14 @@ async fn a_pod_without_an_assignment_or_with_a_forged_one_never_gets_a_gpu_and_i
     );
     assert!(!spec_path(&agent, &forged_id).exists());
     agent.shutdown().await;
-    support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
+    support::rbac::assert_allows_every_request(api, "daemonset/node/rbac.yaml");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_allocation_pending_across_an_agent_restart_is_bound_after_it() {
     let c = cluster(true).await;
     let (api, kubelet, tmp, addr) = (&c.api, &c.kubelet, &c.tmp, c.addr);
-    let first = agent(&api, &kubelet, tmp.path());
+    let first = agent(api, kubelet, tmp.path());
     let infer = pod(
         "infer",
         json!([container(
@@ -397,7 +397,7 @@ async fn an_allocation_pending_across_an_agent_restart_is_bound_after_it() {
         )]),
     );
     api.put_object(PODS, infer.clone());
-    schedule(addr, &api, &infer).await;
+    schedule(addr, api, &infer).await;
 
     // The pod cannot be read while the kubelet allocates; the agent then stops.
     api.fail_requests(&["GET"], PODS);
@@ -408,7 +408,7 @@ async fn an_allocation_pending_across_an_agent_restart_is_bound_after_it() {
 
     // A new agent over the same state finds the pending allocation and binds it.
     api.stop_failing();
-    let second = agent(&api, &kubelet, tmp.path());
+    let second = agent(api, kubelet, tmp.path());
     let (_, limits) = bound(&second, &id).await;
     assert!(
         limits.contains("CUDA_DEVICE_MEMORY_LIMIT_0=4096m\nCUDA_DEVICE_SM_LIMIT_0=20\n"),
@@ -422,7 +422,7 @@ async fn fifty_pods_bound_at_once_to_one_node_each_get_their_own_limits() {
     let c = cluster(true).await;
     let (api, kubelet, tmp, addr) = (&c.api, &c.kubelet, &c.tmp, c.addr);
     let split10 = "tessera: { gpus: [ { match: all, mode: vgpu, vgpu: { split: 10 } } ] }";
-    let agent = agent_on(&api, &kubelet, tmp.path(), "8xA100-80GB", split10);
+    let agent = agent_on(api, kubelet, tmp.path(), "8xA100-80GB", split10);
     let gpus = agent.backend.inventory().unwrap().gpus;
 
     // 50 pods of mixed sizes, some with two vGPUs or two containers, in the shapes of
@@ -477,7 +477,7 @@ async fn fifty_pods_bound_at_once_to_one_node_each_get_their_own_limits() {
         .iter()
         .map(|p| {
             let name = p["metadata"]["name"].as_str().unwrap().to_string();
-            let a = assignment_of(&api, &name);
+            let a = assignment_of(api, &name);
             (name, a)
         })
         .collect();
@@ -557,7 +557,7 @@ async fn fifty_pods_bound_at_once_to_one_node_each_get_their_own_limits() {
 async fn a_pod_created_again_under_the_same_name_is_not_taken_for_the_old_one() {
     let c = cluster(true).await;
     let (api, kubelet, tmp, addr) = (&c.api, &c.kubelet, &c.tmp, c.addr);
-    let agent = agent(&api, &kubelet, tmp.path());
+    let agent = agent(api, kubelet, tmp.path());
     let infer = pod(
         "infer",
         json!([container(
@@ -566,7 +566,7 @@ async fn a_pod_created_again_under_the_same_name_is_not_taken_for_the_old_one() 
         )]),
     );
     api.put_object(PODS, infer.clone());
-    schedule(addr, &api, &infer).await;
+    schedule(addr, api, &infer).await;
     // The kubelet allocates to the pod while the agent cannot read it; meanwhile the pod
     // is deleted and created again (new UID) with the same name and an assignment.
     api.fail_requests(&["GET"], PODS);
