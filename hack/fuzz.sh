@@ -18,7 +18,7 @@ cd "$(dirname "$0")/.."
 seconds=${FUZZ_SECONDS:-20}
 sanitizer=${FUZZ_SANITIZER:-none}
 all=(layout_config fake_inventory plan_file simulate_csv admission_review dra_checkpoint
-  split_record gpu_config shim_limits extender prometheus_answer)
+  split_record gpu_config shim_limits extender prometheus_answer pod_views)
 if [ "$#" -gt 0 ]; then targets=("$@"); else targets=("${all[@]}"); fi
 
 if ! cargo fuzz --version >/dev/null 2>&1; then

@@ -29,6 +29,7 @@ pub const TARGETS: &[(&str, fn(&[u8]))] = &[
     ("shim_limits", shim_limits),
     ("extender", extender),
     ("prometheus_answer", prometheus_answer),
+    ("pod_views", pod_views),
 ];
 
 fn text(data: &[u8]) -> Option<&str> {
@@ -153,4 +154,55 @@ pub fn prometheus_answer(data: &[u8]) {
         .first()
         .map_or(200, |b| if b % 2 == 0 { 200 } else { 400 });
     let _ = tessera::prometheus::decode_instant(status, data.get(1..).unwrap_or_default());
+}
+
+/// A Pod as a tenant writes it (spec, annotations, status), through what the node agent
+/// and `tessera diagnose` read from it: the slot binder checks the pod's own assignment
+/// annotation against its own request for each of its vGPU containers, and diagnose walks
+/// a snapshot holding it. A snapshot file itself is read back too.
+pub fn pod_views(data: &[u8]) {
+    use k8s_openapi::api::core::v1::Pod;
+    use tessera::diagnose::{diagnose_pod, Settings, Snapshot};
+    use tessera::vgpu::record::ASSIGNMENT_ANNOTATION;
+    use tessera::vgpu::slots::{bind, Holder, SlotGpu};
+    let _ = Snapshot::from_json(data);
+    let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) else {
+        return;
+    };
+    let gpus: Vec<SlotGpu> = (0..2)
+        .map(|i| SlotGpu {
+            uuid: format!("GPU-{i}"),
+            minor: i,
+            memory_mib: 81_920,
+            healthy: true,
+        })
+        .collect();
+    if let Ok(pod) = serde_json::from_value::<Pod>(value.clone()) {
+        let annotation = pod
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| a.get(ASSIGNMENT_ANNOTATION))
+            .map(String::as_str);
+        let request = tessera::vgpu::request::pod_request(&pod, &Default::default());
+        for c in request.ok().flatten().iter().flat_map(|r| &r.containers) {
+            let holder = Holder {
+                namespace: "ns".into(),
+                pod: "p".into(),
+                container: c.name.clone(),
+                resource: "nvidia.com/gpu".into(),
+                device_ids: (0..c.count.min(64)).map(|i| format!("GPU-0::s{i}")).collect(),
+            };
+            let _ = bind(&holder, annotation, Some(c), "n1", &gpus);
+        }
+    }
+    let at = "2026-12-03T12:00:00Z".parse().unwrap_or_default();
+    let node = serde_json::json!({"metadata": {"name": "n1"},
+        "status": {"allocatable": {"nvidia.com/gpu": "8"}}});
+    let (ns, name) = (
+        value["metadata"]["namespace"].as_str().unwrap_or("").to_string(),
+        value["metadata"]["name"].as_str().unwrap_or("").to_string(),
+    );
+    let snapshot = Snapshot::new(vec![node], vec![value], at);
+    let _ = diagnose_pod(&snapshot, &ns, &name, None, &Settings::default(), at);
 }
