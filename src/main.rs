@@ -50,6 +50,8 @@ enum Command {
     Controller(cmd::controller::Args),
     /// Why a pod waits (quota, memory, placement) or its GPUs idle; exit 2: no cause found.
     Diagnose(cmd::diagnose::Args),
+    /// Nodes and their GPUs, allocated vs used.
+    Top(cmd::top::Args),
 }
 
 fn main() -> ExitCode {
@@ -73,6 +75,7 @@ fn main() -> ExitCode {
             Ok(false) => return ExitCode::from(2),
             Err(e) => Err(e),
         },
+        Command::Top(args) => cmd::top::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -436,3 +436,38 @@ async fn the_app_step_reads_utilization_from_a_real_prometheus() {
     assert_eq!(code, 1);
     assert!(err.contains(&format!("Prometheus {}", prom.url)), "{err}");
 }
+
+#[test]
+fn top_prints_allocated_against_allocatable_per_node() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snap");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(
+        dir.join("snapshot.json"),
+        serde_json::to_vec(&snapshot(vec![])).unwrap(),
+    )
+    .unwrap();
+    let (code, out, err) = tessera(&["top", "--snapshot", dir.to_str().unwrap()], &[]);
+    assert_eq!(code, 0, "{err}");
+    let line = |node: &str| {
+        out.lines()
+            .find(|l| l.starts_with(node))
+            .unwrap_or_else(|| panic!("{node} in {out}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect::<Vec<_>>()
+    };
+    // gpu-a: 8 GPUs, 6 taken (the finished pod holds nothing).
+    assert_eq!(line("gpu-a")[1..4], ["8", "6", "2"]);
+    // v1: split mode, 2 × 72 GiB of its 2 × 80 GiB booked.
+    assert_eq!(line("v1")[4..], ["144/160", "GiB"]);
+    assert!(
+        out.contains("4 nodes, 16 of 56 GPUs allocated (28.6 %)"),
+        "{out}"
+    );
+    let (code, out, _) = tessera(&["top", "--snapshot", dir.to_str().unwrap(), "--json"], &[]);
+    assert_eq!(code, 0);
+    let rows: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows[0]["node"], "gpu-a");
+    assert_eq!(rows[0]["allocated"], 6);
+}

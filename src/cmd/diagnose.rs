@@ -236,7 +236,7 @@ fn print_text(diagnoses: &[Diagnosis], many: bool) {
     }
 }
 
-async fn live_snapshot() -> Result<Snapshot> {
+pub(crate) async fn live_snapshot() -> Result<Snapshot> {
     let client = kube::Client::try_default()
         .await
         .context("no cluster: give --snapshot DIR, or a kubeconfig / in-cluster account")?;
@@ -263,7 +263,7 @@ async fn live_snapshot() -> Result<Snapshot> {
     Ok(Snapshot::new(nodes, pods, Timestamp::now()))
 }
 
-fn read_snapshot(dir: &std::path::Path) -> Result<Snapshot> {
+pub(crate) fn read_snapshot(dir: &std::path::Path) -> Result<Snapshot> {
     let path = dir.join(SNAPSHOT_FILE);
     let bytes = std::fs::read(&path).with_context(|| format!("--snapshot: {}", path.display()))?;
     Snapshot::from_json(&bytes).with_context(|| format!("--snapshot: {}", path.display()))

@@ -7,3 +7,4 @@ pub mod node;
 pub mod plan;
 pub mod simulate;
 pub mod simulate_fleet;
+pub mod top;

@@ -81,7 +81,7 @@ fn container_requests(c: &Container) -> BTreeMap<String, i64> {
 }
 
 /// The pod's effective requests, milli-units.
-fn requests(pod: &Pod) -> BTreeMap<String, i64> {
+pub(super) fn requests(pod: &Pod) -> BTreeMap<String, i64> {
     let Some(spec) = pod.spec.as_ref() else {
         return BTreeMap::new();
     };

@@ -17,6 +17,7 @@
 //! Each step records what it checked, so "no cause found" still shows the evidence.
 
 pub mod snapshot;
+pub mod top;
 
 mod devices;
 mod placement;
