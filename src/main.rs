@@ -48,6 +48,8 @@ enum Command {
     Plan(cmd::plan::Args),
     /// Quota controller and admission webhook (`tessera controller crds` prints the CRDs).
     Controller(cmd::controller::Args),
+    /// Reports read back from Prometheus (`report chargeback`: GPU-hours per team).
+    Report(cmd::report::Args),
 }
 
 fn main() -> ExitCode {
@@ -65,6 +67,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => cmd::simulate::run(args),
         Command::Plan(args) => cmd::plan::run(args),
         Command::Controller(args) => cmd::controller::run(args),
+        Command::Report(args) => cmd::report::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

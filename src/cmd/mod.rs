@@ -4,4 +4,5 @@ pub mod controller;
 pub mod layout;
 pub mod node;
 pub mod plan;
+pub mod report;
 pub mod simulate;
