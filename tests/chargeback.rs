@@ -89,6 +89,7 @@ async fn a_backfilled_week_reads_back_to_the_gpu_second_and_every_dashboard_quer
         "the week has counter resets: {}",
         week.resets
     );
+    eprintln!("simulated: {:?}", started.elapsed());
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("week.om");
     let mut file = std::io::BufWriter::new(std::fs::File::create(&text).unwrap());
@@ -99,10 +100,10 @@ async fn a_backfilled_week_reads_back_to_the_gpu_second_and_every_dashboard_quer
         return;
     }
     std::fs::remove_file(&text).unwrap();
+    eprintln!("written and backfilled: {:?}", started.elapsed());
     let Some(prom) = Prometheus::on_tsdb(&tsdb).await else {
         return;
     };
-    eprintln!("backfill and start: {:?}", started.elapsed());
 
     // Windows: the whole week; Tuesday 13:00 to Thursday 07:30 (off day boundaries,
     // through container restarts); one hour; the last day.
@@ -225,13 +226,23 @@ fn binary_reports_match_the_library(prom: &Prometheus, week: &Week) {
     let want_total: f64 = want.values().map(|v| v.0).sum();
     assert!((total - want_total).abs() < 1e-2, "{total} ≠ {want_total}");
 
-    let out = tessera(&["--prometheus", &prom.url, "--from", &f, "--to", &t]);
+    let out = tessera(&[
+        "--prometheus",
+        &prom.url,
+        "--from",
+        &f,
+        "--to",
+        &t,
+        "--by",
+        "label:team",
+    ]);
     assert!(
         out.status.success(),
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
     let table = String::from_utf8(out.stdout).unwrap();
+    eprintln!("{table}");
     let total_line = table.lines().find(|l| l.starts_with("TOTAL")).unwrap();
     assert!(
         total_line.contains(&format!("{:.3}", want_total / 3600.0)),

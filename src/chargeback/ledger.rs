@@ -72,7 +72,11 @@ impl Ledger {
     /// Adds one interval (see [`charge_of`]) to `labels`' account.
     pub fn charge(&mut self, labels: &ChargeLabels, share: f64, busy: f64, seconds: f64) {
         let add = charge_of(share, busy, seconds);
-        let account = self.accounts.entry(labels.clone()).or_default();
+        // Look up before inserting: the labels are cloned once per series, not per tick.
+        let account = match self.accounts.get_mut(labels) {
+            Some(account) => account,
+            None => self.accounts.entry(labels.clone()).or_default(),
+        };
         account.allocated_seconds += add.allocated_seconds;
         account.used_seconds += add.used_seconds;
     }

@@ -78,7 +78,7 @@ const QUEUES: [&str; 4] = ["research", "prod", "serve", "batch"];
 const TEAMS: [&str; 5] = ["vision", "nlp", "speech", "platform", ""];
 
 fn model(node: usize) -> (&'static str, u64) {
-    if node % 2 == 0 {
+    if node.is_multiple_of(2) {
         ("H100-80GB", 81_920)
     } else {
         ("A100-40GB", 40_960)
