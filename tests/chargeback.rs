@@ -135,6 +135,7 @@ async fn a_backfilled_week_reads_back_to_the_gpu_second_and_every_dashboard_quer
     );
     eprintln!("reports: {:?}", started.elapsed());
 
+    a_window_partly_without_data_names_the_gap(&prom, &week).await;
     binary_reports_match_the_library(&prom, &week);
     a_window_without_data_says_so(&prom).await;
     every_dashboard_query_returns_data(&prom).await;
@@ -247,6 +248,45 @@ fn binary_reports_match_the_library(prom: &Prometheus, week: &Week) {
     assert!(
         total_line.contains(&format!("{:.3}", want_total / 3600.0)),
         "{total_line} vs {want_total} GPU-s"
+    );
+}
+
+/// Two days past the week's end: the last one has no sample at all, and is named.
+async fn a_window_partly_without_data_names_the_gap(prom: &Prometheus, week: &Week) {
+    let (from, to) = (START + 6 * DAY, START + 9 * DAY);
+    let window = Window::new(from, to, 60).unwrap();
+    let by = GroupBy::Namespace;
+    let report = read::run(&client(), &prom.url, &window, &by).await.unwrap();
+    assert_matches(
+        &report,
+        &week.expected(from, to, group_of(&by)),
+        "past the end",
+    );
+    assert_eq!(report.missing.len(), 1, "{:?}", report.missing);
+    assert_eq!(report.missing[0].from, rfc3339(START + 8 * DAY));
+    assert_eq!(report.missing[0].to, rfc3339(to));
+    let out = tessera(&[
+        "--prometheus",
+        &prom.url,
+        "--from",
+        &rfc3339(from),
+        "--to",
+        &rfc3339(to),
+    ]);
+    assert!(out.status.success());
+    let table = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        table.contains(&format!(
+            "MISSING: no samples {} .. {}",
+            rfc3339(START + 8 * DAY),
+            rfc3339(to)
+        )),
+        "{table}"
+    );
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("no chargeback samples in this part of the window"),
+        "{err}"
     );
 }
 

@@ -4,12 +4,13 @@
 //! ```text
 //! run ─► for measure in [allocated, used], chunk in window.chunks():  (concurrent)
 //!          query_vector(increase_query, time = chunk.to)
-//!      ─► allocated empty over the whole window → NoData (never a table of zeros)
+//!      ─► allocated empty in every chunk → NoData (never a table of zeros)
+//!      ─► allocated empty in some chunks → those spans listed as missing
 //!      ─► report::assemble (used missing for a row → shown as n/a)
 //! ```
 
 use super::metrics::{ALLOCATED, USED};
-use super::report::{assemble, totals, GroupBy, Reading, Report, Window};
+use super::report::{assemble, spans, totals, GroupBy, Reading, Report, Window};
 use crate::prometheus::{PromClient, QueryError};
 use futures::future::try_join_all;
 
@@ -51,18 +52,25 @@ pub async fn run(
         measure(client, server, window, by, "allocated", ALLOCATED),
         measure(client, server, window, by, "used", USED),
     )?;
-    if allocated.is_empty() {
+    let missing: Vec<Window> = allocated
+        .iter()
+        .filter(|(_, readings)| readings.is_empty())
+        .map(|(chunk, _)| *chunk)
+        .collect();
+    if missing.len() == allocated.len() {
         return Err(ReadError::NoData {
             metric: ALLOCATED,
             from: super::report::format_time(window.from),
             to: super::report::format_time(window.to),
         });
     }
+    let flat = |m: Vec<(Window, Vec<Reading>)>| m.into_iter().flat_map(|(_, r)| r);
     Ok(assemble(
         window,
         by,
-        totals(allocated, by),
-        &totals(used, by),
+        totals(flat(allocated), by),
+        &totals(flat(used), by),
+        spans(&missing),
     ))
 }
 
@@ -74,7 +82,7 @@ async fn measure(
     by: &GroupBy,
     measure: &'static str,
     metric: &str,
-) -> Result<Vec<Reading>, ReadError> {
+) -> Result<Vec<(Window, Vec<Reading>)>, ReadError> {
     let chunks = window.chunks().into_iter().map(|chunk| async move {
         let query = chunk.increase_query(metric, by);
         let answer = client
@@ -86,7 +94,7 @@ async fn measure(
                 chunk_to: super::report::format_time(chunk.to),
                 source,
             })?;
-        answer
+        let readings = answer
             .into_iter()
             .map(|s| {
                 if s.value.is_finite() {
@@ -102,7 +110,8 @@ async fn measure(
                     })
                 }
             })
-            .collect::<Result<Vec<_>, _>>()
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((chunk, readings))
     });
-    Ok(try_join_all(chunks).await?.into_iter().flatten().collect())
+    try_join_all(chunks).await
 }

@@ -218,6 +218,34 @@ pub struct Report {
     pub to: String,
     pub by: String,
     pub rows: Vec<Row>,
+    /// Parts of the window without any allocated sample (Prometheus down, data expired):
+    /// the rows do not include them.
+    pub missing: Vec<Span>,
+}
+
+/// A part of the window, RFC 3339.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Span {
+    pub from: String,
+    pub to: String,
+}
+
+/// Consecutive chunks merged into spans.
+pub fn spans(chunks: &[Window]) -> Vec<Span> {
+    let mut merged: Vec<(i64, i64)> = Vec::new();
+    for c in chunks {
+        match merged.last_mut() {
+            Some(last) if last.1 == c.from => last.1 = c.to,
+            _ => merged.push((c.from, c.to)),
+        }
+    }
+    merged
+        .into_iter()
+        .map(|(from, to)| Span {
+            from: format_time(from),
+            to: format_time(to),
+        })
+        .collect()
 }
 
 type Key = (String, String, String);
@@ -244,6 +272,7 @@ pub fn assemble(
     by: &GroupBy,
     allocated: BTreeMap<Key, f64>,
     used: &BTreeMap<Key, f64>,
+    missing: Vec<Span>,
 ) -> Report {
     let rows = allocated
         .into_iter()
@@ -261,6 +290,7 @@ pub fn assemble(
         to: format_time(window.to),
         by: by.label().to_string(),
         rows,
+        missing,
     }
 }
 
@@ -349,6 +379,13 @@ impl Report {
             }
         }
         let mut out = format!("GPU-hours {} .. {}\n", self.from, self.to);
+        for gap in &self.missing {
+            let _ = writeln!(
+                out,
+                "MISSING: no samples {} .. {}; the figures below leave it out",
+                gap.from, gap.to
+            );
+        }
         for line in &lines {
             let mut text = String::new();
             for (i, (cell, w)) in line.iter().zip(widths).enumerate() {
@@ -505,7 +542,14 @@ mod tests {
         );
         let used = totals([reading("a", "whole", 1800.0)], &by);
         let w = Window::new(0, 7200, 60).unwrap();
-        let report = assemble(&w, &by, allocated, &used);
+        let missing = spans(&[
+            Window::new(0, 3600, 60).unwrap(),
+            Window::new(3600, 7200, 60).unwrap(),
+            Window::new(10_800, 14_400, 60).unwrap(),
+        ]);
+        assert_eq!(missing.len(), 2);
+        assert_eq!(missing[0].to, "1970-01-01T02:00:00Z");
+        let report = assemble(&w, &by, allocated, &used, missing);
         assert_eq!(report.rows.len(), 2);
         assert_eq!(report.rows[0].allocated_gpu_seconds, 7200.0);
         assert_eq!(report.rows[0].used_gpu_seconds, Some(1800.0));
@@ -513,6 +557,10 @@ mod tests {
         assert_eq!(report.total(), (9000.0, 1800.0));
         let table = report.render(Format::Table);
         assert!(table.contains("NAMESPACE"), "{table}");
+        assert!(
+            table.contains("MISSING: no samples 1970-01-01T00:00:00Z .. 1970-01-01T02:00:00Z"),
+            "{table}"
+        );
         assert!(table.lines().any(|l| l.starts_with("a ")
             && l.contains("2.000")
             && l.contains("0.500")
@@ -524,5 +572,6 @@ mod tests {
         assert_eq!(json["rows"][0]["allocated_gpu_seconds"], 7200.0);
         assert!(json["rows"][1]["used_gpu_seconds"].is_null());
         assert_eq!(json["from"], "1970-01-01T00:00:00Z");
+        assert_eq!(json["missing"][1]["from"], "1970-01-01T03:00:00Z");
     }
 }

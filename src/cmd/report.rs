@@ -86,6 +86,9 @@ fn chargeback(args: ChargebackArgs) -> anyhow::Result<()> {
             .await
             .context("chargeback report")
     })?;
+    for gap in &report.missing {
+        tracing::warn!(from = %gap.from, to = %gap.to, "no chargeback samples in this part of the window; the report leaves it out");
+    }
     std::io::stdout()
         .write_all(report.render(format).as_bytes())
         .context("writing the report")?;

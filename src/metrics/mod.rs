@@ -268,6 +268,9 @@ mod tests {
             page.contains("tessera_chargeback_gpu_allocated_seconds_total{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"timeslice\",namespace=\"ml\",pod=\"p\",container=\"c\",queue=\"q\",team=\"t\"} 10.0"),
             "{page}"
         );
-        assert!(page.contains("tessera_health_watch_restarts_total"), "{page}");
+        assert!(
+            page.contains("tessera_health_watch_restarts_total"),
+            "{page}"
+        );
     }
 }
