@@ -15,9 +15,9 @@ mod week;
 use std::collections::BTreeMap;
 use std::process::Command;
 use std::time::{Duration, Instant};
-use support::prometheus::{backfill, Prometheus};
+use support::prometheus::{backfill, backfill_rules, Prometheus};
 use tessera::chargeback::read::{self, ReadError};
-use tessera::chargeback::report::{GroupBy, Report, Window};
+use tessera::chargeback::report::{GroupBy, Report, Source, Window};
 use tessera::chargeback::ChargeLabels;
 use tessera::prometheus::PromClient;
 use week::{Spec, Week, WEEK};
@@ -118,7 +118,9 @@ async fn a_backfilled_week_reads_back_to_the_gpu_second_and_every_dashboard_quer
         let by = GroupBy::parse(by).unwrap();
         for (from, to) in windows {
             let window = Window::new(from, to, 60).unwrap();
-            let report = read::run(&c, &prom.url, &window, &by).await.unwrap();
+            let report = read::run(&c, &prom.url, &window, &by, Source::Raw)
+                .await
+                .unwrap();
             let want = week.expected(from, to, group_of(&by));
             assert!(!want.is_empty());
             assert_matches(&report, &want, &format!("by {} {from}..{to}", by.label()));
@@ -127,7 +129,9 @@ async fn a_backfilled_week_reads_back_to_the_gpu_second_and_every_dashboard_quer
     // The same at the scrape interval as the step.
     let window = Window::new(START, START + WEEK, 120).unwrap();
     let by = GroupBy::Queue;
-    let report = read::run(&c, &prom.url, &window, &by).await.unwrap();
+    let report = read::run(&c, &prom.url, &window, &by, Source::Raw)
+        .await
+        .unwrap();
     assert_matches(
         &report,
         &week.expected(START, START + WEEK, group_of(&by)),
@@ -139,7 +143,79 @@ async fn a_backfilled_week_reads_back_to_the_gpu_second_and_every_dashboard_quer
     binary_reports_match_the_library(&prom, &week);
     a_window_without_data_says_so(&prom).await;
     every_dashboard_query_returns_data(&prom).await;
+    the_recording_rules_give_the_report_on_their_own_grid(&prom, &week, dir.path()).await;
     eprintln!("total: {:?}", started.elapsed());
+}
+
+/// The rules of `daemonset/prometheus/` backfilled over the week by promtool (from the
+/// raw counters), served by a second Prometheus. Rules are evaluated at an offset within
+/// the minute, so a rule sample at `t + offset` holds the raw samples of the minute
+/// before it: over `(from, to]` the rule samples hold the raw samples in `[from, to)`,
+/// which on this week's 120 s grid are the ledger's `(from - 120, to - 120]`.
+async fn the_recording_rules_give_the_report_on_their_own_grid(
+    raw: &Prometheus,
+    week: &Week,
+    dir: &std::path::Path,
+) {
+    let rules = std::path::Path::new("daemonset/prometheus/tessera-chargeback.rules.yml");
+    let out = dir.join("rules");
+    if !backfill_rules(rules, &raw.url, START, START + WEEK, &out) {
+        return;
+    }
+    let Some(prom) = Prometheus::on_tsdb(&out).await else {
+        return;
+    };
+    let c = client();
+    let p = week.spec.sample_every;
+    for by in ["namespace", "label:team"] {
+        let by = GroupBy::parse(by).unwrap();
+        for (from, to) in [
+            (START + DAY, START + WEEK),
+            (START + DAY + 13 * 3600, START + 3 * DAY + 1800),
+        ] {
+            let window = Window::new(from, to, 60).unwrap();
+            let report = read::run(&c, &prom.url, &window, &by, Source::Rules)
+                .await
+                .unwrap();
+            let want = week.expected(from - p, to - p, group_of(&by));
+            assert_matches(
+                &report,
+                &want,
+                &format!("rules by {} {from}..{to}", by.label()),
+            );
+        }
+    }
+    let (from, to) = (START + DAY, START + 5 * DAY);
+    let out = tessera(&[
+        "--prometheus",
+        &prom.url,
+        "--from",
+        &rfc3339(from),
+        "--to",
+        &rfc3339(to),
+        "--source",
+        "rules",
+        "-o",
+        "json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let total: f64 = json["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["allocated_gpu_seconds"].as_f64().unwrap())
+        .sum();
+    let want: f64 = week
+        .expected(from - p, to - p, |l| l.namespace.clone())
+        .values()
+        .map(|v| v.0)
+        .sum();
+    assert!((total - want).abs() < 1e-2, "{total} ≠ {want}");
 }
 
 fn tessera(args: &[&str]) -> std::process::Output {
@@ -256,7 +332,9 @@ async fn a_window_partly_without_data_names_the_gap(prom: &Prometheus, week: &We
     let (from, to) = (START + 6 * DAY, START + 9 * DAY);
     let window = Window::new(from, to, 60).unwrap();
     let by = GroupBy::Namespace;
-    let report = read::run(&client(), &prom.url, &window, &by).await.unwrap();
+    let report = read::run(&client(), &prom.url, &window, &by, Source::Raw)
+        .await
+        .unwrap();
     assert_matches(
         &report,
         &week.expected(from, to, group_of(&by)),
@@ -292,7 +370,15 @@ async fn a_window_partly_without_data_names_the_gap(prom: &Prometheus, week: &We
 
 async fn a_window_without_data_says_so(prom: &Prometheus) {
     let window = Window::new(START - 30 * DAY, START - 29 * DAY, 60).unwrap();
-    match read::run(&client(), &prom.url, &window, &GroupBy::Namespace).await {
+    match read::run(
+        &client(),
+        &prom.url,
+        &window,
+        &GroupBy::Namespace,
+        Source::Raw,
+    )
+    .await
+    {
         Err(ReadError::NoData { metric, .. }) => {
             assert_eq!(metric, "tessera_chargeback_gpu_allocated_seconds_total")
         }

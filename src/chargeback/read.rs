@@ -10,7 +10,7 @@
 //! ```
 
 use super::metrics::{ALLOCATED, USED};
-use super::report::{assemble, spans, totals, GroupBy, Reading, Report, Window};
+use super::report::{assemble, spans, totals, GroupBy, Reading, Report, Source, Window};
 use crate::prometheus::{PromClient, QueryError};
 use futures::future::try_join_all;
 
@@ -41,16 +41,18 @@ pub enum ReadError {
     },
 }
 
-/// The report for `window` grouped by `by`, from the Prometheus at `server`.
+/// The report for `window` grouped by `by`, from the Prometheus at `server`, reading
+/// `source`.
 pub async fn run(
     client: &PromClient,
     server: &str,
     window: &Window,
     by: &GroupBy,
+    source: Source,
 ) -> Result<Report, ReadError> {
     let (allocated, used) = futures::try_join!(
-        measure(client, server, window, by, "allocated", ALLOCATED),
-        measure(client, server, window, by, "used", USED),
+        measure(client, server, window, by, source, "allocated", ALLOCATED),
+        measure(client, server, window, by, source, "used", USED),
     )?;
     let missing: Vec<Window> = allocated
         .iter()
@@ -80,11 +82,12 @@ async fn measure(
     server: &str,
     window: &Window,
     by: &GroupBy,
+    source: Source,
     measure: &'static str,
     metric: &str,
 ) -> Result<Vec<(Window, Vec<Reading>)>, ReadError> {
     let chunks = window.chunks().into_iter().map(|chunk| async move {
-        let query = chunk.increase_query(metric, by);
+        let query = chunk.query(source, metric, by);
         let answer = client
             .query_vector(server, &query, chunk.to)
             .await

@@ -182,6 +182,20 @@ impl Window {
         chunks
     }
 
+    /// The increase of `counter` over this window from `source`, summed by `by`, model
+    /// and mode, evaluated at `self.to`.
+    pub fn query(&self, source: Source, counter: &str, by: &GroupBy) -> String {
+        match source {
+            Source::Raw => self.increase_query(counter, by),
+            Source::Rules => format!(
+                "sum by ({by}, model, mode) (sum_over_time({rule}[{range}s]))",
+                by = by.label(),
+                rule = rule_for(counter),
+                range = self.to - self.from - 1
+            ),
+        }
+    }
+
     /// The increase of counter `metric` over this window, summed by `by`, model and mode,
     /// evaluated at `self.to`.
     pub fn increase_query(&self, metric: &str, by: &GroupBy) -> String {
@@ -191,6 +205,27 @@ impl Window {
             by = by.label()
         )
     }
+}
+
+/// Where the increments come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    /// The raw counters, increments computed per step at query time (exact; costs the
+    /// server per step and series).
+    Raw,
+    /// The recording rules of `daemonset/prometheus/tessera-chargeback.rules.yml`: each
+    /// minute's increment stored as it happened; the report only sums the rule samples
+    /// in the window, so its edges are the rule's evaluation times (within a minute of
+    /// `from` and `to`). Needs the rules in force (or backfilled) over the whole window.
+    Rules,
+}
+
+/// The recording rule holding `counter`'s per-minute increments.
+pub fn rule_for(counter: &str) -> String {
+    let base = counter
+        .trim_start_matches("tessera_")
+        .trim_end_matches("_total");
+    format!("tessera:{base}:increase1m")
 }
 
 /// One series of an answer: its labels and value.
@@ -519,6 +554,15 @@ mod tests {
         assert_eq!(
             q,
             "sum by (queue, model, mode) (sum_over_time(((c_total - c_total offset 60s) >= 0 or c_total * 1)[3599s:60s]))"
+        );
+        let w = Window::new(0, 3600, 60).unwrap();
+        assert_eq!(
+            w.query(
+                Source::Rules,
+                "tessera_chargeback_gpu_used_seconds_total",
+                &GroupBy::Namespace
+            ),
+            "sum by (namespace, model, mode) (sum_over_time(tessera:chargeback_gpu_used_seconds:increase1m[3599s]))"
         );
     }
 

@@ -6,7 +6,7 @@ use anyhow::Context;
 use std::io::Write;
 use std::time::Duration;
 use tessera::chargeback::read;
-use tessera::chargeback::report::{parse_time, Format, GroupBy, Window};
+use tessera::chargeback::report::{parse_time, Format, GroupBy, Source, Window};
 use tessera::prometheus::PromClient;
 
 /// Flags of `tessera report`.
@@ -27,6 +27,12 @@ pub enum OutputArg {
     Table,
     Csv,
     Json,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SourceArg {
+    Raw,
+    Rules,
 }
 
 #[derive(clap::Args, Debug)]
@@ -51,6 +57,12 @@ pub struct ChargebackArgs {
     /// resets to be counted exactly. The window is rounded down to whole steps.
     #[arg(long, default_value_t = 60)]
     pub step: i64,
+    /// `raw`: the counters, increments computed at query time (exact, costs the server
+    /// per step and series); `rules`: the per-minute increments the recording rules of
+    /// `daemonset/prometheus/tessera-chargeback.rules.yml` stored (fast; they must cover
+    /// the whole window; the edges are the rule's evaluation times).
+    #[arg(long, value_enum, default_value = "raw")]
+    pub source: SourceArg,
     /// Seconds each query may take before the report gives up (Prometheus's own
     /// `--query.timeout` defaults to 2 minutes too; a week for 200 namespaces costs its
     /// server about 25 s of CPU: docs/chargeback.md).
@@ -76,6 +88,10 @@ fn chargeback(args: ChargebackArgs) -> anyhow::Result<()> {
         OutputArg::Csv => Format::Csv,
         OutputArg::Json => Format::Json,
     };
+    let source = match args.source {
+        SourceArg::Raw => Source::Raw,
+        SourceArg::Rules => Source::Rules,
+    };
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -84,7 +100,7 @@ fn chargeback(args: ChargebackArgs) -> anyhow::Result<()> {
     let report = runtime.block_on(async {
         let client = PromClient::new(Duration::from_secs(args.timeout))
             .context("building the Prometheus client")?;
-        read::run(&client, &args.prometheus, &window, &by)
+        read::run(&client, &args.prometheus, &window, &by, source)
             .await
             .context("chargeback report")
     })?;

@@ -224,3 +224,31 @@ pub fn backfill(openmetrics: &Path, tsdb: &Path) -> bool {
     );
     true
 }
+
+/// Evaluates the recording rules in `rules` over `[start, end]` (Unix seconds) against the
+/// Prometheus at `url` and writes the results as TSDB blocks under `out`, with `promtool
+/// tsdb create-blocks-from rules`; `false` (after `skip::tool_missing`) without promtool.
+pub fn backfill_rules(rules: &Path, url: &str, start: i64, end: i64, out: &Path) -> bool {
+    let run = Command::new("promtool")
+        .args(["tsdb", "create-blocks-from", "rules", "--quiet"])
+        .arg(format!("--url={url}"))
+        .arg(format!("--start={start}"))
+        .arg(format!("--end={end}"))
+        .arg(format!("--output-dir={}", out.display()))
+        .arg(rules)
+        .output();
+    let out = match run {
+        Ok(out) => out,
+        Err(_) => {
+            super::skip::tool_missing("promtool", "apt-get install prometheus");
+            return false;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "promtool failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    true
+}
