@@ -11,6 +11,7 @@
 pub mod agent;
 pub mod autoscale;
 pub mod cdi;
+pub mod chargeback;
 pub mod controller;
 pub mod deviceplugin;
 pub mod diagnose;

@@ -52,6 +52,8 @@ enum Command {
     Diagnose(cmd::diagnose::Args),
     /// Nodes and their GPUs, allocated vs used.
     Top(cmd::top::Args),
+    /// Reports read back from Prometheus (`report chargeback`: GPU-hours per team).
+    Report(cmd::report::Args),
 }
 
 fn main() -> ExitCode {
@@ -76,6 +78,7 @@ fn main() -> ExitCode {
             Err(e) => Err(e),
         },
         Command::Top(args) => cmd::top::run(args),
+        Command::Report(args) => cmd::report::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,11 +1,14 @@
-//! A Prometheus HTTP API client for instant queries, as KEDA's prometheus scaler uses
-//! it: `GET <serverAddress>/api/v1/query?query=…`, one sample expected.
+//! A Prometheus HTTP API client for instant queries: `GET <serverAddress>/api/v1/query?
+//! query=…[&time=…]`. [`PromClient::query_one`] expects one sample, as KEDA's prometheus
+//! scaler uses it (the autoscaler's triggers); [`PromClient::query_vector`] returns every
+//! series with its labels, evaluated at a given time (the chargeback report).
 //!
 //! ```text
 //! query_one ─► GET /api/v1/query (timeout) ─► status 200/400/422/503 + JSON envelope
 //!    └─ decode_instant: vector of 0 series → Empty · 1 → Value · more → SeveralSeries
 //!                       scalar → Value · "NaN" / "+Inf" → Value (non-finite; the caller decides)
 //!                       status "error" → Prometheus's own errorType and error
+//! query_vector ─► same GET with time= ─► decode_vector: every series (labels, value)
 //! ```
 //!
 //! Every failure is a [`QueryError`] that says what went wrong and where (the server
@@ -20,10 +23,12 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::time::Duration;
 
-/// Largest response read (an instant query for one series is a few hundred bytes).
-const MAX_RESPONSE: usize = 4 << 20;
+/// Largest response read (an instant query for one series is a few hundred bytes; a
+/// chargeback report's vector of a few thousand series is well under a MiB each).
+const MAX_RESPONSE: usize = 32 << 20;
 
 /// A query that gave no usable answer.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
@@ -85,6 +90,20 @@ struct Series {
     value: Point,
 }
 
+#[derive(Deserialize)]
+struct LabelledSeries {
+    metric: BTreeMap<String, String>,
+    value: Point,
+}
+
+/// One series of an instant vector: its labels (`__name__` included when Prometheus keeps
+/// it) and its value.
+#[derive(Debug, Clone, PartialEq)]
+pub struct LabelledSample {
+    pub labels: BTreeMap<String, String>,
+    pub value: f64,
+}
+
 fn number(text: &str) -> Result<f64, QueryError> {
     // Go's strconv.FormatFloat writes NaN, +Inf, -Inf; Rust reads "inf" and "NaN".
     match text {
@@ -99,20 +118,7 @@ fn number(text: &str) -> Result<f64, QueryError> {
 /// The answer in an instant query's response body (any HTTP status: Prometheus puts
 /// its errors in the same envelope).
 pub fn decode_instant(status: u16, body: &[u8]) -> Result<Sample, QueryError> {
-    let envelope: Envelope = match serde_json::from_slice(body) {
-        Ok(e) => e,
-        Err(_) if status != 200 => return Err(QueryError::Http { status }),
-        Err(e) => return Err(QueryError::Decode(e.to_string())),
-    };
-    if envelope.status != "success" {
-        return Err(QueryError::Refused {
-            error_type: envelope.error_type.unwrap_or_else(|| "unknown".into()),
-            error: envelope.error.unwrap_or_default(),
-        });
-    }
-    let data = envelope
-        .data
-        .ok_or_else(|| QueryError::Decode("status success without data".into()))?;
+    let data = decode_envelope(status, body)?;
     match data.result_type.as_str() {
         "vector" => {
             let series: Vec<Series> = serde_json::from_value(data.result)
@@ -130,6 +136,44 @@ pub fn decode_instant(status: u16, body: &[u8]) -> Result<Sample, QueryError> {
         }
         other => Err(QueryError::WrongType(other.to_string())),
     }
+}
+
+/// Every series of an instant vector in a response body, in Prometheus's order; an empty
+/// vector is an empty list (the caller decides whether that is an answer).
+pub fn decode_vector(status: u16, body: &[u8]) -> Result<Vec<LabelledSample>, QueryError> {
+    let data = decode_envelope(status, body)?;
+    if data.result_type != "vector" {
+        return Err(QueryError::WrongType(data.result_type));
+    }
+    let series: Vec<LabelledSeries> =
+        serde_json::from_value(data.result).map_err(|e| QueryError::Decode(e.to_string()))?;
+    series
+        .into_iter()
+        .map(|s| {
+            Ok(LabelledSample {
+                labels: s.metric,
+                value: number(&s.value.1)?,
+            })
+        })
+        .collect()
+}
+
+/// The `data` of a successful answer, or Prometheus's own error.
+fn decode_envelope(status: u16, body: &[u8]) -> Result<Data, QueryError> {
+    let envelope: Envelope = match serde_json::from_slice(body) {
+        Ok(e) => e,
+        Err(_) if status != 200 => return Err(QueryError::Http { status }),
+        Err(e) => return Err(QueryError::Decode(e.to_string())),
+    };
+    if envelope.status != "success" {
+        return Err(QueryError::Refused {
+            error_type: envelope.error_type.unwrap_or_else(|| "unknown".into()),
+            error: envelope.error.unwrap_or_default(),
+        });
+    }
+    envelope
+        .data
+        .ok_or_else(|| QueryError::Decode("status success without data".into()))
 }
 
 /// An HTTP(S) client for instant queries; cheap to clone, one per process.
@@ -158,6 +202,24 @@ impl PromClient {
     /// prefix).
     pub async fn query_one(&self, server: &str, query: &str) -> Result<Sample, QueryError> {
         let uri = query_uri(server, query)?;
+        let (status, body) = self.get(server, uri).await?;
+        decode_instant(status, &body)
+    }
+
+    /// `query` evaluated at `at` (Unix seconds): every series of the instant vector.
+    pub async fn query_vector(
+        &self,
+        server: &str,
+        query: &str,
+        at: i64,
+    ) -> Result<Vec<LabelledSample>, QueryError> {
+        let uri = query_uri_at(server, query, Some(at))?;
+        let (status, body) = self.get(server, uri).await?;
+        decode_vector(status, &body)
+    }
+
+    /// One GET within the timeout: the HTTP status and the body.
+    async fn get(&self, server: &str, uri: hyper::Uri) -> Result<(u16, Bytes), QueryError> {
         let address = server.trim_end_matches('/').to_string();
         let call = async {
             let request = hyper::Request::get(uri)
@@ -184,7 +246,7 @@ impl PromClient {
                     why: format!("reading the answer: {e}"),
                 })?
                 .to_bytes();
-            decode_instant(status, &body)
+            Ok((status, body))
         };
         tokio::time::timeout(self.timeout, call)
             .await
@@ -208,6 +270,11 @@ fn error_chain(e: &dyn std::error::Error) -> String {
 
 /// `<server>/api/v1/query?query=<encoded>`.
 pub fn query_uri(server: &str, query: &str) -> Result<hyper::Uri, QueryError> {
+    query_uri_at(server, query, None)
+}
+
+/// `<server>/api/v1/query?query=<encoded>[&time=<at>]`.
+pub fn query_uri_at(server: &str, query: &str, at: Option<i64>) -> Result<hyper::Uri, QueryError> {
     let bad = |why: &str| QueryError::BadAddress {
         address: server.to_string(),
         why: why.to_string(),
@@ -224,9 +291,12 @@ pub fn query_uri(server: &str, query: &str) -> Result<hyper::Uri, QueryError> {
     if parsed.query().is_some() {
         return Err(bad("a query string does not belong in serverAddress"));
     }
-    let encoded: String = form_urlencoded::Serializer::new(String::new())
-        .append_pair("query", query)
-        .finish();
+    let mut encoder = form_urlencoded::Serializer::new(String::new());
+    encoder.append_pair("query", query);
+    if let Some(at) = at {
+        encoder.append_pair("time", &at.to_string());
+    }
+    let encoded = encoder.finish();
     format!("{base}/api/v1/query?{encoded}")
         .parse()
         .map_err(|_| bad("not a URL once the query path is added"))
@@ -276,6 +346,33 @@ mod tests {
             decode_instant(200, b"{not json"),
             Err(QueryError::Decode(_))
         ));
+    }
+
+    #[test]
+    fn a_vector_decodes_to_every_series_with_its_labels() {
+        let body = r#"{"status":"success","data":{"resultType":"vector","result":[
+            {"metric":{"namespace":"a","mode":"mig"},"value":[1700000000,"3600.5"]},
+            {"metric":{},"value":[1700000000,"NaN"]}]}}"#;
+        let got = decode_vector(200, body.as_bytes()).unwrap();
+        assert_eq!(got.len(), 2);
+        assert_eq!(got[0].labels["namespace"], "a");
+        assert_eq!(got[0].labels["mode"], "mig");
+        assert_eq!(got[0].value, 3600.5);
+        assert!(got[1].labels.is_empty() && got[1].value.is_nan());
+        let empty = r#"{"status":"success","data":{"resultType":"vector","result":[]}}"#;
+        assert_eq!(decode_vector(200, empty.as_bytes()), Ok(vec![]));
+        let scalar = r#"{"status":"success","data":{"resultType":"scalar","result":[1,"1"]}}"#;
+        assert_eq!(
+            decode_vector(200, scalar.as_bytes()),
+            Err(QueryError::WrongType("scalar".into()))
+        );
+        let refused = r#"{"status":"error","errorType":"timeout","error":"query timed out"}"#;
+        assert!(matches!(
+            decode_vector(503, refused.as_bytes()),
+            Err(QueryError::Refused { error_type, .. }) if error_type == "timeout"
+        ));
+        let at = query_uri_at("http://p:9090", "up", Some(1_700_000_000)).unwrap();
+        assert_eq!(at.query(), Some("query=up&time=1700000000"));
     }
 
     #[test]

@@ -5,6 +5,7 @@ pub mod diagnose;
 pub mod layout;
 pub mod node;
 pub mod plan;
+pub mod report;
 pub mod simulate;
 pub mod simulate_fleet;
 pub mod top;

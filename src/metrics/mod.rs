@@ -10,6 +10,7 @@
 //! | `tessera_config_reloads_total` | outcome | applied / rejected / unchanged |
 //! | `tessera_cdi_spec_repairs_total` | | CDI spec rewritten after a check found it wrong |
 //! | `tessera_health_watch_restarts_total` | | GPU health watch lost and restarted |
+//! | `tessera_chargeback_gpu_{allocated,used}_seconds_total` | node, gpu, model, mode, namespace, pod, container, queue, team | GPU-seconds per container ([`crate::chargeback::metrics`]; charged by whoever calls `chargeback.charge`) |
 //!
 //! The same listener serves the probes `GET /livez` and `GET /readyz` ([`probes`]).
 
@@ -74,6 +75,8 @@ pub struct NodeMetrics {
     pub cdi_spec_repairs: Counter,
     /// The GPU backend's health watch lost (ended or failed to start) and restarted.
     pub health_watch_restarts: Counter,
+    /// GPU-seconds allocated and used per container (docs/chargeback.md).
+    pub chargeback: crate::chargeback::ChargebackMetrics,
 }
 
 impl Default for NodeMetrics {
@@ -94,6 +97,7 @@ impl NodeMetrics {
         let device_plugin_conflicts = Gauge::default();
         let cdi_spec_repairs = Counter::default();
         let health_watch_restarts = Counter::default();
+        let chargeback = crate::chargeback::ChargebackMetrics::register(&mut registry);
         registry.register(
             "cdi_spec_repairs",
             "Times the node's CDI spec was found missing, damaged or edited and rewritten",
@@ -151,6 +155,7 @@ impl NodeMetrics {
             device_plugin_conflicts,
             cdi_spec_repairs,
             health_watch_restarts,
+            chargeback,
         }
     }
 
@@ -235,5 +240,37 @@ pub async fn serve(
                 warn!(error = %e, "metrics connection failed");
             }
         });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chargeback::{ChargeLabels, Mode};
+
+    #[test]
+    fn chargeback_counters_are_served_with_the_agent_metrics() {
+        let metrics = NodeMetrics::new();
+        let labels = ChargeLabels {
+            node: "n1".into(),
+            gpu: "GPU-0".into(),
+            model: "H100-80GB".into(),
+            mode: Mode::Timeslice,
+            namespace: "ml".into(),
+            pod: "p".into(),
+            container: "c".into(),
+            queue: "q".into(),
+            team: "t".into(),
+        };
+        metrics.chargeback.charge(&labels, 0.25, 1.0, 40.0);
+        let page = metrics.encode();
+        assert!(
+            page.contains("tessera_chargeback_gpu_allocated_seconds_total{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"timeslice\",namespace=\"ml\",pod=\"p\",container=\"c\",queue=\"q\",team=\"t\"} 10.0"),
+            "{page}"
+        );
+        assert!(
+            page.contains("tessera_health_watch_restarts_total"),
+            "{page}"
+        );
     }
 }

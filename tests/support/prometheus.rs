@@ -1,6 +1,8 @@
 //! A real Prometheus server (Debian's `prometheus`) on a loopback port, scraping a small
 //! exporter whose samples the test sets, for the tests that query Prometheus the way the
-//! autoscaler and the chargeback report do.
+//! autoscaler and the chargeback report do; or serving a TSDB that `promtool tsdb
+//! create-blocks-from openmetrics` filled with a backfill ([`backfill`],
+//! [`Prometheus::on_tsdb`]).
 //!
 //! `Prometheus::start` returns `None` (after `skip::tool_missing`, which fails in CI) when
 //! the binary is not installed. The server's data lives in a temporary directory; it is
@@ -13,6 +15,7 @@ use http_body_util::Full;
 use hyper::service::service_fn;
 use hyper_util::rt::TokioIo;
 use std::net::SocketAddr;
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -129,6 +132,40 @@ impl Prometheus {
         Some(p)
     }
 
+    /// Prometheus serving the TSDB at `tsdb` (blocks from [`backfill`]), scraping nothing;
+    /// blocks are kept whatever their age. Ready when this returns.
+    pub async fn on_tsdb(tsdb: &Path) -> Option<Prometheus> {
+        if Command::new("prometheus")
+            .arg("--version")
+            .output()
+            .is_err()
+        {
+            super::skip::tool_missing("prometheus", "apt-get install prometheus");
+            return None;
+        }
+        let data = tempfile::tempdir().unwrap();
+        let config = data.path().join("prometheus.yml");
+        std::fs::write(&config, "global: {scrape_interval: 1m}\n").unwrap();
+        let port = free_port();
+        let child = Command::new("prometheus")
+            .arg(format!("--config.file={}", config.display()))
+            .arg(format!("--storage.tsdb.path={}", tsdb.display()))
+            .arg("--storage.tsdb.retention.time=100y")
+            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
+            .arg("--log.level=warn")
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("prometheus starts");
+        let p = Prometheus {
+            child,
+            url: format!("http://127.0.0.1:{port}"),
+            _data: data,
+        };
+        p.wait_ready().await;
+        Some(p)
+    }
+
     async fn wait_ready(&self) {
         let deadline = Instant::now() + Duration::from_secs(30);
         let addr: SocketAddr = self.url.trim_start_matches("http://").parse().unwrap();
@@ -161,4 +198,57 @@ async fn ready(tcp: tokio::net::TcpStream) -> bool {
         .body(Full::new(Bytes::new()))
         .unwrap();
     matches!(sender.send_request(req).await, Ok(r) if r.status() == 200)
+}
+
+/// Writes the OpenMetrics text at `openmetrics` into TSDB blocks under `tsdb` with
+/// `promtool tsdb create-blocks-from openmetrics`; `false` (after `skip::tool_missing`)
+/// when promtool is not installed. Panics with promtool's output when it fails.
+pub fn backfill(openmetrics: &Path, tsdb: &Path) -> bool {
+    let out = match Command::new("promtool")
+        .args(["tsdb", "create-blocks-from", "openmetrics"])
+        .arg(openmetrics)
+        .arg(tsdb)
+        .output()
+    {
+        Ok(out) => out,
+        Err(_) => {
+            super::skip::tool_missing("promtool", "apt-get install prometheus");
+            return false;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "promtool failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    true
+}
+
+/// Evaluates the recording rules in `rules` over `[start, end]` (Unix seconds) against the
+/// Prometheus at `url` and writes the results as TSDB blocks under `out`, with `promtool
+/// tsdb create-blocks-from rules`; `false` (after `skip::tool_missing`) without promtool.
+pub fn backfill_rules(rules: &Path, url: &str, start: i64, end: i64, out: &Path) -> bool {
+    let run = Command::new("promtool")
+        .args(["tsdb", "create-blocks-from", "rules", "--quiet"])
+        .arg(format!("--url={url}"))
+        .arg(format!("--start={start}"))
+        .arg(format!("--end={end}"))
+        .arg(format!("--output-dir={}", out.display()))
+        .arg(rules)
+        .output();
+    let out = match run {
+        Ok(out) => out,
+        Err(_) => {
+            super::skip::tool_missing("promtool", "apt-get install prometheus");
+            return false;
+        }
+    };
+    assert!(
+        out.status.success(),
+        "promtool failed: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    true
 }
