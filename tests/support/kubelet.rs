@@ -217,9 +217,9 @@ async fn stream_devices(
     Ok(())
 }
 
-/// The device manager's checkpoint, as the kubelet writes it after each device update.
-fn write_checkpoint(dir: &Path, resources: &BTreeMap<String, ResourceState>) {
-    let registered: BTreeMap<&str, Vec<&str>> = resources
+/// `RegisteredDevices`: each resource's IDs in its latest list.
+fn registered(resources: &BTreeMap<String, ResourceState>) -> BTreeMap<&str, Vec<&str>> {
+    resources
         .iter()
         .map(|(r, st)| {
             let ids = st
@@ -229,7 +229,12 @@ fn write_checkpoint(dir: &Path, resources: &BTreeMap<String, ResourceState>) {
                 .unwrap_or_default();
             (r.as_str(), ids)
         })
-        .collect();
+        .collect()
+}
+
+/// The device manager's checkpoint, as the kubelet writes it after each device update.
+fn write_checkpoint(dir: &Path, resources: &BTreeMap<String, ResourceState>) {
+    let registered = registered(resources);
     let path = dir.join("kubelet_internal_checkpoint");
     let pod_entries = std::fs::read(&path)
         .ok()
@@ -427,18 +432,11 @@ impl Kubelet {
             })
             .collect();
         let resources = self.shared.resources.lock().unwrap();
-        let registered: BTreeMap<&str, Vec<&str>> = resources
-            .iter()
-            .map(|(r, st)| {
-                let ids = st
-                    .lists
-                    .last()
-                    .map(|l| l.iter().map(|d| d.id.as_str()).collect())
-                    .unwrap_or_default();
-                (r.as_str(), ids)
-            })
-            .collect();
-        write_checkpoint_with(&self.dir, registered, serde_json::Value::from(entries));
+        write_checkpoint_with(
+            &self.dir,
+            registered(&resources),
+            serde_json::Value::from(entries),
+        );
     }
 
     pub fn stop(&self) {
