@@ -42,20 +42,27 @@ impl Panel {
     }
 }
 
-/// The chart as an SVG document.
-pub fn svg(title: &str, summaries: &[PolicySummary], paper: Option<&PaperResults>) -> String {
+/// The opening of a `w` × `h` SVG document on white with `title` centred on top (the
+/// caller closes it with `</svg>`).
+pub(crate) fn header(w: f64, h: f64, title: &str) -> String {
     let mut s = String::new();
     let _ = writeln!(
         s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" viewBox="0 0 {w} {h}" font-family="sans-serif" font-size="12">"#
     );
     let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
     let _ = writeln!(
         s,
         r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-        W / 2.0,
+        w / 2.0,
         escape(title)
     );
+    s
+}
+
+/// The chart as an SVG document.
+pub fn svg(title: &str, summaries: &[PolicySummary], paper: Option<&PaperResults>) -> String {
+    let mut s = header(W, H, title);
     // Zoom range: from the lowest value any policy reaches at 80% arrived, to 100.
     let low = summaries
         .iter()

@@ -91,50 +91,23 @@ fn free_port() -> u16 {
 impl Prometheus {
     /// Prometheus scraping `exporter` every second; ready when this returns.
     pub async fn start(exporter: &Exporter) -> Option<Prometheus> {
-        if Command::new("prometheus")
-            .arg("--version")
-            .output()
-            .is_err()
-        {
-            super::skip::tool_missing("prometheus", "apt-get install prometheus");
-            return None;
-        }
-        let data = tempfile::tempdir().unwrap();
         let target = exporter.addr.expect("a started exporter");
-        let config = data.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
-                 scrape_configs:\n- job_name: exporter\n  static_configs: [{{targets: ['{target}']}}]\n"
-            ),
-        )
-        .unwrap();
-        let port = free_port();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                data.path().join("tsdb").display()
-            ))
-            .arg(format!("--web.listen-address=127.0.0.1:{port}"))
-            .arg("--log.level=warn")
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("prometheus starts");
-        let p = Prometheus {
-            child,
-            url: format!("http://127.0.0.1:{port}"),
-            _data: data,
-        };
-        p.wait_ready().await;
-        Some(p)
+        let config = format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             scrape_configs:\n- job_name: exporter\n  static_configs: [{{targets: ['{target}']}}]\n"
+        );
+        Self::spawn(&config, None).await
     }
 
     /// Prometheus serving the TSDB at `tsdb` (blocks from [`backfill`]), scraping nothing;
     /// blocks are kept whatever their age. Ready when this returns.
     pub async fn on_tsdb(tsdb: &Path) -> Option<Prometheus> {
+        Self::spawn("global: {scrape_interval: 1m}\n", Some(tsdb)).await
+    }
+
+    /// Prometheus with `config`, on `tsdb` (kept 100 years) or a fresh one in its data
+    /// directory; `None` (after `skip::tool_missing`) when it is not installed.
+    async fn spawn(config: &str, tsdb: Option<&Path>) -> Option<Prometheus> {
         if Command::new("prometheus")
             .arg("--version")
             .output()
@@ -144,13 +117,21 @@ impl Prometheus {
             return None;
         }
         let data = tempfile::tempdir().unwrap();
-        let config = data.path().join("prometheus.yml");
-        std::fs::write(&config, "global: {scrape_interval: 1m}\n").unwrap();
+        let config_path = data.path().join("prometheus.yml");
+        std::fs::write(&config_path, config).unwrap();
         let port = free_port();
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!("--storage.tsdb.path={}", tsdb.display()))
-            .arg("--storage.tsdb.retention.time=100y")
+        let mut command = Command::new("prometheus");
+        command.arg(format!("--config.file={}", config_path.display()));
+        match tsdb {
+            Some(tsdb) => command
+                .arg(format!("--storage.tsdb.path={}", tsdb.display()))
+                .arg("--storage.tsdb.retention.time=100y"),
+            None => command.arg(format!(
+                "--storage.tsdb.path={}",
+                data.path().join("tsdb").display()
+            )),
+        };
+        let child = command
             .arg(format!("--web.listen-address=127.0.0.1:{port}"))
             .arg("--log.level=warn")
             .stdout(Stdio::null())

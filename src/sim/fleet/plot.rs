@@ -4,7 +4,7 @@
 use std::fmt::Write as _;
 
 use super::run::FleetResult;
-use crate::sim::plot::{axes, escape, line, Panel};
+use crate::sim::plot::{axes, escape, header, line, Panel};
 
 const W: f64 = 1100.0;
 const ROW: f64 = 230.0;
@@ -12,18 +12,7 @@ const ROW: f64 = 230.0;
 /// The chart as an SVG document.
 pub fn svg(title: &str, fleets: &[FleetResult]) -> String {
     let h = 60.0 + ROW * fleets.len() as f64 + 30.0;
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{h}" viewBox="0 0 {W} {h}" font-family="sans-serif" font-size="12">"#
-    );
-    let _ = writeln!(s, r#"<rect width="100%" height="100%" fill="white"/>"#);
-    let _ = writeln!(
-        s,
-        r#"<text x="{}" y="22" text-anchor="middle" font-size="15">{}</text>"#,
-        W / 2.0,
-        escape(title)
-    );
+    let mut s = header(W, h, title);
     let hours = fleets
         .iter()
         .flat_map(|f| f.series.last())
