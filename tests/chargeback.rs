@@ -186,18 +186,12 @@ async fn the_recording_rules_give_the_report_on_their_own_grid(
         }
     }
     let (from, to) = (START + DAY, START + 5 * DAY);
-    let out = tessera(&[
-        "--prometheus",
+    let out = report_cli(
         &prom.url,
-        "--from",
         &rfc3339(from),
-        "--to",
         &rfc3339(to),
-        "--source",
-        "rules",
-        "-o",
-        "json",
-    ]);
+        &["--source", "rules", "-o", "json"],
+    );
     assert!(
         out.status.success(),
         "{}",
@@ -218,6 +212,13 @@ async fn the_recording_rules_give_the_report_on_their_own_grid(
     assert!((total - want).abs() < 1e-2, "{total} ≠ {want}");
 }
 
+/// `tessera report chargeback --prometheus URL --from FROM --to TO` and `rest`.
+fn report_cli(url: &str, from: &str, to: &str, rest: &[&str]) -> std::process::Output {
+    let mut args = vec!["--prometheus", url, "--from", from, "--to", to];
+    args.extend_from_slice(rest);
+    tessera(&args)
+}
+
 fn tessera(args: &[&str]) -> std::process::Output {
     Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["report", "chargeback"])
@@ -234,18 +235,7 @@ fn rfc3339(at: i64) -> String {
 fn binary_reports_match_the_library(prom: &Prometheus, week: &Week) {
     let (from, to) = (START + DAY, START + 5 * DAY);
     let (f, t) = (rfc3339(from), rfc3339(to));
-    let out = tessera(&[
-        "--prometheus",
-        &prom.url,
-        "--from",
-        &f,
-        "--to",
-        &t,
-        "--by",
-        "label:team",
-        "-o",
-        "json",
-    ]);
+    let out = report_cli(&prom.url, &f, &t, &["--by", "label:team", "-o", "json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -273,18 +263,7 @@ fn binary_reports_match_the_library(prom: &Prometheus, week: &Week) {
         );
     }
 
-    let out = tessera(&[
-        "--prometheus",
-        &prom.url,
-        "--from",
-        &f,
-        "--to",
-        &t,
-        "--by",
-        "queue",
-        "-o",
-        "csv",
-    ]);
+    let out = report_cli(&prom.url, &f, &t, &["--by", "queue", "-o", "csv"]);
     assert!(
         out.status.success(),
         "{}",
@@ -303,16 +282,7 @@ fn binary_reports_match_the_library(prom: &Prometheus, week: &Week) {
     let want_total: f64 = want.values().map(|v| v.0).sum();
     assert!((total - want_total).abs() < 1e-2, "{total} ≠ {want_total}");
 
-    let out = tessera(&[
-        "--prometheus",
-        &prom.url,
-        "--from",
-        &f,
-        "--to",
-        &t,
-        "--by",
-        "label:team",
-    ]);
+    let out = report_cli(&prom.url, &f, &t, &["--by", "label:team"]);
     assert!(
         out.status.success(),
         "{}",
@@ -343,14 +313,7 @@ async fn a_window_partly_without_data_names_the_gap(prom: &Prometheus, week: &We
     assert_eq!(report.missing.len(), 1, "{:?}", report.missing);
     assert_eq!(report.missing[0].from, rfc3339(START + 8 * DAY));
     assert_eq!(report.missing[0].to, rfc3339(to));
-    let out = tessera(&[
-        "--prometheus",
-        &prom.url,
-        "--from",
-        &rfc3339(from),
-        "--to",
-        &rfc3339(to),
-    ]);
+    let out = report_cli(&prom.url, &rfc3339(from), &rfc3339(to), &[]);
     assert!(out.status.success());
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(
@@ -385,7 +348,7 @@ async fn a_window_without_data_says_so(prom: &Prometheus) {
         other => panic!("an empty window answered {other:?}"),
     }
     let (f, t) = (rfc3339(START - 30 * DAY), rfc3339(START - 29 * DAY));
-    let out = tessera(&["--prometheus", &prom.url, "--from", &f, "--to", &t]);
+    let out = report_cli(&prom.url, &f, &t, &[]);
     assert!(!out.status.success());
     assert!(
         out.stdout.is_empty(),
