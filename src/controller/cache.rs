@@ -11,8 +11,9 @@
 //! versions are compared as integers, as etcd issues them; an unparsable one is taken
 //! as newer).
 
-use super::snapshot::{crd_resource, dra_resource, QUEUE_KINDS};
-use crate::quota::scenario::QUEUE_LABELS;
+use super::requeue_book;
+use super::resources::{crd_resource, dra_resource, QUEUE_KINDS};
+use crate::quota::objects::QUEUE_LABELS;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -284,7 +285,7 @@ impl Cache {
             claims: Store::new(dra_resource("ResourceClaim", "resourceclaims"), None, true),
             requeue_states: Store::new(
                 ApiResource::erase::<ConfigMap>(&()),
-                Some(super::requeue_state::LABEL.to_string()),
+                Some(requeue_book::LABEL.to_string()),
                 false,
             ),
         }

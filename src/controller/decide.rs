@@ -14,142 +14,14 @@
 //! victims for the quota the first set is about to free. Other cohorts are not held up.
 
 use super::claims::ClaimIndex;
-use super::evictions::Blocked;
-use super::lease::Millis;
-use super::pods_ready::{self, Hold, Requeue};
-use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex, ServingKind};
-pub use super::workloads::millis;
+pub use super::model::{Action, Blocked, ObjKind, ObjRef, Plan, Snapshot};
+use super::pods_ready;
+use super::readiness::{Hold, Requeue};
+use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex};
+use super::time::{rfc3339, Millis};
 pub(super) use super::workloads::{collect, Live, State};
-use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
-use crate::quota::{Engine, EventType, Restored, WaitForPodsReady};
-use k8s_openapi::jiff::Timestamp;
-use serde_json::Value;
+use crate::quota::{Engine, EventType, Restored};
 use std::collections::{BTreeMap, BTreeSet};
-
-/// Everything a pass reads from the API server.
-#[derive(Clone, Debug, Default)]
-pub struct Snapshot {
-    pub now: Millis,
-    pub flavors: Vec<ResourceFlavor>,
-    pub cluster_queues: Vec<ClusterQueue>,
-    pub local_queues: Vec<LocalQueue>,
-    pub priority_classes: Vec<WorkloadPriorityClass>,
-    pub namespaces: Vec<(String, BTreeMap<String, String>)>,
-    /// Pods (JSON as the API server returns them); only those naming a queue matter.
-    pub pods: Vec<Value>,
-    /// batch/v1 Jobs.
-    pub jobs: Vec<Value>,
-    /// apps/v1 ReplicaSets, Deployments and StatefulSets (owners of serving replicas).
-    pub replica_sets: Vec<Value>,
-    pub deployments: Vec<Value>,
-    pub stateful_sets: Vec<Value>,
-    /// resource.k8s.io ResourceClaimTemplates and ResourceClaims pods refer to.
-    pub claim_templates: Vec<Value>,
-    pub claims: Vec<Value>,
-    /// DRA device class name → quota resource (Kueue's `deviceClassMappings`); a class
-    /// not listed counts as a resource of its own name.
-    pub device_classes: BTreeMap<String, String>,
-    /// Pods whose eviction was refused (429, a PodDisruptionBudget) and when to retry.
-    pub blocked: BTreeMap<ObjRef, Blocked>,
-    /// Kueue's `waitForPodsReady`, when enabled.
-    pub pods_ready: Option<WaitForPodsReady>,
-    /// The requeue state ConfigMaps of pod groups and pods without a serving owner
-    /// ([`super::requeue_state`]; read only with `waitForPodsReady`).
-    pub requeue_states: Vec<Value>,
-}
-
-/// Kind of object a workload is made of.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum ObjKind {
-    Pod,
-    Job,
-    /// Owners of serving replicas (only annotated, never admitted themselves).
-    Deployment,
-    ReplicaSet,
-    StatefulSet,
-}
-
-impl From<ServingKind> for ObjKind {
-    fn from(k: ServingKind) -> Self {
-        match k {
-            ServingKind::Deployment => ObjKind::Deployment,
-            ServingKind::ReplicaSet => ObjKind::ReplicaSet,
-            ServingKind::StatefulSet => ObjKind::StatefulSet,
-        }
-    }
-}
-
-/// One object of a workload.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub struct ObjRef {
-    pub kind: ObjKind,
-    pub namespace: String,
-    pub name: String,
-}
-
-/// What the reconciler does.
-#[derive(Clone, Debug, PartialEq)]
-pub enum Action {
-    /// Ungate these pods / unsuspend this Job, adding the flavors' node labels to the
-    /// node selector. `partial` is the pod count of a partial admission: a Job's new
-    /// `parallelism`, recorded on a pod group's ungated pods; `excess` are the gated
-    /// pods of such a group beyond it, deleted once the others are ungated.
-    Admit {
-        workload: String,
-        objects: Vec<ObjRef>,
-        node_selector: BTreeMap<String, String>,
-        partial: Option<u32>,
-        excess: Vec<ObjRef>,
-    },
-    /// Evict these pods through the Eviction API with their grace period (seconds) /
-    /// suspend this Job. `by` is the preemptor (empty for a pods-ready timeout);
-    /// `requeue` is the new requeue count of a workload evicted for a pods-ready timeout,
-    /// recorded on every object (a serving owner listed here is only annotated).
-    Evict {
-        workload: String,
-        objects: Vec<(ObjRef, i64)>,
-        reason: String,
-        by: String,
-        requeue: Option<u32>,
-    },
-    /// All pods of the admitted workload are Ready: record it (the timeout is over).
-    PodsReady { workload: String, object: ObjRef },
-    /// Record why the workload waits (pod condition / Job annotations, and an Event).
-    Pending {
-        workload: String,
-        objects: Vec<ObjRef>,
-        reason: String,
-        message: String,
-    },
-    /// Annotate a serving owner with its admitted / desired replicas (`"2/4"`).
-    Replicas { owner: ObjRef, value: String },
-    /// Write the requeue state of pod groups and pods without a serving owner into the
-    /// namespace's ConfigMap ([`super::requeue_state`]): `set` comes before the
-    /// evictions of the same pass, which are not done when it fails; `forget` removes
-    /// entries (data key → value read) that still hold the value read.
-    RequeueState {
-        namespace: String,
-        set: Vec<super::requeue_state::Entry>,
-        forget: BTreeMap<String, String>,
-    },
-}
-
-/// The outcome of one pass.
-#[derive(Clone, Debug, Default, PartialEq)]
-pub struct Plan {
-    pub actions: Vec<Action>,
-    /// Objects that could not be used (logged by the reconciler).
-    pub problems: Vec<String>,
-    /// Workloads admitted after this pass (running before, or admitted now).
-    pub admitted: BTreeSet<String>,
-    /// Per ClusterQueue: (admitted, pending) workloads.
-    pub queue_counts: BTreeMap<String, (usize, usize)>,
-    /// Per serving owner: (admitted, desired) replicas.
-    pub serving: BTreeMap<Owner, (u32, u32)>,
-    /// The engine's earliest timer after this pass (a minimum runtime running out, …):
-    /// until then, the same objects decide the same.
-    pub next_timer: Option<Millis>,
-}
 
 /// Decides one pass over `s`.
 pub fn decide(s: &Snapshot) -> Plan {
@@ -572,13 +444,6 @@ pub(super) fn replicas_actions(
             });
         }
     }
-}
-
-/// Milliseconds since the epoch as an RFC 3339 stamp.
-pub fn rfc3339(ms: Millis) -> String {
-    Timestamp::from_millisecond(ms as i64)
-        .unwrap_or(Timestamp::UNIX_EPOCH)
-        .to_string()
 }
 
 /// The pending reason of a workload held after pods-ready timeouts (the plan's words).

@@ -4,23 +4,10 @@
 //! when it is retried. The only state the controller keeps between passes; lost on a
 //! restart, which only means one early retry.
 
-use super::decide::ObjRef;
-use super::lease::Millis;
+pub use super::model::Blocked;
+use super::model::ObjRef;
+use super::time::Millis;
 use std::collections::BTreeMap;
-
-/// A pod whose eviction was refused.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Blocked {
-    /// Not retried before this time.
-    pub until: Millis,
-    /// The backoff that set `until` (stable between two tries, so the pending message
-    /// does not change every pass).
-    pub delay: Millis,
-    /// Refusals in a row.
-    pub attempts: u32,
-    /// The API server's message.
-    pub why: String,
-}
 
 /// Refused evictions with their retry times.
 #[derive(Clone, Debug)]
@@ -72,7 +59,7 @@ impl EvictionBackoff {
             .retain(|pod, b| exists(pod) && now <= b.until.saturating_add(max));
     }
 
-    /// The pods currently refused, for [`super::decide::Snapshot::blocked`].
+    /// The pods currently refused, for [`super::model::Snapshot::blocked`].
     pub fn blocked(&self) -> &BTreeMap<ObjRef, Blocked> {
         &self.blocked
     }

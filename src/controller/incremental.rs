@@ -60,6 +60,7 @@
 
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
+use super::config::Config;
 use super::decide::{
     admit_action, blocked_reason, collect, decide_full, engine_with_queues, evict_action,
     finish_admission, hold_reason, keeps_recorded, replica_message, replicas_actions,
@@ -69,7 +70,6 @@ use super::decide::{
 use super::evictions::Blocked;
 use super::lease::Millis;
 use super::pods_ready::{self, state_kept_in_configmap};
-use super::reconciler::Config;
 use super::requeue_state::{self, Book};
 use super::serving::{
     desired_replicas, replica_set_of, replica_set_owners, Owner, ServingIndex, ServingKind,

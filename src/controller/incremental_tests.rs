@@ -11,16 +11,17 @@
 //! Ready and recorded, time out, and Jobs wait out their backoff.
 
 use super::cache::Cache;
-use super::decide::{rfc3339, Action, ObjKind, Plan};
+use super::config::Config;
+use super::decide::{Action, ObjKind, Plan};
 use super::incremental::{decide_cached, Incremental};
 use super::pods_ready::{
     EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
 };
-use super::reconciler::Config;
+use super::time::rfc3339;
 use super::{ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE};
 use super::{ADMITTED_COUNT_ANNOTATION, ORIGINAL_PARALLELISM_ANNOTATION};
 use super::{PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION};
-use crate::quota::scenario::POD_GROUP_MIN_COUNT;
+use crate::quota::objects::POD_GROUP_MIN_COUNT;
 use crate::quota::WaitForPodsReady;
 use proptest::prelude::*;
 use serde_json::{json, Value};

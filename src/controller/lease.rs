@@ -11,13 +11,11 @@
 //! ```
 
 use super::error::{Error, Result};
+pub use super::time::Millis;
 use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, PostParams};
-
-/// Milliseconds since the Unix epoch.
-pub type Millis = u64;
 
 /// The parts of a Lease the decision reads.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -6,6 +6,11 @@
 //! - [`webhook`] (pure) and [`webhook_server`] (HTTPS): gate pods, suspend Jobs;
 //!   [`tls`]: its certificate, reloaded when the files rotate; [`certs`]: or made,
 //!   stored in a Secret and rotated by the controller itself (`--cert-mode=self`).
+//! - Leaves every pass module imports, importing nothing of the controller above them:
+//!   [`time`] (milliseconds, RFC 3339), [`model`] (the pass's [`model::Snapshot`] in,
+//!   its [`model::Plan`] of actions out), [`readiness`] (what objects record about
+//!   readiness and requeues, pure), [`requeue_book`] (the requeue ConfigMap's book,
+//!   pure), [`resources`] (API resources for the CRDs and DRA kinds).
 //! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions;
 //!   `workloads` reads the live objects as workloads; [`incremental`] keeps the engine
 //!   between passes over the watch-fed cache and applies only what changed;
@@ -37,13 +42,18 @@ pub mod incremental;
 #[cfg(test)]
 mod incremental_tests;
 pub mod lease;
+pub mod model;
 pub mod pods_ready;
+pub mod readiness;
 pub mod reconciler;
+pub mod requeue_book;
 pub mod requeue_state;
 #[cfg(test)]
 mod requeue_state_tests;
+pub mod resources;
 pub mod serving;
 pub mod snapshot;
+pub mod time;
 pub mod tls;
 pub mod vgpu_webhook;
 pub mod webhook;

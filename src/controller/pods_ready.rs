@@ -30,77 +30,25 @@
 //! and a workload admitted in a pass holds the rest of that pass. The timeout and the
 //! requeue backoff stay the controller's (above), so the engine's own timers never act.
 
-use super::decide::{millis, Action, ObjKind, ObjRef, Plan, Snapshot};
-use super::lease::Millis;
-use super::requeue_state::{self, Book, Entry};
+use super::model::{Action, ObjKind, ObjRef, Plan, Snapshot};
+pub use super::readiness::{
+    hold, job_ready, latest, next_count, pod_ready, ready_recorded, requeue_state, timed_out, Hold,
+    Requeue, EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
+};
+use super::requeue_book::{self, Book, Entry};
+use super::time::Millis;
 use super::workloads::{done_pod_workload_key, Live, State};
 use crate::quota::{EngineConfig, Time, WaitForPodsReady, WorkloadInfo};
-use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
-/// When all pods of the workload were first seen Ready (RFC 3339).
-pub const PODS_READY_AT_ANNOTATION: &str = "tessera.io/pods-ready-at";
-/// How many times the workload was evicted for a pods-ready timeout.
-pub const REQUEUE_COUNT_ANNOTATION: &str = "tessera.io/requeue-count";
-/// When it was last evicted for a pods-ready timeout (RFC 3339).
-pub const EVICTED_AT_ANNOTATION: &str = "tessera.io/evicted-at";
 /// Eviction reason, as in Kueue.
 pub const PODS_READY_TIMEOUT: &str = "PodsReadyTimeout";
 
-/// Whether a pod reports the `Ready` condition.
-pub fn pod_ready(pod: &Value) -> bool {
-    pod["status"]["conditions"].as_array().is_some_and(|c| {
-        c.iter()
-            .any(|x| x["type"] == "Ready" && x["status"] == "True")
-    })
-}
-
-/// Whether a Job's pods are ready: `status.ready + status.succeeded` reach its
-/// parallelism (Kueue's rule for batch Jobs).
-pub fn job_ready(job: &Value) -> bool {
-    let want = job["spec"]["parallelism"].as_u64().unwrap_or(1);
-    let have = job["status"]["ready"].as_u64().unwrap_or(0)
-        + job["status"]["succeeded"].as_u64().unwrap_or(0);
-    have >= want
-}
-
-/// Whether the object records that its pods were Ready once.
-pub fn ready_recorded(object: &Value) -> bool {
-    object["metadata"]["annotations"][PODS_READY_AT_ANNOTATION].is_string()
-}
-
-/// Requeue state of an object evicted for a pods-ready timeout.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Requeue {
-    pub count: u32,
-    pub evicted_at: Millis,
-}
-
-/// Reads the requeue annotations (absent or unreadable: never requeued).
-pub fn requeue_state(object: &Value) -> Option<Requeue> {
-    let a = &object["metadata"]["annotations"];
-    let count = a[REQUEUE_COUNT_ANNOTATION].as_str()?.parse().ok()?;
-    let evicted_at = a[EVICTED_AT_ANNOTATION].as_str().and_then(millis)?;
-    Some(Requeue { count, evicted_at })
-}
-
-/// The later of two requeue states (more requeues, then the later eviction).
-pub fn latest(a: Option<Requeue>, b: Option<Requeue>) -> Option<Requeue> {
-    match (a, b) {
-        (Some(x), Some(y)) => Some(if (y.count, y.evicted_at) > (x.count, x.evicted_at) {
-            y
-        } else {
-            x
-        }),
-        (x, y) => x.or(y),
-    }
-}
-
 /// The object that carries a timed-out pod workload's requeue state beyond its pods:
 /// its serving owner, if any (a Job carries its own).
-pub(super) fn requeue_carrier(l: &Live) -> Option<super::decide::ObjRef> {
+pub(super) fn requeue_carrier(l: &Live) -> Option<ObjRef> {
     let o = l.serving.as_ref()?;
-    Some(super::decide::ObjRef {
+    Some(ObjRef {
         kind: o.kind.into(),
         namespace: o.namespace.clone(),
         name: o.name.clone(),
@@ -113,15 +61,6 @@ pub(super) fn state_kept_in_configmap(l: &Live) -> bool {
     l.serving.is_none() && l.objects.first().is_some_and(|o| o.kind == ObjKind::Pod)
 }
 
-/// The requeue count to record when `l` times out now: one more than recorded, unless
-/// the state was recorded at or after its admission (this timeout is counted already).
-pub fn next_count(requeue: Option<Requeue>, admitted_at: Millis) -> u32 {
-    match requeue {
-        Some(r) if r.evicted_at >= admitted_at => r.count.max(1),
-        r => r.map_or(0, |r| r.count).saturating_add(1),
-    }
-}
-
 /// `waitForPodsReady` over a pass's workloads: reads the requeue state ConfigMaps into
 /// the workloads whose state they keep, records workloads whose pods became Ready,
 /// evicts those admitted longer than the timeout without it (they keep their quota while
@@ -129,7 +68,7 @@ pub fn next_count(requeue: Option<Requeue>, admitted_at: Millis) -> u32 {
 /// The state writes come first in the plan: an eviction follows its state.
 pub(super) fn timeouts(cfg: &WaitForPodsReady, s: &Snapshot, lives: &mut [Live], plan: &mut Plan) {
     let now = s.now;
-    let book = requeue_state::read(&s.requeue_states);
+    let book = requeue_book::read(&s.requeue_states);
     plan.problems.extend(book.problems.iter().cloned());
     for l in lives.iter_mut().filter(|l| state_kept_in_configmap(l)) {
         l.requeue = latest(l.requeue, book.requeue(&l.key));
@@ -180,7 +119,7 @@ pub(super) fn timeout_eviction(
 ) -> Action {
     let count = next_count(l.requeue, l.admitted_at);
     if state_kept_in_configmap(l) {
-        if let Some((ns, _)) = requeue_state::entry_name(&l.key) {
+        if let Some((ns, _)) = requeue_book::entry_name(&l.key) {
             set.entry(ns).or_default().push(Entry {
                 workload: l.key.clone(),
                 requeue: Requeue {
@@ -235,7 +174,7 @@ pub(super) fn forgotten<'a>(
     finished: impl Fn(&str) -> bool,
 ) -> BTreeMap<String, BTreeMap<String, String>> {
     let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-    let ttl = requeue_state::ttl(cfg);
+    let ttl = requeue_book::ttl(cfg);
     for (key, stored) in &book.entries {
         let gone = match live(key) {
             Some(l) => l.state == State::Running && (l.ready || l.ready_recorded),
@@ -251,31 +190,6 @@ pub(super) fn forgotten<'a>(
         }
     }
     out
-}
-
-/// What a requeued workload waits for.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Hold {
-    /// Back in the queue at this time.
-    Backoff(Millis),
-    /// `backoffLimitCount` exceeded: never admitted again (delete or recreate it).
-    Deactivated,
-}
-
-/// Whether a workload requeued `r` must still wait at `now`.
-pub fn hold(cfg: &WaitForPodsReady, r: Requeue, now: Millis) -> Option<Hold> {
-    if r.count == 0 {
-        return None;
-    }
-    if cfg.backoff_limit_count.is_some_and(|limit| r.count > limit) {
-        return Some(Hold::Deactivated);
-    }
-    let delay = cfg
-        .backoff_base
-        .saturating_mul(1u64 << (r.count - 1).min(40))
-        .min(cfg.backoff_max);
-    let until = r.evicted_at.saturating_add(delay);
-    (until > now).then_some(Hold::Backoff(until))
 }
 
 /// The engine's settings for a pass: `waitForPodsReady` only with `blockAdmission`, and
@@ -303,11 +217,6 @@ pub(super) fn engine_readiness(cfg: Option<&WaitForPodsReady>, l: &Live, info: &
         State::Waiting => false,
     };
     info.pods_ready_after = ready.then_some(0 as Time);
-}
-
-/// Whether an admitted workload whose pods are not Ready has run out of time.
-pub fn timed_out(cfg: &WaitForPodsReady, admitted_at: Millis, now: Millis) -> bool {
-    now >= admitted_at.saturating_add(cfg.timeout)
 }
 
 #[cfg(test)]

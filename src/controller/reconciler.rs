@@ -19,24 +19,26 @@
 //! everything instead.
 
 use super::cache::{Cache, Key};
-use super::decide::{decide, rfc3339, Action, ObjKind, ObjRef, Plan};
+pub use super::config::Config;
+use super::decide::decide;
 use super::error::{Error, Result};
 use super::evictions::EvictionBackoff;
 use super::incremental::{decide_cached, IncStats, Incremental};
-use super::lease::{Elector, Millis};
+use super::lease::Elector;
+use super::model::{Action, ObjKind, ObjRef, Plan};
 use super::pods_ready::{
     EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
 };
 use super::requeue_state;
+use super::resources::{crd_resource, QUEUE_KINDS};
 use super::serving::ADMITTED_REPLICAS_ANNOTATION;
-use super::snapshot::{crd_resource, QUEUE_KINDS};
 pub use super::snapshot::{list_priority_classes, snapshot, snapshot_cached};
+use super::time::{rfc3339, Millis};
 use super::workloads::{annotation, is_gated};
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_COUNT_ANNOTATION, CONDITION_TYPE,
     ORIGINAL_PARALLELISM_ANNOTATION, PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION,
 };
-use crate::quota::WaitForPodsReady;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -50,66 +52,6 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
-
-/// Settings of the reconcile loop.
-///
-/// The `kube::Client` given to the loop should be built with `default_retry = false`
-/// (as `tessera controller` does): kube's default retry layer would retry an eviction a
-/// PodDisruptionBudget refuses (429) for many minutes inside one pass, while the loop
-/// retries it after its own backoff and reports it as the preemptor's pending reason.
-#[derive(Clone, Debug)]
-pub struct Config {
-    /// Namespace of the Lease.
-    pub lease_namespace: String,
-    pub lease_name: String,
-    /// This instance's name in the Lease (the pod name in a Deployment).
-    pub identity: String,
-    /// `leaseDurationSeconds`, in milliseconds; renewed every third of it.
-    pub lease_duration: Millis,
-    /// Longest wait between passes without a watch event.
-    pub resync: Duration,
-    /// Name written as `reportingController` on Events.
-    pub reporting_controller: String,
-    /// First retry delay of an eviction refused by a PodDisruptionBudget (429); doubles
-    /// per refusal up to `eviction_backoff_max`.
-    pub eviction_backoff_base: Millis,
-    pub eviction_backoff_max: Millis,
-    /// DRA device class name → quota resource (else the class name is the resource).
-    pub device_classes: BTreeMap<String, String>,
-    /// Kueue's `waitForPodsReady` (off when `None`).
-    pub pods_ready: Option<WaitForPodsReady>,
-    /// Kueue's `kueue.x-k8s.io/queue-name` also names a queue (`--accept-kueue-labels`;
-    /// off: objects carrying only Kueue's label are Kueue's and never read).
-    pub accept_kueue_labels: bool,
-}
-
-impl Config {
-    /// The labels naming a queue that this controller honours.
-    pub fn queue_labels(&self) -> &'static [&'static str] {
-        super::webhook::Options {
-            accept_kueue_labels: self.accept_kueue_labels,
-        }
-        .queue_labels()
-    }
-}
-
-impl Default for Config {
-    fn default() -> Self {
-        Config {
-            lease_namespace: "tessera-system".into(),
-            lease_name: "tessera-controller".into(),
-            identity: "tessera-controller".into(),
-            lease_duration: 15_000,
-            resync: Duration::from_secs(30),
-            reporting_controller: "tessera.io/controller".into(),
-            eviction_backoff_base: 5_000,
-            eviction_backoff_max: 300_000,
-            device_classes: BTreeMap::new(),
-            pods_ready: None,
-            accept_kueue_labels: false,
-        }
-    }
-}
 
 /// What the controller remembers between passes: when to retry evictions that a
 /// PodDisruptionBudget refused, and (optionally) the watch-fed cache a pass reads

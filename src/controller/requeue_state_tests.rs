@@ -3,10 +3,11 @@
 //! state holds (and stay deactivated past the limit), state no longer needed is
 //! forgotten, and corrupt entries are reported and ignored.
 
-use super::decide::{decide, rfc3339, Action, Plan, Snapshot};
+use super::decide::{decide, Action, Plan, Snapshot};
 use super::lease::Millis;
 use super::pods_ready::{next_count, Requeue};
 use super::requeue_state::{Entry, CONFIGMAP_NAME, MIN_TTL};
+use super::time::rfc3339;
 use crate::quota::fixtures::{cluster_queue, flavor, local_queue};
 use crate::quota::WaitForPodsReady;
 use serde_json::{json, Value};

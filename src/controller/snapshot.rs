@@ -4,40 +4,19 @@
 //! the watch-fed [`Cache`] ([`snapshot_cached`], no request at all).
 
 use super::cache::Cache;
-use super::decide::Snapshot;
+use super::config::Config;
 use super::error::{Error, Result};
-use super::lease::Millis;
-use super::reconciler::Config;
+use super::model::Snapshot;
+use super::requeue_book;
+use super::resources::{crd_resource, dra_resource, QUEUE_KINDS};
+use super::time::Millis;
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
-use kube::api::{Api, ApiResource, DynamicObject, GroupVersionKind, ListParams};
+use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
-
-pub(crate) fn crd_resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("tessera.io", "v1alpha1", kind),
-        plural,
-    )
-}
-
-/// The four queue kinds: (kind, plural).
-pub(crate) const QUEUE_KINDS: [(&str, &str); 4] = [
-    ("ResourceFlavor", "resourceflavors"),
-    ("ClusterQueue", "clusterqueues"),
-    ("LocalQueue", "localqueues"),
-    ("WorkloadPriorityClass", "workloadpriorityclasses"),
-];
-
-/// `resource.k8s.io/v1` kinds pods refer to for DRA devices.
-pub(crate) fn dra_resource(kind: &str, plural: &str) -> ApiResource {
-    ApiResource::from_gvk_with_plural(
-        &GroupVersionKind::gvk("resource.k8s.io", "v1", kind),
-        plural,
-    )
-}
 
 async fn list_values(client: &kube::Client, ar: &ApiResource) -> Result<Vec<Value>> {
     let api: Api<DynamicObject> = Api::all_with(client.clone(), ar);
@@ -306,7 +285,7 @@ pub async fn snapshot(
         .await?,
         requeue_states: match cfg.pods_ready {
             Some(_) => {
-                let label = [super::requeue_state::LABEL.to_string()];
+                let label = [requeue_book::LABEL.to_string()];
                 list_selected(client, &ApiResource::erase::<ConfigMap>(&()), &label).await?
             }
             None => Vec::new(),

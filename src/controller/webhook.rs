@@ -15,7 +15,7 @@
 //! `kueue.x-k8s.io/queue-name` is Kueue's to gate, not ours.
 
 use super::{ADMISSION_GATE, PRIORITY_ANNOTATION};
-use crate::quota::scenario::{
+use crate::quota::objects::{
     pod_group_counts, POD_GROUP_LABEL_KEYS as POD_GROUP_LABELS, POD_GROUP_MIN_COUNT,
     PRIORITY_LABELS, QUEUE_LABELS,
 };

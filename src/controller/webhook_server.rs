@@ -110,7 +110,7 @@ pub struct ApiClasses(pub kube::Client);
 impl ClassSource for ApiClasses {
     fn classes(&self) -> Classes<'_> {
         Box::pin(async move {
-            super::reconciler::list_priority_classes(&self.0)
+            super::snapshot::list_priority_classes(&self.0)
                 .await
                 .map_err(|e| tracing::warn!(error = %e, "listing WorkloadPriorityClasses"))
                 .ok()

@@ -3,20 +3,19 @@
 //! (waiting, running, terminating), the objects to act on and what was recorded on them.
 
 use super::claims::ClaimIndex;
-use super::decide::{ObjKind, ObjRef, Snapshot};
-use super::lease::Millis;
-use super::pods_ready::{self, Requeue};
+use super::model::{ObjKind, ObjRef, Snapshot};
+use super::readiness::{self, Requeue};
 use super::serving::{Owner, ServingIndex};
+use super::time::{millis, Millis};
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_COUNT_ANNOTATION, CONDITION_TYPE,
     PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION, PRIORITY_ANNOTATION,
 };
-use crate::quota::scenario::{
+use crate::quota::objects::{
     merge_live_pod_group, set_group_min_count, workload_from_live_job, workload_from_live_pod,
     LivePod, LAST_CHECKPOINT_ANNOTATION, POD_GROUP_MIN_COUNT,
 };
 use crate::quota::WorkloadInfo;
-use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -56,14 +55,6 @@ pub(super) struct Live {
     pub(super) ready_recorded: bool,
     /// Evicted for pods-ready timeouts before (the Job, its pods, or a replica's owner).
     pub(super) requeue: Option<Requeue>,
-}
-
-/// Parses an RFC 3339 stamp to milliseconds since the epoch.
-pub fn millis(stamp: &str) -> Option<Millis> {
-    stamp
-        .parse::<Timestamp>()
-        .ok()
-        .map(|t| t.as_millisecond().max(0) as Millis)
 }
 
 fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
@@ -123,7 +114,7 @@ fn pod_key(pod: &Value) -> Option<String> {
         return None;
     }
     let r = obj_ref(ObjKind::Pod, pod);
-    let group = crate::quota::scenario::POD_GROUP_LABEL_KEYS
+    let group = crate::quota::objects::POD_GROUP_LABEL_KEYS
         .iter()
         .find_map(|k| pod["metadata"]["labels"][*k].as_str());
     Some(match group {
@@ -142,7 +133,7 @@ pub(super) fn job_workload_key(job: &Value) -> Option<String> {
 }
 
 fn names_queue(v: &Value) -> bool {
-    crate::quota::scenario::QUEUE_LABELS
+    crate::quota::objects::QUEUE_LABELS
         .iter()
         .any(|k| v["metadata"]["labels"][*k].is_string())
 }
@@ -312,8 +303,7 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
                 }
                 // A replica's owner outlives its pods: it carries their requeue state.
                 let owned = owner.as_ref().and_then(|o| serving.object(o));
-                l.requeue =
-                    pods_ready::latest(l.requeue, owned.and_then(pods_ready::requeue_state));
+                l.requeue = readiness::latest(l.requeue, owned.and_then(readiness::requeue_state));
                 l.serving = owner;
                 out.push(l);
             }
@@ -339,7 +329,7 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
                 e.members.push((pod, info));
             }
             Err(e) => {
-                let group = crate::quota::scenario::POD_GROUP_LABEL_KEYS
+                let group = crate::quota::objects::POD_GROUP_LABEL_KEYS
                     .iter()
                     .find_map(|k| pod["metadata"]["labels"][*k].as_str());
                 match group {
@@ -456,9 +446,9 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
             admitted_at: admitted_at(job).unwrap_or_else(|| created(job)),
             recorded: recorded_job(job),
             serving: None,
-            ready: pods_ready::job_ready(job),
-            ready_recorded: pods_ready::ready_recorded(job),
-            requeue: pods_ready::requeue_state(job),
+            ready: readiness::job_ready(job),
+            ready_recorded: readiness::ready_recorded(job),
+            requeue: readiness::requeue_state(job),
         });
     }
     out
@@ -506,11 +496,11 @@ fn live_of_pods(
             && ungated
                 .iter()
                 .filter(|p| !terminating(p))
-                .all(|p| pods_ready::pod_ready(p)),
-        ready_recorded: pods.iter().any(|p| pods_ready::ready_recorded(p)),
+                .all(|p| readiness::pod_ready(p)),
+        ready_recorded: pods.iter().any(|p| readiness::ready_recorded(p)),
         requeue: pods
             .iter()
-            .map(|p| pods_ready::requeue_state(p))
-            .fold(None, pods_ready::latest),
+            .map(|p| readiness::requeue_state(p))
+            .fold(None, readiness::latest),
     }
 }

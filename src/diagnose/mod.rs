@@ -223,7 +223,7 @@ fn quota(pod: &Pod) -> Finding {
             c.iter()
                 .find(|c| c.type_ == crate::controller::CONDITION_TYPE)
         });
-    let queue = crate::quota::scenario::QUEUE_LABELS
+    let queue = crate::quota::objects::QUEUE_LABELS
         .iter()
         .find_map(|k| pod.metadata.labels.as_ref().and_then(|l| l.get(*k)))
         .cloned();
@@ -321,7 +321,7 @@ pub fn waiting_pods(
     queue: Option<&str>,
 ) -> Vec<(String, String)> {
     let label = |p: &Value| {
-        crate::quota::scenario::QUEUE_LABELS
+        crate::quota::objects::QUEUE_LABELS
             .iter()
             .find_map(|k| p["metadata"]["labels"][*k].as_str())
             .map(str::to_string)

@@ -23,6 +23,7 @@ pub mod fixtures;
 pub mod kueue_config;
 mod lifecycle;
 pub mod model;
+pub mod objects;
 mod preempt;
 pub mod quantity;
 mod report;
