@@ -12,13 +12,16 @@
 //! - [`record`]: the annotations the node agent and the extender exchange (the node's
 //!   GPUs and heartbeat, the pod's assignment), shared by both;
 //! - [`slots`]: which container holds a split-mode allocation and what it gets (the node
-//!   side's late binding of slots to the pod's assignment).
+//!   side's late binding of slots to the pod's assignment);
+//! - [`guard`]: the host's view of the limits: which pods' processes use more of a GPU
+//!   than their slices allow, by the driver's per-process accounting.
 //!
 //! The semantics and where they differ from HAMi: docs/hami.md.
 
 pub mod books;
 pub mod charge;
 pub mod filter;
+pub mod guard;
 pub mod record;
 pub mod request;
 pub mod slots;
