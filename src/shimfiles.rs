@@ -36,6 +36,10 @@ pub const LIMITS_FILE: &str = "limits";
 /// A split-mode allocation's request, until the agent knows its container
 /// ([`crate::vgpu::slots::PendingSlots`], JSON).
 pub const PENDING_FILE: &str = "slots";
+/// The agent's record of the allocation's units with their GPUs (JSON list of
+/// [`UnitLimits`]), written with the limits file: what [`crate::vgpu::guard`] checks the
+/// driver's per-process accounting against.
+pub const UNITS_FILE: &str = "units.json";
 /// The accounting directory's name in the allocation's directory.
 pub const ACCOUNTING_DIR: &str = "acct";
 /// Where the accounting directory is mounted (read-write) in the container.
@@ -76,6 +80,8 @@ pub enum Error {
     BadId(String),
     #[error("kubelet checkpoint {path}: {reason}")]
     Checkpoint { path: String, reason: String },
+    #[error("allocation record {path}: {reason}")]
+    Record { path: String, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -312,10 +318,13 @@ impl ShimLibrary {
     }
 }
 
-/// One vGPU unit's limits as the container sees it (CUDA ordinal `index`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// One vGPU unit's limits as the container sees it (CUDA ordinal `index`), and the GPU
+/// (UUID) it lies on, which the shim does not need but the agent's guard does
+/// ([`UNITS_FILE`]).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct UnitLimits {
     pub index: usize,
+    pub gpu: String,
     pub memory_mib: u64,
     pub cores: u32,
 }
@@ -403,15 +412,35 @@ impl AllocDirs {
         Ok(dir)
     }
 
-    /// Write (or replace) the allocation's limits file: root, 0444, atomic.
+    /// Write (or replace) the allocation's limits file and its [`UNITS_FILE`] record:
+    /// root, 0444, atomic (the record first, so a limits file always has one).
     pub fn write_limits(&self, id: &str, units: &[UnitLimits]) -> Result<()> {
         check_id(id)?;
+        let record = serde_json::to_vec(units).map_err(|e| Error::Record {
+            path: self.dir(id).join(UNITS_FILE).display().to_string(),
+            reason: e.to_string(),
+        })?;
+        write_atomic(&self.dir(id), UNITS_FILE, &record, 0o444)?;
         write_atomic(
             &self.dir(id),
             LIMITS_FILE,
             limits_text(units).as_bytes(),
             0o444,
         )
+    }
+
+    /// The units an allocation's limits were written for (`None`: no limits written yet,
+    /// as for a split-mode allocation waiting for its container).
+    pub fn read_units(&self, id: &str) -> Result<Option<Vec<UnitLimits>>> {
+        let Some(bytes) = self.read_record(id, UNITS_FILE)? else {
+            return Ok(None);
+        };
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| Error::Record {
+                path: self.dir(id).join(UNITS_FILE).display().to_string(),
+                reason: e.to_string(),
+            })
     }
 
     /// Write `<root>/<id>/<name>` (root, 0444, atomically): the agent's own records of the
@@ -602,6 +631,7 @@ mod tests {
         assert_eq!(mode(&dirs.accounting_dir("dp-1")), 0o1733);
         let units = [UnitLimits {
             index: 0,
+            gpu: "GPU-a".into(),
             memory_mib: 16384,
             cores: 25,
         }];
@@ -615,7 +645,9 @@ mod tests {
         // Rewritten in place of the old file; no temporary left.
         dirs.write_limits("dp-1", &units).unwrap();
         let names: Vec<_> = std::fs::read_dir(&dir).unwrap().flatten().collect();
-        assert_eq!(names.len(), 2, "limits + acct only");
+        assert_eq!(names.len(), 3, "limits + units + acct only");
+        assert_eq!(dirs.read_units("dp-1").unwrap(), Some(units.to_vec()));
+        assert_eq!(dirs.read_units("dp-2").unwrap(), None);
         for bad in ["", "..", "a/b", ".hidden"] {
             assert!(dirs.create(bad).is_err(), "{bad:?}");
         }

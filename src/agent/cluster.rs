@@ -133,6 +133,15 @@ pub fn gpu_move_stalled_event(
     node_event(node, "GpuMoveStalled", "MoveGpu", message, now)
 }
 
+/// The Event of a pod using more of a GPU than its vGPU slices allow.
+pub fn vgpu_over_limit_event(
+    node: &str,
+    message: &str,
+    now: k8s_openapi::jiff::Timestamp,
+) -> Event {
+    node_event(node, "VgpuOverLimit", "GuardVgpuLimits", message, now)
+}
+
 /// The Event of another device plugin competing with Tessera's on the node.
 pub fn device_plugin_conflict_event(
     node: &str,
@@ -256,6 +265,12 @@ impl EventRecorder for KubeEventRecorder {
         super::LogRecorder.device_plugin_conflict(message);
         let now = k8s_openapi::jiff::Timestamp::now();
         self.post(device_plugin_conflict_event(&self.node, message, now));
+    }
+
+    fn vgpu_over_limit(&self, message: &str) {
+        super::LogRecorder.vgpu_over_limit(message);
+        let now = k8s_openapi::jiff::Timestamp::now();
+        self.post(vgpu_over_limit_event(&self.node, message, now));
     }
 }
 

@@ -58,6 +58,7 @@ pub mod ownership;
 pub mod slot_binding;
 pub mod split_record;
 pub mod usage;
+pub mod vgpu_guard;
 pub mod vgpu_record;
 pub mod withdraw;
 
@@ -120,6 +121,12 @@ pub trait EventRecorder: Send + Sync {
     /// node's GPUs ([`crate::deviceplugin::coexist`]). Once per conflict while it lasts.
     fn device_plugin_conflict(&self, message: &str) {
         error!(%message, "device plugin conflict");
+    }
+
+    /// A pod's processes use more of a GPU than its vGPU slices allow, by the driver's
+    /// own accounting ([`vgpu_guard`]). Once per sample while it lasts.
+    fn vgpu_over_limit(&self, message: &str) {
+        error!(%message, "vGPU limit exceeded");
     }
 }
 

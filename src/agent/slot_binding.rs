@@ -126,6 +126,7 @@ pub fn unit_limits(units: &[BoundUnit]) -> Vec<UnitLimits> {
         .enumerate()
         .map(|(index, u)| UnitLimits {
             index,
+            gpu: u.uuid.clone(),
             memory_mib: u.memory_mib,
             cores: u.cores,
         })
@@ -451,6 +452,7 @@ mod tests {
             limits,
             [UnitLimits {
                 index: 0,
+                gpu: "GPU-b".into(),
                 memory_mib: 10240,
                 cores: 30
             }]

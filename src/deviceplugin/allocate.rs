@@ -331,6 +331,11 @@ pub fn mig_device_specs(units: &[MigUnit], caps: &MigCaps) -> Result<Vec<DeviceS
     Ok(out)
 }
 
+/// The GPU a unit ID lies on: a slice or replica is `<gpu uuid>::<n>`.
+fn gpu_of_unit(unit: &str) -> &str {
+    unit.split("::").next().unwrap_or(unit)
+}
+
 fn add_shim_contract(
     out: &mut ContainerAllocation,
     units: &[(&str, Option<(u64, u32)>)],
@@ -338,7 +343,7 @@ fn add_shim_contract(
     alloc_id: &str,
 ) {
     let mut limits = Vec::new();
-    for (i, (_, slice)) in units.iter().enumerate() {
+    for (i, (unit, slice)) in units.iter().enumerate() {
         if let Some((memory_mib, cores)) = slice {
             // For tools only: the shim reads the limits file and lets these only lower it.
             out.envs.insert(
@@ -349,6 +354,7 @@ fn add_shim_contract(
                 .insert(format!("CUDA_DEVICE_SM_LIMIT_{i}"), cores.to_string());
             limits.push(UnitLimits {
                 index: i,
+                gpu: gpu_of_unit(unit).to_string(),
                 memory_mib: *memory_mib,
                 cores: *cores,
             });
@@ -545,6 +551,7 @@ mod tests {
                 id: "a1".into(),
                 units: vec![UnitLimits {
                     index: 0,
+                    gpu: req[0].split("::").next().unwrap().to_string(),
                     memory_mib: 10240,
                     cores: 25
                 }],

@@ -344,6 +344,8 @@ pub fn claim_limits(devices: &[PlannedDevice]) -> Vec<UnitLimits> {
         .into_iter()
         .map(|(index, (memory_mib, cores))| UnitLimits {
             index,
+            // A vGPU share's visible entry is its GPU's UUID.
+            gpu: visible.get(index).map(|v| v.to_string()).unwrap_or_default(),
             memory_mib,
             cores,
         })
@@ -634,6 +636,7 @@ mod tests {
             claim_limits(&plan.devices),
             vec![UnitLimits {
                 index: 1,
+                gpu: plan.devices[1].visible.clone(),
                 memory_mib: 16384,
                 cores: 25
             }]
