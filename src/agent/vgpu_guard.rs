@@ -156,7 +156,9 @@ fn act(mode: GuardMode, finding: &Finding, recorder: &dyn EventRecorder) {
             pid,
             pod_uid,
             used_bytes,
-        } => debug!(%gpu, pid, pod = ?pod_uid, used_bytes, "process on a vGPU GPU outside any slice"),
+        } => {
+            debug!(%gpu, pid, pod = ?pod_uid, used_bytes, "process on a vGPU GPU outside any slice")
+        }
     }
 }
 
@@ -250,8 +252,7 @@ mod tests {
         use base64::Engine as _;
         use prost::Message as _;
         let resp = crate::proto::deviceplugin::ContainerAllocateResponse {
-            annotations: [(shimfiles::ALLOCATION_ANNOTATION.to_string(), id.to_string())]
-                .into(),
+            annotations: [(shimfiles::ALLOCATION_ANNOTATION.to_string(), id.to_string())].into(),
             ..Default::default()
         };
         let b64 = base64::engine::general_purpose::STANDARD.encode(resp.encode_to_vec());
@@ -282,7 +283,10 @@ mod tests {
         std::fs::create_dir_all(&proc_pid).unwrap();
         std::fs::write(
             proc_pid.join("cgroup"),
-            format!("0::/kubepods.slice/kubepods-pod{}.slice/cri-containerd-1.scope\n", UID.replace('-', "_")),
+            format!(
+                "0::/kubepods.slice/kubepods-pod{}.slice/cri-containerd-1.scope\n",
+                UID.replace('-', "_")
+            ),
         )
         .unwrap();
         GuardConfig {
@@ -321,7 +325,11 @@ mod tests {
         );
         let events = rec.0.lock().unwrap();
         assert_eq!(events.len(), 1);
-        assert!(events[0].contains("40960 MiB on GPU GPU-a"), "{}", events[0]);
+        assert!(
+            events[0].contains("40960 MiB on GPU GPU-a"),
+            "{}",
+            events[0]
+        );
         assert!(events[0].contains("limit of 16384 MiB"), "{}", events[0]);
     }
 
@@ -354,7 +362,10 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let mut cfg = setup(tmp.path());
         cfg.mode = GuardMode::Kill;
-        let mut child = std::process::Command::new("sleep").arg("30").spawn().unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap();
         let pid = child.id();
         let proc_pid = tmp.path().join(format!("proc/{pid}"));
         std::fs::create_dir_all(&proc_pid).unwrap();

@@ -6,6 +6,8 @@ use futures::FutureExt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
+use tessera::autoscale::Coupling;
+use tessera::controller::autoscaler::{self, AutoscalerConfig};
 use tessera::controller::certs::{self, CertConfig};
 use tessera::controller::config::ControllerConfig;
 use tessera::controller::crd;
@@ -119,6 +121,21 @@ pub struct Args {
     /// out of the extender's scheduling.
     #[arg(long, default_value = "60s")]
     pub extender_heartbeat_window: String,
+    /// Run the InferenceScaler loop (KEDA-style autoscaling, coupled with quota); it
+    /// holds its own Lease, `<lease-name>-autoscaler`.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub autoscaler: bool,
+    /// How often the InferenceScalers are listed and the due ones polled (each is
+    /// polled every `pollingInterval`).
+    #[arg(long, default_value = "1s")]
+    pub autoscaler_tick: String,
+    /// Longest wait for one Prometheus query (KEDA's default HTTP timeout).
+    #[arg(long, default_value = "3s")]
+    pub prometheus_timeout: String,
+    /// `quota` (Tessera: waiting replicas are not capacity) or `off` (KEDA + HPA as
+    /// they are, for comparison).
+    #[arg(long, default_value = "quota")]
+    pub autoscaler_coupling: String,
 }
 
 /// Where the webhook's certificate comes from.
@@ -290,6 +307,32 @@ async fn run_async(args: Args) -> Result<()> {
         health,
         shutdown.clone(),
     )));
+    if !args.webhook_only && args.autoscaler {
+        let coupling = match args.autoscaler_coupling.as_str() {
+            "quota" => Coupling::Quota,
+            "off" => Coupling::Off,
+            other => anyhow::bail!("--autoscaler-coupling {other:?}: expected quota or off"),
+        };
+        let scaler_cfg = AutoscalerConfig {
+            tick: Duration::from_millis(millis("autoscaler-tick", &args.autoscaler_tick)?.max(50)),
+            query_timeout: Duration::from_millis(
+                millis("prometheus-timeout", &args.prometheus_timeout)?.max(1),
+            ),
+            coupling,
+            lease_namespace: cfg.lease_namespace.clone(),
+            lease_name: format!("{}-autoscaler", cfg.lease_name),
+            identity: cfg.identity.clone(),
+            lease_duration: cfg.lease_duration,
+        };
+        info!(lease = %scaler_cfg.lease_name, "starting the InferenceScaler loop");
+        let (client, shutdown) = (client.clone(), shutdown.clone());
+        tasks.push(tokio::spawn(autoscaler::run(
+            client,
+            scaler_cfg,
+            Arc::new(SystemClock),
+            shutdown,
+        )));
+    }
     if !args.webhook_only {
         info!(identity = %cfg.identity, lease = %cfg.lease_name, "starting the quota controller");
         tasks.push(tokio::spawn(reconciler::run(

@@ -92,7 +92,61 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         ClusterQueueResource::crd(),
         LocalQueueResource::crd(),
         WorkloadPriorityClassResource::crd(),
+        inference_scaler_crd(),
     ]
+}
+
+/// `InferenceScaler` (namespaced, short name `isc`): KEDA's ScaledObject fields
+/// ([`crate::autoscale::ScalerSpec`]). Its `spec` keeps unknown fields on purpose: the API
+/// server would prune a misspelt field silently, and the scaler would run without it;
+/// kept, the controller refuses the spec naming the field (`Ready=False`, an Event) and
+/// leaves the target as it is.
+pub fn inference_scaler_crd() -> CustomResourceDefinition {
+    let free = serde_json::json!({"type": "object", "x-kubernetes-preserve-unknown-fields": true});
+    let crd = serde_json::json!({
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": "inferencescalers.tessera.io"},
+        "spec": {
+            "group": "tessera.io",
+            "scope": "Namespaced",
+            "names": {
+                "kind": "InferenceScaler",
+                "listKind": "InferenceScalerList",
+                "plural": "inferencescalers",
+                "singular": "inferencescaler",
+                "shortNames": ["isc"]
+            },
+            "versions": [{
+                "name": "v1alpha1",
+                "served": true,
+                "storage": true,
+                "subresources": {"status": {}},
+                "additionalPrinterColumns": [
+                    {"name": "Target", "type": "string", "jsonPath": ".spec.scaleTargetRef.name"},
+                    {"name": "Min", "type": "integer", "jsonPath": ".spec.minReplicaCount"},
+                    {"name": "Max", "type": "integer", "jsonPath": ".spec.maxReplicaCount"},
+                    {"name": "Replicas", "type": "integer", "jsonPath": ".status.desiredReplicas"},
+                    {"name": "Ready", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Ready\")].status"},
+                    {"name": "Active", "type": "string", "jsonPath": ".status.conditions[?(@.type==\"Active\")].status"}
+                ],
+                "schema": {"openAPIV3Schema": {
+                    "description": "Scales a target with a /scale subresource from Prometheus queries, with KEDA's ScaledObject fields, coupled with Tessera's quota.",
+                    "type": "object",
+                    "required": ["spec"],
+                    "properties": {
+                        "apiVersion": {"type": "string"},
+                        "kind": {"type": "string"},
+                        "metadata": {"type": "object"},
+                        "spec": free,
+                        "status": free
+                    }
+                }}
+            }]
+        }
+    });
+    // A literal of the type's own shape: deserializing it cannot fail.
+    serde_json::from_value(crd).unwrap_or_default()
 }
 
 /// The CRDs as one multi-document YAML stream (what `tessera controller crds` prints).
@@ -119,7 +173,8 @@ mod tests {
                 "ResourceFlavor",
                 "ClusterQueue",
                 "LocalQueue",
-                "WorkloadPriorityClass"
+                "WorkloadPriorityClass",
+                "InferenceScaler"
             ]
         );
         for crd in &crds {

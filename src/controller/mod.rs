@@ -23,10 +23,13 @@
 //! - [`snapshot`]: reads a pass's objects (by LIST, or from the watch-fed [`cache`]);
 //!   [`reconciler`]: applies the actions, runs the loop.
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
+//! - [`autoscaler`]: the live InferenceScaler loop (KEDA's polling, the pure
+//!   [`crate::autoscale`] engine deciding, `/scale` patched).
 //! - [`extender`]: the kube-scheduler extender for HAMi-style vGPU pods (`--extender-addr`);
 //!   [`vgpu_webhook`] (pure, `POST /vgpu`): checks vGPU pods and sends them to the
 //!   scheduler profile that calls it.
 
+pub mod autoscaler;
 pub mod cache;
 pub mod certs;
 pub mod claims;

@@ -345,7 +345,10 @@ pub fn claim_limits(devices: &[PlannedDevice]) -> Vec<UnitLimits> {
         .map(|(index, (memory_mib, cores))| UnitLimits {
             index,
             // A vGPU share's visible entry is its GPU's UUID.
-            gpu: visible.get(index).map(|v| v.to_string()).unwrap_or_default(),
+            gpu: visible
+                .get(index)
+                .map(|v| v.to_string())
+                .unwrap_or_default(),
             memory_mib,
             cores,
         })

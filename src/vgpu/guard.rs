@@ -100,13 +100,18 @@ impl Guard {
     ) -> Vec<Finding> {
         let mut limits: BTreeMap<(String, String), u64> = BTreeMap::new();
         for h in holdings {
-            let e = limits.entry((h.pod_uid.clone(), h.gpu.clone())).or_default();
+            let e = limits
+                .entry((h.pod_uid.clone(), h.gpu.clone()))
+                .or_default();
             *e = e.saturating_add(h.limit_bytes);
         }
         let guarded: BTreeSet<&str> = holdings.iter().map(|h| h.gpu.as_str()).collect();
         let mut findings = Vec::new();
         let mut usage: BTreeMap<(String, String), PodOnGpu> = BTreeMap::new();
-        for p in processes.iter().filter(|p| guarded.contains(p.gpu.as_str())) {
+        for p in processes
+            .iter()
+            .filter(|p| guarded.contains(p.gpu.as_str()))
+        {
             let pod = pod_of(p.pid);
             match pod {
                 Some(uid) if limits.contains_key(&(uid.clone(), p.gpu.clone())) => {
@@ -237,7 +242,10 @@ mod tests {
         let found = g.observe(
             0,
             &[hold(UID_A, "GPU-0", 16)],
-            &[proc("GPU-0", 100, 8 * GIB), proc("GPU-0", 101, 8 * GIB + 500 * MIB)],
+            &[
+                proc("GPU-0", 100, 8 * GIB),
+                proc("GPU-0", 101, 8 * GIB + 500 * MIB),
+            ],
             &pods,
             STRICT,
         );
@@ -301,11 +309,20 @@ mod tests {
         assert_eq!(g.observe(0, &holdings, &over, &pods, settings), vec![]);
         assert_eq!(g.observe(9_999, &holdings, &over, &pods, settings), vec![]);
         // Back under once: the clock starts again.
-        assert_eq!(g.observe(10_000, &holdings, &under, &pods, settings), vec![]);
+        assert_eq!(
+            g.observe(10_000, &holdings, &under, &pods, settings),
+            vec![]
+        );
         assert_eq!(g.observe(15_000, &holdings, &over, &pods, settings), vec![]);
         let found = g.observe(25_000, &holdings, &over, &pods, settings);
         assert!(
-            matches!(&found[..], [Finding::OverLimit { since_ms: 15_000, .. }]),
+            matches!(
+                &found[..],
+                [Finding::OverLimit {
+                    since_ms: 15_000,
+                    ..
+                }]
+            ),
             "{found:?}"
         );
     }

@@ -22,7 +22,9 @@
 //! [`ApiServer::before_next_write`] lets another client write just before a POST/PUT/DELETE.
 //! PATCH is a JSON merge patch (RFC 7386, also for strategic merge patches of maps);
 //! the Binding subresource (`POST …/pods/<name>/binding`) sets `spec.nodeName` once
-//! ([`ApiServer::bindings`]).
+//! ([`ApiServer::bindings`]); the Scale subresource (`GET`/`PATCH …/<name>/scale`) of
+//! Deployments, StatefulSets and ReplicaSets (404 for other kinds). A PATCH of
+//! `…/<name>/status` is merged into the whole object (the real one takes only `status`).
 //! Not modelled: authentication, admission, field managers / server-side apply, pagination.
 
 #![allow(dead_code)]
@@ -410,6 +412,11 @@ impl ApiServer {
                 change(self);
             }
         }
+        if path.ends_with("/scale") {
+            if let Some(name) = &name {
+                return self.scale(method, &collection, name, req).await;
+            }
+        }
         if method == Method::PUT && path.ends_with("/status") {
             if let Some(name) = &name {
                 return self.put_status(&collection, name, req).await;
@@ -566,6 +573,70 @@ impl ApiServer {
                 "not supported by the double",
             ),
         }
+    }
+
+    /// `<object>/scale` (autoscaling/v1 Scale): GET reads `spec.replicas`,
+    /// `status.replicas` and the selector of a Deployment, StatefulSet or ReplicaSet;
+    /// PATCH (merge) sets `spec.replicas`. Other kinds have no such subresource: 404, as
+    /// the API server answers.
+    async fn scale(
+        &self,
+        method: Method,
+        collection: &str,
+        name: &str,
+        req: Request<Incoming>,
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        let scalable = ["/deployments", "/statefulsets", "/replicasets"]
+            .iter()
+            .any(|k| collection.ends_with(k));
+        let Some(mut object) = self.get(collection, name).filter(|_| scalable) else {
+            return not_found(name);
+        };
+        if method == Method::PATCH {
+            let body = req.into_body().collect().await.unwrap().to_bytes();
+            let Ok(patch) = serde_json::from_slice::<Value>(&body) else {
+                return status(StatusCode::BAD_REQUEST, "BadRequest", "invalid JSON");
+            };
+            let Some(replicas) = patch["spec"]["replicas"].as_i64() else {
+                return status(
+                    StatusCode::UNPROCESSABLE_ENTITY,
+                    "Invalid",
+                    "spec.replicas: Required value",
+                );
+            };
+            let read_rv = object["metadata"]["resourceVersion"].clone();
+            object["spec"]["replicas"] = json!(replicas);
+            if let Err(code) = self.replace_object(collection, object, &read_rv) {
+                return lost_write(code, name);
+            }
+            object = self.get(collection, name).unwrap_or_default();
+        } else if method != Method::GET {
+            return status(
+                StatusCode::METHOD_NOT_ALLOWED,
+                "MethodNotAllowed",
+                "not supported by the double",
+            );
+        }
+        let selector = object["spec"]["selector"]["matchLabels"]
+            .as_object()
+            .map(|m| {
+                m.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or_default()))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            })
+            .unwrap_or_default();
+        json_response(
+            StatusCode::OK,
+            json!({
+                "apiVersion": "autoscaling/v1", "kind": "Scale",
+                "metadata": {"name": name, "namespace": object["metadata"]["namespace"],
+                    "resourceVersion": object["metadata"]["resourceVersion"]},
+                "spec": {"replicas": object["spec"]["replicas"].as_i64().unwrap_or(1)},
+                "status": {"replicas": object["status"]["replicas"].as_i64().unwrap_or(0),
+                    "selector": selector},
+            }),
+        )
     }
 
     /// PUT `<object>/status`: the stored object with the body's `status`.
