@@ -127,7 +127,7 @@ pub struct Args {
     pub autoscaler: bool,
     /// How often the InferenceScalers are listed and the due ones polled (each is
     /// polled every `pollingInterval`).
-    #[arg(long, default_value = "1s")]
+    #[arg(long, default_value = "250ms")]
     pub autoscaler_tick: String,
     /// Longest wait for one Prometheus query (KEDA's default HTTP timeout).
     #[arg(long, default_value = "3s")]

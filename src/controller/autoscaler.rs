@@ -16,7 +16,8 @@
 //!    saying why; the status (KEDA's `Ready`/`Active`/`Fallback` conditions,
 //!    `lastActiveTime`, current and desired replicas) is patched when it changed.
 //!
-//! Scalers are listed every tick (`--autoscaler-tick`, 1 s); a scaler whose generation
+//! Scalers come from a watch-fed store; every tick (`--autoscaler-tick`, 250 ms) the due
+//! ones are polled, up to [`CONCURRENT_POLLS`] at once; a scaler whose generation
 //! changes starts a fresh engine. Only the holder of its own Lease
 //! (`<lease-name>-autoscaler`) polls, so two replicas never scale the same target.
 //!
@@ -36,6 +37,10 @@ use serde_json::{json, Value};
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
+use futures::StreamExt;
+use tokio::sync::Notify;
+
+use super::cache::{feed, Store};
 use super::lease::Elector;
 use super::resources::crd_resource;
 use super::time::{rfc3339, Millis};
@@ -77,7 +82,13 @@ pub struct Autoscaler {
     prom: PromClient,
     coupling: Coupling,
     entries: BTreeMap<(String, String), Entry>,
+    lags: Vec<Millis>,
 }
+
+/// Polls in flight at once (each is a `/scale` GET, a pod LIST and the queries).
+pub const CONCURRENT_POLLS: usize = 64;
+/// Lags kept between two [`Autoscaler::take_lags`].
+const MAX_LAGS: usize = 100_000;
 
 impl Autoscaler {
     pub fn new(client: kube::Client, cfg: &AutoscalerConfig) -> std::io::Result<Autoscaler> {
@@ -86,16 +97,19 @@ impl Autoscaler {
             prom: PromClient::new(cfg.query_timeout)?,
             coupling: cfg.coupling,
             entries: BTreeMap::new(),
+            lags: Vec::new(),
         })
     }
 
-    /// Lists the scalers and polls those due at `now`. Returns how many were polled.
-    pub async fn tick(&mut self, now: Millis) -> Result<usize, kube::Error> {
-        let api: Api<DynamicObject> = Api::all_with(self.client.clone(), &scaler_resource());
-        let list = api.list(&ListParams::default()).await?;
+    /// Polls the scalers due at `now` among `scalers` (the InferenceScalers as stored),
+    /// up to [`CONCURRENT_POLLS`] at once. Returns how many were polled.
+    pub async fn tick(&mut self, scalers: &[Value], now: Millis) -> usize {
         let mut seen = std::collections::BTreeSet::new();
-        let mut polled = 0;
-        for obj in list.items {
+        let mut due = Vec::new();
+        for value in scalers {
+            let Ok(obj) = serde_json::from_value::<DynamicObject>(value.clone()) else {
+                continue;
+            };
             let key = (
                 obj.metadata.namespace.clone().unwrap_or_default(),
                 obj.metadata.name.clone().unwrap_or_default(),
@@ -108,20 +122,47 @@ impl Autoscaler {
                 .get(&key)
                 .is_none_or(|e| e.uid != uid || e.generation != generation);
             if fresh {
-                let entry = self.start(&key, &obj, uid, generation).await;
+                let entry = self.start(&key, &obj, uid, generation, now).await;
                 self.entries.insert(key.clone(), entry);
             }
-            let due = self
+            let is_due = self
                 .entries
                 .get(&key)
                 .is_some_and(|e| e.scaler.is_some() && e.next_poll <= now);
-            if due {
-                self.poll(&key, &obj, now).await;
-                polled += 1;
+            if is_due {
+                if let Some(entry) = self.entries.remove(&key) {
+                    due.push((key, obj, entry));
+                }
             }
         }
         self.entries.retain(|k, _| seen.contains(k));
-        Ok(polled)
+        let polled = due.len();
+        let started = std::time::Instant::now();
+        let this = &*self;
+        let done: Vec<_> = futures::stream::iter(due)
+            .map(|(key, obj, entry)| async move {
+                let lag = now.saturating_sub(entry.next_poll);
+                let entry = this.poll(&key, &obj, entry, now).await;
+                (key, entry, lag)
+            })
+            .buffer_unordered(CONCURRENT_POLLS)
+            .collect()
+            .await;
+        let elapsed = started.elapsed().as_millis() as Millis;
+        for (key, entry, lag) in done {
+            // Lag: how late the poll's decision came after it was due (the tick's own
+            // lateness plus the time the tick took, an upper bound per poll).
+            if self.lags.len() < MAX_LAGS {
+                self.lags.push(lag.saturating_add(elapsed));
+            }
+            self.entries.insert(key, entry);
+        }
+        polled
+    }
+
+    /// The poll lags recorded since the last call (ms; at most [`MAX_LAGS`]).
+    pub fn take_lags(&mut self) -> Vec<Millis> {
+        std::mem::take(&mut self.lags)
     }
 
     /// A new or changed scaler: validated; an invalid one is reported once.
@@ -131,6 +172,7 @@ impl Autoscaler {
         obj: &DynamicObject,
         uid: String,
         generation: i64,
+        now: Millis,
     ) -> Entry {
         let spec = obj.data.get("spec").cloned().unwrap_or(Value::Null);
         let settings = serde_json::from_value::<ScalerSpec>(spec)
@@ -145,7 +187,10 @@ impl Autoscaler {
             last_active: status_str(obj, "lastActiveTime"),
         };
         match settings {
-            Ok(settings) => entry.scaler = Some(Scaler::new(settings, self.coupling)),
+            Ok(settings) => {
+                entry.next_poll = now.saturating_add(first_poll_offset(&entry.uid, settings.polling_ms));
+                entry.scaler = Some(Scaler::new(settings, self.coupling));
+            }
             Err(message) => {
                 warn!(scaler = %format!("{}/{}", key.0, key.1), %message, "InferenceScaler invalid; target left as it is");
                 self.event(key, &entry.uid, "InvalidSpec", &message).await;
@@ -161,13 +206,15 @@ impl Autoscaler {
         entry
     }
 
-    async fn poll(&mut self, key: &(String, String), obj: &DynamicObject, now: Millis) {
-        let Some(mut entry) = self.entries.remove(key) else {
-            return;
-        };
+    async fn poll(
+        &self,
+        key: &(String, String),
+        obj: &DynamicObject,
+        mut entry: Entry,
+        now: Millis,
+    ) -> Entry {
         let Some(settings) = entry.scaler.as_ref().map(|s| s.settings().clone()) else {
-            self.entries.insert(key.clone(), entry);
-            return;
+            return entry;
         };
         entry.next_poll = now.saturating_add(settings.polling_ms);
         let target = match self.read_target(&key.0, obj).await {
@@ -180,12 +227,10 @@ impl Autoscaler {
                     entry.last_active.as_deref(),
                 );
                 if entry.status != status {
-                    self.event(key, &entry.uid, "ScaleTargetError", &message)
-                        .await;
+                    self.event(key, &entry.uid, "ScaleTargetError", &message).await;
                 }
                 self.write_status(key, &mut entry, status).await;
-                self.entries.insert(key.clone(), entry);
-                return;
+                return entry;
             }
         };
         let readings = self.read_triggers(&settings).await;
@@ -194,9 +239,8 @@ impl Autoscaler {
             serving: target.serving,
             readings,
         };
-        let decision = match entry.scaler.as_mut() {
-            Some(scaler) => scaler.step(&obs, now),
-            None => return,
+        let Some(decision) = entry.scaler.as_mut().map(|s| s.step(&obs, now)) else {
+            return entry;
         };
         if decision.active {
             entry.last_active = Some(rfc3339(now));
@@ -211,7 +255,7 @@ impl Autoscaler {
             entry.last_active.as_deref(),
         );
         self.write_status(key, &mut entry, status).await;
-        self.entries.insert(key.clone(), entry);
+        entry
     }
 
     async fn read_target(&self, ns: &str, obj: &DynamicObject) -> Result<Target, String> {
@@ -351,6 +395,17 @@ impl Autoscaler {
     }
 }
 
+/// When a new scaler is first polled, after `now`: spread over its polling interval by
+/// its UID, so a thousand scalers seen at once (a controller start, a failover) are not
+/// all polled in the same tick and then again together every interval.
+pub fn first_poll_offset(uid: &str, polling_ms: Millis) -> Millis {
+    // FNV-1a: stable across runs and replicas, unlike std's RandomState.
+    let hash = uid.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| {
+        (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3)
+    });
+    hash % polling_ms.max(1)
+}
+
 /// The target as one poll saw it.
 struct Target {
     resource: ApiResource,
@@ -462,7 +517,8 @@ fn status_json(
     s
 }
 
-/// Runs the loop until `shutdown`, polling only while this replica holds the Lease.
+/// Runs the loop until `shutdown`, polling only while this replica holds the Lease. The
+/// InferenceScalers come from a watch-fed store (one LIST, then WATCH).
 pub async fn run(
     client: kube::Client,
     cfg: AutoscalerConfig,
@@ -474,6 +530,13 @@ pub async fn run(
             what: "the autoscaler's Prometheus client".into(),
             source,
         })?;
+    let store = std::sync::Arc::new(Store::new(scaler_resource(), None, true));
+    {
+        let (client, store, shutdown) = (client.clone(), store.clone(), shutdown.child_token());
+        tokio::spawn(async move {
+            feed(client, &store, std::sync::Arc::new(Notify::new()), shutdown).await;
+        });
+    }
     let mut elector = Elector::new(
         client,
         &cfg.lease_namespace,
@@ -481,27 +544,16 @@ pub async fn run(
         &cfg.identity,
         cfg.lease_duration,
     );
-    let mut failing = false;
     loop {
         let now = clock.now();
-        if elector.tick(now).await {
-            match autoscaler.tick(now).await {
-                Ok(n) => {
-                    failing = false;
-                    if n > 0 {
-                        debug!(polled = n, "autoscaler tick");
-                    }
-                }
-                Err(e) => {
-                    if !failing {
-                        warn!(error = %e, "listing InferenceScalers failed; retrying");
-                    }
-                    failing = true;
-                }
-            }
-        } else {
+        if !elector.tick(now).await {
             // A new leader starts every engine afresh from what the objects say.
             autoscaler.entries.clear();
+        } else if store.synced() {
+            let polled = autoscaler.tick(&store.values(), now).await;
+            if polled > 0 {
+                debug!(polled, "autoscaler tick");
+            }
         }
         tokio::select! {
             _ = shutdown.cancelled() => break,
