@@ -198,8 +198,33 @@ async fn a_keda_scaled_object_renamed_scales_a_deployment_to_zero_and_back() {
     .unwrap();
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(replicas(&api, "web"), 1, "50 in flight at 100 per replica");
+    // A scale-up that is not urgent (asks for less than 3× the replicas) records its
+    // anti-flap window on the target for the quota pass: its new replicas may not
+    // preempt until `preemption.persistSeconds` (120 s by default) after the demand rose.
+    exporter.set("http_requests_in_flight{service=\"web\"} 150\n");
+    until("2 replicas", Duration::from_secs(20), || {
+        replicas(&api, "web") == 2
+    })
+    .await
+    .unwrap();
+    let annotations = object(&api, DEPLOYMENTS, "web").unwrap()["metadata"]["annotations"].clone();
+    let at =
+        tessera::controller::time::millis(annotations["tessera.io/scaled-up-at"].as_str().unwrap())
+            .unwrap();
+    let until_t = tessera::controller::time::millis(
+        annotations["tessera.io/preempt-not-before"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    // Counted from when the demand first exceeded the serving replicas (a few polls
+    // before the scale-up).
+    assert!(
+        until_t > at + 60_000 && until_t <= at + 120_000,
+        "{annotations}"
+    );
     let status = object(&api, SCALERS, "web").unwrap()["status"].clone();
-    assert_eq!(status["desiredReplicas"], 1, "{status}");
+    assert_eq!(status["desiredReplicas"], 2, "{status}");
     assert!(status["lastActiveTime"].is_string(), "{status}");
 
     let reasons: Vec<String> = events(&api).into_iter().map(|e| e.0).collect();

@@ -21,9 +21,10 @@
 //! changes starts a fresh engine. Only the holder of its own Lease
 //! (`<lease-name>-autoscaler`) polls, so two replicas never scale the same target.
 //!
-//! Not done here yet: a scale-up's `preempt_after` (the engine's anti-flapping window
-//! for preemptions) is not handed to the quota pass, so live scale-ups may preempt at
-//! once; `tessera plan` and `tessera simulate fleet` apply it.
+//! Coupled with quota: before a scale-up, the target is annotated with its time and the
+//! engine's anti-flap window (`tessera.io/scaled-up-at`, `tessera.io/preempt-not-before`,
+//! absent for an urgent one); the quota pass gives the replicas that scale-up creates
+//! that `preempt_not_before`, as `tessera plan` and `tessera simulate fleet` do.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -43,6 +44,7 @@ use tokio::sync::Notify;
 use super::cache::{feed, Store};
 use super::lease::Elector;
 use super::resources::crd_resource;
+use super::serving::{PREEMPT_NOT_BEFORE_ANNOTATION, SCALED_UP_AT_ANNOTATION};
 use super::time::{rfc3339, Millis};
 use crate::autoscale::{Coupling, Decision, Observation, Reading, Scaler, ScalerSpec, Settings};
 use crate::prometheus::{PromClient, Sample};
@@ -188,7 +190,8 @@ impl Autoscaler {
         };
         match settings {
             Ok(settings) => {
-                entry.next_poll = now.saturating_add(first_poll_offset(&entry.uid, settings.polling_ms));
+                entry.next_poll =
+                    now.saturating_add(first_poll_offset(&entry.uid, settings.polling_ms));
                 entry.scaler = Some(Scaler::new(settings, self.coupling));
             }
             Err(message) => {
@@ -227,7 +230,8 @@ impl Autoscaler {
                     entry.last_active.as_deref(),
                 );
                 if entry.status != status {
-                    self.event(key, &entry.uid, "ScaleTargetError", &message).await;
+                    self.event(key, &entry.uid, "ScaleTargetError", &message)
+                        .await;
                 }
                 self.write_status(key, &mut entry, status).await;
                 return entry;
@@ -246,7 +250,7 @@ impl Autoscaler {
             entry.last_active = Some(rfc3339(now));
         }
         if decision.replicas != target.replicas {
-            self.scale(key, &entry.uid, &target, &decision).await;
+            self.scale(key, &entry.uid, &target, &decision, now).await;
         }
         let status = status_json(
             &decision_conditions(&decision),
@@ -309,9 +313,35 @@ impl Autoscaler {
         out
     }
 
-    async fn scale(&self, key: &(String, String), uid: &str, target: &Target, decision: &Decision) {
+    async fn scale(
+        &self,
+        key: &(String, String),
+        uid: &str,
+        target: &Target,
+        decision: &Decision,
+        now: Millis,
+    ) {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &key.0, &target.resource);
+        if decision.replicas > target.replicas && self.coupling == Coupling::Quota {
+            // Before the replicas exist: the quota pass reads the window from the owner
+            // for the pods this scale-up creates (`serving::preempt_not_before`).
+            let window = json!({"metadata": {"annotations": {
+                SCALED_UP_AT_ANNOTATION: rfc3339(now),
+                PREEMPT_NOT_BEFORE_ANNOTATION: decision.preempt_after.map(rfc3339),
+            }}});
+            if let Err(e) = api
+                .patch(
+                    &target.name,
+                    &PatchParams::default(),
+                    &Patch::Merge(&window),
+                )
+                .await
+            {
+                warn!(scaler = %format!("{}/{}", key.0, key.1), error = %e, "recording the scale-up's preemption window failed; the next poll retries");
+                return;
+            }
+        }
         let patch = json!({"spec": {"replicas": decision.replicas}});
         let pp = PatchParams::default();
         match api

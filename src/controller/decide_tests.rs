@@ -514,3 +514,41 @@ fn a_group_is_admitted_partially_and_finished_after_a_restart() {
         Some("ExceedsMaxQuota")
     );
 }
+
+#[test]
+fn a_scaled_up_replica_preempts_only_after_its_scalers_window() {
+    // A running low-priority training pod holds the whole quota; an InferenceScaler
+    // scaled the StatefulSet up at 12:00 with a window until NOW + 60 s.
+    let training = with(pod("train", 4), "/spec/schedulingGates", json!([]));
+    let replica = with(
+        with(
+            pod("web-0", 4),
+            "/metadata/ownerReferences",
+            json!([{"apiVersion": "apps/v1", "kind": "StatefulSet", "name": "web",
+                    "uid": "u", "controller": true}]),
+        ),
+        "/metadata/annotations",
+        json!({"tessera.io/priority": "100"}),
+    );
+    let mut s = snapshot(vec![training, replica]);
+    s.cluster_queues[0].spec.preemption.within_cluster_queue =
+        crate::quota::api::WithinClusterQueuePolicy::LowerPriority;
+    let window = |until: u64| {
+        json!({"tessera.io/scaled-up-at": "2026-11-18T12:00:00Z",
+               "tessera.io/preempt-not-before": super::time::rfc3339(until)})
+    };
+    s.stateful_sets = vec![json!({"metadata": {"name": "web", "namespace": "team",
+        "annotations": window(NOW + 60_000)}, "spec": {"replicas": 1}})];
+    let evicts = |s: &Snapshot| {
+        decide(s)
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Evict { .. }))
+    };
+    assert!(!evicts(&s), "within the window the replica waits");
+    s.stateful_sets[0]["metadata"]["annotations"] = window(NOW - 1);
+    assert!(evicts(&s), "after it, it preempts the training pod");
+    // Without a window (an urgent scale-up, or none recorded) it preempts at once.
+    s.stateful_sets[0]["metadata"]["annotations"] = json!({});
+    assert!(evicts(&s));
+}

@@ -11,6 +11,7 @@
 //! Pod ─ownerRef─► StatefulSet                           owner = StatefulSet ns/name
 //! ```
 
+use super::time::{millis, Millis};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -198,6 +199,27 @@ pub fn desired_replicas(owner: &Value) -> u32 {
         .map_or(1, |r| r.min(u32::MAX as u64) as u32)
 }
 
+/// On a serving owner an InferenceScaler scaled up: when (RFC 3339, the time of the
+/// scale-up), written with [`PREEMPT_NOT_BEFORE_ANNOTATION`].
+pub const SCALED_UP_AT_ANNOTATION: &str = "tessera.io/scaled-up-at";
+/// Until when (RFC 3339) the replicas that scale-up added may not preempt: the scaler's
+/// `preemption.persistSeconds` for demand to persist (absent: an urgent scale-up, at once).
+pub const PREEMPT_NOT_BEFORE_ANNOTATION: &str = "tessera.io/preempt-not-before";
+
+/// When a replica of `owner` created at `created` may first preempt: the window of the
+/// owner's last scale-up, for the replicas created by it (at or after it); `None` for
+/// replicas from before it, or when the owner records none.
+pub fn preempt_not_before(owner: &Value, created: Millis) -> Option<Millis> {
+    let annotations = &owner["metadata"]["annotations"];
+    let at = annotations[SCALED_UP_AT_ANNOTATION]
+        .as_str()
+        .and_then(millis)?;
+    let until = annotations[PREEMPT_NOT_BEFORE_ANNOTATION]
+        .as_str()
+        .and_then(millis)?;
+    (created >= at).then_some(until)
+}
+
 /// The `tessera.io/admitted-replicas` value last written on the owner.
 pub fn recorded_replicas(owner: &Value) -> Option<&str> {
     owner["metadata"]["annotations"][ADMITTED_REPLICAS_ANNOTATION].as_str()
@@ -207,6 +229,22 @@ pub fn recorded_replicas(owner: &Value) -> Option<&str> {
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn only_replicas_a_scale_up_created_wait_for_its_window() {
+        let owner = json!({"metadata": {"annotations": {
+            SCALED_UP_AT_ANNOTATION: "2026-12-05T21:00:00Z",
+            PREEMPT_NOT_BEFORE_ANNOTATION: "2026-12-05T21:02:00Z"}}});
+        let at = millis("2026-12-05T21:00:00Z").unwrap();
+        let until = millis("2026-12-05T21:02:00Z").unwrap();
+        assert_eq!(preempt_not_before(&owner, at), Some(until));
+        assert_eq!(preempt_not_before(&owner, at + 500), Some(until));
+        assert_eq!(preempt_not_before(&owner, at - 1), None, "an older replica");
+        let urgent =
+            json!({"metadata": {"annotations": {SCALED_UP_AT_ANNOTATION: "2026-12-05T21:00:00Z"}}});
+        assert_eq!(preempt_not_before(&urgent, at), None);
+        assert_eq!(preempt_not_before(&json!({}), at), None);
+    }
 
     fn owned(kind: &str, name: &str) -> Value {
         json!({"metadata": {"name": "p", "namespace": "team",

@@ -294,6 +294,11 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
                     Some(o) => o.replica_name(&r.name),
                     None => format!("pod-{}", r.name),
                 };
+                // A replica an InferenceScaler's scale-up added waits for its demand
+                // to persist before it may preempt (the scaler's anti-flap window).
+                let owned = owner.as_ref().and_then(|o| serving.object(o));
+                info.preempt_not_before =
+                    owned.and_then(|o| super::serving::preempt_not_before(o, info.creation));
                 let key = info.key();
                 let bad_claims = charge_claims(claims, &mut info, &pod["spec"]);
                 let mut l = live_of_pods(key, Some(info), &[pod], None);
@@ -302,7 +307,6 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
                     l.invalid = bad_claims;
                 }
                 // A replica's owner outlives its pods: it carries their requeue state.
-                let owned = owner.as_ref().and_then(|o| serving.object(o));
                 l.requeue = readiness::latest(l.requeue, owned.and_then(readiness::requeue_state));
                 l.serving = owner;
                 out.push(l);
