@@ -12,10 +12,8 @@
 #[path = "../tests/support/apiserver.rs"]
 mod apiserver;
 #[path = "../tests/support/prometheus.rs"]
-#[allow(dead_code)]
 mod prometheus;
 #[path = "../tests/support/skip.rs"]
-#[allow(dead_code)]
 mod skip;
 
 use std::time::{Duration, Instant};
