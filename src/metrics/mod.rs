@@ -15,6 +15,7 @@
 //! The same listener serves the probes `GET /livez` and `GET /readyz` ([`probes`]).
 
 pub mod probes;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
