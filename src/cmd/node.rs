@@ -130,6 +130,21 @@ pub struct Args {
     /// The NVML library to load (default: `libnvidia-ml.so.1` on the library path).
     #[arg(long, env = "TESSERA_NVML_LIB", hide = true)]
     pub nvml_lib: Option<PathBuf>,
+    /// Seconds between usage samples (allocated-vs-used gauges, chargeback counters);
+    /// 0 turns both off.
+    #[arg(long, env = "TESSERA_USAGE_INTERVAL", default_value_t = 15)]
+    pub usage_interval: u64,
+    /// The pod label read as the team of chargeback series.
+    #[arg(long, env = "TESSERA_TEAM_LABEL", default_value = tessera::metrics::usage::DEFAULT_TEAM_LABEL)]
+    pub team_label: String,
+    /// Seconds a container's chargeback series stay exported after it is gone (keep it
+    /// above two scrape intervals so its last increments are scraped).
+    #[arg(long, env = "TESSERA_CHARGEBACK_FORGET_AFTER", default_value_t = 120)]
+    pub chargeback_forget_after: u64,
+    /// Also export HAMi's vGPU monitor metric names (HostGPUMemoryUsage,
+    /// vGPU_device_memory_usage_in_bytes, ...) so HAMi dashboards keep working.
+    #[arg(long, env = "TESSERA_HAMI_METRICS")]
+    pub hami_metrics: bool,
 }
 
 /// `--dra-counters`.
@@ -287,7 +302,7 @@ async fn run_async(args: Args) -> Result<()> {
     // Bad path flags fail before anything starts.
     Ownership::with_mode(args.device_plugin, args.dra, args.dra_gpus.as_deref())?;
     let backend = backend(&args)?;
-    let metrics = Arc::new(tessera::metrics::NodeMetrics::new());
+    let metrics = Arc::new(tessera::metrics::NodeMetrics::with_hami(args.hami_metrics));
     let mut allocate = AllocateSettings::with_state_dir(&args.state_dir);
     allocate.preload = args.shim_preload;
     install_shim(&allocate, &args.shim_source);
@@ -312,6 +327,7 @@ async fn run_async(args: Args) -> Result<()> {
         cdi_verify_interval: std::time::Duration::from_secs(args.cdi_verify_interval),
         vgpu_record: None,
         slot_binding: None,
+        advertised: None,
     };
     info!(
         backend = backend.name(),
@@ -377,6 +393,7 @@ async fn run_async(args: Args) -> Result<()> {
             poll: slot_binding::DEFAULT_POLL,
         });
     spawn_vgpu_dir_reconcile(&args, &opts.allocate, &cancel);
+    opts.advertised = spawn_sampler(&args, &opts, &backend, client.clone(), &cancel);
     spawn_coexistence_watch(&args, backend.as_ref(), &recorder, &metrics, &cancel);
     let triggers = agent::Triggers {
         reload: reload_rx,
@@ -400,6 +417,45 @@ async fn run_async(args: Args) -> Result<()> {
 
 /// Reports other device plugins that register Tessera's resources or advertise this
 /// node's GPUs (NVIDIA's plugin, HAMi), once a minute.
+/// The usage sampler, fed the device plugin's snapshots; `None` with `--usage-interval 0`.
+fn spawn_sampler(
+    args: &Args,
+    opts: &AgentOptions,
+    backend: &Arc<dyn GpuBackend>,
+    client: Option<kube::Client>,
+    cancel: &CancellationToken,
+) -> Option<tokio::sync::watch::Sender<tessera::deviceplugin::snapshot::SharedSnapshot>> {
+    use tessera::metrics::sampler::{self, SamplerSettings};
+    if args.usage_interval == 0 {
+        info!("--usage-interval 0: usage metrics and chargeback off");
+        return None;
+    }
+    let (tx, rx) = tokio::sync::watch::channel(Default::default());
+    let settings = SamplerSettings {
+        node_name: args.node_name.clone().unwrap_or_default(),
+        interval: std::time::Duration::from_secs(args.usage_interval),
+        forget_after: std::time::Duration::from_secs(args.chargeback_forget_after),
+        team_label: args.team_label.clone(),
+        pod_resources_socket: args
+            .pod_resources_socket
+            .clone()
+            .unwrap_or_else(|| args.kubelet_dir.join("pod-resources/kubelet.sock")),
+        kubelet_checkpoint: args
+            .kubelet_dir
+            .join("device-plugins/kubelet_internal_checkpoint"),
+        alloc_dirs: opts.allocate.alloc_dirs(),
+        client,
+    };
+    tokio::spawn(sampler::run(
+        settings,
+        backend.clone(),
+        rx,
+        opts.metrics.clone(),
+        cancel.child_token(),
+    ));
+    Some(tx)
+}
+
 fn spawn_coexistence_watch(
     args: &Args,
     backend: &dyn GpuBackend,

@@ -38,8 +38,8 @@ use serde::Deserialize;
 
 use super::models::{self, GpuModel};
 use super::{
-    DriverInfo, Error, GpuBackend, GpuInfo, GpuUsage, HealthEvent, HealthSender, Inventory, MigDeviceInfo,
-    Result, TimeSlice,
+    DriverInfo, Error, GpuBackend, GpuInfo, GpuUsage, HealthEvent, HealthSender, Inventory,
+    MigDeviceInfo, Result, TimeSlice,
 };
 use crate::partition::catalog;
 
