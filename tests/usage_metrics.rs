@@ -460,3 +460,122 @@ async fn a_container_gone_loses_its_gauges_at_once_and_its_counters_after_the_de
     cancel.cancel();
     agent.cancel.cancel();
 }
+
+/// `GET /metrics` from 127.0.0.1:`port` (`None` while nothing listens).
+async fn scrape(port: u16) -> Option<String> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        .await
+        .ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    Some(out.split("\r\n\r\n").nth(1)?.to_string())
+}
+
+/// The `tessera node` binary wires the flags: `--usage-interval`, `--hami-metrics` and
+/// the default PodResources socket under `--kubelet-dir`; a pod the kubelet admitted is
+/// charged and shows up in the gauges, HAMi's host names are served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_binary_samples_usage_with_its_flags() {
+    use nix::sys::signal::{kill, Signal};
+    use nix::unistd::Pid;
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet_dir = tmp.path().join("kubelet");
+    let kubelet = Kubelet::start(&kubelet_dir.join("device-plugins")).await;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
+        .args([
+            "node",
+            "--gpu-backend",
+            "fake",
+            "--fake-gpus",
+            "2xH100-80GB",
+        ])
+        .args(["--standalone", "--node-name", NODE, "--usage-interval", "1"])
+        .args([
+            "--hami-metrics",
+            "--metrics-addr",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .arg("--kubelet-dir")
+        .arg(&kubelet_dir)
+        .arg("--cdi-root")
+        .arg(tmp.path().join("cdi"))
+        .arg("--state-dir")
+        .arg(tmp.path().join("state"))
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    assert_eq!(kubelet.devices("nvidia.com/gpu").await.len(), 2);
+    kubelet
+        .admit("ml", "train", "train-uid", &[("main", "nvidia.com/gpu", 1)])
+        .await
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let page = loop {
+        let page = scrape(port).await.unwrap_or_default();
+        let charged = value(
+            &page,
+            "tessera_chargeback_gpu_allocated_seconds_total",
+            &[("pod", "train"), ("node", NODE), ("model", "H100-80GB")],
+        )
+        .is_some_and(|v| v >= 1.0);
+        if charged || Instant::now() > deadline {
+            break page;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    kill(Pid::from_raw(child.id() as i32), Signal::SIGTERM).unwrap();
+    let _ = child.wait();
+    assert!(
+        value(
+            &page,
+            "tessera_chargeback_gpu_allocated_seconds_total",
+            &[("pod", "train")]
+        )
+        .is_some_and(|v| v >= 1.0),
+        "{page}"
+    );
+    assert_eq!(
+        value(
+            &page,
+            "tessera_chargeback_gpu_used_seconds_total",
+            &[("pod", "train")]
+        ),
+        Some(0.0),
+        "the fake GPUs are idle"
+    );
+    assert_eq!(
+        value(
+            &page,
+            "tessera_container_gpu_allocated_share",
+            &[("pod", "train"), ("mode", "whole")]
+        ),
+        Some(1.0),
+        "{page}"
+    );
+    assert_eq!(
+        value(
+            &page,
+            "tessera_gpu_memory_total_bytes",
+            &[("mode", "whole")]
+        ),
+        Some(81_559.0 * 1024.0 * 1024.0),
+        "{page}"
+    );
+    assert_eq!(
+        page.lines()
+            .filter(|l| l.starts_with("HostGPUMemoryUsage{"))
+            .count(),
+        2,
+        "{page}"
+    );
+}

@@ -800,7 +800,8 @@ mod tests {
         let t = run(&w, 15.0);
         // (pod, mode, share, busy, used bytes, limit bytes)
         let g = GIB as f64;
-        let cases: [(&str, &str, f64, f64, Option<f64>, Option<f64>); 5] = [
+        type Case<'a> = (&'a str, &'a str, f64, f64, Option<f64>, Option<f64>);
+        let cases: [Case; 5] = [
             ("whole", "whole", 1.0, 0.5, Some(10.0 * g), Some(80.0 * g)),
             (
                 "mig",
