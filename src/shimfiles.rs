@@ -82,6 +82,10 @@ pub enum Error {
     Checkpoint { path: String, reason: String },
     #[error("allocation record {path}: {reason}")]
     Record { path: String, reason: String },
+    #[error("accounting file {path}: {reason}")]
+    Accounting { path: String, reason: String },
+    #[error("limits file {path}: {reason}")]
+    Limits { path: String, reason: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -489,6 +493,215 @@ impl AllocDirs {
     }
 }
 
+/// The accounting file's layout (`shim/src/account/shared.rs`): 64-bit words in the
+/// host's byte order; a header `magic, version, devices, slots, checksum`, then one
+/// device total per cache line from word 8, then 128 process slots.
+pub mod accounting {
+    /// `TSRACCT\0`, little-endian.
+    pub const MAGIC: u64 = u64::from_le_bytes(*b"TSRACCT\0");
+    pub const VERSION: u64 = 1;
+    /// CUDA ordinals a container may see (`tessera_cuda::config::MAX_DEVICES`).
+    pub const DEVICES: usize = 16;
+    pub const SLOTS: usize = 128;
+    pub const TOTALS_AT: usize = 8;
+    pub const TOTAL_STRIDE: usize = 8;
+    const SLOT_WORDS: usize = 24;
+    pub const WORDS: usize = TOTALS_AT + DEVICES * TOTAL_STRIDE + SLOTS * SLOT_WORDS;
+    /// The file's exact length in bytes (25 664).
+    pub const FILE_LEN: u64 = (WORDS * 8) as u64;
+    /// Larger counters mean corruption (the shim's own bound).
+    pub const SANE_MAX: u64 = 1 << 50;
+
+    /// The header's checksum over `magic, version, devices, slots` (FNV-1a over words).
+    pub fn checksum(words: &[u64; 4]) -> u64 {
+        words.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, x| {
+            (h ^ x).wrapping_mul(0x0100_0000_01b3)
+        })
+    }
+}
+
+/// Device memory the container's processes hold, per CUDA ordinal, from its accounting
+/// file (the shim's per-device totals: a process killed since its last reaping is still
+/// counted, as the shim itself counts it). `Ok(None)`: no file yet (no CUDA process has
+/// started). A file of the wrong size, a foreign header or implausible counters is an
+/// [`Error::Accounting`] naming the file; at most [`accounting::FILE_LEN`] bytes are read.
+pub fn read_accounting(path: &Path) -> Result<Option<[u64; accounting::DEVICES]>> {
+    use accounting::*;
+    let bad = |reason: String| Error::Accounting {
+        path: path.display().to_string(),
+        reason,
+    };
+    let file = match File::open(path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(path)(e)),
+    };
+    let mut bytes = Vec::with_capacity(FILE_LEN as usize);
+    file.take(FILE_LEN + 1)
+        .read_to_end(&mut bytes)
+        .map_err(io(path))?;
+    if bytes.len() as u64 != FILE_LEN {
+        return Err(bad(format!(
+            "{} bytes, expected {FILE_LEN}",
+            bytes.len().min(FILE_LEN as usize + 1)
+        )));
+    }
+    let word = |i: usize| {
+        let mut w = [0u8; 8];
+        w.copy_from_slice(&bytes[i * 8..i * 8 + 8]);
+        u64::from_ne_bytes(w)
+    };
+    let want = [MAGIC, VERSION, DEVICES as u64, SLOTS as u64];
+    let header = [word(0), word(1), word(2), word(3)];
+    if header != want || word(4) != checksum(&want) {
+        return Err(bad(format!(
+            "not a version {VERSION} accounting file (header {header:x?})"
+        )));
+    }
+    let mut totals = [0u64; DEVICES];
+    for (d, t) in totals.iter_mut().enumerate() {
+        *t = word(TOTALS_AT + d * TOTAL_STRIDE);
+        if *t >= SANE_MAX {
+            return Err(bad(format!("device {d}: implausible total {t}")));
+        }
+    }
+    Ok(Some(totals))
+}
+
+/// The units of a limits file ([`limits_text`]'s format), by CUDA ordinal. Unknown keys
+/// are ignored; a malformed limit is an error.
+pub fn parse_limits(text: &str) -> std::result::Result<Vec<UnitLimits>, String> {
+    let mut units: std::collections::BTreeMap<usize, UnitLimits> = Default::default();
+    for line in text.lines().map(str::trim) {
+        let Some((key, value)) = line.split_once('=') else {
+            continue;
+        };
+        let (index, is_memory) = if let Some(i) = key.strip_prefix("CUDA_DEVICE_MEMORY_LIMIT_") {
+            (i, true)
+        } else if let Some(i) = key.strip_prefix("CUDA_DEVICE_SM_LIMIT_") {
+            (i, false)
+        } else {
+            continue;
+        };
+        let index: usize = index
+            .parse()
+            .ok()
+            .filter(|i| *i < accounting::DEVICES)
+            .ok_or_else(|| format!("{key}: bad device index"))?;
+        let unit = units.entry(index).or_insert(UnitLimits {
+            index,
+            // The limits file does not name GPUs ([`UNITS_FILE`] does).
+            gpu: String::new(),
+            memory_mib: 0,
+            cores: 0,
+        });
+        if is_memory {
+            let mib = value
+                .strip_suffix('m')
+                .and_then(|v| v.parse::<u64>().ok())
+                .ok_or_else(|| format!("{key}={value}: expected <MiB>m"))?;
+            unit.memory_mib = mib;
+        } else {
+            unit.cores = value
+                .parse::<u32>()
+                .ok()
+                .filter(|c| *c <= 100)
+                .ok_or_else(|| format!("{key}={value}: expected a percentage"))?;
+        }
+    }
+    Ok(units.into_values().collect())
+}
+
+/// The limits file of an allocation, read back (at most 64 KiB); `Ok(None)` when absent.
+pub fn read_limits(dirs: &AllocDirs, id: &str) -> Result<Option<Vec<UnitLimits>>> {
+    check_id(id)?;
+    let path = dirs.dir(id).join(LIMITS_FILE);
+    let file = match File::open(&path) {
+        Ok(f) => f,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(e) => return Err(io(&path)(e)),
+    };
+    let mut text = String::new();
+    file.take(64 * 1024)
+        .read_to_string(&mut text)
+        .map_err(io(&path))?;
+    parse_limits(&text)
+        .map(Some)
+        .map_err(|reason| Error::Limits {
+            path: path.display().to_string(),
+            reason,
+        })
+}
+
+/// One device-plugin allocation as the kubelet's checkpoint records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointAllocation {
+    pub pod_uid: String,
+    pub container: String,
+    pub resource: String,
+    /// The device IDs in the order the checkpoint lists them.
+    pub device_ids: Vec<String>,
+}
+
+/// The allocation directory named by each checkpoint entry's `AllocResp`, with the
+/// container and devices the kubelet recorded for it.
+pub fn checkpoint_allocations(
+    checkpoint: &[u8],
+) -> std::result::Result<std::collections::BTreeMap<String, CheckpointAllocation>, String> {
+    use base64::Engine as _;
+    use prost::Message as _;
+    #[derive(serde::Deserialize)]
+    struct Checkpoint {
+        #[serde(rename = "Data")]
+        data: Data,
+    }
+    #[derive(serde::Deserialize)]
+    struct Data {
+        #[serde(rename = "PodDeviceEntries", default)]
+        entries: Option<Vec<Entry>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        #[serde(rename = "AllocResp", default)]
+        alloc_resp: Option<String>,
+        #[serde(rename = "PodUID", default)]
+        pod_uid: String,
+        #[serde(rename = "ContainerName", default)]
+        container: String,
+        #[serde(rename = "ResourceName", default)]
+        resource: String,
+        #[serde(rename = "DeviceIDs", default)]
+        device_ids: Option<std::collections::BTreeMap<String, Vec<String>>>,
+    }
+    let cp: Checkpoint = serde_json::from_slice(checkpoint).map_err(|e| e.to_string())?;
+    let mut out = std::collections::BTreeMap::new();
+    for e in cp.data.entries.unwrap_or_default() {
+        let Some(b64) = e.alloc_resp else { continue };
+        let bytes = base64::engine::general_purpose::STANDARD
+            .decode(b64.trim())
+            .map_err(|e| format!("AllocResp is not base64: {e}"))?;
+        let resp = crate::proto::deviceplugin::ContainerAllocateResponse::decode(bytes.as_slice())
+            .map_err(|e| format!("AllocResp is not a ContainerAllocateResponse: {e}"))?;
+        if let Some(id) = resp.annotations.get(ALLOCATION_ANNOTATION) {
+            out.insert(
+                id.clone(),
+                CheckpointAllocation {
+                    pod_uid: e.pod_uid,
+                    container: e.container,
+                    resource: e.resource,
+                    device_ids: e
+                        .device_ids
+                        .unwrap_or_default()
+                        .into_values()
+                        .flatten()
+                        .collect(),
+                },
+            );
+        }
+    }
+    Ok(out)
+}
+
 /// The annotation naming a device-plugin container's allocation directory.
 pub const ALLOCATION_ANNOTATION: &str = "tessera.io/vgpu-allocation";
 
@@ -690,5 +903,70 @@ mod tests {
         std::fs::write(&cp, "not json").unwrap();
         assert!(reconcile_device_plugin(&dirs, &cp, Duration::ZERO).is_err());
         assert!(dirs.dir("dp-live").exists());
+    }
+
+    /// An accounting file in the shim's layout with `totals` per device.
+    pub(crate) fn accounting_bytes(totals: &[u64]) -> Vec<u8> {
+        use accounting::*;
+        let mut words = vec![0u64; WORDS];
+        let want = [MAGIC, VERSION, DEVICES as u64, SLOTS as u64];
+        words[..4].copy_from_slice(&want);
+        words[4] = checksum(&want);
+        for (d, t) in totals.iter().enumerate() {
+            words[TOTALS_AT + d * TOTAL_STRIDE] = *t;
+        }
+        words.iter().flat_map(|w| w.to_ne_bytes()).collect()
+    }
+
+    #[test]
+    fn accounting_files_are_read_and_foreign_ones_refused_by_name() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("cuda.cache");
+        assert_eq!(accounting::FILE_LEN, 25_664, "docs/shim.md's size");
+        assert!(read_accounting(&path).unwrap().is_none());
+        std::fs::write(&path, accounting_bytes(&[3 << 30, 0, 7])).unwrap();
+        let totals = read_accounting(&path).unwrap().unwrap();
+        assert_eq!((totals[0], totals[1], totals[2]), (3 << 30, 0, 7));
+        let mut bad = accounting_bytes(&[1]);
+        bad[0] ^= 1;
+        let short = accounting_bytes(&[1])[..100].to_vec();
+        let mut long = accounting_bytes(&[1]);
+        long.extend_from_slice(&[0; 8]);
+        let insane = accounting_bytes(&[1 << 51]);
+        for bytes in [bad, short, long, insane, b"garbage".to_vec()] {
+            std::fs::write(&path, bytes).unwrap();
+            let e = read_accounting(&path).unwrap_err();
+            assert!(matches!(e, Error::Accounting { .. }), "{e}");
+            assert!(e.to_string().contains("cuda.cache"), "{e}");
+        }
+    }
+
+    #[test]
+    fn limits_files_read_back_as_written() {
+        let units = [
+            UnitLimits {
+                index: 0,
+                gpu: String::new(),
+                memory_mib: 16_384,
+                cores: 25,
+            },
+            UnitLimits {
+                index: 1,
+                gpu: String::new(),
+                memory_mib: 1_024,
+                cores: 0,
+            },
+        ];
+        assert_eq!(parse_limits(&limits_text(&units)).unwrap(), units);
+        assert!(parse_limits("CUDA_DEVICE_MEMORY_LIMIT_0=lots").is_err());
+        assert!(parse_limits("CUDA_DEVICE_SM_LIMIT_99=1").is_err());
+        assert!(parse_limits("CUDA_DEVICE_SM_LIMIT_0=101").is_err());
+        let tmp = tempfile::tempdir().unwrap();
+        let dirs = AllocDirs::new(tmp.path().join("vgpu"));
+        dirs.create("dp-1").unwrap();
+        assert_eq!(read_limits(&dirs, "dp-1").unwrap(), None);
+        dirs.write_limits("dp-1", &units).unwrap();
+        assert_eq!(read_limits(&dirs, "dp-1").unwrap().unwrap(), units);
+        assert!(read_limits(&dirs, "../x").is_err());
     }
 }

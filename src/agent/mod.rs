@@ -162,6 +162,9 @@ pub struct AgentOptions {
     /// In a cluster: bind split-mode slots to their pod's assignment
     /// ([`slot_binding`]). `None`: Allocate refuses split-mode slots.
     pub slot_binding: Option<slot_binding::BindingSettings>,
+    /// Receives every snapshot the device plugin advertises (the usage sampler,
+    /// `crate::metrics::sampler`). `None`: nobody listens.
+    pub advertised: Option<watch::Sender<SharedSnapshot>>,
 }
 
 /// The CDI spec file name (without `.json`) for this node's devices.
@@ -1134,6 +1137,21 @@ pub async fn run(
     run_with(backend, opts, recorder, triggers, Paths::default(), cancel).await
 }
 
+/// Copies every snapshot from `rx` to `tap` until `cancel` or `rx` closes.
+async fn forward(
+    mut rx: watch::Receiver<SharedSnapshot>,
+    tap: watch::Sender<SharedSnapshot>,
+    cancel: CancellationToken,
+) {
+    loop {
+        tap.send_replace(rx.borrow_and_update().clone());
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            changed = rx.changed() => if changed.is_err() { return },
+        }
+    }
+}
+
 /// [`run`] with the paths chosen by `paths`: the device plugin, the DRA driver, or both
 /// side by side on disjoint GPUs.
 pub async fn run_with(
@@ -1178,6 +1196,9 @@ pub async fn run_with(
         .filter(|_| owners.dra)
         .map(|_| OwnedDevices::new());
     let (tx, rx) = watch::channel(Arc::new(Snapshot::default()));
+    if let Some(tap) = opts.advertised.clone() {
+        tokio::spawn(forward(rx.clone(), tap, cancel.child_token()));
+    }
     let (slices_tx, mut slices_rx) = mpsc::unbounded_channel();
     let (records_tx, records_rx) = watch::channel(None);
     let (slot_gpus_tx, slot_gpus_rx) = watch::channel(Vec::new());

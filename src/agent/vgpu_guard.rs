@@ -26,6 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
 use super::EventRecorder;
+use crate::gpu::GpuBackend;
 use crate::shimfiles::{self, AllocDirs};
 use crate::vgpu::guard::{pod_uid_from_cgroup, Finding, GpuProcess, Guard, Holding, Settings};
 
@@ -43,6 +44,29 @@ pub enum GuardMode {
 /// Where the processes on the GPUs come from (the GPU backend; tests script them).
 pub trait ProcessSource: Send + Sync {
     fn processes(&self) -> Result<Vec<GpuProcess>, String>;
+}
+
+/// The GPU backend's compute processes ([`GpuBackend::usage`]); processes whose memory
+/// the driver does not attribute are left out (nothing to check them against).
+pub struct BackendProcesses(pub Arc<dyn GpuBackend>);
+
+impl ProcessSource for BackendProcesses {
+    fn processes(&self) -> Result<Vec<GpuProcess>, String> {
+        let usage = self.0.usage().map_err(|e| e.to_string())?;
+        Ok(usage
+            .into_iter()
+            .flat_map(|g| {
+                let gpu = g.uuid;
+                g.processes.into_iter().filter_map(move |p| {
+                    p.memory_used_bytes.map(|used_bytes| GpuProcess {
+                        gpu: gpu.clone(),
+                        pid: p.pid,
+                        used_bytes,
+                    })
+                })
+            })
+            .collect())
+    }
 }
 
 /// The guard's settings (from flags).

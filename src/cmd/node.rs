@@ -12,6 +12,7 @@ use tessera::agent::cluster::{watch_config_label, KubeEventRecorder};
 use tessera::agent::dra::DraSettings;
 use tessera::agent::ownership::{DraMode, Ownership};
 use tessera::agent::slot_binding::{self, BindingSettings};
+use tessera::agent::vgpu_guard::GuardMode;
 use tessera::agent::vgpu_record::{self, RecordSettings};
 use tessera::agent::{self, AgentOptions, EventRecorder, LogRecorder};
 use tessera::cdi::devroot::DevRoot;
@@ -87,7 +88,8 @@ pub struct Args {
     #[arg(long, env = "TESSERA_DRIVER_ROOT", default_value = "/")]
     pub driver_root: PathBuf,
     /// Where the host's /proc is visible to the agent (the NVIDIA driver's MIG capability
-    /// table `driver/nvidia-caps/mig-minors` and `devices` are read there).
+    /// table `driver/nvidia-caps/mig-minors` and `devices` are read there; the vGPU guard
+    /// reads processes' `<pid>/cgroup` there).
     #[arg(long, default_value = "/proc")]
     pub proc_root: PathBuf,
     /// Do not put CDI device names in Allocate responses (runtimes without CDI).
@@ -130,6 +132,37 @@ pub struct Args {
     /// The NVML library to load (default: `libnvidia-ml.so.1` on the library path).
     #[arg(long, env = "TESSERA_NVML_LIB", hide = true)]
     pub nvml_lib: Option<PathBuf>,
+    /// Seconds between usage samples (allocated-vs-used gauges, chargeback counters);
+    /// 0 turns both off.
+    #[arg(long, env = "TESSERA_USAGE_INTERVAL", default_value_t = 15)]
+    pub usage_interval: u64,
+    /// The pod label read as the team of chargeback series.
+    #[arg(long, env = "TESSERA_TEAM_LABEL", default_value = tessera::metrics::usage::DEFAULT_TEAM_LABEL)]
+    pub team_label: String,
+    /// Seconds a container's chargeback series stay exported after it is gone (keep it
+    /// above two scrape intervals so its last increments are scraped).
+    #[arg(long, env = "TESSERA_CHARGEBACK_FORGET_AFTER", default_value_t = 120)]
+    pub chargeback_forget_after: u64,
+    /// Also export HAMi's vGPU monitor metric names (HostGPUMemoryUsage,
+    /// vGPU_device_memory_usage_in_bytes, ...) so HAMi dashboards keep working.
+    #[arg(long, env = "TESSERA_HAMI_METRICS")]
+    pub hami_metrics: bool,
+    /// What the vGPU guard does about a pod whose processes use more of a GPU than its
+    /// vGPU slices allow, by the driver's own per-process accounting: `report` (an Event
+    /// on the Node), `kill` (also SIGKILL its processes on that GPU) or `off`. Needs the
+    /// host's PID namespace (`hostPID: true`) to see the driver's PIDs (docs/security.md).
+    #[arg(long, env = "TESSERA_VGPU_GUARD", value_enum, default_value = "report")]
+    pub vgpu_guard: GuardMode,
+    /// Seconds between two samples of the vGPU guard.
+    #[arg(long, default_value_t = 10)]
+    pub vgpu_guard_interval: u64,
+    /// MiB a pod may use above its slices on a GPU, per process of it there: the CUDA
+    /// context the driver counts and the shim cannot see.
+    #[arg(long, default_value_t = 1024)]
+    pub vgpu_guard_tolerance_mib: u64,
+    /// Seconds a pod must stay over, in every sample, before the guard acts.
+    #[arg(long, default_value_t = 30)]
+    pub vgpu_guard_grace: u64,
 }
 
 /// `--dra-counters`.
@@ -287,7 +320,7 @@ async fn run_async(args: Args) -> Result<()> {
     // Bad path flags fail before anything starts.
     Ownership::with_mode(args.device_plugin, args.dra, args.dra_gpus.as_deref())?;
     let backend = backend(&args)?;
-    let metrics = Arc::new(tessera::metrics::NodeMetrics::new());
+    let metrics = Arc::new(tessera::metrics::NodeMetrics::with_hami(args.hami_metrics));
     let mut allocate = AllocateSettings::with_state_dir(&args.state_dir);
     allocate.preload = args.shim_preload;
     install_shim(&allocate, &args.shim_source);
@@ -312,6 +345,7 @@ async fn run_async(args: Args) -> Result<()> {
         cdi_verify_interval: std::time::Duration::from_secs(args.cdi_verify_interval),
         vgpu_record: None,
         slot_binding: None,
+        advertised: None,
     };
     info!(
         backend = backend.name(),
@@ -377,7 +411,9 @@ async fn run_async(args: Args) -> Result<()> {
             poll: slot_binding::DEFAULT_POLL,
         });
     spawn_vgpu_dir_reconcile(&args, &opts.allocate, &cancel);
+    opts.advertised = spawn_sampler(&args, &opts, &backend, client.clone(), &cancel);
     spawn_coexistence_watch(&args, backend.as_ref(), &recorder, &metrics, &cancel);
+    spawn_vgpu_guard(&args, &opts, &backend, &recorder, &cancel);
     let triggers = agent::Triggers {
         reload: reload_rx,
         config_label,
@@ -396,6 +432,86 @@ async fn run_async(args: Args) -> Result<()> {
         settle_dra_checkpoint(dra_dir).await;
     }
     result.context("node agent")
+}
+
+/// The usage sampler, fed the device plugin's snapshots; `None` with `--usage-interval 0`.
+fn spawn_sampler(
+    args: &Args,
+    opts: &AgentOptions,
+    backend: &Arc<dyn GpuBackend>,
+    client: Option<kube::Client>,
+    cancel: &CancellationToken,
+) -> Option<tokio::sync::watch::Sender<tessera::deviceplugin::snapshot::SharedSnapshot>> {
+    use tessera::metrics::sampler::{self, SamplerSettings};
+    if args.usage_interval == 0 {
+        info!("--usage-interval 0: usage metrics and chargeback off");
+        return None;
+    }
+    let (tx, rx) = tokio::sync::watch::channel(Default::default());
+    let settings = SamplerSettings {
+        node_name: args.node_name.clone().unwrap_or_default(),
+        interval: std::time::Duration::from_secs(args.usage_interval),
+        forget_after: std::time::Duration::from_secs(args.chargeback_forget_after),
+        team_label: args.team_label.clone(),
+        pod_resources_socket: args
+            .pod_resources_socket
+            .clone()
+            .unwrap_or_else(|| args.kubelet_dir.join("pod-resources/kubelet.sock")),
+        kubelet_checkpoint: args
+            .kubelet_dir
+            .join("device-plugins/kubelet_internal_checkpoint"),
+        alloc_dirs: opts.allocate.alloc_dirs(),
+        client,
+    };
+    tokio::spawn(sampler::run(
+        settings,
+        backend.clone(),
+        rx,
+        opts.metrics.clone(),
+        cancel.child_token(),
+    ));
+    Some(tx)
+}
+
+/// The vGPU guard ([`tessera::agent::vgpu_guard`]), unless `--vgpu-guard off`.
+fn spawn_vgpu_guard(
+    args: &Args,
+    opts: &AgentOptions,
+    backend: &Arc<dyn GpuBackend>,
+    recorder: &Arc<dyn EventRecorder>,
+    cancel: &CancellationToken,
+) {
+    use tessera::agent::vgpu_guard::{self, BackendProcesses, GuardConfig};
+    if args.vgpu_guard == GuardMode::Off || args.vgpu_guard_interval == 0 {
+        info!("--vgpu-guard off: vGPU limits are the shim's alone");
+        return;
+    }
+    let cfg = GuardConfig {
+        mode: args.vgpu_guard,
+        interval: std::time::Duration::from_secs(args.vgpu_guard_interval),
+        settings: tessera::vgpu::guard::Settings {
+            tolerance_per_process_bytes: args.vgpu_guard_tolerance_mib.saturating_mul(1 << 20),
+            grace_ms: args.vgpu_guard_grace.saturating_mul(1000),
+        },
+        alloc_dirs: opts.allocate.alloc_dirs(),
+        kubelet_checkpoint: args
+            .kubelet_dir
+            .join("device-plugins/kubelet_internal_checkpoint"),
+        proc_root: args.proc_root.clone(),
+    };
+    let source = Arc::new(BackendProcesses(backend.clone()));
+    tokio::spawn(vgpu_guard::run(
+        cfg,
+        source,
+        recorder.clone(),
+        || {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map(|d| d.as_millis() as u64)
+                .unwrap_or_default()
+        },
+        cancel.child_token(),
+    ));
 }
 
 /// Reports other device plugins that register Tessera's resources or advertise this

@@ -38,8 +38,8 @@ use serde::Deserialize;
 
 use super::models::{self, GpuModel};
 use super::{
-    DriverInfo, Error, GpuBackend, GpuInfo, HealthEvent, HealthSender, Inventory, MigDeviceInfo,
-    Result, TimeSlice,
+    DriverInfo, Error, GpuBackend, GpuInfo, GpuUsage, HealthEvent, HealthSender, Inventory,
+    MigDeviceInfo, Result, TimeSlice,
 };
 use crate::partition::catalog;
 
@@ -85,6 +85,8 @@ pub struct FakeBackend {
     /// Compute time-slice per GPU UUID (absent: the driver default).
     time_slices: Mutex<BTreeMap<String, TimeSlice>>,
     faults: Mutex<Faults>,
+    /// Usage set by [`FakeBackend::set_usage`], per GPU UUID (absent: idle).
+    usage: Mutex<BTreeMap<String, GpuUsage>>,
 }
 
 #[derive(Debug, Clone)]
@@ -293,7 +295,13 @@ impl FakeBackend {
             scripted,
             time_slices: Mutex::new(BTreeMap::new()),
             faults: Mutex::default(),
+            usage: Mutex::default(),
         }
+    }
+
+    /// What [`GpuBackend::usage`] reports for GPU `usage.uuid` from now on (tests).
+    pub fn set_usage(&self, usage: GpuUsage) {
+        lock(&self.usage).insert(usage.uuid.clone(), usage);
     }
 
     /// Replace the injected faults (tests, chaos drills).
@@ -382,6 +390,23 @@ impl GpuBackend for FakeBackend {
             });
         }
         Ok(lock(&self.inventory).clone())
+    }
+
+    /// Idle GPUs (nothing used, 0 %), except those [`FakeBackend::set_usage`] set.
+    fn usage(&self) -> Result<Vec<GpuUsage>> {
+        let set = lock(&self.usage);
+        Ok(lock(&self.inventory)
+            .gpus
+            .iter()
+            .map(|g| {
+                set.get(&g.uuid).cloned().unwrap_or_else(|| GpuUsage {
+                    uuid: g.uuid.clone(),
+                    memory_total_bytes: g.memory_mib * 1024 * 1024,
+                    utilization_percent: Some(0),
+                    ..GpuUsage::default()
+                })
+            })
+            .collect())
     }
 
     /// The watch is the sender kept in `watchers`: scripted events and the fault that ends

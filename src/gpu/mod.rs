@@ -158,6 +158,41 @@ impl TimeSlice {
     }
 }
 
+/// What a GPU is doing now ([`GpuBackend::usage`]).
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct GpuUsage {
+    pub uuid: String,
+    /// Device memory in use (NVML `nvmlDeviceGetMemoryInfo`), bytes.
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+    /// Percent of the last sample period a kernel ran (NVML `utilization.gpu`, 0–100);
+    /// `None` where the driver does not report it (a GPU in MIG mode).
+    pub utilization_percent: Option<u32>,
+    /// Memory in use per MIG device, where the driver reports it.
+    pub mig: Vec<MigUsage>,
+    /// Compute processes and their memory, where the driver reports it.
+    pub processes: Vec<ProcessUsage>,
+}
+
+/// Memory in use on one MIG device.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct MigUsage {
+    pub uuid: String,
+    pub memory_used_bytes: u64,
+    pub memory_total_bytes: u64,
+}
+
+/// One compute process on a GPU.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ProcessUsage {
+    pub pid: u32,
+    /// `None`: the driver does not attribute memory to processes here.
+    pub memory_used_bytes: Option<u64>,
+}
+
 /// Sink for health events; backends push from their own thread or task.
 pub type HealthSender = tokio::sync::mpsc::UnboundedSender<HealthEvent>;
 
@@ -184,6 +219,21 @@ pub trait GpuBackend: Send + Sync {
         gpu_uuid: &str,
         layout: &[(String, u8)],
     ) -> Result<Vec<MigDeviceInfo>>;
+
+    /// Memory and utilization of every GPU now. The default reports every GPU of the
+    /// inventory idle with its full memory free (a backend that cannot measure).
+    fn usage(&self) -> Result<Vec<GpuUsage>> {
+        Ok(self
+            .inventory()?
+            .gpus
+            .into_iter()
+            .map(|g| GpuUsage {
+                memory_total_bytes: g.memory_mib * 1024 * 1024,
+                uuid: g.uuid,
+                ..GpuUsage::default()
+            })
+            .collect())
+    }
 
     /// Set the GPU's compute time-slice (DRA time-slicing). Backends that cannot say so.
     fn set_time_slice(&self, gpu_uuid: &str, interval: TimeSlice) -> Result<()> {

@@ -10,11 +10,26 @@
 //! | `tessera_config_reloads_total` | outcome | applied / rejected / unchanged |
 //! | `tessera_cdi_spec_repairs_total` | | CDI spec rewritten after a check found it wrong |
 //! | `tessera_health_watch_restarts_total` | | GPU health watch lost and restarted |
-//! | `tessera_chargeback_gpu_{allocated,used}_seconds_total` | node, gpu, model, mode, namespace, pod, container, queue, team | GPU-seconds per container ([`crate::chargeback::metrics`]; charged by whoever calls `chargeback.charge`) |
+//! | `tessera_gpu_memory_used_bytes` | node, gpu, model, mode | device memory in use (NVML) |
+//! | `tessera_gpu_memory_total_bytes` | node, gpu, model, mode | device memory |
+//! | `tessera_gpu_utilization_ratio` | node, gpu, model, mode | busy fraction of the last sample period (absent in MIG mode) |
+//! | `tessera_container_gpu_allocated_share` | node, gpu, model, mode, namespace, pod, container, queue | share of the GPU the container holds (the chargeback rule) |
+//! | `tessera_container_gpu_busy_ratio` | the same | busy fraction of that share charged as used ([`usage`]) |
+//! | `tessera_container_gpu_memory_used_bytes` | the same | memory the container holds (whole GPU, MIG device where NVML reports it, vGPU from the shim) |
+//! | `tessera_container_gpu_memory_limit_bytes` | the same | memory it may hold (not for time-sliced replicas) |
+//! | `tessera_chargeback_gpu_{allocated,used}_seconds_total` | node, gpu, model, mode, namespace, pod, container, queue, team | GPU-seconds per container ([`crate::chargeback::metrics`]; charged every `--usage-interval` by [`sampler`]) |
+//! | HAMi's `HostGPUMemoryUsage`, `HostCoreUtilization`, `vGPU_device_memory_{usage_in,limit_in}_bytes` | HAMi's | with `--hami-metrics` ([`hami`]) |
+//!
+//! The GPU and container gauges are set every `--usage-interval` (default 15 s) by
+//! [`sampler`] from the kubelet's PodResources API, the GPU backend and the shim's files.
+//! They carry the workload's `namespace` and `pod`: scrape with `honor_labels: true`.
 //!
 //! The same listener serves the probes `GET /livez` and `GET /readyz` ([`probes`]).
 
+pub mod hami;
 pub mod probes;
+pub mod sampler;
+pub mod usage;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -24,6 +39,12 @@ use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
 use prometheus_client::metrics::gauge::Gauge;
 use prometheus_client::registry::Registry;
+use std::sync::atomic::AtomicU64;
+
+use self::usage::{ContainerLabels, GpuLabels};
+
+/// A gauge of `f64` values.
+pub type F64Gauge = Gauge<f64, AtomicU64>;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
@@ -77,6 +98,15 @@ pub struct NodeMetrics {
     pub health_watch_restarts: Counter,
     /// GPU-seconds allocated and used per container (docs/chargeback.md).
     pub chargeback: crate::chargeback::ChargebackMetrics,
+    pub gpu_memory_used: Family<GpuLabels, F64Gauge>,
+    pub gpu_memory_total: Family<GpuLabels, F64Gauge>,
+    pub gpu_utilization: Family<GpuLabels, F64Gauge>,
+    pub container_allocated_share: Family<ContainerLabels, F64Gauge>,
+    pub container_busy: Family<ContainerLabels, F64Gauge>,
+    pub container_memory_used: Family<ContainerLabels, F64Gauge>,
+    pub container_memory_limit: Family<ContainerLabels, F64Gauge>,
+    /// HAMi's names, served too with `--hami-metrics`.
+    pub hami: Option<hami::HamiMetrics>,
 }
 
 impl Default for NodeMetrics {
@@ -87,6 +117,11 @@ impl Default for NodeMetrics {
 
 impl NodeMetrics {
     pub fn new() -> Self {
+        Self::with_hami(false)
+    }
+
+    /// With `hami`, HAMi's vGPU monitor names are served too ([`hami`]).
+    pub fn with_hami(hami: bool) -> Self {
         let mut registry = Registry::with_prefix("tessera");
         let devices = Family::<DeviceLabels, Gauge>::default();
         let allocations = Family::<ResourceLabels, Counter>::default();
@@ -143,8 +178,53 @@ impl NodeMetrics {
             "Other device plugins registering a resource Tessera registers or advertising its GPUs",
             device_plugin_conflicts.clone(),
         );
+        let gpu = |registry: &mut Registry, name: &str, help: &str| {
+            let f = Family::<GpuLabels, F64Gauge>::default();
+            registry.register(name, help, f.clone());
+            f
+        };
+        let gpu_memory_used = gpu(&mut registry, "gpu_memory_used_bytes", "GPU memory in use");
+        let gpu_memory_total = gpu(&mut registry, "gpu_memory_total_bytes", "GPU memory");
+        let gpu_utilization = gpu(
+            &mut registry,
+            "gpu_utilization_ratio",
+            "Fraction of the last sample period the GPU ran a kernel",
+        );
+        let ctr = |registry: &mut Registry, name: &str, help: &str| {
+            let f = Family::<ContainerLabels, F64Gauge>::default();
+            registry.register(name, help, f.clone());
+            f
+        };
+        let container_allocated_share = ctr(
+            &mut registry,
+            "container_gpu_allocated_share",
+            "Share of the GPU the container holds, as chargeback charges it",
+        );
+        let container_busy = ctr(
+            &mut registry,
+            "container_gpu_busy_ratio",
+            "Busy fraction of the container's share, as chargeback counts it used",
+        );
+        let container_memory_used = ctr(
+            &mut registry,
+            "container_gpu_memory_used_bytes",
+            "GPU memory the container holds",
+        );
+        let container_memory_limit = ctr(
+            &mut registry,
+            "container_gpu_memory_limit_bytes",
+            "GPU memory the container may hold",
+        );
         Self {
             registry,
+            gpu_memory_used,
+            gpu_memory_total,
+            gpu_utilization,
+            container_allocated_share,
+            container_busy,
+            container_memory_used,
+            container_memory_limit,
+            hami: hami.then(hami::HamiMetrics::new),
             probes: Arc::default(),
             devices,
             allocations,
@@ -161,9 +241,14 @@ impl NodeMetrics {
 
     /// The Prometheus text exposition.
     pub fn encode(&self) -> String {
+        use prometheus_client::encoding::text::{encode_eof, encode_registry};
         let mut out = String::new();
         // Writing to a String cannot fail.
-        let _ = prometheus_client::encoding::text::encode(&mut out, &self.registry);
+        let _ = encode_registry(&mut out, &self.registry);
+        if let Some(hami) = &self.hami {
+            let _ = encode_registry(&mut out, &hami.registry);
+        }
+        let _ = encode_eof(&mut out);
         out
     }
 

@@ -52,6 +52,9 @@ pub struct AgentBuilder {
     pub vgpu_record: Option<tessera::agent::vgpu_record::RecordSettings>,
     /// See `AgentOptions::slot_binding` (API-server double, PodResources socket).
     pub slot_binding: Option<tessera::agent::slot_binding::BindingSettings>,
+    /// See `AgentOptions::advertised` (the usage sampler's feed).
+    pub advertised:
+        Option<tokio::sync::watch::Sender<tessera::deviceplugin::snapshot::SharedSnapshot>>,
 }
 
 impl AgentBuilder {
@@ -67,6 +70,7 @@ impl AgentBuilder {
             cdi_verify_interval: std::time::Duration::from_secs(60),
             vgpu_record: None,
             slot_binding: None,
+            advertised: None,
         }
     }
 
@@ -148,6 +152,7 @@ impl AgentBuilder {
             cdi_verify_interval: self.cdi_verify_interval,
             vgpu_record: self.vgpu_record,
             slot_binding: self.slot_binding,
+            advertised: self.advertised,
         };
         // A stand-in for the shim library the agent installs at start (vGPU needs one).
         let stand_in = root.join("libtessera_cuda.so");

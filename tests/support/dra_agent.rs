@@ -178,6 +178,7 @@ impl DraAgentBuilder {
             cdi_verify_interval: std::time::Duration::from_secs(60),
             vgpu_record: None,
             slot_binding: None,
+            advertised: None,
         };
         let paths = Paths {
             ownership: Ownership::with_mode(self.device_plugin, self.dra, self.dra_gpus.as_deref())

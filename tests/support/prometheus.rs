@@ -99,6 +99,18 @@ impl Prometheus {
         Self::spawn(&config, None).await
     }
 
+    /// Prometheus scraping `target`'s `/metrics` every second with `honor_labels: true`
+    /// (the node agent's series carry the workload's `namespace` and `pod`); ready when
+    /// this returns.
+    pub async fn scraping(target: SocketAddr) -> Option<Prometheus> {
+        let config = format!(
+            "global: {{scrape_interval: 1s, evaluation_interval: 1s}}\n\
+             scrape_configs:\n- job_name: tessera-node\n  honor_labels: true\n  \
+             static_configs: [{{targets: ['{target}']}}]\n"
+        );
+        Self::spawn(&config, None).await
+    }
+
     /// Prometheus serving the TSDB at `tsdb` (blocks from [`backfill`]), scraping nothing;
     /// blocks are kept whatever their age. Ready when this returns.
     pub async fn on_tsdb(tsdb: &Path) -> Option<Prometheus> {

@@ -17,6 +17,7 @@ pub mod layout;
 pub mod mig;
 pub mod probe;
 pub mod topology;
+pub mod usage;
 
 use std::ffi::OsStr;
 use std::path::PathBuf;
@@ -129,6 +130,10 @@ impl GpuBackend for NvmlBackend {
 
     fn inventory(&self) -> Result<Inventory> {
         inventory::read(&self.nvml, &self.sysfs_root)
+    }
+
+    fn usage(&self) -> Result<Vec<crate::gpu::GpuUsage>> {
+        usage::read(&self.nvml)
     }
 
     fn watch_health(&self, tx: HealthSender) -> Result<()> {

@@ -1,0 +1,421 @@
+//! The usage sampler: every `--usage-interval` it reads who holds what and how busy the
+//! GPUs are, sets the allocated-vs-used gauges and charges the chargeback counters.
+//!
+//! ```text
+//! tick ─▶ PodResources List ──────────┐ (fails: keep the last gauges, charge nothing,
+//!      ─▶ backend.usage(), inventory ─┤  warn once per failure streak)
+//!      ─▶ checkpoint + shim files ────┼─▶ usage::tick (pure) ─▶ publish: gauges set,
+//!      ─▶ pod labels (API, cached) ───┘   vanished series removed, chargeback charged;
+//!                                         series gone > --chargeback-forget-after forgotten
+//! ```
+//!
+//! A tick charges the seconds since the previous tick (the first charges nothing): a
+//! tick whose PodResources call fails loses its interval rather than charging holders it
+//! could not see.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use tokio::sync::watch;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tracing::{debug, info, warn};
+
+use super::usage::{self, ContainerLabels, GpuLabels, PodLabels, Sample, Seen, Streak, Tick};
+use super::{hami, NodeMetrics};
+use crate::deviceplugin::snapshot::SharedSnapshot;
+use crate::gpu::{GpuBackend, GpuUsage, Inventory};
+use crate::shimfiles::{self, AllocDirs};
+use crate::vgpu::slots::Holder;
+
+/// How long a pod's labels are trusted before they are read again.
+const LABELS_TTL: Duration = Duration::from_secs(300);
+/// A pod GET slower than this is given up (labels empty until the next try).
+const CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What the sampler needs.
+#[derive(Clone)]
+pub struct SamplerSettings {
+    pub node_name: String,
+    /// `--usage-interval`; zero turns the sampler off.
+    pub interval: Duration,
+    /// `--chargeback-forget-after`.
+    pub forget_after: Duration,
+    /// `--team-label`.
+    pub team_label: String,
+    pub pod_resources_socket: PathBuf,
+    /// The kubelet's device checkpoint (which allocation directory is which container's).
+    pub kubelet_checkpoint: PathBuf,
+    pub alloc_dirs: AllocDirs,
+    /// Reads pod labels; `None` (no API access): queue and team are empty.
+    pub client: Option<kube::Client>,
+}
+
+impl std::fmt::Debug for SamplerSettings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SamplerSettings")
+            .field("node_name", &self.node_name)
+            .field("interval", &self.interval)
+            .field("forget_after", &self.forget_after)
+            .field("team_label", &self.team_label)
+            .field("pod_resources_socket", &self.pod_resources_socket)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The series the last published tick set, to remove those a new tick lacks.
+#[derive(Debug, Default)]
+pub struct Published {
+    gpus: BTreeSet<GpuLabels>,
+    containers: BTreeSet<ContainerLabels>,
+    hami_hosts: BTreeSet<hami::HostLabels>,
+    hami_vgpus: BTreeSet<hami::VgpuLabels>,
+    seen: Seen,
+}
+
+/// Sets the gauges of `tick` (removing the series the previous tick had and this one
+/// lacks), charges its chargeback increments, and forgets the chargeback series not
+/// charged for longer than `forget_after` (`now`: a monotonic offset).
+pub fn publish(
+    metrics: &NodeMetrics,
+    tick: &Tick,
+    published: &mut Published,
+    now: Duration,
+    forget_after: Duration,
+) {
+    let mut gpus = BTreeSet::new();
+    let mut hosts = BTreeSet::new();
+    for g in &tick.gpus {
+        metrics
+            .gpu_memory_used
+            .get_or_create(&g.labels)
+            .set(g.memory_used_bytes);
+        metrics
+            .gpu_memory_total
+            .get_or_create(&g.labels)
+            .set(g.memory_total_bytes);
+        match g.utilization_ratio {
+            Some(r) => {
+                metrics.gpu_utilization.get_or_create(&g.labels).set(r);
+            }
+            None => {
+                metrics.gpu_utilization.remove(&g.labels);
+            }
+        }
+        if let Some(h) = &metrics.hami {
+            let labels = hami::host_labels(g);
+            h.host_memory
+                .get_or_create(&labels)
+                .set(g.memory_used_bytes);
+            h.host_core
+                .get_or_create(&labels)
+                .set(g.utilization_ratio.unwrap_or(0.0) * 100.0);
+            hosts.insert(labels);
+        }
+        gpus.insert(g.labels.clone());
+    }
+    for gone in usage::vanished(&published.gpus, &gpus) {
+        metrics.gpu_memory_used.remove(&gone);
+        metrics.gpu_memory_total.remove(&gone);
+        metrics.gpu_utilization.remove(&gone);
+    }
+    let mut containers = BTreeSet::new();
+    let mut vgpus = BTreeSet::new();
+    for c in &tick.containers {
+        let l = &c.labels;
+        metrics
+            .container_allocated_share
+            .get_or_create(l)
+            .set(c.allocated_share);
+        metrics.container_busy.get_or_create(l).set(c.busy);
+        set_or_remove(&metrics.container_memory_used, l, c.memory_used_bytes);
+        set_or_remove(&metrics.container_memory_limit, l, c.memory_limit_bytes);
+        if let (Some(h), Some(labels)) = (&metrics.hami, hami::vgpu_labels(c)) {
+            h.vgpu_used
+                .get_or_create(&labels)
+                .set(c.memory_used_bytes.unwrap_or(0.0));
+            h.vgpu_limit
+                .get_or_create(&labels)
+                .set(c.memory_limit_bytes.unwrap_or(0.0));
+            vgpus.insert(labels);
+        }
+        containers.insert(l.clone());
+    }
+    for gone in usage::vanished(&published.containers, &containers) {
+        metrics.container_allocated_share.remove(&gone);
+        metrics.container_busy.remove(&gone);
+        metrics.container_memory_used.remove(&gone);
+        metrics.container_memory_limit.remove(&gone);
+    }
+    if let Some(h) = &metrics.hami {
+        for gone in usage::vanished(&published.hami_hosts, &hosts) {
+            h.host_memory.remove(&gone);
+            h.host_core.remove(&gone);
+        }
+        for gone in usage::vanished(&published.hami_vgpus, &vgpus) {
+            h.vgpu_used.remove(&gone);
+            h.vgpu_limit.remove(&gone);
+        }
+    }
+    for c in &tick.charges {
+        metrics
+            .chargeback
+            .charge(&c.labels, c.share, c.busy, c.seconds);
+    }
+    published
+        .seen
+        .observe(tick.charges.iter().map(|c| &c.labels), now);
+    for gone in published.seen.expired(now, forget_after) {
+        debug!(pod = %gone.pod, container = %gone.container, gpu = %gone.gpu,
+               "chargeback series forgotten");
+        metrics.chargeback.forget(&gone);
+    }
+    published.gpus = gpus;
+    published.containers = containers;
+    published.hami_hosts = hosts;
+    published.hami_vgpus = vgpus;
+}
+
+fn set_or_remove(
+    family: &prometheus_client::metrics::family::Family<ContainerLabels, super::F64Gauge>,
+    labels: &ContainerLabels,
+    value: Option<f64>,
+) {
+    match value {
+        Some(v) => {
+            family.get_or_create(labels).set(v);
+        }
+        None => {
+            family.remove(labels);
+        }
+    }
+}
+
+/// What the blocking reads of one tick return.
+struct Local {
+    inventory: Inventory,
+    usage: Vec<GpuUsage>,
+    vgpu: Vec<usage::VgpuAccounting>,
+    problems: Vec<String>,
+}
+
+/// Inventory, usage and the vGPU containers' files (blocking: NVML and the file system).
+fn read_local(backend: &dyn GpuBackend, checkpoint: &std::path::Path, dirs: &AllocDirs) -> Local {
+    let mut problems = Vec::new();
+    let inventory = backend.inventory().unwrap_or_else(|e| {
+        problems.push(format!("GPU inventory: {e}"));
+        Inventory::default()
+    });
+    let usage = backend.usage().unwrap_or_else(|e| {
+        problems.push(format!("GPU usage: {e}"));
+        Vec::new()
+    });
+    let mut vgpu = Vec::new();
+    let allocations = match std::fs::read(checkpoint) {
+        Ok(bytes) => shimfiles::checkpoint_allocations(&bytes).unwrap_or_else(|e| {
+            problems.push(format!("{}: {e}", checkpoint.display()));
+            BTreeMap::new()
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+        Err(e) => {
+            problems.push(format!("{}: {e}", checkpoint.display()));
+            BTreeMap::new()
+        }
+    };
+    let ids = dirs.list(shimfiles::DP_PREFIX).unwrap_or_else(|e| {
+        problems.push(e.to_string());
+        Vec::new()
+    });
+    for id in ids {
+        let Some(alloc) = allocations.get(&id) else {
+            continue;
+        };
+        let limits = match shimfiles::read_limits(dirs, &id) {
+            Ok(l) => l.unwrap_or_default(),
+            Err(e) => {
+                problems.push(e.to_string());
+                Vec::new()
+            }
+        };
+        let file = dirs.accounting_dir(&id).join(shimfiles::ACCOUNTING_FILE);
+        let used_bytes = match shimfiles::read_accounting(&file) {
+            Ok(totals) => totals.map(|t| t.to_vec()),
+            Err(e) => {
+                problems.push(e.to_string());
+                None
+            }
+        };
+        vgpu.push(usage::VgpuAccounting {
+            device_ids: alloc.device_ids.clone(),
+            used_bytes,
+            limits: limits
+                .into_iter()
+                .map(|l| usage::UnitLimits {
+                    index: l.index,
+                    memory_mib: l.memory_mib,
+                    cores: l.cores,
+                })
+                .collect(),
+        });
+    }
+    Local {
+        inventory,
+        usage,
+        vgpu,
+        problems,
+    }
+}
+
+/// Pod labels per `(namespace, name)`, read from the API server and kept [`LABELS_TTL`].
+#[derive(Default)]
+struct LabelCache {
+    pods: BTreeMap<(String, String), (PodLabels, Instant)>,
+}
+
+impl LabelCache {
+    async fn refresh(
+        &mut self,
+        client: Option<&kube::Client>,
+        team_label: &str,
+        holders: &[Holder],
+    ) -> BTreeMap<(String, String), PodLabels> {
+        let listed: BTreeSet<(String, String)> = holders
+            .iter()
+            .map(|h| (h.namespace.clone(), h.pod.clone()))
+            .collect();
+        self.pods.retain(|k, _| listed.contains(k));
+        let Some(client) = client else {
+            return BTreeMap::new();
+        };
+        let now = Instant::now();
+        for key in &listed {
+            if self
+                .pods
+                .get(key)
+                .is_some_and(|(_, at)| now.duration_since(*at) < LABELS_TTL)
+            {
+                continue;
+            }
+            let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &key.0);
+            let labels = match tokio::time::timeout(CALL_TIMEOUT, api.get_opt(&key.1)).await {
+                Ok(Ok(Some(pod))) => {
+                    PodLabels::from_labels(&pod.metadata.labels.unwrap_or_default(), team_label)
+                }
+                Ok(Ok(None)) => PodLabels::default(),
+                Ok(Err(e)) => {
+                    debug!(namespace = %key.0, pod = %key.1, error = %e, "pod labels not read");
+                    PodLabels::default()
+                }
+                Err(_) => PodLabels::default(),
+            };
+            self.pods.insert(key.clone(), (labels, now));
+        }
+        self.pods
+            .iter()
+            .map(|(k, (l, _))| (k.clone(), l.clone()))
+            .collect()
+    }
+}
+
+/// Sample until `cancel` fires. `advertised` is the device plugin's current snapshot.
+pub async fn run(
+    settings: SamplerSettings,
+    backend: Arc<dyn GpuBackend>,
+    advertised: watch::Receiver<SharedSnapshot>,
+    metrics: Arc<NodeMetrics>,
+    cancel: CancellationToken,
+) {
+    if settings.interval.is_zero() {
+        info!("--usage-interval 0: usage metrics and chargeback off");
+        return;
+    }
+    info!(interval = ?settings.interval, socket = %settings.pod_resources_socket.display(),
+          "sampling GPU usage");
+    let start = Instant::now();
+    let mut ticker = tokio::time::interval(settings.interval);
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut last: Option<Instant> = None;
+    let mut streak = Streak::default();
+    let mut published = Published::default();
+    let mut labels = LabelCache::default();
+    let mut reported: BTreeSet<String> = BTreeSet::new();
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            _ = ticker.tick() => {}
+        }
+        if reported.len() > 1024 {
+            reported.clear();
+        }
+        let now = Instant::now();
+        let seconds = last.map_or(0.0, |at| now.duration_since(at).as_secs_f64());
+        last = Some(now);
+        let holders = match crate::agent::slot_binding::list_holders(&settings.pod_resources_socket)
+            .await
+        {
+            Ok(h) => {
+                if streak.ok() {
+                    info!("the kubelet's PodResources API answers again; charging resumes");
+                }
+                h
+            }
+            Err(e) => {
+                if streak.fail() {
+                    warn!(error = %e, "cannot read the kubelet's PodResources; usage metrics keep their last values and nothing is charged until it answers");
+                }
+                continue;
+            }
+        };
+        let (b, checkpoint, dirs) = (
+            backend.clone(),
+            settings.kubelet_checkpoint.clone(),
+            settings.alloc_dirs.clone(),
+        );
+        let local =
+            match tokio::task::spawn_blocking(move || read_local(b.as_ref(), &checkpoint, &dirs))
+                .await
+            {
+                Ok(l) => l,
+                Err(e) => {
+                    warn!(error = %e, "usage read failed");
+                    continue;
+                }
+            };
+        for p in &local.problems {
+            if reported.insert(p.clone()) {
+                warn!(problem = %p, "usage partly unread");
+            }
+        }
+        let pods = labels
+            .refresh(settings.client.as_ref(), &settings.team_label, &holders)
+            .await;
+        let snapshot = advertised.borrow().clone();
+        let tick = usage::tick(
+            &Sample {
+                node: &settings.node_name,
+                inventory: &local.inventory,
+                advertisement: &snapshot.advertisement,
+                holders: &holders,
+                usage: &local.usage,
+                vgpu: &local.vgpu,
+                pods: &pods,
+            },
+            seconds,
+        );
+        for s in &tick.skipped {
+            if reported.insert(s.clone()) {
+                warn!(device = %s, "held device not charged");
+            }
+        }
+        publish(
+            &metrics,
+            &tick,
+            &mut published,
+            now.duration_since(start),
+            settings.forget_after,
+        );
+    }
+}

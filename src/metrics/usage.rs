@@ -1,0 +1,954 @@
+//! Allocated vs used, per GPU and per container: one sampling tick turned into gauge
+//! values and chargeback increments. Pure: the sampler ([`super::sampler`]) reads the
+//! kubelet, the backend and the shim's files and passes what it read, and the seconds the
+//! tick covers, in.
+//!
+//! Who holds what comes from the kubelet's PodResources `List` (container → device IDs);
+//! what each device is comes from the device plugin's advertisement (whole GPU, MIG
+//! device, time-sliced replica, vGPU slice or split-mode slot); how busy each GPU is from
+//! the backend ([`GpuUsage`]); what a vGPU container holds against its limit from the
+//! shim's accounting and limits files ([`VgpuAccounting`]).
+//!
+//! | mode | allocated share | busy (0–1 of the share) | container memory used | limit |
+//! |---|---|---|---|---|
+//! | `whole` | 1 | GPU utilization | the GPU's used memory | the GPU's memory |
+//! | `mig` | `c / C` | 0: NVML reports no utilization in MIG mode | the MIG device's, when NVML reports it | the MIG device's memory |
+//! | `timeslice` | `1 / r` | GPU utilization (shared by all replicas) | not exported: NVML cannot attribute it to a container | not exported |
+//! | `vgpu` | `max(m / M, s / 100)` | `min(1, GPU utilization / Σ SM limits on the GPU)` | the shim's total for the slice | the slice's memory |
+//!
+//! The vGPU busy fraction is an estimate: NVML measures the whole GPU, so the GPU's
+//! utilization is split over the vGPU containers on it in proportion to their SM limits
+//! (a slice without an SM limit counts its share). A container whose devices the
+//! advertisement does not know (another device plugin's, a DRA claim) is not reported.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
+
+use prometheus_client::encoding::EncodeLabelSet;
+
+use crate::chargeback::ledger::ChargeLabels;
+use crate::chargeback::rule::{Mode, Slice};
+use crate::gpu::{GpuInfo, GpuUsage, Inventory};
+use crate::partition::catalog;
+use crate::partition::layout::{Advertisement, Device, Share, Target};
+use crate::vgpu::slots::Holder;
+
+/// Pod labels naming the pod's LocalQueue, the first present wins.
+pub const QUEUE_LABELS: [&str; 2] = ["kueue.x-k8s.io/queue-name", "tessera.io/queue-name"];
+/// The default pod label read as the team.
+pub const DEFAULT_TEAM_LABEL: &str = "team";
+const MIB: f64 = 1024.0 * 1024.0;
+
+/// What the metrics carry from a pod's labels.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PodLabels {
+    pub queue: String,
+    pub team: String,
+}
+
+impl PodLabels {
+    /// The queue and team of a pod with `labels`; `team_key` is the configured team label.
+    pub fn from_labels(labels: &BTreeMap<String, String>, team_key: &str) -> PodLabels {
+        PodLabels {
+            queue: QUEUE_LABELS
+                .iter()
+                .find_map(|k| labels.get(*k))
+                .cloned()
+                .unwrap_or_default(),
+            team: labels.get(team_key).cloned().unwrap_or_default(),
+        }
+    }
+}
+
+/// One CUDA ordinal's limits from the container's limits file
+/// (`crate::shimfiles::UnitLimits`, converted by the sampler).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UnitLimits {
+    pub index: usize,
+    pub memory_mib: u64,
+    pub cores: u32,
+}
+
+/// One vGPU container's files: the devices the kubelet's checkpoint recorded for its
+/// allocation (in that order: CUDA ordinal `i` is the `i`-th distinct GPU among them, as
+/// Allocate numbered them), the shim's per-ordinal totals and the limits file.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VgpuAccounting {
+    pub device_ids: Vec<String>,
+    /// `None`: no accounting file yet (no CUDA process started): nothing used.
+    pub used_bytes: Option<Vec<u64>>,
+    pub limits: Vec<UnitLimits>,
+}
+
+/// Everything one tick read.
+#[derive(Debug, Clone, Copy)]
+pub struct Sample<'a> {
+    pub node: &'a str,
+    pub inventory: &'a Inventory,
+    pub advertisement: &'a Advertisement,
+    pub holders: &'a [Holder],
+    pub usage: &'a [GpuUsage],
+    pub vgpu: &'a [VgpuAccounting],
+    /// `(namespace, pod)` → its labels; a pod missing here has empty queue and team.
+    pub pods: &'a BTreeMap<(String, String), PodLabels>,
+}
+
+/// Labels of the per-GPU gauges.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
+pub struct GpuLabels {
+    pub node: String,
+    pub gpu: String,
+    pub model: String,
+    /// How the device plugin shares the GPU; `dra` when it advertises nothing on it (the
+    /// DRA driver's GPUs).
+    pub mode: String,
+}
+
+/// Labels of the per-container gauges.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, EncodeLabelSet)]
+pub struct ContainerLabels {
+    pub node: String,
+    pub gpu: String,
+    pub model: String,
+    pub mode: String,
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub queue: String,
+}
+
+/// One GPU's gauges.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GpuRow {
+    pub labels: GpuLabels,
+    pub index: u32,
+    pub product_name: String,
+    pub memory_used_bytes: f64,
+    pub memory_total_bytes: f64,
+    /// `None`: not reported (MIG mode).
+    pub utilization_ratio: Option<f64>,
+}
+
+/// One container's hold on one GPU.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ContainerRow {
+    pub labels: ContainerLabels,
+    pub team: String,
+    /// The CUDA ordinal of this GPU in the container (vGPU), else the position among the
+    /// container's GPUs.
+    pub ordinal: usize,
+    /// Share of the GPU charged ([`Slice::share`], summed over the container's devices on it).
+    pub allocated_share: f64,
+    pub busy: f64,
+    pub memory_used_bytes: Option<f64>,
+    pub memory_limit_bytes: Option<f64>,
+}
+
+impl ContainerRow {
+    pub fn charge_labels(&self) -> ChargeLabels {
+        let l = &self.labels;
+        ChargeLabels {
+            node: l.node.clone(),
+            gpu: l.gpu.clone(),
+            model: l.model.clone(),
+            mode: mode_of(&l.mode),
+            namespace: l.namespace.clone(),
+            pod: l.pod.clone(),
+            container: l.container.clone(),
+            queue: l.queue.clone(),
+            team: self.team.clone(),
+        }
+    }
+}
+
+fn mode_of(label: &str) -> Mode {
+    Mode::ALL
+        .into_iter()
+        .find(|m| m.as_str() == label)
+        .unwrap_or(Mode::Whole)
+}
+
+/// What one tick adds to a chargeback series.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Charge {
+    pub labels: ChargeLabels,
+    pub share: f64,
+    pub busy: f64,
+    pub seconds: f64,
+}
+
+/// The outcome of one tick.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Tick {
+    pub gpus: Vec<GpuRow>,
+    pub containers: Vec<ContainerRow>,
+    pub charges: Vec<Charge>,
+    /// Devices held but not charged, and why (logged by the sampler).
+    pub skipped: Vec<String>,
+}
+
+/// The GPU's model label: the short name Tessera knows it by (`H100-80GB`), else the
+/// product name without `NVIDIA ` and with `-` for spaces.
+pub fn model_label(gpu: &GpuInfo) -> String {
+    if let Some(m) = crate::gpu::models::find_model(&gpu.product_name) {
+        return m.short_name.to_string();
+    }
+    if let Some(c) = catalog::lookup(&gpu.product_name, gpu.memory_mib) {
+        return c.model.to_string();
+    }
+    gpu.product_name
+        .trim()
+        .trim_start_matches("NVIDIA ")
+        .replace(' ', "-")
+}
+
+fn device_mode(d: &Device) -> Mode {
+    match (&d.share, &d.target) {
+        (Share::Vgpu { .. } | Share::Slot { .. }, _) => Mode::Vgpu,
+        (Share::Replica { .. }, _) => Mode::Timeslice,
+        (Share::Exclusive, Target::Mig { .. }) => Mode::Mig,
+        (Share::Exclusive, Target::Gpu) => Mode::Whole,
+    }
+}
+
+fn mig_slices(gpu: &GpuInfo, profile: &str) -> (u32, u32) {
+    let cat = catalog::lookup(&gpu.product_name, gpu.memory_mib);
+    let whole = cat.map_or(7, |c| u32::from(c.compute_slices));
+    let own = cat
+        .and_then(|c| c.profile(profile))
+        .map(|p| u32::from(p.compute_slices))
+        .or_else(|| profile.split('g').next().and_then(|n| n.parse().ok()))
+        .unwrap_or(0);
+    (own, whole)
+}
+
+/// The share of a device, or why it cannot be charged. `limits`: the split-mode slot's
+/// unit limits (from its limits file).
+fn device_share(d: &Device, gpu: &GpuInfo, limits: Option<&UnitLimits>) -> Result<f64, String> {
+    let base = match &d.target {
+        Target::Gpu => Slice::Whole,
+        Target::Mig { profile, .. } => {
+            let (compute_slices, gpu_compute_slices) = mig_slices(gpu, profile);
+            Slice::Mig {
+                compute_slices,
+                gpu_compute_slices,
+            }
+        }
+    };
+    let slice = match d.share {
+        Share::Exclusive => base,
+        Share::Replica { of, .. } => {
+            let unit = base.share().map_err(|e| e.to_string())?;
+            let r = Slice::Timeslice { replicas: of }
+                .share()
+                .map_err(|e| e.to_string())?;
+            return Ok(unit * r);
+        }
+        Share::Vgpu {
+            memory_mib, cores, ..
+        } => Slice::Vgpu {
+            memory_mib,
+            gpu_memory_mib: gpu.memory_mib,
+            cores_percent: cores,
+        },
+        Share::Slot { .. } => {
+            let l = limits.ok_or("a split-mode slot without limits yet")?;
+            Slice::Vgpu {
+                memory_mib: l.memory_mib,
+                gpu_memory_mib: gpu.memory_mib,
+                cores_percent: l.cores,
+            }
+        }
+    };
+    slice.share().map_err(|e| e.to_string())
+}
+
+fn find_device<'a>(ad: &'a Advertisement, resource: &str, id: &str) -> Option<&'a Device> {
+    let in_resource = ad
+        .resource(resource)
+        .and_then(|r| r.devices.iter().find(|d| d.id == id));
+    in_resource.or_else(|| {
+        ad.resources
+            .iter()
+            .flat_map(|r| &r.devices)
+            .find(|d| d.id == id)
+    })
+}
+
+/// Per container and GPU while building the tick.
+struct Hold<'a> {
+    holder: &'a Holder,
+    gpu: &'a GpuInfo,
+    mode: Mode,
+    ordinal: usize,
+    share: f64,
+    /// SM limit (0–1) for the vGPU busy split: the slice's cores, else its share.
+    sm: f64,
+    memory_limit_bytes: Option<f64>,
+    memory_used_bytes: Option<f64>,
+}
+
+/// One tick: gauges for every GPU and every container holding a device, and what
+/// `seconds` adds to each container's chargeback series.
+pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
+    let mut out = Tick::default();
+    let usage: BTreeMap<&str, &GpuUsage> = s.usage.iter().map(|u| (u.uuid.as_str(), u)).collect();
+    let mut gpu_modes: BTreeMap<&str, Mode> = BTreeMap::new();
+    for d in s.advertisement.resources.iter().flat_map(|r| &r.devices) {
+        gpu_modes
+            .entry(d.gpu_uuid.as_str())
+            .or_insert(device_mode(d));
+    }
+    for gpu in &s.inventory.gpus {
+        let u = usage.get(gpu.uuid.as_str());
+        out.gpus.push(GpuRow {
+            labels: GpuLabels {
+                node: s.node.to_string(),
+                gpu: gpu.uuid.clone(),
+                model: model_label(gpu),
+                mode: gpu_modes
+                    .get(gpu.uuid.as_str())
+                    .map_or("dra", |m| m.as_str())
+                    .to_string(),
+            },
+            index: gpu.index,
+            product_name: gpu.product_name.clone(),
+            memory_used_bytes: u.map_or(0.0, |u| u.memory_used_bytes as f64),
+            memory_total_bytes: u
+                .map_or(gpu.memory_mib as f64 * MIB, |u| u.memory_total_bytes as f64),
+            utilization_ratio: u
+                .and_then(|u| u.utilization_percent)
+                .map(|p| f64::from(p.min(100)) / 100.0),
+        });
+    }
+
+    let mut holds: Vec<Hold<'_>> = Vec::new();
+    for h in s.holders {
+        let mut ids: Vec<&str> = h.device_ids.iter().map(String::as_str).collect();
+        ids.sort_unstable();
+        let acct = s.vgpu.iter().find(|a| {
+            let mut theirs: Vec<&str> = a.device_ids.iter().map(String::as_str).collect();
+            theirs.sort_unstable();
+            theirs == ids
+        });
+        // Devices in the allocation's order (the checkpoint's), so ordinals match Allocate's.
+        let ordered: Vec<&str> = match acct {
+            Some(a) => a.device_ids.iter().map(String::as_str).collect(),
+            None => h.device_ids.iter().map(String::as_str).collect(),
+        };
+        let mut units: Vec<&str> = Vec::new();
+        let first = holds.len();
+        for id in ordered {
+            let Some(d) = find_device(s.advertisement, &h.resource, id) else {
+                continue;
+            };
+            let Some(gpu) = s.inventory.gpu(&d.gpu_uuid) else {
+                out.skipped
+                    .push(format!("{id}: GPU {} not in the inventory", d.gpu_uuid));
+                continue;
+            };
+            let ordinal = match units.iter().position(|u| *u == d.unit()) {
+                Some(i) => i,
+                None => {
+                    units.push(d.unit());
+                    units.len() - 1
+                }
+            };
+            let limits = acct.and_then(|a| a.limits.iter().find(|l| l.index == ordinal));
+            let share = match device_share(d, gpu, limits) {
+                Ok(share) => share,
+                Err(why) => {
+                    out.skipped.push(format!(
+                        "{}/{}/{} {id}: {why}",
+                        h.namespace, h.pod, h.container
+                    ));
+                    continue;
+                }
+            };
+            let mode = device_mode(d);
+            let mig_uuid = match &d.target {
+                Target::Mig { uuid, .. } => Some(uuid.as_str()),
+                Target::Gpu => None,
+            };
+            let sm = match (&d.share, limits) {
+                (Share::Vgpu { cores, .. }, _) if *cores > 0 => f64::from(*cores) / 100.0,
+                (Share::Slot { .. }, Some(l)) if l.cores > 0 => f64::from(l.cores) / 100.0,
+                _ => share,
+            };
+            let (memory_used_bytes, memory_limit_bytes) = match mode {
+                Mode::Whole => (
+                    usage
+                        .get(gpu.uuid.as_str())
+                        .map(|u| u.memory_used_bytes as f64),
+                    Some(
+                        usage
+                            .get(gpu.uuid.as_str())
+                            .map_or(gpu.memory_mib as f64 * MIB, |u| u.memory_total_bytes as f64),
+                    ),
+                ),
+                Mode::Mig => {
+                    let used = usage.get(gpu.uuid.as_str()).and_then(|u| {
+                        u.mig
+                            .iter()
+                            .find(|m| Some(m.uuid.as_str()) == mig_uuid)
+                            .map(|m| m.memory_used_bytes as f64)
+                    });
+                    let limit = gpu
+                        .mig_devices
+                        .iter()
+                        .find(|m| Some(m.uuid.as_str()) == mig_uuid)
+                        .map(|m| m.memory_mib as f64 * MIB);
+                    (used, limit)
+                }
+                Mode::Timeslice => (None, None),
+                Mode::Vgpu => {
+                    let limit = match (&d.share, limits) {
+                        (_, Some(l)) => Some(l.memory_mib as f64 * MIB),
+                        (Share::Vgpu { memory_mib, .. }, None) => Some(*memory_mib as f64 * MIB),
+                        _ => None,
+                    };
+                    let used = acct.map(|a| {
+                        a.used_bytes
+                            .as_ref()
+                            .and_then(|u| u.get(ordinal).copied())
+                            .unwrap_or(0) as f64
+                    });
+                    (used, limit)
+                }
+            };
+            // Several devices of one container on one GPU (two replicas, two slices): one row.
+            if let Some(prev) = holds[first..]
+                .iter_mut()
+                .find(|p| p.gpu.uuid == gpu.uuid && p.mode == mode)
+            {
+                prev.share = (prev.share + share).min(1.0);
+                prev.sm = (prev.sm + sm).min(1.0);
+                if mode == Mode::Vgpu {
+                    continue;
+                }
+                prev.memory_used_bytes = sum(prev.memory_used_bytes, memory_used_bytes);
+                prev.memory_limit_bytes = sum(prev.memory_limit_bytes, memory_limit_bytes);
+                continue;
+            }
+            holds.push(Hold {
+                holder: h,
+                gpu,
+                mode,
+                ordinal,
+                share,
+                sm,
+                memory_limit_bytes,
+                memory_used_bytes,
+            });
+        }
+    }
+
+    // Σ SM limits of the vGPU holds per GPU: the GPU's utilization is split over them.
+    let mut vgpu_sm: BTreeMap<&str, f64> = BTreeMap::new();
+    for h in holds.iter().filter(|h| h.mode == Mode::Vgpu) {
+        *vgpu_sm.entry(h.gpu.uuid.as_str()).or_default() += h.sm;
+    }
+    for h in holds {
+        let util = usage
+            .get(h.gpu.uuid.as_str())
+            .and_then(|u| u.utilization_percent)
+            .map_or(0.0, |p| f64::from(p.min(100)) / 100.0);
+        let busy = match h.mode {
+            Mode::Whole | Mode::Timeslice => util,
+            Mode::Mig => 0.0,
+            Mode::Vgpu => {
+                let total = vgpu_sm.get(h.gpu.uuid.as_str()).copied().unwrap_or(0.0);
+                if total > 0.0 {
+                    (util / total).min(1.0)
+                } else {
+                    0.0
+                }
+            }
+        };
+        let pod = s
+            .pods
+            .get(&(h.holder.namespace.clone(), h.holder.pod.clone()))
+            .cloned()
+            .unwrap_or_default();
+        let row = ContainerRow {
+            labels: ContainerLabels {
+                node: s.node.to_string(),
+                gpu: h.gpu.uuid.clone(),
+                model: model_label(h.gpu),
+                mode: h.mode.as_str().to_string(),
+                namespace: h.holder.namespace.clone(),
+                pod: h.holder.pod.clone(),
+                container: h.holder.container.clone(),
+                queue: pod.queue,
+            },
+            team: pod.team,
+            ordinal: h.ordinal,
+            allocated_share: h.share,
+            busy,
+            memory_used_bytes: h.memory_used_bytes,
+            memory_limit_bytes: h.memory_limit_bytes,
+        };
+        out.charges.push(Charge {
+            labels: row.charge_labels(),
+            share: row.allocated_share,
+            busy,
+            seconds,
+        });
+        out.containers.push(row);
+    }
+    out
+}
+
+fn sum(a: Option<f64>, b: Option<f64>) -> Option<f64> {
+    match (a, b) {
+        (Some(a), Some(b)) => Some(a + b),
+        (a, b) => a.or(b),
+    }
+}
+
+/// When each chargeback series was last charged, to forget the series of containers gone
+/// for longer than `--chargeback-forget-after` (time passed in: a monotonic offset).
+#[derive(Debug, Clone, Default)]
+pub struct Seen {
+    last: BTreeMap<ChargeLabels, Duration>,
+}
+
+impl Seen {
+    pub fn observe<'a>(
+        &mut self,
+        labels: impl IntoIterator<Item = &'a ChargeLabels>,
+        now: Duration,
+    ) {
+        for l in labels {
+            match self.last.get_mut(l) {
+                Some(at) => *at = now,
+                None => {
+                    self.last.insert(l.clone(), now);
+                }
+            }
+        }
+    }
+
+    /// The series last charged more than `after` before `now`, removed from the book.
+    pub fn expired(&mut self, now: Duration, after: Duration) -> Vec<ChargeLabels> {
+        let gone: Vec<ChargeLabels> = self
+            .last
+            .iter()
+            .filter(|(_, at)| now.saturating_sub(**at) > after)
+            .map(|(l, _)| l.clone())
+            .collect();
+        for l in &gone {
+            self.last.remove(l);
+        }
+        gone
+    }
+
+    pub fn len(&self) -> usize {
+        self.last.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.last.is_empty()
+    }
+}
+
+/// The gauge series of the last successful tick, to remove those a new tick lacks.
+pub fn vanished<T: Ord + Clone>(before: &BTreeSet<T>, now: &BTreeSet<T>) -> Vec<T> {
+    before.difference(now).cloned().collect()
+}
+
+/// A failure streak of the PodResources call: the first failure and the recovery are
+/// logged, the ones between are not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Streak {
+    failing: bool,
+}
+
+impl Streak {
+    /// A failed call: `true` when it starts a streak (log it).
+    pub fn fail(&mut self) -> bool {
+        !std::mem::replace(&mut self.failing, true)
+    }
+
+    /// A successful call: `true` when it ends a streak (log the recovery).
+    pub fn ok(&mut self) -> bool {
+        std::mem::replace(&mut self.failing, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::chargeback::ledger::charge_of;
+    use crate::gpu::{MigDeviceInfo, MigUsage};
+    use crate::partition::layout::Resource;
+
+    const GIB: u64 = 1 << 30;
+
+    fn gpu(i: u32) -> GpuInfo {
+        GpuInfo {
+            index: i,
+            uuid: format!("GPU-{i}"),
+            minor: i,
+            product_name: "NVIDIA A100-SXM4-80GB".into(),
+            memory_mib: 81_920,
+            sm_count: 108,
+            compute_capability: (8, 0),
+            architecture: "Ampere".into(),
+            pci_bus_id: String::new(),
+            numa_node: None,
+            nvlink_peers: vec![],
+            mig_capable: true,
+            mig_enabled: i == 1,
+            mig_devices: if i == 1 {
+                vec![MigDeviceInfo {
+                    uuid: "MIG-a".into(),
+                    profile: "1g.10gb".into(),
+                    gi_id: 9,
+                    ci_id: 0,
+                    start: 0,
+                    size: 1,
+                    memory_mib: 9_856,
+                    sm_count: 14,
+                }]
+            } else {
+                vec![]
+            },
+        }
+    }
+
+    fn device(id: &str, gpu: u32, target: Target, share: Share) -> Device {
+        Device {
+            id: id.into(),
+            gpu_uuid: format!("GPU-{gpu}"),
+            gpu_index: gpu,
+            numa_node: None,
+            target,
+            share,
+        }
+    }
+
+    /// GPU 0 whole, GPU 1 MIG, GPU 2 four time-sliced replicas, GPU 3 vGPU slices.
+    fn advertisement() -> Advertisement {
+        let mig = Target::Mig {
+            uuid: "MIG-a".into(),
+            profile: "1g.10gb".into(),
+            gpu_minor: 1,
+            gi_id: 9,
+            ci_id: 0,
+        };
+        let vgpu = |n, memory_mib, cores| {
+            device(
+                &format!("GPU-3::v{n}"),
+                3,
+                Target::Gpu,
+                Share::Vgpu {
+                    index: n,
+                    memory_mib,
+                    cores,
+                },
+            )
+        };
+        let resource = |name: &str, devices| Resource {
+            name: name.into(),
+            fail_requests_greater_than_one: false,
+            devices,
+        };
+        Advertisement {
+            resources: vec![
+                resource(
+                    "nvidia.com/gpu",
+                    vec![
+                        device("GPU-0", 0, Target::Gpu, Share::Exclusive),
+                        device(
+                            "GPU-2::0",
+                            2,
+                            Target::Gpu,
+                            Share::Replica { index: 0, of: 4 },
+                        ),
+                        device(
+                            "GPU-2::1",
+                            2,
+                            Target::Gpu,
+                            Share::Replica { index: 1, of: 4 },
+                        ),
+                        vgpu(0, 20_480, 30),
+                        vgpu(1, 8_192, 50),
+                    ],
+                ),
+                resource(
+                    "nvidia.com/mig-1g.10gb",
+                    vec![device("MIG-a", 1, mig, Share::Exclusive)],
+                ),
+            ],
+        }
+    }
+
+    fn holder(pod: &str, resource: &str, ids: &[&str]) -> Holder {
+        Holder {
+            namespace: "ml".into(),
+            pod: pod.into(),
+            container: "main".into(),
+            resource: resource.into(),
+            device_ids: ids.iter().map(|s| s.to_string()).collect(),
+        }
+    }
+
+    fn usage(i: u32, used: u64, util: Option<u32>) -> GpuUsage {
+        GpuUsage {
+            uuid: format!("GPU-{i}"),
+            memory_used_bytes: used,
+            memory_total_bytes: 80 * GIB,
+            utilization_percent: util,
+            mig: if i == 1 {
+                vec![MigUsage {
+                    uuid: "MIG-a".into(),
+                    memory_used_bytes: 2 * GIB,
+                    memory_total_bytes: 9 * GIB,
+                }]
+            } else {
+                vec![]
+            },
+            processes: vec![],
+        }
+    }
+
+    struct World {
+        inventory: Inventory,
+        ad: Advertisement,
+        holders: Vec<Holder>,
+        usage: Vec<GpuUsage>,
+        vgpu: Vec<VgpuAccounting>,
+        pods: BTreeMap<(String, String), PodLabels>,
+    }
+
+    fn world() -> World {
+        let mut pods = BTreeMap::new();
+        let labels: BTreeMap<String, String> = [
+            ("kueue.x-k8s.io/queue-name", "research"),
+            ("team", "vision"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        pods.insert(
+            ("ml".to_string(), "whole".to_string()),
+            PodLabels::from_labels(&labels, DEFAULT_TEAM_LABEL),
+        );
+        World {
+            inventory: Inventory {
+                driver: Default::default(),
+                gpus: (0..5).map(gpu).collect(),
+            },
+            ad: advertisement(),
+            holders: vec![
+                holder("whole", "nvidia.com/gpu", &["GPU-0"]),
+                holder("mig", "nvidia.com/mig-1g.10gb", &["MIG-a"]),
+                holder("ts", "nvidia.com/gpu", &["GPU-2::1"]),
+                holder("v30", "nvidia.com/gpu", &["GPU-3::v0"]),
+                holder("v50", "nvidia.com/gpu", &["GPU-3::v1"]),
+                holder("cpu", "example.com/fpga", &["fpga-0"]),
+            ],
+            usage: vec![
+                usage(0, 10 * GIB, Some(50)),
+                usage(1, 2 * GIB, None),
+                usage(2, 4 * GIB, Some(80)),
+                usage(3, 12 * GIB, Some(40)),
+            ],
+            vgpu: vec![VgpuAccounting {
+                device_ids: vec!["GPU-3::v0".into()],
+                used_bytes: Some(vec![3 * GIB]),
+                limits: vec![UnitLimits {
+                    index: 0,
+                    memory_mib: 20_480,
+                    cores: 30,
+                }],
+            }],
+            pods,
+        }
+    }
+
+    fn run(w: &World, seconds: f64) -> Tick {
+        tick(
+            &Sample {
+                node: "n1",
+                inventory: &w.inventory,
+                advertisement: &w.ad,
+                holders: &w.holders,
+                usage: &w.usage,
+                vgpu: &w.vgpu,
+                pods: &w.pods,
+            },
+            seconds,
+        )
+    }
+
+    fn row<'a>(t: &'a Tick, pod: &str) -> &'a ContainerRow {
+        t.containers
+            .iter()
+            .find(|r| r.labels.pod == pod)
+            .unwrap_or_else(|| panic!("no row for {pod}: {t:#?}"))
+    }
+
+    fn close(a: f64, b: f64) -> bool {
+        (a - b).abs() < 1e-9
+    }
+
+    #[test]
+    fn each_mode_gets_its_share_busy_fraction_and_memory() {
+        let w = world();
+        let t = run(&w, 15.0);
+        // (pod, mode, share, busy, used bytes, limit bytes)
+        let g = GIB as f64;
+        type Case<'a> = (&'a str, &'a str, f64, f64, Option<f64>, Option<f64>);
+        let cases: [Case; 5] = [
+            ("whole", "whole", 1.0, 0.5, Some(10.0 * g), Some(80.0 * g)),
+            (
+                "mig",
+                "mig",
+                1.0 / 7.0,
+                0.0,
+                Some(2.0 * g),
+                Some(9_856.0 * MIB),
+            ),
+            ("ts", "timeslice", 0.25, 0.8, None, None),
+            // 40 % of the GPU over 0.3 + 0.5 of SM limits: each slice busy half its share.
+            ("v30", "vgpu", 0.3, 0.5, Some(3.0 * g), Some(20.0 * g)),
+            // No accounting read for it: limit from the advertisement, nothing used known.
+            ("v50", "vgpu", 0.5, 0.5, None, Some(8.0 * g)),
+        ];
+        for (pod, mode, share, busy, used, limit) in cases {
+            let r = row(&t, pod);
+            assert_eq!(r.labels.mode, mode, "{pod}");
+            assert!(close(r.allocated_share, share), "{pod}: {r:?}");
+            assert!(close(r.busy, busy), "{pod}: {r:?}");
+            assert_eq!(r.memory_used_bytes, used, "{pod}");
+            assert_eq!(r.memory_limit_bytes, limit, "{pod}");
+        }
+        assert_eq!(t.containers.len(), 5, "the FPGA holder is not ours");
+        let whole = row(&t, "whole");
+        assert_eq!(
+            (whole.labels.queue.as_str(), whole.team.as_str()),
+            ("research", "vision")
+        );
+        assert_eq!(whole.labels.model, "A100-80GB");
+        assert_eq!(row(&t, "ts").labels.queue, "", "a pod without labels");
+        // Chargeback: what 15 s adds, by the ledger's arithmetic.
+        let c = t.charges.iter().find(|c| c.labels.pod == "v30").unwrap();
+        let add = charge_of(c.share, c.busy, c.seconds);
+        assert!(
+            close(add.allocated_seconds, 4.5) && close(add.used_seconds, 2.25),
+            "{add:?}"
+        );
+        assert_eq!(c.labels.mode, Mode::Vgpu);
+        assert_eq!(t.charges.len(), 5);
+        assert!(t.skipped.is_empty(), "{:?}", t.skipped);
+    }
+
+    #[test]
+    fn gpus_report_memory_utilization_and_their_mode() {
+        let t = run(&world(), 15.0);
+        let modes: Vec<(&str, &str, Option<f64>)> = t
+            .gpus
+            .iter()
+            .map(|g| {
+                (
+                    g.labels.gpu.as_str(),
+                    g.labels.mode.as_str(),
+                    g.utilization_ratio,
+                )
+            })
+            .collect();
+        assert_eq!(
+            modes,
+            [
+                ("GPU-0", "whole", Some(0.5)),
+                ("GPU-1", "mig", None),
+                ("GPU-2", "timeslice", Some(0.8)),
+                ("GPU-3", "vgpu", Some(0.4)),
+                ("GPU-4", "dra", None),
+            ]
+        );
+        assert_eq!(t.gpus[0].memory_used_bytes, 10.0 * GIB as f64);
+        assert_eq!(
+            t.gpus[4].memory_total_bytes,
+            81_920.0 * MIB,
+            "no usage read: inventory"
+        );
+    }
+
+    #[test]
+    fn two_devices_of_one_container_on_one_gpu_are_one_row() {
+        let mut w = world();
+        w.holders = vec![holder("ts2", "nvidia.com/gpu", &["GPU-2::0", "GPU-2::1"])];
+        let t = run(&w, 10.0);
+        assert_eq!(t.containers.len(), 1);
+        assert!(close(t.containers[0].allocated_share, 0.5));
+    }
+
+    #[test]
+    fn a_slot_without_limits_is_skipped_not_charged_nothing() {
+        let mut w = world();
+        w.ad.resources[0].devices.push(device(
+            "GPU-4::s0",
+            4,
+            Target::Gpu,
+            Share::Slot { index: 0, of: 4 },
+        ));
+        w.holders = vec![holder("slot", "nvidia.com/gpu", &["GPU-4::s0"])];
+        let t = run(&w, 10.0);
+        assert!(t.charges.is_empty());
+        assert_eq!(t.skipped.len(), 1, "{:?}", t.skipped);
+        w.vgpu = vec![VgpuAccounting {
+            device_ids: vec!["GPU-4::s0".into()],
+            used_bytes: None,
+            limits: vec![UnitLimits {
+                index: 0,
+                memory_mib: 40_960,
+                cores: 10,
+            }],
+        }];
+        let t = run(&w, 10.0);
+        let r = row(&t, "slot");
+        assert!(close(r.allocated_share, 0.5), "{r:?}");
+        assert_eq!(
+            r.memory_used_bytes,
+            Some(0.0),
+            "no process yet: nothing used"
+        );
+    }
+
+    #[test]
+    fn a_container_gone_is_forgotten_only_after_the_delay() {
+        let w = world();
+        let mut seen = Seen::default();
+        let t = run(&w, 15.0);
+        let labels: Vec<ChargeLabels> = t.charges.iter().map(|c| c.labels.clone()).collect();
+        seen.observe(&labels, Duration::from_secs(0));
+        // The "whole" pod goes away; the others are charged again.
+        seen.observe(
+            labels.iter().filter(|l| l.pod != "whole"),
+            Duration::from_secs(60),
+        );
+        assert!(seen
+            .expired(Duration::from_secs(100), Duration::from_secs(120))
+            .is_empty());
+        let gone = seen.expired(Duration::from_secs(121), Duration::from_secs(120));
+        assert_eq!(gone.len(), 1);
+        assert_eq!(gone[0].pod, "whole");
+        assert_eq!(seen.len(), 4);
+        let before: BTreeSet<u32> = [1, 2, 3].into();
+        assert_eq!(vanished(&before, &[2].into()), [1, 3]);
+    }
+
+    #[test]
+    fn a_failing_pod_resources_socket_is_logged_once_per_streak() {
+        let mut s = Streak::default();
+        assert!(!s.ok(), "no streak to end");
+        assert!(s.fail());
+        assert!(!s.fail());
+        assert!(!s.fail());
+        assert!(s.ok());
+        assert!(s.fail(), "a new streak");
+    }
+}
