@@ -263,16 +263,38 @@ fn device_share(d: &Device, gpu: &GpuInfo, limits: Option<&UnitLimits>) -> Resul
     slice.share().map_err(|e| e.to_string())
 }
 
-fn find_device<'a>(ad: &'a Advertisement, resource: &str, id: &str) -> Option<&'a Device> {
-    let in_resource = ad
-        .resource(resource)
-        .and_then(|r| r.devices.iter().find(|d| d.id == id));
-    in_resource.or_else(|| {
-        ad.resources
-            .iter()
-            .flat_map(|r| &r.devices)
-            .find(|d| d.id == id)
-    })
+/// Every advertised device by ID (a device ID names one device node-wide), and by
+/// resource first where two resources would share an ID.
+struct DeviceIndex<'a> {
+    by_id: BTreeMap<(&'a str, &'a str), &'a Device>,
+    any: BTreeMap<&'a str, &'a Device>,
+}
+
+impl<'a> DeviceIndex<'a> {
+    fn new(ad: &'a Advertisement) -> Self {
+        let mut by_id = BTreeMap::new();
+        let mut any = BTreeMap::new();
+        for r in &ad.resources {
+            for d in &r.devices {
+                by_id.insert((r.name.as_str(), d.id.as_str()), d);
+                any.entry(d.id.as_str()).or_insert(d);
+            }
+        }
+        DeviceIndex { by_id, any }
+    }
+
+    fn find(&self, resource: &str, id: &str) -> Option<&'a Device> {
+        self.by_id
+            .get(&(resource, id))
+            .or_else(|| self.any.get(id))
+            .copied()
+    }
+}
+
+fn sorted_ids(ids: &[String]) -> Vec<&str> {
+    let mut v: Vec<&str> = ids.iter().map(String::as_str).collect();
+    v.sort_unstable();
+    v
 }
 
 /// Per container and GPU while building the tick.
@@ -322,15 +344,15 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
         });
     }
 
+    let devices = DeviceIndex::new(s.advertisement);
+    let accounts: BTreeMap<Vec<&str>, &VgpuAccounting> = s
+        .vgpu
+        .iter()
+        .map(|a| (sorted_ids(&a.device_ids), a))
+        .collect();
     let mut holds: Vec<Hold<'_>> = Vec::new();
     for h in s.holders {
-        let mut ids: Vec<&str> = h.device_ids.iter().map(String::as_str).collect();
-        ids.sort_unstable();
-        let acct = s.vgpu.iter().find(|a| {
-            let mut theirs: Vec<&str> = a.device_ids.iter().map(String::as_str).collect();
-            theirs.sort_unstable();
-            theirs == ids
-        });
+        let acct = accounts.get(&sorted_ids(&h.device_ids)).copied();
         // Devices in the allocation's order (the checkpoint's), so ordinals match Allocate's.
         let ordered: Vec<&str> = match acct {
             Some(a) => a.device_ids.iter().map(String::as_str).collect(),
@@ -339,7 +361,7 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
         let mut units: Vec<&str> = Vec::new();
         let first = holds.len();
         for id in ordered {
-            let Some(d) = find_device(s.advertisement, &h.resource, id) else {
+            let Some(d) = devices.find(&h.resource, id) else {
                 continue;
             };
             let Some(gpu) = s.inventory.gpu(&d.gpu_uuid) else {
