@@ -46,6 +46,7 @@ async fn start_with(api: &ApiServer, limits: Limits) -> Running {
         books: books.clone(),
         client: api.client(),
         limits,
+        metrics: Default::default(),
     });
     tokio::spawn(serve(listener, extender, shutdown.clone()));
     wait_for("the books to sync", || books.synced()).await;

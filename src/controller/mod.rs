@@ -42,7 +42,9 @@ pub mod incremental;
 #[cfg(test)]
 mod incremental_tests;
 pub mod lease;
+pub mod metrics;
 pub mod model;
+pub mod pass_metrics;
 pub mod pods_ready;
 pub mod readiness;
 pub mod reconciler;
