@@ -410,7 +410,6 @@ mod tests {
             cohort: String::new(),
             active: 1,
             inadmissible: 2,
-            admitted: 0,
             status: QueueStatus::Active,
             resources: vec![ResourceGauges {
                 flavor: "h100".into(),

@@ -269,7 +269,6 @@ impl Engine {
                     cohort: self.cohorts[q.cohort].name.clone().unwrap_or_default(),
                     active: q.pending.len(),
                     inadmissible: q.parked.len(),
-                    admitted: q.admitted.len(),
                     status,
                     resources,
                 }
@@ -484,9 +483,9 @@ pub struct QueueGauges {
     /// Waiting workloads in the queue, to be evaluated (Kueue's `active`).
     pub active: usize,
     /// Waiting workloads parked after a failed attempt until something changes
-    /// (Kueue's `inadmissible`).
+    /// (Kueue's `inadmissible`). How the waiting workloads split between the two
+    /// depends on the engine's history (a restarted controller tries them all again).
     pub inadmissible: usize,
-    pub admitted: usize,
     pub status: QueueStatus,
     /// Per `(flavor, resource)` of its resource groups, in spec order.
     pub resources: Vec<ResourceGauges>,
