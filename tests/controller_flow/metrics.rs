@@ -81,7 +81,7 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
         2.0,
         "{page}"
     );
-    let wait = format!("tessera_admission_wait_time_seconds");
+    let wait = "tessera_admission_wait_time_seconds";
     assert_eq!(v(&page, &format!("{wait}_count{{{CQ}}}")), 2.0);
     assert_eq!(v(&page, &format!("{wait}_sum{{{CQ}}}")), 120.0);
     assert_eq!(
