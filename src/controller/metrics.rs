@@ -20,7 +20,8 @@
 //! | `tessera_extender_request_duration_seconds` (histogram) | verb (`filter`, `prioritize`, `bind`) |
 //!
 //! Gauges hold the last pass's books: a ClusterQueue or quota gone from them loses its
-//! series at the next update. Only the leader runs passes: a standby's gauges stay empty.
+//! series at the next update. Only the leader runs passes: a standby's gauges stay empty,
+//! and a leader that loses the Lease drops its own ([`ControllerMetrics::forget_books`]).
 
 use super::model::Plan;
 use super::pass_metrics::{self, QuotaRow};
@@ -337,6 +338,12 @@ impl ControllerMetrics {
         self.set_gauges(&pass_metrics::gauges(&plan.queues));
     }
 
+    /// Drops every queue gauge (this replica no longer holds the Lease: its books are
+    /// the new leader's to report).
+    pub fn forget_books(&self) {
+        self.set_gauges(&pass_metrics::Gauges::default());
+    }
+
     fn set_gauges(&self, g: &pass_metrics::Gauges) {
         let mut now = Written::default();
         let status_labels = |cq: &str, s: &str| QueueStatusLabels {
@@ -448,5 +455,14 @@ mod tests {
         let page = m.encode();
         assert!(!page.contains("cluster_queue=\"b\""), "{page}");
         assert!(page.contains("cluster_queue=\"a\""), "{page}");
+        m.forget_books();
+        let page = m.encode();
+        assert!(!page.contains("tessera_pending_workloads{"), "{page}");
+        assert!(
+            !page.contains("tessera_cluster_queue_nominal_quota{"),
+            "{page}"
+        );
+        // The counters stay.
+        assert!(page.contains("tessera_admission_attempts_total{"), "{page}");
     }
 }

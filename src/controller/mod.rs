@@ -23,6 +23,9 @@
 //! - [`snapshot`]: reads a pass's objects (by LIST, or from the watch-fed [`cache`]);
 //!   [`reconciler`]: applies the actions, runs the loop.
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
+//! - [`metrics`]: the Prometheus registry with Kueue's metric names (`GET /metrics` on the
+//!   probe listener), updated after each pass from [`pass_metrics`] (pure: gauges from the
+//!   plan's books, counters from the actions applied).
 //! - [`extender`]: the kube-scheduler extender for HAMi-style vGPU pods (`--extender-addr`);
 //!   [`vgpu_webhook`] (pure, `POST /vgpu`): checks vGPU pods and sends them to the
 //!   scheduler profile that calls it.

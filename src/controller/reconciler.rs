@@ -1018,6 +1018,9 @@ pub async fn run_measured(
         let now = clock.now();
         if !elector.tick(now).await {
             state.unsettle();
+            if let Some(m) = &state.metrics {
+                m.forget_books();
+            }
         } else if state.settled(now) && last_pass.is_some_and(|t| now.saturating_sub(t) < resync_ms)
         {
             tracing::trace!("nothing changed since the last pass; skipped");
