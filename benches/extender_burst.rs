@@ -71,6 +71,7 @@ async fn cluster(pods: usize) -> Cluster {
         books: books.clone(),
         client: api.client(),
         limits: Limits::default(),
+        metrics: Default::default(),
     });
     tokio::spawn(serve(listener, extender, shutdown.clone()));
     let deadline = Instant::now() + Duration::from_secs(10);

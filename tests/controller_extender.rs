@@ -17,6 +17,7 @@ use tessera::controller::extender::records::{
     AssignmentRecord, ASSIGNMENT_ANNOTATION, DEVICES_ANNOTATION, HEARTBEAT_ANNOTATION,
 };
 use tessera::controller::extender::{keep_books, serve, Books, BooksConfig, Extender};
+use tessera::controller::metrics::ControllerMetrics;
 use tessera::controller::webhook_server::Limits;
 use tessera::vgpu::{GpuRecord, NodeBooks};
 use tokio_util::sync::CancellationToken;
@@ -29,7 +30,16 @@ const EXTENDER_RBAC: &str = "daemonset/components/vgpu-scheduler/extender.yaml";
 struct Running {
     addr: SocketAddr,
     books: Arc<Books>,
+    /// The controller's registry the extender counts in.
+    metrics: Arc<ControllerMetrics>,
     shutdown: CancellationToken,
+}
+
+impl Running {
+    /// The value of `series` on the metrics page (0 when absent).
+    fn metric(&self, series: &str) -> f64 {
+        support::http::sample(&self.metrics.encode(), series).unwrap_or(0.0)
+    }
 }
 
 async fn start(api: &ApiServer) -> Running {
@@ -42,16 +52,19 @@ async fn start_with(api: &ApiServer, limits: Limits) -> Running {
     tokio::spawn(keep_books(api.client(), books.clone(), shutdown.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let metrics = Arc::new(ControllerMetrics::new());
     let extender = Arc::new(Extender {
         books: books.clone(),
         client: api.client(),
         limits,
+        metrics: metrics.extender.clone(),
     });
     tokio::spawn(serve(listener, extender, shutdown.clone()));
     wait_for("the books to sync", || books.synced()).await;
     Running {
         addr,
         books,
+        metrics,
         shutdown,
     }
 }
@@ -215,6 +228,19 @@ async fn the_issue_pod_goes_through_filter_prioritize_and_bind() {
         ]
     );
     support::rbac::assert_allows_every_request(&api, EXTENDER_RBAC);
+    // Counted on the controller's metrics: one filter that fit, two binds.
+    assert_eq!(
+        ext.metric("tessera_extender_filter_requests_total{result=\"fit\"}"),
+        1.0
+    );
+    assert_eq!(
+        ext.metric("tessera_extender_bind_requests_total{result=\"bound\"}"),
+        2.0
+    );
+    for (verb, n) in [("filter", 1.0), ("prioritize", 1.0), ("bind", 2.0)] {
+        let count = format!("tessera_extender_request_duration_seconds_count{{verb=\"{verb}\"}}");
+        assert_eq!(ext.metric(&count), n, "{verb}");
+    }
     ext.shutdown.cancel();
 }
 
@@ -245,6 +271,18 @@ async fn a_pod_that_fits_nowhere_gets_the_reason_per_node() {
     assert!(error.starts_with("pod no longer fits: "), "{error}");
     assert!(api.bindings().is_empty());
     assert_eq!(stored_pod(&api, "huge")["spec"]["nodeName"], Value::Null);
+    assert_eq!(
+        ext.metric("tessera_extender_filter_requests_total{result=\"unschedulable\"}"),
+        1.0
+    );
+    assert_eq!(
+        ext.metric("tessera_extender_bind_requests_total{result=\"refused\"}"),
+        1.0
+    );
+    assert_eq!(
+        ext.metric("tessera_extender_filter_requests_total{result=\"fit\"}"),
+        0.0
+    );
     ext.shutdown.cancel();
 }
 
@@ -539,6 +577,15 @@ async fn the_binary_serves_the_extender_on_its_flag() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     };
     assert_eq!(answer["nodenames"], json!(["n"]));
+    // The same process serves the extender's counts on the probes' /metrics.
+    let (code, kind, page) = support::http::get_text(probes, "/metrics").await;
+    assert_eq!(code, 200, "{page}");
+    assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
+    let fit = support::http::sample(
+        &page,
+        "tessera_extender_filter_requests_total{result=\"fit\"}",
+    );
+    assert_eq!(fit, Some(1.0), "{page}");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(child.id() as i32),
         nix::sys::signal::Signal::SIGTERM,

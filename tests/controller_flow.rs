@@ -3,7 +3,8 @@
 //! arrival evicts a victim through the Eviction API with its grace period, Jobs are
 //! suspended and unsuspended, a restart keeps the admitted set, of two instances only
 //! the Lease holder acts, and a clean shutdown hands the Lease over at once; passes
-//! that read the watch-fed cache (`controller_flow/cache.rs`) keep the same guarantees.
+//! that read the watch-fed cache (`controller_flow/cache.rs`) keep the same guarantees;
+//! its metrics count what it did (`controller_flow/metrics.rs`).
 
 mod support;
 
@@ -11,6 +12,8 @@ mod support;
 mod cache;
 #[path = "controller_flow/disruption.rs"]
 mod disruption;
+#[path = "controller_flow/metrics.rs"]
+mod metrics;
 #[path = "controller_flow/partial.rs"]
 mod partial;
 #[path = "controller_flow/pods_ready.rs"]

@@ -342,6 +342,7 @@ async fn the_extender_entry_reaches_the_extender_as_deployed() {
         books: std::sync::Arc::new(Books::new(BooksConfig::default())),
         client: api.client(),
         limits: Limits::default(),
+        metrics: Default::default(),
     });
     tokio::spawn(serve(listener, ext, shutdown.clone()));
     let verbs = [&e.filter_verb, &e.prioritize_verb, &e.bind_verb];

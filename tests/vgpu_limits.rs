@@ -72,6 +72,7 @@ async fn extender(
         books,
         client: api.client(),
         limits: tessera::controller::webhook_server::Limits::default(),
+        metrics: Default::default(),
     });
     tokio::spawn(serve(listener, extender, stop.clone()));
     addr

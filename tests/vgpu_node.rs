@@ -344,6 +344,7 @@ async fn the_extender_places_on_the_agents_record_and_drops_a_dead_agents_gpus()
         books: books.clone(),
         client: api.client(),
         limits: tessera::controller::webhook_server::Limits::default(),
+        metrics: Default::default(),
     });
     tokio::spawn(serve(listener, extender, stop.clone()));
 

@@ -12,6 +12,7 @@ use tessera::controller::certs::{self, CertConfig};
 use tessera::controller::config::ControllerConfig;
 use tessera::controller::crd;
 use tessera::controller::extender::{self, Books, BooksConfig, Extender};
+use tessera::controller::metrics::ControllerMetrics;
 use tessera::controller::reconciler::{self, Config, SystemClock};
 use tessera::controller::tls::{CertResolver, ReloadingCert};
 use tessera::controller::vgpu_webhook::VgpuOptions;
@@ -47,7 +48,8 @@ pub struct Args {
     #[arg(long, default_value = "0.0.0.0:9443")]
     pub webhook_addr: String,
     /// Plain-HTTP address of the probes: `GET /livez` (fails when the webhook listener
-    /// has died) and `GET /readyz` (200 only while it accepts and has a certificate).
+    /// has died) and `GET /readyz` (200 only while it accepts and has a certificate);
+    /// also `GET /metrics`, the controller's Prometheus metrics (Kueue's names).
     #[arg(long, default_value = "0.0.0.0:8081")]
     pub probe_addr: String,
     /// Where the webhook's serving certificate comes from: `self` (the controller
@@ -278,6 +280,7 @@ async fn run_async(args: Args) -> Result<()> {
         )));
         health
     };
+    let metrics = Arc::new(ControllerMetrics::new());
     if let Some(addr) = &args.extender_addr {
         let books = Arc::new(Books::new(BooksConfig {
             heartbeat_window: Duration::from_millis(millis(
@@ -297,14 +300,16 @@ async fn run_async(args: Args) -> Result<()> {
             books,
             client,
             limits: Limits::default(),
+            metrics: metrics.extender.clone(),
         });
         tasks.push(tokio::spawn(extender::serve(listener, extender, shutdown)));
     }
     let probes = webhook_server::bind_probes(&args.probe_addr).await?;
-    info!(addr = %args.probe_addr, "serving /livez and /readyz");
-    tasks.push(tokio::spawn(webhook_server::serve_probes(
+    info!(addr = %args.probe_addr, "serving /livez, /readyz and /metrics");
+    tasks.push(tokio::spawn(webhook_server::serve_probes_with(
         probes,
         health,
+        Some(metrics.clone()),
         shutdown.clone(),
     )));
     if !args.webhook_only && args.autoscaler {
@@ -335,10 +340,11 @@ async fn run_async(args: Args) -> Result<()> {
     }
     if !args.webhook_only {
         info!(identity = %cfg.identity, lease = %cfg.lease_name, "starting the quota controller");
-        tasks.push(tokio::spawn(reconciler::run(
+        tasks.push(tokio::spawn(reconciler::run_measured(
             client,
             cfg,
             Arc::new(SystemClock),
+            Some(metrics),
             shutdown.clone(),
         )));
     }

@@ -14,7 +14,7 @@
 //! victims for the quota the first set is about to free. Other cohorts are not held up.
 
 use super::claims::ClaimIndex;
-pub use super::model::{Action, Blocked, ObjKind, ObjRef, Plan, Snapshot};
+pub use super::model::{Action, Blocked, ObjKind, ObjRef, Plan, Snapshot, Subject};
 use super::pods_ready;
 use super::readiness::{Hold, Requeue};
 use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex};
@@ -366,6 +366,8 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         .iter()
         .map(|q| (q.name.clone(), (q.admitted_workloads, q.pending_workloads)))
         .collect();
+    plan.queues = engine.queue_gauges();
+    plan.subjects = subjects(&engine, &plan.actions, &events);
     let built = Built {
         engine,
         lives,
@@ -377,6 +379,45 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         kept_recorded,
     };
     (plan, built)
+}
+
+/// The metrics' view ([`Subject`]) of the workloads `actions` admit or evict and of the
+/// preemptors they name; `events` are the engine's of this pass.
+pub(super) fn subjects(
+    engine: &Engine,
+    actions: &[Action],
+    events: &[crate::quota::Event],
+) -> BTreeMap<String, Subject> {
+    let admitted_now: BTreeSet<&str> = events
+        .iter()
+        .filter(|e| e.kind == EventType::Admitted)
+        .map(|e| e.workload.as_str())
+        .collect();
+    let mut out = BTreeMap::new();
+    let mut add = |key: &str| {
+        if key.is_empty() || out.contains_key(key) {
+            return;
+        }
+        if let (Some(cq), Some(created)) = (engine.cluster_queue_of(key), engine.created_at(key)) {
+            let subject = Subject {
+                cluster_queue: cq.to_string(),
+                created,
+                admitted_now: admitted_now.contains(key),
+            };
+            out.insert(key.to_string(), subject);
+        }
+    };
+    for a in actions {
+        match a {
+            Action::Admit { workload, .. } => add(workload),
+            Action::Evict { workload, by, .. } => {
+                add(workload);
+                add(by);
+            }
+            _ => {}
+        }
+    }
+    out
 }
 
 /// Whether waiting workload `l`, left by the engine at `reason`, keeps the reason it has

@@ -63,7 +63,7 @@ use super::claims::ClaimIndex;
 use super::config::Config;
 use super::decide::{
     admit_action, blocked_reason, collect, decide_full, engine_with_queues, evict_action,
-    finish_admission, hold_reason, keeps_recorded, replica_message, replicas_actions,
+    finish_admission, hold_reason, keeps_recorded, replica_message, replicas_actions, subjects,
     terminating_message, unfit_problem, Action, BlockedFor, Built, Live, ObjRef, Plan, Scopes,
     Snapshot, State, UNKNOWN_SCOPE,
 };
@@ -1640,6 +1640,8 @@ fn fast_pass(
         true => kept.engine.next_ready_timeout(),
         false => kept.engine.next_timer(),
     };
+    plan.queues = kept.engine.queue_gauges();
+    plan.subjects = subjects(&kept.engine, &plan.actions, &events);
     kept.seen = seen;
     kept.now = now;
     Ok((plan, kept))

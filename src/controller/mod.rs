@@ -25,6 +25,9 @@
 //! - [`lease`]: leader election over a `coordination.k8s.io/v1` Lease.
 //! - [`autoscaler`]: the live InferenceScaler loop (KEDA's polling, the pure
 //!   [`crate::autoscale`] engine deciding, `/scale` patched).
+//! - [`metrics`]: the Prometheus registry with Kueue's metric names (`GET /metrics` on the
+//!   probe listener), updated after each pass from [`pass_metrics`] (pure: gauges from the
+//!   plan's books, counters from the actions applied).
 //! - [`extender`]: the kube-scheduler extender for HAMi-style vGPU pods (`--extender-addr`);
 //!   [`vgpu_webhook`] (pure, `POST /vgpu`): checks vGPU pods and sends them to the
 //!   scheduler profile that calls it.
@@ -45,7 +48,9 @@ pub mod incremental;
 #[cfg(test)]
 mod incremental_tests;
 pub mod lease;
+pub mod metrics;
 pub mod model;
+pub mod pass_metrics;
 pub mod pods_ready;
 pub mod readiness;
 pub mod reconciler;

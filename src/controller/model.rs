@@ -7,7 +7,7 @@ use super::requeue_book::Entry;
 use super::serving::{Owner, ServingKind};
 use super::time::Millis;
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
-use crate::quota::WaitForPodsReady;
+use crate::quota::{QueueGauges, WaitForPodsReady};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -134,6 +134,23 @@ pub struct Plan {
     /// The engine's earliest timer after this pass (a minimum runtime running out, …):
     /// until then, the same objects decide the same.
     pub next_timer: Option<Millis>,
+    /// Every ClusterQueue's books after this pass, sorted by name (the metrics' gauges).
+    pub queues: Vec<QueueGauges>,
+    /// The workloads this plan admits or evicts and the preemptors it names, by key:
+    /// what the metrics count them under.
+    pub subjects: BTreeMap<String, Subject>,
+}
+
+/// A workload the metrics count ([`Plan::subjects`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Subject {
+    /// The ClusterQueue it waits or runs in.
+    pub cluster_queue: String,
+    /// When it was created, or requeued (what its wait for admission runs from).
+    pub created: Millis,
+    /// The engine admitted it in this pass (an `Admit` that only finishes an earlier
+    /// admission, after a restart or a failed write, is not a new admission).
+    pub admitted_now: bool,
 }
 
 /// A pod whose eviction was refused.

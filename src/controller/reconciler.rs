@@ -25,6 +25,7 @@ use super::error::{Error, Result};
 use super::evictions::EvictionBackoff;
 use super::incremental::{decide_cached, IncStats, Incremental};
 use super::lease::Elector;
+use super::metrics::ControllerMetrics;
 use super::model::{Action, ObjKind, ObjRef, Plan};
 use super::pods_ready::{
     EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
@@ -66,6 +67,8 @@ pub struct PassState {
     pub incremental: Option<Arc<Mutex<Incremental>>>,
     /// Set by a cached pass that reached a fixed point (see [`PassState::settled`]).
     settled: Option<Settled>,
+    /// Updated after every pass when set (served on `/metrics`).
+    pub metrics: Option<Arc<ControllerMetrics>>,
 }
 
 /// A cached pass that decided nothing to do: the cache's generation it read and the
@@ -83,6 +86,7 @@ impl std::fmt::Debug for PassState {
             .field("cached", &self.cache.is_some())
             .field("incremental", &self.incremental.is_some())
             .field("settled", &self.settled)
+            .field("metrics", &self.metrics.is_some())
             .finish()
     }
 }
@@ -95,6 +99,15 @@ impl PassState {
             cache: None,
             incremental: None,
             settled: None,
+            metrics: None,
+        }
+    }
+
+    /// Passes update `metrics`.
+    pub fn with_metrics(self, metrics: Arc<ControllerMetrics>) -> Self {
+        PassState {
+            metrics: Some(metrics),
+            ..self
         }
     }
 
@@ -570,12 +583,39 @@ pub async fn apply(
     cache: Option<&Cache>,
     now: Millis,
 ) -> usize {
+    apply_counted(client, cfg, plan, evictions, cache, now)
+        .await
+        .failed
+}
+
+/// What [`apply_counted`] did.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Applied {
+    /// Writes that failed (retried by the next pass).
+    pub failed: usize,
+    /// Indices of the plan's actions that took effect: an `Admit` that ungated or
+    /// unsuspended one of its objects (its workload runs now; the rest is finished by a
+    /// later pass), an `Evict` whose every object was evicted, suspended or already gone
+    /// (one refused or failed is evicted again by a later pass, which counts then).
+    pub done: Vec<usize>,
+}
+
+/// [`apply`], also telling which actions took effect (what the metrics count).
+pub async fn apply_counted(
+    client: &kube::Client,
+    cfg: &Config,
+    plan: &Plan,
+    evictions: &mut EvictionBackoff,
+    cache: Option<&Cache>,
+    now: Millis,
+) -> Applied {
     let mut failed = 0;
+    let mut done = Vec::new();
     // Workloads whose requeue state could not be written: not evicted in this pass.
     let mut unrecorded: std::collections::BTreeSet<String> = Default::default();
     // Requeue state ConfigMaps read fresh in this apply, per namespace.
     let mut read_now = BTreeMap::new();
-    for action in &plan.actions {
+    for (index, action) in plan.actions.iter().enumerate() {
         match action {
             Action::Admit {
                 workload,
@@ -604,10 +644,12 @@ pub async fn apply(
                 }
                 tracing::info!(%workload, ?partial, "admitting");
                 let mut all_admitted = true;
+                let mut any_admitted = false;
                 for r in objects {
                     let result = admit(client, r, node_selector, *partial, now).await;
                     match seen(cache, r, result) {
                         Ok(()) => {
+                            any_admitted = true;
                             emit(
                                 client,
                                 cfg,
@@ -625,6 +667,9 @@ pub async fn apply(
                             tracing::warn!(error = %e, %workload, "admit");
                         }
                     }
+                }
+                if any_admitted {
+                    done.push(index);
                 }
                 // Only once the admitted pods are ungated: a group left with fewer pods
                 // than its total and none ungated would never run.
@@ -670,6 +715,7 @@ pub async fn apply(
                 if requeue.is_some() {
                     ordered.sort_by_key(|(r, _)| !carrier(r));
                 }
+                let mut evicted = 0;
                 for (r, grace) in ordered {
                     if let (Some(n), ObjKind::Pod) = (requeue, r.kind) {
                         let result = record_requeue(client, r, *n, now).await;
@@ -688,6 +734,7 @@ pub async fn apply(
                     };
                     match seen(cache, r, result) {
                         Ok(()) => {
+                            evicted += 1;
                             evictions.clear(r);
                             let (event, note) = if by.is_empty() {
                                 ("Evicted", format!("workload {workload} evicted ({reason})"))
@@ -699,7 +746,10 @@ pub async fn apply(
                             };
                             emit(client, cfg, r, event, &note, true, now).await;
                         }
-                        Err(e) if e.is_not_found() => evictions.clear(r),
+                        Err(e) if e.is_not_found() => {
+                            evicted += 1;
+                            evictions.clear(r);
+                        }
                         Err(e) if eviction_refused(&e).is_some() => {
                             let why = eviction_refused(&e).unwrap_or_default();
                             let delay = evictions.refused(r, now, &why);
@@ -715,6 +765,9 @@ pub async fn apply(
                             }
                         }
                     }
+                }
+                if evicted == objects.len() {
+                    done.push(index);
                 }
             }
             Action::RequeueState {
@@ -776,7 +829,7 @@ pub async fn apply(
             }
         }
     }
-    failed
+    Applied { failed, done }
 }
 
 /// Writes `status.admittedWorkloads` / `pendingWorkloads` of each ClusterQueue that
@@ -845,6 +898,7 @@ pub async fn pass_with(
     let mut problems = Vec::new();
     state.settled = None;
     let generation = state.cache.as_ref().map(|c| c.generation());
+    let took;
     let mut plan = match &state.cache {
         Some(cache) if !cache.synced() => return Err(Error::NotSynced),
         Some(cache) => {
@@ -853,14 +907,17 @@ pub async fn pass_with(
                 cache.pods.iter().any(|s| s.contains(&key))
             });
             let blocked = state.evictions.blocked().clone();
-            match &state.incremental {
+            let started = std::time::Instant::now();
+            let plan = match &state.incremental {
                 Some(inc) => {
                     // Held only while deciding (no await): a pass is not interleaved.
                     let mut inc = inc.lock().unwrap_or_else(|e| e.into_inner());
                     inc.decide(cache, cfg, now, &blocked)
                 }
                 None => decide_cached(cache, cfg, now, &blocked),
-            }
+            };
+            took = started.elapsed();
+            plan
         }
         None => {
             let mut snap = snapshot(client, cfg, now, &mut problems).await?;
@@ -881,7 +938,10 @@ pub async fn pass_with(
                 pods.contains(&(r.namespace.clone(), r.name.clone()))
             });
             snap.blocked = state.evictions.blocked().clone();
-            decide(&snap)
+            let started = std::time::Instant::now();
+            let plan = decide(&snap);
+            took = started.elapsed();
+            plan
         }
     };
     problems.append(&mut plan.problems);
@@ -890,7 +950,7 @@ pub async fn pass_with(
     }
     plan.problems = problems;
     let cache = state.cache.clone();
-    let mut failed = apply(
+    let applied = apply_counted(
         client,
         cfg,
         &plan,
@@ -899,6 +959,10 @@ pub async fn pass_with(
         now,
     )
     .await;
+    if let Some(m) = &state.metrics {
+        m.record_pass(&plan, &applied.done, now, took);
+    }
+    let mut failed = applied.failed;
     failed += write_queue_status(client, &plan, cache.as_deref()).await;
     if failed > 0 {
         tracing::info!(failed, "some writes failed; the next pass retries");
@@ -922,6 +986,17 @@ pub async fn run(
     clock: Arc<dyn Clock>,
     shutdown: CancellationToken,
 ) -> Result<()> {
+    run_measured(client, cfg, clock, None, shutdown).await
+}
+
+/// [`run`], each pass updating `metrics` when set.
+pub async fn run_measured(
+    client: kube::Client,
+    cfg: Config,
+    clock: Arc<dyn Clock>,
+    metrics: Option<Arc<ControllerMetrics>>,
+    shutdown: CancellationToken,
+) -> Result<()> {
     let notify = Arc::new(Notify::new());
     let cache = Arc::new(Cache::for_labels(cfg.queue_labels()));
     cache.spawn_feeders(&client, notify.clone(), &shutdown);
@@ -935,6 +1010,7 @@ pub async fn run(
     let renew = Duration::from_millis((cfg.lease_duration / 3).max(200));
     let wait = renew.min(cfg.resync);
     let mut state = PassState::with_cache(&cfg, cache);
+    state.metrics = metrics;
     // A settled pass is still redone once per resync interval, as a safety net.
     let mut last_pass: Option<Millis> = None;
     let resync_ms = cfg.resync.as_millis() as Millis;
@@ -942,6 +1018,9 @@ pub async fn run(
         let now = clock.now();
         if !elector.tick(now).await {
             state.unsettle();
+            if let Some(m) = &state.metrics {
+                m.forget_books();
+            }
         } else if state.settled(now) && last_pass.is_some_and(|t| now.saturating_sub(t) < resync_ms)
         {
             tracing::trace!("nothing changed since the last pass; skipped");

@@ -1,8 +1,9 @@
 //! The webhook's HTTPS shell: TLS (rustls) over a TCP listener, `POST /mutate` decoded
 //! and answered by the pure [`super::webhook::review`], `POST /vgpu` by
 //! [`super::vgpu_webhook::review`], `GET /healthz`; and the plain
-//! HTTP probe server (`GET /livez`, `GET /readyz`). The known WorkloadPriorityClasses
-//! come from a [`ClassSource`] (the API server in production).
+//! HTTP probe server (`GET /livez`, `GET /readyz`, and the controller's `GET /metrics`).
+//! The known WorkloadPriorityClasses come from a [`ClassSource`] (the API server in
+//! production).
 //!
 //! The webhook must never be the outage, so every resource a client can hold is bounded
 //! ([`Limits`]):
@@ -24,6 +25,7 @@
 //! ```
 
 use super::error::{Error, Result};
+use super::metrics::ControllerMetrics;
 use super::tls::CertResolver;
 use super::vgpu_webhook::{self, VgpuOptions};
 use super::webhook::{review, Options};
@@ -727,8 +729,18 @@ pub(crate) async fn drive<I, F, Fut>(
 /// Serves `GET /livez` and `GET /readyz` (plain HTTP) from `health` on `listener`
 /// until `shutdown`; accept errors are retried as the webhook's are.
 pub async fn serve_probes(
+    listener: TcpListener,
+    health: Arc<Health>,
+    shutdown: CancellationToken,
+) -> Result<()> {
+    serve_probes_with(listener, health, None, shutdown).await
+}
+
+/// [`serve_probes`], and `GET /metrics` (OpenMetrics text) from `metrics` when set.
+pub async fn serve_probes_with(
     mut listener: TcpListener,
     health: Arc<Health>,
+    metrics: Option<Arc<ControllerMetrics>>,
     shutdown: CancellationToken,
 ) -> Result<()> {
     let limits = Limits {
@@ -758,10 +770,11 @@ pub async fn serve_probes(
             continue;
         };
         let (health, limits, shutdown) = (health.clone(), limits.clone(), shutdown.clone());
+        let metrics = metrics.clone();
         tokio::spawn(async move {
             drive(io, peer, limits, shutdown, move |req| {
-                let health = health.clone();
-                async move { probe(&req, &health) }
+                let (health, metrics) = (health.clone(), metrics.clone());
+                async move { probe(&req, &health, metrics.as_deref()) }
             })
             .await;
             drop(slot);
@@ -769,10 +782,24 @@ pub async fn serve_probes(
     }
 }
 
-fn probe(req: &Request<hyper::body::Incoming>, health: &Health) -> Response<Full<Bytes>> {
-    let answer = match (req.method().as_str(), req.uri().path()) {
-        ("GET", "/livez") => health.live(),
-        ("GET", "/readyz") => health.ready(),
+fn probe(
+    req: &Request<hyper::body::Incoming>,
+    health: &Health,
+    metrics: Option<&ControllerMetrics>,
+) -> Response<Full<Bytes>> {
+    let answer = match (req.method().as_str(), req.uri().path(), metrics) {
+        ("GET", "/livez", _) => health.live(),
+        ("GET", "/readyz", _) => health.ready(),
+        ("GET", "/metrics", Some(m)) => {
+            let mut r = Response::new(Full::new(Bytes::from(m.encode())));
+            r.headers_mut().insert(
+                hyper::header::CONTENT_TYPE,
+                hyper::header::HeaderValue::from_static(
+                    "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                ),
+            );
+            return r;
+        }
         _ => return error(StatusCode::NOT_FOUND, "not found".into()),
     };
     let code = if answer.ok {

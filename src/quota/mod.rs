@@ -41,5 +41,6 @@ pub use error::{Error, Result};
 pub use events::{Event, EventType, FinalState};
 pub use model::WorkloadInfo;
 pub use quantity::{Quantity, Time};
+pub use report::{QueueGauges, QueueStatus, ResourceGauges};
 pub use restore::Restored;
 pub use scale_replay::Replicas;

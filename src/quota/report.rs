@@ -1,5 +1,6 @@
 //! Read-outs of the engine: the final state of a plan and invariant checks for tests.
 
+use super::api::StopPolicy;
 use super::engine::{Engine, WlState};
 use super::events::{AdmittedEntry, FinalState, PendingEntry, Positions, QueueUsage, UsageEntry};
 use super::quantity::Quantity;
@@ -214,6 +215,76 @@ impl Engine {
             .collect()
     }
 
+    /// What the controller's metrics show of each ClusterQueue ([`QueueGauges`]), sorted
+    /// by name: one walk over the queues and their `(flavor, resource)` quotas, no walk
+    /// over the workloads.
+    pub fn queue_gauges(&self) -> Vec<QueueGauges> {
+        let mut out: Vec<QueueGauges> = self
+            .cqs
+            .iter()
+            .enumerate()
+            .map(|(c, q)| {
+                // Quota held for waiting preemptors is reserved, not used (yet).
+                let mut held: HashMap<usize, i64> = HashMap::new();
+                for &h in &q.holders {
+                    let w = &self.wls[h];
+                    if w.cq == Some(c) {
+                        for &(fr, n) in &w.reserved {
+                            *held.entry(fr).or_insert(0) += n;
+                        }
+                    }
+                }
+                let status = if q.spec.stop != StopPolicy::None
+                    || q.spec.groups.iter().any(|g| {
+                        g.flavors
+                            .iter()
+                            .any(|f| !self.flavors.contains_key(&f.flavor))
+                    }) {
+                    QueueStatus::Pending
+                } else {
+                    QueueStatus::Active
+                };
+                let mut resources = Vec::new();
+                for g in &q.spec.groups {
+                    for f in &g.flavors {
+                        for (resource, fr) in &f.resources {
+                            let Some(l) = q.spec.limits.get(fr) else {
+                                continue;
+                            };
+                            let reservation = q.usage.get(fr).copied().unwrap_or(0);
+                            resources.push(ResourceGauges {
+                                flavor: f.flavor.clone(),
+                                resource: resource.clone(),
+                                nominal: l.nominal,
+                                borrowing_limit: l.borrowing,
+                                lending_limit: l.lending,
+                                usage: reservation - held.get(fr).copied().unwrap_or(0),
+                                reservation,
+                            });
+                        }
+                    }
+                }
+                QueueGauges {
+                    name: q.spec.name.clone(),
+                    cohort: self.cohorts[q.cohort].name.clone().unwrap_or_default(),
+                    active: q.pending.len(),
+                    inadmissible: q.parked.len(),
+                    status,
+                    resources,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// When `key` was created (or requeued, with `requeuingTimestamp: Eviction`): what
+    /// its wait for admission is measured from.
+    pub fn created_at(&self, key: &str) -> Option<super::quantity::Time> {
+        let &id = self.wl_by_key.get(key)?;
+        Some(self.wls[id].info.creation)
+    }
+
     /// Per ClusterQueue, by name: (admitted, waiting in the queue) workloads. Equal to the
     /// counts of [`Engine::final_state`] while no workload terminates, backs off or is
     /// deactivated (those count as pending there and are not in a queue).
@@ -383,4 +454,53 @@ impl Engine {
         self.stats = stats;
         out
     }
+}
+
+/// Whether a ClusterQueue can admit (Kueue's `cluster_queue_status`): `Pending` when it
+/// is stopped or names a ResourceFlavor that does not exist.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QueueStatus {
+    Pending,
+    Active,
+}
+
+impl QueueStatus {
+    /// Kueue's label value.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            QueueStatus::Pending => "pending",
+            QueueStatus::Active => "active",
+        }
+    }
+}
+
+/// One ClusterQueue's numbers for the controller's metrics.
+#[derive(Clone, Debug, PartialEq)]
+pub struct QueueGauges {
+    pub name: String,
+    /// Its cohort (empty without one).
+    pub cohort: String,
+    /// Waiting workloads in the queue, to be evaluated (Kueue's `active`).
+    pub active: usize,
+    /// Waiting workloads parked after a failed attempt until something changes
+    /// (Kueue's `inadmissible`). How the waiting workloads split between the two
+    /// depends on the engine's history (a restarted controller tries them all again).
+    pub inadmissible: usize,
+    pub status: QueueStatus,
+    /// Per `(flavor, resource)` of its resource groups, in spec order.
+    pub resources: Vec<ResourceGauges>,
+}
+
+/// Quota and use of one `(flavor, resource)` of a ClusterQueue, in milli-units.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ResourceGauges {
+    pub flavor: String,
+    pub resource: String,
+    pub nominal: i64,
+    pub borrowing_limit: Option<i64>,
+    pub lending_limit: Option<i64>,
+    /// Held by admitted workloads and by evicted ones still terminating.
+    pub usage: i64,
+    /// `usage` plus what is held for preemptors waiting for their victims.
+    pub reservation: i64,
 }

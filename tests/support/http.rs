@@ -29,3 +29,34 @@ pub async fn call(addr: SocketAddr, method: &str, path: &str, body: &str) -> (u1
     let bytes = resp.into_body().collect().await.unwrap().to_bytes();
     (code, serde_json::from_slice(&bytes).unwrap_or(Value::Null))
 }
+
+/// `GET path` from `addr`: the status, the content type and the body as text.
+pub async fn get_text(addr: SocketAddr, path: &str) -> (u16, String, String) {
+    let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let req = hyper::Request::get(path)
+        .header("host", "tessera")
+        .body(Full::new(Bytes::new()))
+        .unwrap();
+    let resp = sender.send_request(req).await.unwrap();
+    let code = resp.status().as_u16();
+    let kind = resp
+        .headers()
+        .get("content-type")
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .to_string();
+    let bytes = resp.into_body().collect().await.unwrap().to_bytes();
+    (code, kind, String::from_utf8_lossy(&bytes).into_owned())
+}
+
+/// The value of sample `series` (its name and labels as written) on a metrics page.
+pub fn sample(page: &str, series: &str) -> Option<f64> {
+    page.lines().find_map(|l| {
+        let rest = l.strip_prefix(series)?.strip_prefix(' ')?;
+        rest.split(' ').next()?.parse().ok()
+    })
+}

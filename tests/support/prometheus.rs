@@ -61,6 +61,14 @@ impl Exporter {
         }
     }
 
+    /// A target served by someone else at `addr` (the page is not this exporter's).
+    pub fn at(addr: SocketAddr) -> Exporter {
+        Exporter {
+            page: Arc::default(),
+            addr: Some(addr),
+        }
+    }
+
     /// Replaces the page (Prometheus text format).
     pub fn set(&self, text: &str) {
         *self.page.lock().unwrap() = text.to_string();

@@ -19,6 +19,7 @@ use super::wire::{
 };
 use crate::controller::cache::{feed, Store};
 use crate::controller::error::{Error, Result};
+use crate::controller::metrics::ExtenderMetrics;
 use crate::controller::webhook_server::{
     drive, error, next_connection, read_body, reply, ConnectionSlots, Limits,
 };
@@ -37,11 +38,13 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-/// The extender: its books and the client its binds write with.
+/// The extender: its books, the client its binds write with, and what it counts
+/// (served on the controller's `/metrics`).
 pub struct Extender {
     pub books: Arc<Books>,
     pub client: kube::Client,
     pub limits: Limits,
+    pub metrics: ExtenderMetrics,
 }
 
 /// Serves the extender on `listener` until `shutdown`.
@@ -102,17 +105,42 @@ impl Extender {
             Err(answer) => return answer,
         };
         let now = Timestamp::now();
-        match verb.as_str() {
+        let started = std::time::Instant::now();
+        let answer = match verb.as_str() {
             "/bind" => match serde_json::from_slice::<ExtenderBindingArgs>(&body) {
-                Ok(args) => json(&self.bind(&args, now).await),
-                Err(e) => bad_request("ExtenderBindingArgs", &e),
+                Ok(args) => {
+                    let result = self.bind(&args, now).await;
+                    let bound = if result.error.is_empty() {
+                        "bound"
+                    } else {
+                        "refused"
+                    };
+                    self.metrics.bound(bound);
+                    json(&result)
+                }
+                Err(e) => {
+                    self.metrics.bound("refused");
+                    bad_request("ExtenderBindingArgs", &e)
+                }
             },
             _ => match serde_json::from_slice::<ExtenderArgs>(&body) {
-                Ok(args) if verb == "/filter" => json(&self.filter(&args, now)),
+                Ok(args) if verb == "/filter" => {
+                    let result = self.filter(&args, now);
+                    self.metrics.filtered(result.outcome());
+                    json(&result)
+                }
                 Ok(args) => json(&self.prioritize(&args, now)),
-                Err(e) => bad_request("ExtenderArgs", &e),
+                Err(e) => {
+                    if verb == "/filter" {
+                        self.metrics.filtered("error");
+                    }
+                    bad_request("ExtenderArgs", &e)
+                }
             },
-        }
+        };
+        self.metrics
+            .observe(verb.trim_start_matches('/'), started.elapsed());
+        answer
     }
 
     /// `POST /filter`.

@@ -76,6 +76,26 @@ pub struct ExtenderFilterResult {
     pub error: String,
 }
 
+impl ExtenderFilterResult {
+    /// The metrics' result of this answer: `error` (the extender failed), `fit` (some
+    /// node passes) or `unschedulable` (none does).
+    pub fn outcome(&self) -> &'static str {
+        let passed = self.nodenames.as_ref().map_or(0, Vec::len)
+            + self
+                .nodes
+                .as_ref()
+                .and_then(|n| n["items"].as_array())
+                .map_or(0, Vec::len);
+        if !self.error.is_empty() {
+            "error"
+        } else if passed > 0 {
+            "fit"
+        } else {
+            "unschedulable"
+        }
+    }
+}
+
 /// `HostPriority`: one entry of the answer to `POST /prioritize` (`HostPriorityList`).
 #[derive(Clone, Debug, Deserialize, Serialize, PartialEq, Eq)]
 pub struct HostPriority {

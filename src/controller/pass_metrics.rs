@@ -1,0 +1,390 @@
+//! What the controller's metrics show of one pass, pure: the gauges from the books a
+//! [`Plan`] carries ([`Plan::queues`]), and the counter increments from the actions the
+//! reconciler applied (each admission, eviction and preemption counted once: a plan
+//! entry that failed to write is decided again by the next pass and counted then).
+//! Names, labels and label values are Kueue's (`kueue_` → `tessera_`); the registry
+//! that holds them is [`super::metrics`].
+
+use super::model::{Action, Plan};
+use super::time::Millis;
+use crate::quota::QueueGauges;
+
+/// Kueue's buckets for its wait-time histograms, in seconds: 1, then 2.5 doubling
+/// (2.5 … 10240, 14 in all).
+pub fn wait_buckets() -> impl Iterator<Item = f64> {
+    std::iter::once(1.0).chain((0..13).map(|i| 2.5 * f64::from(1u32 << i)))
+}
+
+/// Kueue's `evicted_workloads_total` reason of a workload evicted for a preemption.
+pub const EVICTED_PREEMPTED: &str = "Preempted";
+
+/// What one pass adds to the counters.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Increments {
+    /// Per admission: its ClusterQueue and how long it waited (seconds, from its
+    /// creation or requeue to `now`).
+    pub admitted: Vec<(String, f64)>,
+    /// Per eviction: the evicted workload's ClusterQueue and Kueue's reason
+    /// (`Preempted`, `PodsReadyTimeout`, `ClusterQueueStopped`).
+    pub evicted: Vec<(String, String)>,
+    /// Per preemption: the preempting workload's ClusterQueue and the preemption's
+    /// reason (`InClusterQueue`, `InCohortReclamation`, `InCohortFairSharing`,
+    /// `InCohortReclaimWhileBorrowing`).
+    pub preempted: Vec<(String, String)>,
+}
+
+/// The increments of `plan` once the reconciler applied the actions at the indices
+/// `done` at time `now`: an `Admit` counts when the engine admitted its workload in this
+/// pass (not one finishing an earlier admission); an `Evict` counts with its reason,
+/// and as a preemption of the preemptor's queue when it has one.
+pub fn increments(plan: &Plan, done: &[usize], now: Millis) -> Increments {
+    let mut out = Increments::default();
+    for &i in done {
+        match plan.actions.get(i) {
+            Some(Action::Admit { workload, .. }) => {
+                if let Some(s) = plan.subjects.get(workload).filter(|s| s.admitted_now) {
+                    let waited = now.saturating_sub(s.created) as f64 / 1000.0;
+                    out.admitted.push((s.cluster_queue.clone(), waited));
+                }
+            }
+            Some(Action::Evict {
+                workload,
+                reason,
+                by,
+                ..
+            }) => {
+                let Some(victim) = plan.subjects.get(workload) else {
+                    continue;
+                };
+                if by.is_empty() {
+                    out.evicted
+                        .push((victim.cluster_queue.clone(), reason.clone()));
+                    continue;
+                }
+                out.evicted
+                    .push((victim.cluster_queue.clone(), EVICTED_PREEMPTED.into()));
+                let preempting = plan
+                    .subjects
+                    .get(by)
+                    .map_or_else(|| victim.cluster_queue.clone(), |p| p.cluster_queue.clone());
+                out.preempted.push((preempting, reason.clone()));
+            }
+            _ => {}
+        }
+    }
+    out
+}
+
+/// Kueue's `admission_attempts_total` result of a pass: `success` when it admitted a
+/// workload, `inadmissible` when workloads wait and none was admitted, none when nothing
+/// waits (no attempt was made).
+pub fn attempt_result(queues: &[QueueGauges], inc: &Increments) -> Option<&'static str> {
+    if !inc.admitted.is_empty() {
+        Some("success")
+    } else if queues.iter().any(|q| q.active + q.inadmissible > 0) {
+        Some("inadmissible")
+    } else {
+        None
+    }
+}
+
+/// One ClusterQueue's `(flavor, resource)` row of the quota gauges, in the resource's
+/// units (GPUs, cores, bytes: milli-units / 1000).
+#[derive(Clone, Debug, PartialEq)]
+pub struct QuotaRow {
+    pub cohort: String,
+    pub cluster_queue: String,
+    pub flavor: String,
+    pub resource: String,
+    pub usage: f64,
+    pub reservation: f64,
+    pub nominal: f64,
+    /// `None`: no limit (no series).
+    pub borrowing_limit: Option<f64>,
+    pub lending_limit: Option<f64>,
+}
+
+/// Every gauge of one pass.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Gauges {
+    /// `(cluster_queue, status, workloads)`: status `active` or `inadmissible`.
+    pub pending: Vec<(String, &'static str, i64)>,
+    /// `(cluster_queue, status, 0 or 1)` for each of `pending`, `active`, `terminating`.
+    pub status: Vec<(String, &'static str, i64)>,
+    pub quota: Vec<QuotaRow>,
+}
+
+/// Kueue's `cluster_queue_status` values (a deleted ClusterQueue leaves the books at
+/// once: `terminating` is always 0 here).
+pub const QUEUE_STATUSES: [&str; 3] = ["pending", "active", "terminating"];
+
+/// The gauges of the ClusterQueues' books `queues`.
+pub fn gauges(queues: &[QueueGauges]) -> Gauges {
+    let units = |m: i64| m as f64 / 1000.0;
+    let mut out = Gauges::default();
+    for q in queues {
+        out.pending
+            .push((q.name.clone(), "active", q.active as i64));
+        out.pending
+            .push((q.name.clone(), "inadmissible", q.inadmissible as i64));
+        for s in QUEUE_STATUSES {
+            out.status
+                .push((q.name.clone(), s, i64::from(s == q.status.as_str())));
+        }
+        for r in &q.resources {
+            out.quota.push(QuotaRow {
+                cohort: q.cohort.clone(),
+                cluster_queue: q.name.clone(),
+                flavor: r.flavor.clone(),
+                resource: r.resource.clone(),
+                usage: units(r.usage),
+                reservation: units(r.reservation),
+                nominal: units(r.nominal),
+                borrowing_limit: r.borrowing_limit.map(units),
+                lending_limit: r.lending_limit.map(units),
+            });
+        }
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::controller::decide::{decide, Snapshot};
+    use crate::quota::api::WithinClusterQueuePolicy;
+    use crate::quota::fixtures::{cluster_queue, flavor, local_queue};
+    use serde_json::{json, Value};
+
+    /// 2026-11-18T12:01:00Z: a minute after the pods below were created.
+    const NOW: u64 = 1_795_003_260_000;
+
+    /// A pod of queue `lq` asking for `gpus`, created at 12:00; gated unless `running`.
+    fn pod(name: &str, lq: &str, gpus: i64, running: bool) -> Value {
+        let gates = if running {
+            json!([])
+        } else {
+            json!([{"name": "tessera.io/admission"}])
+        };
+        json!({"metadata": {"name": name, "namespace": "team", "creationTimestamp": "2026-11-18T12:00:00Z",
+                            "labels": {"tessera.io/queue-name": lq}},
+               "spec": {"schedulingGates": gates,
+                        "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": gpus}}}]}})
+    }
+
+    /// ClusterQueues `a` (4 GPUs, may borrow 2, lends 1) and `b` (2 GPUs) in cohort
+    /// `pool`, flavor h100; LocalQueues `la` and `lb`.
+    fn snapshot(pods: Vec<Value>) -> Snapshot {
+        let mut a = cluster_queue("a")
+            .cohort("pool")
+            .quota("h100", "nvidia.com/gpu", 4)
+            .build();
+        let rq = &mut a.spec.resource_groups[0].flavors[0].resources[0];
+        rq.borrowing_limit = Some(crate::quota::Quantity::units(2));
+        rq.lending_limit = Some(crate::quota::Quantity::units(1));
+        let b = cluster_queue("b")
+            .cohort("pool")
+            .quota("h100", "nvidia.com/gpu", 2)
+            .build();
+        Snapshot {
+            now: NOW,
+            flavors: vec![flavor("h100")],
+            cluster_queues: vec![a, b],
+            local_queues: vec![
+                local_queue("team", "la", "a"),
+                local_queue("team", "lb", "b"),
+            ],
+            namespaces: vec![("team".into(), Default::default())],
+            pods,
+            ..Default::default()
+        }
+    }
+
+    fn all(plan: &Plan) -> Vec<usize> {
+        (0..plan.actions.len()).collect()
+    }
+
+    #[test]
+    fn waiting_workloads_are_active_until_tried_then_inadmissible() {
+        // a runs 3 of its 4 GPUs and lends 1: y (5) was tried and is parked. b runs 2 of
+        // its 2; z1 (2) would need 2 more but may borrow only 1: it heads b's StrictFIFO
+        // queue and blocks z2 (1) behind it. Both stay active: as in Kueue, a StrictFIFO
+        // head that does not fit stays in the queue (and z2 was never tried).
+        let mut s = snapshot(vec![
+            pod("run", "la", 3, true),
+            pod("y", "la", 5, false),
+            pod("runb", "lb", 2, true),
+            pod("z1", "lb", 2, false),
+            pod("z2", "lb", 1, false),
+        ]);
+        s.cluster_queues[1].spec.queueing_strategy =
+            crate::quota::api::QueueingStrategy::StrictFIFO;
+        let plan = decide(&s);
+        let g = gauges(&plan.queues);
+        assert_eq!(
+            g.pending,
+            vec![
+                ("a".to_string(), "active", 0),
+                ("a".to_string(), "inadmissible", 1),
+                ("b".to_string(), "active", 2),
+                ("b".to_string(), "inadmissible", 0),
+            ],
+            "{:?}",
+            plan.queues
+        );
+        assert_eq!(
+            g.status
+                .iter()
+                .filter(|(_, _, v)| *v == 1)
+                .map(|(q, s, _)| (q.as_str(), *s))
+                .collect::<Vec<_>>(),
+            vec![("a", "active"), ("b", "active")]
+        );
+        assert_eq!(
+            attempt_result(&plan.queues, &increments(&plan, &all(&plan), NOW)),
+            Some("inadmissible")
+        );
+    }
+
+    #[test]
+    fn quota_rows_carry_usage_nominal_and_limits_per_flavor_and_resource() {
+        let plan = decide(&snapshot(vec![pod("run", "la", 5, true)]));
+        let g = gauges(&plan.queues);
+        let a = g
+            .quota
+            .iter()
+            .find(|r| r.cluster_queue == "a")
+            .expect("a's row");
+        assert_eq!(
+            a,
+            &QuotaRow {
+                cohort: "pool".into(),
+                cluster_queue: "a".into(),
+                flavor: "h100".into(),
+                resource: "nvidia.com/gpu".into(),
+                usage: 5.0,
+                reservation: 5.0,
+                nominal: 4.0,
+                borrowing_limit: Some(2.0),
+                lending_limit: Some(1.0),
+            }
+        );
+        let b = g
+            .quota
+            .iter()
+            .find(|r| r.cluster_queue == "b")
+            .expect("b's row");
+        assert_eq!(
+            (b.usage, b.nominal, b.borrowing_limit, b.lending_limit),
+            (0.0, 2.0, None, None)
+        );
+        // Nothing waits: no admission attempt.
+        assert_eq!(attempt_result(&plan.queues, &Increments::default()), None);
+    }
+
+    #[test]
+    fn an_admission_counts_once_with_its_wait_and_only_when_applied() {
+        let plan = decide(&snapshot(vec![pod("new", "la", 2, false)]));
+        assert!(
+            matches!(plan.actions[..], [Action::Admit { .. }]),
+            "{:?}",
+            plan.actions
+        );
+        let inc = increments(&plan, &all(&plan), NOW);
+        assert_eq!(inc.admitted, vec![("a".to_string(), 60.0)]);
+        assert_eq!(attempt_result(&plan.queues, &inc), Some("success"));
+        // The write failed: nothing counted (the next pass decides it again).
+        assert_eq!(increments(&plan, &[], NOW), Increments::default());
+        // Finishing an admission begun before a restart is no new admission.
+        let mut finishing = plan.clone();
+        for s in finishing.subjects.values_mut() {
+            s.admitted_now = false;
+        }
+        assert!(increments(&finishing, &all(&finishing), NOW)
+            .admitted
+            .is_empty());
+    }
+
+    #[test]
+    fn a_preemption_counts_as_an_eviction_and_under_the_preemptors_queue() {
+        // b reclaims its nominal quota from a, which borrows it.
+        let mut s = snapshot(vec![
+            pod("borrower", "la", 6, true),
+            pod("owner", "lb", 2, false),
+        ]);
+        s.cluster_queues[1].spec.preemption.reclaim_within_cohort =
+            crate::quota::api::ReclaimPolicy::Any;
+        let plan = decide(&s);
+        let inc = increments(&plan, &all(&plan), NOW);
+        assert_eq!(
+            inc.evicted,
+            vec![("a".to_string(), "Preempted".to_string())],
+            "{:?}",
+            plan.actions
+        );
+        assert_eq!(
+            inc.preempted,
+            vec![("b".to_string(), "InCohortReclamation".to_string())]
+        );
+        // In one queue, by priority.
+        let mut low = pod("low", "la", 4, true);
+        low["spec"]["terminationGracePeriodSeconds"] = json!(30);
+        let mut high = pod("high", "la", 4, false);
+        high["metadata"]["annotations"] = json!({"tessera.io/priority": "100"});
+        let mut s = snapshot(vec![low, high]);
+        s.cluster_queues[0].spec.preemption.within_cluster_queue =
+            WithinClusterQueuePolicy::LowerPriority;
+        s.cluster_queues[0].spec.cohort_name = None;
+        s.cluster_queues[0].spec.resource_groups[0].flavors[0].resources[0].borrowing_limit = None;
+        s.cluster_queues[0].spec.resource_groups[0].flavors[0].resources[0].lending_limit = None;
+        let plan = decide(&s);
+        let inc = increments(&plan, &all(&plan), NOW);
+        assert_eq!(
+            inc.preempted,
+            vec![("a".to_string(), "InClusterQueue".to_string())]
+        );
+        // The victim terminates (30 s grace): it still uses its quota.
+        let a = gauges(&plan.queues)
+            .quota
+            .into_iter()
+            .find(|r| r.cluster_queue == "a");
+        assert_eq!(a.map(|r| r.usage), Some(4.0));
+    }
+
+    #[test]
+    fn a_pods_ready_timeout_is_counted_under_its_own_reason() {
+        let plan = Plan {
+            actions: vec![Action::Evict {
+                workload: "team/pod-x".into(),
+                objects: Vec::new(),
+                reason: "PodsReadyTimeout".into(),
+                by: String::new(),
+                requeue: Some(1),
+            }],
+            subjects: [(
+                "team/pod-x".to_string(),
+                crate::controller::model::Subject {
+                    cluster_queue: "a".into(),
+                    created: 0,
+                    admitted_now: false,
+                },
+            )]
+            .into(),
+            ..Plan::default()
+        };
+        let inc = increments(&plan, &[0], NOW);
+        assert_eq!(
+            inc.evicted,
+            vec![("a".to_string(), "PodsReadyTimeout".to_string())]
+        );
+        assert!(inc.preempted.is_empty());
+    }
+
+    #[test]
+    fn wait_buckets_are_kueues() {
+        let b: Vec<f64> = wait_buckets().collect();
+        assert_eq!(b.len(), 14);
+        assert_eq!(&b[..4], &[1.0, 2.5, 5.0, 10.0]);
+        assert_eq!(b[13], 10240.0);
+    }
+}
