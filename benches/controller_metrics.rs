@@ -25,7 +25,6 @@ fn queues() -> Vec<tessera::quota::api::ClusterQueue> {
             let mut cq = cluster_queue(&format!("cq-{q}"))
                 .cohort(&format!("co-{}", q / 10))
                 .quota("h100", "nvidia.com/gpu", 8)
-                .quota("h100", "cpu", 64)
                 .build();
             cq.spec.namespace_selector = Some(Default::default());
             cq
@@ -38,7 +37,7 @@ fn pod(i: usize) -> Value {
                         "creationTimestamp": "2026-11-18T12:00:00Z",
                         "labels": {"tessera.io/queue-name": format!("lq-{}", i % QUEUES)}},
            "spec": {"schedulingGates": [{"name": "tessera.io/admission"}],
-                    "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1 + i % 3, "cpu": 4}}}]}})
+                    "containers": [{"name": "c", "resources": {"limits": {"nvidia.com/gpu": 1 + i % 3}}}]}})
 }
 
 fn snapshot() -> Snapshot {
@@ -72,7 +71,7 @@ fn engine() -> Engine {
         let w = WorkloadInfo::new(&format!("team/p-{i}"), &format!("lq-{}", i % QUEUES)).pod_set(
             "main",
             1,
-            &[("nvidia.com/gpu", 1 + (i % 3) as i64), ("cpu", 4)],
+            &[("nvidia.com/gpu", 1 + (i % 3) as i64)],
         );
         e.submit(0, w).expect("submit");
     }
@@ -104,7 +103,7 @@ fn main() {
         .iter()
         .filter(|a| matches!(a, tessera::controller::decide::Action::Admit { .. }))
         .count();
-    assert_eq!(plan.queues.len(), QUEUES);
+    assert_eq!(plan.queues.len(), QUEUES, "{:?}", plan.problems.first());
     let e = engine();
     let metrics = ControllerMetrics::new();
     let (mut gauges, mut record, mut decided, mut encode) = (vec![], vec![], vec![], vec![]);
