@@ -643,6 +643,21 @@ pub struct CheckpointAllocation {
     pub device_ids: Vec<String>,
 }
 
+/// A checkpoint entry's `DeviceIDs`, by NUMA node (`{"0": [...]}`) or as a plain list.
+fn device_ids(v: &serde_json::Value) -> Vec<String> {
+    let lists: Vec<&serde_json::Value> = match v {
+        serde_json::Value::Object(m) => m.values().collect(),
+        list @ serde_json::Value::Array(_) => vec![list],
+        _ => Vec::new(),
+    };
+    lists
+        .into_iter()
+        .filter_map(|l| l.as_array())
+        .flatten()
+        .filter_map(|id| id.as_str().map(str::to_string))
+        .collect()
+}
+
 /// The allocation directory named by each checkpoint entry's `AllocResp`, with the
 /// container and devices the kubelet recorded for it.
 pub fn checkpoint_allocations(
@@ -670,8 +685,9 @@ pub fn checkpoint_allocations(
         container: String,
         #[serde(rename = "ResourceName", default)]
         resource: String,
+        /// NUMA node → IDs since Kubernetes 1.20, a plain list before.
         #[serde(rename = "DeviceIDs", default)]
-        device_ids: Option<std::collections::BTreeMap<String, Vec<String>>>,
+        device_ids: serde_json::Value,
     }
     let cp: Checkpoint = serde_json::from_slice(checkpoint).map_err(|e| e.to_string())?;
     let mut out = std::collections::BTreeMap::new();
@@ -689,12 +705,7 @@ pub fn checkpoint_allocations(
                     pod_uid: e.pod_uid,
                     container: e.container,
                     resource: e.resource,
-                    device_ids: e
-                        .device_ids
-                        .unwrap_or_default()
-                        .into_values()
-                        .flatten()
-                        .collect(),
+                    device_ids: device_ids(&e.device_ids),
                 },
             );
         }
@@ -717,39 +728,10 @@ pub fn referenced_allocations(checkpoint: &[u8]) -> Result<BTreeSet<String>, Str
 pub fn allocation_owners(
     checkpoint: &[u8],
 ) -> Result<std::collections::BTreeMap<String, String>, String> {
-    use base64::Engine as _;
-    use prost::Message as _;
-    #[derive(serde::Deserialize)]
-    struct Checkpoint {
-        #[serde(rename = "Data")]
-        data: Data,
-    }
-    #[derive(serde::Deserialize)]
-    struct Data {
-        #[serde(rename = "PodDeviceEntries", default)]
-        entries: Option<Vec<Entry>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Entry {
-        #[serde(rename = "AllocResp", default)]
-        alloc_resp: Option<String>,
-        #[serde(rename = "PodUID", default)]
-        pod_uid: String,
-    }
-    let cp: Checkpoint = serde_json::from_slice(checkpoint).map_err(|e| e.to_string())?;
-    let mut out = std::collections::BTreeMap::new();
-    for e in cp.data.entries.unwrap_or_default() {
-        let Some(b64) = e.alloc_resp else { continue };
-        let bytes = base64::engine::general_purpose::STANDARD
-            .decode(b64.trim())
-            .map_err(|e| format!("AllocResp is not base64: {e}"))?;
-        let resp = crate::proto::deviceplugin::ContainerAllocateResponse::decode(bytes.as_slice())
-            .map_err(|e| format!("AllocResp is not a ContainerAllocateResponse: {e}"))?;
-        if let Some(id) = resp.annotations.get(ALLOCATION_ANNOTATION) {
-            out.insert(id.clone(), e.pod_uid.clone());
-        }
-    }
-    Ok(out)
+    Ok(checkpoint_allocations(checkpoint)?
+        .into_iter()
+        .map(|(id, a)| (id, a.pod_uid))
+        .collect())
 }
 
 /// Remove the device-plugin allocation directories (`dp-*`) that the kubelet's device
@@ -899,6 +881,15 @@ mod tests {
         let removed = reconcile_device_plugin(&dirs, &cp, Duration::ZERO).unwrap();
         assert_eq!(removed, vec!["dp-gone".to_string()]);
         assert!(dirs.dir("dp-live").exists() && dirs.dir("claim-u1").exists());
+        // Device IDs by NUMA node or as the plain list older kubelets write.
+        for ids in [r#"{"-1":["x"],"0":["y"]}"#, r#"["x","y"]"#] {
+            let text = format!(
+                r#"{{"Data":{{"PodDeviceEntries":[{{"PodUID":"p","ContainerName":"c","ResourceName":"r","DeviceIDs":{ids},"AllocResp":"{b64}"}}]}}}}"#
+            );
+            let got = checkpoint_allocations(text.as_bytes()).unwrap();
+            assert_eq!(got["dp-live"].device_ids, ["x", "y"], "{ids}");
+            assert_eq!(allocation_owners(text.as_bytes()).unwrap()["dp-live"], "p");
+        }
         // An unreadable checkpoint removes nothing and says why.
         std::fs::write(&cp, "not json").unwrap();
         assert!(reconcile_device_plugin(&dirs, &cp, Duration::ZERO).is_err());

@@ -401,13 +401,8 @@ async fn run_async(args: Args) -> Result<()> {
         .map(|(client, node_name)| BindingSettings {
             client,
             node_name,
-            pod_resources_socket: args
-                .pod_resources_socket
-                .clone()
-                .unwrap_or_else(|| args.kubelet_dir.join("pod-resources/kubelet.sock")),
-            kubelet_checkpoint: args
-                .kubelet_dir
-                .join("device-plugins/kubelet_internal_checkpoint"),
+            pod_resources_socket: pod_resources_socket(&args),
+            kubelet_checkpoint: kubelet_checkpoint(&args),
             poll: slot_binding::DEFAULT_POLL,
         });
     spawn_vgpu_dir_reconcile(&args, &opts.allocate, &cancel);
@@ -434,6 +429,19 @@ async fn run_async(args: Args) -> Result<()> {
     result.context("node agent")
 }
 
+/// The kubelet's PodResources socket (`--pod-resources-socket`, else under the kubelet dir).
+fn pod_resources_socket(args: &Args) -> PathBuf {
+    args.pod_resources_socket
+        .clone()
+        .unwrap_or_else(|| args.kubelet_dir.join("pod-resources/kubelet.sock"))
+}
+
+/// The kubelet's device-manager checkpoint.
+fn kubelet_checkpoint(args: &Args) -> PathBuf {
+    args.kubelet_dir
+        .join("device-plugins/kubelet_internal_checkpoint")
+}
+
 /// The usage sampler, fed the device plugin's snapshots; `None` with `--usage-interval 0`.
 fn spawn_sampler(
     args: &Args,
@@ -453,13 +461,8 @@ fn spawn_sampler(
         interval: std::time::Duration::from_secs(args.usage_interval),
         forget_after: std::time::Duration::from_secs(args.chargeback_forget_after),
         team_label: args.team_label.clone(),
-        pod_resources_socket: args
-            .pod_resources_socket
-            .clone()
-            .unwrap_or_else(|| args.kubelet_dir.join("pod-resources/kubelet.sock")),
-        kubelet_checkpoint: args
-            .kubelet_dir
-            .join("device-plugins/kubelet_internal_checkpoint"),
+        pod_resources_socket: pod_resources_socket(args),
+        kubelet_checkpoint: kubelet_checkpoint(args),
         alloc_dirs: opts.allocate.alloc_dirs(),
         client,
     };
@@ -494,9 +497,7 @@ fn spawn_vgpu_guard(
             grace_ms: args.vgpu_guard_grace.saturating_mul(1000),
         },
         alloc_dirs: opts.allocate.alloc_dirs(),
-        kubelet_checkpoint: args
-            .kubelet_dir
-            .join("device-plugins/kubelet_internal_checkpoint"),
+        kubelet_checkpoint: kubelet_checkpoint(args),
         proc_root: args.proc_root.clone(),
     };
     let source = Arc::new(BackendProcesses(backend.clone()));
@@ -556,9 +557,7 @@ fn install_shim(allocate: &AllocateSettings, source: &std::path::Path) {
 /// containers the kubelet's device checkpoint no longer holds.
 fn spawn_vgpu_dir_reconcile(args: &Args, allocate: &AllocateSettings, cancel: &CancellationToken) {
     let dirs = allocate.alloc_dirs();
-    let checkpoint = args
-        .kubelet_dir
-        .join("device-plugins/kubelet_internal_checkpoint");
+    let checkpoint = kubelet_checkpoint(args);
     let cancel = cancel.clone();
     let cdi_root = args.cdi_root.clone();
     tokio::spawn(async move {
