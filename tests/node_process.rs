@@ -90,20 +90,7 @@ fn bad_flags_give_a_clear_error_not_a_panic() {
     assert!(!err.contains("panicked"), "{err}");
 }
 
-/// `GET path` on 127.0.0.1:`port`: the status code and the body (`None` while nothing
-/// listens).
-async fn get(port: u16, path: &str) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
-    s.write_all(req.as_bytes()).await.ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    let status = out.get(9..12)?.parse().ok()?;
-    Some((status, out.split("\r\n\r\n").nth(1)?.to_string()))
-}
+use support::http::try_get as get;
 
 /// With the NVML backend on a node without the NVIDIA driver (the library is absent), the
 /// agent does not crash-loop: it stays up, advertises nothing, answers `/livez` and
@@ -113,11 +100,7 @@ async fn nvml_without_a_driver_idles_and_exits_cleanly() {
     let tmp = tempfile::tempdir().unwrap();
     let kubelet_dir = tmp.path().join("kubelet");
     let kubelet = Kubelet::start(&kubelet_dir.join("device-plugins")).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::http::free_port();
     let mut child = Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args(["node", "--gpu-backend", "nvml", "--standalone"])
         .arg("--nvml-lib")

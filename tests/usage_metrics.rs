@@ -463,16 +463,9 @@ async fn a_container_gone_loses_its_gauges_at_once_and_its_counters_after_the_de
 
 /// `GET /metrics` from 127.0.0.1:`port` (`None` while nothing listens).
 async fn scrape(port: u16) -> Option<String> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+    support::http::try_get(port, "/metrics")
         .await
-        .ok()?;
-    s.write_all(b"GET /metrics HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
-        .await
-        .ok()?;
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.ok()?;
-    Some(out.split("\r\n\r\n").nth(1)?.to_string())
+        .map(|(_, body)| body)
 }
 
 /// The `tessera node` binary wires the flags: `--usage-interval`, `--hami-metrics` and
@@ -485,11 +478,7 @@ async fn the_binary_samples_usage_with_its_flags() {
     let tmp = tempfile::tempdir().unwrap();
     let kubelet_dir = tmp.path().join("kubelet");
     let kubelet = Kubelet::start(&kubelet_dir.join("device-plugins")).await;
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = support::http::free_port();
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
         .args([
             "node",

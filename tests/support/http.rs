@@ -60,3 +60,27 @@ pub fn sample(page: &str, series: &str) -> Option<f64> {
         rest.split(' ').next()?.parse().ok()
     })
 }
+
+/// A free loopback port (bound, then released) for a server the test starts.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `GET path` on 127.0.0.1:`port` over a raw connection: the status code and the body
+/// (`None` while nothing listens, for polling a process that is starting).
+pub async fn try_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .ok()?;
+    let req = format!("GET {path} HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n");
+    s.write_all(req.as_bytes()).await.ok()?;
+    let mut out = String::new();
+    s.read_to_string(&mut out).await.ok()?;
+    let status = out.get(9..12)?.parse().ok()?;
+    Some((status, out.split("\r\n\r\n").nth(1)?.to_string()))
+}
