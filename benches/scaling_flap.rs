@@ -11,13 +11,17 @@
 //! whatever inference does not use.
 //!
 //! Reported per coupling: training preemptions per hour, rework (GPU-hours lost since
-//! the victims' last checkpoints), and inference demand met: the delay from the poll at
-//! which the load needs more replicas than are admitted to the moment enough are
-//! admitted (p50 / p99), and the share of time under-provisioned.
+//! the victims' last checkpoints), GPU-hours training ran, and inference demand met: per
+//! 15 s sample, how long until the replicas that sample's load needs are admitted (or
+//! the load falls below it), p99 and p99.9; the shortfalls (runs of samples with fewer
+//! replicas admitted than the load needs), how long they lasted, and the share of time
+//! under-provisioned.
 //!
 //! Run: `cargo bench --bench scaling_flap` (`FLAP_HOURS`, default 24; `FLAP_SEED`,
-//! default 7; `FLAP_PERSIST` seconds, default 120; `FLAP_URGENT`, default the spec's).
-//! Under `cargo test --all-targets`: 2 hours, as a smoke test.
+//! default 7; `FLAP_PERSIST` seconds, default 120; `FLAP_URGENT`, `FLAP_HOLD`
+//! (`holdFreedSeconds`), `FLAP_CHEAP` (`cheapReworkSeconds`), default the spec's;
+//! `FLAP_EPISODES=1` prints each shortfall). Under `cargo test --all-targets`: 2 hours,
+//! as a smoke test.
 
 use std::fmt::Write as _;
 use tessera::autoscale::Coupling;
@@ -88,7 +92,12 @@ kind: InferenceScaler\nmetadata: {name: chat, namespace: web}\nspec:\n  scaleTar
 struct Outcome {
     preemptions: usize,
     rework_gpu_h: f64,
+    /// GPU-hours training held (lost work included).
+    training_gpu_h: f64,
+    /// Per shortfall: from its first sample to the sample it was resolved at.
     delays: Vec<f64>,
+    /// Per sample: how long until that sample's demand was met.
+    waits: Vec<f64>,
     under_share: f64,
 }
 
@@ -124,33 +133,76 @@ fn outcome(out: &PlanOutput, series: &[(u64, f64)]) -> Outcome {
         .iter()
         .map(|e| e.expected_rework.unwrap_or(0.0) * 2.0 / 3600.0)
         .sum();
-    let admitted = admitted_over_time(out);
-    let at = |t: f64| {
-        admitted
-            .iter()
-            .take_while(|(when, _)| *when <= t)
-            .last()
-            .map_or(0, |(_, n)| *n)
-    };
-    // Short of replicas: more load per replica than the threshold and the HPA's 10 %
-    // tolerance allow.
-    let need = |v: f64| ((v / (THRESHOLD * 1.1)).ceil() as u32).clamp(1, MAX_REPLICAS) as i64;
-    let (mut delays, mut under) = (Vec::new(), 0usize);
-    let mut since: Option<f64> = None;
-    for &(t, v) in series {
-        let t = t as f64;
-        if at(t) < need(v) {
-            under += 1;
-            since.get_or_insert(t);
-        } else if let Some(s) = since.take() {
-            delays.push(t - s);
+    // Training GPU-hours run: each job holds 2 GPUs from admission to its end.
+    let mut running: std::collections::HashMap<&str, f64> = Default::default();
+    let mut training_gpu_h = 0.0;
+    for e in out.events.iter().filter(|e| e.workload.starts_with("ml/")) {
+        match e.kind {
+            EventType::Admitted => {
+                running.insert(e.workload.as_str(), e.time);
+            }
+            EventType::Finished | EventType::Preempted | EventType::Evicted => {
+                if let Some(from) = running.remove(e.workload.as_str()) {
+                    training_gpu_h += (e.time - from) * 2.0 / 3600.0;
+                }
+            }
+            _ => {}
         }
     }
+    let end = series.last().map_or(0.0, |(t, _)| *t as f64);
+    training_gpu_h += running
+        .values()
+        .map(|from| (end - from).max(0.0) * 2.0 / 3600.0)
+        .sum::<f64>();
+    let admitted = admitted_over_time(out);
+    // Replicas admitted at each sample (events at the sample's instant count).
+    let mut have = Vec::with_capacity(series.len());
+    let (mut k, mut n) = (0, 0);
+    for &(t, _) in series {
+        while k < admitted.len() && admitted[k].0 <= t as f64 {
+            n = admitted[k].1;
+            k += 1;
+        }
+        have.push(n);
+    }
+    // Short of replicas: more load per replica than the threshold and the HPA's 10 %
+    // tolerance allow.
+    let need: Vec<i64> = series
+        .iter()
+        .map(|&(_, v)| ((v / (THRESHOLD * 1.1)).ceil() as u32).clamp(1, MAX_REPLICAS) as i64)
+        .collect();
+    let (mut delays, mut under) = (Vec::new(), 0usize);
+    let mut since: Option<usize> = None;
+    for i in 0..series.len() {
+        if have[i] < need[i] {
+            under += 1;
+            since.get_or_insert(i);
+        } else if let Some(s) = since.take() {
+            if std::env::var("FLAP_EPISODES").is_ok() {
+                eprintln!(
+                    "episode {} .. {}: need {} have {}",
+                    series[s].0, series[i].0, need[s], have[s]
+                );
+            }
+            delays.push((series[i].0 - series[s].0) as f64);
+        }
+    }
+    // Each sample's demand: how long until it was met (or the load fell below it).
+    let mut waits: Vec<f64> = (0..series.len())
+        .map(|i| {
+            (i..series.len())
+                .find(|&j| have[j] >= need[i].min(need[j]))
+                .map_or(f64::INFINITY, |j| (series[j].0 - series[i].0) as f64)
+        })
+        .collect();
     delays.sort_by(f64::total_cmp);
+    waits.sort_by(f64::total_cmp);
     Outcome {
         preemptions: training.len(),
         rework_gpu_h,
+        training_gpu_h,
         delays,
+        waits,
         under_share: under as f64 / series.len() as f64,
     }
 }
@@ -174,10 +226,17 @@ fn main() {
     let seed = env("FLAP_SEED", 7);
     let series = load(hours, seed);
     let persist = env("FLAP_PERSIST", 120);
-    let preemption = match std::env::var("FLAP_URGENT") {
-        Ok(urgent) => format!("{{persistSeconds: {persist}, urgentRatio: {urgent}}}"),
-        Err(_) => format!("{{persistSeconds: {persist}}}"),
-    };
+    let mut preemption = format!("{{persistSeconds: {persist}");
+    if let Ok(urgent) = std::env::var("FLAP_URGENT") {
+        let _ = write!(preemption, ", urgentRatio: {urgent}");
+    }
+    if let Ok(hold) = std::env::var("FLAP_HOLD") {
+        let _ = write!(preemption, ", holdFreedSeconds: {hold}");
+    }
+    if let Ok(cheap) = std::env::var("FLAP_CHEAP") {
+        let _ = write!(preemption, ", cheapReworkSeconds: {cheap}");
+    }
+    preemption.push('}');
     let text = scenario(hours, &series, &preemption);
     if let Ok(path) = std::env::var("FLAP_DUMP") {
         std::fs::write(path, &text).expect("FLAP_DUMP is writable");
@@ -195,11 +254,15 @@ fn main() {
         let out = plan_str(&text, &opts).expect("the scenario plans");
         let o = outcome(&out, &series);
         println!(
-            "{name:<28} preemptions/h {:>5.2}  rework {:>6.2} GPU-h  demand-to-ready p50 {:>4.0} s p99 {:>4.0} s  under-provisioned {:>4.1} %  ({:.1} s)",
+            "{name:<28} preemptions/h {:>5.2}  rework {:>6.2} GPU-h  training ran {:>5.1} GPU-h  demand met in p99 {:>3.0} s p99.9 {:>3.0} s  shortfalls {:>3} resolved p50 {:>3.0} s max {:>3.0} s  under-provisioned {:>4.1} %  ({:.1} s)",
             o.preemptions as f64 / hours as f64,
             o.rework_gpu_h,
+            o.training_gpu_h,
+            pct(&o.waits, 0.99),
+            pct(&o.waits, 0.999),
+            o.delays.len(),
             pct(&o.delays, 0.5),
-            pct(&o.delays, 0.99),
+            pct(&o.delays, 1.0),
             o.under_share * 100.0,
             started.elapsed().as_secs_f64()
         );

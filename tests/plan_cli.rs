@@ -271,7 +271,8 @@ spec: {{clusterQueue: q}}
 
 /// `tessera plan` replays an InferenceScaler on a MetricSeries with the quota engine: the
 /// queue grows at 10m, the scale-up reclaims the GPUs training borrowed; it falls at 30m
-/// and the replicas go once the 5-minute scale-down window has passed.
+/// and the replicas go once the 5-minute scale-down window has passed; the GPUs they
+/// free are held from the training Job for the default hour.
 #[test]
 fn inference_scaling_is_replayed_with_admissions_and_preemptions() {
     let out = tessera(&[
@@ -279,7 +280,7 @@ fn inference_scaling_is_replayed_with_admissions_and_preemptions() {
         "-f",
         &scenario("inference-scaling"),
         "--until",
-        "50m",
+        "110m",
         "-o",
         "json",
     ]);
@@ -326,13 +327,15 @@ fn inference_scaling_is_replayed_with_admissions_and_preemptions() {
         .expect("training reclaimed");
     assert_eq!(preempted["workload"], "llm/finetune");
     assert_eq!(preempted["time"].as_f64(), Some(600.0));
-    let readmitted = events
+    let admitted: Vec<f64> = events
         .iter()
         .filter(|e| e["type"] == "Admitted" && e["workload"] == "llm/finetune")
-        .count();
+        .map(|e| e["time"].as_f64().unwrap())
+        .collect();
     assert_eq!(
-        readmitted, 2,
-        "admitted at 0, again after the scale-down: {brief:?}"
+        admitted,
+        [0.0, 2085.0 + 3600.0],
+        "admitted at 0, again when the scale-down's hold ends: {brief:?}"
     );
 }
 

@@ -123,6 +123,9 @@ pub struct Decision {
     /// Replicas this decision adds may preempt only from then on (coupled scale-ups
     /// that are not urgent); `None`: at once.
     pub preempt_after: Option<Time>,
+    /// A coupled scale-down: the capacity the removed replicas free is lent until then
+    /// only to work that loses at most `Settings::cheap_rework_ms` when reclaimed.
+    pub hold_freed_until: Option<Time>,
 }
 
 impl Decision {
@@ -134,6 +137,7 @@ impl Decision {
             fallback: false,
             why,
             preempt_after: None,
+            hold_freed_until: None,
         }
     }
 }
@@ -152,6 +156,9 @@ pub struct Scaler {
     /// Since when the metrics have asked for no more than serve (ends an excess once it
     /// lasts half the persistence window: a one-poll dip does not restart the wait).
     calm_since: Option<Time>,
+    /// The last excess that ended: `(since, ended)`. Demand that comes back within the
+    /// hold window continues it, so a recurring spike counts as persisting.
+    last_excess: Option<(Time, Time)>,
 }
 
 impl Scaler {
@@ -164,6 +171,7 @@ impl Scaler {
             last_active: None,
             excess_since: None,
             calm_since: None,
+            last_excess: None,
         }
     }
 
@@ -214,6 +222,7 @@ impl Scaler {
                     active: true,
                     fallback: true,
                     preempt_after: None,
+                    hold_freed_until: None,
                     why: Why::Fallback {
                         failures: self.failures,
                     },
@@ -236,6 +245,7 @@ impl Scaler {
             active: true,
             fallback: false,
             preempt_after: None,
+            hold_freed_until: None,
             why: Why::MetricFailed {
                 failures: self.failures,
                 reason,
@@ -301,21 +311,34 @@ impl Scaler {
             let since = self.excess_since.unwrap_or(now);
             d.preempt_after = Some(since.saturating_add(s.persist_ms));
         }
+        if replicas < obs.target && s.hold_freed_ms > 0 {
+            d.hold_freed_until = Some(now.saturating_add(s.hold_freed_ms));
+        }
         d
     }
 
     /// Follows the demand above the replicas that serve: it starts at the first poll
     /// asking for more, and ends only once no more has been asked for half the
-    /// persistence window.
+    /// persistence window. Demand that comes back within the hold window
+    /// (`holdFreedSeconds`) continues the excess it ended: a spike that recurs has
+    /// persisted, and the replicas it adds may preempt at once; the capacity they take
+    /// is then held for them after they scale down (`quota/hold.rs`).
     fn track_excess(&mut self, raw: u32, serving: u32, now: Time) {
         if raw > serving {
             self.calm_since = None;
-            self.excess_since.get_or_insert(now);
+            if self.excess_since.is_none() {
+                let recurs = self
+                    .last_excess
+                    .filter(|(_, ended)| now.saturating_sub(*ended) < self.settings.hold_freed_ms);
+                self.excess_since = Some(recurs.map_or(now, |(since, _)| since));
+            }
             return;
         }
         let calm = *self.calm_since.get_or_insert(now);
         if now.saturating_sub(calm) >= self.settings.persist_ms / 2 {
-            self.excess_since = None;
+            if let Some(since) = self.excess_since.take() {
+                self.last_excess = Some((since, calm));
+            }
         }
     }
 

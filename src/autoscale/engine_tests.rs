@@ -324,3 +324,55 @@ fn coupled_waiting_replicas_are_released_as_soon_as_demand_falls() {
         "HPA holds them for its scale-down window"
     );
 }
+
+#[test]
+fn a_coupled_scale_down_holds_the_capacity_it_frees() {
+    let fast_down = "advanced: {horizontalPodAutoscalerConfig: {behavior: {scaleDown: {stabilizationWindowSeconds: 0}}}}\n";
+    let mut s = scaler(
+        &format!("{fast_down}preemption: {{holdFreedSeconds: 1800}}\n"),
+        Coupling::Quota,
+    );
+    let d = s.step(&at(4, value(150.0)), 10 * S);
+    assert_eq!((d.replicas, d.hold_freed_until), (2, Some(1810 * S)));
+    let d = s.step(&at(2, value(150.0)), 25 * S);
+    assert_eq!(d.hold_freed_until, None, "no scale-down, no new hold");
+    let mut off = scaler(
+        &format!("{fast_down}preemption: {{holdFreedSeconds: 0}}\n"),
+        Coupling::Quota,
+    );
+    assert_eq!(off.step(&at(4, value(150.0)), 0).hold_freed_until, None);
+    let mut keda = scaler(fast_down, Coupling::Off);
+    let d = keda.step(&at(4, value(150.0)), 0);
+    assert_eq!((d.replicas, d.hold_freed_until), (2, None));
+}
+
+#[test]
+fn demand_that_comes_back_within_the_hold_counts_as_persisting() {
+    let run = |hold: u64| {
+        let mut s = scaler(
+            &format!(
+                "preemption: {{persistSeconds: 120, urgentRatio: 0, holdFreedSeconds: {hold}}}\n"
+            ),
+            Coupling::Quota,
+        );
+        let d = s.step(&at(2, value(300.0)), 0);
+        assert_eq!((d.replicas, d.preempt_after), (3, Some(120 * S)));
+        // The spike ends before the wait does; the waiting replica is released.
+        for t in (15..=120).step_by(15) {
+            s.step(&at(2, value(150.0)), t * S);
+        }
+        s.step(&at(2, value(300.0)), 600 * S)
+    };
+    let d = run(1800);
+    assert_eq!(
+        (d.replicas, d.preempt_after),
+        (3, Some(120 * S)),
+        "back within the hold: the wait counts from the first spike, so it may preempt now"
+    );
+    let d = run(300);
+    assert_eq!(
+        (d.replicas, d.preempt_after),
+        (3, Some(720 * S)),
+        "back after the hold: a new wait"
+    );
+}

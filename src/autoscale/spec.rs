@@ -61,6 +61,13 @@ pub struct RawPreemption {
     pub persist_seconds: Option<i64>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub urgent_ratio: Option<f64>,
+    /// How long capacity freed by a scale-down is lent only to cheap-to-reclaim work.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold_freed_seconds: Option<i64>,
+    /// Work that loses at most this much when reclaimed (its checkpoint interval or its
+    /// runtime) may borrow held capacity.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cheap_rework_seconds: Option<i64>,
 }
 
 /// The object scaled: anything with a `/scale` subresource.
@@ -247,7 +254,19 @@ pub struct Settings {
     pub persist_ms: u64,
     /// ... unless the metrics ask for this many times the replicas (0: never urgent).
     pub urgent_ratio: f64,
+    /// Capacity a scale-down frees is held this long (0: not held) ...
+    pub hold_freed_ms: u64,
+    /// ... from borrowers that would lose more than this when reclaimed.
+    pub cheap_rework_ms: u64,
 }
+
+/// Default of `preemption.holdFreedSeconds`: an hour. On the daily load of
+/// `benches/scaling_flap.rs` ten minutes let long jobs take the capacity back between
+/// spikes (more preemptions than without a hold), half an hour left some spikes
+/// unserved, an hour none (benches/README.md, "Inference scaling beside training").
+const HOLD_FREED_DEFAULT_S: i64 = 3600;
+/// Default of `preemption.cheapReworkSeconds`: five minutes of lost work per reclaim.
+const CHEAP_REWORK_DEFAULT_S: i64 = 300;
 
 /// Largest replica count accepted (the `/scale` subresource's int32).
 const MAX_REPLICAS: i64 = i32::MAX as i64;
@@ -368,6 +387,22 @@ impl ScalerSpec {
                 MAX_SECONDS,
             )?,
             urgent_ratio: urgent_ratio(self.preemption.as_ref().and_then(|p| p.urgent_ratio))?,
+            hold_freed_ms: seconds(
+                "preemption.holdFreedSeconds",
+                self.preemption.as_ref().and_then(|p| p.hold_freed_seconds),
+                HOLD_FREED_DEFAULT_S,
+                0,
+                MAX_SECONDS,
+            )?,
+            cheap_rework_ms: seconds(
+                "preemption.cheapReworkSeconds",
+                self.preemption
+                    .as_ref()
+                    .and_then(|p| p.cheap_rework_seconds),
+                CHEAP_REWORK_DEFAULT_S,
+                0,
+                MAX_SECONDS,
+            )?,
         })
     }
 }

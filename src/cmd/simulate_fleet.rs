@@ -47,6 +47,10 @@ pub struct FleetArgs {
     /// Coupled scalers: seconds a scale-up's demand must persist before it may preempt.
     #[arg(long, default_value_t = Knobs::default().persist_s)]
     persist: u32,
+    /// Coupled scalers: seconds the capacity a scale-down frees is lent only to
+    /// cheap-to-reclaim training (0: not held).
+    #[arg(long, default_value_t = Knobs::default().hold_s)]
+    hold: u32,
     /// Checkpoint interval in minutes, `MIN-MAX` (log-uniform) or one value.
     #[arg(long, default_value = "5-30")]
     checkpoint: String,
@@ -133,6 +137,7 @@ pub fn run(a: FleetArgs) -> Result<()> {
         polling_s: a.polling,
         replica_target: a.replica_target,
         persist_s: a.persist,
+        hold_s: a.hold,
         checkpoint_min: checkpoint(&a.checkpoint)?,
         min_runtime_min: a.min_runtime,
         seed: a.seed,

@@ -179,7 +179,7 @@ impl Engine {
                             continue;
                         };
                         let val = acc.get(&fr).copied().unwrap_or(0) + total;
-                        let avail = self.available(cq, fr).unwrap_or(0);
+                        let avail = self.available_for(id, cq, fr, now).unwrap_or(0);
                         let nominal = self.nominal(cq, fr);
                         let rm = if ignore_quota {
                             Mode::Fit
@@ -193,6 +193,10 @@ impl Engine {
                             shorts.push((fr, val, avail));
                             if val > self.max_capacity(cq, fr) {
                                 exceeds = true;
+                                Mode::NoFit
+                            } else if val <= self.available(cq, fr).unwrap_or(0) {
+                                // Only another queue's hold stands in the way: wait for
+                                // it to end, never preempt for it (`hold.rs`).
                                 Mode::NoFit
                             } else if can_preempt && (val <= nominal || bwc) {
                                 Mode::Preempt

@@ -146,6 +146,8 @@ pub(crate) struct Cq {
     /// The last failed decision, reused for an identical workload (same shape and
     /// priority) evaluated at the same time against unchanged books.
     pub fail_memo: Option<(u64, Time, u64, super::decide::Decision)>,
+    /// Capacity a scale-down freed, kept from expensive borrowers (`hold.rs`).
+    pub holds: HashMap<FrId, super::hold::Hold>,
 }
 
 /// Identical parked workloads of one queue (see [`Cq::classes`]).
@@ -317,6 +319,10 @@ pub struct Engine {
     /// Last victim search `(workload, request, now, cohort version) -> result`: the
     /// flavor oracle and the final search often ask the same question back to back.
     pub(crate) victim_memo: Option<VictimMemo>,
+    /// When each queue's holds end (`hold.rs`).
+    pub(crate) hold_ends: BTreeSet<(Time, CqId)>,
+    /// Workloads a hold kept quota from, woken when their cohort's holds end.
+    pub(crate) held_back: BTreeSet<WlId>,
     pub stats: Stats,
 }
 
@@ -351,6 +357,8 @@ impl Engine {
             now: 0,
             usage_total: 0,
             victim_memo: None,
+            hold_ends: BTreeSet::new(),
+            held_back: BTreeSet::new(),
             stats: Stats::default(),
         }
     }
@@ -471,6 +479,7 @@ impl Engine {
                     wake: HashMap::new(),
                     wake_usage: HashMap::new(),
                     fail_memo: None,
+                    holds: HashMap::new(),
                 });
                 self.cq_by_name.insert(name.clone(), id);
                 id
@@ -598,13 +607,14 @@ impl Engine {
 
     /// The earliest pending timer, if any.
     pub fn next_timer(&mut self) -> Option<Time> {
+        let hold_end = self.next_hold_end();
         while let Some(Reverse((t, _, timer))) = self.timers.peek().copied() {
             if self.timer_live(timer) {
-                return Some(t);
+                return Some(hold_end.map_or(t, |h| h.min(t)));
             }
             self.timers.pop();
         }
-        None
+        hold_end
     }
 
     /// The ClusterQueues of the workloads with a live timer due at `now` (a minimum
@@ -670,6 +680,7 @@ impl Engine {
                     self.fire(timer, at);
                 }
             }
+            self.end_holds(next);
             self.schedule(next)?;
         }
         self.now = self.now.max(t);

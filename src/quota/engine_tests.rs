@@ -553,3 +553,104 @@ fn refreshing_reasons_without_preemption_re_decides_only_the_front() {
         assert_eq!(admitted, 4, "preempting: {preempting}");
     }
 }
+
+/// A scale-down's freed capacity (`hold.rs`): lent within the hold only to work that is
+/// cheap to reclaim; the queue that borrows keeps its own nominal quota; when the hold
+/// ends, the expensive borrower waiting for it is admitted.
+#[test]
+fn held_capacity_goes_only_to_cheap_borrowers_until_the_hold_ends() {
+    use super::HoldFreed;
+    let serve = cluster_queue("serve")
+        .cohort("fleet")
+        .quota("h100", GPU, 4)
+        .build();
+    let train = cluster_queue("train")
+        .cohort("fleet")
+        .quota("h100", GPU, 2)
+        .build();
+    let mut e = engine(&[serve, train]);
+    for i in 0..4 {
+        submit(&mut e, 0, job(&format!("ml/chat-{i}"), "serve", 1));
+    }
+    let hold = HoldFreed {
+        until: 600_000,
+        max_rework: 300_000,
+    };
+    for i in [3, 2] {
+        e.remove_holding(
+            10_000,
+            &format!("ml/chat-{i}"),
+            "DeploymentScaledDown",
+            hold,
+        )
+        .unwrap();
+    }
+    e.schedule(10_000).unwrap();
+    // Training's own nominal quota is never held from it.
+    submit(
+        &mut e,
+        20_000,
+        job("ml/own", "train", 2).checkpoint_interval(1_200_000),
+    );
+    assert!(e.is_admitted("ml/own"));
+    // A three-hour job checkpointing every 20 minutes would borrow the held GPUs: it waits.
+    let long = job("ml/long", "train", 2)
+        .checkpoint_interval(1_200_000)
+        .runtime(3 * 3_600_000);
+    submit(&mut e, 30_000, long);
+    assert!(!e.is_admitted("ml/long"));
+    // A two-minute job loses little when reclaimed: it may borrow them.
+    let short = job("ml/short", "train", 1).runtime(120_000);
+    submit(&mut e, 40_000, short);
+    assert!(e.is_admitted("ml/short"));
+    assert!(!e.is_admitted("ml/long"));
+    // The short job ends; the hold still stands.
+    e.advance_to(599_999).unwrap();
+    e.check_invariants().unwrap();
+    assert!(!e.is_admitted("ml/long"));
+    // The hold ends: the parked job is woken and admitted.
+    e.advance_to(600_000).unwrap();
+    e.check_invariants().unwrap();
+    assert!(e.is_admitted("ml/long"));
+}
+
+/// The serving queue itself uses its held capacity at once, and what it uses again is
+/// no longer headroom (a hold never makes its own queue wait).
+#[test]
+fn the_holding_queue_takes_its_capacity_back_without_waiting() {
+    use super::HoldFreed;
+    let serve = cluster_queue("serve")
+        .cohort("fleet")
+        .quota("h100", GPU, 4)
+        .build();
+    let train = cluster_queue("train")
+        .cohort("fleet")
+        .quota("h100", GPU, 0)
+        .build();
+    let mut e = engine(&[serve, train]);
+    for i in 0..4 {
+        submit(&mut e, 0, job(&format!("ml/chat-{i}"), "serve", 1));
+    }
+    let hold = HoldFreed {
+        until: 3_600_000,
+        max_rework: 300_000,
+    };
+    e.remove_holding(10_000, "ml/chat-3", "DeploymentScaledDown", hold)
+        .unwrap();
+    e.remove_holding(10_000, "ml/chat-2", "DeploymentScaledDown", hold)
+        .unwrap();
+    submit(&mut e, 20_000, job("ml/chat-2b", "serve", 1));
+    assert!(e.is_admitted("ml/chat-2b"));
+    // Held headroom left: level 4, usage 3. A long job waits; nothing is preempted for it.
+    submit(
+        &mut e,
+        30_000,
+        job("ml/long", "train", 1).runtime(3 * 3_600_000),
+    );
+    assert!(!e.is_admitted("ml/long"));
+    assert_eq!(e.pending_reason("ml/long"), Some("WaitingForQuota"));
+    // Holds never lift a limit: after the hold the job borrows the free GPU.
+    e.advance_to(3_600_000).unwrap();
+    assert!(e.is_admitted("ml/long"));
+    e.check_invariants().unwrap();
+}

@@ -10,7 +10,8 @@
 //! `preempt` (victims, checkpoint-aware), `decide` (one attempt), `lifecycle` (admit,
 //! evict, requeue, finish), `wake` (parking without per-cycle cost), `reserve` (quota
 //! held for a preemptor while its victims terminate), `report`, `restore` (record
-//! running workloads after a controller restart).
+//! running workloads after a controller restart), `hold` (capacity a scale-down freed,
+//! kept from expensive borrowers for a while).
 
 mod accounting;
 pub mod api;
@@ -20,6 +21,7 @@ mod engine;
 pub mod error;
 pub mod events;
 pub mod fixtures;
+mod hold;
 pub mod kueue_config;
 mod lifecycle;
 pub mod model;
@@ -39,8 +41,9 @@ mod engine_tests;
 pub use engine::{Engine, EngineConfig, Requeue, Stats, WaitForPodsReady};
 pub use error::{Error, Result};
 pub use events::{Event, EventType, FinalState};
+pub use hold::HoldFreed;
 pub use model::WorkloadInfo;
 pub use quantity::{Quantity, Time};
 pub use report::{QueueGauges, QueueStatus, ResourceGauges};
 pub use restore::Restored;
-pub use scale_replay::Replicas;
+pub use scale_replay::{Coupled, Replicas};

@@ -20,9 +20,12 @@ use super::api::ObjectMeta;
 use super::engine::Engine;
 use super::error::{Error, Result};
 use super::events::{Event, EventType};
+use super::hold::HoldFreed;
 use super::model::WorkloadInfo;
 use super::quantity::{parse_duration, Time};
-use crate::autoscale::{Coupling, Decision, Observation, Reading, Scaler, ScalerSpec, Why};
+use crate::autoscale::{
+    Coupling, Decision, Observation, Reading, Scaler, ScalerSpec, Settings, Why,
+};
 use serde::Deserialize;
 use std::collections::HashMap;
 
@@ -139,7 +142,9 @@ pub struct Replicas {
 
 impl Replicas {
     /// Sets `base`'s replicas to `want` at `at`: new ordinals submitted, the highest
-    /// finished (as re-applying the object with fewer replicas does).
+    /// finished (as re-applying the object with fewer replicas does). `scaled` carries a
+    /// scaler's coupling: when new replicas may preempt, how the removed ones' capacity
+    /// is held.
     pub fn set(
         &mut self,
         engine: &mut Engine,
@@ -147,21 +152,25 @@ impl Replicas {
         kind: &'static str,
         base: &WorkloadInfo,
         want: u32,
-        preempt_not_before: Option<Time>,
+        scaled: Coupled,
     ) -> Result<()> {
         let key = format!("{}/{}", base.namespace, base.name);
         let have = self.targets.get(&key).map_or(0, |(_, _, n)| *n);
         for i in have..want {
             let mut w = base.clone().with_creation(at);
             w.name = format!("{}-{i}", base.name);
-            w.preempt_not_before = preempt_not_before;
+            w.preempt_not_before = scaled.preempt_not_before;
             // An ordinal scaled away earlier comes back as a new workload.
             engine.forget_finished(&format!("{key}-{i}"));
             engine.submit(at, w)?;
         }
         for i in (want..have).rev() {
             let name = format!("{key}-{i}");
-            engine.remove_with_reason(at, &name, &format!("{kind}ScaledDown"))?;
+            let reason = format!("{kind}ScaledDown");
+            match scaled.hold {
+                Some(hold) => engine.remove_holding(at, &name, &reason, hold)?,
+                None => engine.remove_with_reason(at, &name, &reason)?,
+            }
         }
         self.targets.insert(key, (kind, base.clone(), want));
         Ok(())
@@ -169,6 +178,28 @@ impl Replicas {
 
     fn get(&self, key: &str) -> Option<(&'static str, WorkloadInfo, u32)> {
         self.targets.get(key).cloned()
+    }
+}
+
+/// What a scaler's decision asks of the quota engine besides the replica count.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Coupled {
+    /// New replicas may preempt only from then on.
+    pub preempt_not_before: Option<Time>,
+    /// Removed replicas' capacity is held (see [`HoldFreed`]).
+    pub hold: Option<HoldFreed>,
+}
+
+impl Coupled {
+    /// The coupling of decision `d` of a scaler with `settings`.
+    pub fn of(d: &Decision, settings: &Settings) -> Coupled {
+        Coupled {
+            preempt_not_before: d.preempt_after,
+            hold: d.hold_freed_until.map(|until| HoldFreed {
+                until,
+                max_rework: settings.cheap_rework_ms,
+            }),
+        }
     }
 }
 
@@ -336,7 +367,8 @@ fn poll(
     ));
     events.push(ev);
     if d.replicas != target {
-        replicas.set(engine, t, kind, &base, d.replicas, d.preempt_after)?;
+        let coupled = Coupled::of(&d, run.scaler.settings());
+        replicas.set(engine, t, kind, &base, d.replicas, coupled)?;
         engine.schedule(t)?;
     }
     Ok(())

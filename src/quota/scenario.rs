@@ -511,7 +511,7 @@ impl Scenario {
                 } => {
                     let base = self.with_claims(base, &claims).map_err(err)?;
                     replicas
-                        .set(&mut engine, at, kind, &base, *want, None)
+                        .set(&mut engine, at, kind, &base, *want, Default::default())
                         .map_err(err)?;
                 }
                 Object::Scaler(doc) => replay

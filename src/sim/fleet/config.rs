@@ -41,6 +41,9 @@ pub struct Knobs {
     pub replica_target: f64,
     /// Coupled scalers' `preemption.persistSeconds`.
     pub persist_s: u32,
+    /// Coupled scalers' `preemption.holdFreedSeconds` (0 here by default: the fleet's
+    /// services share one ClusterQueue, whose hold would keep the peak of all of them).
+    pub hold_s: u32,
     /// Checkpoint interval, minutes: log-uniform between the two.
     pub checkpoint_min: (f64, f64),
     /// Training queue's `minimumRuntime`, minutes (0: none).
@@ -61,6 +64,7 @@ impl Default for Knobs {
             polling_s: 15,
             replica_target: 0.9,
             persist_s: 0,
+            hold_s: 0,
             checkpoint_min: (5.0, 30.0),
             min_runtime_min: 0.0,
             seed: 42,
@@ -127,6 +131,9 @@ impl Knobs {
         }
         if self.persist_s > 86_400 {
             return bad("persist", "at most 86400 seconds");
+        }
+        if self.hold_s > 86_400 {
+            return bad("hold", "at most 86400 seconds");
         }
         let (lo, hi) = self.checkpoint_min;
         if !(finite_pos(lo) && finite_pos(hi) && lo <= hi && hi <= 24.0 * 60.0) {

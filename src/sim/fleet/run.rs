@@ -33,7 +33,9 @@ use crate::placement::{
 use crate::quota::api::ResourceFlavor;
 use crate::quota::fixtures::{cluster_queue, flavor, local_queue};
 use crate::quota::model::PodSetInfo;
-use crate::quota::{Engine, EngineConfig, EventType, Quantity, Replicas, Time, WorkloadInfo};
+use crate::quota::{
+    Coupled, Engine, EngineConfig, EventType, Quantity, Replicas, Time, WorkloadInfo,
+};
 
 const GPU: &str = "nvidia.com/gpu";
 /// The `Finished` reason of a job whose work ran out.
@@ -300,7 +302,7 @@ fn scaler_settings(knobs: &Knobs, name: &str) -> Result<Settings, RunError> {
         "pollingInterval": knobs.polling_s,
         "minReplicaCount": 0,
         "maxReplicaCount": 100_000,
-        "preemption": {"persistSeconds": knobs.persist_s},
+        "preemption": {"persistSeconds": knobs.persist_s, "holdFreedSeconds": knobs.hold_s},
         "triggers": [{"type": "prometheus", "metadata": {
             "serverAddress": "http://simulated",
             "query": "instances_needed",
@@ -618,14 +620,14 @@ impl<'a> Sim<'a> {
         i: usize,
         want: u32,
         now: Time,
-        preempt_after: Option<Time>,
+        coupled: Coupled,
     ) -> Result<(), RunError> {
         let base = self.bases[i].clone();
         self.targets[i] = want * u32::from(self.services[i].gpus);
         let (engine, replicas) = (&mut self.engine, &mut self.replicas);
         self.costs.quota_calls += 1;
         timed(&mut self.costs.quota_ns, || {
-            replicas.set(engine, now, "Deployment", &base, want, preempt_after)?;
+            replicas.set(engine, now, "Deployment", &base, want, coupled)?;
             engine.schedule(now)
         })?;
         self.sync(now)
@@ -642,7 +644,8 @@ impl<'a> Sim<'a> {
         self.costs.scaler_steps += 1;
         let d = timed(&mut self.costs.scaler_ns, || scaler.step(&obs, now));
         if d.replicas != target {
-            self.set_replicas(i, d.replicas, now, d.preempt_after)?;
+            let coupled = Coupled::of(&d, scaler.settings());
+            self.set_replicas(i, d.replicas, now, coupled)?;
         }
         Ok(())
     }
@@ -750,7 +753,7 @@ pub fn run_fleet(
             .first()
             .map_or(0, |t| replicas_for(t, f64::from(s.at(0)), 0, 0));
         scalers.push(Scaler::new(settings, kind.coupling()));
-        sim.set_replicas(i, want, 0, None)?;
+        sim.set_replicas(i, want, 0, Coupled::default())?;
         polls.push(Reverse((polling * i as u64 / services.len() as u64, i)));
     }
 

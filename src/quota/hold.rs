@@ -1,0 +1,181 @@
+//! Capacity freed by a scale-down, held from expensive borrowers for a while.
+//!
+//! An inference service that scales down usually scales up again: the next spike, the
+//! next morning. If the GPUs it freed are lent at once to a three-hour training job,
+//! that job is what the next scale-up reclaims, losing the work since its last
+//! checkpoint. So when an autoscaler scales a serving workload down, its queue keeps,
+//! for `until`, a *hold* at the usage it had before (per flavor and resource). While
+//! the hold lasts, other queues of the cohort may borrow the held headroom (the hold's
+//! level minus what the queue uses now) only with workloads that are cheap to reclaim:
+//! whose work lost at an eviction is at most `max_rework` (their checkpoint interval or
+//! their whole runtime). Other workloads still get their own queue's nominal quota and
+//! anything beyond the headroom. A scale-up within the hold finds the headroom free, or
+//! held by work that loses minutes when reclaimed (`docs/autoscale.md`, "Lending what a
+//! scale-down freed").
+//!
+//! A hold only lowers what some workloads see as available, so the wake index's keys
+//! stay lower bounds; when a hold ends, the workloads it kept something from are woken.
+//!
+//! Limitation: workloads of one queue with the same shape (requests, priority, pod sets)
+//! are parked and decided as one class whatever their rework, so while a hold stands a
+//! cheap workload queued behind an expensive one of the same shape waits with it. Making
+//! rework part of the shape split classes apart in fleets whose jobs checkpoint at
+//! assorted intervals, and the fleet simulation ran an order of magnitude slower.
+
+use super::engine::Engine;
+use super::error::{Error, Result};
+use super::model::{CqId, FrId, WlId, WorkloadInfo};
+use super::quantity::Time;
+
+/// How a removed serving replica's capacity is held (see the module doc).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldFreed {
+    /// The hold ends then.
+    pub until: Time,
+    /// Borrowers that lose at most this much work when evicted may use the headroom.
+    pub max_rework: Time,
+}
+
+/// One queue's hold in one `(flavor, resource)`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Hold {
+    /// The queue's usage before the scale-down (the highest, if several).
+    pub level: i64,
+    pub until: Time,
+    pub max_rework: Time,
+}
+
+/// The most work `info` can lose when evicted: its checkpoint interval, else its
+/// runtime; unbounded when it runs until removed without checkpoints.
+pub(crate) fn max_rework(info: &WorkloadInfo) -> Time {
+    let checkpoint = info.checkpoint_interval.filter(|i| *i > 0);
+    match (checkpoint, info.runtime) {
+        (Some(c), Some(r)) => c.min(r),
+        (Some(c), None) => c,
+        (None, Some(r)) => r,
+        (None, None) => Time::MAX,
+    }
+}
+
+impl Engine {
+    /// Like [`Engine::remove_with_reason`], and if `key` holds quota, its queue keeps a
+    /// hold at its usage before the removal (see the module doc).
+    pub fn remove_holding(
+        &mut self,
+        now: Time,
+        key: &str,
+        reason: &str,
+        hold: HoldFreed,
+    ) -> Result<()> {
+        let id = *self
+            .wl_by_key
+            .get(key)
+            .ok_or_else(|| Error::UnknownWorkload(key.to_string()))?;
+        if hold.until > now {
+            self.hold_usage_of(id, now, hold);
+        }
+        self.remove_with_reason(now, key, reason)
+    }
+
+    fn hold_usage_of(&mut self, id: WlId, now: Time, hold: HoldFreed) {
+        let Some(adm) = &self.wls[id].admission else {
+            return;
+        };
+        let (cq, frs): (CqId, Vec<FrId>) = (adm.cq, adm.usage.iter().map(|(f, _)| *f).collect());
+        for fr in frs {
+            let level = self.usage(cq, fr);
+            let h = self.cqs[cq].holds.entry(fr).or_insert(Hold {
+                level,
+                until: hold.until,
+                max_rework: hold.max_rework,
+            });
+            if h.until <= now {
+                *h = Hold {
+                    level,
+                    until: hold.until,
+                    max_rework: hold.max_rework,
+                };
+            } else {
+                h.level = h.level.max(level);
+                h.until = h.until.max(hold.until);
+                h.max_rework = h.max_rework.min(hold.max_rework);
+            }
+            let until = h.until;
+            self.hold_ends.insert((until, cq));
+        }
+        let co = self.cqs[cq].cohort;
+        self.cohorts[co].version += 1;
+    }
+
+    /// Headroom of other queues' holds in `fr` that workload `id` may not borrow at `now`.
+    fn held_from(&self, id: WlId, cq: CqId, fr: FrId, now: Time) -> i64 {
+        let rework = max_rework(&self.wls[id].info);
+        let co = self.cqs[cq].cohort;
+        self.cohorts[co]
+            .members
+            .iter()
+            .filter(|&&m| m != cq)
+            .filter_map(|&m| {
+                let h = self.cqs[m].holds.get(&fr)?;
+                (h.until > now && rework > h.max_rework)
+                    .then(|| (h.level - self.usage(m, fr)).max(0))
+            })
+            .sum()
+    }
+
+    /// What workload `id` may still use of `cq`'s quota in `fr` at `now` without
+    /// preemption: [`Engine::available`] less other queues' held headroom, but never less
+    /// than what is left of `cq`'s own nominal quota. A workload a hold kept anything
+    /// from is remembered, to be woken when the holds of its cohort end.
+    pub(crate) fn available_for(&mut self, id: WlId, cq: CqId, fr: FrId, now: Time) -> Option<i64> {
+        let avail = self.available(cq, fr)?;
+        if self.hold_ends.is_empty() {
+            return Some(avail);
+        }
+        let held = self.held_from(id, cq, fr, now);
+        let own = (self.nominal(cq, fr) - self.usage(cq, fr)).max(0);
+        let left = avail.min(own.max(avail - held));
+        if left < avail {
+            self.held_back.insert(id);
+        }
+        Some(left)
+    }
+
+    /// When the next hold ends.
+    pub(crate) fn next_hold_end(&self) -> Option<Time> {
+        self.hold_ends.first().map(|(t, _)| *t)
+    }
+
+    /// Ends the holds due at or before `now` and wakes the workloads of their cohorts
+    /// that a hold kept something from (the wake index does not know holds: a hold
+    /// ending frees nothing it counts).
+    pub(crate) fn end_holds(&mut self, now: Time) {
+        let mut ended = std::collections::BTreeSet::new();
+        while let Some(&(t, cq)) = self.hold_ends.first() {
+            if t > now {
+                break;
+            }
+            self.hold_ends.remove(&(t, cq));
+            let before = self.cqs[cq].holds.len();
+            self.cqs[cq].holds.retain(|_, h| h.until > now);
+            if self.cqs[cq].holds.len() != before {
+                let co = self.cqs[cq].cohort;
+                self.cohorts[co].version += 1;
+                ended.insert(co);
+            }
+        }
+        if ended.is_empty() {
+            return;
+        }
+        let held_back = std::mem::take(&mut self.held_back);
+        for id in held_back {
+            match self.wls[id].cq {
+                Some(cq) if ended.contains(&self.cqs[cq].cohort) => self.wake(id),
+                Some(_) => {
+                    self.held_back.insert(id);
+                }
+                None => {}
+            }
+        }
+    }
+}
