@@ -54,6 +54,7 @@ use tracing::{debug, error, info, warn};
 
 pub mod cluster;
 pub mod dra;
+pub mod handover;
 pub mod ownership;
 pub mod slot_binding;
 pub mod split_record;
