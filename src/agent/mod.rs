@@ -9,6 +9,10 @@
 //!                                                                 kubelet DRA socket)
 //! ```
 //!
+//! Each GPU's ownership is one pure state machine ([`handover`]: unowned, owned by a path,
+//! blocked by what holds it, withdrawing from the DRA driver); `moves` reads the node,
+//! feeds the machine events and carries out its effects.
+//!
 //! [`ownership`] splits the GPUs between the two paths: the device plugin advertises only
 //! its GPUs, the DRA driver publishes only its own, and MIG layouts are applied only to
 //! device-plugin GPUs (the DRA driver creates MIG instances per claim). The split comes

@@ -61,6 +61,13 @@ fn same_split(a: &Machine, b: &Machine) -> bool {
     a.decided() && a.owners() == b.owners() && a.withdrawing() == b.withdrawing()
 }
 
+/// What one apply read besides the holders: the inventory, the config, phase 2's LIST.
+struct Reading<'a> {
+    before: &'a Inventory,
+    config: &'a NodeConfig,
+    phase2: &'a BTreeMap<String, Vec<String>>,
+}
+
 /// What one apply decided: the machine after it and the effects of getting there.
 struct Decided {
     next: Machine,
@@ -544,16 +551,13 @@ impl Agent {
         // here on it refuses claims on the GPUs it gives up.
         let split_before = match &self.owned {
             Some(owned) => {
-                let split;
-                (decided, split) = self.commit_split(
-                    owned,
-                    &base,
-                    &before,
-                    &config,
-                    &mut holders,
+                let read = Reading {
+                    before: &before,
+                    config: &config,
                     phase2,
-                    decided,
-                )?;
+                };
+                let split;
+                (decided, split) = self.commit_split(owned, &base, &read, &mut holders, decided)?;
                 if self.unchanged(&before, &config, &decided) {
                     return Ok(false);
                 }
@@ -707,17 +711,19 @@ impl Agent {
     /// read) stays with the driver: the holders are added, the node observed again from
     /// `base`, and the split tried again (each round pins at least one more GPU, so this
     /// ends). Returns the split decided and the one it replaced.
-    #[allow(clippy::too_many_arguments)]
     fn commit_split(
         &self,
         owned: &OwnedDevices,
         base: &Machine,
-        before: &Inventory,
-        config: &NodeConfig,
+        read: &Reading,
         holders: &mut ownership::Holders,
-        phase2: &BTreeMap<String, Vec<String>>,
         mut decided: Decided,
     ) -> Result<(Decided, SplitBefore)> {
+        let Reading {
+            before,
+            config,
+            phase2,
+        } = *read;
         let cause = match self.gpus.decided() {
             false => format!("the agent's start (config {:?})", config.name),
             true => format!(
