@@ -9,6 +9,10 @@
 //!                                                                 kubelet DRA socket)
 //! ```
 //!
+//! Each GPU's ownership is one pure state machine ([`handover`]: unowned, owned by a path,
+//! blocked by what holds it, withdrawing from the DRA driver); `moves` reads the node,
+//! feeds the machine events and carries out its effects.
+//!
 //! [`ownership`] splits the GPUs between the two paths: the device plugin advertises only
 //! its GPUs, the DRA driver publishes only its own, and MIG layouts are applied only to
 //! device-plugin GPUs (the DRA driver creates MIG instances per claim). The split comes
@@ -42,7 +46,7 @@
 //! ([`crate::metrics::probes`]). Only this node's named config is read into force: other
 //! configs' errors do not touch it.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeSet;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
@@ -54,6 +58,8 @@ use tracing::{debug, error, info, warn};
 
 pub mod cluster;
 pub mod dra;
+pub mod handover;
+mod moves;
 pub mod ownership;
 pub mod slot_binding;
 pub mod split_record;
@@ -63,18 +69,16 @@ pub mod vgpu_record;
 pub mod withdraw;
 
 use crate::cdi;
-use crate::cdi::migcaps::MigCaps;
 use crate::deviceplugin::allocate::AllocateSettings;
-use crate::deviceplugin::preferred::Topology;
 use crate::deviceplugin::snapshot::{SharedSnapshot, Snapshot};
 use crate::deviceplugin::supervisor::{self, SupervisorConfig};
-use crate::dra::owned::{GpuSplit, OwnedDevices, SplitBefore};
+use crate::dra::owned::OwnedDevices;
 use crate::gpu::health::HealthTracker;
 use crate::gpu::{GpuBackend, Inventory};
 use crate::metrics::{DeviceLabels, HealthLabels, NodeMetrics};
 use crate::partition::config::{self, NodeConfig};
 use crate::partition::layout::{self, Advertisement, NodePlan};
-use ownership::{Assignment, BlockedMove, DraMode, Owner, Ownership};
+use ownership::{Assignment, DraMode, Owner, Ownership};
 use usage::{LocalUsage, UsageProbe};
 
 #[derive(Debug, thiserror::Error)]
@@ -250,34 +254,6 @@ pub fn build_owned(
     })
 }
 
-/// Each GPU's path in `assignment`, for the DRA driver's [`OwnedDevices`].
-fn split_of(inventory: &Inventory, assignment: &Assignment) -> Vec<GpuSplit> {
-    inventory
-        .gpus
-        .iter()
-        .map(|g| GpuSplit {
-            index: g.index,
-            uuid: g.uuid.clone(),
-            dra: assignment.owner(g) == Owner::Dra,
-        })
-        .collect()
-}
-
-/// Add `more` (GPU UUID → holders) to `into`, without duplicates.
-fn merge_holders(
-    into: &mut std::collections::BTreeMap<String, Vec<String>>,
-    more: std::collections::BTreeMap<String, Vec<String>>,
-) {
-    for (uuid, who) in more {
-        let list = into.entry(uuid).or_default();
-        for w in who {
-            if !list.contains(&w) {
-                list.push(w);
-            }
-        }
-    }
-}
-
 /// The running agent's state.
 struct Agent {
     backend: Arc<dyn GpuBackend>,
@@ -288,22 +264,18 @@ struct Agent {
     snapshot: Snapshot,
     tx: watch::Sender<SharedSnapshot>,
     ownership: Ownership,
-    /// The split in force (`None` until a config was applied).
-    assignment: Option<Assignment>,
+    /// Each GPU's ownership ([`handover`]): the split in force, blocked moves, moves off
+    /// the DRA driver not confirmed yet.
+    gpus: handover::Machine,
     usage: Arc<dyn UsageProbe>,
     /// The API server and this node's name (DRA on): claims allocated on a GPU about to
     /// leave the DRA driver are looked up there.
     claims_api: Option<(kube::Client, String)>,
-    /// Moves the config wants that wait for a GPU to be free (already reported).
-    blocked: Vec<BlockedMove>,
     dra_tx: watch::Sender<Option<dra::DraView>>,
     /// What the DRA driver owns (DRA on): the split is put in force here, before anything
     /// is built for it, and never takes a GPU a claim is being prepared on.
     owned: Option<OwnedDevices>,
-    /// GPUs leaving the DRA driver whose move is not confirmed yet ([`withdraw`]): in the
-    /// split they are the device plugin's, but no path advertises them.
-    withdrawing: BTreeSet<String>,
-    /// Since when the API server's slices name none of `withdrawing`.
+    /// Since when the API server's slices name none of the withdrawing GPUs.
     clear_since: Option<tokio::time::Instant>,
     /// See [`dra::DraSettings::move_settle`].
     move_settle: Duration,
@@ -321,8 +293,6 @@ struct Agent {
     slices_changed: mpsc::UnboundedSender<()>,
     /// Whether the last DRA view sent serves the kubelet.
     dra_serving: bool,
-    /// The split the last build used (`assignment` with `withdrawing` on DRA).
-    built: Option<Assignment>,
     /// Where the split in force is recorded ([`split_record`]; DRA on).
     split_record: Option<PathBuf>,
     /// What that file holds (as this process last wrote it).
@@ -406,145 +376,6 @@ impl Agent {
         }
     }
 
-    /// Apply the config in force again when a blocked move may have become possible.
-    async fn recheck(&mut self) {
-        if self.blocked.is_empty() {
-            return;
-        }
-        let Some(config) = self.current.clone() else {
-            return;
-        };
-        if let Err(e) = self.apply(config).await {
-            warn!(error = %e, "cannot re-apply the config to move GPUs between paths");
-        }
-    }
-
-    /// Phase 2 of the moves off the DRA driver ([`withdraw`]): once the API server's slices
-    /// name none of the withdrawing GPUs (for `move_settle`), LIST the claims allocated on
-    /// this node; hand the GPUs no claim slipped onto to the device plugin and take the
-    /// others back (a `GpuMoveBlocked` Event names the claim). Errors are retried.
-    async fn confirm_withdrawal(&mut self) {
-        if self.withdrawing.is_empty() {
-            return;
-        }
-        let now = tokio::time::Instant::now();
-        // Unless told otherwise below: the watch's next event, or the slow poll.
-        self.next_confirm = now + withdraw::MOVE_POLL;
-        let (Some((client, node)), Some(config)) = (self.claims_api.clone(), self.current.clone())
-        else {
-            return;
-        };
-        let inventory = match self.backend.inventory() {
-            Ok(i) => i,
-            Err(e) => return warn!(error = %e, "no GPU inventory: GPU moves wait"),
-        };
-        let timeout = Duration::from_secs(5);
-        match withdraw::list_published(client.clone(), &node, &inventory, timeout).await {
-            Ok(published) if published.is_disjoint(&self.withdrawing) => {}
-            Ok(published) => {
-                self.clear_since = None;
-                let named: BTreeSet<String> =
-                    published.intersection(&self.withdrawing).cloned().collect();
-                return self.stalled(
-                    &inventory,
-                    &named,
-                    "this node's ResourceSlices on the API server still name it (the DRA \
-                     driver has not published its slices without it; see its \
-                     \"ResourceSlices not published\" warnings)",
-                );
-            }
-            Err(e) => {
-                self.next_confirm = now + withdraw::MOVE_RETRY;
-                let all = self.withdrawing.clone();
-                return self.stalled(
-                    &inventory,
-                    &all,
-                    &format!("the API server does not answer ({e})"),
-                );
-            }
-        }
-        let since = *self.clear_since.get_or_insert(now);
-        if since.elapsed() < self.move_settle {
-            self.next_confirm = since + self.move_settle;
-            return;
-        }
-        let allocated = match usage::list_allocated(client, &node, &inventory, timeout).await {
-            Ok(a) => a,
-            Err(e) => {
-                self.next_confirm = now + withdraw::MOVE_RETRY;
-                let all = self.withdrawing.clone();
-                return self.stalled(
-                    &inventory,
-                    &all,
-                    &format!("the API server does not answer ({e})"),
-                );
-            }
-        };
-        let (done, back) = withdraw::settle(&self.withdrawing, &allocated);
-        for (uuid, who) in &back {
-            warn!(gpu = %uuid, claims = ?who,
-                "a claim was allocated on a GPU while it left the DRA driver; it goes back to the driver");
-        }
-        if let Err(e) = self.apply_with(config, back, &done).await {
-            self.next_confirm = now + withdraw::MOVE_RETRY;
-            warn!(error = %e, "cannot finish moving GPUs off the DRA driver; retrying");
-        }
-    }
-
-    /// Watch this node's slices while a move off the DRA driver is pending, and only then.
-    fn follow_slices_while_withdrawing(&mut self) {
-        match (&self.following, self.withdrawing.is_empty()) {
-            (None, false) => {
-                let Some((client, node)) = self.claims_api.clone() else {
-                    return;
-                };
-                let stop = CancellationToken::new();
-                tokio::spawn(withdraw::follow_slices(
-                    client,
-                    node,
-                    self.slices_changed.clone(),
-                    withdraw::MOVE_RETRY,
-                    stop.clone(),
-                ));
-                self.following = Some(stop);
-            }
-            (Some(stop), true) => {
-                stop.cancel();
-                self.following = None;
-            }
-            _ => {}
-        }
-    }
-
-    /// Phase 2 could not finish for `gpus` because of `reason`: once it has waited
-    /// `move_stall_warn`, warn naming each GPU and the reason (then at most once per that
-    /// interval), record one `GpuMoveStalled` Event per GPU and wait, and set the gauge.
-    /// Nothing else changes: the next look (watch event, retry or poll) retries.
-    fn stalled(&mut self, inventory: &Inventory, gpus: &BTreeSet<String>, reason: &str) {
-        let Some(waited) = self
-            .stall
-            .due(tokio::time::Instant::now(), self.move_stall_warn)
-        else {
-            return;
-        };
-        self.opts.metrics.gpu_moves_stalled.set(gpus.len() as i64);
-        for uuid in gpus {
-            let index = inventory
-                .gpu(uuid)
-                .map_or_else(|| "?".to_string(), |g| g.index.to_string());
-            let message = format!(
-                "GPU {index} ({uuid}) is on neither kubelet path: its move off the DRA driver \
-                 has waited {:.1} s because {reason}; retrying",
-                waited.as_secs_f64()
-            );
-            if self.stall.first_report(uuid) {
-                self.recorder.gpu_move_stalled(&message);
-            } else {
-                warn!(%message, "GPU move off the DRA driver stalled");
-            }
-        }
-    }
-
     async fn try_reload(&mut self) -> Result<bool> {
         let config = match &self.opts.config_path {
             Some(path) => {
@@ -564,455 +395,6 @@ impl Agent {
             None => NodeConfig::builtin_default(),
         };
         self.apply(config).await
-    }
-
-    /// Report blocked moves that are new, and log the ones that are done.
-    fn report_blocked(&mut self, blocked: Vec<BlockedMove>) {
-        let same = |a: &BlockedMove, b: &BlockedMove| {
-            (&a.gpu_uuid, a.from, a.to) == (&b.gpu_uuid, b.from, b.to)
-        };
-        for b in &blocked {
-            // Once per blocked move (not again when only its holders change).
-            if !self.blocked.iter().any(|o| same(o, b)) {
-                self.recorder.gpu_move_blocked(&b.to_string());
-            }
-        }
-        for b in &self.blocked {
-            if !blocked.iter().any(|n| n.gpu_uuid == b.gpu_uuid) {
-                info!(gpu = b.gpu_index, uuid = %b.gpu_uuid, "GPU no longer held: its move between paths is no longer blocked");
-            }
-        }
-        self.blocked = blocked;
-    }
-
-    /// At start (no split in force yet): the GPUs an earlier run may have given the DRA
-    /// driver that `assignment` gives to the device plugin ([`withdraw::inherited`]), and
-    /// the claims LIST made to find them. Nothing is listed when DRA is off or no GPU
-    /// goes to the device plugin. A GPU the kubelet records as the device plugin's (its
-    /// checkpoint: listed by it last, or held by a pod) was not the driver's. When the API
-    /// server cannot say, every other GPU the assignment gives to the device plugin counts
-    /// as the driver's (it then waits in phase 2, on neither path, until the API server
-    /// answers).
-    async fn inherited_split(
-        &self,
-        before: &Inventory,
-        assignment: &Assignment,
-        holders: &ownership::Holders,
-    ) -> (
-        BTreeSet<String>,
-        Option<std::result::Result<BTreeMap<String, Vec<String>>, String>>,
-    ) {
-        let (Some(_), Some((client, node))) = (&self.owned, &self.claims_api) else {
-            return (BTreeSet::new(), None);
-        };
-        let to_device_plugin: BTreeSet<String> = before
-            .gpus
-            .iter()
-            .filter(|g| assignment.owner(g) == Owner::DevicePlugin)
-            .map(|g| g.uuid.clone())
-            .collect();
-        if to_device_plugin.is_empty() || !assignment.device_plugin {
-            return (BTreeSet::new(), None);
-        }
-        if let Some(gpus) = self.recorded_split(before, holders) {
-            return (gpus, None);
-        }
-        // Both paths wait for this answer at start: bounded tighter than later LISTs.
-        let found = withdraw::inherited(client.clone(), node, before, Duration::from_secs(2)).await;
-        // What the kubelet records as the device plugin's was not the driver's.
-        let mut device_plugin = self.usage.device_plugin_registered(before);
-        device_plugin.extend(holders.device_plugin.keys().cloned());
-        let gpus = match (&found.published, &found.allocated) {
-            (Ok(published), Ok(allocated)) => {
-                withdraw::inherited_gpus(published, allocated, &holders.dra, &device_plugin)
-            }
-            (Err(e), _) | (_, Err(e)) => {
-                let unknown: BTreeSet<String> = to_device_plugin
-                    .difference(&device_plugin)
-                    .cloned()
-                    .collect();
-                if !unknown.is_empty() {
-                    warn!(error = %e, gpus = unknown.len(),
-                        "the DRA driver's split before this start is not known: GPUs the config gives to the device plugin wait until the API server answers");
-                }
-                unknown
-            }
-        };
-        let moving: BTreeSet<String> = gpus.intersection(&to_device_plugin).cloned().collect();
-        if !moving.is_empty() {
-            info!(gpus = ?moving, "GPUs the DRA driver may have had before this start go to the device plugin: they move in two phases");
-        }
-        (gpus, Some(found.allocated))
-    }
-
-    /// At start: the GPUs the DRA driver had before, from the split record
-    /// ([`split_record`]) plus the GPUs the DRA checkpoint's claims hold. `None` (with a
-    /// log line saying why) when there is no record, it cannot be read, or it does not
-    /// cover every GPU of the node: the caller then infers the split.
-    fn recorded_split(
-        &self,
-        before: &Inventory,
-        holders: &ownership::Holders,
-    ) -> Option<BTreeSet<String>> {
-        let path = self.split_record.as_ref()?;
-        let inferring = "inferring the split before this start from the DRA checkpoint, this \
-                         node's ResourceSlices, the claims allocated on it and the kubelet's \
-                         device checkpoint";
-        let record = match split_record::read(path) {
-            Ok(r) => r,
-            Err(e @ split_record::ReadError::Missing { .. }) => {
-                info!(reason = %e, "{inferring}");
-                return None;
-            }
-            Err(e) => {
-                warn!(error = %e, "{inferring}");
-                return None;
-            }
-        };
-        let Some(mut gpus) = record.previous_dra(before.gpus.iter().map(|g| &g.uuid)) else {
-            warn!(path = %path.display(), "the split record does not name every GPU of this node (one was added or replaced); {inferring}");
-            return None;
-        };
-        info!(path = %path.display(), dra = ?record.dra, withdrawing = ?record.withdrawing,
-              config = %record.config,
-              "the split before this start is recorded: GPUs the DRA driver had that now go to the device plugin move in two phases, the others go at once");
-        gpus.extend(holders.dra.keys().cloned());
-        Some(gpus)
-    }
-
-    /// Record the split about to be put in force (`staged`: the DRA driver's GPUs with
-    /// the withdrawing ones; written before anything is advertised for it). When the
-    /// record cannot be written it is removed, so the next start infers the split rather
-    /// than trust an old one.
-    fn record_split(
-        &mut self,
-        inventory: &Inventory,
-        config: &NodeConfig,
-        staged: &Assignment,
-        withdrawing: &BTreeSet<String>,
-    ) {
-        let Some(path) = &self.split_record else {
-            return;
-        };
-        let dra = staged.dra_uuids(inventory);
-        let record = split_record::Recorded {
-            device_plugin: inventory
-                .gpus
-                .iter()
-                .map(|g| g.uuid.clone())
-                .filter(|u| !dra.contains(u))
-                .collect(),
-            withdrawing: withdrawing.intersection(&dra).cloned().collect(),
-            dra,
-            config: config.name.clone(),
-        };
-        if self.recorded.as_ref() == Some(&record) {
-            return;
-        }
-        match split_record::write(path, &record) {
-            Ok(()) => self.recorded = Some(record),
-            Err(e) => {
-                warn!(error = %e, "the split is not recorded; the next start infers it");
-                self.recorded = None;
-                if let Err(e) = split_record::remove(path) {
-                    error!(error = %e, path = %path.display(), "cannot remove the outdated split record: the next start may take it for the split in force");
-                }
-            }
-        }
-    }
-
-    async fn apply(&mut self, config: NodeConfig) -> Result<bool> {
-        self.apply_with(config, BTreeMap::new(), &BTreeSet::new())
-            .await
-    }
-
-    /// GPUs leaving the DRA driver under `assignment` whose move is not confirmed: the
-    /// ones still withdrawing (less `settled`) and the ones leaving now (the driver's
-    /// before this apply, `previous_dra`), as long as the split gives them to the device
-    /// plugin.
-    fn withdrawing_under(
-        &self,
-        inventory: &Inventory,
-        assignment: &Assignment,
-        settled: &BTreeSet<String>,
-        previous_dra: &BTreeSet<String>,
-    ) -> BTreeSet<String> {
-        if self.owned.is_none() || !assignment.device_plugin {
-            return BTreeSet::new();
-        }
-        let mut out: BTreeSet<String> = self.withdrawing.difference(settled).cloned().collect();
-        out.extend(
-            previous_dra
-                .difference(&assignment.dra_uuids(inventory))
-                .cloned(),
-        );
-        out.retain(|uuid| {
-            inventory
-                .gpu(uuid)
-                .is_some_and(|g| assignment.owner(g) == Owner::DevicePlugin)
-        });
-        out
-    }
-
-    /// [`Self::apply`] with `extra` holders of DRA GPUs (claims found on GPUs leaving the
-    /// driver) and the withdrawing GPUs whose move is confirmed (`settled`).
-    async fn apply_with(
-        &mut self,
-        config: NodeConfig,
-        extra: BTreeMap<String, Vec<String>>,
-        settled: &BTreeSet<String>,
-    ) -> Result<bool> {
-        let before = self.backend.inventory()?;
-        // `/readyz` on a node without a GPU (from this inventory: no extra driver call).
-        self.opts.metrics.probes.gpus(before.gpus.len());
-        let mut holders = self.usage.holders(&before);
-        // Claims being prepared right now hold their GPUs too (their checkpoint record may
-        // not be written yet).
-        if let Some(owned) = &self.owned {
-            merge_holders(&mut holders.dra, owned.in_flight());
-        }
-        merge_holders(&mut holders.dra, extra);
-        let (mut assignment, mut blocked) =
-            ownership::decide(&self.ownership, &before, &config, &holders);
-        // The GPUs the DRA driver had before this apply; at start, what an earlier run
-        // left of its split (with the claims LIST made to find it).
-        let (previous_dra, mut listed) = match &self.assignment {
-            Some(previous) => (previous.dra_uuids(&before), None),
-            None => self.inherited_split(&before, &assignment, &holders).await,
-        };
-        // GPUs about to leave the DRA driver: a claim allocated on one but not prepared
-        // yet holds it too (one LIST, only when such a move is due).
-        let leaving: Vec<String> = previous_dra
-            .difference(&assignment.dra_uuids(&before))
-            .cloned()
-            .collect();
-        if let (false, Some((client, node))) = (leaving.is_empty(), &self.claims_api) {
-            let allocated = match listed.take() {
-                Some(listed) => listed,
-                None => {
-                    usage::list_allocated(client.clone(), node, &before, Duration::from_secs(5))
-                        .await
-                }
-            };
-            let allocated = match allocated {
-                Ok(a) => a,
-                // At start the GPUs are not served by either path yet: they wait in phase
-                // 2, which lists the claims again before the device plugin gets them.
-                Err(e) if self.assignment.is_none() => {
-                    warn!(error = %e, "cannot list ResourceClaims at start: GPUs the config gives to the device plugin wait until the API server answers");
-                    BTreeMap::new()
-                }
-                // Unknown: keep the GPUs where they are and retry.
-                Err(e) => leaving
-                    .iter()
-                    .map(|u| (u.clone(), vec![format!("(not known: {e})")]))
-                    .collect(),
-            };
-            for uuid in &leaving {
-                if let Some(who) = allocated.get(uuid) {
-                    let list = holders.dra.entry(uuid.clone()).or_default();
-                    for w in who {
-                        // A prepared claim is already listed from the checkpoint.
-                        if !list.contains(&w.replace(", allocated)", ")")) && !list.contains(w) {
-                            list.push(w.clone());
-                        }
-                    }
-                }
-            }
-            (assignment, blocked) = ownership::decide(&self.ownership, &before, &config, &holders);
-        }
-        let mut withdrawing = self.withdrawing_under(&before, &assignment, settled, &previous_dra);
-        if self.current.as_ref() == Some(&config)
-            && self.assignment.as_ref() == Some(&assignment)
-            && withdrawing == self.withdrawing
-        {
-            debug!(blocked = ?blocked.iter().map(|b| b.to_string()).collect::<Vec<_>>(), "config re-applied: nothing moves");
-            self.report_blocked(blocked);
-            return Ok(false);
-        }
-        if self.current.as_ref() != Some(&config) {
-            if let Some(note) = self.ownership.config_note(&config) {
-                info!(config = %config.name, "{note}");
-            }
-        }
-        // GPUs the DRA driver takes over lose the device plugin's MIG layout: the driver
-        // creates instances per claim in slots it assumes free. Only once the config is
-        // known to fit the GPUs (a rejected config must change nothing), and gives no
-        // resource name of the device plugin two meanings.
-        let plan = layout::plan(&before, &config)?;
-        let (_, device_plugin_plan) = assignment.part(&before, &plan, Owner::DevicePlugin);
-        layout::check_split_names(&before, &config, &device_plugin_plan)?;
-        // Put the split in force for the DRA driver before anything is built for it: from
-        // here on it refuses claims on the GPUs it gives up.
-        let split_before = match &self.owned {
-            Some(owned) => {
-                let before_split;
-                (assignment, blocked, before_split) =
-                    self.commit_split(owned, &before, &config, &mut holders, assignment, blocked)?;
-                withdrawing = self.withdrawing_under(&before, &assignment, settled, &previous_dra);
-                if self.current.as_ref() == Some(&config)
-                    && self.assignment.as_ref() == Some(&assignment)
-                    && withdrawing == self.withdrawing
-                {
-                    self.report_blocked(blocked);
-                    return Ok(false);
-                }
-                Some(before_split)
-            }
-            None => None,
-        };
-        // Withdrawing GPUs stay off the device plugin (no MIG layout, not listed) until
-        // their move is confirmed.
-        let staged = assignment.with_dra(&withdrawing);
-        let built = match self.take_over_and_build(&before, &config, &staged) {
-            Ok(built) => built,
-            Err(e) => {
-                if let (Some(owned), Some(split)) = (&self.owned, split_before) {
-                    owned.restore(split);
-                }
-                return Err(e);
-            }
-        };
-        self.record_split(&before, &config, &staged, &withdrawing);
-        for gpu in &before.gpus {
-            let (old, new) = (
-                self.assignment.as_ref().map(|a| a.owner(gpu)),
-                assignment.owner(gpu),
-            );
-            if let Some(old) = old.filter(|o| *o != new) {
-                info!(gpu = gpu.index, uuid = %gpu.uuid, from = %old, to = %new, "GPU moved between kubelet paths");
-            }
-        }
-        let (inventory, _) = staged.part(&built.inventory, &built.plan, Owner::DevicePlugin);
-        if assignment.device_plugin && !inventory.gpus.is_empty() {
-            // The capability table is read only when there is a MIG device to resolve.
-            let has_mig = inventory.gpus.iter().any(|g| !g.mig_devices.is_empty());
-            let caps = has_mig
-                .then(|| MigCaps::load(&self.opts.allocate.mig_caps))
-                .and_then(|r| {
-                    r.map_err(|e| {
-                        warn!(error = %e, "MIG devices in the CDI spec lack their capability nodes")
-                    })
-                    .ok()
-                });
-            let spec = cdi::devroot::with_host_dev(
-                cdi::node_spec_with(&inventory, &self.opts.dev_root, caps.as_ref()),
-                &self.opts.allocate.host_dev,
-            );
-            cdi::write_spec(&self.opts.cdi_root, CDI_SPEC_STEM, &spec)?;
-            self.cdi_written = Some(spec);
-        }
-        let advertisement = built.advertisement;
-        if let Some(mut view) = built.dra {
-            // Serve while the driver owns a GPU, or a move off it is being confirmed and it
-            // already serves (a driver that does not serve, e.g. at start, does not begin
-            // to only to withdraw).
-            let with_withdrawing = view.inventory.gpus.len();
-            view.inventory
-                .gpus
-                .retain(|g| !withdrawing.contains(&g.uuid));
-            view.plan.gpus.retain(|uuid, _| !withdrawing.contains(uuid));
-            view.active = self.ownership.dra_serves(view.inventory.gpus.len())
-                || (self.dra_serving && self.ownership.dra_serves(with_withdrawing));
-            self.dra_serving = view.active;
-            info!(
-                gpus = view.inventory.gpus.len(),
-                withdrawing = withdrawing.len(),
-                active = view.active,
-                "DRA devices updated"
-            );
-            self.dra_tx.send_replace(Some(view));
-        }
-        if withdrawing != self.withdrawing {
-            self.clear_since = None;
-            // Phase 2 of a new move starts at once.
-            self.next_confirm = tokio::time::Instant::now();
-            if self.stall.warned() {
-                info!(gpus = ?withdrawing, "the stalled GPU move off the DRA driver went on");
-            }
-            self.stall = withdraw::Stall::default();
-            self.opts.metrics.gpu_moves_stalled.set(0);
-        }
-        for uuid in self.withdrawing.difference(&withdrawing) {
-            if assignment.dra_uuids(&before).contains(uuid) {
-                info!(gpu = %uuid, "GPU move off the DRA driver rolled back");
-            } else {
-                info!(gpu = %uuid, "GPU move off the DRA driver confirmed: the device plugin lists it");
-            }
-        }
-        self.withdrawing = withdrawing;
-        self.built = Some(staged);
-        self.health.set_policy(config.health.clone());
-        self.snapshot.advertisement = advertisement;
-        self.snapshot.allocation = config.allocation.clone();
-        self.snapshot.topology = Topology::from_inventory(&inventory);
-        self.dp_inventory = inventory;
-        info!(config = %config.name, resources = ?self.snapshot.resource_names(),
-              dra_gpus = assignment.dra_uuids(&before).len(), "config applied");
-        self.current = Some(config);
-        self.assignment = Some(assignment);
-        self.report_blocked(blocked);
-        self.publish();
-        Ok(true)
-    }
-
-    /// Put `assignment`'s split in force in `owned`. A GPU it takes from the DRA driver
-    /// that a claim is being prepared on (or got prepared on since `holders` was read)
-    /// stays with the driver: the holders are added, the split decided again, and tried
-    /// again (each round pins at least one more GPU, so this ends). Returns the split
-    /// decided and the one it replaced.
-    fn commit_split(
-        &self,
-        owned: &OwnedDevices,
-        before: &Inventory,
-        config: &NodeConfig,
-        holders: &mut ownership::Holders,
-        mut assignment: Assignment,
-        mut blocked: Vec<BlockedMove>,
-    ) -> Result<(Assignment, Vec<BlockedMove>, SplitBefore)> {
-        let cause = match &self.assignment {
-            None => format!("the agent's start (config {:?})", config.name),
-            Some(_) => format!(
-                "the config reload applied at {} (config {:?})",
-                k8s_openapi::jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ"),
-                config.name
-            ),
-        };
-        let usage = self.usage.clone();
-        for _ in 0..=before.gpus.len() {
-            let split = split_of(before, &assignment);
-            match owned.try_set_split(&split, &cause, || usage.holders(before).dra) {
-                Ok(replaced) => return Ok((assignment, blocked, replaced)),
-                Err(held) => {
-                    merge_holders(&mut holders.dra, held);
-                    (assignment, blocked) =
-                        ownership::decide(&self.ownership, before, config, holders);
-                }
-            }
-        }
-        Err(Error::Split(
-            "the GPUs kept being taken by new claims while the split was decided".into(),
-        ))
-    }
-
-    /// Destroy the device plugin's MIG instances on GPUs the DRA driver takes over, then
-    /// build the node's devices for `assignment`.
-    fn take_over_and_build(
-        &self,
-        before: &Inventory,
-        config: &NodeConfig,
-        assignment: &Assignment,
-    ) -> Result<Built> {
-        if let Some(previous) = &self.built {
-            let was = previous.dra_uuids(before);
-            for uuid in assignment.dra_uuids(before).difference(&was) {
-                if before.gpu(uuid).is_some_and(|g| !g.mig_devices.is_empty()) {
-                    info!(gpu = %uuid, "destroying the device plugin's MIG instances of a GPU moving to the DRA driver");
-                    self.backend.apply_mig_layout(uuid, &[])?;
-                }
-            }
-        }
-        build_owned(self.backend.as_ref(), config, assignment)
     }
 
     fn on_health(&mut self, event: crate::gpu::HealthEvent) {
@@ -1228,16 +610,17 @@ pub async fn run_with(
         snapshot: Snapshot::default(),
         tx,
         ownership: owners.clone(),
-        assignment: None,
+        gpus: handover::Machine::new(handover::Paths {
+            device_plugin: owners.device_plugin,
+            dra: owners.dra,
+        }),
         usage: Arc::new(probe),
         claims_api: dra_settings
             .as_ref()
             .filter(|_| owners.dra)
             .map(|s| (s.client.clone(), s.node_name.clone())),
-        blocked: Vec::new(),
         dra_tx,
         owned: owned.clone(),
-        withdrawing: BTreeSet::new(),
         clear_since: None,
         move_settle: dra_settings
             .as_ref()
@@ -1250,7 +633,6 @@ pub async fn run_with(
         following: None,
         slices_changed: slices_tx,
         dra_serving: false,
-        built: None,
         split_record: dra_checkpoint_dir.as_deref().map(split_record::path_in),
         recorded: None,
         cdi_written: None,
@@ -1271,13 +653,13 @@ pub async fn run_with(
     agent.reload().await;
     let dra_cancel = cancel.child_token();
     let mut dra_task = dra_settings.filter(|_| owners.dra).map(|settings| {
-        let dra_gpus = match (backend.inventory(), &agent.assignment) {
-            (Ok(inventory), Some(a)) => a.dra_uuids(&inventory),
+        let dra_gpus = match (backend.inventory(), agent.gpus.decided()) {
+            (Ok(inventory), true) => agent.assignment_of(&agent.gpus).dra_uuids(&inventory),
             (Err(e), _) => {
                 warn!(error = %e, "no GPU inventory: unowned MIG instances are not cleaned up");
                 BTreeSet::new()
             }
-            (_, None) => {
+            (_, false) => {
                 warn!("no config in force: unowned MIG instances are not cleaned up");
                 BTreeSet::new()
             }
@@ -1374,18 +756,18 @@ pub async fn run_with(
             Some(()) = usage_rx.recv() => {
                 tokio::time::sleep(Duration::from_millis(20)).await;
                 while usage_rx.try_recv().is_ok() {}
-                debug!(blocked = agent.blocked.len(), "a checkpoint changed; rechecking blocked GPU moves");
+                debug!(blocked = agent.gpus.blocked().count(), "a checkpoint changed; rechecking blocked GPU moves");
                 agent.recheck().await;
             }
-            _ = retry.tick(), if !agent.blocked.is_empty() => {
-                debug!(blocked = agent.blocked.len(), "rechecking blocked GPU moves (periodic)");
+            _ = retry.tick(), if agent.gpus.blocked().next().is_some() => {
+                debug!(blocked = agent.gpus.blocked().count(), "rechecking blocked GPU moves (periodic)");
                 agent.recheck().await
             }
             Some(()) = slices_rx.recv() => {
                 while slices_rx.try_recv().is_ok() {}
                 agent.confirm_withdrawal().await;
             }
-            _ = tokio::time::sleep_until(agent.next_confirm), if !agent.withdrawing.is_empty() => {
+            _ = tokio::time::sleep_until(agent.next_confirm), if !agent.gpus.withdrawing().is_empty() => {
                 agent.confirm_withdrawal().await;
             }
             Ok(()) = async { match label_rx.as_mut() {

@@ -20,10 +20,11 @@
 //! (`GPU-…`, comma-separated), or `model:<text>` (a substring of the NVML product name,
 //! e.g. `model:H100`). Given, it overrides the config (the agent logs that it does).
 //!
-//! A GPU in use on one path is not moved to the other ([`decide`]): a GPU with a prepared
-//! DRA claim stays with the DRA driver, a GPU a pod holds through the device plugin stays
-//! with the device plugin, and the move is reported as a [`BlockedMove`] (the agent retries
-//! it until the GPU is free). GPUs whose owner does not change are untouched.
+//! A GPU in use on one path is not moved to the other ([`super::handover`] holds each
+//! GPU's state): a GPU with a prepared DRA claim stays with the DRA driver, a GPU a pod
+//! holds through the device plugin stays with the device plugin, and the move is reported
+//! as a [`BlockedMove`] (the agent retries it until the GPU is free). GPUs whose owner
+//! does not change are untouched.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -261,9 +262,15 @@ impl Ownership {
         }
     }
 
-    /// Every GPU on its desired path (nothing in use).
+    /// Every GPU on its desired path (nothing in use; the agent's split, with GPUs in
+    /// use pinned, comes from [`super::handover`]).
     pub fn assign(&self, inventory: &Inventory, config: &NodeConfig) -> Assignment {
-        decide(self, inventory, config, &Holders::default()).0
+        let owners = inventory
+            .gpus
+            .iter()
+            .map(|g| (g.uuid.clone(), self.desired(g, config)))
+            .collect();
+        Assignment::from_owners(self.device_plugin, self.dra, owners)
     }
 
     /// A note for the log when the flags override or ignore the config's
@@ -304,16 +311,6 @@ pub struct Holders {
     pub dra: BTreeMap<String, Vec<String>>,
 }
 
-impl Holders {
-    fn on(&self, owner: Owner, uuid: &str) -> &[String] {
-        let map = match owner {
-            Owner::DevicePlugin => &self.device_plugin,
-            Owner::Dra => &self.dra,
-        };
-        map.get(uuid).map(Vec::as_slice).unwrap_or_default()
-    }
-}
-
 /// A GPU that should change paths but is in use where it is.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct BlockedMove {
@@ -340,48 +337,6 @@ impl fmt::Display for BlockedMove {
     }
 }
 
-/// Each GPU's owner: the desired one, unless the GPU is in use on the other path (and
-/// that path runs), then it stays there and the move is returned as blocked.
-pub fn decide(
-    own: &Ownership,
-    inventory: &Inventory,
-    config: &NodeConfig,
-    holders: &Holders,
-) -> (Assignment, Vec<BlockedMove>) {
-    let mut out = Assignment {
-        device_plugin: own.device_plugin,
-        dra: own.dra,
-        owners: BTreeMap::new(),
-    };
-    let mut blocked = Vec::new();
-    let runs = |o: Owner| match o {
-        Owner::DevicePlugin => own.device_plugin,
-        Owner::Dra => own.dra,
-    };
-    for gpu in &inventory.gpus {
-        let want = own.desired(gpu, config);
-        let other = match want {
-            Owner::DevicePlugin => Owner::Dra,
-            Owner::Dra => Owner::DevicePlugin,
-        };
-        let held = holders.on(other, &gpu.uuid);
-        let owner = if !held.is_empty() && runs(other) {
-            blocked.push(BlockedMove {
-                gpu_uuid: gpu.uuid.clone(),
-                gpu_index: gpu.index,
-                from: other,
-                to: want,
-                holders: held.to_vec(),
-            });
-            other
-        } else {
-            want
-        };
-        out.owners.insert(gpu.uuid.clone(), owner);
-    }
-    (out, blocked)
-}
-
 /// The decided owner of every GPU.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Assignment {
@@ -403,6 +358,15 @@ impl Default for Assignment {
 }
 
 impl Assignment {
+    /// The split `owners` (GPU UUID → path) gives, with the paths that run.
+    pub fn from_owners(device_plugin: bool, dra: bool, owners: BTreeMap<String, Owner>) -> Self {
+        Self {
+            device_plugin,
+            dra,
+            owners,
+        }
+    }
+
     pub fn owner(&self, gpu: &GpuInfo) -> Owner {
         match self.owners.get(&gpu.uuid) {
             Some(Owner::Dra) if self.dra => Owner::Dra,
@@ -633,52 +597,19 @@ mod tests {
     }
 
     #[test]
-    fn a_gpu_in_use_stays_where_it_is() {
-        let inv = FakeBackend::from_spec("4xL4").unwrap().inventory().unwrap();
-        let uuid = |i: usize| inv.gpus[i].uuid.clone();
-        // The config wants GPUs 0 and 1 on DRA; 0 is held by a pod (device plugin), 2 by a
-        // claim (DRA), 3 by a pod where it already is.
-        let cfg =
-            config::parse_config("t", "tessera: { dra: { gpus: { index: [0, 1] } } }").unwrap();
-        let holders = Holders {
-            device_plugin: [
-                (uuid(0), vec!["pod p0".into()]),
-                (uuid(3), vec!["pod p3".into()]),
-            ]
-            .into_iter()
-            .collect(),
-            dra: [(uuid(2), vec!["claim ml/c2".into()])]
-                .into_iter()
-                .collect(),
+    fn a_blocked_move_names_the_gpu_and_its_holders() {
+        let b = BlockedMove {
+            gpu_uuid: "GPU-2".into(),
+            gpu_index: 2,
+            from: Owner::Dra,
+            to: Owner::DevicePlugin,
+            holders: vec!["claim ml/c2".into(), "claim ml/c3".into()],
         };
-        let both = Ownership::new(true, true, None).unwrap();
-        let (a, blocked) = decide(&both, &inv, &cfg, &holders);
-        let owners: Vec<Owner> = inv.gpus.iter().map(|g| a.owner(g)).collect();
-        use Owner::*;
-        assert_eq!(owners, vec![DevicePlugin, Dra, Dra, DevicePlugin]);
-        assert_eq!(blocked.len(), 2, "{blocked:?}");
         assert_eq!(
-            (blocked[0].gpu_index, blocked[0].from, blocked[0].to),
-            (0, DevicePlugin, Dra)
+            b.to_string(),
+            "GPU 2 (GPU-2) stays with the DRA driver instead of moving to the device plugin: \
+             in use by claim ml/c2, claim ml/c3; it moves once free"
         );
-        assert_eq!(
-            (blocked[1].gpu_index, blocked[1].from, blocked[1].to),
-            (2, Dra, DevicePlugin)
-        );
-        let msg = blocked[1].to_string();
-        assert!(
-            msg.contains("GPU 2") && msg.contains("claim ml/c2") && msg.contains("moves once free"),
-            "{msg}"
-        );
-        // Free: everything goes where the config says.
-        let (a, blocked) = decide(&both, &inv, &cfg, &Holders::default());
-        assert!(blocked.is_empty());
-        assert_eq!(a, both.assign(&inv, &cfg));
-        // A path that does not run cannot keep a GPU: with DRA off, claims pin nothing.
-        let dp_only = Ownership::new(true, false, None).unwrap();
-        let (a, blocked) = decide(&dp_only, &inv, &cfg, &holders);
-        assert!(blocked.is_empty());
-        assert!(inv.gpus.iter().all(|g| a.owner(g) == DevicePlugin));
     }
 
     #[test]

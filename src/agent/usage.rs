@@ -2,7 +2,7 @@
 //! driver's checkpoint of prepared claims, and the kubelet's device-manager checkpoint
 //! (`<kubelet-dir>/device-plugins/kubelet_internal_checkpoint`) of the device-plugin
 //! devices it handed to containers. The agent reads both before moving a GPU between
-//! paths ([`super::ownership::decide`]).
+//! paths ([`super::handover`]).
 //!
 //! What counts as "in use":
 //! - DRA: a claim in the checkpoint in any phase (started, completed, waiting to be

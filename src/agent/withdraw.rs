@@ -42,8 +42,8 @@
 //! `GpuMoveStalled` Event per GPU and wait, and sets the `tessera_gpu_moves_stalled`
 //! gauge.
 //!
-//! The decisions are pure ([`published_gpus`], [`settle`], [`inherited_gpus`],
-//! [`Stall`]); the agent does the I/O.
+//! The decisions are pure ([`published_gpus`], [`inherited_gpus`], [`Stall`]; each GPU's
+//! phase, and what the LIST decides, in [`super::handover`]); the agent does the I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -69,28 +69,6 @@ pub fn published_gpus(slices: &[ResourceSlice], inventory: &Inventory) -> BTreeS
         .filter_map(|index| inventory.gpus.iter().find(|g| g.index == index))
         .map(|g| g.uuid.clone())
         .collect()
-}
-
-/// Phase 2 for the GPUs `withdrawing`, given the claims allocated on this node (GPU UUID →
-/// claims, [`super::usage::allocated_holders`]): the GPUs whose move is done, and those
-/// to take back with the claims that hold them. Pure.
-pub fn settle(
-    withdrawing: &BTreeSet<String>,
-    allocated: &BTreeMap<String, Vec<String>>,
-) -> (BTreeSet<String>, BTreeMap<String, Vec<String>>) {
-    let mut done = BTreeSet::new();
-    let mut back = BTreeMap::new();
-    for uuid in withdrawing {
-        match allocated.get(uuid).filter(|who| !who.is_empty()) {
-            Some(who) => {
-                back.insert(uuid.clone(), who.clone());
-            }
-            None => {
-                done.insert(uuid.clone());
-            }
-        }
-    }
-    (done, back)
 }
 
 /// The GPUs an earlier run may have given the DRA driver: named by this node's stored
@@ -402,29 +380,5 @@ mod tests {
         assert!(!stall.warned());
         assert_eq!(stall.due(at(100), after), None);
         assert_eq!(stall.due(at(110), after), Some(after));
-    }
-
-    #[test]
-    fn settle_hands_over_free_gpus_and_takes_back_claimed_ones() {
-        let w: BTreeSet<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
-        let allocated: BTreeMap<String, Vec<String>> = [
-            (
-                "b".to_string(),
-                vec!["claim ml/x (uid u, allocated)".to_string()],
-            ),
-            ("c".to_string(), vec![]),
-            (
-                "z".to_string(),
-                vec!["claim ml/y (uid v, allocated)".to_string()],
-            ),
-        ]
-        .into_iter()
-        .collect();
-        let (done, back) = settle(&w, &allocated);
-        assert_eq!(done, ["a", "c"].iter().map(|s| s.to_string()).collect());
-        assert_eq!(back.len(), 1);
-        assert_eq!(back["b"], vec!["claim ml/x (uid u, allocated)"]);
-        let (done, back) = settle(&BTreeSet::new(), &allocated);
-        assert!(done.is_empty() && back.is_empty());
     }
 }
