@@ -92,6 +92,7 @@ async fn main() {
         lease_name: "bench".into(),
         identity: "bench".into(),
         lease_duration: 15_000,
+        metrics: Default::default(),
     };
     let mut autoscaler = Autoscaler::new(api.client(), &cfg).expect("a Prometheus client");
     let objects = api.objects(SCALERS);

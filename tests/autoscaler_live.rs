@@ -14,12 +14,14 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prometheus_client::registry::Registry;
 use serde_json::{json, Value};
 use support::apiserver::ApiServer;
 use support::prometheus::{Exporter, Prometheus};
 use tessera::autoscale::Coupling;
 use tessera::controller::autoscaler::{self, AutoscalerConfig};
 use tessera::controller::reconciler::SystemClock;
+use tessera::controller::scaler_metrics::ScalerMetrics;
 use tokio_util::sync::CancellationToken;
 
 const DEPLOYMENTS: &str = "/apis/apps/v1/namespaces/ml/deployments";
@@ -115,7 +117,10 @@ async fn until(what: &str, within: Duration, cond: impl Fn() -> bool) -> Result<
     Ok(())
 }
 
-fn start_loop(api: &ApiServer, stop: &CancellationToken) {
+/// Starts the loop; its metrics are registered in the registry returned.
+fn start_loop(api: &ApiServer, stop: &CancellationToken) -> Registry {
+    let mut registry = Registry::with_prefix("tessera");
+    let metrics = ScalerMetrics::register(&mut registry);
     let cfg = AutoscalerConfig {
         tick: Duration::from_millis(200),
         query_timeout: Duration::from_secs(2),
@@ -124,6 +129,7 @@ fn start_loop(api: &ApiServer, stop: &CancellationToken) {
         lease_name: "tessera-controller-autoscaler".into(),
         identity: "test".into(),
         lease_duration: 15_000,
+        metrics,
     };
     tokio::spawn(autoscaler::run(
         api.client(),
@@ -131,6 +137,13 @@ fn start_loop(api: &ApiServer, stop: &CancellationToken) {
         Arc::new(SystemClock),
         stop.clone(),
     ));
+    registry
+}
+
+fn scrape(registry: &Registry) -> String {
+    let mut out = String::new();
+    prometheus_client::encoding::text::encode(&mut out, registry).expect("encodes");
+    out
 }
 
 fn events(api: &ApiServer) -> Vec<(String, String)> {
@@ -158,7 +171,7 @@ async fn a_keda_scaled_object_renamed_scales_a_deployment_to_zero_and_back() {
     api.put_object(SCALERS, scaler("web", "web", &prom.url));
     let stop = CancellationToken::new();
     keep_replicas(api.clone(), "web", stop.clone());
-    start_loop(&api, &stop);
+    let registry = start_loop(&api, &stop);
 
     // Before Prometheus has a sample the query is empty (0: not active) and the scaler
     // was never active, so the Deployment goes to zero at once, as KEDA does; then 350
@@ -175,6 +188,19 @@ async fn a_keda_scaled_object_renamed_scales_a_deployment_to_zero_and_back() {
     .await
     .unwrap();
     assert_eq!(condition(&api, "web", "Ready").unwrap().0, "True");
+    // The poll shows under KEDA's metric names (keda_ → tessera_).
+    let trigger = r#"namespace="ml",scaledObject="web",scaler="prometheusScaler",triggerIndex="0",metric="s0-prometheus",type="scaledobject""#;
+    let text = scrape(&registry);
+    for line in [
+        format!("tessera_scaler_metrics_value{{{trigger}}} 350.0"),
+        format!("tessera_scaler_active{{{trigger}}} 1"),
+    ] {
+        assert!(text.contains(&line), "{line} missing from\n{text}");
+    }
+    assert!(
+        text.contains("tessera_internal_scale_loop_latency_seconds{namespace=\"ml\",type=\"scaledobject\",resource=\"web\"}"),
+        "{text}"
+    );
 
     // Traffic stops: below the activation threshold for the 2 s cooldown → zero.
     exporter.set("http_requests_in_flight{service=\"web\"} 0\n");
@@ -267,7 +293,7 @@ async fn bad_specs_and_targets_are_reported_and_their_targets_left_alone() {
         json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "cm"});
     api.put_object(SCALERS, no_scale);
     let stop = CancellationToken::new();
-    start_loop(&api, &stop);
+    let _registry = start_loop(&api, &stop);
 
     until("three conditions", Duration::from_secs(10), || {
         ["typo", "inverted", "no-scale"]

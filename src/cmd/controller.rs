@@ -328,6 +328,7 @@ async fn run_async(args: Args) -> Result<()> {
             lease_name: format!("{}-autoscaler", cfg.lease_name),
             identity: cfg.identity.clone(),
             lease_duration: cfg.lease_duration,
+            metrics: metrics.scaler.clone(),
         };
         info!(lease = %scaler_cfg.lease_name, "starting the InferenceScaler loop");
         let (client, shutdown) = (client.clone(), shutdown.clone());

@@ -44,6 +44,7 @@ use tokio::sync::Notify;
 use super::cache::{feed, Store};
 use super::lease::Elector;
 use super::resources::crd_resource;
+use super::scaler_metrics::{PollRecord, ScalerMetrics};
 use super::serving::{PREEMPT_NOT_BEFORE_ANNOTATION, SCALED_UP_AT_ANNOTATION};
 use super::time::{rfc3339, Millis};
 use crate::autoscale::{Coupling, Decision, Observation, Reading, Scaler, ScalerSpec, Settings};
@@ -64,6 +65,8 @@ pub struct AutoscalerConfig {
     pub lease_name: String,
     pub identity: String,
     pub lease_duration: Millis,
+    /// Where polls are recorded (the controller's registry; a default one for tests).
+    pub metrics: ScalerMetrics,
 }
 
 /// One scaler's state between polls.
@@ -76,6 +79,8 @@ struct Entry {
     /// The status last written (not written again while unchanged).
     status: Value,
     last_active: Option<String>,
+    /// Triggers whose series the metrics hold.
+    triggers: usize,
 }
 
 /// The scalers this replica polls.
@@ -83,6 +88,7 @@ pub struct Autoscaler {
     client: kube::Client,
     prom: PromClient,
     coupling: Coupling,
+    metrics: ScalerMetrics,
     entries: BTreeMap<(String, String), Entry>,
     lags: Vec<Millis>,
 }
@@ -98,6 +104,7 @@ impl Autoscaler {
             client,
             prom: PromClient::new(cfg.query_timeout)?,
             coupling: cfg.coupling,
+            metrics: cfg.metrics.clone(),
             entries: BTreeMap::new(),
             lags: Vec::new(),
         })
@@ -124,6 +131,9 @@ impl Autoscaler {
                 .get(&key)
                 .is_none_or(|e| e.uid != uid || e.generation != generation);
             if fresh {
+                if let Some(old) = self.entries.get(&key) {
+                    self.metrics.forget(&key.0, &key.1, old.triggers);
+                }
                 let entry = self.start(&key, &obj, uid, generation, now).await;
                 self.entries.insert(key.clone(), entry);
             }
@@ -137,14 +147,23 @@ impl Autoscaler {
                 }
             }
         }
-        self.entries.retain(|k, _| seen.contains(k));
+        let metrics = &self.metrics;
+        self.entries.retain(|k, e| {
+            let keep = seen.contains(k);
+            if !keep {
+                metrics.forget(&k.0, &k.1, e.triggers);
+            }
+            keep
+        });
         let polled = due.len();
         let started = std::time::Instant::now();
         let this = &*self;
         let done: Vec<_> = futures::stream::iter(due)
             .map(|(key, obj, entry)| async move {
                 let lag = now.saturating_sub(entry.next_poll);
-                let entry = this.poll(&key, &obj, entry, now).await;
+                let (entry, mut record) = this.poll(&key, &obj, entry, now).await;
+                record.lag = Duration::from_millis(lag);
+                this.metrics.record(&key.0, &key.1, &record);
                 (key, entry, lag)
             })
             .buffer_unordered(CONCURRENT_POLLS)
@@ -187,11 +206,13 @@ impl Autoscaler {
             next_poll: 0,
             status: Value::Null,
             last_active: status_str(obj, "lastActiveTime"),
+            triggers: 0,
         };
         match settings {
             Ok(settings) => {
                 entry.next_poll =
                     now.saturating_add(first_poll_offset(&entry.uid, settings.polling_ms));
+                entry.triggers = settings.triggers.len();
                 entry.scaler = Some(Scaler::new(settings, self.coupling));
             }
             Err(message) => {
@@ -209,20 +230,23 @@ impl Autoscaler {
         entry
     }
 
+    /// One poll of a valid scaler: the entry after it, and what the metrics record.
     async fn poll(
         &self,
         key: &(String, String),
         obj: &DynamicObject,
         mut entry: Entry,
         now: Millis,
-    ) -> Entry {
+    ) -> (Entry, PollRecord) {
+        let mut record = PollRecord::default();
         let Some(settings) = entry.scaler.as_ref().map(|s| s.settings().clone()) else {
-            return entry;
+            return (entry, record);
         };
         entry.next_poll = now.saturating_add(settings.polling_ms);
         let target = match self.read_target(&key.0, obj).await {
             Ok(t) => t,
             Err(message) => {
+                record.failed = true;
                 let status = status_json(
                     &[condition("Ready", false, "ScaleTargetError", &message)],
                     None,
@@ -234,18 +258,30 @@ impl Autoscaler {
                         .await;
                 }
                 self.write_status(key, &mut entry, status).await;
-                return entry;
+                return (entry, record);
             }
         };
-        let readings = self.read_triggers(&settings).await;
+        let (readings, took) = self.read_triggers(&settings).await;
+        record.triggers = readings
+            .iter()
+            .zip(&settings.triggers)
+            .zip(took)
+            .map(|((r, t), took)| match r {
+                Reading::Value(v) => (Some(*v), *v > t.activation_threshold, took),
+                Reading::Empty if t.ignore_null_values => (Some(0.0), false, took),
+                Reading::Empty | Reading::Failed(_) => (None, false, took),
+            })
+            .collect();
+        record.failed = record.triggers.iter().any(|(v, _, _)| v.is_none());
         let obs = Observation {
             target: target.replicas,
             serving: target.serving,
             readings,
         };
         let Some(decision) = entry.scaler.as_mut().map(|s| s.step(&obs, now)) else {
-            return entry;
+            return (entry, record);
         };
+        record.replicas = Some((target.replicas, decision.replicas, target.serving));
         if decision.active {
             entry.last_active = Some(rfc3339(now));
         }
@@ -259,7 +295,7 @@ impl Autoscaler {
             entry.last_active.as_deref(),
         );
         self.write_status(key, &mut entry, status).await;
-        entry
+        (entry, record)
     }
 
     async fn read_target(&self, ns: &str, obj: &DynamicObject) -> Result<Target, String> {
@@ -300,17 +336,21 @@ impl Autoscaler {
         })
     }
 
-    async fn read_triggers(&self, settings: &Settings) -> Vec<Reading> {
+    /// Each trigger's reading and how long its query took.
+    async fn read_triggers(&self, settings: &Settings) -> (Vec<Reading>, Vec<Duration>) {
         let mut out = Vec::with_capacity(settings.triggers.len());
+        let mut took = Vec::with_capacity(settings.triggers.len());
         for t in &settings.triggers {
+            let started = std::time::Instant::now();
             let reading = match self.prom.query_one(&t.server_address, &t.query).await {
                 Ok(Sample::Value(v)) => Reading::Value(v),
                 Ok(Sample::Empty) => Reading::Empty,
                 Err(e) => Reading::Failed(e.to_string()),
             };
+            took.push(started.elapsed());
             out.push(reading);
         }
-        out
+        (out, took)
     }
 
     async fn scale(

@@ -18,6 +18,7 @@
 //! | `tessera_extender_filter_requests_total` | result (`fit`, `unschedulable`, `error`) |
 //! | `tessera_extender_bind_requests_total` | result (`bound`, `refused`) |
 //! | `tessera_extender_request_duration_seconds` (histogram) | verb (`filter`, `prioritize`, `bind`) |
+//! | `tessera_scaler_*`, `tessera_scaled_object_errors_total`, ... | KEDA's ([`super::scaler_metrics`]) |
 //!
 //! Gauges hold the last pass's books: a ClusterQueue or quota gone from them loses its
 //! series at the next update. Only the leader runs passes: a standby's gauges stay empty,
@@ -193,6 +194,8 @@ pub struct ControllerMetrics {
     pub borrowing: FloatGauges,
     pub lending: FloatGauges,
     pub extender: ExtenderMetrics,
+    /// The autoscaler's (`scaler_metrics.rs`): KEDA's names.
+    pub scaler: super::scaler_metrics::ScalerMetrics,
     written: Mutex<Written>,
 }
 
@@ -220,6 +223,7 @@ impl ControllerMetrics {
             borrowing: Family::default(),
             lending: Family::default(),
             extender: ExtenderMetrics::register(&mut registry),
+            scaler: super::scaler_metrics::ScalerMetrics::register(&mut registry),
             written: Mutex::default(),
             registry: Registry::default(),
         };

@@ -59,6 +59,7 @@ pub mod requeue_state;
 #[cfg(test)]
 mod requeue_state_tests;
 pub mod resources;
+pub mod scaler_metrics;
 pub mod serving;
 pub mod snapshot;
 pub mod time;
