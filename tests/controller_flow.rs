@@ -4,7 +4,8 @@
 //! suspended and unsuspended, a restart keeps the admitted set, of two instances only
 //! the Lease holder acts, and a clean shutdown hands the Lease over at once; passes
 //! that read the watch-fed cache (`controller_flow/cache.rs`) keep the same guarantees;
-//! its metrics count what it did (`controller_flow/metrics.rs`).
+//! its metrics count what it did (`controller_flow/metrics.rs`); the double behaves as
+//! a real API server where those clients rely on it (`controller_flow/double.rs`).
 
 mod support;
 
@@ -12,6 +13,8 @@ mod support;
 mod cache;
 #[path = "controller_flow/disruption.rs"]
 mod disruption;
+#[path = "controller_flow/double.rs"]
+mod double;
 #[path = "controller_flow/metrics.rs"]
 mod metrics;
 #[path = "controller_flow/partial.rs"]

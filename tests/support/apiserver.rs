@@ -24,8 +24,16 @@
 //! the Binding subresource (`POST …/pods/<name>/binding`) sets `spec.nodeName` once
 //! ([`ApiServer::bindings`]); the Scale subresource (`GET`/`PATCH …/<name>/scale`) of
 //! Deployments, StatefulSets and ReplicaSets (404 for other kinds). A PATCH of
-//! `…/<name>/status` is merged into the whole object (the real one takes only `status`).
-//! Not modelled: authentication, admission, field managers / server-side apply, pagination.
+//! `…/<name>/status` takes only `status`; a PUT or PATCH of the main resource leaves
+//! `status` as stored. LIST with `limit` answers in pages of one snapshot (`continue`,
+//! `remainingItemCount`; `410 Expired` for a token compacted away); a WATCH ends after
+//! its `timeoutSeconds`, and with `allowWatchBookmarks=true` gets BOOKMARKs when a test
+//! asks for them ([`ApiServer::send_bookmarks_every`]). A field selector on a label the
+//! resource does not register is `400 BadRequest` ("field label not supported"); a POST
+//! with a name that is not a DNS subdomain is `422 Invalid`. Each POST gets a distinct
+//! `creationTimestamp` (one second after the previous; the real one has one-second
+//! resolution too).
+//! Not modelled: authentication, admission, field managers / server-side apply.
 
 #![allow(dead_code)]
 
@@ -78,6 +86,14 @@ struct Store {
     /// Writes another client makes just before the next POST/PUT to a collection
     /// (method, collection path, hook; [`ApiServer::before_next_write`]).
     before_write: Vec<(String, String, ListHook)>,
+    /// Objects created by POST so far: each gets a creationTimestamp one second after
+    /// the last (the real server stamps the current time, at one-second resolution).
+    created: u64,
+    /// LIST pages still to serve: continue token → (the snapshot's resourceVersion, the
+    /// items after the page served).
+    continues: BTreeMap<String, (u64, Vec<Value>)>,
+    /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK.
+    bookmark_every: Option<std::time::Duration>,
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
@@ -431,6 +447,16 @@ impl ApiServer {
                 self.watch(collection, query)
             }
             (Method::GET, None) => {
+                if let Err(field) = supported_fields(&collection, &query) {
+                    return status(
+                        StatusCode::BAD_REQUEST,
+                        "BadRequest",
+                        &format!("field label not supported: {field}"),
+                    );
+                }
+                if let Some(token) = query.get("continue").filter(|t| !t.is_empty()) {
+                    return self.next_page(token, &query);
+                }
                 let st = self.store.lock().unwrap();
                 let items: Vec<Value> = if st.across_namespaces {
                     st.objects
@@ -444,11 +470,9 @@ impl ApiServer {
                         .map(|m| m.values().filter(|o| selects(o, &query)).cloned().collect())
                         .unwrap_or_default()
                 };
-                let rv = st.resource_version.to_string();
+                let rv = st.resource_version;
                 drop(st);
-                let body = serde_json::to_vec(&json!({"apiVersion": "v1", "kind": "List",
-                    "metadata": {"resourceVersion": rv}, "items": items}))
-                .unwrap();
+                let body = serde_json::to_vec(&self.page(rv, items, &query)).unwrap();
                 let mut st = self.store.lock().unwrap();
                 st.lists += 1;
                 st.list_bytes += body.len() as u64;
@@ -483,6 +507,9 @@ impl ApiServer {
                         format!("{prefix}{:05}", st.generated)
                     }
                 };
+                if let Err(why) = valid_name(&name) {
+                    return invalid(&format!("metadata.name: Invalid value: {name:?}: {why}"));
+                }
                 if self.get(&collection, &name).is_some() {
                     return status(
                         StatusCode::CONFLICT,
@@ -492,7 +519,7 @@ impl ApiServer {
                 }
                 object["metadata"]["name"] = json!(name);
                 object["metadata"]["uid"] = json!(format!("uid-{name}"));
-                object["metadata"]["creationTimestamp"] = json!("2026-11-29T00:00:00Z");
+                object["metadata"]["creationTimestamp"] = json!(self.next_creation());
                 self.drop_configured(&mut object);
                 self.put_object(&collection, object);
                 self.written(StatusCode::CREATED, &collection, &name)
@@ -514,6 +541,11 @@ impl ApiServer {
                     );
                 }
                 object["metadata"]["uid"] = current["metadata"]["uid"].clone();
+                object["metadata"]["creationTimestamp"] =
+                    current["metadata"]["creationTimestamp"].clone();
+                // The main resource's write leaves `status` as stored (the subresource
+                // writes it).
+                keep_status(&mut object, &current);
                 self.drop_configured(&mut object);
                 let read_rv = current["metadata"]["resourceVersion"].clone();
                 if let Err(code) = self.replace_object(&collection, object, &read_rv) {
@@ -557,7 +589,16 @@ impl ApiServer {
                     return not_found(&name);
                 };
                 let read_rv = object["metadata"]["resourceVersion"].clone();
-                merge_patch(&mut object, &patch);
+                let current = object.clone();
+                if path.ends_with("/status") {
+                    // The status subresource takes only `status`.
+                    if let Some(st) = patch.get("status") {
+                        merge_patch(&mut object["status"], st);
+                    }
+                } else {
+                    merge_patch(&mut object, &patch);
+                    keep_status(&mut object, &current);
+                }
                 if let Err(code) = self.replace_object(&collection, object, &read_rv) {
                     return lost_write(code, &name);
                 }
@@ -838,6 +879,75 @@ impl ApiServer {
         }
     }
 
+    /// A LIST answer over `items` as of resourceVersion `rv`: all of them, or with
+    /// `limit` the first page and a `continue` token for the rest (the rest of the same
+    /// snapshot, as the API server serves it; `remainingItemCount` says how many).
+    fn page(&self, rv: u64, mut items: Vec<Value>, query: &BTreeMap<String, String>) -> Value {
+        let limit = query
+            .get("limit")
+            .and_then(|l| l.parse::<usize>().ok())
+            .filter(|l| *l > 0);
+        let mut metadata = json!({"resourceVersion": rv.to_string()});
+        if let Some(limit) = limit.filter(|l| *l < items.len()) {
+            let rest = items.split_off(limit);
+            let mut st = self.store.lock().unwrap();
+            st.generated += 1;
+            let token = format!("page-{rv}-{}", st.generated);
+            metadata["continue"] = json!(token);
+            metadata["remainingItemCount"] = json!(rest.len());
+            st.continues.insert(token, (rv, rest));
+        }
+        json!({"apiVersion": "v1", "kind": "List", "metadata": metadata, "items": items})
+    }
+
+    /// The page after `token`; `410 Expired` for a token not issued or compacted away.
+    fn next_page(
+        &self,
+        token: &str,
+        query: &BTreeMap<String, String>,
+    ) -> Response<BoxBody<Bytes, Infallible>> {
+        let entry = {
+            let mut st = self.store.lock().unwrap();
+            let compacted = st.compacted;
+            st.continues
+                .remove(token)
+                .filter(|(rv, _)| *rv >= compacted)
+        };
+        let Some((rv, rest)) = entry else {
+            return status(
+                StatusCode::GONE,
+                "Expired",
+                "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter.",
+            );
+        };
+        let body = self.page(rv, rest, query);
+        let mut st = self.store.lock().unwrap();
+        st.lists += 1;
+        drop(st);
+        json_response(StatusCode::OK, body)
+    }
+
+    /// The next POST's creationTimestamp: one second after the last.
+    fn next_creation(&self) -> String {
+        let mut st = self.store.lock().unwrap();
+        st.created += 1;
+        let t = k8s_openapi::jiff::Timestamp::from_second(1_795_910_400 + st.created as i64)
+            .unwrap_or(k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        t.strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+    }
+
+    /// Watches with `allowWatchBookmarks=true` get a BOOKMARK (the current
+    /// resourceVersion) this often; by default they get none.
+    pub fn send_bookmarks_every(&self, every: std::time::Duration) {
+        self.store.lock().unwrap().bookmark_every = Some(every);
+    }
+
+    /// A LIST with `limit` is answered in pages (see [`ApiServer::page`]); this is what
+    /// a test can read back: the continue tokens still open.
+    pub fn open_continues(&self) -> usize {
+        self.store.lock().unwrap().continues.len()
+    }
+
     fn watch(
         &self,
         collection: String,
@@ -846,15 +956,27 @@ impl ApiServer {
         // Like the API server, a watch from resourceVersion R first replays every change
         // after R. Subscribing and copying the history under one lock means no change is
         // missed; a live change already replayed is skipped by its resourceVersion.
-        let (rx, past, across, compacted) = {
+        let (rx, past, across, compacted, bookmark_every) = {
             let st = self.store.lock().unwrap();
             (
                 self.changes.subscribe(),
                 st.history.clone(),
                 st.across_namespaces,
                 st.compacted,
+                st.bookmark_every,
             )
         };
+        // The API server ends a watch after `timeoutSeconds` (the client watches again).
+        let deadline = query
+            .get("timeoutSeconds")
+            .and_then(|t| t.parse::<u64>().ok())
+            .map(|t| tokio::time::Instant::now() + std::time::Duration::from_secs(t));
+        let bookmarks = query
+            .get("allowWatchBookmarks")
+            .is_some_and(|b| b == "true")
+            .then_some(bookmark_every)
+            .flatten();
+        let store = self.store.clone();
         let since: u64 = query
             .get("resourceVersion")
             .and_then(|v| v.parse().ok())
@@ -879,48 +1001,68 @@ impl ApiServer {
         let state = (rx, collection, query, replay, false);
         let stream = futures::stream::unfold(
             state,
-            move |(mut rx, collection, query, mut replay, ended)| async move {
-                if ended {
-                    return None;
-                }
-                loop {
-                    let (live, next) = match replay.pop_front() {
-                        Some(c) => (false, Ok(c)),
-                        None => (true, rx.recv().await),
-                    };
-                    match next {
-                        Ok(c) if c.kind == "ERROR" => {
-                            // Compacted: tell the watcher and end the stream.
-                            let mut line =
-                                serde_json::to_vec(&json!({"type": "ERROR", "object": c.object}))
+            move |(mut rx, collection, query, mut replay, ended)| {
+                let store = store.clone();
+                async move {
+                    if ended {
+                        return None;
+                    }
+                    loop {
+                        let (live, next) = match replay.pop_front() {
+                            Some(c) => (false, Ok(c)),
+                            None => match next_live(&mut rx, deadline, bookmarks).await {
+                                Live::Change(c) => (true, c),
+                                Live::Ended => return None,
+                                Live::Bookmark => {
+                                    let mut line = serde_json::to_vec(&bookmark(
+                                        &store.lock().unwrap(),
+                                        &collection,
+                                    ))
                                     .unwrap();
-                            line.push(b'\n');
-                            return Some((
-                                Ok::<_, Infallible>(Frame::data(Bytes::from(line))),
-                                (rx, collection, query, replay, true),
-                            ));
-                        }
-                        Ok(c) => {
-                            let rv = rv_of(&c);
-                            if (live && rv <= last_past)
-                                || (c.collection != collection
-                                    && !(across && in_collection(&c.collection, &collection)))
-                                || rv <= since
-                                || !selects(&c.object, &query)
-                            {
-                                continue;
+                                    line.push(b'\n');
+                                    return Some((
+                                        Ok::<_, Infallible>(Frame::data(Bytes::from(line))),
+                                        (rx, collection, query, replay, false),
+                                    ));
+                                }
+                            },
+                        };
+                        match next {
+                            Ok(c) if c.kind == "ERROR" => {
+                                // Compacted: tell the watcher and end the stream.
+                                let mut line = serde_json::to_vec(
+                                    &json!({"type": "ERROR", "object": c.object}),
+                                )
+                                .unwrap();
+                                line.push(b'\n');
+                                return Some((
+                                    Ok::<_, Infallible>(Frame::data(Bytes::from(line))),
+                                    (rx, collection, query, replay, true),
+                                ));
                             }
-                            let mut line =
-                                serde_json::to_vec(&json!({"type": c.kind, "object": c.object}))
-                                    .unwrap();
-                            line.push(b'\n');
-                            return Some((
-                                Ok::<_, Infallible>(Frame::data(Bytes::from(line))),
-                                (rx, collection, query, replay, false),
-                            ));
+                            Ok(c) => {
+                                let rv = rv_of(&c);
+                                if (live && rv <= last_past)
+                                    || (c.collection != collection
+                                        && !(across && in_collection(&c.collection, &collection)))
+                                    || rv <= since
+                                    || !selects(&c.object, &query)
+                                {
+                                    continue;
+                                }
+                                let mut line = serde_json::to_vec(
+                                    &json!({"type": c.kind, "object": c.object}),
+                                )
+                                .unwrap();
+                                line.push(b'\n');
+                                return Some((
+                                    Ok::<_, Infallible>(Frame::data(Bytes::from(line))),
+                                    (rx, collection, query, replay, false),
+                                ));
+                            }
+                            Err(broadcast::error::RecvError::Lagged(_)) => continue,
+                            Err(_) => return None,
                         }
-                        Err(broadcast::error::RecvError::Lagged(_)) => continue,
-                        Err(_) => return None,
                     }
                 }
             },
@@ -930,6 +1072,136 @@ impl ApiServer {
             .header("content-type", "application/json")
             .body(BodyExt::boxed(StreamBody::new(stream)))
             .unwrap()
+    }
+}
+
+/// A BOOKMARK event at the current resourceVersion, typed with the collection's kind as
+/// the API server sends it.
+fn bookmark(st: &Store, collection: &str) -> Value {
+    let (api_version, kind) = st
+        .objects
+        .iter()
+        .filter(|(c, _)| in_collection(c, collection))
+        .find_map(|(_, m)| m.values().next())
+        .map(|o| (o["apiVersion"].clone(), o["kind"].clone()))
+        .unwrap_or((json!("v1"), json!("")));
+    json!({"type": "BOOKMARK", "object": {"apiVersion": api_version, "kind": kind,
+        "metadata": {"resourceVersion": st.resource_version.to_string()}}})
+}
+
+/// What a live watch waits for next.
+enum Live {
+    Change(Result<Change, broadcast::error::RecvError>),
+    Bookmark,
+    /// `timeoutSeconds` ran out.
+    Ended,
+}
+
+async fn next_live(
+    rx: &mut broadcast::Receiver<Change>,
+    deadline: Option<tokio::time::Instant>,
+    bookmarks: Option<std::time::Duration>,
+) -> Live {
+    let ends = async {
+        match deadline {
+            Some(d) => tokio::time::sleep_until(d).await,
+            None => std::future::pending().await,
+        }
+    };
+    let bookmark = async {
+        match bookmarks {
+            Some(every) => tokio::time::sleep(every).await,
+            None => std::future::pending().await,
+        }
+    };
+    tokio::select! {
+        c = rx.recv() => Live::Change(c),
+        _ = ends => Live::Ended,
+        _ = bookmark => Live::Bookmark,
+    }
+}
+
+/// The field labels the API server supports for a collection's field selector: every
+/// resource's `metadata.name` and `metadata.namespace`, and per resource the ones it
+/// registers (the subset clients here use). `Err`: the first unsupported label.
+fn supported_fields(collection: &str, query: &BTreeMap<String, String>) -> Result<(), String> {
+    let resource = collection.rsplit('/').next().unwrap_or_default();
+    let extra: &[&str] = match resource {
+        "pods" => &[
+            "spec.nodeName",
+            "spec.restartPolicy",
+            "spec.schedulerName",
+            "spec.serviceAccountName",
+            "spec.hostNetwork",
+            "status.phase",
+            "status.podIP",
+            "status.nominatedNodeName",
+        ],
+        "resourceslices" => &["spec.nodeName", "spec.driver"],
+        "events" => &[
+            "involvedObject.kind",
+            "involvedObject.namespace",
+            "involvedObject.name",
+            "involvedObject.uid",
+            "reason",
+            "type",
+            "regarding.kind",
+            "regarding.name",
+            "regarding.namespace",
+        ],
+        "nodes" => &["spec.unschedulable"],
+        _ => &[],
+    };
+    let fields = query.get("fieldSelector").map(String::as_str).unwrap_or("");
+    for term in fields.split(',').filter(|t| !t.is_empty()) {
+        let label = term
+            .split_once("!=")
+            .or_else(|| term.split_once('='))
+            .map_or(term, |(l, _)| l);
+        if !matches!(label, "metadata.name" | "metadata.namespace") && !extra.contains(&label) {
+            return Err(label.to_string());
+        }
+    }
+    Ok(())
+}
+
+/// A DNS subdomain name (RFC 1123), as most objects' names must be.
+fn valid_name(name: &str) -> Result<(), &'static str> {
+    if name.is_empty() || name.len() > 253 {
+        return Err("must be 1 to 253 characters");
+    }
+    let ok = name.split('.').all(|label| {
+        !label.is_empty()
+            && label.starts_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && label.ends_with(|c: char| c.is_ascii_lowercase() || c.is_ascii_digit())
+            && label
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+    });
+    if ok {
+        Ok(())
+    } else {
+        Err("a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character")
+    }
+}
+
+/// `422 Invalid`, as the API server answers an object that fails validation.
+fn invalid(message: &str) -> Response<BoxBody<Bytes, Infallible>> {
+    status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", message)
+}
+
+/// `status` as stored: a write of the main resource does not change it.
+fn keep_status(object: &mut Value, stored: &Value) {
+    let Some(o) = object.as_object_mut() else {
+        return;
+    };
+    match stored.get("status") {
+        Some(st) => {
+            o.insert("status".into(), st.clone());
+        }
+        None => {
+            o.remove("status");
+        }
     }
 }
 
