@@ -103,7 +103,10 @@ mod tests {
         for n in 0..12 {
             let exact = ms(10 << n).min(ms(30_000));
             let got = b.next_delay();
-            assert!(got.abs_diff(exact) < Duration::from_micros(1), "{n}: {got:?}");
+            assert!(
+                got.abs_diff(exact) < Duration::from_micros(1),
+                "{n}: {got:?}"
+            );
         }
     }
 
