@@ -25,6 +25,7 @@ pub mod placement;
 pub mod prometheus;
 pub mod proto;
 pub mod quota;
+pub mod retry;
 pub mod shimfiles;
 pub mod sim;
 pub mod vgpu;

@@ -23,6 +23,7 @@ use tracing::{debug, warn};
 
 use super::EventRecorder;
 use crate::partition::config::CONFIG_LABEL;
+use crate::retry::Backoff;
 
 /// Keep `tx` set to the Node's `tessera.io/config` label (None: no label) until `cancel`.
 pub async fn watch_config_label(
@@ -32,7 +33,7 @@ pub async fn watch_config_label(
     cancel: CancellationToken,
 ) {
     let nodes: Api<Node> = Api::all(client);
-    let mut backoff = Duration::from_secs(1);
+    let mut backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(30));
     loop {
         let round = async {
             let n = nodes.get(&node).await?;
@@ -57,14 +58,13 @@ pub async fn watch_config_label(
         tokio::select! {
             _ = cancel.cancelled() => return,
             result = round => match result {
-                Ok(()) => backoff = Duration::from_secs(1),
+                Ok(()) => backoff.reset(),
                 Err(e) => {
                     warn!(%node, error = %e, "cannot read this node's labels; retrying");
                     tokio::select! {
                         _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep(backoff) => {}
+                        _ = tokio::time::sleep(backoff.next_delay()) => {}
                     }
-                    backoff = (backoff * 2).min(Duration::from_secs(30));
                 }
             }
         }

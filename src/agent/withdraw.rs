@@ -53,6 +53,7 @@ use k8s_openapi::api::resource::v1::ResourceSlice;
 use crate::dra::prepare::{parse_device_name, DeviceKind};
 use crate::dra::slices::DRIVER;
 use crate::gpu::Inventory;
+use crate::retry::Backoff;
 
 /// UUIDs of the GPUs of `inventory` that a device of `slices` (this driver's, this node's)
 /// lives on. Pure.
@@ -177,15 +178,14 @@ pub async fn follow_slices(
     use kube::api::{ListParams, WatchEvent, WatchParams};
     let api: kube::Api<ResourceSlice> = kube::Api::all(client);
     let fields = format!("spec.nodeName={node},spec.driver={DRIVER}");
-    let mut backoff = retry;
+    let mut backoff = Backoff::doubling(retry, retry.saturating_mul(8));
     let follow = async {
         loop {
             let version = match api.list(&ListParams::default().fields(&fields)).await {
                 Ok(list) => list.metadata.resource_version.unwrap_or_default(),
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot list ResourceSlices to watch them; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(retry * 8);
+                    tokio::time::sleep(backoff.next_delay()).await;
                     continue;
                 }
             };
@@ -197,12 +197,11 @@ pub async fn follow_slices(
                 Ok(s) => Box::pin(s),
                 Err(e) => {
                     tracing::debug!(error = %e, "cannot watch ResourceSlices; retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff = (backoff * 2).min(retry * 8);
+                    tokio::time::sleep(backoff.next_delay()).await;
                     continue;
                 }
             };
-            backoff = retry;
+            backoff.reset();
             loop {
                 match stream.try_next().await {
                     Ok(Some(
@@ -221,7 +220,9 @@ pub async fn follow_slices(
                     Ok(None) => break,
                     Err(e) => {
                         tracing::debug!(error = %e, "the ResourceSlice watch failed; watching again");
-                        tokio::time::sleep(backoff).await;
+                        // The watch had started: the first delay, and the LIST that
+                        // follows still starts from it.
+                        tokio::time::sleep(retry).await;
                         break;
                     }
                 }

@@ -7,7 +7,9 @@
 pub use super::model::Blocked;
 use super::model::ObjRef;
 use super::time::Millis;
+use backon::BackoffBuilder;
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 /// Refused evictions with their retry times.
 #[derive(Clone, Debug)]
@@ -30,10 +32,7 @@ impl EvictionBackoff {
     /// Records a refusal at `now`; returns the delay until the next try.
     pub fn refused(&mut self, pod: &ObjRef, now: Millis, why: &str) -> Millis {
         let attempts = self.blocked.get(pod).map_or(0, |b| b.attempts) + 1;
-        let delay = self
-            .base
-            .saturating_mul(1u64 << (attempts - 1).min(40))
-            .min(self.max);
+        let delay = self.delay(attempts);
         self.blocked.insert(
             pod.clone(),
             Blocked {
@@ -44,6 +43,24 @@ impl EvictionBackoff {
             },
         );
         delay
+    }
+
+    /// The wait after the `attempts`-th refusal in a row: `base`, doubling per refusal up
+    /// to `max` (reached after at most 40 doublings).
+    fn delay(&self, attempts: u32) -> Millis {
+        let doublings = usize::try_from(attempts.saturating_sub(1).min(40)).unwrap_or(40);
+        let delay = crate::retry::doubling(
+            Duration::from_millis(self.base),
+            Duration::from_millis(self.max),
+        )
+        .build()
+        .nth(doublings)
+        .map_or(self.max, |d| {
+            // To the nearest millisecond: the crate doubles in f32 seconds.
+            let ms = d.saturating_add(Duration::from_micros(500)).as_millis();
+            Millis::try_from(ms).unwrap_or(Millis::MAX)
+        });
+        delay.min(self.max)
     }
 
     /// The eviction went through (or the pod is gone).
@@ -91,5 +108,17 @@ mod tests {
         assert_eq!(b.blocked().len(), 1, "kept while it may be retried");
         b.prune(5_000 + 40_001, |_| true);
         assert!(b.blocked().is_empty(), "stale refusals are forgotten");
+    }
+
+    #[test]
+    fn delays_are_whole_milliseconds_and_never_overflow() {
+        let b = EvictionBackoff::new(10, 300_000);
+        let delays: Vec<Millis> = (1..=17).map(|n| b.delay(n)).collect();
+        let mut want: Vec<Millis> = (0..15).map(|n| 10 << n).collect();
+        want.extend([300_000, 300_000]);
+        assert_eq!(delays, want);
+        assert_eq!(b.delay(u32::MAX), 300_000);
+        let unbounded = EvictionBackoff::new(1, Millis::MAX);
+        assert!(unbounded.delay(u32::MAX) >= 1 << 39, "40 doublings");
     }
 }

@@ -29,6 +29,7 @@ use super::metrics::ControllerMetrics;
 use super::tls::CertResolver;
 use super::vgpu_webhook::{self, VgpuOptions};
 use super::webhook::{review, Options};
+use crate::retry::Backoff;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
 use hyper::{Request, Response, StatusCode};
@@ -320,12 +321,17 @@ pub async fn serve(
     run(server, listener, shutdown).await
 }
 
+/// The waits after failed accepts: 5 ms, doubling up to 1 s.
+pub fn accept_backoff() -> Backoff {
+    Backoff::doubling(Duration::from_millis(5), Duration::from_secs(1))
+}
+
 /// The next connection of `source`, or `None` once `shutdown` is cancelled. An accept
-/// error (EMFILE, ECONNABORTED, …) is logged, reported to `failed`, and retried after a
-/// backoff that doubles from 5 ms to 1 s and starts over after a success.
+/// error (EMFILE, ECONNABORTED, …) is logged, reported to `failed`, and retried after
+/// `backoff` ([`accept_backoff`]), which starts over after a success.
 pub async fn next_connection<A: Accept>(
     source: &mut A,
-    backoff: &mut Duration,
+    backoff: &mut Backoff,
     shutdown: &CancellationToken,
     server: &str,
     mut failed: impl FnMut(),
@@ -337,16 +343,16 @@ pub async fn next_connection<A: Accept>(
         };
         match accepted {
             Ok(a) => {
-                *backoff = Duration::ZERO;
+                backoff.reset();
                 return Some(a);
             }
             Err(e) => {
                 failed();
-                *backoff = (*backoff * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
-                tracing::warn!(error = %e, retry_in = ?*backoff, "{server} accept failed; retrying");
+                let delay = backoff.next_delay();
+                tracing::warn!(error = %e, retry_in = ?delay, "{server} accept failed; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => return None,
-                    _ = tokio::time::sleep(*backoff) => {}
+                    _ = tokio::time::sleep(delay) => {}
                 }
             }
         }
@@ -372,7 +378,7 @@ pub async fn run<A: Accept>(
     });
     let slots = ConnectionSlots::new(&shared.limits);
     let health = server.health;
-    let mut backoff = Duration::ZERO;
+    let mut backoff = accept_backoff();
     loop {
         let Some((io, peer)) =
             next_connection(&mut source, &mut backoff, &shutdown, "webhook", || {
@@ -748,7 +754,7 @@ pub async fn serve_probes_with(
         ..Limits::default()
     };
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let mut backoff = Duration::ZERO;
+    let mut backoff = accept_backoff();
     loop {
         let accepted = tokio::select! {
             _ = shutdown.cancelled() => return Ok(()),
@@ -757,15 +763,14 @@ pub async fn serve_probes_with(
         let (io, peer) = match accepted {
             Ok(a) => a,
             Err(e) => {
-                backoff = (backoff * 2).clamp(Duration::from_millis(5), Duration::from_secs(1));
                 tracing::warn!(error = %e, "probe accept failed; retrying");
                 tokio::select! {
                     _ = shutdown.cancelled() => return Ok(()),
-                    _ = tokio::time::sleep(backoff) => continue,
+                    _ = tokio::time::sleep(backoff.next_delay()) => continue,
                 }
             }
         };
-        backoff = Duration::ZERO;
+        backoff.reset();
         let Ok(slot) = slots.clone().try_acquire_owned() else {
             continue;
         };
@@ -822,4 +827,80 @@ pub async fn bind_probes(addr: &str) -> Result<TcpListener> {
         what: format!("--probe-addr {addr}"),
         source,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::VecDeque;
+    use tokio::io::DuplexStream;
+    use tokio::time::Instant as TokioInstant;
+
+    /// Accepts that fail or succeed as scripted, then wait forever; records when each
+    /// accept was called.
+    struct Script {
+        results: VecDeque<bool>,
+        calls: Arc<Mutex<Vec<TokioInstant>>>,
+    }
+
+    impl Accept for Script {
+        type Io = DuplexStream;
+        async fn accept(&mut self) -> io::Result<(Self::Io, SocketAddr)> {
+            self.calls.lock().unwrap().push(TokioInstant::now());
+            match self.results.pop_front() {
+                Some(true) => Ok((tokio::io::duplex(64).0, ([127, 0, 0, 1], 1).into())),
+                Some(false) => Err(io::Error::other("too many open files")),
+                None => std::future::pending().await,
+            }
+        }
+    }
+
+    fn script(results: &[bool]) -> (Script, Arc<Mutex<Vec<TokioInstant>>>) {
+        let calls = Arc::new(Mutex::new(Vec::new()));
+        let source = Script {
+            results: results.iter().copied().collect(),
+            calls: calls.clone(),
+        };
+        (source, calls)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn failed_accepts_wait_doubling_and_start_over_after_a_connection() {
+        let (mut source, calls) = script(&[false, false, false, true, false, true]);
+        let mut backoff = accept_backoff();
+        let shutdown = CancellationToken::new();
+        let mut failed = 0;
+        for _ in 0..2 {
+            let got =
+                next_connection(&mut source, &mut backoff, &shutdown, "test", || failed += 1).await;
+            assert!(got.is_some());
+        }
+        assert_eq!(failed, 4);
+        let calls = calls.lock().unwrap();
+        let gaps: Vec<u128> = calls
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_millis())
+            .collect();
+        assert_eq!(gaps, [5, 10, 20, 0, 5], "the connection reset the backoff");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn shutdown_ends_a_retry_wait_at_once() {
+        let (mut source, _calls) = script(&[false; 20]);
+        let mut backoff = accept_backoff();
+        // Already at the 1 s cap.
+        for _ in 0..10 {
+            backoff.next_delay();
+        }
+        let shutdown = CancellationToken::new();
+        let cancel = shutdown.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            cancel.cancel();
+        });
+        let start = TokioInstant::now();
+        let got = next_connection(&mut source, &mut backoff, &shutdown, "test", || {}).await;
+        assert!(got.is_none());
+        assert_eq!(start.elapsed(), Duration::from_millis(1));
+    }
 }

@@ -26,6 +26,7 @@ use super::registration::{register, socket_name};
 use super::server::{bind, options, serve, ResourceService};
 use super::snapshot::SharedSnapshot;
 use super::{Error, Result};
+use crate::retry::Backoff;
 
 /// Where the device-plugin sockets live.
 #[derive(Debug, Clone)]
@@ -62,8 +63,9 @@ pub async fn run(
     let _watcher = watch_kubelet_socket(&cfg.plugin_dir, kubelet_tx)?;
 
     let mut running: BTreeMap<String, Running> = BTreeMap::new();
-    const FIRST_RETRY: Duration = Duration::from_millis(10);
-    let mut backoff = FIRST_RETRY;
+    let mut backoff = Backoff::doubling(Duration::from_millis(10), Duration::from_secs(30));
+    // The wait before the next registration retry, while one is pending.
+    let mut wait = backoff.next_delay();
     let initial = snapshots.borrow_and_update().resource_names();
     reconcile(&cfg, &snapshots, &mut running, &initial, false).await;
     loop {
@@ -72,7 +74,7 @@ pub async fn run(
         cfg.metrics.probes.plugins(registered, running.len());
         let needs_retry = running.values().any(|r| !r.registered);
         let retry = tokio::time::sleep(if needs_retry {
-            backoff
+            wait
         } else {
             Duration::from_secs(3600)
         });
@@ -89,15 +91,15 @@ pub async fn run(
                 info!("kubelet.sock re-created: the kubelet restarted; re-registering");
                 let names = snapshots.borrow().resource_names();
                 reconcile(&cfg, &snapshots, &mut running, &names, true).await;
-                backoff = FIRST_RETRY;
+                backoff.reset();
+                wait = backoff.next_delay();
             }
             _ = retry, if needs_retry => {
                 register_pending(&cfg, &mut running).await;
-                backoff = if running.values().all(|r| r.registered) {
-                    FIRST_RETRY
-                } else {
-                    (backoff * 2).min(Duration::from_secs(30))
-                };
+                if running.values().all(|r| r.registered) {
+                    backoff.reset();
+                }
+                wait = backoff.next_delay();
             }
         }
     }

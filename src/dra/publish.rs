@@ -23,6 +23,8 @@ use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{info, warn};
 
+use crate::retry::Backoff;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("Kubernetes API: {0}")]
@@ -265,7 +267,7 @@ impl Publisher {
         status: watch::Sender<Option<Arc<Error>>>,
         cancel: CancellationToken,
     ) {
-        let mut backoff = Duration::from_secs(1);
+        let mut backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(30));
         let mut floor = 0;
         loop {
             let wanted = desired.borrow_and_update().clone();
@@ -282,11 +284,16 @@ impl Publisher {
                     wanted
                 }
             };
+            let retry_in = if ok {
+                backoff.reset();
+                None
+            } else {
+                Some(backoff.next_delay())
+            };
             let wait = async {
-                if ok {
-                    self.wait_for_change(&slices).await;
-                } else {
-                    tokio::time::sleep(backoff).await;
+                match retry_in {
+                    None => self.wait_for_change(&slices).await,
+                    Some(delay) => tokio::time::sleep(delay).await,
                 }
             };
             tokio::select! {
@@ -294,11 +301,6 @@ impl Publisher {
                 changed = desired.changed() => if changed.is_err() { return },
                 _ = wait => {}
             }
-            backoff = if ok {
-                Duration::from_secs(1)
-            } else {
-                (backoff * 2).min(Duration::from_secs(30))
-            };
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

@@ -16,6 +16,7 @@ use tracing::{info, warn};
 use crate::grpc::serve_unix_incoming;
 use crate::proto::pluginregistration as pb;
 use crate::proto::pluginregistration::registration_server::{Registration, RegistrationServer};
+use crate::retry::Backoff;
 
 use super::kubelet::{bind, DraPaths, Error, Result, DRIVER_NAME, PLUGIN_TYPE, SUPPORTED_VERSIONS};
 
@@ -36,9 +37,9 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
-    /// The delay after `previous` (doubling, capped).
-    pub fn next(&self, previous: Duration) -> Duration {
-        previous.saturating_mul(2).min(self.max)
+    /// The delays between offers: `initial`, doubling per rejection up to `max`.
+    pub fn backoff(&self) -> Backoff {
+        Backoff::doubling(self.initial, self.max)
     }
 }
 
@@ -96,7 +97,7 @@ impl Registration for RegistrationService {
 pub async fn serve(paths: DraPaths, retry: RetryPolicy, cancel: CancellationToken) -> Result<()> {
     let socket = paths.registration_socket.clone();
     let (tx, mut rx) = mpsc::unbounded_channel();
-    let mut delay = retry.initial;
+    let mut backoff = retry.backoff();
     loop {
         let listener = bind(&socket)?;
         let service = RegistrationService {
@@ -121,7 +122,7 @@ pub async fn serve(paths: DraPaths, retry: RetryPolicy, cancel: CancellationToke
                     });
                 }
                 Some(outcome) = rx.recv() => match outcome {
-                    Outcome::Registered => delay = retry.initial,
+                    Outcome::Registered => backoff.reset(),
                     Outcome::Rejected(error) => break error,
                 },
             }
@@ -130,6 +131,7 @@ pub async fn serve(paths: DraPaths, retry: RetryPolicy, cancel: CancellationToke
         // that keeps its connection open must not hold up the next offer).
         let _ = std::fs::remove_file(&socket);
         stop.cancel();
+        let delay = backoff.next_delay();
         warn!(socket = %socket.display(), error = %rejection, retry_in = ?delay,
             "re-offering the DRA plugin registration");
         let deadline = tokio::time::Instant::now() + delay;
@@ -138,7 +140,6 @@ pub async fn serve(paths: DraPaths, retry: RetryPolicy, cancel: CancellationToke
             _ = tokio::time::sleep_until(deadline) => {}
             _ = cancel.cancelled() => return Ok(()),
         }
-        delay = retry.next(delay);
     }
 }
 
@@ -165,10 +166,10 @@ mod tests {
             initial: Duration::from_millis(100),
             max: Duration::from_millis(350),
         };
-        let steps: Vec<u128> = std::iter::successors(Some(p.initial), |d| Some(p.next(*d)))
-            .take(4)
-            .map(|d| d.as_millis())
-            .collect();
+        let mut b = p.backoff();
+        let steps: Vec<u128> = (0..4).map(|_| b.next_delay().as_millis()).collect();
         assert_eq!(steps, [100, 200, 350, 350]);
+        b.reset();
+        assert_eq!(b.next_delay(), p.initial, "a registration starts over");
     }
 }

@@ -22,6 +22,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
+use backon::BackoffBuilder;
 use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
 use kube::api::{Api, PostParams};
@@ -65,6 +66,17 @@ impl Default for Backoff {
             max: Duration::from_secs(5),
             tries: 8,
         }
+    }
+}
+
+impl Backoff {
+    /// The waits between the tries of one write: `first`, doubling up to `max`, one
+    /// fewer than the tries (at least one try).
+    fn delays(&self) -> impl Iterator<Item = Duration> {
+        let retries = usize::try_from(self.tries.saturating_sub(1)).unwrap_or(usize::MAX);
+        crate::retry::doubling(self.first, self.max)
+            .with_max_times(retries)
+            .build()
     }
 }
 
@@ -207,12 +219,12 @@ impl Inner {
     /// One op with its retries.
     async fn run(&self, uid: &str, c: ClaimRef, op: StatusOp) {
         let who = format!("{}/{}", c.namespace, c.name);
-        let mut delay = self.backoff.first;
+        let mut delays = self.backoff.delays();
         let mut read: Option<ResourceClaim> = match &op {
             StatusOp::Report { claim, .. } => Some((**claim).clone()),
             StatusOp::Clear => None,
         };
-        for attempt in 1..=self.backoff.tries.max(1) {
+        for attempt in 1u32.. {
             let tried = match &op {
                 StatusOp::Report { outcome, at, .. } => {
                     let (node, at) = (self.node.clone(), at.clone());
@@ -235,13 +247,12 @@ impl Inner {
                 debug!(claim = %who, error = %error, "status write failed; a newer one goes instead");
                 return;
             }
-            if attempt == self.backoff.tries {
+            let Some(delay) = delays.next() else {
                 warn!(claim = %who, error = %error, tries = attempt, "status.devices not written; given up");
                 return;
-            }
+            };
             warn!(claim = %who, error = %error, retry_in = ?delay, "cannot write the claim's status.devices; retrying");
             tokio::time::sleep(delay).await;
-            delay = (delay * 2).min(self.backoff.max);
             if self.superseded(uid) {
                 return;
             }
@@ -301,5 +312,32 @@ impl Inner {
             }
         }
         Tried::Failed("the claim kept changing (409 Conflict)".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_write_is_tried_eight_times_with_capped_doubling_waits() {
+        let delays: Vec<Duration> = Backoff::default().delays().collect();
+        assert_eq!(delays.len(), 7, "8 tries: 7 waits between them");
+        assert_eq!(delays[0], Duration::from_millis(100));
+        let secs: Vec<f64> = delays.iter().map(|d| d.as_secs_f64()).collect();
+        for (got, want) in secs.iter().zip([0.1, 0.2, 0.4, 0.8, 1.6, 3.2, 5.0]) {
+            assert!((got - want).abs() < 1e-6, "{secs:?}");
+        }
+    }
+
+    #[test]
+    fn one_try_or_none_means_no_retry() {
+        for tries in [0, 1] {
+            let b = Backoff {
+                tries,
+                ..Backoff::default()
+            };
+            assert_eq!(b.delays().count(), 0, "tries {tries}");
+        }
     }
 }

@@ -32,30 +32,45 @@ impl Default for Backoff {
     }
 }
 
+impl Backoff {
+    /// The sequence of waits.
+    pub fn delays(&self) -> crate::retry::Backoff {
+        crate::retry::Backoff::doubling(self.initial, self.max)
+    }
+}
+
 /// When to retry something that failed, with [`Backoff`] (the agent's reload after a
 /// GPU driver error).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct RetryTimer {
-    backoff: Backoff,
-    wait: Duration,
+    delays: crate::retry::Backoff,
     next: Option<tokio::time::Instant>,
 }
 
+impl Default for RetryTimer {
+    fn default() -> Self {
+        Self::new(Backoff::default())
+    }
+}
+
 impl RetryTimer {
+    pub fn new(backoff: Backoff) -> Self {
+        Self {
+            delays: backoff.delays(),
+            next: None,
+        }
+    }
+
     /// It failed: retry after the next wait (returned).
     pub fn failed(&mut self) -> Duration {
-        self.wait = if self.wait.is_zero() {
-            self.backoff.initial
-        } else {
-            (self.wait * 2).min(self.backoff.max)
-        };
-        self.next = Some(tokio::time::Instant::now() + self.wait);
-        self.wait
+        let wait = self.delays.next_delay();
+        self.next = Some(tokio::time::Instant::now() + wait);
+        wait
     }
 
     /// It worked: no retry, and the next failure waits the shortest time again.
     pub fn succeeded(&mut self) {
-        self.wait = Duration::ZERO;
+        self.delays.reset();
         self.next = None;
     }
 
@@ -89,7 +104,7 @@ pub async fn keep_watching(
     mut on_state: impl FnMut(WatchState) + Send,
     cancel: CancellationToken,
 ) {
-    let mut wait = backoff.initial;
+    let mut delays = backoff.delays();
     loop {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let started = tokio::time::Instant::now();
@@ -115,8 +130,9 @@ pub async fn keep_watching(
             }
         };
         if started.elapsed() >= backoff.max {
-            wait = backoff.initial;
+            delays.reset();
         }
+        let wait = delays.next_delay();
         warn!(%reason, retry_in = ?wait, "GPU health watch lost; devices keep their last known health until it is back");
         on_state(WatchState::Down {
             reason,
@@ -127,7 +143,6 @@ pub async fn keep_watching(
             _ = out.closed() => return,
             _ = tokio::time::sleep(wait) => {}
         }
-        wait = (wait * 2).min(backoff.max);
         info!("restarting the GPU health watch");
     }
 }
@@ -190,6 +205,28 @@ pub fn apply_mig_layout_or_restore(
 mod tests {
     use super::*;
     use crate::gpu::fake::{FakeBackend, Faults};
+
+    #[tokio::test(start_paused = true)]
+    async fn a_retry_timer_doubles_to_the_cap_and_a_success_resets_it() {
+        let mut t = RetryTimer::new(Backoff {
+            initial: Duration::from_millis(500),
+            max: Duration::from_secs(2),
+        });
+        assert_eq!(t.due(), None);
+        let waits: Vec<u128> = (0..4).map(|_| t.failed().as_millis()).collect();
+        assert_eq!(waits, [500, 1_000, 2_000, 2_000]);
+        let now = tokio::time::Instant::now();
+        assert_eq!(t.due(), Some(now + Duration::from_secs(2)));
+        t.start();
+        assert_eq!(t.due(), None, "the retry runs");
+        t.succeeded();
+        assert_eq!(t.due(), None);
+        assert_eq!(
+            t.failed(),
+            Duration::from_millis(500),
+            "a success starts over"
+        );
+    }
 
     #[tokio::test]
     async fn a_dead_watch_is_restarted_with_backoff() {

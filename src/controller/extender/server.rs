@@ -21,7 +21,7 @@ use crate::controller::cache::{feed, Store};
 use crate::controller::error::{Error, Result};
 use crate::controller::metrics::ExtenderMetrics;
 use crate::controller::webhook_server::{
-    drive, error, next_connection, read_body, reply, ConnectionSlots, Limits,
+    accept_backoff, drive, error, next_connection, read_body, reply, ConnectionSlots, Limits,
 };
 use bytes::Bytes;
 use http_body_util::Full;
@@ -54,7 +54,7 @@ pub async fn serve(
     shutdown: CancellationToken,
 ) -> Result<()> {
     let slots = ConnectionSlots::new(&extender.limits);
-    let mut backoff = Duration::ZERO;
+    let mut backoff = accept_backoff();
     let mut listener = listener;
     loop {
         let Some((io, peer)) =
