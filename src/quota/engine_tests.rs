@@ -554,26 +554,24 @@ fn refreshing_reasons_without_preemption_re_decides_only_the_front() {
     }
 }
 
-/// A scale-down's freed capacity (`hold.rs`): lent within the hold only to work that is
-/// cheap to reclaim; the queue that borrows keeps its own nominal quota; when the hold
-/// ends, the expensive borrower waiting for it is admitted.
-#[test]
-fn held_capacity_goes_only_to_cheap_borrowers_until_the_hold_ends() {
-    use super::HoldFreed;
+/// A cohort of a serving queue (4 GPUs, all four replicas admitted) and a training
+/// queue with `train_nominal` GPUs; at 10 s replicas 3 and 2 scale down with a hold
+/// until `until` for borrowers losing more than 5 minutes.
+fn scaled_down_with_hold(train_nominal: i64, until: u64) -> Engine {
     let serve = cluster_queue("serve")
         .cohort("fleet")
         .quota("h100", GPU, 4)
         .build();
     let train = cluster_queue("train")
         .cohort("fleet")
-        .quota("h100", GPU, 2)
+        .quota("h100", GPU, train_nominal)
         .build();
     let mut e = engine(&[serve, train]);
     for i in 0..4 {
         submit(&mut e, 0, job(&format!("ml/chat-{i}"), "serve", 1));
     }
-    let hold = HoldFreed {
-        until: 600_000,
+    let hold = super::HoldFreed {
+        until,
         max_rework: 300_000,
     };
     for i in [3, 2] {
@@ -586,6 +584,15 @@ fn held_capacity_goes_only_to_cheap_borrowers_until_the_hold_ends() {
         .unwrap();
     }
     e.schedule(10_000).unwrap();
+    e
+}
+
+/// A scale-down's freed capacity (`hold.rs`): lent within the hold only to work that is
+/// cheap to reclaim; the queue that borrows keeps its own nominal quota; when the hold
+/// ends, the expensive borrower waiting for it is admitted.
+#[test]
+fn held_capacity_goes_only_to_cheap_borrowers_until_the_hold_ends() {
+    let mut e = scaled_down_with_hold(2, 600_000);
     // Training's own nominal quota is never held from it.
     submit(
         &mut e,
@@ -618,27 +625,7 @@ fn held_capacity_goes_only_to_cheap_borrowers_until_the_hold_ends() {
 /// no longer headroom (a hold never makes its own queue wait).
 #[test]
 fn the_holding_queue_takes_its_capacity_back_without_waiting() {
-    use super::HoldFreed;
-    let serve = cluster_queue("serve")
-        .cohort("fleet")
-        .quota("h100", GPU, 4)
-        .build();
-    let train = cluster_queue("train")
-        .cohort("fleet")
-        .quota("h100", GPU, 0)
-        .build();
-    let mut e = engine(&[serve, train]);
-    for i in 0..4 {
-        submit(&mut e, 0, job(&format!("ml/chat-{i}"), "serve", 1));
-    }
-    let hold = HoldFreed {
-        until: 3_600_000,
-        max_rework: 300_000,
-    };
-    e.remove_holding(10_000, "ml/chat-3", "DeploymentScaledDown", hold)
-        .unwrap();
-    e.remove_holding(10_000, "ml/chat-2", "DeploymentScaledDown", hold)
-        .unwrap();
+    let mut e = scaled_down_with_hold(0, 3_600_000);
     submit(&mut e, 20_000, job("ml/chat-2b", "serve", 1));
     assert!(e.is_admitted("ml/chat-2b"));
     // Held headroom left: level 4, usage 3. A long job waits; nothing is preempted for it.
