@@ -15,6 +15,11 @@
 //! created ones left in place as the driver leaves them), and GPUs that disappear
 //! ([`FakeBackend::remove_gpu`]).
 //!
+//! Usage ([`GpuBackend::usage`]): idle, unless the YAML's `usage:` (or a test, with
+//! [`FakeBackend::set_usage`]) says what a GPU reports: memory used (default the sum of
+//! its processes'), `utilization.gpu`, and compute processes with the memory the driver
+//! attributes to each (as the vGPU guard and the usage gauges read it).
+//!
 //! At most [`MAX_FAKE_GPUS`] GPUs in all, checked before anything is built.
 //!
 //! ```yaml
@@ -27,6 +32,8 @@
 //!   - { afterMs: 2000, gpu: 0, xid: 79 }
 //!   - { afterMs: 5000, gpu: 0, recovered: true }
 //! faults: { inventoryFailures: 2, healthWatchEndsAfterMs: 3000 }
+//! usage:
+//!   - { gpu: 2, utilizationPercent: 60, processes: [ { pid: 4242, memoryUsedMiB: 9000 } ] }
 //! ```
 
 use std::collections::BTreeMap;
@@ -39,7 +46,7 @@ use serde::Deserialize;
 use super::models::{self, GpuModel};
 use super::{
     DriverInfo, Error, GpuBackend, GpuInfo, GpuUsage, HealthEvent, HealthSender, Inventory,
-    MigDeviceInfo, Result, TimeSlice,
+    MigDeviceInfo, ProcessUsage, Result, TimeSlice,
 };
 use crate::partition::catalog;
 
@@ -105,6 +112,34 @@ struct RawInventory {
     health_events: Vec<RawEvent>,
     #[serde(default)]
     faults: Faults,
+    /// What [`GpuBackend::usage`] reports, per GPU (others idle).
+    #[serde(default)]
+    usage: Vec<RawUsage>,
+}
+
+/// `usage[]`: one GPU's reported use, as NVML would give it.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawUsage {
+    /// GPU index.
+    gpu: u32,
+    /// Device memory in use; defaults to the sum of the processes' memory.
+    #[serde(rename = "memoryUsedMiB")]
+    memory_used_mib: Option<u64>,
+    /// `utilization.gpu`, 0–100 (default 0).
+    #[serde(default)]
+    utilization_percent: u32,
+    #[serde(default)]
+    processes: Vec<RawProcess>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawProcess {
+    pid: u32,
+    /// Absent: the driver attributes no memory to the process.
+    #[serde(rename = "memoryUsedMiB")]
+    memory_used_mib: Option<u64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -125,6 +160,55 @@ struct RawGpu {
 
 fn one() -> u32 {
     1
+}
+
+const MIB: u64 = 1024 * 1024;
+
+/// `usage[i]` checked against the GPUs: an index that exists, at most 100 %, memory
+/// within the GPU's, each pid once.
+fn scripted_usage(gpus: &[GpuInfo], i: usize, u: &RawUsage) -> Result<GpuUsage> {
+    let bad = |field: &str, why: String| Error::FakeSpec(format!("usage[{i}].{field}: {why}"));
+    let gpu = gpus
+        .get(u.gpu as usize)
+        .ok_or_else(|| bad("gpu", format!("no GPU with index {}", u.gpu)))?;
+    if u.utilization_percent > 100 {
+        return Err(bad(
+            "utilizationPercent",
+            format!("{} is above 100", u.utilization_percent),
+        ));
+    }
+    let mut pids = std::collections::BTreeSet::new();
+    for (j, p) in u.processes.iter().enumerate() {
+        if !pids.insert(p.pid) {
+            return Err(bad(
+                &format!("processes[{j}].pid"),
+                format!("{} twice", p.pid),
+            ));
+        }
+    }
+    let by_processes: u64 = u.processes.iter().filter_map(|p| p.memory_used_mib).sum();
+    let used = u.memory_used_mib.unwrap_or(by_processes);
+    if used > gpu.memory_mib || by_processes > gpu.memory_mib {
+        return Err(bad(
+            "memoryUsedMiB",
+            format!("{used} MiB used of a {} MiB GPU", gpu.memory_mib),
+        ));
+    }
+    Ok(GpuUsage {
+        uuid: gpu.uuid.clone(),
+        memory_used_bytes: used * MIB,
+        memory_total_bytes: gpu.memory_mib * MIB,
+        utilization_percent: Some(u.utilization_percent),
+        mig: Vec::new(),
+        processes: u
+            .processes
+            .iter()
+            .map(|p| ProcessUsage {
+                pid: p.pid,
+                memory_used_bytes: p.memory_used_mib.map(|m| m * MIB),
+            })
+            .collect(),
+    })
 }
 
 #[derive(Debug, Deserialize)]
@@ -276,8 +360,17 @@ impl FakeBackend {
                 .cuda_version
                 .unwrap_or_else(|| default_driver().cuda_version),
         };
+        let usage = raw
+            .usage
+            .iter()
+            .enumerate()
+            .map(|(i, u)| scripted_usage(&gpus, i, u))
+            .collect::<Result<Vec<_>>>()?;
         let backend = Self::new(driver, gpus, scripted);
         backend.set_faults(raw.faults);
+        for u in usage {
+            backend.set_usage(u);
+        }
         Ok(backend)
     }
 
@@ -725,6 +818,56 @@ fn build_mig_devices(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_inventory_scripts_what_usage_reports_and_bad_usage_names_the_field() {
+        let b = FakeBackend::from_yaml(
+            "gpus: [ { model: L4, count: 2 } ]\nusage:\n- gpu: 1\n  utilizationPercent: 40\n  processes: [ { pid: 4242, memoryUsedMiB: 2048 }, { pid: 7 } ]\n",
+        )
+        .unwrap();
+        let usage = b.usage().unwrap();
+        assert_eq!(usage[0].memory_used_bytes, 0, "GPU 0 idle");
+        let u = &usage[1];
+        assert_eq!(u.memory_used_bytes, 2048 * MIB, "the processes' sum");
+        assert_eq!(u.utilization_percent, Some(40));
+        assert_eq!(
+            u.processes,
+            [
+                ProcessUsage {
+                    pid: 4242,
+                    memory_used_bytes: Some(2048 * MIB)
+                },
+                ProcessUsage {
+                    pid: 7,
+                    memory_used_bytes: None
+                }
+            ]
+        );
+        for (usage, want) in [
+            ("[ { gpu: 2 } ]", "usage[0].gpu: no GPU with index 2"),
+            (
+                "[ { gpu: 0, utilizationPercent: 101 } ]",
+                "usage[0].utilizationPercent",
+            ),
+            (
+                "[ { gpu: 0, memoryUsedMiB: 999999 } ]",
+                "usage[0].memoryUsedMiB",
+            ),
+            (
+                "[ { gpu: 0, processes: [ { pid: 1 }, { pid: 1 } ] } ]",
+                "usage[0].processes[1].pid: 1 twice",
+            ),
+            ("[ { gpu: 0, memoryUsed: 1 } ]", "memoryUsed"),
+        ] {
+            let err = FakeBackend::from_yaml(&format!(
+                "gpus: [ {{ model: L4, count: 2 }} ]\nusage: {usage}\n"
+            ))
+            .err()
+            .map(|e| e.to_string())
+            .unwrap_or_default();
+            assert!(err.contains(want), "{usage}: {err}");
+        }
+    }
 
     #[test]
     fn the_total_is_bounded_not_each_token() {
