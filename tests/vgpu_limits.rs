@@ -588,3 +588,126 @@ async fn a_pod_created_again_under_the_same_name_is_not_taken_for_the_old_one() 
     assert!(!spec_path(&agent, &id).exists());
     agent.shutdown().await;
 }
+
+/// The vGPU guard over a real allocation: the extender's assignment, the kubelet's
+/// admission through the agent (its units record and the kubelet's device checkpoint),
+/// the driver's per-process accounting from the fake inventory and a `/proc` stand-in: a
+/// pod using more of its GPU than its slice allows is reported with its process once the
+/// grace period has passed, on a Node Event; a process no pod owns is never blamed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_reports_a_pod_over_its_slice_from_the_drivers_accounting() {
+    use tessera::agent::vgpu_guard::{sample, BackendProcesses, GuardConfig, GuardMode};
+    use tessera::gpu::{GpuUsage, ProcessUsage};
+    use tessera::vgpu::guard::{Finding, Guard, Settings};
+    const UID: &str = "0b8f6c1e-2a3d-4f5e-8a9b-1c2d3e4f5a6b";
+    const MIB: u64 = 1 << 20;
+    let c = cluster(true).await;
+    let (api, kubelet, tmp, addr) = (&c.api, &c.kubelet, &c.tmp, c.addr);
+    let agent = agent(api, kubelet, tmp.path());
+    let mut infer = pod(
+        "infer",
+        json!([container(
+            "main",
+            json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240"})
+        )]),
+    );
+    infer["metadata"]["uid"] = json!(UID);
+    api.put_object(PODS, infer.clone());
+    let assignment = schedule(addr, api, &infer).await;
+    let grant = assignment.containers[0].devices[0].clone();
+    kubelet.devices("nvidia.com/gpu").await;
+    let answers = kubelet
+        .admit("team", "infer", UID, &[("main", "nvidia.com/gpu", 1)])
+        .await
+        .unwrap();
+    bound(&agent, &alloc_id(&answers[0])).await;
+
+    // The driver sees the pod's process at 12 GiB on its GPU (10 GiB slice + 1 GiB
+    // tolerance = 11 GiB allowed), and a process of no pod.
+    agent.backend.set_usage(GpuUsage {
+        uuid: grant.uuid.clone(),
+        memory_used_bytes: 12_800 * MIB,
+        memory_total_bytes: 81_920 * MIB,
+        utilization_percent: Some(50),
+        mig: Vec::new(),
+        processes: vec![
+            ProcessUsage {
+                pid: 4242,
+                memory_used_bytes: Some(12_288 * MIB),
+            },
+            ProcessUsage {
+                pid: 5151,
+                memory_used_bytes: Some(512 * MIB),
+            },
+        ],
+    });
+    let proc_root = tmp.path().join("guard-proc");
+    let cgroup = format!(
+        "0::/kubepods.slice/kubepods-besteffort.slice/kubepods-besteffort-pod{}.slice/cri-containerd-1.scope\n",
+        UID.replace('-', "_")
+    );
+    for (pid, text) in [
+        (4242, cgroup.as_str()),
+        (5151, "0::/system.slice/sshd.service\n"),
+    ] {
+        std::fs::create_dir_all(proc_root.join(pid.to_string())).unwrap();
+        std::fs::write(proc_root.join(pid.to_string()).join("cgroup"), text).unwrap();
+    }
+    let cfg = GuardConfig {
+        mode: GuardMode::Report,
+        interval: Duration::from_secs(10),
+        settings: Settings {
+            tolerance_per_process_bytes: 1024 * MIB,
+            grace_ms: 30_000,
+        },
+        alloc_dirs: tessera::deviceplugin::allocate::AllocateSettings::with_state_dir(
+            &agent.state_dir,
+        )
+        .alloc_dirs(),
+        kubelet_checkpoint: kubelet.dir.join("kubelet_internal_checkpoint"),
+        proc_root,
+    };
+    let source = BackendProcesses(agent.backend.clone());
+    let recorder = KubeEventRecorder::new(api.client(), NODE.into());
+    let mut guard = Guard::new();
+    let over = |findings: &[Finding]| {
+        findings
+            .iter()
+            .filter(|f| matches!(f, Finding::OverLimit { .. }))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    let first = sample(&cfg, &mut guard, &source, &recorder, 1_000_000).unwrap();
+    assert!(
+        over(&first).is_empty(),
+        "within the grace period: {first:?}"
+    );
+    let later = sample(&cfg, &mut guard, &source, &recorder, 1_031_000).unwrap();
+    match over(&later).as_slice() {
+        [Finding::OverLimit {
+            pod_uid,
+            gpu,
+            used_bytes,
+            limit_bytes,
+            pids,
+            ..
+        }] => {
+            assert_eq!((pod_uid.as_str(), gpu), (UID, &grant.uuid));
+            assert_eq!((*used_bytes, *limit_bytes), (12_288 * MIB, 10_240 * MIB));
+            assert_eq!(pids, &[4242], "the process of no pod is not blamed");
+        }
+        other => panic!("one pod over its slice, not {other:?} (all: {later:?})"),
+    }
+    let start = Instant::now();
+    while !api.events().iter().any(|e| {
+        e["reason"] == "VgpuOverLimit" && e["note"].as_str().is_some_and(|n| n.contains(UID))
+    }) {
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            api.events()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    agent.shutdown().await;
+}
