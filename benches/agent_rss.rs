@@ -1,7 +1,7 @@
 //! Peak resident memory of the node agent under kubelet load (issue 17: ≤ 12 MiB).
 //!
-//! Run: `hack/agent-rss.sh` (or `cargo bench --bench agent_rss`). The release `tessera node`
-//! on the fake backend (`8xH100-80GB`) is driven by the kubelet emulator of
+//! Run: `hack/agent-rss.sh` (or `cargo bench --bench agent_rss`). The release `tessera-node`
+//! (the agent's own binary) on the fake backend (`8xH100-80GB`) is driven by the kubelet emulator of
 //! `tests/support/kubelet.rs` over real unix sockets: registration, `RSS_ALLOCATES`
 //! (default 1,000) Allocates over the kubelet's connection, a kubelet restart (every
 //! resource re-registered and listed again), and as many Allocates again. The figure is
@@ -52,17 +52,16 @@ fn spawn_agent(dir: &Path, config: &str) -> Child {
     // vGPU Allocates need the shim installed; the agent copies whatever file it is given.
     let shim = dir.join("libtessera_cuda.so");
     std::fs::write(&shim, b"stand-in for libtessera_cuda.so").unwrap();
-    // `TESSERA_BIN`: measure another build (e.g. before a change) with the same driver.
-    let bin =
-        std::env::var_os("TESSERA_BIN").unwrap_or_else(|| env!("CARGO_BIN_EXE_tessera").into());
-    Command::new(bin)
-        .args([
-            "node",
-            "--gpu-backend",
-            "fake",
-            "--fake-gpus",
-            "8xH100-80GB",
-        ])
+    // `TESSERA_BIN`: measure another build (e.g. before a change) with the same driver;
+    // a `tessera` binary runs its `node` subcommand, `tessera-node` needs none.
+    let bin = std::env::var_os("TESSERA_BIN")
+        .map(std::path::PathBuf::from)
+        .unwrap_or_else(|| env!("CARGO_BIN_EXE_tessera-node").into());
+    let mut cmd = Command::new(&bin);
+    if bin.file_name().is_some_and(|n| n != "tessera-node") {
+        cmd.arg("node");
+    }
+    cmd.args(["--gpu-backend", "fake", "--fake-gpus", "8xH100-80GB"])
         .arg("--kubelet-dir")
         .arg(dir.join("kubelet"))
         .arg("--cdi-root")

@@ -5,8 +5,9 @@
 #   BUILDER=docker hack/build-image.sh  # default: podman, else buildah, else docker
 #   NO_IMAGE=1 hack/build-image.sh      # only the build context (target/image/)
 #   PROFILE=dev hack/build-image.sh     # debug build (a quick check of this script)
-# Steps: release build of `tessera` and of the shim (libtessera_cuda.so); a root file
-# system with the binary at /usr/bin/tessera, the shim at /usr/lib/tessera/ (where the
+# Steps: release build of `tessera`, `tessera-node` (the node agent alone, which the
+# DaemonSet runs) and the shim (libtessera_cuda.so); a root file system with the binaries
+# at /usr/bin/tessera and /usr/bin/tessera-node, the shim at /usr/lib/tessera/ (where the
 # agent installs it on the host from), the binary's shared libraries exactly as `ldd`
 # lists them, and /etc/passwd and /etc/group naming root and nonroot (65532); then
 # `<builder> build` on that context, which needs no network. Run it on the oldest glibc
@@ -24,11 +25,12 @@ case "$PROFILE" in
 esac
 # Two builds, so each package gets its own features (and the binary is the one
 # `cargo build --release --bin tessera` makes).
-cargo build --profile "$PROFILE" --locked --bin tessera
+cargo build --profile "$PROFILE" --locked --bin tessera --bin tessera-node
 cargo build --profile "$PROFILE" --locked -p tessera-cuda --lib
 bin=$out/tessera
+node_bin=$out/tessera-node
 shim=$out/libtessera_cuda.so
-for f in "$bin" "$shim"; do
+for f in "$bin" "$node_bin" "$shim"; do
   [ -f "$f" ] || { echo "build-image: $f was not built" >&2; exit 1; }
 done
 
@@ -40,17 +42,19 @@ mkdir -p "$root/usr/bin" "$root/usr/lib/tessera" "$root/etc/ld.so.conf.d" \
 chmod 1777 "$root/tmp"
 # Debug info stays in target/; the image gets stripped copies.
 objcopy --strip-debug "$bin" "$root/usr/bin/tessera"
+objcopy --strip-debug "$node_bin" "$root/usr/bin/tessera-node"
 objcopy --strip-debug "$shim" "$root/usr/lib/tessera/libtessera_cuda.so"
-chmod 0755 "$root/usr/bin/tessera" "$root/usr/lib/tessera/libtessera_cuda.so"
-# The binary's shared libraries, at the paths the dynamic loader looks for them.
-libs=$(ldd "$bin" | awk '/=> \// { print $3 } /^[ \t]*\/[^ ]*ld-linux/ { print $1 }')
+chmod 0755 "$root/usr/bin/tessera" "$root/usr/bin/tessera-node" \
+  "$root/usr/lib/tessera/libtessera_cuda.so"
+# The binaries' shared libraries, at the paths the dynamic loader looks for them.
+libs=$(ldd "$bin" "$node_bin" | awk '/=> \// { print $3 } /^[ \t]*\/[^ ]*ld-linux/ { print $1 }' | sort -u)
 for lib in $libs; do
   mkdir -p "$root$(dirname "$lib")"
   cp -L "$lib" "$root$lib"
 done
-if ldd "$bin" | grep -q 'not found'; then
-  echo "build-image: a shared library of $bin is missing:" >&2
-  ldd "$bin" >&2
+if ldd "$bin" "$node_bin" | grep -q 'not found'; then
+  echo "build-image: a shared library of $bin or $node_bin is missing:" >&2
+  ldd "$bin" "$node_bin" >&2
   exit 1
 fi
 # The NVIDIA container runtime adds its library folder here and runs ldconfig.
@@ -88,7 +92,8 @@ elif [ "$(id -u)" = 0 ] && [ "$BUILDER" != buildah ]; then
   "$BUILDER" export "$cid" | tar -x -C "$fs"
   "$BUILDER" rm "$cid" >/dev/null
   chroot "$fs" /usr/bin/tessera --help >/dev/null
-  echo "smoke test: /usr/bin/tessera --help ok in the exported image (containers cannot start here)"
+  chroot "$fs" /usr/bin/tessera-node --help >/dev/null
+  echo "smoke test: /usr/bin/tessera and tessera-node --help ok in the exported image (containers cannot start here)"
 else
   echo "build-image: the image does not run: $BUILDER run --rm $IMAGE --help" >&2
   exit 1

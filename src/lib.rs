@@ -19,6 +19,7 @@ pub mod dra;
 pub mod fsio;
 pub mod gpu;
 pub mod grpc;
+pub mod logging;
 pub mod metrics;
 pub mod partition;
 pub mod placement;

@@ -4,6 +4,7 @@ use std::process::ExitCode;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use tessera::logging::{self, LogFormat};
 
 mod cmd;
 
@@ -28,17 +29,12 @@ struct Cli {
     log_format: LogFormat,
 }
 
-#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-enum LogFormat {
-    Text,
-    Json,
-}
-
 // Parsed once at start: the size difference between subcommands' flags does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Subcommand)]
 enum Command {
-    /// Node agent (DaemonSet): advertise GPUs to the kubelet.
+    /// Node agent (DaemonSet): advertise GPUs to the kubelet (also the `tessera-node`
+    /// binary, which the DaemonSet runs: the same agent in a smaller binary).
     Node(cmd::node::Args),
     /// Print the resources and devices a node would advertise for a GPU spec and config.
     Layout(cmd::layout::Args),
@@ -64,7 +60,7 @@ fn main() -> ExitCode {
         _ => "warn",
     };
     let log_format = cli.log_format;
-    init_tracing(default_level, log_format);
+    logging::init(default_level, log_format);
     let result: Result<()> = match cli.command {
         Command::Node(args) => cmd::node::run(args),
         Command::Layout(args) => cmd::layout::run(args),
@@ -80,44 +76,5 @@ fn main() -> ExitCode {
         Command::Top(args) => cmd::top::run(args),
         Command::Report(args) => cmd::report::run(args),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            // The whole cause chain on one line, no backtrace: these are user errors.
-            match log_format {
-                LogFormat::Text => eprintln!("error: {e:#}"),
-                LogFormat::Json => tracing::error!(error = %format!("{e:#}"), "exiting"),
-            }
-            ExitCode::FAILURE
-        }
-    }
-}
-
-/// Logs go to stderr; `RUST_LOG` (or `TESSERA_LOG`) sets the filter. Text has ANSI
-/// colour only when stderr is a terminal and `NO_COLOR` is unset (`kubectl logs` shows
-/// escape codes verbatim); JSON is one object per line.
-fn init_tracing(default_level: &str, format: LogFormat) {
-    use std::io::IsTerminal;
-    use tracing_subscriber::EnvFilter;
-    let (filter, refused) =
-        match std::env::var("RUST_LOG").or_else(|_| std::env::var("TESSERA_LOG")) {
-            Ok(v) => match EnvFilter::try_new(v) {
-                Ok(f) => (f, None),
-                Err(e) => (EnvFilter::new(default_level), Some(e.to_string())),
-            },
-            Err(_) => (EnvFilter::new(default_level), None),
-        };
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
-    match format {
-        LogFormat::Json => builder.json().init(),
-        LogFormat::Text => {
-            let colour = std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none();
-            builder.with_ansi(colour).init()
-        }
-    }
-    if let Some(reason) = refused {
-        tracing::warn!(%reason, level = default_level, "RUST_LOG/TESSERA_LOG not understood; logging at the default level");
-    }
+    logging::exit_code(result, log_format)
 }

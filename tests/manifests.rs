@@ -170,7 +170,7 @@ fn example_claims_use_shipped_classes_and_published_devices() {
     );
 }
 
-/// Every TESSERA_* variable the DaemonSet sets is one `tessera node` reads.
+/// Every TESSERA_* variable the DaemonSet sets is one `tessera-node` reads.
 #[test]
 fn daemonset_env_is_read_by_the_agent() {
     let text = std::fs::read_to_string("daemonset/node/daemonset.yaml").unwrap();
@@ -178,8 +178,8 @@ fn daemonset_env_is_read_by_the_agent() {
     let env = doc["spec"]["template"]["spec"]["containers"][0]["env"]
         .as_array()
         .unwrap();
-    let help = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-        .args(["node", "--help"])
+    let help = std::process::Command::new(env!("CARGO_BIN_EXE_tessera-node"))
+        .arg("--help")
         .output()
         .unwrap();
     let help = String::from_utf8_lossy(&help.stdout);
@@ -502,7 +502,8 @@ fn agent_and_controller_have_probes_on_the_ports_they_serve() {
 }
 
 /// The flags the manifests pass are flags of the binary (a renamed flag would crash-loop
-/// the pod).
+/// the pod): the agent runs `/usr/bin/tessera-node`, the controller `tessera controller`,
+/// and the image ships both at those paths.
 #[test]
 fn manifest_args_are_flags_of_the_binary() {
     let dep = yaml_docs("daemonset/controller/deployment.yaml")
@@ -510,24 +511,40 @@ fn manifest_args_are_flags_of_the_binary() {
         .find(|d| d["kind"] == "Deployment")
         .unwrap();
     let ds = &yaml_docs("daemonset/node/daemonset.yaml")[0];
+    let image_script = std::fs::read_to_string("hack/build-image.sh").unwrap();
     for c in [container(ds, "agent"), container(&dep, "controller")] {
-        let args: Vec<&str> = c["args"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|a| a.as_str().unwrap())
-            .collect();
-        let help = std::process::Command::new(env!("CARGO_BIN_EXE_tessera"))
-            .args([args[0], "--help"])
+        let strings = |v: &serde_json::Value| -> Vec<String> {
+            v.as_array()
+                .map(|a| a.iter().map(|s| s.as_str().unwrap().to_string()).collect())
+                .unwrap_or_default()
+        };
+        let (command, mut args) = (strings(&c["command"]), strings(&c["args"]));
+        // No command: the image's entrypoint, `/usr/bin/tessera`, and a subcommand.
+        let (bin, sub) = match command.as_slice() {
+            [] => (env!("CARGO_BIN_EXE_tessera"), Some(args.remove(0))),
+            [path] if path == "/usr/bin/tessera-node" => (env!("CARGO_BIN_EXE_tessera-node"), None),
+            other => panic!("{}: unexpected command {other:?}", c["name"]),
+        };
+        if let [path] = command.as_slice() {
+            assert!(
+                image_script.contains(&format!("$root{path}\"")),
+                "the image does not ship {path}"
+            );
+        }
+        let help = std::process::Command::new(bin)
+            .args(sub.iter().chain(std::iter::once(&"--help".to_string())))
             .output()
             .unwrap();
         let help = String::from_utf8_lossy(&help.stdout);
+        assert!(
+            help.contains("--help"),
+            "{bin} {sub:?} --help printed no help"
+        );
         for flag in args.iter().filter(|a| a.starts_with("--")) {
             let name = flag.split('=').next().unwrap();
             assert!(
                 help.contains(&format!("{name} ")) || help.contains(&format!("{name}\n")),
-                "`tessera {}` has no flag {name}",
-                args[0]
+                "`{bin} {sub:?}` has no flag {name}"
             );
         }
     }
