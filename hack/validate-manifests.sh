@@ -24,6 +24,7 @@ fi
 python3 tests/py/admission_policy.py
 # The vGPU pod webhook's matchConditions (components/vgpu-scheduler), the same way.
 python3 tests/py/vgpu_match_conditions.py
+python3 tests/py/vgpu_match_conditions.py daemonset/components/vgpu-dra/webhook-patch.yaml
 # What `kubectl apply -k` installs: daemonset/ (DRA, 1.34+) and daemonset/ with each
 # component of daemonset/components/, rendered by kustomize (kubectl's built-in, v5) and
 # validated as a whole. CI (`CI=true`, .ci/run installs kubectl) fails without kubectl;

@@ -6,7 +6,8 @@
 //! self-managed certificate against the API-server double (`controller_webhook/certs.rs`).
 //! Kueue's label honoured only with `--accept-kueue-labels`, by the controller too
 //! (`controller_webhook/kueue.rs`). `POST /vgpu` (the vGPU pod webhook): the
-//! schedulerName patch, denials, and a queued vGPU pod through both entries.
+//! schedulerName patch, denials, and a queued vGPU pod through both entries; its DRA
+//! mode (`controller_webhook/dra_mode.rs`).
 
 mod support;
 
@@ -14,6 +15,8 @@ mod support;
 mod binary;
 #[path = "controller_webhook/certs.rs"]
 mod certs;
+#[path = "controller_webhook/dra_mode.rs"]
+mod dra_mode;
 #[path = "controller_webhook/hardening.rs"]
 mod hardening;
 #[path = "controller_webhook/kueue.rs"]
@@ -257,17 +260,21 @@ fn patch_ops(response: &Value) -> Vec<Value> {
     }
 }
 
-/// Applies `add` operations (all the webhook emits) as the API server would.
+/// Applies `add` and `remove` operations (all the webhooks emit) as the API server would.
 fn apply(mut doc: Value, ops: &[Value]) -> Value {
     for op in ops {
-        assert_eq!(op["op"], "add", "{op}");
         let path = op["path"].as_str().unwrap();
         let (parent, last) = path.rsplit_once('/').unwrap();
+        let last = last.replace("~1", "/").replace("~0", "~");
         let target = doc.pointer_mut(parent).expect("the parent exists");
-        if last == "-" {
-            target.as_array_mut().unwrap().push(op["value"].clone());
-        } else {
-            target[last] = op["value"].clone();
+        match (op["op"].as_str().unwrap(), last.as_str()) {
+            ("add", "-") => target.as_array_mut().unwrap().push(op["value"].clone()),
+            ("add", _) => target[last.as_str()] = op["value"].clone(),
+            ("remove", _) => {
+                let gone = target.as_object_mut().unwrap().remove(&last);
+                assert!(gone.is_some(), "nothing to remove at {path}");
+            }
+            _ => panic!("unexpected operation {op}"),
         }
     }
     doc
@@ -301,6 +308,7 @@ async fn vgpu_pods_are_sent_to_the_scheduler_profile_over_https() {
         classes: Arc::new(StaticClasses(None)),
         options: Options::default(),
         vgpu: VgpuOptions::new("gpu-scheduler", false),
+        templates: Arc::new(tessera::controller::claim_templates::NoTemplates),
         health: Health::new(None, limits.accept_failure_grace),
         limits,
     };

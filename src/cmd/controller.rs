@@ -9,13 +9,14 @@ use std::time::Duration;
 use tessera::autoscale::Coupling;
 use tessera::controller::autoscaler::{self, AutoscalerConfig};
 use tessera::controller::certs::{self, CertConfig};
+use tessera::controller::claim_templates::ApiTemplates;
 use tessera::controller::config::ControllerConfig;
 use tessera::controller::crd;
 use tessera::controller::extender::{self, Books, BooksConfig, Extender};
 use tessera::controller::metrics::ControllerMetrics;
 use tessera::controller::reconciler::{self, Config, SystemClock};
 use tessera::controller::tls::{CertResolver, ReloadingCert};
-use tessera::controller::vgpu_webhook::VgpuOptions;
+use tessera::controller::vgpu_webhook::{VgpuMode, VgpuOptions};
 use tessera::controller::webhook::Options;
 use tessera::controller::webhook_server::{self, ApiClasses, Health, Limits, Server};
 use tessera::quota::quantity::parse_duration;
@@ -99,6 +100,12 @@ pub struct Args {
     /// webhook's matchConditions must then select those pods too.
     #[arg(long)]
     pub vgpu_scheduler_plain_gpu: bool,
+    /// How the webhook's `POST /vgpu` sends vGPU pods to a GPU: `extender` (the
+    /// scheduler profile above) or `dra` (the pod's request rewritten into
+    /// ResourceClaims of `vgpu.gpu.tessera.io`, placed by the stock scheduler; needs
+    /// Kubernetes 1.34+ with DRAConsumableCapacity, docs/hami.md "DRA mode").
+    #[arg(long, env = "TESSERA_VGPU_MODE", default_value = "extender")]
+    pub vgpu_mode: VgpuMode,
     /// Do not serve the webhook (e.g. it runs in another Deployment).
     #[arg(long)]
     pub no_webhook: bool,
@@ -269,7 +276,11 @@ async fn run_async(args: Args) -> Result<()> {
             options: Options {
                 accept_kueue_labels: args.accept_kueue_labels,
             },
-            vgpu: VgpuOptions::new(&args.vgpu_scheduler_name, args.vgpu_scheduler_plain_gpu),
+            vgpu: VgpuOptions {
+                mode: args.vgpu_mode,
+                ..VgpuOptions::new(&args.vgpu_scheduler_name, args.vgpu_scheduler_plain_gpu)
+            },
+            templates: Arc::new(ApiTemplates(client.clone())),
             limits,
             health: health.clone(),
         };

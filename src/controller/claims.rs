@@ -8,12 +8,38 @@
 //! Both API shapes are read: `resource.k8s.io/v1` (`exactly.deviceClassName`,
 //! `firstAvailable[]`, whose first alternative is counted) and `v1beta1`
 //! (`deviceClassName` on the request). A request with `allocationMode: All` has no
-//! count to charge and makes the workload unadmissible, with that reason.
+//! count to charge and makes the workload unadmissible, with that reason. A vGPU slice
+//! (`vgpu.gpu.tessera.io`) is also charged its capacity requests as
+//! `nvidia.com/gpumem` (MiB) and `nvidia.com/gpucores`, per device, as the same pod
+//! written HAMi's way is (the vGPU webhook's DRA mode writes such claims).
 
 use crate::quota::quantity::Quantity;
 use crate::quota::WorkloadInfo;
+use crate::vgpu::dra_claim::VGPU_DEVICE_CLASS;
 use serde_json::Value;
 use std::collections::BTreeMap;
+
+/// A vGPU slice's capacity requests as HAMi's quota resources, per device: `memory` in
+/// MiB as `nvidia.com/gpumem`, `cores` as `nvidia.com/gpucores` (what the webhook's DRA
+/// mode writes, so a queue capping them caps both modes). A request without them is
+/// charged none (the device's defaults are the node's to choose).
+fn vgpu_shares(requests: &Value) -> Result<Vec<(&'static str, u32)>, String> {
+    let mut out = Vec::new();
+    for (key, resource, unit) in [
+        ("memory", "nvidia.com/gpumem", 1i64 << 20),
+        ("cores", "nvidia.com/gpucores", 1),
+    ] {
+        let Some(text) = requests[key].as_str() else {
+            continue;
+        };
+        let q = Quantity::parse(text).map_err(|e| format!("capacity {key}: {e}"))?;
+        let whole = q.0 / 1000 / unit;
+        let amount =
+            u32::try_from(whole).map_err(|_| format!("capacity {key} {text:?} is out of range"))?;
+        out.push((resource, amount));
+    }
+    Ok(out)
+}
 
 /// Why a pod's claims cannot be counted: (reason, message) for its pending status.
 pub type ClaimError = (String, String);
@@ -122,6 +148,14 @@ impl<'a> ClaimIndex<'a> {
                     .unwrap_or_else(|| class.to_string());
                 let e = out.entry(resource).or_insert(0u32);
                 *e = e.saturating_add(count);
+                if class == VGPU_DEVICE_CLASS {
+                    for (name, amount) in
+                        vgpu_shares(&one["capacity"]["requests"]).map_err(|e| invalid(&e))?
+                    {
+                        let e = out.entry(name.to_string()).or_insert(0u32);
+                        *e = e.saturating_add(amount.saturating_mul(count));
+                    }
+                }
             }
         }
         Ok(out)
@@ -266,5 +300,48 @@ mod tests {
             Quantity::units(2)
         );
         assert!(info.pod_sets[0].claim_templates.is_empty());
+    }
+
+    /// The vGPU webhook's DRA mode turns a HAMi pod into a claim; the queue is charged
+    /// the same `gpumem` and `gpucores` for it as for the pod written HAMi's way.
+    #[test]
+    fn a_translated_vgpu_pod_is_charged_what_the_hami_pod_is() {
+        use crate::quota::api::PodSpec;
+        use crate::vgpu::{dra_claim, pod_request, request::ResourceNames, RequestConfig};
+        let pod = json!({"metadata": {"name": "p", "namespace": "team"},
+            "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {"limits":
+                {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "30"}}}]}});
+        let hami: PodSpec = serde_json::from_value(pod["spec"].clone()).unwrap();
+        let hami = hami.effective_requests();
+        let typed: k8s_openapi::api::core::v1::Pod = serde_json::from_value(pod.clone()).unwrap();
+        let request = pod_request(&typed, &RequestConfig::default())
+            .unwrap()
+            .unwrap();
+        let t = dra_claim::translate(&typed, &request, &ResourceNames::new("nvidia.com")).unwrap();
+        let templates = [t.templates[0].object("team")];
+        let spec = json!({"resourceClaims": [{"name": "tessera-vgpu-0",
+                          "resourceClaimTemplateName": t.templates[0].name}]});
+        let mapping: BTreeMap<String, String> =
+            [(VGPU_DEVICE_CLASS.to_string(), "nvidia.com/gpu".to_string())].into();
+        let claimed = ClaimIndex::new(&templates, &[], &mapping)
+            .devices("team", &spec)
+            .unwrap();
+        for resource in ["nvidia.com/gpu", "nvidia.com/gpumem", "nvidia.com/gpucores"] {
+            assert_eq!(
+                Quantity::units(i64::from(claimed[resource])),
+                hami[resource],
+                "{resource}"
+            );
+        }
+        assert_eq!(claimed["nvidia.com/gpumem"], 20480);
+        // A capacity that is not a quantity: the claim is invalid, with the reason.
+        let mut bad = templates[0].clone();
+        bad["spec"]["spec"]["devices"]["requests"][0]["exactly"]["capacity"]["requests"]
+            ["memory"] = json!("lots");
+        let err = ClaimIndex::new(&[bad], &[], &mapping)
+            .devices("team", &spec)
+            .unwrap_err();
+        assert_eq!(err.0, "InvalidResourceClaim");
+        assert!(err.1.contains("capacity memory"), "{}", err.1);
     }
 }

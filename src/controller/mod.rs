@@ -35,6 +35,7 @@
 pub mod autoscaler;
 pub mod cache;
 pub mod certs;
+pub mod claim_templates;
 pub mod claims;
 pub mod config;
 pub mod crd;

@@ -6,6 +6,10 @@
 //! the API server calls this path only for the pods the `vgpu-pods.admission.tessera.io`
 //! entry's `matchConditions` select (`daemonset/components/vgpu-scheduler`).
 //!
+//! In DRA mode ([`VgpuMode::Dra`], `--vgpu-mode dra`) the pod is instead rewritten into
+//! ResourceClaims of `vgpu.gpu.tessera.io` ([`crate::vgpu::dra_claim`]) and left to the
+//! stock scheduler; [`plan`] returns the templates the server creates before answering.
+//!
 //! Left alone: a pod that names another scheduler (anything but `default-scheduler`,
 //! which the API server fills in when the field is empty, and Tessera's own), since it
 //! is that scheduler's to judge; a pod with `spec.nodeName` already set keeps its
@@ -15,6 +19,7 @@
 
 use super::webhook::{respond, BadReview, Verdict};
 use crate::vgpu;
+use crate::vgpu::dra_claim::{self, ClaimTemplate};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
@@ -23,9 +28,33 @@ pub const DEFAULT_SCHEDULER: &str = "default-scheduler";
 /// The scheduler profile of `daemonset/components/vgpu-scheduler`.
 pub const DEFAULT_SCHEDULER_NAME: &str = "tessera-scheduler";
 
+/// How vGPU pods reach a GPU.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum VgpuMode {
+    /// Tessera's scheduler profile, which calls the extender (`spec.schedulerName`).
+    #[default]
+    Extender,
+    /// ResourceClaims of `vgpu.gpu.tessera.io`, placed by the stock scheduler (DRA
+    /// consumable capacity, Kubernetes 1.34+ with `DRAConsumableCapacity`).
+    Dra,
+}
+
+impl std::str::FromStr for VgpuMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "extender" => Ok(VgpuMode::Extender),
+            "dra" => Ok(VgpuMode::Dra),
+            other => Err(format!("vGPU mode {other:?}: expected extender or dra")),
+        }
+    }
+}
+
 /// What the vGPU webhook does besides checking the request.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct VgpuOptions {
+    /// Extender (the default) or DRA.
+    pub mode: VgpuMode,
     /// The scheduler profile set on vGPU pods (`--vgpu-scheduler-name`); `None`: the
     /// pods are only checked.
     pub scheduler_name: Option<String>,
@@ -37,6 +66,7 @@ pub struct VgpuOptions {
 impl Default for VgpuOptions {
     fn default() -> Self {
         VgpuOptions {
+            mode: VgpuMode::Extender,
             scheduler_name: Some(DEFAULT_SCHEDULER_NAME.to_string()),
             plain_gpu: false,
         }
@@ -47,6 +77,7 @@ impl VgpuOptions {
     /// From the flags: an empty scheduler name sets none.
     pub fn new(scheduler_name: &str, plain_gpu: bool) -> Self {
         VgpuOptions {
+            mode: VgpuMode::Extender,
             scheduler_name: Some(scheduler_name.trim())
                 .filter(|n| !n.is_empty())
                 .map(str::to_string),
@@ -55,29 +86,105 @@ impl VgpuOptions {
     }
 }
 
-/// Answers an AdmissionReview (`admission.k8s.io/v1`) sent to `/vgpu`.
+/// Answers an AdmissionReview (`admission.k8s.io/v1`) sent to `/vgpu`, without creating
+/// the templates a DRA-mode answer refers to (the server creates them, [`plan`]).
 pub fn review(body: &Value, options: &VgpuOptions) -> Result<Value, BadReview> {
     respond(body, |request| decide(request, options))
 }
 
 /// The decision for one `request` of an AdmissionReview sent to `/vgpu`.
 pub fn decide(request: &Value, options: &VgpuOptions) -> Verdict {
+    plan(request, options).verdict
+}
+
+/// A decision and what must exist before it is answered.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Plan {
+    pub verdict: Verdict,
+    /// DRA mode: templates the patch refers to, to create in `namespace` first.
+    pub templates: Vec<ClaimTemplate>,
+    pub namespace: String,
+    /// A dry-run request: nothing may be created.
+    pub dry_run: bool,
+}
+
+/// The decision for one `request`, with the templates it needs.
+pub fn plan(request: &Value, options: &VgpuOptions) -> Plan {
+    let mut plan = Plan {
+        verdict: Verdict::Allow(Vec::new()),
+        templates: Vec::new(),
+        namespace: request["namespace"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string(),
+        dry_run: request["dryRun"] == true,
+    };
     let kind = &request["kind"];
     if request["operation"] != "CREATE" || kind["group"] != "" || kind["kind"] != "Pod" {
-        return Verdict::Allow(Vec::new());
+        return plan;
     }
     let object = &request["object"];
     if !object.is_object() {
-        return Verdict::Deny("Pod: request.object is missing".into());
+        plan.verdict = Verdict::Deny("Pod: request.object is missing".into());
+        return plan;
     }
     // A pod that does not decode is left to the API server's own validation.
     let Ok(pod) = serde_json::from_value::<Pod>(object.clone()) else {
-        return Verdict::Allow(Vec::new());
+        return plan;
     };
+    match options.mode {
+        VgpuMode::Extender => plan.verdict = route_to_extender(&pod, options),
+        VgpuMode::Dra => match translate_to_dra(&pod) {
+            Ok(Some(_)) if plan.namespace.is_empty() => {
+                plan.verdict = Verdict::Deny("Pod: request.namespace is missing".into());
+            }
+            Ok(Some(t)) => {
+                plan.verdict = Verdict::Allow(t.patch);
+                plan.templates = t.templates;
+            }
+            Ok(None) => {}
+            Err(message) => plan.verdict = Verdict::Deny(message),
+        },
+    }
+    plan
+}
+
+/// DRA mode: the pod's vGPU request as ResourceClaims, `None` when it is not ours
+/// (no vGPU shares, another scheduler's, already on a node), `Err` with the denial.
+fn translate_to_dra(pod: &Pod) -> Result<Option<dra_claim::Translation>, String> {
     let config = vgpu::RequestConfig::default();
     let names = vgpu::request::ResourceNames::new(&config.prefix);
-    let routed = vgpu::request::carries_vgpu_resources(&pod, &names)
-        || (options.plain_gpu && asks_for(&pod, &names.gpu));
+    if !vgpu::request::carries_vgpu_resources(pod, &names) {
+        return Ok(None);
+    }
+    let spec = pod.spec.as_ref();
+    let current = spec.and_then(|s| s.scheduler_name.as_deref()).unwrap_or("");
+    if !current.is_empty() && current != DEFAULT_SCHEDULER {
+        return Ok(None);
+    }
+    let request = match vgpu::pod_request(pod, &config) {
+        Err(e) => return Err(format!("Pod: {e}")),
+        Ok(None) => return Ok(None),
+        Ok(Some(r)) => r,
+    };
+    // A pod on a node already is not scheduled: its claims could never be allocated.
+    if spec
+        .and_then(|s| s.node_name.as_deref())
+        .is_some_and(|n| !n.is_empty())
+    {
+        return Ok(None);
+    }
+    dra_claim::translate(pod, &request, &names)
+        .map(Some)
+        .map_err(|e| format!("Pod: {e}"))
+}
+
+/// Extender mode: the pod checked and sent to Tessera's scheduler profile.
+fn route_to_extender(pod: &Pod, options: &VgpuOptions) -> Verdict {
+    let config = vgpu::RequestConfig::default();
+    let names = vgpu::request::ResourceNames::new(&config.prefix);
+    let routed = vgpu::request::carries_vgpu_resources(pod, &names)
+        || (options.plain_gpu && asks_for(pod, &names.gpu));
     if !routed {
         return Verdict::Allow(Vec::new());
     }
@@ -87,7 +194,7 @@ pub fn decide(request: &Value, options: &VgpuOptions) -> Verdict {
     if !current.is_empty() && current != DEFAULT_SCHEDULER && Some(current) != ours {
         return Verdict::Allow(Vec::new());
     }
-    match vgpu::pod_request(&pod, &config) {
+    match vgpu::pod_request(pod, &config) {
         Err(e) => return Verdict::Deny(format!("Pod: {e}")),
         // `nvidia.com/gpu: 0` and nothing else: no vGPU, nothing to schedule.
         Ok(None) => return Verdict::Allow(Vec::new()),

@@ -74,17 +74,8 @@ pub fn review(
 /// Answers an AdmissionReview (`admission.k8s.io/v1`) with the verdict `decide` gives
 /// its `request`: the response envelope every webhook path of Tessera shares.
 pub fn respond(body: &Value, decide: impl FnOnce(&Value) -> Verdict) -> Result<Value, BadReview> {
-    if body["apiVersion"] != "admission.k8s.io/v1" || body["kind"] != "AdmissionReview" {
-        return Err(BadReview(
-            "expected apiVersion admission.k8s.io/v1, kind AdmissionReview".into(),
-        ));
-    }
-    let request = &body["request"];
-    let uid = request["uid"]
-        .as_str()
-        .filter(|u| !u.is_empty())
-        .ok_or_else(|| BadReview("request.uid is missing".into()))?;
-    let verdict = decide(request);
+    let uid = review_uid(body)?;
+    let verdict = decide(&body["request"]);
     let response = match verdict {
         Verdict::Allow(ops) if ops.is_empty() => json!({"uid": uid, "allowed": true}),
         Verdict::Allow(ops) => {
@@ -98,6 +89,20 @@ pub fn respond(body: &Value, decide: impl FnOnce(&Value) -> Verdict) -> Result<V
     Ok(
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
     )
+}
+
+/// The request's uid, once `body` is checked to be an `admission.k8s.io/v1`
+/// AdmissionReview.
+pub fn review_uid(body: &Value) -> Result<&str, BadReview> {
+    if body["apiVersion"] != "admission.k8s.io/v1" || body["kind"] != "AdmissionReview" {
+        return Err(BadReview(
+            "expected apiVersion admission.k8s.io/v1, kind AdmissionReview".into(),
+        ));
+    }
+    body["request"]["uid"]
+        .as_str()
+        .filter(|u| !u.is_empty())
+        .ok_or_else(|| BadReview("request.uid is missing".into()))
 }
 
 /// The decision for one `request` of an AdmissionReview, with the default

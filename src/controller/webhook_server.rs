@@ -24,11 +24,12 @@
 //!   (503 beyond), so memory stays bounded whatever the clients do.
 //! ```
 
+use super::claim_templates::{NoTemplates, TemplateSink};
 use super::error::{Error, Result};
 use super::metrics::ControllerMetrics;
 use super::tls::CertResolver;
 use super::vgpu_webhook::{self, VgpuOptions};
-use super::webhook::{review, Options};
+use super::webhook::{review, BadReview, Options, Verdict};
 use crate::retry::Backoff;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -296,6 +297,8 @@ pub struct Server {
     pub options: Options,
     /// What `POST /vgpu` does (the vGPU pod webhook).
     pub vgpu: VgpuOptions,
+    /// Where its DRA mode creates ResourceClaimTemplates.
+    pub templates: Arc<dyn TemplateSink>,
     pub limits: Limits,
     pub health: Arc<Health>,
 }
@@ -315,6 +318,7 @@ pub async fn serve(
         classes,
         options: Options::default(),
         vgpu: VgpuOptions::default(),
+        templates: Arc::new(NoTemplates),
         limits,
         health,
     };
@@ -373,6 +377,7 @@ pub async fn run<A: Accept>(
         classes: server.classes,
         options: server.options,
         vgpu: server.vgpu,
+        templates: server.templates,
         body_budget: Semaphore::new(kib(server.limits.max_body_in_flight)),
         limits: server.limits,
     });
@@ -476,6 +481,7 @@ struct Shared {
     classes: Arc<dyn ClassSource>,
     options: Options,
     vgpu: VgpuOptions,
+    templates: Arc<dyn TemplateSink>,
     limits: Limits,
     /// Permits in KiB of request bodies being read.
     body_budget: Semaphore,
@@ -544,7 +550,7 @@ impl Shared {
         };
         drop(body);
         let answer = if vgpu_path {
-            vgpu_webhook::review(&parsed, &self.vgpu)
+            self.vgpu_review(&parsed).await
         } else {
             let known = self.classes.classes().await;
             review(&parsed, known.as_ref(), self.options)
@@ -553,6 +559,29 @@ impl Shared {
             Ok(out) => reply(StatusCode::OK, out.to_string().into_bytes()),
             Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
         }
+    }
+}
+
+impl Shared {
+    /// `POST /vgpu`: the pure decision, and in DRA mode the templates it refers to
+    /// created first (none for a dry run); a template that cannot be made refuses the
+    /// pod with the reason, so no pod is admitted referring to a template that is missing.
+    async fn vgpu_review(
+        &self,
+        body: &serde_json::Value,
+    ) -> std::result::Result<serde_json::Value, BadReview> {
+        super::webhook::review_uid(body)?;
+        let plan = vgpu_webhook::plan(&body["request"], &self.vgpu);
+        let mut verdict = plan.verdict;
+        if !plan.dry_run && matches!(verdict, Verdict::Allow(_)) {
+            for t in &plan.templates {
+                if let Err(reason) = self.templates.ensure(&plan.namespace, t).await {
+                    verdict = Verdict::Deny(format!("Pod: {reason}"));
+                    break;
+                }
+            }
+        }
+        super::webhook::respond(body, |_| verdict)
     }
 }
 

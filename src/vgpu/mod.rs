@@ -9,6 +9,8 @@
 //!   concurrency instead of HAMi's node lock), `release`, `rebuild`, node scores;
 //! - [`filter`](mod@filter): one pod over many nodes, with one reason per node and a summary;
 //! - [`charge`]: what a container's vGPU request costs a queue (shares × count);
+//! - [`dra_claim`]: the same request as DRA ResourceClaimTemplates (the webhook's DRA
+//!   mode, for clusters with consumable capacity);
 //! - [`record`]: the annotations the node agent and the extender exchange (the node's
 //!   GPUs and heartbeat, the pod's assignment), shared by both;
 //! - [`slots`]: which container holds a split-mode allocation and what it gets (the node
@@ -20,6 +22,7 @@
 
 pub mod books;
 pub mod charge;
+pub mod dra_claim;
 pub mod filter;
 pub mod guard;
 pub mod record;

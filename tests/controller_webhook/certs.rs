@@ -81,6 +81,7 @@ async fn start(s: &ApiServer) -> Instance {
         classes: Arc::new(StaticClasses(None)),
         options: Options::default(),
         vgpu: Default::default(),
+        templates: Arc::new(tessera::controller::claim_templates::NoTemplates),
         health: Health::new(Some(resolver.clone()), limits.accept_failure_grace),
         limits,
     };

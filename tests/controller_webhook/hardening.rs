@@ -127,6 +127,7 @@ fn server(limits: Limits, options: Options) -> (Server, Arc<Health>) {
         classes: Arc::new(StaticClasses(None)),
         options,
         vgpu: Default::default(),
+        templates: Arc::new(tessera::controller::claim_templates::NoTemplates),
         limits,
         health: health.clone(),
     };
@@ -531,6 +532,7 @@ async fn probes_fail_when_the_listener_is_gone_or_has_no_certificate() {
         classes: Arc::new(StaticClasses(None)),
         options: Options::default(),
         vgpu: Default::default(),
+        templates: Arc::new(tessera::controller::claim_templates::NoTemplates),
         limits,
         health: health.clone(),
     };

@@ -1,11 +1,14 @@
 """Evaluates the matchConditions (CEL, cel-python) of the vGPU pod webhook entry that
-daemonset/components/vgpu-scheduler/webhook-patch.yaml adds, against pods as the API
+daemonset/components/vgpu-scheduler/webhook-patch.yaml adds (or components/vgpu-dra's,
+whose webhook creates ResourceClaimTemplates and leaves pods for Tessera's scheduler
+profile alone), against pods as the API
 server would send them: the pods it must select (vGPU shares in containers or init
 containers, in limits or requests, queue label or not) and those it must leave alone
 (whole-GPU pods, CPU pods, pods for another scheduler). Exits 1 naming each pod decided
 wrongly, or a condition that does not evaluate.
 
     python3 tests/py/vgpu_match_conditions.py [daemonset/components/vgpu-scheduler/webhook-patch.yaml]
+    python3 tests/py/vgpu_match_conditions.py daemonset/components/vgpu-dra/webhook-patch.yaml
 """
 
 import sys
@@ -14,6 +17,7 @@ import celpy
 import yaml
 
 PATCH = sys.argv[1] if len(sys.argv) > 1 else "daemonset/components/vgpu-scheduler/webhook-patch.yaml"
+DRA = "vgpu-dra" in PATCH
 
 
 def container(name, limits=None, requests=None):
@@ -50,7 +54,8 @@ CASES = [
     ("an init container", pod([container("main")], init=[container("warm", limits=VGPU)]), True),
     ("a queued vGPU pod", pod([container("main", limits=VGPU)], labels={"tessera.io/queue-name": "lq"}), True),
     ("no schedulerName field", pod([container("main", limits=VGPU)], scheduler=None), True),
-    ("already Tessera's", pod([container("main", limits=VGPU)], scheduler="tessera-scheduler"), True),
+    # DRA mode: a pod sent to the extender's profile by hand is that profile's.
+    ("already Tessera's", pod([container("main", limits=VGPU)], scheduler="tessera-scheduler"), not DRA),
     ("an invalid request still reaches the webhook", pod([container("main", limits={"nvidia.com/gpucores": "150"})]), True),
     ("a whole-GPU pod", pod([container("main", limits={"nvidia.com/gpu": "1"})]), False),
     ("NVIDIA's shared resource", pod([container("main", limits={"nvidia.com/gpu.shared": "1"})]), False),
@@ -84,8 +89,10 @@ def main():
             if all(results) != selected:
                 wrong.append(f"{what}: {'selected' if all(results) else 'not selected'}, want {'selected' if selected else 'not selected'}")
     # The entry's other settings the docs argue for.
-    if webhook["failurePolicy"] != "Fail" or webhook["sideEffects"] != "None":
-        wrong.append("failurePolicy Fail and sideEffects None expected")
+    # DRA mode creates ResourceClaimTemplates, never on a dry run.
+    side_effects = "NoneOnDryRun" if DRA else "None"
+    if webhook["failurePolicy"] != "Fail" or webhook["sideEffects"] != side_effects:
+        wrong.append(f"failurePolicy Fail and sideEffects {side_effects} expected")
     if webhook["clientConfig"]["service"]["path"] != "/vgpu":
         wrong.append("the entry must call /vgpu")
     excluded = webhook["namespaceSelector"]["matchExpressions"][0]
@@ -97,7 +104,7 @@ def main():
         print(w, file=sys.stderr)
     if wrong:
         sys.exit(1)
-    print(f"vGPU webhook matchConditions: {len(CASES)} pods decided as intended")
+    print(f"vGPU webhook matchConditions ({PATCH}): {len(CASES)} pods decided as intended")
 
 
 if __name__ == "__main__":
