@@ -12,6 +12,10 @@ use tessera::sim::fleet::{self, demand, FleetKind, Inputs, Knobs};
 const BUNDLED_DLRM: &str =
     include_str!("../../data/alibaba-dlrm-inference-v2025/dlrm_hn_instances.csv");
 const BUNDLED_PODS: &str = include_str!("../../data/alibaba-gpu-v2023/openb_pod_list_default.csv");
+const BUNDLED_LLM_CONV: &str =
+    include_str!("../../data/azure-llm-inference-2023/AzureLLMInferenceTrace_conv.csv");
+const BUNDLED_LLM_CODE: &str =
+    include_str!("../../data/azure-llm-inference-2023/AzureLLMInferenceTrace_code.csv");
 
 /// Flags of `tessera simulate fleet` (defaults: docs/fleet-simulation.md).
 #[derive(clap::Args, Debug)]
@@ -57,6 +61,13 @@ pub struct FleetArgs {
     /// Training queue's minimum runtime before preemption, minutes (0: none).
     #[arg(long, default_value_t = Knobs::default().min_runtime_min)]
     min_runtime: f64,
+    /// Add two LLM services (the Azure LLM inference trace 2023, conversation and code,
+    /// tiled under a diurnal envelope) peaking at this many GPUs together (0: none).
+    #[arg(long, default_value_t = Knobs::default().llm_peak_gpus)]
+    llm_peak_gpus: u32,
+    /// The LLM load's low point at 02:00, as a share of its 14:00 peak.
+    #[arg(long, default_value_t = Knobs::default().llm_trough)]
+    llm_trough: f64,
     /// Seed of the training arrivals and placement ties.
     #[arg(long, default_value_t = Knobs::default().seed)]
     seed: u64,
@@ -140,13 +151,22 @@ pub fn run(a: FleetArgs) -> Result<()> {
         hold_s: a.hold,
         checkpoint_min: checkpoint(&a.checkpoint)?,
         min_runtime_min: a.min_runtime,
+        llm_peak_gpus: a.llm_peak_gpus,
+        llm_trough: a.llm_trough,
         seed: a.seed,
     };
     knobs.validate()?;
     let kinds = fleets(&a.fleets)?;
     let (dlrm, dlrm_name) = text(&a.inference_trace, BUNDLED_DLRM)?;
     let (pods, pods_name) = text(&a.training_trace, BUNDLED_PODS)?;
-    let services = demand::parse_services(&dlrm, &format!("{dlrm_name} DLRM instance list"))?;
+    let mut services = demand::parse_services(&dlrm, &format!("{dlrm_name} DLRM instance list"))?;
+    services.extend(demand::azure_llm_services(
+        (BUNDLED_LLM_CONV, "bundled Azure LLM conv trace"),
+        (BUNDLED_LLM_CODE, "bundled Azure LLM code trace"),
+        knobs.llm_peak_gpus,
+        knobs.llm_trough,
+        knobs.horizon(),
+    )?);
     let shapes = demand::parse_tasks(&pods, &format!("{pods_name} pod list"))?;
     let inputs = Inputs::new(&knobs, services, &shapes)?;
     let threads = a

@@ -48,6 +48,12 @@ pub struct Knobs {
     pub checkpoint_min: (f64, f64),
     /// Training queue's `minimumRuntime`, minutes (0: none).
     pub min_runtime_min: f64,
+    /// GPUs at the busiest minute of the two Azure LLM services (conversation and
+    /// code, half each; 0: none), whose load is the Azure LLM inference trace 2023
+    /// tiled under a diurnal envelope.
+    pub llm_peak_gpus: u32,
+    /// The envelope's low point at 02:00, as a share of its 14:00 peak.
+    pub llm_trough: f64,
     pub seed: u64,
 }
 
@@ -67,6 +73,8 @@ impl Default for Knobs {
             hold_s: 0,
             checkpoint_min: (5.0, 30.0),
             min_runtime_min: 0.0,
+            llm_peak_gpus: 0,
+            llm_trough: 0.2,
             seed: 42,
         }
     }
@@ -147,6 +155,12 @@ impl Knobs {
             && self.min_runtime_min <= 24.0 * 60.0)
         {
             return bad("min-runtime", "must be 0 to 1440 minutes");
+        }
+        if self.llm_peak_gpus > self.gpus {
+            return bad("llm-peak-gpus", "more than the fleet's GPUs");
+        }
+        if !(self.llm_trough.is_finite() && (0.0..=1.0).contains(&self.llm_trough)) {
+            return bad("llm-trough", "must be 0 to 1 (a share of the peak)");
         }
         Ok(())
     }
@@ -276,6 +290,20 @@ mod tests {
                     ..Default::default()
                 },
                 "--warmup-hours",
+            ),
+            (
+                Knobs {
+                    llm_peak_gpus: 5000,
+                    ..Default::default()
+                },
+                "--llm-peak-gpus",
+            ),
+            (
+                Knobs {
+                    llm_trough: 1.5,
+                    ..Default::default()
+                },
+                "--llm-trough",
             ),
         ];
         for (k, knob) in cases {

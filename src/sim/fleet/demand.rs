@@ -134,6 +134,135 @@ pub fn parse_services(text: &str, file: &str) -> Result<Vec<Service>> {
         .collect())
 }
 
+/// Tokens per minute (prompt + generated) of an Azure LLM inference trace 2023 file
+/// (`TIMESTAMP,ContextTokens,GeneratedTokens`, one request per line, about an hour of
+/// one day), minute 0 holding the first request's minute.
+pub fn parse_llm_tokens_per_minute(text: &str, file: &str) -> Result<Vec<f64>> {
+    let table = Table::parse(text, file)?;
+    let stamp = table.column("TIMESTAMP")?;
+    let context = table.column("ContextTokens")?;
+    let generated = table.column("GeneratedTokens")?;
+    let mut first: Option<(String, u64)> = None;
+    let mut minutes: Vec<f64> = Vec::new();
+    for (line, row) in &table.rows {
+        let (day, second) = day_and_second(row[stamp]).ok_or_else(|| {
+            table.bad(
+                *line,
+                format!(
+                    "TIMESTAMP `{}` is not `YYYY-MM-DD hh:mm:ss[.f]`",
+                    row[stamp]
+                ),
+            )
+        })?;
+        let (first_day, start) = first.get_or_insert_with(|| (day.to_string(), second));
+        if day != first_day.as_str() || second < *start {
+            return Err(table.bad(*line, "requests must be of one day, in time order".into()));
+        }
+        let minute = ((second - *start) / 60) as usize;
+        if minute >= 24 * 60 {
+            return Err(table.bad(*line, "more than a day after the first request".into()));
+        }
+        let tokens: f64 =
+            table.num::<f64>(*line, row, context)? + table.num::<f64>(*line, row, generated)?;
+        if !(tokens.is_finite() && tokens >= 0.0) {
+            return Err(table.bad(*line, "token counts must be at least 0".into()));
+        }
+        if minutes.len() <= minute {
+            minutes.resize(minute + 1, 0.0);
+        }
+        minutes[minute] += tokens;
+    }
+    if minutes.iter().all(|m| *m == 0.0) {
+        return Err(Error::Empty(format!("{file} (no tokens)")));
+    }
+    // The last minute is cut short by the trace's end: leave it out.
+    if minutes.len() > 1 {
+        minutes.pop();
+    }
+    Ok(minutes)
+}
+
+/// `("2023-11-16", seconds of that day)` of `2023-11-16 18:15:46.6805900`.
+fn day_and_second(stamp: &str) -> Option<(&str, u64)> {
+    let (day, clock) = stamp.trim().split_once(' ')?;
+    let mut parts = clock.split(':');
+    let h: u64 = parts.next()?.parse().ok()?;
+    let m: u64 = parts.next()?.parse().ok()?;
+    let s: f64 = parts.next()?.parse().ok()?;
+    if parts.next().is_some() || h > 23 || m > 59 || !(0.0..61.0).contains(&s) {
+        return None;
+    }
+    Some((day, h * 3600 + m * 60 + s as u64))
+}
+
+/// The diurnal envelope LLM load is tiled under: 1 at 14:00, `trough` at 02:00, a
+/// raised cosine between (simulated time 0 is midnight).
+pub fn diurnal(t: Time, trough: f64) -> f64 {
+    let hours = t as f64 / 3_600_000.0;
+    let phase = 2.0 * std::f64::consts::PI * (hours - 14.0) / 24.0;
+    trough + (1.0 - trough) * (1.0 + phase.cos()) / 2.0
+}
+
+/// An LLM service whose demand follows `tokens_per_minute` (an hour of real requests,
+/// tiled) under the [`diurnal`] envelope, scaled so that its busiest minute over
+/// `[0, until]` needs `peak` instances of one GPU each.
+pub fn llm_service(
+    name: &str,
+    tokens_per_minute: &[f64],
+    peak: u32,
+    trough: f64,
+    until: Time,
+) -> Service {
+    const MINUTE: Time = 60_000;
+    let load = |m: u64| {
+        let i = (m % tokens_per_minute.len().max(1) as u64) as usize;
+        tokens_per_minute.get(i).copied().unwrap_or(0.0) * diurnal(m * MINUTE, trough)
+    };
+    let minutes = until / MINUTE + 1;
+    let busiest = (0..minutes).map(load).fold(0.0f64, f64::max);
+    let mut steps: Vec<(Time, u32)> = Vec::new();
+    for m in 0..minutes {
+        let n = if busiest > 0.0 {
+            (f64::from(peak) * load(m) / busiest).ceil() as u32
+        } else {
+            0
+        };
+        if steps.last().is_none_or(|&(_, last)| last != n) {
+            steps.push((m * MINUTE, n));
+        }
+    }
+    Service {
+        name: name.to_string(),
+        gpus: 1,
+        steps,
+    }
+}
+
+/// The two LLM services of a run: `conv` and `code` (the Azure trace's files), each
+/// peaking at half of `peak_gpus` over `[0, until]` (none when `peak_gpus` is 0).
+pub fn azure_llm_services(
+    conv: (&str, &str),
+    code: (&str, &str),
+    peak_gpus: u32,
+    trough: f64,
+    until: Time,
+) -> Result<Vec<Service>> {
+    if peak_gpus == 0 {
+        return Ok(Vec::new());
+    }
+    let mut out = Vec::new();
+    for ((text, file), name, peak) in [
+        (conv, "azure-llm-conv", peak_gpus.div_ceil(2)),
+        (code, "azure-llm-code", peak_gpus / 2),
+    ] {
+        if peak > 0 {
+            let tokens = parse_llm_tokens_per_minute(text, file)?;
+            out.push(llm_service(name, &tokens, peak, trough, until));
+        }
+    }
+    Ok(out)
+}
+
 /// The shape of one training or batch task of the trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TaskShape {
@@ -330,5 +459,61 @@ mod tests {
             .all(|j| (300_000..=1_800_000).contains(&j.checkpoint)));
         assert_eq!(jobs, arrivals(&shapes, &a));
         assert_ne!(jobs, arrivals(&shapes, &Arrivals { seed: 8, ..a }));
+    }
+
+    const LLM: &str = "TIMESTAMP,ContextTokens,GeneratedTokens\n\
+        2023-11-16 18:15:46.68,100,10\n\
+        2023-11-16 18:16:10.00,200,20\n\
+        2023-11-16 18:17:50.50,50,0\n\
+        2023-11-16 18:18:50.00,1,1\n";
+
+    #[test]
+    fn llm_load_is_tokens_per_minute_the_cut_last_minute_left_out() {
+        let m = parse_llm_tokens_per_minute(LLM, "llm").unwrap();
+        // 18:15:46 starts minute 0: 110 then 220 (18:16:10 is 24 s later, same
+        // minute), 50 in minute 2 (124 s); minute 3 (18:18:50) is the last, cut short by
+        // the trace's end: dropped.
+        assert_eq!(m, vec![330.0, 0.0, 50.0]);
+        for (bad, why) in [
+            ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 25:00:00,1,1\n", "TIMESTAMP"),
+            ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 10:00:00,1,1\n2023-11-16 09:00:00,1,1\n", "time order"),
+            ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 10:00:00,1,1\n2023-11-17 10:00:00,1,1\n", "one day"),
+            ("TIMESTAMP,ContextTokens,GeneratedTokens\n2023-11-16 10:00:00,-5,1\n", "at least 0"),
+            ("TIMESTAMP,ContextTokens\n2023-11-16 10:00:00,1\n", "GeneratedTokens"),
+        ] {
+            let e = parse_llm_tokens_per_minute(bad, "llm").unwrap_err().to_string();
+            assert!(e.contains(why), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn llm_demand_follows_the_day_and_peaks_at_the_asked_size() {
+        assert!((diurnal(14 * 3_600_000, 0.2) - 1.0).abs() < 1e-9);
+        assert!((diurnal(2 * 3_600_000, 0.2) - 0.2).abs() < 1e-9);
+        let flat = vec![1000.0; 60];
+        let day = 24 * 3_600_000;
+        let s = llm_service("llm", &flat, 100, 0.2, 2 * day);
+        assert_eq!(s.gpus, 1);
+        assert_eq!(s.peak(2 * day), 100);
+        assert_eq!(s.at(14 * 3_600_000), 100);
+        assert_eq!(s.at(2 * 3_600_000), 20);
+        assert_eq!(s.at(day + 2 * 3_600_000), 20, "the next day repeats");
+        // Flat load under a raised cosine from 0.2 to 1: the mean is 0.6 of the peak.
+        let mean = s.mean(2 * day);
+        assert!((mean - 60.0).abs() < 1.5, "{mean}");
+        // The trace's minutes show through the envelope.
+        let bursty: Vec<f64> = (0..60)
+            .map(|m| if m % 2 == 0 { 1000.0 } else { 500.0 })
+            .collect();
+        let b = llm_service("llm", &bursty, 100, 0.2, day);
+        assert_eq!(b.at(14 * 3_600_000), 100);
+        assert_eq!(b.at(14 * 3_600_000 + 60_000), 50);
+        let none = azure_llm_services((LLM, "a"), (LLM, "b"), 0, 0.2, day).unwrap();
+        assert!(none.is_empty());
+        let two = azure_llm_services((LLM, "a"), (LLM, "b"), 7, 0.2, day).unwrap();
+        assert_eq!(
+            two.iter().map(|s| s.peak(day)).collect::<Vec<_>>(),
+            vec![4, 3]
+        );
     }
 }
