@@ -122,6 +122,8 @@ fn bench(c: &mut Criterion) {
         holders: &n.holders,
         usage: &n.usage,
         vgpu: &n.vgpu,
+        claim_holders: &[],
+        claims: &[],
         pods: &n.pods,
     };
     let metrics = NodeMetrics::with_hami(true);

@@ -213,8 +213,50 @@ async fn dra_claim_specs_are_valid_with_their_minimum_version() {
             }
         }
         validate(&files).unwrap();
+        specs_are_restored_byte_identical(&p, &files);
     }
     support::rbac::assert_allows_every_request(&api, "daemonset/node/rbac.yaml");
+}
+
+/// The periodic check of the per-claim specs: with every claim's spec intact nothing is
+/// rewritten; a corrupted (MIG), edited (vGPU) and deleted (whole) spec is rewritten
+/// byte for byte as prepare wrote it; a spec of another driver in the same directory is
+/// left alone.
+fn specs_are_restored_byte_identical(p: &NodePreparer, files: &[PathBuf]) {
+    let written: Vec<Vec<u8>> = files.iter().map(|f| std::fs::read(f).unwrap()).collect();
+    let first = p.verify_claim_specs().unwrap();
+    assert_eq!(first, Default::default(), "all intact");
+    let root = files[0].parent().unwrap();
+    let other = root.join("nic.example.com-claim-1234.json");
+    std::fs::write(&other, b"{\"kind\": \"nic.example.com/nic\", broken").unwrap();
+    let find = |uid: &str| {
+        files
+            .iter()
+            .position(|f| f.ends_with(format!("tessera.io-claim-{uid}.json")))
+            .unwrap()
+    };
+    let mig = find("1f2e3d4c-0000-4000-8000-000000000002");
+    let vgpu = find("b0000000-0000-4000-8000-000000000003");
+    let whole = find("a1b2c3d4-0000-4000-8000-000000000001");
+    std::fs::write(&files[mig], b"{ not json").unwrap();
+    let edited = String::from_utf8(written[vgpu].clone()).unwrap().replace(
+        "CUDA_DEVICE_MEMORY_LIMIT_0=16384m",
+        "CUDA_DEVICE_MEMORY_LIMIT_0=81920m",
+    );
+    assert_ne!(edited.as_bytes(), &written[vgpu][..]);
+    std::fs::write(&files[vgpu], edited).unwrap();
+    std::fs::remove_file(&files[whole]).unwrap();
+    let check = p.verify_claim_specs().unwrap();
+    assert_eq!(check.repaired.len(), 3, "{check:?}");
+    assert!(check.unchecked.is_empty(), "{check:?}");
+    for (f, bytes) in files.iter().zip(&written) {
+        assert_eq!(&std::fs::read(f).unwrap(), bytes, "{}", f.display());
+    }
+    assert_eq!(
+        std::fs::read(&other).unwrap(),
+        b"{\"kind\": \"nic.example.com/nic\", broken"
+    );
+    assert_eq!(p.verify_claim_specs().unwrap(), Default::default());
 }
 
 #[test]

@@ -568,3 +568,176 @@ async fn the_binary_samples_usage_with_its_flags() {
         "{page}"
     );
 }
+
+/// DRA claims (issue: the DRA path invisible to usage metrics): a container's claims come
+/// from PodResources `dynamic_resources`, what each device is from the driver's checkpoint
+/// and, for a vGPU slice, the claim's units record and the shim's accounting file. A whole
+/// GPU and a vGPU slice are charged like device-plugin ones; a claim of another driver is
+/// not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dra_claims_are_charged_from_pod_resources_and_the_drivers_checkpoint() {
+    use tessera::dra::checkpoint::{self, Phase, PreparedClaim, PreparedDevice, Store};
+    let tmp = tempfile::tempdir().unwrap();
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let backend = Arc::new(tessera::gpu::fake::FakeBackend::from_spec("2xA100-80GB").unwrap());
+    let gpus: Vec<String> = backend
+        .inventory()
+        .unwrap()
+        .gpus
+        .iter()
+        .map(|g| g.uuid.clone())
+        .collect();
+    backend.set_usage(usage(&gpus[0], 10 * GIB, 50));
+    backend.set_usage(usage(&gpus[1], 5 * GIB, 20));
+
+    // What the driver prepared: its checkpoint and the vGPU claim's directory.
+    let state = tmp.path().join("state");
+    let device = |name: &str, uid: &str| PreparedDevice {
+        pool: NODE.into(),
+        device: name.into(),
+        request_names: vec!["gpu".into()],
+        cdi_device_ids: vec![format!("tessera.io/gpu={uid}-{name}")],
+        mig: None,
+        time_slice: None,
+    };
+    let mut data = checkpoint::Data::default();
+    for (uid, name, dev) in [
+        ("uid-train", "train", "gpu-0"),
+        ("uid-slice", "slice", "gpu-1-vgpu"),
+    ] {
+        data.claims.insert(
+            uid.into(),
+            PreparedClaim {
+                namespace: "ml".into(),
+                name: name.into(),
+                phase: Phase::Completed,
+                devices: vec![device(dev, uid)],
+            },
+        );
+    }
+    Store::new(&state.join("dra")).write(&data).unwrap();
+    let dirs = AllocDirs::new(state.join("vgpu"));
+    dirs.create("claim-uid-slice").unwrap();
+    dirs.write_limits(
+        "claim-uid-slice",
+        &[shimfiles::UnitLimits {
+            index: 0,
+            gpu: gpus[1].clone(),
+            memory_mib: 20 * 1024,
+            cores: 25,
+        }],
+    )
+    .unwrap();
+    std::fs::write(
+        dirs.accounting_dir("claim-uid-slice")
+            .join(shimfiles::ACCOUNTING_FILE),
+        accounting_file(3 * GIB),
+    )
+    .unwrap();
+    // The kubelet runs the pods with their claims.
+    let ours = |dev: &'static str, uid: &str| {
+        (
+            "gpu.tessera.io",
+            NODE,
+            dev,
+            vec![format!("tessera.io/gpu={uid}-{dev}")],
+        )
+    };
+    kubelet.admit_claim(
+        "ml",
+        "trainer",
+        "trainer-uid",
+        "main",
+        "uid-train",
+        "train",
+        &[ours("gpu-0", "uid-train")],
+    );
+    kubelet.admit_claim(
+        "ml",
+        "infer",
+        "infer-uid",
+        "main",
+        "uid-slice",
+        "slice",
+        &[ours("gpu-1-vgpu", "uid-slice")],
+    );
+    kubelet.admit_claim(
+        "ml",
+        "nic",
+        "nic-uid",
+        "main",
+        "uid-nic",
+        "nic",
+        &[("nic.example.com", NODE, "eth-0", vec![])],
+    );
+
+    let metrics = Arc::new(NodeMetrics::new());
+    let cancel = CancellationToken::new();
+    let settings = SamplerSettings {
+        node_name: NODE.into(),
+        interval: Duration::from_millis(300),
+        forget_after: Duration::from_secs(60),
+        team_label: "team".into(),
+        pod_resources_socket: kubelet.pod_resources_socket(),
+        kubelet_checkpoint: tmp
+            .path()
+            .join("kubelet/device-plugins/kubelet_internal_checkpoint"),
+        alloc_dirs: dirs,
+        client: None,
+    };
+    assert_eq!(settings.dra_checkpoint_dir(), Some(state.join("dra")));
+    let (_tap, advertised) = tokio::sync::watch::channel(Default::default());
+    tokio::spawn(sampler::run(
+        settings,
+        backend.clone(),
+        advertised,
+        metrics.clone(),
+        cancel.clone(),
+    ));
+    let alloc_name = "tessera_chargeback_gpu_allocated_seconds_total";
+    wait_for("both claims charged", Duration::from_secs(10), || {
+        let page = metrics.encode();
+        let charged = |pod| value(&page, alloc_name, &[("pod", pod)]).filter(|v| *v > 0.0);
+        charged("trainer").and(charged("infer")).map(|_| page)
+    })
+    .await;
+    let page = metrics.encode();
+    let share = "tessera_container_gpu_allocated_share";
+    assert_eq!(
+        value(
+            &page,
+            share,
+            &[("pod", "trainer"), ("mode", "whole"), ("gpu", &gpus[0])]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        value(
+            &page,
+            share,
+            &[("pod", "infer"), ("mode", "vgpu"), ("gpu", &gpus[1])]
+        ),
+        Some(0.25)
+    );
+    assert_eq!(
+        value(
+            &page,
+            "tessera_container_gpu_memory_used_bytes",
+            &[("pod", "infer")]
+        ),
+        Some((3 * GIB) as f64)
+    );
+    assert_eq!(
+        value(
+            &page,
+            "tessera_container_gpu_memory_limit_bytes",
+            &[("pod", "infer")]
+        ),
+        Some((20 * GIB) as f64)
+    );
+    assert!(
+        value(&page, share, &[("pod", "nic")]).is_none(),
+        "another driver's claim"
+    );
+    cancel.cancel();
+}

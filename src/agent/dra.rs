@@ -123,6 +123,7 @@ pub fn slices_for(
 /// claim owns, serve the kubelet while the view is active (from the start when
 /// `serve_at_start`, before any view: `--dra=on`), publish every view. `owned` is the
 /// split the agent put in force; the published device names are added to it here.
+#[allow(clippy::too_many_arguments)] // each is one thing the agent hands its DRA path
 pub async fn run(
     settings: DraSettings,
     backend: Arc<dyn GpuBackend>,
@@ -130,6 +131,7 @@ pub async fn run(
     mut views: watch::Receiver<Option<DraView>>,
     owned: OwnedDevices,
     serve_at_start: bool,
+    spec_checks: SpecChecks,
     cancel: CancellationToken,
 ) -> Result<(), Error> {
     let preparer = Arc::new(NodePreparer {
@@ -144,6 +146,11 @@ pub async fn run(
         status: StatusWriter::new(settings.client.clone(), &settings.node_name),
     });
     let status_writes = preparer.status.clone();
+    tokio::spawn(check_claim_specs(
+        preparer.clone(),
+        spec_checks,
+        cancel.child_token(),
+    ));
     let recovering = preparer.clone();
     let recovered = tokio::task::spawn_blocking(move || {
         let loaded = recovering.recover()?;
@@ -220,6 +227,41 @@ pub async fn run(
     match served {
         Ok(r) => r.map_err(Error::from),
         Err(e) => Err(Error::Task(e.to_string())),
+    }
+}
+
+/// When the per-claim CDI specs are checked ([`NodePreparer::verify_claim_specs`]): a
+/// message on `now` (the agent's SIGHUP and `--cdi-verify-interval` check of the node
+/// spec); each rewritten spec counts on `repairs` (`tessera_cdi_spec_repairs_total`).
+pub struct SpecChecks {
+    pub now: tokio::sync::mpsc::UnboundedReceiver<()>,
+    pub repairs: prometheus_client::metrics::counter::Counter,
+}
+
+async fn check_claim_specs(
+    preparer: Arc<NodePreparer>,
+    mut checks: SpecChecks,
+    cancel: CancellationToken,
+) {
+    loop {
+        tokio::select! {
+            _ = cancel.cancelled() => return,
+            got = checks.now.recv() => if got.is_none() { return },
+        }
+        let p = preparer.clone();
+        match tokio::task::spawn_blocking(move || p.verify_claim_specs()).await {
+            Ok(Ok(check)) => {
+                for (uid, reason) in &check.repaired {
+                    warn!(claim_uid = %uid, %reason, "a claim's CDI spec on disk was wrong; rewritten");
+                    checks.repairs.inc();
+                }
+                for (uid, why) in &check.unchecked {
+                    warn!(claim_uid = %uid, %why, "a claim's CDI spec cannot be checked; left as it is");
+                }
+            }
+            Ok(Err(e)) => error!(error = %e, "cannot check the claims' CDI specs"),
+            Err(e) => error!(error = %e, "the claims' CDI spec check failed"),
+        }
     }
 }
 

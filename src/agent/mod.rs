@@ -299,6 +299,8 @@ struct Agent {
     recorded: Option<split_record::Recorded>,
     /// The node's CDI spec as last written ([`Agent::verify_cdi`] checks the file).
     cdi_written: Option<cdi::Spec>,
+    /// Asks the DRA driver to check its per-claim CDI specs (DRA on).
+    claim_spec_checks: Option<mpsc::UnboundedSender<()>>,
     /// A reload that failed on a GPU driver error is retried with backoff.
     driver_retry: crate::gpu::watch::RetryTimer,
     /// The device plugin's GPUs as last applied (their facts go into the vGPU record).
@@ -358,6 +360,10 @@ impl Agent {
     /// Check the node's CDI spec on disk against the one last written and rewrite it when
     /// it is missing, damaged or edited (on SIGHUP and every `cdi_verify_interval`).
     fn verify_cdi(&mut self) {
+        if let Some(tx) = &self.claim_spec_checks {
+            // The DRA task may be gone (its end is handled by the main loop).
+            let _ = tx.send(());
+        }
         let Some(spec) = &self.cdi_written else {
             return;
         };
@@ -636,6 +642,7 @@ pub async fn run_with(
         split_record: dra_checkpoint_dir.as_deref().map(split_record::path_in),
         recorded: None,
         cdi_written: None,
+        claim_spec_checks: None,
         driver_retry: Default::default(),
         dp_inventory: Inventory::default(),
         records_tx,
@@ -653,6 +660,8 @@ pub async fn run_with(
     agent.reload().await;
     let dra_cancel = cancel.child_token();
     let mut dra_task = dra_settings.filter(|_| owners.dra).map(|settings| {
+        let (checks_tx, checks_rx) = mpsc::unbounded_channel();
+        agent.claim_spec_checks = Some(checks_tx);
         let dra_gpus = match (backend.inventory(), agent.gpus.decided()) {
             (Ok(inventory), true) => agent.assignment_of(&agent.gpus).dra_uuids(&inventory),
             (Err(e), _) => {
@@ -671,6 +680,10 @@ pub async fn run_with(
             dra_rx,
             owned.clone().unwrap_or_default(),
             owners.dra_mode() == DraMode::On,
+            dra::SpecChecks {
+                now: checks_rx,
+                repairs: opts.metrics.cdi_spec_repairs.clone(),
+            },
             dra_cancel.clone(),
         ))
     });

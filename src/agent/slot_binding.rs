@@ -183,6 +183,11 @@ pub fn remove_spec(cdi_root: &Path, id: &str) -> std::io::Result<()> {
 
 /// Every container's devices, from the kubelet's PodResources `List`.
 pub async fn list_holders(socket: &Path) -> Result<Vec<Holder>, String> {
+    list_pod_resources(socket).await.map(|a| holders_of(&a))
+}
+
+/// The kubelet's PodResources `List` answer.
+pub async fn list_pod_resources(socket: &Path) -> Result<pr::ListPodResourcesResponse, String> {
     let channel = crate::deviceplugin::registration::connect_unix(socket, CALL_TIMEOUT)
         .await
         .map_err(|e| e.to_string())?;
@@ -195,21 +200,26 @@ pub async fn list_holders(socket: &Path) -> Result<Vec<Holder>, String> {
     .map_err(|_| format!("PodResources List: no answer in {CALL_TIMEOUT:?}"))?
     .map_err(|s| format!("PodResources List: {}", s.message()))?
     .into_inner();
+    Ok(answer)
+}
+
+/// Every container's device-plugin devices in a PodResources answer.
+pub fn holders_of(answer: &pr::ListPodResourcesResponse) -> Vec<Holder> {
     let mut out = Vec::new();
-    for pod in answer.pod_resources {
-        for c in pod.containers {
-            for d in c.devices {
+    for pod in &answer.pod_resources {
+        for c in &pod.containers {
+            for d in &c.devices {
                 out.push(Holder {
                     namespace: pod.namespace.clone(),
                     pod: pod.name.clone(),
                     container: c.name.clone(),
-                    resource: d.resource_name,
-                    device_ids: d.device_ids,
+                    resource: d.resource_name.clone(),
+                    device_ids: d.device_ids.clone(),
                 });
             }
         }
     }
-    Ok(out)
+    out
 }
 
 /// Bind pending allocations until `cancel` fires. `gpus` is this node's split-mode GPUs

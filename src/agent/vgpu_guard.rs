@@ -6,18 +6,22 @@
 //!
 //! - What each pod holds: the device-plugin allocation directories (`dp-*`) with their
 //!   units record ([`shimfiles::UNITS_FILE`]), owned by the pod UID the kubelet's device
-//!   checkpoint names for them ([`shimfiles::allocation_owners`]). DRA claims' directories
-//!   are not guarded yet (the claim's pods are in the kubelet's DRA state, not read here).
+//!   checkpoint names for them ([`shimfiles::allocation_owners`]); and the DRA claims'
+//!   directories (`claim-<uid>`, the same units record), held by every pod the kubelet's
+//!   DRA manager records for the claim (its checkpoint `<kubelet-dir>/dra_manager_state`,
+//!   [`kubelet_claim_pods`]). Pods sharing one claim are each checked against the claim's
+//!   slice.
 //! - Which pod a process runs in: its `/proc/<pid>/cgroup` (the agent needs the host's
 //!   PID namespace, `hostPID: true`, to see the PIDs the driver reports).
 //! - `report` posts a `VgpuOverLimit` Event on the Node and logs; `kill` also sends
 //!   SIGKILL to the pod's processes on that GPU (the container's restart policy decides
 //!   what follows). A process in no slice-holding pod is logged, never killed.
 //!
-//! A sample that cannot be taken (the driver does not answer, the checkpoint cannot be
-//! read) decides nothing: the guard never acts on a partial picture.
+//! A sample that cannot be taken (the driver does not answer, a checkpoint cannot be
+//! read, vGPU claims are prepared but the kubelet's DRA state is missing or damaged)
+//! decides nothing: the guard never acts on a partial picture.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -106,6 +110,121 @@ pub fn holdings(dirs: &AllocDirs, checkpoint: &[u8]) -> Result<Vec<Holding>, Str
     Ok(out)
 }
 
+/// The kubelet DRA manager's checkpoint file name, in the kubelet's root directory.
+pub const KUBELET_DRA_STATE: &str = "dra_manager_state";
+
+impl GuardConfig {
+    /// The kubelet's DRA state: `dra_manager_state` in the kubelet's directory (the one
+    /// holding `device-plugins/`, where [`GuardConfig::kubelet_checkpoint`] is).
+    pub fn kubelet_dra_state(&self) -> Option<PathBuf> {
+        let kubelet_dir = self.kubelet_checkpoint.parent()?.parent()?;
+        Some(kubelet_dir.join(KUBELET_DRA_STATE))
+    }
+}
+
+/// The pods of each claim (claim UID → pod UIDs) in the kubelet DRA manager's checkpoint:
+/// `{"Data": "<JSON>", "Checksum": <CRC-32 of Data>}`, the data's claim list under
+/// `Entries` (1.32+) or `ClaimInfoStateList` (earlier), each entry's `PodUIDs` a set
+/// (an object whose keys are the UIDs). A wrong checksum or layout is an error.
+pub fn kubelet_claim_pods(bytes: &[u8]) -> Result<BTreeMap<String, BTreeSet<String>>, String> {
+    #[derive(serde::Deserialize)]
+    struct File {
+        #[serde(rename = "Data")]
+        data: String,
+        #[serde(rename = "Checksum")]
+        checksum: u64,
+    }
+    #[derive(serde::Deserialize)]
+    struct Data {
+        #[serde(rename = "Entries", alias = "ClaimInfoStateList", default)]
+        entries: Option<Vec<Entry>>,
+    }
+    #[derive(serde::Deserialize)]
+    struct Entry {
+        #[serde(rename = "ClaimUID")]
+        claim_uid: String,
+        #[serde(rename = "PodUIDs", default)]
+        pod_uids: Option<BTreeMap<String, serde_json::Value>>,
+    }
+    let file: File = serde_json::from_slice(bytes).map_err(|e| {
+        format!(
+            "not the kubelet's DRA checkpoint ({:?} error at line {} column {})",
+            e.classify(),
+            e.line(),
+            e.column()
+        )
+    })?;
+    if u64::from(crc32fast::hash(file.data.as_bytes())) != file.checksum {
+        return Err("checksum mismatch".into());
+    }
+    let data: Data = serde_json::from_str(&file.data).map_err(|e| {
+        format!(
+            "its data is not a DRA checkpoint ({:?} error)",
+            e.classify()
+        )
+    })?;
+    Ok(data
+        .entries
+        .unwrap_or_default()
+        .into_iter()
+        .map(|e| {
+            let pods = e.pod_uids.unwrap_or_default().into_keys().collect();
+            (e.claim_uid, pods)
+        })
+        .collect())
+}
+
+/// What each pod holds through the DRA claims' directories: every `claim-<uid>` with a
+/// units record, held by the pods `claim_pods` names for the claim (a claim prepared
+/// but not yet in the kubelet's state holds nothing). `claim_pods` is read only when a
+/// claim has units, and an error from it is the sample's (nothing is decided).
+pub fn claim_holdings(
+    dirs: &AllocDirs,
+    claim_pods: impl FnOnce() -> Result<BTreeMap<String, BTreeSet<String>>, String>,
+) -> Result<Vec<Holding>, String> {
+    let mut units = Vec::new();
+    for id in dirs
+        .list(shimfiles::CLAIM_PREFIX)
+        .map_err(|e| e.to_string())?
+    {
+        match dirs.read_units(&id) {
+            Ok(Some(u)) => units.push((id, u)),
+            Ok(None) => {}
+            Err(e) => warn!(claim = %id, error = %e, "vGPU guard: claim record unreadable"),
+        }
+    }
+    if units.is_empty() {
+        return Ok(Vec::new());
+    }
+    let pods = claim_pods()?;
+    let mut out = Vec::new();
+    for (id, units) in units {
+        let uid = id.trim_start_matches(shimfiles::CLAIM_PREFIX);
+        for pod_uid in pods.get(uid).into_iter().flatten() {
+            out.extend(units.iter().map(|u| Holding {
+                pod_uid: pod_uid.clone(),
+                gpu: u.gpu.clone(),
+                limit_bytes: u.memory_mib.saturating_mul(1 << 20),
+            }));
+        }
+    }
+    Ok(out)
+}
+
+/// Read the kubelet's DRA state at `path` ([`kubelet_claim_pods`]).
+fn read_claim_pods(path: Option<&Path>) -> Result<BTreeMap<String, BTreeSet<String>>, String> {
+    let path = path.ok_or("vGPU claims are prepared but the kubelet's directory is unknown")?;
+    let bytes = std::fs::read(path).map_err(|e| {
+        format!(
+            "vGPU claims are prepared but the kubelet's DRA state {} cannot be read ({}): \
+             their pods are unknown",
+            path.display(),
+            e.kind()
+        )
+    })?;
+    kubelet_claim_pods(&bytes).map_err(|e| format!("{}: {e}", path.display()))
+}
+
 /// The pod a process runs in, from `<proc_root>/<pid>/cgroup` (`None`: gone, or in none).
 pub fn pod_of(proc_root: &Path, pid: u32) -> Option<String> {
     let text = std::fs::read_to_string(proc_root.join(pid.to_string()).join("cgroup")).ok()?;
@@ -120,14 +239,17 @@ pub fn sample(
     recorder: &dyn EventRecorder,
     now_ms: u64,
 ) -> Result<Vec<Finding>, String> {
-    let checkpoint = match std::fs::read(&cfg.kubelet_checkpoint) {
-        Ok(bytes) => bytes,
+    let mut holdings = match std::fs::read(&cfg.kubelet_checkpoint) {
+        Ok(bytes) => holdings(&cfg.alloc_dirs, &bytes)
+            .map_err(|e| format!("{}: {e}", cfg.kubelet_checkpoint.display()))?,
         // No checkpoint: the kubelet has handed out no devices.
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
         Err(e) => return Err(format!("{}: {e}", cfg.kubelet_checkpoint.display())),
     };
-    let holdings = holdings(&cfg.alloc_dirs, &checkpoint)
-        .map_err(|e| format!("{}: {e}", cfg.kubelet_checkpoint.display()))?;
+    let dra_state = cfg.kubelet_dra_state();
+    holdings.extend(claim_holdings(&cfg.alloc_dirs, || {
+        read_claim_pods(dra_state.as_deref())
+    })?);
     if holdings.is_empty() {
         *guard = Guard::new();
         return Ok(Vec::new());
@@ -379,6 +501,136 @@ mod tests {
         let rec = Recorded::default();
         let found = sample(&cfg, &mut Guard::new(), &using(40), &rec, 0).unwrap();
         assert_eq!(found, vec![]);
+    }
+
+    const CLAIM_UID: &str = "5c0e1a2b-3c4d-4e5f-8a9b-0c1d2e3f4a5b";
+
+    /// The kubelet DRA manager's checkpoint naming `pods` for `claim`, in the layout whose
+    /// claim list is under `list` (`Entries` or `ClaimInfoStateList`).
+    fn dra_state(list: &str, claim: &str, pods: &[&str]) -> Vec<u8> {
+        let pod_uids: serde_json::Map<String, serde_json::Value> = pods
+            .iter()
+            .map(|p| (p.to_string(), serde_json::json!({})))
+            .collect();
+        let data = serde_json::json!({
+            "kind": "DRACheckpoint", "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1",
+            list: [{"ClaimUID": claim, "ClaimName": "slice", "Namespace": "ml",
+                "PodUIDs": pod_uids, "DriverState": {"gpu.tessera.io": {"Devices": []}}}],
+        })
+        .to_string();
+        serde_json::to_vec(&serde_json::json!({
+            "Data": data, "Checksum": crc32fast::hash(data.as_bytes()),
+        }))
+        .unwrap()
+    }
+
+    /// A DRA claim's vGPU directory (16 GiB on GPU-a) and the kubelet's DRA state naming
+    /// the pod of [`setup`]'s process 4242 for it; no device-plugin allocation.
+    fn setup_claim(tmp: &Path) -> GuardConfig {
+        let mut cfg = setup(tmp);
+        cfg.alloc_dirs.remove("dp-1").unwrap();
+        let id = format!("claim-{CLAIM_UID}");
+        cfg.alloc_dirs.create(&id).unwrap();
+        cfg.alloc_dirs
+            .write_limits(
+                &id,
+                &[shimfiles::UnitLimits {
+                    index: 0,
+                    gpu: "GPU-a".into(),
+                    memory_mib: 16 * 1024,
+                    cores: 25,
+                }],
+            )
+            .unwrap();
+        let kubelet = tmp.join("kubelet");
+        std::fs::create_dir_all(kubelet.join("device-plugins")).unwrap();
+        cfg.kubelet_checkpoint = kubelet.join("device-plugins/kubelet_internal_checkpoint");
+        std::fs::write(
+            kubelet.join(KUBELET_DRA_STATE),
+            dra_state("Entries", CLAIM_UID, &[UID]),
+        )
+        .unwrap();
+        cfg
+    }
+
+    #[test]
+    fn a_pod_over_its_dra_claims_slice_is_reported_and_a_process_of_no_pod_is_not() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = setup_claim(tmp.path());
+        let rec = Recorded::default();
+        let mut guard = Guard::new();
+        assert_eq!(
+            sample(&cfg, &mut guard, &using(16), &rec, 0).unwrap(),
+            vec![]
+        );
+        let source = Scripted(Mutex::new(Ok(vec![
+            GpuProcess {
+                gpu: "GPU-a".into(),
+                pid: 4242,
+                used_bytes: 40 << 30,
+            },
+            GpuProcess {
+                gpu: "GPU-a".into(),
+                pid: 5151,
+                used_bytes: 2 << 30,
+            },
+        ])));
+        let found = sample(&cfg, &mut guard, &source, &rec, 1).unwrap();
+        assert!(
+            matches!(&found[..], [
+                Finding::Unattributed { pid: 5151, pod_uid: None, .. },
+                Finding::OverLimit { pod_uid, pids, limit_bytes, .. },
+            ] if pod_uid == UID && pids == &[4242] && *limit_bytes == 16 << 30),
+            "{found:?}"
+        );
+        let events = rec.0.lock().unwrap();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert!(events[0].contains("limit of 16384 MiB"), "{}", events[0]);
+    }
+
+    #[test]
+    fn a_claim_without_pods_in_the_kubelets_state_holds_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = setup_claim(tmp.path());
+        let state = cfg.kubelet_dra_state().unwrap();
+        std::fs::write(&state, dra_state("Entries", "another-claim", &[UID])).unwrap();
+        let rec = Recorded::default();
+        let found = sample(&cfg, &mut Guard::new(), &using(40), &rec, 0).unwrap();
+        assert_eq!(found, vec![]);
+    }
+
+    #[test]
+    fn vgpu_claims_with_their_pods_unknown_decide_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cfg = setup_claim(tmp.path());
+        let state = cfg.kubelet_dra_state().unwrap();
+        let rec = Recorded::default();
+        let mut guard = Guard::new();
+        let mut damaged = dra_state("Entries", CLAIM_UID, &[UID]);
+        let at = damaged.iter().position(|b| *b == b'5').unwrap();
+        damaged[at] = b'6';
+        for (what, bytes) in [
+            ("checksum", Some(damaged)),
+            ("not the kubelet's", Some(b"{not json".to_vec())),
+            ("cannot be read", None),
+        ] {
+            match bytes {
+                Some(b) => std::fs::write(&state, b).unwrap(),
+                None => std::fs::remove_file(&state).unwrap(),
+            }
+            let e = sample(&cfg, &mut guard, &using(40), &rec, 0).unwrap_err();
+            assert!(e.contains(what), "{what}: {e}");
+        }
+        assert!(rec.0.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn both_layouts_of_the_kubelets_dra_state_are_read() {
+        for list in ["Entries", "ClaimInfoStateList"] {
+            let pods = kubelet_claim_pods(&dra_state(list, CLAIM_UID, &[UID, "p2"])).unwrap();
+            let want: BTreeSet<String> = [UID.to_string(), "p2".to_string()].into();
+            assert_eq!(pods.get(CLAIM_UID), Some(&want), "{list}");
+        }
     }
 
     #[test]

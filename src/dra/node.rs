@@ -67,7 +67,10 @@ use super::checkpoint::{
 };
 use super::owned::{Admission, OwnedDevices};
 use super::plugin::{ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
-use super::prepare::{cdi_device_name, devices_here, plan_claim, ClaimPlan};
+use super::prepare::{
+    cdi_device_name, claim_dir_id, claim_spec_with, devices_here, parse_device_name, plan_claim,
+    with_mig_instance, ClaimPlan, DeviceKind, PlannedDevice,
+};
 use super::status;
 use super::status_queue::{StatusOp, StatusWriter};
 use crate::cdi;
@@ -379,30 +382,20 @@ impl NodePreparer {
             if let Some(serde_json::Value::Object(o)) = report.get_mut(&d.device) {
                 o.insert("uuid".into(), created.uuid.clone().into());
             }
-            if let Some(caps) = caps {
-                let nodes = caps
+            let nodes = match caps {
+                Some(caps) => caps
                     .nodes(gpu.minor, created.gi_id, created.ci_id)
-                    .map_err(|e| format!("MIG device {}: {e}", created.uuid))?;
-                let name = cdi_device_name(uid, &d.device);
-                if let Some(dev) = spec.devices.iter_mut().find(|x| x.name == name) {
-                    dev.container_edits.device_nodes.extend(nodes);
-                }
-            }
-            for e in &mut spec.container_edits.env {
-                if let Some(list) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") {
-                    let replaced: Vec<&str> = list
-                        .split(',')
-                        .map(|v| {
-                            if v == mig.gpu_uuid {
-                                created.uuid.as_str()
-                            } else {
-                                v
-                            }
-                        })
-                        .collect();
-                    *e = format!("NVIDIA_VISIBLE_DEVICES={}", replaced.join(","));
-                }
-            }
+                    .map_err(|e| format!("MIG device {}: {e}", created.uuid))?,
+                None => Vec::new(),
+            };
+            with_mig_instance(
+                &mut spec,
+                uid,
+                &d.device,
+                &mig.gpu_uuid,
+                &created.uuid,
+                nodes,
+            );
         }
         // vGPU: the installed shim is checked (fail closed) and the claim's limits written.
         super::prepare::write_claim_files(&self.settings, uid, &plan.devices)
@@ -411,6 +404,121 @@ impl NodePreparer {
             cdi::devroot::with_host_dev(spec, &self.settings.host_dev),
             report,
         ))
+    }
+
+    /// Check every prepared claim's CDI spec against what its checkpoint record says it
+    /// should be ([`Self::expected_spec`]) and rewrite a missing, damaged or edited one
+    /// ([`cdi::verify_spec`]); in a checkpoint session under the work lock, so no
+    /// prepare or unprepare runs meanwhile. Returns the repaired claims (UID, reason) and
+    /// the claims whose spec could not be checked (UID, why; left as they are). Specs of
+    /// claims not prepared are left to unprepare and the start-up sweep.
+    pub fn verify_claim_specs(&self) -> Result<SpecCheck, String> {
+        let session = self.checkpoint.session().map_err(|e| e.to_string())?;
+        let _work = session.work();
+        let claims: Vec<(String, PreparedClaim)> = session.view(|d| {
+            d.claims
+                .iter()
+                .filter(|(_, c)| c.phase == Phase::Completed)
+                .map(|(uid, c)| (uid.clone(), c.clone()))
+                .collect()
+        });
+        let inventory = self.backend.inventory().map_err(|e| e.to_string())?;
+        let mut out = SpecCheck::default();
+        for (uid, record) in claims {
+            let spec = match self.expected_spec(&uid, &record, &inventory) {
+                Ok(spec) => spec,
+                Err(e) => {
+                    out.unchecked.push((uid, e));
+                    continue;
+                }
+            };
+            let stem = format!("tessera.io-claim-{uid}");
+            match cdi::verify_spec(&self.cdi_root, &stem, &spec) {
+                Ok(cdi::Verified::Intact) => {}
+                Ok(cdi::Verified::Repaired { reason }) => out.repaired.push((uid, reason)),
+                Err(e) => out.unchecked.push((uid, e.to_string())),
+            }
+        }
+        Ok(out)
+    }
+
+    /// The CDI spec a prepared claim's record says it has: its devices as planned (the
+    /// GPU by its index, a MIG device's parent from the record), the vGPU limits from the
+    /// claim's units record, each MIG instance the record names found in `inventory`
+    /// with its access nodes. An error when any of it cannot be found (nothing written).
+    fn expected_spec(
+        &self,
+        uid: &str,
+        record: &PreparedClaim,
+        inventory: &Inventory,
+    ) -> Result<cdi::Spec, String> {
+        let mut devices = Vec::new();
+        for d in &record.devices {
+            let kind = parse_device_name(&d.device)
+                .ok_or_else(|| format!("device {} is not one the driver prepares", d.device))?;
+            let index = match &kind {
+                DeviceKind::Whole { gpu }
+                | DeviceKind::Mig { gpu, .. }
+                | DeviceKind::Vgpu { gpu } => *gpu,
+            };
+            let gpu = inventory
+                .gpus
+                .iter()
+                .find(|g| g.index == index)
+                .ok_or_else(|| format!("GPU {index} is not in the inventory"))?;
+            devices.push(PlannedDevice {
+                request: d.request_names.first().cloned().unwrap_or_default(),
+                pool: d.pool.clone(),
+                device: d.device.clone(),
+                kind,
+                visible: gpu.uuid.clone(),
+                share: None,
+                mig: d.mig.clone(),
+                time_slice: d.time_slice.as_ref().map(|t| t.interval),
+            });
+        }
+        let vgpu = devices
+            .iter()
+            .any(|d| matches!(d.kind, DeviceKind::Vgpu { .. }));
+        let limits = match vgpu {
+            true => self
+                .settings
+                .alloc_dirs()
+                .read_units(&claim_dir_id(uid))
+                .map_err(|e| e.to_string())?
+                .ok_or("a vGPU claim without its units record")?,
+            false => Vec::new(),
+        };
+        let mut spec = claim_spec_with(uid, inventory, &devices, &limits, &self.settings);
+        let migs: Vec<_> = devices
+            .iter()
+            .filter_map(|d| d.mig.as_ref().map(|m| (d, m)))
+            .collect();
+        if !migs.is_empty() {
+            let caps = mig_caps(&self.settings.mig_caps)?;
+            for (d, mig) in migs {
+                let gpu = inventory
+                    .gpu(&mig.gpu_uuid)
+                    .ok_or_else(|| format!("GPU {} is gone", mig.gpu_uuid))?;
+                let created = gpu
+                    .mig_devices
+                    .iter()
+                    .find(|m| m.profile == mig.profile && m.start == mig.start)
+                    .ok_or_else(|| format!("MIG {} at {} is gone", mig.profile, mig.start))?;
+                let nodes = caps
+                    .nodes(gpu.minor, created.gi_id, created.ci_id)
+                    .map_err(|e| format!("MIG device {}: {e}", created.uuid))?;
+                with_mig_instance(
+                    &mut spec,
+                    uid,
+                    &d.device,
+                    &mig.gpu_uuid,
+                    &created.uuid,
+                    nodes,
+                );
+            }
+        }
+        Ok(cdi::devroot::with_host_dev(spec, &self.settings.host_dev))
     }
 
     /// At start-up: roll back claims a crash left half-prepared (their MIG instances,
@@ -643,6 +751,15 @@ impl Steps {
         debug!(target: "tessera::dra::timing", claim = %format!("{}/{}", c.namespace, c.name),
                steps = %steps.join(","), "prepare steps");
     }
+}
+
+/// What [`NodePreparer::verify_claim_specs`] found.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct SpecCheck {
+    /// Claims whose spec was rewritten: (UID, what was wrong).
+    pub repaired: Vec<(String, String)>,
+    /// Claims whose spec could not be checked: (UID, why); their files are left alone.
+    pub unchecked: Vec<(String, String)>,
 }
 
 /// What the locked part of a prepare did.

@@ -414,8 +414,20 @@ fn claim_spec(
     devices: &[PlannedDevice],
     settings: &AllocateSettings,
 ) -> Spec {
+    claim_spec_with(uid, inventory, devices, &claim_limits(devices), settings)
+}
+
+/// The CDI spec of a claim's `devices` with the vGPU `limits` given (what
+/// [`claim_limits`] made of them at prepare, read back from the claim's units record when
+/// the spec is checked), before the MIG instances' edits ([`with_mig_instance`]).
+pub fn claim_spec_with(
+    uid: &str,
+    inventory: &Inventory,
+    devices: &[PlannedDevice],
+    limits: &[UnitLimits],
+    settings: &AllocateSettings,
+) -> Spec {
     let visible = visible_order(devices);
-    let limits = claim_limits(devices);
     let mut cdi_devices = Vec::new();
     for d in devices {
         let minor = inventory
@@ -435,7 +447,7 @@ fn claim_spec(
     let mut env = vec![format!("NVIDIA_VISIBLE_DEVICES={}", visible.join(","))];
     let mut mounts = Vec::new();
     if !limits.is_empty() {
-        for l in &limits {
+        for l in limits {
             env.push(format!(
                 "CUDA_DEVICE_MEMORY_LIMIT_{}={}m",
                 l.index, l.memory_mib
@@ -486,6 +498,32 @@ fn claim_spec(
             mounts,
         },
     })
+}
+
+/// A MIG instance created for the claim's device `device` in its spec: the instance's
+/// access `nodes` join the device's edits and its UUID replaces the parent GPU's in
+/// `NVIDIA_VISIBLE_DEVICES`.
+pub fn with_mig_instance(
+    spec: &mut Spec,
+    uid: &str,
+    device: &str,
+    parent_uuid: &str,
+    mig_uuid: &str,
+    nodes: Vec<DeviceNode>,
+) {
+    let name = cdi_device_name(uid, device);
+    if let Some(dev) = spec.devices.iter_mut().find(|x| x.name == name) {
+        dev.container_edits.device_nodes.extend(nodes);
+    }
+    for e in &mut spec.container_edits.env {
+        if let Some(list) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") {
+            let replaced: Vec<&str> = list
+                .split(',')
+                .map(|v| if v == parent_uuid { mig_uuid } else { v })
+                .collect();
+            *e = format!("NVIDIA_VISIBLE_DEVICES={}", replaced.join(","));
+        }
+    }
 }
 
 #[cfg(test)]

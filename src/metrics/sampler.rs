@@ -24,12 +24,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
 
-use super::usage::{self, ContainerLabels, GpuLabels, PodLabels, Sample, Seen, Streak, Tick};
+use super::usage::{
+    self, ClaimDevice, ClaimHolder, ClaimTarget, ClaimUnit, ContainerLabels, DraClaim, GpuLabels,
+    PodLabels, Sample, Seen, Streak, Tick,
+};
 use super::{hami, NodeMetrics};
 use crate::deviceplugin::snapshot::SharedSnapshot;
+use crate::dra::checkpoint::{self, Phase, PreparedClaim, Store};
+use crate::dra::prepare::{claim_dir_id, parse_device_name, DeviceKind};
 use crate::gpu::{GpuBackend, GpuUsage, Inventory};
+use crate::proto::podresources as pr;
 use crate::shimfiles::{self, AllocDirs};
-use crate::vgpu::slots::Holder;
 
 /// How long a pod's labels are trusted before they are read again.
 const LABELS_TTL: Duration = Duration::from_secs(300);
@@ -52,6 +57,14 @@ pub struct SamplerSettings {
     pub alloc_dirs: AllocDirs,
     /// Reads pod labels; `None` (no API access): queue and team are empty.
     pub client: Option<kube::Client>,
+}
+
+impl SamplerSettings {
+    /// The DRA driver's checkpoint directory: `<state-dir>/dra`, beside the vGPU
+    /// allocation directories (`<state-dir>/vgpu`), as `tessera node` lays them out.
+    pub fn dra_checkpoint_dir(&self) -> Option<PathBuf> {
+        self.alloc_dirs.root.parent().map(|state| state.join("dra"))
+    }
 }
 
 impl std::fmt::Debug for SamplerSettings {
@@ -199,11 +212,152 @@ struct Local {
     inventory: Inventory,
     usage: Vec<GpuUsage>,
     vgpu: Vec<usage::VgpuAccounting>,
+    claims: Vec<DraClaim>,
     problems: Vec<String>,
 }
 
-/// Inventory, usage and the vGPU containers' files (blocking: NVML and the file system).
-fn read_local(backend: &dyn GpuBackend, checkpoint: &std::path::Path, dirs: &AllocDirs) -> Local {
+/// The containers' claims of Tessera's DRA driver in a PodResources answer (the kubelet
+/// lists them with its `KubeletPodResourcesDynamicResources` feature gate on).
+pub fn claim_holders_of(answer: &pr::ListPodResourcesResponse) -> Vec<ClaimHolder> {
+    let mut out = Vec::new();
+    for pod in &answer.pod_resources {
+        for c in &pod.containers {
+            for claim in &c.dynamic_resources {
+                let devices: Vec<String> = claim
+                    .claim_resources
+                    .iter()
+                    .filter(|r| r.driver_name == crate::dra::slices::DRIVER)
+                    .map(|r| r.device_name.clone())
+                    .collect();
+                if devices.is_empty() {
+                    continue;
+                }
+                out.push(ClaimHolder {
+                    namespace: pod.namespace.clone(),
+                    pod: pod.name.clone(),
+                    container: c.name.clone(),
+                    claim_namespace: claim.claim_namespace.clone(),
+                    claim_name: claim.claim_name.clone(),
+                    devices,
+                });
+            }
+        }
+    }
+    out
+}
+
+/// A prepared claim's record as the usage tick sees it: each device's target (its name
+/// parsed, a MIG device from the instance the claim created) and the vGPU files of its
+/// directory. A device whose name does not parse is left out and reported.
+pub fn dra_claim(
+    uid: &str,
+    record: &PreparedClaim,
+    dirs: &AllocDirs,
+    problems: &mut Vec<String>,
+) -> DraClaim {
+    let mut devices = Vec::new();
+    for d in &record.devices {
+        let target = match (parse_device_name(&d.device), &d.mig) {
+            (_, Some(m)) => ClaimTarget::Mig {
+                gpu_uuid: m.gpu_uuid.clone(),
+                profile: m.profile.clone(),
+                start: m.start,
+            },
+            (Some(DeviceKind::Whole { gpu }), None) => ClaimTarget::Gpu { index: gpu },
+            (Some(DeviceKind::Vgpu { gpu }), None) => ClaimTarget::Vgpu { index: gpu },
+            (Some(DeviceKind::Mig { .. }) | None, None) => {
+                problems.push(format!(
+                    "DRA claim {}/{} ({uid}): device {} is not one the driver prepares",
+                    record.namespace, record.name, d.device
+                ));
+                continue;
+            }
+        };
+        devices.push(ClaimDevice {
+            name: d.device.clone(),
+            target,
+            time_sliced: d.time_slice.is_some(),
+        });
+    }
+    let id = claim_dir_id(uid);
+    let units = match dirs.read_units(&id) {
+        Ok(units) => units.map(|units| {
+            units
+                .into_iter()
+                .map(|u| ClaimUnit {
+                    index: u.index,
+                    gpu: u.gpu,
+                    memory_mib: u.memory_mib,
+                    cores: u.cores,
+                })
+                .collect()
+        }),
+        // A UID no directory can be named after has no vGPU files.
+        Err(shimfiles::Error::BadId(_)) => None,
+        Err(e) => {
+            problems.push(e.to_string());
+            None
+        }
+    };
+    let used_bytes = match units {
+        Some(_) => {
+            let file = dirs.accounting_dir(&id).join(shimfiles::ACCOUNTING_FILE);
+            shimfiles::read_accounting(&file)
+                .map(|t| t.map(|t| t.to_vec()))
+                .unwrap_or_else(|e| {
+                    problems.push(e.to_string());
+                    None
+                })
+        }
+        None => None,
+    };
+    DraClaim {
+        namespace: record.namespace.clone(),
+        name: record.name.clone(),
+        devices,
+        units,
+        used_bytes,
+    }
+}
+
+/// The claims the DRA driver holds as prepared, from its checkpoint in `dir` (read
+/// without its lock; a missing checkpoint is no claims).
+fn read_claims(
+    dir: &std::path::Path,
+    dirs: &AllocDirs,
+    problems: &mut Vec<String>,
+) -> Vec<DraClaim> {
+    let data = match Store::new(dir).read() {
+        Ok(data) => data,
+        Err(e) => {
+            problems.push(e.to_string());
+            return Vec::new();
+        }
+    };
+    dra_claims(&data, dirs, problems)
+}
+
+/// [`dra_claim`] of every `Completed` claim in `data`.
+pub fn dra_claims(
+    data: &checkpoint::Data,
+    dirs: &AllocDirs,
+    problems: &mut Vec<String>,
+) -> Vec<DraClaim> {
+    data.claims
+        .iter()
+        .filter(|(_, c)| c.phase == Phase::Completed)
+        .map(|(uid, c)| dra_claim(uid, c, dirs, problems))
+        .collect()
+}
+
+/// Inventory, usage, the vGPU containers' files and the DRA claims (blocking: NVML and
+/// the file system).
+fn read_local(
+    backend: &dyn GpuBackend,
+    checkpoint: &std::path::Path,
+    dirs: &AllocDirs,
+    dra_dir: Option<&std::path::Path>,
+) -> Local {
     let mut problems = Vec::new();
     let inventory = backend.inventory().unwrap_or_else(|e| {
         problems.push(format!("GPU inventory: {e}"));
@@ -261,10 +415,15 @@ fn read_local(backend: &dyn GpuBackend, checkpoint: &std::path::Path, dirs: &All
                 .collect(),
         });
     }
+    let claims = match dra_dir {
+        Some(dir) => read_claims(dir, dirs, &mut problems),
+        None => Vec::new(),
+    };
     Local {
         inventory,
         usage,
         vgpu,
+        claims,
         problems,
     }
 }
@@ -280,12 +439,8 @@ impl LabelCache {
         &mut self,
         client: Option<&kube::Client>,
         team_label: &str,
-        holders: &[Holder],
+        listed: BTreeSet<(String, String)>,
     ) -> BTreeMap<(String, String), PodLabels> {
-        let listed: BTreeSet<(String, String)> = holders
-            .iter()
-            .map(|h| (h.namespace.clone(), h.pod.clone()))
-            .collect();
         self.pods.retain(|k, _| listed.contains(k));
         let Some(client) = client else {
             return BTreeMap::new();
@@ -353,14 +508,16 @@ pub async fn run(
         let now = Instant::now();
         let seconds = last.map_or(0.0, |at| now.duration_since(at).as_secs_f64());
         last = Some(now);
-        let holders = match crate::agent::slot_binding::list_holders(&settings.pod_resources_socket)
-            .await
+        let answer = match crate::agent::slot_binding::list_pod_resources(
+            &settings.pod_resources_socket,
+        )
+        .await
         {
-            Ok(h) => {
+            Ok(a) => {
                 if streak.ok() {
                     info!("the kubelet's PodResources API answers again; charging resumes");
                 }
-                h
+                a
             }
             Err(e) => {
                 if streak.fail() {
@@ -369,28 +526,41 @@ pub async fn run(
                 continue;
             }
         };
-        let (b, checkpoint, dirs) = (
+        let holders = crate::agent::slot_binding::holders_of(&answer);
+        let claim_holders = claim_holders_of(&answer);
+        let (b, checkpoint, dirs, dra_dir) = (
             backend.clone(),
             settings.kubelet_checkpoint.clone(),
             settings.alloc_dirs.clone(),
+            settings.dra_checkpoint_dir(),
         );
-        let local =
-            match tokio::task::spawn_blocking(move || read_local(b.as_ref(), &checkpoint, &dirs))
-                .await
-            {
-                Ok(l) => l,
-                Err(e) => {
-                    warn!(error = %e, "usage read failed");
-                    continue;
-                }
-            };
+        let local = match tokio::task::spawn_blocking(move || {
+            read_local(b.as_ref(), &checkpoint, &dirs, dra_dir.as_deref())
+        })
+        .await
+        {
+            Ok(l) => l,
+            Err(e) => {
+                warn!(error = %e, "usage read failed");
+                continue;
+            }
+        };
         for p in &local.problems {
             if reported.insert(p.clone()) {
                 warn!(problem = %p, "usage partly unread");
             }
         }
+        let listed: BTreeSet<(String, String)> = holders
+            .iter()
+            .map(|h| (h.namespace.clone(), h.pod.clone()))
+            .chain(
+                claim_holders
+                    .iter()
+                    .map(|h| (h.namespace.clone(), h.pod.clone())),
+            )
+            .collect();
         let pods = labels
-            .refresh(settings.client.as_ref(), &settings.team_label, &holders)
+            .refresh(settings.client.as_ref(), &settings.team_label, listed)
             .await;
         let snapshot = advertised.borrow().clone();
         let tick = usage::tick(
@@ -401,6 +571,8 @@ pub async fn run(
                 holders: &holders,
                 usage: &local.usage,
                 vgpu: &local.vgpu,
+                claim_holders: &claim_holders,
+                claims: &local.claims,
                 pods: &pods,
             },
             seconds,

@@ -19,7 +19,14 @@
 //! The vGPU busy fraction is an estimate: NVML measures the whole GPU, so the GPU's
 //! utilization is split over the vGPU containers on it in proportion to their SM limits
 //! (a slice without an SM limit counts its share). A container whose devices the
-//! advertisement does not know (another device plugin's, a DRA claim) is not reported.
+//! advertisement does not know (another device plugin's) is not reported.
+//!
+//! DRA claims of Tessera's driver are charged by the same rule: which container uses
+//! which claim comes from PodResources `dynamic_resources` ([`ClaimHolder`]), what each
+//! device is from the driver's checkpoint and, for a vGPU slice, the claim's units record
+//! and accounting file ([`DraClaim`]). A whole GPU is `whole` (`timeslice` when the claim
+//! time-slices it), a MIG device `mig`, a vGPU slice `vgpu`; a claim used by `n`
+//! containers charges each `1 / n` of its devices, so a shared GPU is charged once.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -80,6 +87,66 @@ pub struct VgpuAccounting {
     pub limits: Vec<UnitLimits>,
 }
 
+/// One container's use of a DRA claim, as the kubelet's PodResources API lists it
+/// (`dynamic_resources`), with only the devices of Tessera's driver.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimHolder {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub claim_namespace: String,
+    pub claim_name: String,
+    /// The driver's device names (`gpu-0`, `gpu-1-mig-1g-10gb-0`, `gpu-2-vgpu`).
+    pub devices: Vec<String>,
+}
+
+/// What one device of a prepared claim is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimTarget {
+    /// A whole GPU, by index.
+    Gpu { index: u32 },
+    /// A MIG device the claim created on `gpu_uuid`.
+    Mig {
+        gpu_uuid: String,
+        profile: String,
+        start: u8,
+    },
+    /// A vGPU slice of GPU `index`; its limits are the claim's units record.
+    Vgpu { index: u32 },
+}
+
+/// One device of a prepared claim.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimDevice {
+    pub name: String,
+    pub target: ClaimTarget,
+    /// The claim time-slices the GPU (its pods share it).
+    pub time_sliced: bool,
+}
+
+/// One CUDA ordinal of a vGPU claim's units record: its GPU and limits.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimUnit {
+    pub index: usize,
+    pub gpu: String,
+    pub memory_mib: u64,
+    pub cores: u32,
+}
+
+/// A claim the DRA driver prepared on this node (its checkpoint record), with the vGPU
+/// files of its allocation directory.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DraClaim {
+    pub namespace: String,
+    pub name: String,
+    pub devices: Vec<ClaimDevice>,
+    /// The units record (`None`: none written, or unreadable): a vGPU device without its
+    /// unit is not charged.
+    pub units: Option<Vec<ClaimUnit>>,
+    /// The shim's per-ordinal totals (`None`: no CUDA process yet).
+    pub used_bytes: Option<Vec<u64>>,
+}
+
 /// Everything one tick read.
 #[derive(Debug, Clone, Copy)]
 pub struct Sample<'a> {
@@ -89,6 +156,10 @@ pub struct Sample<'a> {
     pub holders: &'a [Holder],
     pub usage: &'a [GpuUsage],
     pub vgpu: &'a [VgpuAccounting],
+    /// The containers' DRA claims (PodResources `dynamic_resources`).
+    pub claim_holders: &'a [ClaimHolder],
+    /// The claims the DRA driver prepared.
+    pub claims: &'a [DraClaim],
     /// `(namespace, pod)` → its labels; a pod missing here has empty queue and team.
     pub pods: &'a BTreeMap<(String, String), PodLabels>,
 }
@@ -297,9 +368,17 @@ fn sorted_ids(ids: &[String]) -> Vec<&str> {
     v
 }
 
+/// The container holding a device.
+#[derive(Clone, Copy)]
+struct Who<'a> {
+    namespace: &'a str,
+    pod: &'a str,
+    container: &'a str,
+}
+
 /// Per container and GPU while building the tick.
 struct Hold<'a> {
-    holder: &'a Holder,
+    who: Who<'a>,
     gpu: &'a GpuInfo,
     mode: Mode,
     ordinal: usize,
@@ -453,7 +532,11 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
                 continue;
             }
             holds.push(Hold {
-                holder: h,
+                who: Who {
+                    namespace: &h.namespace,
+                    pod: &h.pod,
+                    container: &h.container,
+                },
                 gpu,
                 mode,
                 ordinal,
@@ -464,6 +547,8 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
             });
         }
     }
+
+    holds.extend(claim_holds(s, &usage, &mut out.skipped));
 
     // Σ SM limits of the vGPU holds per GPU: the GPU's utilization is split over them.
     let mut vgpu_sm: BTreeMap<&str, f64> = BTreeMap::new();
@@ -489,7 +574,7 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
         };
         let pod = s
             .pods
-            .get(&(h.holder.namespace.clone(), h.holder.pod.clone()))
+            .get(&(h.who.namespace.to_string(), h.who.pod.to_string()))
             .cloned()
             .unwrap_or_default();
         let row = ContainerRow {
@@ -498,9 +583,9 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
                 gpu: h.gpu.uuid.clone(),
                 model: model_label(h.gpu),
                 mode: h.mode.as_str().to_string(),
-                namespace: h.holder.namespace.clone(),
-                pod: h.holder.pod.clone(),
-                container: h.holder.container.clone(),
+                namespace: h.who.namespace.to_string(),
+                pod: h.who.pod.to_string(),
+                container: h.who.container.to_string(),
                 queue: pod.queue,
             },
             team: pod.team,
@@ -519,6 +604,179 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
         out.containers.push(row);
     }
     out
+}
+
+/// The holds of the containers' DRA claims: each claim's devices per GPU, the share split
+/// evenly between the containers that use the claim (a claim shared by `n` containers
+/// charges each `1 / n` of its devices, so the GPU is charged once).
+fn claim_holds<'a>(
+    s: &Sample<'a>,
+    usage: &BTreeMap<&str, &GpuUsage>,
+    skipped: &mut Vec<String>,
+) -> Vec<Hold<'a>> {
+    let key = |ns: &'a str, name: &'a str| (ns, name);
+    let claims: BTreeMap<(&str, &str), &DraClaim> = s
+        .claims
+        .iter()
+        .map(|c| (key(&c.namespace, &c.name), c))
+        .collect();
+    let mut consumers: BTreeMap<(&str, &str), usize> = BTreeMap::new();
+    for h in s.claim_holders {
+        *consumers
+            .entry(key(&h.claim_namespace, &h.claim_name))
+            .or_default() += 1;
+    }
+    let mut holds: Vec<Hold<'a>> = Vec::new();
+    for h in s.claim_holders {
+        let k = key(&h.claim_namespace, &h.claim_name);
+        let Some(claim) = claims.get(&k) else {
+            skipped.push(format!(
+                "{}/{}/{}: claim {}/{} is not prepared by this node's driver",
+                h.namespace, h.pod, h.container, h.claim_namespace, h.claim_name
+            ));
+            continue;
+        };
+        let who = Who {
+            namespace: &h.namespace,
+            pod: &h.pod,
+            container: &h.container,
+        };
+        let split = consumers.get(&k).copied().unwrap_or(1).max(1) as f64;
+        let first = holds.len();
+        for d in claim.devices.iter().filter(|d| h.devices.contains(&d.name)) {
+            let hold = match claim_device_hold(s, usage, claim, d, who) {
+                Ok(hold) => hold,
+                Err(why) => {
+                    skipped.push(format!(
+                        "{}/{}/{} claim {}/{} {}: {why}",
+                        h.namespace, h.pod, h.container, claim.namespace, claim.name, d.name
+                    ));
+                    continue;
+                }
+            };
+            // Devices of one claim on one GPU in one mode: one row (a vGPU unit already
+            // sums the GPU's slices).
+            if let Some(prev) = holds[first..]
+                .iter_mut()
+                .find(|p| p.gpu.uuid == hold.gpu.uuid && p.mode == hold.mode)
+            {
+                if hold.mode != Mode::Vgpu {
+                    prev.share = (prev.share + hold.share).min(1.0);
+                    prev.sm = (prev.sm + hold.sm).min(1.0);
+                    prev.memory_used_bytes = sum(prev.memory_used_bytes, hold.memory_used_bytes);
+                    prev.memory_limit_bytes = sum(prev.memory_limit_bytes, hold.memory_limit_bytes);
+                }
+                continue;
+            }
+            holds.push(hold);
+        }
+        for hold in &mut holds[first..] {
+            hold.share /= split;
+            hold.sm /= split;
+        }
+    }
+    holds
+}
+
+/// One device of a prepared claim as a hold of `who` (before the split between the
+/// claim's containers), or why it cannot be charged.
+fn claim_device_hold<'a>(
+    s: &Sample<'a>,
+    usage: &BTreeMap<&str, &GpuUsage>,
+    claim: &'a DraClaim,
+    d: &ClaimDevice,
+    who: Who<'a>,
+) -> Result<Hold<'a>, String> {
+    let by_index = |index: u32| {
+        s.inventory
+            .gpus
+            .iter()
+            .find(|g| g.index == index)
+            .ok_or(format!("GPU {index} not in the inventory"))
+    };
+    let gpu_usage = |gpu: &GpuInfo| usage.get(gpu.uuid.as_str()).copied();
+    let hold =
+        |gpu: &'a GpuInfo, mode: Mode, share: f64, memory: (Option<f64>, Option<f64>)| Hold {
+            who,
+            gpu,
+            mode,
+            ordinal: 0,
+            share,
+            sm: share,
+            memory_used_bytes: memory.0,
+            memory_limit_bytes: memory.1,
+        };
+    match &d.target {
+        ClaimTarget::Gpu { index } => {
+            let gpu = by_index(*index)?;
+            if d.time_sliced {
+                return Ok(hold(gpu, Mode::Timeslice, 1.0, (None, None)));
+            }
+            let u = gpu_usage(gpu);
+            let memory = (
+                u.map(|u| u.memory_used_bytes as f64),
+                Some(u.map_or(gpu.memory_mib as f64 * MIB, |u| u.memory_total_bytes as f64)),
+            );
+            Ok(hold(gpu, Mode::Whole, 1.0, memory))
+        }
+        ClaimTarget::Mig {
+            gpu_uuid,
+            profile,
+            start,
+        } => {
+            let gpu = s
+                .inventory
+                .gpu(gpu_uuid)
+                .ok_or(format!("GPU {gpu_uuid} not in the inventory"))?;
+            let mig = gpu
+                .mig_devices
+                .iter()
+                .find(|m| m.profile == *profile && m.start == *start)
+                .ok_or(format!("no MIG {profile} at {start} on {gpu_uuid}"))?;
+            let (compute_slices, gpu_compute_slices) = mig_slices(gpu, profile);
+            let share = Slice::Mig {
+                compute_slices,
+                gpu_compute_slices,
+            }
+            .share()
+            .map_err(|e| e.to_string())?;
+            let used = gpu_usage(gpu).and_then(|u| {
+                u.mig
+                    .iter()
+                    .find(|m| m.uuid == mig.uuid)
+                    .map(|m| m.memory_used_bytes as f64)
+            });
+            let memory = (used, Some(mig.memory_mib as f64 * MIB));
+            Ok(hold(gpu, Mode::Mig, share, memory))
+        }
+        ClaimTarget::Vgpu { index } => {
+            let gpu = by_index(*index)?;
+            let unit = claim
+                .units
+                .as_ref()
+                .and_then(|units| units.iter().find(|u| u.gpu == gpu.uuid))
+                .ok_or("a vGPU claim without its units record")?;
+            let share = Slice::Vgpu {
+                memory_mib: unit.memory_mib,
+                gpu_memory_mib: gpu.memory_mib,
+                cores_percent: unit.cores,
+            }
+            .share()
+            .map_err(|e| e.to_string())?;
+            let used = claim
+                .used_bytes
+                .as_ref()
+                .and_then(|u| u.get(unit.index).copied())
+                .unwrap_or(0) as f64;
+            let memory = (Some(used), Some(unit.memory_mib as f64 * MIB));
+            let mut h = hold(gpu, Mode::Vgpu, share, memory);
+            h.ordinal = unit.index;
+            if unit.cores > 0 {
+                h.sm = f64::from(unit.cores) / 100.0;
+            }
+            Ok(h)
+        }
+    }
 }
 
 fn sum(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -741,6 +999,8 @@ mod tests {
         holders: Vec<Holder>,
         usage: Vec<GpuUsage>,
         vgpu: Vec<VgpuAccounting>,
+        claim_holders: Vec<ClaimHolder>,
+        claims: Vec<DraClaim>,
         pods: BTreeMap<(String, String), PodLabels>,
     }
 
@@ -786,6 +1046,8 @@ mod tests {
                     cores: 30,
                 }],
             }],
+            claim_holders: vec![],
+            claims: vec![],
             pods,
         }
     }
@@ -799,6 +1061,8 @@ mod tests {
                 holders: &w.holders,
                 usage: &w.usage,
                 vgpu: &w.vgpu,
+                claim_holders: &w.claim_holders,
+                claims: &w.claims,
                 pods: &w.pods,
             },
             seconds,
@@ -938,6 +1202,165 @@ mod tests {
             Some(0.0),
             "no process yet: nothing used"
         );
+    }
+
+    fn claim_holder(pod: &str, container: &str, claim: &str, devices: &[&str]) -> ClaimHolder {
+        ClaimHolder {
+            namespace: "ml".into(),
+            pod: pod.into(),
+            container: container.into(),
+            claim_namespace: "ml".into(),
+            claim_name: claim.into(),
+            devices: devices.iter().map(|d| d.to_string()).collect(),
+        }
+    }
+
+    fn claim(name: &str, devices: Vec<ClaimDevice>) -> DraClaim {
+        DraClaim {
+            namespace: "ml".into(),
+            name: name.into(),
+            devices,
+            ..Default::default()
+        }
+    }
+
+    fn claim_device(name: &str, target: ClaimTarget, time_sliced: bool) -> ClaimDevice {
+        ClaimDevice {
+            name: name.into(),
+            target,
+            time_sliced,
+        }
+    }
+
+    /// DRA claims on GPUs 4-6 (the device plugin advertises nothing there): a whole GPU,
+    /// a time-sliced GPU shared by two pods, a vGPU slice; and a MIG device on GPU 1.
+    fn dra_world() -> World {
+        let mut w = world();
+        w.holders.clear();
+        w.vgpu.clear();
+        w.inventory.gpus.extend([gpu(5), gpu(6)]);
+        w.usage = vec![
+            usage(1, 2 * GIB, None),
+            usage(4, 30 * GIB, Some(60)),
+            usage(5, 8 * GIB, Some(40)),
+            usage(6, 9 * GIB, Some(50)),
+        ];
+        w.claims = vec![
+            claim(
+                "train",
+                vec![claim_device("gpu-4", ClaimTarget::Gpu { index: 4 }, false)],
+            ),
+            claim(
+                "shared",
+                vec![claim_device("gpu-5", ClaimTarget::Gpu { index: 5 }, true)],
+            ),
+            DraClaim {
+                units: Some(vec![ClaimUnit {
+                    index: 0,
+                    gpu: "GPU-6".into(),
+                    memory_mib: 20_480,
+                    cores: 25,
+                }]),
+                used_bytes: Some(vec![2 * GIB]),
+                ..claim(
+                    "slice",
+                    vec![claim_device(
+                        "gpu-6-vgpu",
+                        ClaimTarget::Vgpu { index: 6 },
+                        false,
+                    )],
+                )
+            },
+            claim(
+                "mig",
+                vec![claim_device(
+                    "gpu-1-mig-1g-10gb-0",
+                    ClaimTarget::Mig {
+                        gpu_uuid: "GPU-1".into(),
+                        profile: "1g.10gb".into(),
+                        start: 0,
+                    },
+                    false,
+                )],
+            ),
+        ];
+        w.claim_holders = vec![
+            claim_holder("trainer", "main", "train", &["gpu-4"]),
+            claim_holder("ts-a", "main", "shared", &["gpu-5"]),
+            claim_holder("ts-b", "main", "shared", &["gpu-5"]),
+            claim_holder("infer", "main", "slice", &["gpu-6-vgpu"]),
+            claim_holder("small", "main", "mig", &["gpu-1-mig-1g-10gb-0"]),
+        ];
+        w
+    }
+
+    #[test]
+    fn dra_claims_are_charged_by_the_same_rule_as_device_plugin_devices() {
+        let w = dra_world();
+        let t = run(&w, 10.0);
+        let g = GIB as f64;
+        type Case<'a> = (&'a str, &'a str, f64, f64, Option<f64>, Option<f64>);
+        let cases: [Case; 5] = [
+            ("trainer", "whole", 1.0, 0.6, Some(30.0 * g), Some(80.0 * g)),
+            // One time-sliced GPU, two pods: half each, the GPU's utilization each.
+            ("ts-a", "timeslice", 0.5, 0.4, None, None),
+            ("ts-b", "timeslice", 0.5, 0.4, None, None),
+            // max(20 GiB / 80 GiB, 25 %); 50 % of the GPU over a 25 % SM limit: busy.
+            ("infer", "vgpu", 0.25, 1.0, Some(2.0 * g), Some(20.0 * g)),
+            (
+                "small",
+                "mig",
+                1.0 / 7.0,
+                0.0,
+                Some(2.0 * g),
+                Some(9_856.0 * MIB),
+            ),
+        ];
+        for (pod, mode, share, busy, used, limit) in cases {
+            let r = row(&t, pod);
+            assert_eq!(r.labels.mode, mode, "{pod}");
+            assert!(close(r.allocated_share, share), "{pod}: {r:?}");
+            assert!(close(r.busy, busy), "{pod}: {r:?}");
+            assert_eq!(r.memory_used_bytes, used, "{pod}");
+            assert_eq!(r.memory_limit_bytes, limit, "{pod}");
+        }
+        assert_eq!(row(&t, "infer").labels.gpu, "GPU-6");
+        assert_eq!(t.charges.len(), 5);
+        // The shared GPU is charged once in all: 10 s of one GPU.
+        let shared: f64 = t
+            .charges
+            .iter()
+            .filter(|c| c.labels.mode == Mode::Timeslice)
+            .map(|c| charge_of(c.share, c.busy, c.seconds).allocated_seconds)
+            .sum();
+        assert!(close(shared, 10.0), "{shared}");
+        assert!(t.skipped.is_empty(), "{:?}", t.skipped);
+        // The GPUs keep their `dra` mode label.
+        let gpu6 = t.gpus.iter().find(|g| g.labels.gpu == "GPU-6").unwrap();
+        assert_eq!(gpu6.labels.mode, "dra");
+    }
+
+    #[test]
+    fn a_dra_claim_that_cannot_be_charged_is_skipped_with_the_reason() {
+        let mut w = dra_world();
+        // The vGPU claim's units record is gone; a container names a claim this node's
+        // driver did not prepare; a device gone from the inventory.
+        w.claims[2].units = None;
+        w.claim_holders
+            .push(claim_holder("stranger", "main", "elsewhere", &["gpu-0"]));
+        w.claims[0].devices[0].target = ClaimTarget::Gpu { index: 9 };
+        let t = run(&w, 10.0);
+        for pod in ["infer", "stranger", "trainer"] {
+            assert!(
+                t.containers.iter().all(|r| r.labels.pod != pod),
+                "{pod} charged: {t:#?}"
+            );
+        }
+        assert_eq!(t.skipped.len(), 3, "{:?}", t.skipped);
+        assert!(t.skipped.iter().any(|s| s.contains("units record")));
+        assert!(t.skipped.iter().any(|s| s.contains("not prepared")));
+        assert!(t.skipped.iter().any(|s| s.contains("GPU 9")));
+        assert_eq!(t.charges.len(), 3, "the others are still charged");
     }
 
     #[test]

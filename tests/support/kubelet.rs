@@ -25,7 +25,15 @@
 //!   too few free devices fails the admission (the kubelet's UnexpectedAdmissionError);
 //! - serves the PodResources API v1 (`List`, `Get`) on
 //!   `<dir>/../pod-resources/kubelet.sock`, listing the admitted pods' devices;
-//!   [`Kubelet::remove_pod`] drops a pod from it and from the checkpoint.
+//!   [`Kubelet::remove_pod`] drops a pod from it and from the checkpoint;
+//! - [`Kubelet::admit_claim`] is the DRA manager's part, after the driver prepared the
+//!   claim: the container's claim is listed in PodResources `dynamic_resources` (claim
+//!   name and namespace, per device the driver, pool, device name and the CDI IDs the
+//!   driver answered), as the kubelet does with `KubeletPodResourcesDynamicResources`
+//!   on; and the pod's UID is recorded for the claim in the DRA manager's checkpoint
+//!   `<kubelet-dir>/dra_manager_state` (the 1.32+ layout: `Data` holding
+//!   `{kind: DRACheckpoint, apiVersion: checkpoint.dra.kubelet.k8s.io/v1, Entries: [...]}`
+//!   as a string, `Checksum` its CRC-32).
 
 #![allow(dead_code)]
 
@@ -80,6 +88,8 @@ pub struct AdmittedPod {
     pub uid: String,
     /// (container, resource, device IDs, the plugin's answer).
     pub containers: Vec<(String, String, Vec<String>, pb::ContainerAllocateResponse)>,
+    /// (container, claim UID, the claim as PodResources lists it).
+    pub claims: Vec<(String, String, pr::DynamicResource)>,
 }
 
 /// What a container asks the device manager for: (container, resource, count).
@@ -391,6 +401,7 @@ impl Kubelet {
                             name: name.into(),
                             uid: uid.into(),
                             containers: Vec::new(),
+                            claims: Vec::new(),
                         });
                         pods.len() - 1
                     }
@@ -408,11 +419,99 @@ impl Kubelet {
         Ok(answers)
     }
 
+    /// The DRA manager ran a pod's container with a prepared claim: listed in
+    /// PodResources, the pod recorded for the claim in `dra_manager_state` (module doc).
+    /// `devices`: (driver, pool, device, CDI IDs) as the driver answered.
+    #[allow(clippy::too_many_arguments)]
+    pub fn admit_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        container: &str,
+        claim_uid: &str,
+        claim_name: &str,
+        devices: &[(&str, &str, &str, Vec<String>)],
+    ) {
+        let claim = pr::DynamicResource {
+            claim_name: claim_name.into(),
+            claim_namespace: namespace.into(),
+            claim_resources: devices
+                .iter()
+                .map(|(driver, pool, device, cdi)| pr::ClaimResource {
+                    cdi_devices: cdi
+                        .iter()
+                        .map(|n| pr::CdiDevice { name: n.clone() })
+                        .collect(),
+                    driver_name: driver.to_string(),
+                    pool_name: pool.to_string(),
+                    device_name: device.to_string(),
+                })
+                .collect(),
+        };
+        let mut pods = self.shared.pods.lock().unwrap();
+        let pos = match pods.iter().position(|p| p.uid == uid) {
+            Some(pos) => pos,
+            None => {
+                pods.push(AdmittedPod {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    uid: uid.into(),
+                    containers: Vec::new(),
+                    claims: Vec::new(),
+                });
+                pods.len() - 1
+            }
+        };
+        pods[pos]
+            .claims
+            .push((container.into(), claim_uid.into(), claim));
+        self.write_dra_state(&pods);
+    }
+
+    /// Where the DRA manager keeps its checkpoint.
+    pub fn dra_state_path(&self) -> PathBuf {
+        self.dir
+            .parent()
+            .unwrap_or(&self.dir)
+            .join("dra_manager_state")
+    }
+
+    fn write_dra_state(&self, pods: &[AdmittedPod]) {
+        let mut entries: BTreeMap<String, serde_json::Value> = BTreeMap::new();
+        for p in pods {
+            for (_, claim_uid, claim) in &p.claims {
+                let e = entries.entry(claim_uid.clone()).or_insert_with(|| {
+                    serde_json::json!({
+                        "ClaimUID": claim_uid, "ClaimName": claim.claim_name,
+                        "Namespace": claim.claim_namespace, "PodUIDs": {},
+                        "DriverState": {},
+                    })
+                });
+                e["PodUIDs"][p.uid.as_str()] = serde_json::json!({});
+            }
+        }
+        let data = serde_json::json!({
+            "kind": "DRACheckpoint",
+            "apiVersion": "checkpoint.dra.kubelet.k8s.io/v1",
+            "Entries": entries.into_values().collect::<Vec<_>>(),
+        })
+        .to_string();
+        let file = serde_json::json!({
+            "Data": data,
+            "Checksum": crc32fast::hash(data.as_bytes()),
+        });
+        std::fs::write(self.dra_state_path(), file.to_string()).unwrap();
+    }
+
     /// The pod is gone: its devices are free and no longer listed or checkpointed.
     pub fn remove_pod(&self, uid: &str) {
         let mut pods = self.shared.pods.lock().unwrap();
         pods.retain(|p| p.uid != uid);
         self.write_pod_entries(&pods);
+        if pods.iter().any(|p| !p.claims.is_empty()) || self.dra_state_path().exists() {
+            self.write_dra_state(&pods);
+        }
     }
 
     fn write_pod_entries(&self, pods: &[AdmittedPod]) {
@@ -547,6 +646,16 @@ fn listed(p: &AdmittedPod) -> pr::PodResources {
             None => containers.push(pr::ContainerResources {
                 name: c.clone(),
                 devices: vec![devices],
+                ..Default::default()
+            }),
+        }
+    }
+    for (c, _, claim) in &p.claims {
+        match containers.iter_mut().find(|x| x.name == *c) {
+            Some(x) => x.dynamic_resources.push(claim.clone()),
+            None => containers.push(pr::ContainerResources {
+                name: c.clone(),
+                dynamic_resources: vec![claim.clone()],
                 ..Default::default()
             }),
         }
