@@ -1,45 +1,17 @@
 //! DRA claims of live pods counted against quota: each `spec.resourceClaims[]` entry
 //! names a ResourceClaimTemplate (`resourceClaimTemplateName`) or a ResourceClaim
-//! (`resourceClaimName`); every device request in it counts `count` devices (1 when
-//! unset) of its `deviceClassName`, as the resource the device-class mapping names
-//! (Kueue's `resources.deviceClassMappings`), else as a resource named after the class
-//! (`gpu.tessera.io`), exactly as `tessera plan` counts a ResourceClaimTemplate.
-//!
-//! Both API shapes are read: `resource.k8s.io/v1` (`exactly.deviceClassName`,
-//! `firstAvailable[]`, whose first alternative is counted) and `v1beta1`
-//! (`deviceClassName` on the request). A request with `allocationMode: All` has no
-//! count to charge and makes the workload unadmissible, with that reason. A vGPU slice
-//! (`vgpu.gpu.tessera.io`) is also charged its capacity requests as
-//! `nvidia.com/gpumem` (MiB) and `nvidia.com/gpucores`, per device, as the same pod
-//! written HAMi's way is (the vGPU webhook's DRA mode writes such claims).
+//! (`resourceClaimName`), whose spec is counted by [`crate::quota::claims::claimed`]
+//! (the function `tessera plan` counts a ResourceClaimTemplate with): devices per class,
+//! charged as the resource the device-class mapping names (Kueue's
+//! `resources.deviceClassMappings`), else as a resource named after the class
+//! (`gpu.tessera.io`); a vGPU slice's memory and cores as `nvidia.com/gpumem` and
+//! `nvidia.com/gpucores`. A spec that cannot be counted (`allocationMode: All`, no
+//! class) makes the workload unadmissible, with that reason.
 
 use crate::quota::quantity::Quantity;
 use crate::quota::WorkloadInfo;
-use crate::vgpu::dra_claim::VGPU_DEVICE_CLASS;
 use serde_json::Value;
 use std::collections::BTreeMap;
-
-/// A vGPU slice's capacity requests as HAMi's quota resources, per device: `memory` in
-/// MiB as `nvidia.com/gpumem`, `cores` as `nvidia.com/gpucores` (what the webhook's DRA
-/// mode writes, so a queue capping them caps both modes). A request without them is
-/// charged none (the device's defaults are the node's to choose).
-fn vgpu_shares(requests: &Value) -> Result<Vec<(&'static str, u32)>, String> {
-    let mut out = Vec::new();
-    for (key, resource, unit) in [
-        ("memory", "nvidia.com/gpumem", 1i64 << 20),
-        ("cores", "nvidia.com/gpucores", 1),
-    ] {
-        let Some(text) = requests[key].as_str() else {
-            continue;
-        };
-        let q = Quantity::parse(text).map_err(|e| format!("capacity {key}: {e}"))?;
-        let whole = q.0 / 1000 / unit;
-        let amount =
-            u32::try_from(whole).map_err(|_| format!("capacity {key} {text:?} is out of range"))?;
-        out.push((resource, amount));
-    }
-    Ok(out)
-}
 
 /// Why a pod's claims cannot be counted: (reason, message) for its pending status.
 pub type ClaimError = (String, String);
@@ -106,56 +78,13 @@ impl<'a> ClaimIndex<'a> {
             } else {
                 continue;
             };
-            let requests = spec["devices"]["requests"]
-                .as_array()
-                .map(Vec::as_slice)
-                .unwrap_or(&[]);
-            for (j, req) in requests.iter().enumerate() {
-                let one = if req["exactly"].is_object() {
-                    &req["exactly"]
-                } else if let Some(first) = req["firstAvailable"].as_array().and_then(|a| a.first())
-                {
-                    first
-                } else {
-                    req
-                };
-                let invalid = |why: &str| {
-                    (
-                        "InvalidResourceClaim".to_string(),
-                        format!("{what}: devices.requests[{j}]: {why}"),
-                    )
-                };
-                let Some(class) = one["deviceClassName"].as_str() else {
-                    return Err(invalid("names no deviceClassName"));
-                };
-                if one["allocationMode"] == "All" {
-                    return Err(invalid(
-                        "allocationMode All has no device count to charge against quota",
-                    ));
-                }
-                let count = match &one["count"] {
-                    Value::Null => 1,
-                    v => v
-                        .as_u64()
-                        .filter(|n| *n >= 1)
-                        .and_then(|n| u32::try_from(n).ok())
-                        .ok_or_else(|| invalid("count is not a positive integer"))?,
-                };
-                let resource = self
-                    .resources
-                    .get(class)
-                    .cloned()
-                    .unwrap_or_else(|| class.to_string());
+            let claimed = crate::quota::claims::claimed(spec)
+                .map_err(|why| ("InvalidResourceClaim".to_string(), format!("{what}: {why}")))?;
+            for (key, n) in claimed {
+                // Device classes go by the mapping; vGPU shares are resources already.
+                let resource = self.resources.get(&key).cloned().unwrap_or(key);
                 let e = out.entry(resource).or_insert(0u32);
-                *e = e.saturating_add(count);
-                if class == VGPU_DEVICE_CLASS {
-                    for (name, amount) in
-                        vgpu_shares(&one["capacity"]["requests"]).map_err(|e| invalid(&e))?
-                    {
-                        let e = out.entry(name.to_string()).or_insert(0u32);
-                        *e = e.saturating_add(amount.saturating_mul(count));
-                    }
-                }
+                *e = e.saturating_add(n);
             }
         }
         Ok(out)

@@ -5,6 +5,7 @@
 //!   with Kueue's field names (plain serde types, no Kubernetes client).
 //! - [`Engine`]: queues, cohorts and the scheduling cycle. Time is always an argument.
 //! - [`scenario`]: the `tessera plan` file format and its driver.
+//! - [`claims`]: what a DRA claim spec costs a queue (plan and controller alike).
 //!
 //! Module map: `accounting` (fit rule, usage), `assign` (flavors and fungibility),
 //! `preempt` (victims, checkpoint-aware), `decide` (one attempt), `lifecycle` (admit,
@@ -16,6 +17,7 @@
 mod accounting;
 pub mod api;
 mod assign;
+pub mod claims;
 mod decide;
 mod engine;
 pub mod error;

@@ -76,44 +76,8 @@ fn one() -> u32 {
 #[derive(Clone, Debug, Deserialize)]
 struct ClaimTemplate {
     metadata: ObjectMeta,
-    spec: ClaimTemplateSpec,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-struct ClaimTemplateSpec {
-    spec: ClaimSpec,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-struct ClaimSpec {
-    devices: DeviceClaim,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-struct DeviceClaim {
-    #[serde(default)]
-    requests: Vec<DeviceRequest>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct DeviceRequest {
-    /// resource.k8s.io/v1beta1 shape.
-    #[serde(default)]
-    device_class_name: Option<String>,
-    #[serde(default)]
-    count: Option<u32>,
-    /// resource.k8s.io/v1 shape.
-    #[serde(default)]
-    exactly: Option<ExactRequest>,
-}
-
-#[derive(Clone, Debug, Deserialize)]
-#[serde(rename_all = "camelCase")]
-struct ExactRequest {
-    device_class_name: String,
-    #[serde(default)]
-    count: Option<u32>,
+    /// Its `spec` is counted by [`super::claims::claimed`].
+    spec: serde_json::Value,
 }
 
 #[derive(Clone, Debug)]
@@ -341,20 +305,12 @@ impl Scenario {
                 }
                 "ResourceClaimTemplate" => {
                     let t: ClaimTemplate = typed(value, &kind, &err)?;
-                    let mut per_class = BTreeMap::new();
-                    for (i, r) in t.spec.spec.devices.requests.iter().enumerate() {
-                        let (class, count) = match (&r.exactly, &r.device_class_name) {
-                            (Some(e), _) => (e.device_class_name.clone(), e.count.unwrap_or(1)),
-                            (None, Some(c)) => (c.clone(), r.count.unwrap_or(1)),
-                            (None, None) => {
-                                return Err(err(format!(
-                                    "ResourceClaimTemplate {:?}: spec.spec.devices.requests[{i}] names no deviceClassName",
-                                    t.metadata.name
-                                )))
-                            }
-                        };
-                        *per_class.entry(class).or_insert(0) += count;
-                    }
+                    let per_class = super::claims::claimed(&t.spec["spec"]).map_err(|why| {
+                        err(format!(
+                            "ResourceClaimTemplate {:?}: spec.spec.{why}",
+                            t.metadata.name
+                        ))
+                    })?;
                     Object::ClaimTemplate(
                         t.metadata.namespace.unwrap_or_else(|| "default".into()),
                         t.metadata.name,
