@@ -236,7 +236,8 @@ mod tests {
     #[test]
     fn a_translated_vgpu_pod_is_charged_what_the_hami_pod_is() {
         use crate::quota::api::PodSpec;
-        use crate::vgpu::{dra_claim, pod_request, request::ResourceNames, RequestConfig};
+        use crate::vgpu::dra_claim::{self, VGPU_DEVICE_CLASS};
+        use crate::vgpu::{pod_request, request::ResourceNames, RequestConfig};
         let pod = json!({"metadata": {"name": "p", "namespace": "team"},
             "spec": {"containers": [{"name": "main", "image": "cuda", "resources": {"limits":
                 {"nvidia.com/gpu": "2", "nvidia.com/gpumem": "10240", "nvidia.com/gpucores": "30"}}}]}});
