@@ -31,7 +31,7 @@ use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
 /// What one ClusterQueue holds: milli-units per `(flavor, resource)`.
-pub(super) type Levels = BTreeMap<(String, String), i64>;
+pub(super) type Levels = crate::quota::HeldLevels;
 
 /// The holds standing at one pass's time, per ClusterQueue, and the owners that could
 /// not be read.

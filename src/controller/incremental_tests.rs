@@ -2051,7 +2051,11 @@ fn a_hold_on_a_serving_owner_lends_only_to_cheap_borrowers_until_it_ends() {
     pod["metadata"]["annotations"]["tessera.io/checkpoint-interval"] = json!("1m");
     w.put_pod(pod);
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(named(&plan, "admit"), [cheap.clone()], "{plan:?}");
+    assert_eq!(
+        named(&plan, "admit"),
+        std::slice::from_ref(&cheap),
+        "{plan:?}"
+    );
     w.apply(&plan, None);
     pass(&mut w, &mut inc);
     let mut done = w.object(ObjKind::Pod, &cheap["team/pod-".len()..]).unwrap();

@@ -33,6 +33,9 @@ use super::model::{CqId, FrId, WlId, WorkloadInfo, PODS};
 use super::quantity::Time;
 use std::collections::BTreeMap;
 
+/// What a queue holds, or replicas use: milli-units per `(flavor, resource)`.
+pub type HeldLevels = BTreeMap<(String, String), i64>;
+
 /// How a removed serving replica's capacity is held (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct HoldFreed {
@@ -125,7 +128,7 @@ impl Engine {
         &mut self,
         now: Time,
         cluster_queue: &str,
-        levels: &BTreeMap<(String, String), i64>,
+        levels: &HeldLevels,
         hold: HoldFreed,
     ) -> Result<()> {
         let &cq = self
@@ -167,7 +170,7 @@ impl Engine {
         &self,
         shape: &WorkloadInfo,
         replicas: u32,
-    ) -> Result<(String, BTreeMap<(String, String), i64>)> {
+    ) -> Result<(String, HeldLevels)> {
         let queue = (shape.namespace.clone(), shape.queue_name.clone());
         let cq_name = self
             .local_queues
@@ -178,7 +181,7 @@ impl Engine {
             .get(cq_name)
             .ok_or_else(|| Error::UnknownQueue(format!("ClusterQueue {cq_name}")))?;
         let spec = &self.cqs[cq].spec;
-        let mut usage = BTreeMap::new();
+        let mut usage = HeldLevels::new();
         for ps in &shape.pod_sets {
             let pods = i64::from(ps.count).saturating_mul(i64::from(replicas));
             let mut requests: Vec<(&str, i64)> = ps
