@@ -20,7 +20,7 @@ use support::apiserver::ApiServer;
 use support::prometheus::{Exporter, Prometheus};
 use tessera::autoscale::Coupling;
 use tessera::controller::autoscaler::{self, AutoscalerConfig};
-use tessera::controller::reconciler::SystemClock;
+use tessera::controller::reconciler::{Clock, SystemClock};
 use tessera::controller::scaler_metrics::ScalerMetrics;
 use tokio_util::sync::CancellationToken;
 
@@ -327,4 +327,74 @@ async fn bad_specs_and_targets_are_reported_and_their_targets_left_alone() {
         "{reasons:?}"
     );
     stop.cancel();
+}
+
+/// A coupled scale-down records the hold on what it frees on its target, where the
+/// quota pass reads it back (and a restarted controller finds it): `tessera.io/hold-freed`
+/// with the replicas before, the end `holdFreedSeconds` later and `cheapReworkSeconds`;
+/// a second scale-down while it stands keeps the peak and the later end. An annotation
+/// there that cannot be read is replaced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_coupled_scale_down_records_its_hold_on_the_target() {
+    let exporter = Exporter::start().await;
+    exporter.set("http_requests_in_flight{service=\"web\"} 350\n");
+    let Some(prom) = Prometheus::start(&exporter).await else {
+        return;
+    };
+    let api = ApiServer::start("node-a").await;
+    api.list_across_namespaces();
+    let mut web = deployment("web", 4);
+    web["metadata"]["annotations"] = json!({"tessera.io/hold-freed": "garbage"});
+    api.put_object(DEPLOYMENTS, web);
+    let mut spec = scaler("web", "web", &prom.url);
+    spec["spec"]["minReplicaCount"] = json!(1);
+    spec["spec"]["preemption"] = json!({"holdFreedSeconds": 600, "cheapReworkSeconds": 120});
+    spec["spec"]["advanced"] = json!({"horizontalPodAutoscalerConfig": {"behavior": {
+        "scaleDown": {"stabilizationWindowSeconds": 0}}}});
+    api.put_object(SCALERS, spec);
+    let stop = CancellationToken::new();
+    keep_replicas(api.clone(), "web", stop.clone());
+    let _registry = start_loop(&api, &stop);
+    until("Active at 4", Duration::from_secs(20), || {
+        condition(&api, "web", "Active").is_some_and(|c| c.0 == "True")
+            && replicas(&api, "web") == 4
+    })
+    .await
+    .unwrap();
+    let hold = |api: &ApiServer| -> Value {
+        let text = object(api, DEPLOYMENTS, "web").unwrap()["metadata"]["annotations"]
+            ["tessera.io/hold-freed"]
+            .as_str()
+            .unwrap_or("null")
+            .to_string();
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    };
+    let millis = |v: &Value| tessera::controller::time::millis(v.as_str().unwrap()).unwrap();
+
+    // 150 in flight at 100 per replica: 2.
+    exporter.set("http_requests_in_flight{service=\"web\"} 150\n");
+    until("2 replicas", Duration::from_secs(20), || {
+        replicas(&api, "web") == 2
+    })
+    .await
+    .unwrap_or_else(|e| panic!("{e}: {:?}", events(&api)));
+    let now = SystemClock.now();
+    let first = hold(&api);
+    assert_eq!(first["replicas"], 4, "{first}");
+    assert_eq!(first["maxReworkSeconds"], 120, "{first}");
+    let end = millis(&first["until"]);
+    assert!(end > now + 590_000 && end <= now + 600_000, "{first}");
+
+    // 50: 1. The hold keeps the peak of 4, and ends 600 s after this scale-down.
+    exporter.set("http_requests_in_flight{service=\"web\"} 50\n");
+    until("1 replica", Duration::from_secs(20), || {
+        replicas(&api, "web") == 1
+    })
+    .await
+    .unwrap();
+    let second = hold(&api);
+    assert_eq!(second["replicas"], 4, "{second}");
+    assert!(millis(&second["until"]) > end, "{first} then {second}");
+    stop.cancel();
+    support::rbac::assert_allows_every_request(&api, "daemonset/controller/rbac.yaml");
 }

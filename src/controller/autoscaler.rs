@@ -24,7 +24,12 @@
 //! Coupled with quota: before a scale-up, the target is annotated with its time and the
 //! engine's anti-flap window (`tessera.io/scaled-up-at`, `tessera.io/preempt-not-before`,
 //! absent for an urgent one); the quota pass gives the replicas that scale-up creates
-//! that `preempt_not_before`, as `tessera plan` and `tessera simulate fleet` do.
+//! that `preempt_not_before`, as `tessera plan` and `tessera simulate fleet` do. Before
+//! a scale-down that holds the capacity it frees (`preemption.holdFreedSeconds`), the
+//! target is annotated with the hold (`tessera.io/hold-freed`: the replicas before it,
+//! its end, `cheapReworkSeconds`; merged with a hold still standing there at its peak);
+//! the quota pass rebuilds the serving ClusterQueue's hold from it on every engine it
+//! builds (`controller/holds.rs`), so a restart keeps it.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -45,7 +50,9 @@ use super::cache::{feed, Store};
 use super::lease::Elector;
 use super::resources::crd_resource;
 use super::scaler_metrics::{PollRecord, ScalerMetrics};
-use super::serving::{PREEMPT_NOT_BEFORE_ANNOTATION, SCALED_UP_AT_ANNOTATION};
+use super::serving::{
+    HoldRecord, HOLD_FREED_ANNOTATION, PREEMPT_NOT_BEFORE_ANNOTATION, SCALED_UP_AT_ANNOTATION,
+};
 use super::time::{rfc3339, Millis};
 use crate::autoscale::{Coupling, Decision, Observation, Reading, Scaler, ScalerSpec, Settings};
 use crate::prometheus::{PromClient, Sample};
@@ -286,7 +293,13 @@ impl Autoscaler {
             entry.last_active = Some(rfc3339(now));
         }
         if decision.replicas != target.replicas {
-            self.scale(key, &entry.uid, &target, &decision, now).await;
+            let hold = decision.hold_freed_until.map(|until| HoldRecord {
+                replicas: target.replicas,
+                until,
+                max_rework: settings.cheap_rework_ms,
+            });
+            self.scale(key, &entry.uid, &target, &decision, hold, now)
+                .await;
         }
         let status = status_json(
             &decision_conditions(&decision),
@@ -353,16 +366,26 @@ impl Autoscaler {
         (out, took)
     }
 
+    /// Sets the target's replicas to the decision's; before a scale-up or a scale-down
+    /// coupled with quota, records on the target what the quota pass needs (a failed
+    /// write leaves the replicas as they are: the next poll retries).
     async fn scale(
         &self,
         key: &(String, String),
         uid: &str,
         target: &Target,
         decision: &Decision,
+        hold: Option<HoldRecord>,
         now: Millis,
     ) {
         let api: Api<DynamicObject> =
             Api::namespaced_with(self.client.clone(), &key.0, &target.resource);
+        if let Some(hold) = hold.filter(|_| decision.replicas < target.replicas) {
+            if let Err(e) = record_hold(&api, &target.name, hold, now).await {
+                warn!(scaler = %format!("{}/{}", key.0, key.1), error = %e, "recording the scale-down's hold failed; the next poll retries");
+                return;
+            }
+        }
         if decision.replicas > target.replicas && self.coupling == Coupling::Quota {
             // Before the replicas exist: the quota pass reads the window from the owner
             // for the pods this scale-up creates (`serving::preempt_not_before`).
@@ -463,6 +486,28 @@ impl Autoscaler {
             debug!(error = %e, "Event not recorded");
         }
     }
+}
+
+/// Annotates target `name` with `hold` ([`HOLD_FREED_ANNOTATION`]), merged with the hold
+/// it records if that still stands at `now` (one the quota pass cannot read is
+/// replaced, with a warning).
+async fn record_hold(
+    api: &Api<DynamicObject>,
+    name: &str,
+    hold: HoldRecord,
+    now: Millis,
+) -> Result<(), kube::Error> {
+    let object = api.get(name).await?;
+    let value = serde_json::to_value(&object).unwrap_or_default();
+    let earlier = HoldRecord::read(&value).unwrap_or_else(|why| {
+        warn!(target = name, %why, "replacing an unreadable hold");
+        None
+    });
+    let hold = hold.merged(earlier, now);
+    let patch = json!({"metadata": {"annotations": {HOLD_FREED_ANNOTATION: hold.annotation()}}});
+    api.patch(name, &PatchParams::default(), &Patch::Merge(&patch))
+        .await?;
+    Ok(())
 }
 
 /// When a new scaler is first polled, after `now`: spread over its polling interval by

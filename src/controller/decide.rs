@@ -14,6 +14,7 @@
 //! victims for the quota the first set is about to free. Other cohorts are not held up.
 
 use super::claims::ClaimIndex;
+use super::holds::Holds;
 pub use super::model::{Action, Blocked, ObjKind, ObjRef, Plan, Snapshot, Subject};
 use super::pods_ready;
 use super::readiness::{Hold, Requeue};
@@ -33,8 +34,10 @@ pub fn decide(s: &Snapshot) -> Plan {
 pub(super) struct Built {
     pub(super) engine: Engine,
     pub(super) lives: Vec<Live>,
-    /// Problems of the queue objects (before any workload was read).
+    /// Problems of the queue objects and of the holds (before any workload was read).
     pub(super) queue_problems: Vec<String>,
+    /// The holds set on the engine.
+    pub(super) holds: Holds,
     pub(super) submit_errors: BTreeMap<String, (String, String)>,
     /// Some running workload could not be restored (an error, not a misfit).
     pub(super) restore_problem: bool,
@@ -170,8 +173,12 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
     let now = s.now;
     let mut plan = Plan::default();
     let mut engine = engine_with_queues(s, &mut plan.problems);
-    let queue_problems = plan.problems.clone();
     let serving = ServingIndex::new(&s.replica_sets, &s.deployments, &s.stateful_sets);
+    // Capacity coupled scale-downs freed, held as their targets record it.
+    let holds = Holds::read(&engine, &serving, now);
+    holds.set(&mut engine, now, &mut plan.problems);
+    plan.problems.extend(holds.problems.iter().cloned());
+    let queue_problems = plan.problems.clone();
     let claims = ClaimIndex::new(&s.claim_templates, &s.claims, &s.device_classes);
     let mut lives = collect(s, &serving, &claims);
     // Running workloads first, oldest admission first: the books as they were.
@@ -372,6 +379,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         engine,
         lives,
         queue_problems,
+        holds,
         submit_errors,
         restore_problem,
         unfit,

@@ -57,6 +57,11 @@
 //! reports every owner's (admitted, desired) counts and annotation, recounting only the
 //! owners whose replicas or object changed (cost: their replicas), and an owner whose
 //! object changed has its replicas read again (their requeue state lives on it).
+//!
+//! Holds on capacity a coupled scale-down freed (`holds.rs`) are set on the engine a
+//! fresh pass builds and kept with it; a pass where an owner changed reads them again,
+//! and one where they differ (a hold recorded, changed or unreadable) or one ended
+//! decides from scratch: rare (a scale-down, a hold's end), and exact.
 
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
@@ -68,6 +73,7 @@ use super::decide::{
     Snapshot, State, UNKNOWN_SCOPE,
 };
 use super::evictions::Blocked;
+use super::holds::Holds;
 use super::lease::Millis;
 use super::pods_ready::{self, state_kept_in_configmap};
 use super::requeue_state::{self, Book};
@@ -244,6 +250,8 @@ struct Kept {
     replicas: BTreeMap<Owner, BTreeSet<String>>,
     /// (admitted, desired) replicas per owner with replicas, as the last pass reported.
     serving: BTreeMap<Owner, (u32, u32)>,
+    /// The holds set on the engine, as the serving owners record them (`holds.rs`).
+    holds: Holds,
 }
 
 impl Incremental {
@@ -338,6 +346,7 @@ fn keep(
     let evicted_scopes = built.evicted_scopes.clone();
     let Built {
         engine,
+        holds,
         lives,
         mut submit_errors,
         unfit,
@@ -468,6 +477,7 @@ fn keep(
         serving: plan.serving.clone(),
         queued_ns,
         engine,
+        holds,
     };
     for a in &plan.actions {
         if let Action::Pending { workload, .. } = a {
@@ -1032,6 +1042,11 @@ fn fast_pass(
                 && !kept.engine.only_ready_timeouts_due(now),
             "an engine timer is due",
         ),
+        (
+            // The holds of the queues change: what a fresh pass sets from the owners.
+            kept.holds.next_end().is_some_and(|t| t <= now),
+            "a hold ended",
+        ),
     ];
     if let Some((_, why)) = checks.iter().find(|(bad, _)| *bad) {
         return Err(why);
@@ -1122,7 +1137,8 @@ fn fast_pass(
         kept.set_done(k.clone(), pod.as_ref().and_then(done_pod_workload_key));
     }
     let rs_owned = !kept.rs_pods.is_empty();
-    if owner_keys.iter().any(|k| !k.is_empty()) || rs_owned != rs_owned_before {
+    let owners_changed = owner_keys.iter().any(|k| !k.is_empty()) || rs_owned != rs_owned_before;
+    if owners_changed {
         let now_objs = serving_objects(cache, &kept.queued_ns, rs_owned);
         let (before, after) = (
             replica_set_owners(&kept.serving_objs.0),
@@ -1153,6 +1169,11 @@ fn fast_pass(
     }
     let objs = std::mem::take(&mut kept.serving_objs);
     let serving = ServingIndex::new(&objs.0, &objs.1, &objs.2);
+    // A hold recorded, changed or removed on an owner: a fresh pass sets the new holds
+    // (rare: a scale-down, a hold's end).
+    if owners_changed && Holds::read(&kept.engine, &serving, now) != kept.holds {
+        return Err("holds changed");
+    }
     // Owners whose object changed: their replicas are read again (a replica's requeue
     // state lives on its owner) and their counts reported again.
     let mut owners_touched: BTreeSet<Owner> = BTreeSet::new();
@@ -1634,10 +1655,16 @@ fn fast_pass(
         }
     }
     // A fresh pass held from its start evaluates nothing: of the kept engine's timers
-    // only the pods-ready timeouts are its (wake-ups set by earlier evaluations stay
-    // kept for the pass that ends the hold).
+    // only the pods-ready timeouts and the holds' ends are its (wake-ups set by earlier
+    // evaluations stay kept for the pass that ends the hold).
     plan.next_timer = match held_pass {
-        true => kept.engine.next_ready_timeout(),
+        true => [
+            kept.engine.next_ready_timeout(),
+            kept.engine.next_hold_end(),
+        ]
+        .into_iter()
+        .flatten()
+        .min(),
         false => kept.engine.next_timer(),
     };
     plan.queues = kept.engine.queue_gauges();

@@ -17,6 +17,7 @@ use super::incremental::{decide_cached, Incremental};
 use super::pods_ready::{
     EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
 };
+use super::serving::HOLD_FREED_ANNOTATION;
 use super::time::rfc3339;
 use super::{ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE};
 use super::{ADMITTED_COUNT_ANNOTATION, ORIGINAL_PARALLELISM_ANNOTATION};
@@ -405,6 +406,38 @@ impl World {
         }
     }
 
+    /// Records a coupled scale-down's hold on serving owner `owner` of [`World::scale`]
+    /// (if it exists): `replicas` held for `secs` from now (0 replicas: an annotation
+    /// that cannot be read), with the template its replicas are created from.
+    fn hold(&mut self, owner: u8, replicas: u8, secs: u64) {
+        let (kind, name, lq) = if owner.is_multiple_of(2) {
+            (ObjKind::Deployment, "web", "lq-a")
+        } else {
+            (ObjKind::StatefulSet, "db", "lq-b")
+        };
+        let store = if kind == ObjKind::Deployment {
+            &self.cache.deployments
+        } else {
+            &self.cache.stateful_sets
+        };
+        let Some(mut obj) = store.get(&("team".to_string(), name.to_string())) else {
+            return;
+        };
+        obj["spec"]["template"] = json!({
+            "metadata": {"labels": {"tessera.io/queue-name": lq}},
+            "spec": {"containers": [{"name": "c", "image": "x",
+                                     "resources": {"limits": {"nvidia.com/gpu": 1}}}]}});
+        let hold = match replicas {
+            0 => "not a hold".to_string(),
+            n => format!(
+                r#"{{"replicas":{n},"until":"{}","maxReworkSeconds":300}}"#,
+                rfc3339(self.now + secs * 1000)
+            ),
+        };
+        obj["metadata"]["annotations"][HOLD_FREED_ANNOTATION] = json!(hold);
+        self.put_owner(kind, obj);
+    }
+
     /// Deletes serving owner `owner` of [`World::scale`] and leaves its pods.
     fn orphan(&mut self, owner: u8) {
         let key = |name: &str| ("team".to_string(), name.to_string());
@@ -661,6 +694,12 @@ enum Op {
     /// owner first): Deployment `web` with ReplicaSet `web-1`, or StatefulSet `db`.
     /// Scaling again creates it again over the pods left.
     Orphan(u8),
+    /// A coupled scale-down's hold recorded on a serving owner ([`World::hold`]).
+    Hold {
+        owner: u8,
+        replicas: u8,
+        secs: u64,
+    },
     /// A PodDisruptionBudget starts or stops protecting the `i`-th object (if a pod).
     Protect(usize),
     Advance(u64),
@@ -680,6 +719,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Terminate),
         3 => (0u8..2, proptest::bool::weighted(0.7)).prop_map(|(owner, up)| Op::Scale { owner, up }),
         1 => (0u8..2).prop_map(Op::Orphan),
+        2 => (0u8..2, 0u8..5, 1u64..200).prop_map(|(owner, replicas, secs)| Op::Hold { owner, replicas, secs }),
         2 => any::<usize>().prop_map(Op::Protect),
         1 => (1u64..120).prop_map(Op::Advance),
         5 => proptest::option::weighted(0.2, 0usize..4).prop_map(Op::Apply),
@@ -768,6 +808,11 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
         Op::Advance(s) => w.now += s * 1000,
         Op::Scale { owner, up } => w.scale(owner, up),
         Op::Orphan(owner) => w.orphan(owner),
+        Op::Hold {
+            owner,
+            replicas,
+            secs,
+        } => w.hold(owner, replicas, secs),
         Op::Protect(i) => {
             if let Some((true, v)) = w.pick(i) {
                 let name = World::key(&v).1;
@@ -1972,4 +2017,56 @@ fn head_pass_cost() {
         );
         w.apply(&plan, None);
     }
+}
+
+/// A hold recorded on a serving owner (`holds.rs`): StatefulSet `db` of queue `b` scaled
+/// down from one replica holds that replica's GPU in cohort `co`. A pod of `c` that
+/// would borrow it and checkpoints never waits; one that checkpoints every minute is
+/// admitted; when the hold ends the first is. Incremental and from-scratch passes agree
+/// throughout; the kept engine decides from scratch when a hold appears and ends.
+#[test]
+fn a_hold_on_a_serving_owner_lends_only_to_cheap_borrowers_until_it_ends() {
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    w.scale(1, true);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    w.scale(1, false);
+    pass(&mut w, &mut inc);
+    w.hold(1, 1, 120);
+    w.add_pods(2, 3, false, 0, 0);
+    let expensive = format!("team/pod-p{}", w.serial);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(inc.stats.last_fallback, Some("holds changed"));
+    assert!(named(&plan, "admit").is_empty(), "{plan:?}");
+    assert_eq!(named(&plan, "pending"), ["WaitingForQuota"], "{plan:?}");
+    w.apply(&plan, None);
+    // A pod that loses a minute when reclaimed may borrow the held GPU (of another
+    // priority: pods alike wait behind the first as one class, `quota/hold.rs`).
+    w.add_pods(2, 3, true, 1, 0);
+    let cheap = format!("team/pod-p{}", w.serial);
+    let mut pod = w.object(ObjKind::Pod, &cheap["team/pod-".len()..]).unwrap();
+    pod["metadata"]["annotations"]["tessera.io/checkpoint-interval"] = json!("1m");
+    w.put_pod(pod);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        named(&plan, "admit"),
+        std::slice::from_ref(&cheap),
+        "{plan:?}"
+    );
+    w.apply(&plan, None);
+    pass(&mut w, &mut inc);
+    let mut done = w.object(ObjKind::Pod, &cheap["team/pod-".len()..]).unwrap();
+    done["status"]["phase"] = json!("Succeeded");
+    w.put_pod(done);
+    w.now += 60_000;
+    let plan = pass(&mut w, &mut inc);
+    assert!(named(&plan, "admit").is_empty(), "held still: {plan:?}");
+    w.apply(&plan, None);
+    w.now += 60_000;
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(inc.stats.last_fallback, Some("a hold ended"));
+    assert_eq!(named(&plan, "admit"), [expensive], "{plan:?}");
 }

@@ -45,6 +45,7 @@ mod decide_tests;
 pub mod error;
 pub mod evictions;
 pub mod extender;
+pub mod holds;
 pub mod incremental;
 #[cfg(test)]
 mod incremental_tests;

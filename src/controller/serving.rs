@@ -11,7 +11,7 @@
 //! Pod ─ownerRef─► StatefulSet                           owner = StatefulSet ns/name
 //! ```
 
-use super::time::{millis, Millis};
+use super::time::{millis, rfc3339, Millis};
 use serde_json::Value;
 use std::collections::BTreeMap;
 
@@ -220,6 +220,74 @@ pub fn preempt_not_before(owner: &Value, created: Millis) -> Option<Millis> {
     (created >= at).then_some(until)
 }
 
+/// On a serving owner an InferenceScaler scaled down coupled with quota: the capacity
+/// its replicas freed, held from expensive borrowers (`quota/hold.rs`). JSON:
+/// `{"replicas":4,"until":"2026-12-05T22:00:00Z","maxReworkSeconds":300}`: the
+/// replicas before the scale-down (the peak, when holds overlap), when the hold ends
+/// (RFC 3339) and the most work a borrower of the held capacity may lose when reclaimed.
+pub const HOLD_FREED_ANNOTATION: &str = "tessera.io/hold-freed";
+
+/// A [`HOLD_FREED_ANNOTATION`] as read.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct HoldRecord {
+    /// Replicas before the scale-down: their usage is held.
+    pub replicas: u32,
+    /// The hold ends then.
+    pub until: Millis,
+    pub max_rework: Millis,
+}
+
+/// The annotation's JSON form.
+#[derive(serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+struct HoldJson {
+    replicas: u32,
+    until: String,
+    max_rework_seconds: u64,
+}
+
+impl HoldRecord {
+    /// The hold recorded on `owner`: `Ok(None)` without one, `Err` (what is wrong) when
+    /// the annotation cannot be read.
+    pub fn read(owner: &Value) -> Result<Option<HoldRecord>, String> {
+        let Some(text) = owner["metadata"]["annotations"][HOLD_FREED_ANNOTATION].as_str() else {
+            return Ok(None);
+        };
+        let bad = |why: String| format!("annotation {HOLD_FREED_ANNOTATION} {text:?}: {why}");
+        let json: HoldJson = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let until = millis(&json.until)
+            .ok_or_else(|| bad(format!("until {:?} is not an RFC 3339 time", json.until)))?;
+        Ok(Some(HoldRecord {
+            replicas: json.replicas,
+            until,
+            max_rework: json.max_rework_seconds.saturating_mul(1000),
+        }))
+    }
+
+    /// The annotation's value (`max_rework` in whole seconds, rounded up).
+    pub fn annotation(&self) -> String {
+        let json = HoldJson {
+            replicas: self.replicas,
+            until: rfc3339(self.until),
+            max_rework_seconds: self.max_rework.div_ceil(1000),
+        };
+        serde_json::to_string(&json).unwrap_or_default()
+    }
+
+    /// This hold and `earlier` (recorded before, if it still stands at `now`) as one:
+    /// the peak replicas, the later end, the lower rework.
+    pub fn merged(self, earlier: Option<HoldRecord>, now: Millis) -> HoldRecord {
+        match earlier.filter(|e| e.until > now) {
+            Some(e) => HoldRecord {
+                replicas: self.replicas.max(e.replicas),
+                until: self.until.max(e.until),
+                max_rework: self.max_rework.min(e.max_rework),
+            },
+            None => self,
+        }
+    }
+}
+
 /// The `tessera.io/admitted-replicas` value last written on the owner.
 pub fn recorded_replicas(owner: &Value) -> Option<&str> {
     owner["metadata"]["annotations"][ADMITTED_REPLICAS_ANNOTATION].as_str()
@@ -244,6 +312,45 @@ mod tests {
             json!({"metadata": {"annotations": {SCALED_UP_AT_ANNOTATION: "2026-12-05T21:00:00Z"}}});
         assert_eq!(preempt_not_before(&urgent, at), None);
         assert_eq!(preempt_not_before(&json!({}), at), None);
+    }
+
+    #[test]
+    fn a_hold_is_read_back_as_written_and_merged_at_its_peak() {
+        let at = millis("2026-12-05T21:00:00Z").unwrap();
+        let hold = HoldRecord {
+            replicas: 4,
+            until: at + 3_600_000,
+            max_rework: 300_000,
+        };
+        let text = hold.annotation();
+        assert_eq!(
+            text,
+            r#"{"replicas":4,"until":"2026-12-05T22:00:00Z","maxReworkSeconds":300}"#
+        );
+        let owner = json!({"metadata": {"annotations": {HOLD_FREED_ANNOTATION: text}}});
+        assert_eq!(HoldRecord::read(&owner), Ok(Some(hold)));
+        assert_eq!(HoldRecord::read(&json!({})), Ok(None));
+        for bad in [
+            "4@2026-12-05T22:00:00Z",
+            r#"{"replicas":4,"until":"tomorrow","maxReworkSeconds":300}"#,
+            r#"{"replicas":-1,"until":"2026-12-05T22:00:00Z","maxReworkSeconds":300}"#,
+            r#"{"replica":4,"until":"2026-12-05T22:00:00Z","maxReworkSeconds":300}"#,
+        ] {
+            let owner = json!({"metadata": {"annotations": {HOLD_FREED_ANNOTATION: bad}}});
+            let err = HoldRecord::read(&owner).unwrap_err();
+            assert!(err.contains(HOLD_FREED_ANNOTATION), "{err}");
+        }
+        // A second scale-down while the first hold stands: the peak and the later end.
+        let second = HoldRecord {
+            replicas: 2,
+            until: at + 4_000_000,
+            max_rework: 600_000,
+        };
+        let merged = second.merged(Some(hold), at + 400_000);
+        assert_eq!((merged.replicas, merged.until), (4, at + 4_000_000));
+        assert_eq!(merged.max_rework, 300_000);
+        // After the first hold ended, only the second counts.
+        assert_eq!(second.merged(Some(hold), at + 3_600_000), second);
     }
 
     fn owned(kind: &str, name: &str) -> Value {

@@ -68,7 +68,7 @@ struct Option_ {
 
 impl Engine {
     /// Whether a pod set may run on a flavor's nodes (node labels and taints).
-    fn flavor_matches(&self, ps: &PodSetInfo, flavor: &str) -> Result<(), String> {
+    pub(crate) fn flavor_matches(&self, ps: &PodSetInfo, flavor: &str) -> Result<(), String> {
         let Some(spec) = self.flavors.get(flavor) else {
             return Err(format!("ResourceFlavor {flavor:?} does not exist"));
         };

@@ -587,12 +587,52 @@ fn scaled_down_with_hold(train_nominal: i64, until: u64) -> Engine {
     e
 }
 
+/// The serving queue of [`scaled_down_with_hold`] as a live controller rebuilds it: two
+/// replicas run, and the hold at four (read back from the scale target) is set from
+/// outside with [`Engine::replica_usage`] and [`Engine::set_hold`].
+fn hold_set_from_outside(train_nominal: i64, until: u64) -> Engine {
+    let serve = cluster_queue("serve")
+        .cohort("fleet")
+        .quota("h100", GPU, 4)
+        .build();
+    let train = cluster_queue("train")
+        .cohort("fleet")
+        .quota("h100", GPU, train_nominal)
+        .build();
+    let mut e = engine(&[serve, train]);
+    for i in 0..2 {
+        submit(&mut e, 0, job(&format!("ml/chat-{i}"), "serve", 1));
+    }
+    let (cq, levels) = e.replica_usage(&job("ml/chat", "serve", 1), 4).unwrap();
+    assert_eq!(cq, "serve");
+    let want = [(("h100".to_string(), GPU.to_string()), 4_000)];
+    assert_eq!(levels, want.into_iter().collect());
+    let hold = super::HoldFreed {
+        until,
+        max_rework: 300_000,
+    };
+    e.set_hold(10_000, &cq, &levels, hold).unwrap();
+    e.schedule(10_000).unwrap();
+    e.check_invariants().unwrap();
+    e
+}
+
 /// A scale-down's freed capacity (`hold.rs`): lent within the hold only to work that is
 /// cheap to reclaim; the queue that borrows keeps its own nominal quota; when the hold
 /// ends, the expensive borrower waiting for it is admitted.
 #[test]
 fn held_capacity_goes_only_to_cheap_borrowers_until_the_hold_ends() {
-    let mut e = scaled_down_with_hold(2, 600_000);
+    lend_only_to_cheap_borrowers(scaled_down_with_hold(2, 600_000));
+}
+
+/// A hold set from outside (a live controller's) lends, keeps out and wakes exactly as
+/// one a scale-down left in the engine.
+#[test]
+fn a_hold_set_from_outside_behaves_like_one_left_by_a_scale_down() {
+    lend_only_to_cheap_borrowers(hold_set_from_outside(2, 600_000));
+}
+
+fn lend_only_to_cheap_borrowers(mut e: Engine) {
     // Training's own nominal quota is never held from it.
     submit(
         &mut e,
@@ -640,4 +680,67 @@ fn the_holding_queue_takes_its_capacity_back_without_waiting() {
     e.advance_to(3_600_000).unwrap();
     assert!(e.is_admitted("ml/long"));
     e.check_invariants().unwrap();
+}
+
+/// The serving queue takes a hold set from outside back at once too, and an ended hold
+/// sets nothing.
+#[test]
+fn a_hold_set_from_outside_never_makes_its_own_queue_wait() {
+    let mut e = hold_set_from_outside(0, 3_600_000);
+    submit(&mut e, 20_000, job("ml/chat-2", "serve", 2));
+    assert!(e.is_admitted("ml/chat-2"));
+    e.check_invariants().unwrap();
+    let mut ended = hold_set_from_outside(0, 5_000);
+    submit(
+        &mut ended,
+        20_000,
+        job("ml/long", "train", 2).runtime(3 * 3_600_000),
+    );
+    assert!(
+        ended.is_admitted("ml/long"),
+        "a hold ended before it was set"
+    );
+}
+
+/// What replicas use of their queue: the first flavor their pod set may use in each
+/// resource group, times the replicas; `pods` when the queue covers it. Unknown queues
+/// and uncovered resources are errors, not holds.
+#[test]
+fn replica_usage_takes_the_first_flavor_the_replicas_may_use() {
+    let mut e = Engine::new(EngineConfig::default());
+    for (name, gen) in [("a100", "a100"), ("h100", "h100")] {
+        let mut f = flavor(name);
+        f.spec.node_labels.insert("gpu".into(), gen.into());
+        e.apply_flavor(&f, 0).unwrap();
+    }
+    let q = cluster_queue("serve")
+        .quota("a100", GPU, 8)
+        .quota("h100", GPU, 8)
+        .quota("any", "pods", 100)
+        .build();
+    e.apply_flavor(&flavor("any"), 0).unwrap();
+    e.apply_cluster_queue(&q, 0).unwrap();
+    e.apply_local_queue(&local_queue("ml", "serve", "serve"), 0)
+        .unwrap();
+    let mut shape = job("ml/chat", "serve", 2);
+    let (cq, levels) = e.replica_usage(&shape, 3).unwrap();
+    assert_eq!(cq, "serve");
+    let fr = |f: &str, r: &str| (f.to_string(), r.to_string());
+    let want = [(fr("a100", GPU), 6_000), (fr("any", "pods"), 3_000)];
+    assert_eq!(levels, want.into_iter().collect());
+    shape.pod_sets[0]
+        .node_selector
+        .insert("gpu".into(), "h100".into());
+    let (_, levels) = e.replica_usage(&shape, 3).unwrap();
+    assert_eq!(levels.get(&fr("h100", GPU)), Some(&6_000), "{levels:?}");
+    assert!(e.replica_usage(&job("ml/x", "nowhere", 1), 1).is_err());
+    let cpu = WorkloadInfo::new("ml/cpu", "serve").pod_set("main", 1, &[("cpu", 1)]);
+    assert!(e.replica_usage(&cpu, 1).is_err());
+    let unknown = [(fr("a100", "cpu"), 1_000)].into_iter().collect();
+    let hold = super::HoldFreed {
+        until: 10,
+        max_rework: 0,
+    };
+    assert!(e.set_hold(0, "serve", &unknown, hold).is_err());
+    assert!(e.set_hold(0, "nowhere", &levels, hold).is_err());
 }

@@ -25,6 +25,9 @@ pub enum Error {
     /// A workload with this namespace/name already exists.
     #[error("workload {0} already exists")]
     DuplicateWorkload(String),
+    /// A LocalQueue or ClusterQueue that the caller named does not exist.
+    #[error("{0} not found")]
+    UnknownQueue(String),
     /// A workload that the caller named does not exist.
     #[error("workload {0} not found")]
     UnknownWorkload(String),

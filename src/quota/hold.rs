@@ -21,11 +21,20 @@
 //! cheap workload queued behind an expensive one of the same shape waits with it. Making
 //! rework part of the shape split classes apart in fleets whose jobs checkpoint at
 //! assorted intervals, and the fleet simulation ran an order of magnitude slower.
+//!
+//! A live controller keeps holds outside the engine (on the scale target, where a
+//! restart finds them) and sets them on each engine it builds: [`Engine::replica_usage`]
+//! says what the replicas held would use, [`Engine::set_hold`] holds it. A hold set so
+//! is one left by [`Engine::remove_holding`]: the same lending, waits and wake-ups.
 
 use super::engine::Engine;
 use super::error::{Error, Result};
-use super::model::{CqId, FrId, WlId, WorkloadInfo};
+use super::model::{CqId, FrId, WlId, WorkloadInfo, PODS};
 use super::quantity::Time;
+use std::collections::BTreeMap;
+
+/// What a queue holds, or replicas use: milli-units per `(flavor, resource)`.
+pub type HeldLevels = BTreeMap<(String, String), i64>;
 
 /// How a removed serving replica's capacity is held (see the module doc).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -84,27 +93,129 @@ impl Engine {
         let (cq, frs): (CqId, Vec<FrId>) = (adm.cq, adm.usage.iter().map(|(f, _)| *f).collect());
         for fr in frs {
             let level = self.usage(cq, fr);
-            let h = self.cqs[cq].holds.entry(fr).or_insert(Hold {
-                level,
-                until: hold.until,
-                max_rework: hold.max_rework,
-            });
-            if h.until <= now {
-                *h = Hold {
-                    level,
-                    until: hold.until,
-                    max_rework: hold.max_rework,
-                };
-            } else {
-                h.level = h.level.max(level);
-                h.until = h.until.max(hold.until);
-                h.max_rework = h.max_rework.min(hold.max_rework);
-            }
-            let until = h.until;
-            self.hold_ends.insert((until, cq));
+            self.hold_at(cq, fr, level, now, hold);
         }
         let co = self.cqs[cq].cohort;
         self.cohorts[co].version += 1;
+    }
+
+    /// Merges a hold at `level` into `cq`'s hold in `fr`: the higher level, the later
+    /// end and the lower rework of the two (a hold already ended is replaced).
+    fn hold_at(&mut self, cq: CqId, fr: FrId, level: i64, now: Time, hold: HoldFreed) {
+        let fresh = Hold {
+            level,
+            until: hold.until,
+            max_rework: hold.max_rework,
+        };
+        let h = self.cqs[cq].holds.entry(fr).or_insert(fresh);
+        if h.until <= now {
+            *h = fresh;
+        } else {
+            h.level = h.level.max(level);
+            h.until = h.until.max(hold.until);
+            h.max_rework = h.max_rework.min(hold.max_rework);
+        }
+        let until = h.until;
+        self.hold_ends.insert((until, cq));
+    }
+
+    /// ClusterQueue `cluster_queue` holds `levels` (milli-units per `(flavor, resource)`,
+    /// as [`Engine::replica_usage`] gives them) until `hold.until`, merged with any hold
+    /// it has as [`Engine::remove_holding`] merges them. A hold already ended at `now`
+    /// sets nothing. Raising a hold frees nothing, so no workload is woken; the holds'
+    /// end wakes those it kept something from.
+    pub fn set_hold(
+        &mut self,
+        now: Time,
+        cluster_queue: &str,
+        levels: &HeldLevels,
+        hold: HoldFreed,
+    ) -> Result<()> {
+        let &cq = self
+            .cq_by_name
+            .get(cluster_queue)
+            .ok_or_else(|| Error::UnknownQueue(format!("ClusterQueue {cluster_queue}")))?;
+        let mut frs = Vec::with_capacity(levels.len());
+        for ((flavor, resource), &level) in levels {
+            let fr = self
+                .fr_by_name
+                .get(&(flavor.clone(), resource.clone()))
+                .copied()
+                .filter(|fr| self.cqs[cq].spec.limits.contains_key(fr))
+                .ok_or_else(|| Error::Invalid {
+                    kind: "ClusterQueue",
+                    name: cluster_queue.to_string(),
+                    field: "spec.resourceGroups".into(),
+                    why: format!("no quota for {resource} in flavor {flavor} to hold"),
+                })?;
+            frs.push((fr, level));
+        }
+        if hold.until <= now || frs.is_empty() {
+            return Ok(());
+        }
+        for (fr, level) in frs {
+            self.hold_at(cq, fr, level, now, hold);
+        }
+        let co = self.cqs[cq].cohort;
+        self.cohorts[co].version += 1;
+        Ok(())
+    }
+
+    /// The ClusterQueue `replicas` pods shaped like `shape` (its namespace, LocalQueue
+    /// and pod sets) are admitted to, and what they use of it per `(flavor, resource)`
+    /// (milli-units): in each resource group the first flavor whose nodes the pod set
+    /// may use, whatever its quota (the flavor a restore assigns first). `pods` counts
+    /// when the queue covers it.
+    pub fn replica_usage(
+        &self,
+        shape: &WorkloadInfo,
+        replicas: u32,
+    ) -> Result<(String, HeldLevels)> {
+        let queue = (shape.namespace.clone(), shape.queue_name.clone());
+        let cq_name = self
+            .local_queues
+            .get(&queue)
+            .ok_or_else(|| Error::UnknownQueue(format!("LocalQueue {}/{}", queue.0, queue.1)))?;
+        let &cq = self
+            .cq_by_name
+            .get(cq_name)
+            .ok_or_else(|| Error::UnknownQueue(format!("ClusterQueue {cq_name}")))?;
+        let spec = &self.cqs[cq].spec;
+        let mut usage = HeldLevels::new();
+        for ps in &shape.pod_sets {
+            let pods = i64::from(ps.count).saturating_mul(i64::from(replicas));
+            let mut requests: Vec<(&str, i64)> = ps
+                .requests
+                .iter()
+                .filter(|(_, q)| q.0 > 0)
+                .map(|(r, q)| (r.as_str(), q.0))
+                .collect();
+            if spec.group_of(PODS).is_some() && !ps.requests.contains_key(PODS) {
+                requests.push((PODS, 1000));
+            }
+            for (resource, per_pod) in requests {
+                let not_held = |why: String| Error::Invalid {
+                    kind: "ClusterQueue",
+                    name: cq_name.clone(),
+                    field: "spec.resourceGroups".into(),
+                    why,
+                };
+                let g = spec
+                    .group_of(resource)
+                    .ok_or_else(|| not_held(format!("{resource} is not covered")))?;
+                let slot = spec.groups[g]
+                    .flavors
+                    .iter()
+                    .find(|slot| self.flavor_matches(ps, &slot.flavor).is_ok())
+                    .ok_or_else(|| {
+                        not_held(format!("no flavor for {resource} fits pod set {}", ps.name))
+                    })?;
+                *usage
+                    .entry((slot.flavor.clone(), resource.to_string()))
+                    .or_insert(0i64) += per_pod.saturating_mul(pods);
+            }
+        }
+        Ok((cq_name.clone(), usage))
     }
 
     /// Headroom of other queues' holds in `fr` that workload `id` may not borrow at `now`.

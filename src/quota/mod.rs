@@ -43,7 +43,7 @@ mod engine_tests;
 pub use engine::{Engine, EngineConfig, Requeue, Stats, WaitForPodsReady};
 pub use error::{Error, Result};
 pub use events::{Event, EventType, FinalState};
-pub use hold::HoldFreed;
+pub use hold::{HeldLevels, HoldFreed};
 pub use model::WorkloadInfo;
 pub use quantity::{Quantity, Time};
 pub use report::{QueueGauges, QueueStatus, ResourceGauges};

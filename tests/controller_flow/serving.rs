@@ -236,6 +236,91 @@ async fn serving_replicas_hold_quota_and_a_scale_down_returns_it_to_training() {
     assert_rbac_allows_every_request(&s);
 }
 
+/// A coupled scale-down's hold, as the autoscaler records it on the Deployment
+/// (`tests/autoscaler_live.rs` shows it written), through watch-fed incremental passes:
+/// the held GPUs go to a training Job that checkpoints every two minutes, not to one
+/// that never checkpoints; a restarted controller holds them still; once the hold ends
+/// the second Job is admitted.
+#[tokio::test]
+async fn a_scale_down_hold_lends_only_to_cheap_training_across_a_restart() {
+    let s = cohort("nvidia.com/gpu").await;
+    let client = s.client();
+    let c = cfg("a");
+    scale(&s, 4);
+    let (mut state, cache, stop) = super::cache::cached(&s, &c).await;
+    reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(web_pods(&s), (4, 0));
+
+    // Scaled down from 4 to 1, holding for ten minutes what the 4 used.
+    let mut web = s.objects(DEPLOYMENTS)[0].clone();
+    web["metadata"]["annotations"]["tessera.io/hold-freed"] = json!(format!(
+        r#"{{"replicas":4,"until":"{}","maxReworkSeconds":300}}"#,
+        tessera::controller::time::rfc3339(NOW + 600_000)
+    ));
+    s.put_object(DEPLOYMENTS, web);
+    scale(&s, 1);
+    let mut cheap = training_job("train-short", json!({"limits": {"nvidia.com/gpu": 1}}));
+    cheap["spec"]["parallelism"] = json!(1);
+    cheap["spec"]["completions"] = json!(1);
+    cheap["metadata"]["annotations"] = json!({"tessera.io/checkpoint-interval": "2m"});
+    s.put_object(JOBS, cheap);
+    s.put_object(
+        JOBS,
+        training_job("train-long", json!({"limits": {"nvidia.com/gpu": 1}})),
+    );
+    let seen = |cache: &tessera::controller::cache::Cache| {
+        cache.jobs.iter().map(|j| j.len()).sum::<usize>() == 2
+            && cache.pods.iter().map(|p| p.len()).sum::<usize>() == 1
+            && cache.deployments.values()[0]["metadata"]["annotations"]["tessera.io/hold-freed"]
+                .is_string()
+    };
+    super::wait_for("the scale-down and the Jobs in the cache", || seen(&cache)).await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1_000)
+        .await
+        .unwrap();
+    assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+    assert_eq!(
+        job(&s, "train-short")["spec"]["suspend"],
+        false,
+        "cheap to reclaim"
+    );
+    assert_eq!(
+        job(&s, "train-long")["spec"]["suspend"],
+        true,
+        "held from it"
+    );
+    assert_eq!(
+        plan.next_timer,
+        Some(NOW + 600_000),
+        "woken when the hold ends"
+    );
+
+    // A restarted controller reads the hold back from the Deployment.
+    stop.cancel();
+    let c = cfg("b");
+    let (mut state, _cache, stop) = super::cache::cached(&s, &c).await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 2_000)
+        .await
+        .unwrap();
+    assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+    assert_eq!(job(&s, "train-long")["spec"]["suspend"], true, "still held");
+    assert_eq!(job(&s, "train-short")["spec"]["suspend"], false);
+
+    // The hold ends: the long Job borrows the GPUs.
+    reconciler::pass_with(&client, &c, &mut state, NOW + 600_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        job(&s, "train-long")["spec"]["suspend"],
+        false,
+        "hold ended"
+    );
+    stop.cancel();
+    assert_rbac_allows_every_request(&s);
+}
+
 #[tokio::test]
 async fn pods_are_charged_for_their_resource_claim_templates_by_device_class() {
     let s = cohort("gpu.tessera.io").await;
