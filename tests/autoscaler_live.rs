@@ -292,11 +292,20 @@ async fn bad_specs_and_targets_are_reported_and_their_targets_left_alone() {
     no_scale["spec"]["scaleTargetRef"] =
         json!({"apiVersion": "v1", "kind": "ConfigMap", "name": "cm"});
     api.put_object(SCALERS, no_scale);
+    // A DaemonSet has no /scale either; a kind the server does not serve at all.
+    let mut daemonset = scaler("daemonset", "agents", "http://127.0.0.1:9");
+    daemonset["spec"]["scaleTargetRef"] =
+        json!({"apiVersion": "apps/v1", "kind": "DaemonSet", "name": "agents"});
+    api.put_object(SCALERS, daemonset);
+    let mut unknown = scaler("unknown", "x", "http://127.0.0.1:9");
+    unknown["spec"]["scaleTargetRef"] =
+        json!({"apiVersion": "apps/v1", "kind": "Deploymnet", "name": "x"});
+    api.put_object(SCALERS, unknown);
     let stop = CancellationToken::new();
     let _registry = start_loop(&api, &stop);
 
-    until("three conditions", Duration::from_secs(10), || {
-        ["typo", "inverted", "no-scale"]
+    until("five conditions", Duration::from_secs(10), || {
+        ["typo", "inverted", "no-scale", "daemonset", "unknown"]
             .iter()
             .all(|s| condition(&api, s, "Ready").is_some())
     })
@@ -310,7 +319,17 @@ async fn bad_specs_and_targets_are_reported_and_their_targets_left_alone() {
     assert!(message.contains("spec.minReplicaCount"), "{message}");
     let (ok, message) = condition(&api, "no-scale", "Ready").unwrap();
     assert_eq!(ok, "False");
-    assert!(message.contains("no /scale subresource"), "{message}");
+    assert_eq!(
+        message, "ConfigMap (v1) has no /scale subresource",
+        "{message}"
+    );
+    let (_, message) = condition(&api, "daemonset", "Ready").unwrap();
+    assert_eq!(message, "DaemonSet (apps/v1) has no /scale subresource");
+    let (_, message) = condition(&api, "unknown", "Ready").unwrap();
+    assert_eq!(
+        message,
+        "Deploymnet (apps/v1) is not a kind the API server serves"
+    );
     // Several polls later: nothing scaled, one Event per bad spec (not one per poll).
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(replicas(&api, "typo"), 3);
@@ -323,9 +342,45 @@ async fn bad_specs_and_targets_are_reported_and_their_targets_left_alone() {
     );
     assert_eq!(
         reasons.iter().filter(|r| *r == "ScaleTargetError").count(),
-        1,
+        3,
         "{reasons:?}"
     );
+    stop.cancel();
+}
+
+/// A scale target is found through the API server's discovery document: a custom
+/// resource with an irregular plural (`inferencepolicies`) and a `/scale` subresource
+/// is scaled, here to its fallback replicas while Prometheus is down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_custom_resource_with_an_irregular_plural_is_found_through_discovery() {
+    const POLICIES: &str = "/apis/example.com/v1/namespaces/ml/inferencepolicies";
+    let api = ApiServer::start("node-a").await;
+    api.list_across_namespaces();
+    api.serve_kind(
+        "example.com/v1",
+        "inferencepolicies",
+        "InferencePolicy",
+        true,
+    );
+    api.put_object(
+        POLICIES,
+        json!({"apiVersion": "example.com/v1", "kind": "InferencePolicy",
+            "metadata": {"name": "llm", "namespace": "ml"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "llm"}}}}),
+    );
+    let mut s = scaler("llm", "llm", "http://127.0.0.1:9");
+    s["spec"]["scaleTargetRef"] =
+        json!({"apiVersion": "example.com/v1", "kind": "InferencePolicy", "name": "llm"});
+    s["spec"]["fallback"] = json!({"failureThreshold": 1, "replicas": 3});
+    api.put_object(SCALERS, s);
+    let stop = CancellationToken::new();
+    let _registry = start_loop(&api, &stop);
+    let scaled = || object(&api, POLICIES, "llm").unwrap()["spec"]["replicas"].as_i64() == Some(3);
+    until("the fallback replicas", Duration::from_secs(10), scaled)
+        .await
+        .unwrap();
+    let (ok, message) = condition(&api, "llm", "Fallback").unwrap();
+    assert_eq!(ok, "True", "{message}");
     stop.cancel();
 }
 

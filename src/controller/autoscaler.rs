@@ -98,6 +98,9 @@ pub struct Autoscaler {
     metrics: ScalerMetrics,
     entries: BTreeMap<(String, String), Entry>,
     lags: Vec<Millis>,
+    /// Scale targets' resources found through discovery: `(apiVersion, kind)` →
+    /// resource (only kinds with a `/scale` subresource; a miss is asked again next poll).
+    resources: std::sync::Mutex<BTreeMap<(String, String), ApiResource>>,
 }
 
 /// Polls in flight at once (each is a `/scale` GET, a pod LIST and the queries).
@@ -114,6 +117,7 @@ impl Autoscaler {
             metrics: cfg.metrics.clone(),
             entries: BTreeMap::new(),
             lags: Vec::new(),
+            resources: std::sync::Mutex::default(),
         })
     }
 
@@ -312,7 +316,8 @@ impl Autoscaler {
     }
 
     async fn read_target(&self, ns: &str, obj: &DynamicObject) -> Result<Target, String> {
-        let r = target_resource(obj)?;
+        let (api_version, kind, name) = target_ref(obj)?;
+        let r = (self.scalable_resource(&api_version, &kind).await?, name);
         let name = r.1;
         let api: Api<DynamicObject> = Api::namespaced_with(self.client.clone(), ns, &r.0);
         let scale = api.get_scale(&name).await.map_err(|e| match e {
@@ -347,6 +352,46 @@ impl Autoscaler {
             replicas,
             serving,
         })
+    }
+
+    /// The resource of `kind` in `api_version`, with its plural as the API server's
+    /// discovery document names it (irregular plurals and CRDs included), if it has a
+    /// `/scale` subresource; cached once found.
+    async fn scalable_resource(
+        &self,
+        api_version: &str,
+        kind: &str,
+    ) -> Result<ApiResource, String> {
+        let key = (api_version.to_string(), kind.to_string());
+        if let Some(r) = self
+            .resources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+        {
+            return Ok(r.clone());
+        }
+        let list = if api_version.contains('/') {
+            self.client.list_api_group_resources(api_version).await
+        } else {
+            self.client.list_core_api_resources(api_version).await
+        }
+        .map_err(|e| match e {
+            kube::Error::Api(s) if s.code == 404 => {
+                format!("the API server does not serve {api_version}")
+            }
+            e => format!("discovering {api_version}: {e}"),
+        })?;
+        let plural = scalable_plural(&list.resources, kind)
+            .map_err(|why| format!("{kind} ({api_version}) {why}"))?;
+        let (group, version) = api_version.split_once('/').unwrap_or(("", api_version));
+        let gvk = GroupVersionKind::gvk(group, version, kind);
+        let resource = ApiResource::from_gvk_with_plural(&gvk, &plural);
+        self.resources
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, resource.clone());
+        Ok(resource)
     }
 
     /// Each trigger's reading and how long its query took.
@@ -537,21 +582,36 @@ pub fn scaler_resource() -> ApiResource {
 /// `spec.scaleTargetRef` as an API resource and a name. Kinds are pluralised the way
 /// the API server's discovery does for the built-in ones (`Deployment` → `deployments`);
 /// a custom kind with an irregular plural is not found (reported as no `/scale`).
-fn target_resource(obj: &DynamicObject) -> Result<(ApiResource, String), String> {
+/// `spec.scaleTargetRef`: apiVersion (default `apps/v1`), kind (default `Deployment`)
+/// and name.
+fn target_ref(obj: &DynamicObject) -> Result<(String, String, String), String> {
     let r = &obj.data["spec"]["scaleTargetRef"];
-    let name = r["name"].as_str().unwrap_or_default().to_string();
+    let name = r["name"].as_str().unwrap_or_default();
     let api_version = r["apiVersion"].as_str().unwrap_or("apps/v1");
     let kind = r["kind"].as_str().unwrap_or("Deployment");
-    let (group, version) = match api_version.split_once('/') {
-        Some((g, v)) => (g, v),
-        None => ("", api_version),
-    };
+    let version = api_version.split_once('/').map_or(api_version, |(_, v)| v);
     if name.is_empty() || version.is_empty() || kind.is_empty() {
         return Err("spec.scaleTargetRef: name, apiVersion and kind are needed".into());
     }
-    let gvk = GroupVersionKind::gvk(group, version, kind);
-    let plural = format!("{}s", kind.to_ascii_lowercase());
-    Ok((ApiResource::from_gvk_with_plural(&gvk, &plural), name))
+    Ok((api_version.to_string(), kind.to_string(), name.to_string()))
+}
+
+/// The plural of `kind` in a discovery document's resources, if it has `/scale`.
+fn scalable_plural(
+    resources: &[k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResource],
+    kind: &str,
+) -> Result<String, String> {
+    let plural = resources
+        .iter()
+        .find(|r| r.kind == kind && !r.name.contains('/'))
+        .map(|r| r.name.clone())
+        .ok_or_else(|| "is not a kind the API server serves".to_string())?;
+    let scale = format!("{plural}/scale");
+    if resources.iter().any(|r| r.name == scale) {
+        Ok(plural)
+    } else {
+        Err("has no /scale subresource".into())
+    }
 }
 
 /// A replica serves once its pod is scheduled, ungated and not terminating.
@@ -679,4 +739,35 @@ pub async fn run(
         warn!(error = %e, "releasing the autoscaler lease");
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::APIResource;
+
+    #[test]
+    fn the_plural_comes_from_discovery_and_needs_a_scale_subresource() {
+        let r = |name: &str, kind: &str| APIResource {
+            name: name.into(),
+            kind: kind.into(),
+            ..Default::default()
+        };
+        let list = [
+            r("inferencepolicies", "InferencePolicy"),
+            r("inferencepolicies/status", "InferencePolicy"),
+            r("inferencepolicies/scale", "Scale"),
+            r("daemonsets", "DaemonSet"),
+            r("daemonsets/status", "DaemonSet"),
+        ];
+        assert_eq!(
+            scalable_plural(&list, "InferencePolicy").unwrap(),
+            "inferencepolicies"
+        );
+        assert_eq!(
+            scalable_plural(&list, "DaemonSet").unwrap_err(),
+            "has no /scale subresource"
+        );
+        assert!(scalable_plural(&list, "Policy").is_err());
+    }
 }

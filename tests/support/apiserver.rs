@@ -23,7 +23,9 @@
 //! PATCH is a JSON merge patch (RFC 7386, also for strategic merge patches of maps);
 //! the Binding subresource (`POST …/pods/<name>/binding`) sets `spec.nodeName` once
 //! ([`ApiServer::bindings`]); the Scale subresource (`GET`/`PATCH …/<name>/scale`) of
-//! Deployments, StatefulSets and ReplicaSets (404 for other kinds). A PATCH of
+//! Deployments, StatefulSets and ReplicaSets (404 for other kinds) and of kinds served
+//! with it ([`ApiServer::serve_kind`]); discovery (`GET /api/v1`, `/apis/<g>/<v>`:
+//! `APIResourceList` with each kind's plural and subresources). A PATCH of
 //! `…/<name>/status` takes only `status`; a PUT or PATCH of the main resource leaves
 //! `status` as stored. LIST with `limit` answers in pages of one snapshot (`continue`,
 //! `remainingItemCount`; `410 Expired` for a token compacted away); a WATCH ends after
@@ -94,6 +96,9 @@ struct Store {
     continues: BTreeMap<String, (u64, Vec<Value>)>,
     /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK.
     bookmark_every: Option<std::time::Duration>,
+    /// Kinds served beyond the built-in ones ([`ApiServer::serve_kind`]): group version
+    /// → (plural, kind, has `/scale`).
+    extra_kinds: BTreeMap<String, Vec<(String, String, bool)>>,
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
@@ -412,6 +417,11 @@ impl ApiServer {
                 "injected failure (ApiServer::fail_requests)",
             );
         }
+        if method == Method::GET {
+            if let Some(list) = self.discovery(&path) {
+                return json_response(StatusCode::OK, list);
+            }
+        }
         // `/…/<collection>` or `/…/<collection>/<name>`: collections end in a plural.
         let (collection, name) = split_path(&path);
         if matches!(method, Method::POST | Method::PUT | Method::DELETE)
@@ -627,9 +637,18 @@ impl ApiServer {
         name: &str,
         req: Request<Incoming>,
     ) -> Response<BoxBody<Bytes, Infallible>> {
-        let scalable = ["/deployments", "/statefulsets", "/replicasets"]
-            .iter()
-            .any(|k| collection.ends_with(k));
+        let extra_scalable = self
+            .store
+            .lock()
+            .unwrap()
+            .extra_kinds
+            .values()
+            .flatten()
+            .any(|(plural, _, scale)| *scale && collection.ends_with(&format!("/{plural}")));
+        let scalable = extra_scalable
+            || ["/deployments", "/statefulsets", "/replicasets"]
+                .iter()
+                .any(|k| collection.ends_with(k));
         let Some(mut object) = self.get(collection, name).filter(|_| scalable) else {
             return not_found(name);
         };
@@ -845,6 +864,79 @@ impl ApiServer {
     /// does. Off by default (each collection path is its own store).
     pub fn list_across_namespaces(&self) {
         self.store.lock().unwrap().across_namespaces = true;
+    }
+
+    /// Serves `kind` (plural `plural`) in `group_version`'s discovery document, with a
+    /// `/scale` subresource when `scalable` (a CRD with `subresources.scale`).
+    pub fn serve_kind(&self, group_version: &str, plural: &str, kind: &str, scalable: bool) {
+        self.store
+            .lock()
+            .unwrap()
+            .extra_kinds
+            .entry(group_version.to_string())
+            .or_default()
+            .push((plural.to_string(), kind.to_string(), scalable));
+    }
+
+    /// The discovery document (`APIResourceList`) of `/api/v1` or `/apis/<group>/<version>`:
+    /// the core and `apps/v1` kinds the tests use, with the subresources the real server
+    /// lists (`deployments/scale`, …), plus those of [`ApiServer::serve_kind`].
+    fn discovery(&self, path: &str) -> Option<Value> {
+        let seg: Vec<&str> = path.split('/').filter(|x| !x.is_empty()).collect();
+        let group_version = match seg.as_slice() {
+            ["api", v] => v.to_string(),
+            ["apis", g, v] => format!("{g}/{v}"),
+            _ => return None,
+        };
+        let built_in: &[(&str, &str, bool)] = match group_version.as_str() {
+            "v1" => &[
+                ("pods", "Pod", false),
+                ("configmaps", "ConfigMap", false),
+                ("namespaces", "Namespace", false),
+                ("nodes", "Node", false),
+            ],
+            "apps/v1" => &[
+                ("deployments", "Deployment", true),
+                ("replicasets", "ReplicaSet", true),
+                ("statefulsets", "StatefulSet", true),
+                ("daemonsets", "DaemonSet", false),
+            ],
+            _ => &[],
+        };
+        let st = self.store.lock().unwrap();
+        let extra = st
+            .extra_kinds
+            .get(&group_version)
+            .cloned()
+            .unwrap_or_default();
+        let kinds: Vec<(String, String, bool)> = built_in
+            .iter()
+            .map(|(p, k, s)| (p.to_string(), k.to_string(), *s))
+            .chain(extra)
+            .collect();
+        if kinds.is_empty() {
+            return None;
+        }
+        let mut resources = Vec::new();
+        for (plural, kind, scalable) in kinds {
+            let namespaced = !matches!(kind.as_str(), "Namespace" | "Node");
+            resources.push(json!({"name": plural, "singularName": kind.to_lowercase(),
+                "namespaced": namespaced, "kind": kind,
+                "verbs": ["create", "delete", "get", "list", "patch", "update", "watch"]}));
+            resources.push(
+                json!({"name": format!("{plural}/status"), "singularName": "",
+                "namespaced": namespaced, "kind": kind, "verbs": ["get", "patch", "update"]}),
+            );
+            if scalable {
+                resources.push(
+                    json!({"name": format!("{plural}/scale"), "singularName": "",
+                    "namespaced": namespaced, "group": "autoscaling", "version": "v1",
+                    "kind": "Scale", "verbs": ["get", "patch", "update"]}),
+                );
+            }
+        }
+        Some(json!({"kind": "APIResourceList", "apiVersion": "v1",
+                    "groupVersion": group_version, "resources": resources}))
     }
 
     /// Evictions of pod `name` are refused with 429 (a PodDisruptionBudget) while
