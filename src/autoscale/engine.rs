@@ -277,7 +277,12 @@ impl Scaler {
             .last_active
             .is_none_or(|t| now.saturating_sub(t) >= s.cooldown_ms);
         if !active && may_deactivate && cooled {
-            return decision(floor, Why::Deactivated);
+            let mut d = decision(floor, Why::Deactivated);
+            // Scaling to zero frees capacity like any coupled scale-down: held too.
+            if self.coupling == Coupling::Quota && floor < obs.target && s.hold_freed_ms > 0 {
+                d.hold_freed_until = Some(now.saturating_add(s.hold_freed_ms));
+            }
+            return d;
         }
         self.scale(obs, now, values, active)
     }

@@ -346,6 +346,24 @@ fn a_coupled_scale_down_holds_the_capacity_it_frees() {
     assert_eq!((d.replicas, d.hold_freed_until), (2, None));
 }
 
+/// Scaling to zero after the cooldown frees capacity too: coupled, it is held.
+#[test]
+fn scaling_to_zero_holds_what_it_frees() {
+    let spec = "minReplicaCount: 0\ncooldownPeriod: 60\npreemption: {holdFreedSeconds: 1800}\n";
+    let mut s = scaler(spec, Coupling::Quota);
+    s.step(&at(2, value(150.0)), 0);
+    let d = s.step(&at(2, value(0.0)), 120 * S);
+    assert_eq!(d.replicas, 0, "{:?}", d.why);
+    assert!(matches!(d.why, Why::Deactivated), "{:?}", d.why);
+    assert_eq!(d.hold_freed_until, Some(1920 * S));
+    // Already at zero: nothing freed, nothing held.
+    assert_eq!(s.step(&at(0, value(0.0)), 200 * S).hold_freed_until, None);
+    let mut keda = scaler(spec, Coupling::Off);
+    keda.step(&at(2, value(150.0)), 0);
+    let d = keda.step(&at(2, value(0.0)), 120 * S);
+    assert_eq!((d.replicas, d.hold_freed_until), (0, None));
+}
+
 #[test]
 fn demand_that_comes_back_within_the_hold_counts_as_persisting() {
     let run = |hold: u64| {
