@@ -62,16 +62,25 @@ pub fn plan_file(data: &[u8]) {
     }
 }
 
-/// `tessera simulate` trace CSVs: the same text as a node list and as a pod list.
+/// `tessera simulate` trace CSVs: the same text as a node list, a pod list, a DLRM
+/// instance list, a training task list and an Azure LLM request trace.
 pub fn simulate_csv(data: &[u8]) {
     if let Some(text) = text(data) {
         let _ = tessera::sim::trace::parse_node_list(text, "nodes.csv");
         let _ = tessera::sim::trace::parse_pod_list(text, "pods.csv");
+        use tessera::sim::fleet::demand;
+        let _ = demand::parse_services(text, "dlrm.csv");
+        let _ = demand::parse_tasks(text, "pods.csv");
+        if let Ok(minutes) = demand::parse_llm_tokens_per_minute(text, "llm.csv") {
+            let s = demand::llm_service("llm", &minutes, 64, 0.2, 2 * 86_400_000);
+            assert!(s.peak(2 * 86_400_000) <= 64, "an LLM service above its peak");
+        }
     }
 }
 
 /// An AdmissionReview request body, as the webhook server hands it over after JSON
-/// decoding; answered without and with known priority classes.
+/// decoding; answered without and with known priority classes, and by the vGPU pod
+/// webhook in both modes.
 pub fn admission_review(data: &[u8]) {
     let Ok(body) = serde_json::from_slice::<serde_json::Value>(data) else {
         return;
@@ -79,12 +88,24 @@ pub fn admission_review(data: &[u8]) {
     let _ = webhook::review(&body, None, webhook::Options::default());
     let classes = BTreeMap::from([("high".to_string(), 1000), ("low".to_string(), -10)]);
     let _ = webhook::review(&body, Some(&classes), webhook::Options::default());
+    // The vGPU pod webhook, in extender and DRA mode.
+    use tessera::controller::vgpu_webhook::{self, VgpuMode, VgpuOptions};
+    for mode in [VgpuMode::Extender, VgpuMode::Dra] {
+        let options = VgpuOptions {
+            mode,
+            ..VgpuOptions::default()
+        };
+        let _ = vgpu_webhook::review(&body, &options);
+    }
 }
 
 /// The DRA driver's checkpoint: the snapshot file, the log file that continues it, and
-/// (when the input is a JSON `Data`) the snapshot round trip and the start-up recovery.
+/// (when the input is a JSON `Data`) the snapshot round trip and the start-up recovery;
+/// and the kubelet's DRA checkpoint (`dra_manager_state`) the vGPU guard reads.
 pub fn dra_checkpoint(data: &[u8]) {
     let _ = checkpoint::decode_snapshot("fuzz", data);
+    // The kubelet's own DRA checkpoint, which the vGPU guard reads.
+    let _ = tessera::agent::vgpu_guard::kubelet_claim_pods(data);
     if let Ok(parsed) = checkpoint::log::parse(data) {
         let mut state = checkpoint::Data::default();
         checkpoint::log::apply(&mut state, parsed.ops);
