@@ -471,3 +471,114 @@ fn top_prints_allocated_against_allocatable_per_node() {
     assert_eq!(rows[0]["node"], "gpu-a");
     assert_eq!(rows[0]["allocated"], 6);
 }
+
+/// `tessera top --gpus` / `--containers` against a real Prometheus scraping the node
+/// agents' gauges: the GPU lines add up their containers' shares, a missing gauge is "–"
+/// (not 0), `--node` narrows, and a Prometheus without the agents' series says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn top_per_gpu_and_container_reads_the_agents_gauges() {
+    use support::prometheus::{Exporter, Prometheus};
+    let exporter = Exporter::start().await;
+    let gib = 1u64 << 30;
+    exporter.set(&format!(
+        "# TYPE tessera_gpu_memory_used_bytes gauge\n\
+         tessera_gpu_memory_used_bytes{{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"vgpu\"}} {}\n\
+         tessera_gpu_memory_used_bytes{{node=\"n2\",gpu=\"GPU-9\",model=\"L4\",mode=\"whole\"}} 0\n\
+         # TYPE tessera_gpu_memory_total_bytes gauge\n\
+         tessera_gpu_memory_total_bytes{{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"vgpu\"}} {}\n\
+         tessera_gpu_memory_total_bytes{{node=\"n2\",gpu=\"GPU-9\",model=\"L4\",mode=\"whole\"}} {}\n\
+         # TYPE tessera_gpu_utilization_ratio gauge\n\
+         tessera_gpu_utilization_ratio{{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"vgpu\"}} 0.42\n\
+         # TYPE tessera_container_gpu_allocated_share gauge\n\
+         tessera_container_gpu_allocated_share{{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"vgpu\",namespace=\"ml\",pod=\"a\",container=\"c\",queue=\"\"}} 0.25\n\
+         tessera_container_gpu_allocated_share{{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"vgpu\",namespace=\"ml\",pod=\"b\",container=\"c\",queue=\"\"}} 0.5\n\
+         # TYPE tessera_container_gpu_busy_ratio gauge\n\
+         tessera_container_gpu_busy_ratio{{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"vgpu\",namespace=\"ml\",pod=\"a\",container=\"c\",queue=\"\"}} 0.9\n\
+         # TYPE tessera_container_gpu_memory_used_bytes gauge\n\
+         tessera_container_gpu_memory_used_bytes{{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"vgpu\",namespace=\"ml\",pod=\"a\",container=\"c\",queue=\"\"}} {}\n\
+         # TYPE tessera_container_gpu_memory_limit_bytes gauge\n\
+         tessera_container_gpu_memory_limit_bytes{{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"vgpu\",namespace=\"ml\",pod=\"a\",container=\"c\",queue=\"\"}} {}\n",
+        10 * gib,
+        80 * gib,
+        24 * gib,
+        4 * gib,
+        16 * gib
+    ));
+    let Some(mut prom) = Prometheus::start(&exporter).await else {
+        return;
+    };
+    let url = prom.url.clone();
+    let top = move |args: Vec<String>| {
+        tokio::task::spawn_blocking(move || {
+            let args: Vec<&str> = args.iter().map(String::as_str).collect();
+            tessera(&args, &[])
+        })
+    };
+    let with = |extra: &[&str]| -> Vec<String> {
+        ["top", "--prometheus", url.as_str()]
+            .iter()
+            .chain(extra)
+            .map(|s| s.to_string())
+            .collect()
+    };
+    // Prometheus scrapes every second: wait for the first samples.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let out = loop {
+        let (code, out, err) = top(with(&["--gpus"])).await.unwrap();
+        if (code == 0 && out.contains("GPU-9")) || std::time::Instant::now() > deadline {
+            assert_eq!(code, 0, "{out}{err}");
+            break out;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    };
+    let line = |out: &str, key: &str| -> Vec<String> {
+        out.lines()
+            .find(|l| l.contains(key))
+            .unwrap_or_else(|| panic!("{key} in {out}"))
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    // n1's GPU: 0.75 given out to 2 containers, 10 of 80 GiB used, 42 % busy.
+    assert_eq!(
+        line(&out, "GPU-0"),
+        [
+            "n1",
+            "GPU-0",
+            "H100-80GB",
+            "vgpu",
+            "0.75",
+            "2",
+            "10.0/80.0",
+            "GiB",
+            "42"
+        ]
+    );
+    // n2's: nothing given out, no utilization series: "–", not 0.
+    assert_eq!(
+        line(&out, "GPU-9")[4..],
+        ["0.00", "0", "0.0/24.0", "GiB", "–"]
+    );
+    let (code, out, _) = top(with(&["--containers"])).await.unwrap();
+    assert_eq!(code, 0, "{out}");
+    assert_eq!(line(&out, "ml/a")[5..], ["0.25", "90", "4.0/16.0", "GiB"]);
+    assert_eq!(line(&out, "ml/b")[5..], ["0.50", "–", "–/–", "GiB"]);
+    let (code, out, _) = top(with(&["--gpus", "--node", "n2", "--json"]))
+        .await
+        .unwrap();
+    assert_eq!(code, 0);
+    let rows: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(rows.as_array().unwrap().len(), 1);
+    assert_eq!(rows[0]["gpu"], "GPU-9");
+    // A node no agent reports: said, exit 1.
+    let (code, _, err) = top(with(&["--gpus", "--node", "nowhere"])).await.unwrap();
+    assert_eq!(code, 1);
+    assert!(
+        err.contains("no tessera_gpu_memory_used_bytes series"),
+        "{err}"
+    );
+    // Without --prometheus: a usage error from the flags.
+    let (code, _, err) = top(vec!["top".into(), "--gpus".into()]).await.unwrap();
+    assert_eq!(code, 2, "{err}");
+    prom.stop();
+}

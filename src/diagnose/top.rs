@@ -96,6 +96,135 @@ fn is_gpu_like(resource: &str) -> bool {
     resource.starts_with("nvidia.com/") || resource.starts_with("amd.com/")
 }
 
+/// One series of an instant query: its labels and value.
+pub type Series = (BTreeMap<String, String>, f64);
+
+/// The agents' gauges `tessera top --gpus` and `--containers` read (Prometheus names).
+pub const GPU_GAUGES: [&str; 3] = [
+    "tessera_gpu_memory_used_bytes",
+    "tessera_gpu_memory_total_bytes",
+    "tessera_gpu_utilization_ratio",
+];
+pub const CONTAINER_GAUGES: [&str; 4] = [
+    "tessera_container_gpu_allocated_share",
+    "tessera_container_gpu_busy_ratio",
+    "tessera_container_gpu_memory_used_bytes",
+    "tessera_container_gpu_memory_limit_bytes",
+];
+
+/// One GPU's line of `tessera top --gpus`: what the driver says it uses, and what its
+/// containers were given. A gauge with no series is `None` (shown as "–", never 0).
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct GpuUsageRow {
+    pub node: String,
+    pub gpu: String,
+    pub model: String,
+    pub mode: String,
+    pub memory_used_bytes: Option<f64>,
+    pub memory_total_bytes: Option<f64>,
+    pub utilization_ratio: Option<f64>,
+    /// Sum of the shares the containers on it hold (1 = the whole GPU given out).
+    pub allocated_share: f64,
+    pub containers: usize,
+}
+
+/// One container's line of `tessera top --containers`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ContainerUsageRow {
+    pub namespace: String,
+    pub pod: String,
+    pub container: String,
+    pub node: String,
+    pub gpu: String,
+    pub mode: String,
+    pub allocated_share: f64,
+    pub busy_ratio: Option<f64>,
+    pub memory_used_bytes: Option<f64>,
+    pub memory_limit_bytes: Option<f64>,
+}
+
+fn label<'a>(labels: &'a BTreeMap<String, String>, key: &str) -> &'a str {
+    labels.get(key).map_or("", String::as_str)
+}
+
+/// `(node, gpu)` → value, of one gauge's series.
+fn by_gpu(series: &[Series]) -> BTreeMap<(String, String), f64> {
+    series
+        .iter()
+        .map(|(l, v)| ((label(l, "node").into(), label(l, "gpu").into()), *v))
+        .collect()
+}
+
+/// The GPU lines, ordered by node and GPU, from the series of [`GPU_GAUGES`] (in that
+/// order) and of `tessera_container_gpu_allocated_share`.
+pub fn gpu_usage_rows(gauges: [&[Series]; 3], shares: &[Series]) -> Vec<GpuUsageRow> {
+    let [used, total, util] = gauges.map(by_gpu);
+    let mut rows: BTreeMap<(String, String), GpuUsageRow> = BTreeMap::new();
+    for (l, _) in gauges.iter().flat_map(|g| g.iter()) {
+        let key = (label(l, "node").to_string(), label(l, "gpu").to_string());
+        rows.entry(key.clone()).or_insert_with(|| GpuUsageRow {
+            node: key.0.clone(),
+            gpu: key.1.clone(),
+            model: label(l, "model").into(),
+            mode: label(l, "mode").into(),
+            memory_used_bytes: used.get(&key).copied(),
+            memory_total_bytes: total.get(&key).copied(),
+            utilization_ratio: util.get(&key).copied().filter(|v| v.is_finite()),
+            allocated_share: 0.0,
+            containers: 0,
+        });
+    }
+    for (l, share) in shares {
+        let key = (label(l, "node").to_string(), label(l, "gpu").to_string());
+        if let Some(row) = rows.get_mut(&key) {
+            row.allocated_share += share;
+            row.containers += 1;
+        }
+    }
+    rows.into_values().collect()
+}
+
+/// The container lines, ordered by namespace, pod, container and GPU, from the series
+/// of [`CONTAINER_GAUGES`] (in that order); a container holding two GPUs has two lines.
+pub fn container_usage_rows(gauges: [&[Series]; 4]) -> Vec<ContainerUsageRow> {
+    type Key = (String, String, String, String, String);
+    let key = |l: &BTreeMap<String, String>| -> Key {
+        let k = |name| label(l, name).to_string();
+        (
+            k("namespace"),
+            k("pod"),
+            k("container"),
+            k("node"),
+            k("gpu"),
+        )
+    };
+    let index = |series: &[Series]| -> BTreeMap<Key, f64> {
+        series.iter().map(|(l, v)| (key(l), *v)).collect()
+    };
+    let [share, busy, used, limit] = gauges;
+    let (busy, used, limit) = (index(busy), index(used), index(limit));
+    let mut rows: BTreeMap<Key, ContainerUsageRow> = BTreeMap::new();
+    for (l, v) in share {
+        let k = key(l);
+        rows.insert(
+            k.clone(),
+            ContainerUsageRow {
+                namespace: k.0.clone(),
+                pod: k.1.clone(),
+                container: k.2.clone(),
+                node: k.3.clone(),
+                gpu: k.4.clone(),
+                mode: label(l, "mode").into(),
+                allocated_share: *v,
+                busy_ratio: busy.get(&k).copied().filter(|v| v.is_finite()),
+                memory_used_bytes: used.get(&k).copied(),
+                memory_limit_bytes: limit.get(&k).copied(),
+            },
+        );
+    }
+    rows.into_values().collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -145,5 +274,63 @@ mod tests {
             (rows[1].allocated, rows[1].vgpu_memory_mib),
             (1, Some((10240, 81920)))
         );
+    }
+
+    fn series(pairs: &[(&str, &str)], value: f64) -> Series {
+        (
+            pairs
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            value,
+        )
+    }
+
+    #[test]
+    fn gpu_lines_join_the_gauges_and_sum_their_containers_shares() {
+        let g = |gpu: &str, v: f64| {
+            series(
+                &[
+                    ("node", "n1"),
+                    ("gpu", gpu),
+                    ("model", "H100"),
+                    ("mode", "vgpu"),
+                ],
+                v,
+            )
+        };
+        let used = [g("GPU-0", 10.0), g("GPU-1", 0.0)];
+        let total = [g("GPU-0", 80.0), g("GPU-1", 80.0)];
+        let util = [g("GPU-0", 0.5)];
+        let c = |pod: &str, gpu: &str, v: f64| {
+            series(
+                &[
+                    ("node", "n1"),
+                    ("gpu", gpu),
+                    ("namespace", "t"),
+                    ("pod", pod),
+                    ("container", "c"),
+                    ("mode", "vgpu"),
+                ],
+                v,
+            )
+        };
+        let shares = [
+            c("a", "GPU-0", 0.25),
+            c("b", "GPU-0", 0.5),
+            c("x", "GPU-9", 1.0),
+        ];
+        let rows = gpu_usage_rows([&used, &total, &util], &shares);
+        assert_eq!(rows.len(), 2);
+        assert_eq!((rows[0].allocated_share, rows[0].containers), (0.75, 2));
+        assert_eq!(rows[0].utilization_ratio, Some(0.5));
+        assert_eq!(rows[1].utilization_ratio, None, "no series: unknown, not 0");
+        assert_eq!(rows[1].memory_used_bytes, Some(0.0));
+        let busy = [c("a", "GPU-0", 0.9)];
+        let crow = container_usage_rows([&shares, &busy, &[], &[]]);
+        assert_eq!(crow.len(), 3);
+        assert_eq!((crow[0].pod.as_str(), crow[0].busy_ratio), ("a", Some(0.9)));
+        assert_eq!(crow[1].busy_ratio, None);
+        assert_eq!(crow[0].memory_limit_bytes, None);
     }
 }
