@@ -8,8 +8,8 @@
 //! `sample_every` seconds the counters are sampled, as Prometheus scrapes them. The truth
 //! the report is checked against is kept per sample period, so any window on whole
 //! periods has an exact expected value. [`Week::write_openmetrics`] writes the samples
-//! for `promtool tsdb create-blocks-from openmetrics`, with `tessera_devices` gauges for
-//! the dashboards.
+//! for `promtool tsdb create-blocks-from openmetrics`, with `tessera_devices` gauges and
+//! the controller's queue series for the dashboards.
 
 #![allow(dead_code)]
 
@@ -245,7 +245,65 @@ impl Week {
                 text.clear();
             }
         }
+        self.write_queue_gauges(&mut text, from, to);
+        out.write_all(text.as_bytes())?;
         out.write_all(b"# EOF\n")
+    }
+
+    /// The controller's queue series the dashboards read (Kueue's names with the
+    /// `tessera_` prefix), one ClusterQueue per queue of the week: pending `active` the
+    /// pods of that queue starting within the next 30 min, `inadmissible` those starting
+    /// 30–60 min later; `admitted_workloads_total` the pods started so far.
+    fn write_queue_gauges(&self, text: &mut String, from: i64, to: i64) {
+        use std::fmt::Write as _;
+        let mut starts: BTreeMap<&str, Vec<i64>> = BTreeMap::new();
+        for h in &self.holds {
+            if let Some(first) = h.samples.first() {
+                starts
+                    .entry(h.labels.queue.as_str())
+                    .or_default()
+                    .push(first.0);
+            }
+        }
+        starts.values_mut().for_each(|v| v.sort_unstable());
+        // Starts in (lo, hi].
+        let within = |v: &[i64], lo: i64, hi: i64| {
+            v.partition_point(|t| *t <= hi) - v.partition_point(|t| *t <= lo)
+        };
+        let p = self.spec.sample_every;
+        let times: Vec<i64> = (0..)
+            .map(|k| self.spec.start.max(from) + k * p)
+            .take_while(|at| *at <= self.end() && *at < to)
+            .collect();
+        let gauge = "tessera_pending_workloads";
+        let _ = writeln!(
+            text,
+            "# HELP {gauge} Pending workloads per cluster_queue and status."
+        );
+        let _ = writeln!(text, "# TYPE {gauge} gauge");
+        for (q, v) in &starts {
+            for (status, lo, hi) in [("active", 0, 1800), ("inadmissible", 1800, 3600)] {
+                for at in &times {
+                    let n = within(v, at + lo, at + hi);
+                    let _ = writeln!(
+                        text,
+                        "{gauge}{{cluster_queue=\"{q}\",status=\"{status}\"}} {n} {at}"
+                    );
+                }
+            }
+        }
+        let counter = "tessera_admitted_workloads";
+        let _ = writeln!(
+            text,
+            "# HELP {counter} Workloads admitted per cluster_queue."
+        );
+        let _ = writeln!(text, "# TYPE {counter} counter");
+        for (q, v) in &starts {
+            for at in &times {
+                let n = v.partition_point(|t| t <= at);
+                let _ = writeln!(text, "{counter}_total{{cluster_queue=\"{q}\"}} {n} {at}");
+            }
+        }
     }
 }
 
