@@ -298,20 +298,33 @@ fn pod_review(uid: &str, pod: &Value) -> Vec<u8> {
     .unwrap()
 }
 
+/// A webhook server with default limits and no priority classes, for the `/vgpu` tests.
+fn vgpu_server(
+    tls: Arc<rustls::ServerConfig>,
+    vgpu: VgpuOptions,
+    templates: Arc<dyn tessera::controller::claim_templates::TemplateSink>,
+) -> Server {
+    let limits = Limits::default();
+    Server {
+        tls,
+        classes: Arc::new(StaticClasses(None)),
+        options: Options::default(),
+        vgpu,
+        templates,
+        health: Health::new(None, limits.accept_failure_grace),
+        limits,
+    }
+}
+
 #[tokio::test]
 async fn vgpu_pods_are_sent_to_the_scheduler_profile_over_https() {
     let (tls, listener, addr) = test_server_parts().await;
     let shutdown = CancellationToken::new();
-    let limits = Limits::default();
-    let server = Server {
+    let server = vgpu_server(
         tls,
-        classes: Arc::new(StaticClasses(None)),
-        options: Options::default(),
-        vgpu: VgpuOptions::new("gpu-scheduler", false),
-        templates: Arc::new(tessera::controller::claim_templates::NoTemplates),
-        health: Health::new(None, limits.accept_failure_grace),
-        limits,
-    };
+        VgpuOptions::new("gpu-scheduler", false),
+        Arc::new(tessera::controller::claim_templates::NoTemplates),
+    );
     let task = tokio::spawn(run(server, listener, shutdown.clone()));
     let issue = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240",
                        "nvidia.com/gpucores": "30"});

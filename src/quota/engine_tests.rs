@@ -554,10 +554,9 @@ fn refreshing_reasons_without_preemption_re_decides_only_the_front() {
     }
 }
 
-/// A cohort of a serving queue (4 GPUs, all four replicas admitted) and a training
-/// queue with `train_nominal` GPUs; at 10 s replicas 3 and 2 scale down with a hold
-/// until `until` for borrowers losing more than 5 minutes.
-fn scaled_down_with_hold(train_nominal: i64, until: u64) -> Engine {
+/// A cohort of a serving queue (4 GPUs) with `replicas` one-GPU replicas submitted at 0
+/// and a training queue with `train_nominal` GPUs.
+fn serving_beside_training(train_nominal: i64, replicas: usize) -> Engine {
     let serve = cluster_queue("serve")
         .cohort("fleet")
         .quota("h100", GPU, 4)
@@ -567,9 +566,17 @@ fn scaled_down_with_hold(train_nominal: i64, until: u64) -> Engine {
         .quota("h100", GPU, train_nominal)
         .build();
     let mut e = engine(&[serve, train]);
-    for i in 0..4 {
+    for i in 0..replicas {
         submit(&mut e, 0, job(&format!("ml/chat-{i}"), "serve", 1));
     }
+    e
+}
+
+/// A cohort of a serving queue (4 GPUs, all four replicas admitted) and a training
+/// queue with `train_nominal` GPUs; at 10 s replicas 3 and 2 scale down with a hold
+/// until `until` for borrowers losing more than 5 minutes.
+fn scaled_down_with_hold(train_nominal: i64, until: u64) -> Engine {
+    let mut e = serving_beside_training(train_nominal, 4);
     let hold = super::HoldFreed {
         until,
         max_rework: 300_000,
@@ -591,18 +598,7 @@ fn scaled_down_with_hold(train_nominal: i64, until: u64) -> Engine {
 /// replicas run, and the hold at four (read back from the scale target) is set from
 /// outside with [`Engine::replica_usage`] and [`Engine::set_hold`].
 fn hold_set_from_outside(train_nominal: i64, until: u64) -> Engine {
-    let serve = cluster_queue("serve")
-        .cohort("fleet")
-        .quota("h100", GPU, 4)
-        .build();
-    let train = cluster_queue("train")
-        .cohort("fleet")
-        .quota("h100", GPU, train_nominal)
-        .build();
-    let mut e = engine(&[serve, train]);
-    for i in 0..2 {
-        submit(&mut e, 0, job(&format!("ml/chat-{i}"), "serve", 1));
-    }
+    let mut e = serving_beside_training(train_nominal, 2);
     let (cq, levels) = e.replica_usage(&job("ml/chat", "serve", 1), 4).unwrap();
     assert_eq!(cq, "serve");
     let want = [(("h100".to_string(), GPU.to_string()), 4_000)];

@@ -6,13 +6,12 @@
 
 use crate::support::apiserver::ApiServer;
 use crate::support::schema;
-use crate::{apply, patch_ops, pod_review, post, test_server_parts, vgpu_pod};
+use crate::{apply, patch_ops, pod_review, post, test_server_parts, vgpu_pod, vgpu_server};
 use serde_json::{json, Value};
 use std::sync::Arc;
 use tessera::controller::claim_templates::ApiTemplates;
 use tessera::controller::vgpu_webhook::{VgpuMode, VgpuOptions};
-use tessera::controller::webhook::Options;
-use tessera::controller::webhook_server::{run, Health, Limits, Server, StaticClasses};
+use tessera::controller::webhook_server::run;
 use tokio_util::sync::CancellationToken;
 
 const TEMPLATES: &str = "/apis/resource.k8s.io/v1/namespaces/ml/resourceclaimtemplates";
@@ -22,19 +21,11 @@ async fn vgpu_pods_become_resource_claims_in_dra_mode() {
     let api = ApiServer::empty().await;
     let (tls, listener, addr) = test_server_parts().await;
     let shutdown = CancellationToken::new();
-    let limits = Limits::default();
-    let server = Server {
-        tls,
-        classes: Arc::new(StaticClasses(None)),
-        options: Options::default(),
-        vgpu: VgpuOptions {
-            mode: VgpuMode::Dra,
-            ..VgpuOptions::default()
-        },
-        templates: Arc::new(ApiTemplates(api.client())),
-        health: Health::new(None, limits.accept_failure_grace),
-        limits,
+    let dra = VgpuOptions {
+        mode: VgpuMode::Dra,
+        ..VgpuOptions::default()
     };
+    let server = vgpu_server(tls, dra, Arc::new(ApiTemplates(api.client())));
     let task = tokio::spawn(run(server, listener, shutdown.clone()));
     let issue = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "10240",
                        "nvidia.com/gpucores": "30"});
