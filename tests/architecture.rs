@@ -27,7 +27,7 @@ const PURE_DIRS: [&str; 7] = [
 ];
 
 /// Pure modules in folders that also hold API-calling ones.
-const PURE_FILES: [&str; 24] = [
+const PURE_FILES: [&str; 26] = [
     "src/agent/handover.rs",
     "src/agent/ownership.rs",
     "src/chargeback/rule.rs",
@@ -42,11 +42,13 @@ const PURE_FILES: [&str; 24] = [
     "src/controller/pass_metrics.rs",
     "src/controller/pods_ready.rs",
     "src/controller/readiness.rs",
+    "src/controller/record_updates.rs",
     "src/controller/requeue_book.rs",
     "src/controller/serving.rs",
     "src/controller/time.rs",
     "src/controller/vgpu_webhook.rs",
     "src/controller/webhook.rs",
+    "src/controller/workload_record.rs",
     "src/controller/workloads.rs",
     "src/controller/extender/records.rs",
     "src/controller/extender/state.rs",

@@ -25,6 +25,8 @@ mod pods_ready;
 mod requeue_state;
 #[path = "controller_flow/serving.rs"]
 mod serving;
+#[path = "controller_flow/workloads.rs"]
+mod workloads;
 
 use serde_json::{json, Value};
 use std::collections::BTreeSet;

@@ -247,6 +247,10 @@ pub struct Cache {
     pub claims: Store,
     /// The `waitForPodsReady` requeue state ConfigMaps ([`super::requeue_state`]).
     pub requeue_states: Store,
+    /// The controller's own `Workload` records ([`super::workload_record`]): what it
+    /// wrote, so an unchanged record is not written again. Not a pass input (not in
+    /// [`Cache::stores`]): a record changing wakes no pass.
+    pub records: Store,
 }
 
 impl Default for Cache {
@@ -288,6 +292,7 @@ impl Cache {
                 Some(requeue_book::LABEL.to_string()),
                 false,
             ),
+            records: Store::new(crd_resource("Workload", "workloads"), None, true),
         }
     }
 
@@ -337,19 +342,32 @@ impl Cache {
         }
     }
 
-    /// Starts one feeder per store; `notify` is poked on every change.
+    /// Every store fed from the API server: the pass inputs ([`Cache::stores`]) and the
+    /// records.
+    pub fn fed_stores(&self) -> Vec<&Store> {
+        let mut out = self.stores();
+        out.push(&self.records);
+        out
+    }
+
+    /// Starts one feeder per fed store; `notify` is poked on every change of a pass
+    /// input (the records' feeder pokes no one: a record changing wakes no pass).
     pub fn spawn_feeders(
         self: &Arc<Self>,
         client: &kube::Client,
         notify: Arc<Notify>,
         shutdown: &CancellationToken,
     ) {
-        for i in 0..self.stores().len() {
+        let inputs = self.stores().len();
+        for i in 0..self.fed_stores().len() {
             let cache = self.clone();
-            let (client, notify, shutdown) =
-                (client.clone(), notify.clone(), shutdown.child_token());
+            let notify = match i < inputs {
+                true => notify.clone(),
+                false => Arc::new(Notify::new()),
+            };
+            let (client, shutdown) = (client.clone(), shutdown.child_token());
             tokio::spawn(async move {
-                if let Some(store) = cache.stores().get(i) {
+                if let Some(store) = cache.fed_stores().get(i) {
                     feed(client, store, notify, shutdown).await;
                 }
             });

@@ -3,6 +3,7 @@
 //! its `apiVersion`. `tessera controller crds` prints them; `daemonset/controller/crds.yaml`
 //! is that output, and a test keeps the two equal.
 
+use super::workload_record::{WorkloadSpec, WorkloadStatus};
 use crate::quota::api::{ClusterQueueSpec as CqSpec, LocalQueueSpec as LqSpec, ResourceFlavorSpec};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use kube::CustomResource;
@@ -84,6 +85,29 @@ pub struct WorkloadPriorityClassFields {
     pub description: Option<String>,
 }
 
+/// `Workload` (namespaced, short name `wl`): the controller's record of one workload
+/// ([`super::workload_record`]), with Kueue's field names. Written by the controller only.
+#[derive(CustomResource, Clone, Debug, Default, Serialize, Deserialize, JsonSchema)]
+#[kube(
+    group = "tessera.io",
+    version = "v1alpha1",
+    kind = "Workload",
+    root = "WorkloadResource",
+    namespaced,
+    shortname = "wl",
+    status = "WorkloadStatus",
+    printcolumn = r#"{"name":"Queue","type":"string","jsonPath":".spec.queueName"}"#,
+    printcolumn = r#"{"name":"Reserved in","type":"string","jsonPath":".status.admission.clusterQueue"}"#,
+    printcolumn = r#"{"name":"Admitted","type":"string","jsonPath":".status.conditions[?(@.type==\"Admitted\")].status"}"#,
+    printcolumn = r#"{"name":"Position","type":"string","jsonPath":".status.positionInClusterQueue"}"#,
+    printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"QuotaReserved\")].reason"}"#,
+    printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#
+)]
+pub struct WorkloadFields {
+    #[serde(flatten)]
+    pub spec: WorkloadSpec,
+}
+
 /// Every CRD the controller serves, in a stable order.
 pub fn crds() -> Vec<CustomResourceDefinition> {
     use kube::CustomResourceExt;
@@ -92,6 +116,7 @@ pub fn crds() -> Vec<CustomResourceDefinition> {
         ClusterQueueResource::crd(),
         LocalQueueResource::crd(),
         WorkloadPriorityClassResource::crd(),
+        WorkloadResource::crd(),
         inference_scaler_crd(),
     ]
 }
@@ -174,6 +199,7 @@ mod tests {
                 "ClusterQueue",
                 "LocalQueue",
                 "WorkloadPriorityClass",
+                "Workload",
                 "InferenceScaler"
             ]
         );
@@ -201,6 +227,19 @@ mod tests {
         let wpc = serde_json::to_value(&crds[3]).unwrap();
         let top = &wpc["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
         assert!(top["value"].is_object() && top["spec"].is_null());
+        let wl = serde_json::to_value(&crds[4]).unwrap();
+        let top = &wl["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"];
+        assert!(top["spec"]["properties"]["queueName"].is_object());
+        let status = &top["status"]["properties"];
+        for field in [
+            "admission",
+            "conditions",
+            "requeueState",
+            "positionInClusterQueue",
+        ] {
+            assert!(status[field].is_object(), "{field}");
+        }
+        assert_eq!(wl["spec"]["names"]["shortNames"][0], "wl");
     }
 
     #[test]

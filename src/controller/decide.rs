@@ -18,11 +18,12 @@ use super::holds::Holds;
 pub use super::model::{Action, Blocked, ObjKind, ObjRef, Plan, Snapshot, Subject};
 use super::pods_ready;
 use super::readiness::{Hold, Requeue};
+use super::record_updates;
 use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex};
 use super::time::{rfc3339, Millis};
 pub(super) use super::workloads::{collect, Live, State};
 use crate::quota::{Engine, EventType, Restored};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 
 /// Decides one pass over `s`.
 pub fn decide(s: &Snapshot) -> Plan {
@@ -375,6 +376,14 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         .collect();
     plan.queues = engine.queue_gauges();
     plan.subjects = subjects(&engine, &plan.actions, &events);
+    let by_key: HashMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
+    let cx = record_updates::Context {
+        engine: &engine,
+        pods_ready: s.pods_ready.as_ref(),
+        now: s.now,
+    };
+    plan.records = record_updates::updates(&cx, &plan.actions, |k| by_key.get(k).copied());
+    drop(by_key);
     let built = Built {
         engine,
         lives,

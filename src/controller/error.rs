@@ -26,6 +26,9 @@ pub enum Error {
     /// A pass was asked to read the watch-fed cache before its first LISTs completed.
     #[error("the object caches have not completed their first LIST yet")]
     NotSynced,
+    /// A write kept meeting newer versions of its object (409) and gave up.
+    #[error("{0}: still conflicting after retries")]
+    Conflicting(String),
     /// A listener could not be bound or accepted on.
     #[error("{what}: {source}")]
     Io {

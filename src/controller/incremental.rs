@@ -76,6 +76,7 @@ use super::evictions::Blocked;
 use super::holds::Holds;
 use super::lease::Millis;
 use super::pods_ready::{self, state_kept_in_configmap};
+use super::record_updates;
 use super::requeue_state::{self, Book};
 use super::serving::{
     desired_replicas, replica_set_of, replica_set_owners, Owner, ServingIndex, ServingKind,
@@ -1669,6 +1670,12 @@ fn fast_pass(
     };
     plan.queues = kept.engine.queue_gauges();
     plan.subjects = subjects(&kept.engine, &plan.actions, &events);
+    let cx = record_updates::Context {
+        engine: &kept.engine,
+        pods_ready: kept.pods_ready.as_ref(),
+        now,
+    };
+    plan.records = record_updates::updates(&cx, &plan.actions, |k| kept.lives.get(k));
     kept.seen = seen;
     kept.now = now;
     Ok((plan, kept))

@@ -56,6 +56,7 @@ pub mod pass_metrics;
 pub mod pods_ready;
 pub mod readiness;
 pub mod reconciler;
+mod record_updates;
 pub mod requeue_book;
 pub mod requeue_state;
 #[cfg(test)]
@@ -69,6 +70,8 @@ pub mod tls;
 pub mod vgpu_webhook;
 pub mod webhook;
 pub mod webhook_server;
+pub mod workload_record;
+pub mod workload_writer;
 mod workloads;
 
 pub use error::{Error, Result};

@@ -6,6 +6,7 @@
 use super::requeue_book::Entry;
 use super::serving::{Owner, ServingKind};
 use super::time::Millis;
+use super::workload_record::Update;
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
 use crate::quota::{QueueGauges, WaitForPodsReady};
 use serde_json::Value;
@@ -139,6 +140,8 @@ pub struct Plan {
     /// The workloads this plan admits or evicts and the preemptors it names, by key:
     /// what the metrics count them under.
     pub subjects: BTreeMap<String, Subject>,
+    /// What this plan says about the `Workload` records of the workloads it names.
+    pub records: Vec<Update>,
 }
 
 /// A workload the metrics count ([`Plan::subjects`]).

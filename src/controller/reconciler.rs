@@ -35,6 +35,8 @@ use super::resources::{crd_resource, QUEUE_KINDS};
 use super::serving::ADMITTED_REPLICAS_ANNOTATION;
 pub use super::snapshot::{list_priority_classes, snapshot, snapshot_cached};
 use super::time::{rfc3339, Millis};
+use super::workload_record::Update;
+use super::workload_writer;
 use super::workloads::{annotation, is_gated};
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_COUNT_ANNOTATION, CONDITION_TYPE,
@@ -69,6 +71,8 @@ pub struct PassState {
     settled: Option<Settled>,
     /// Updated after every pass when set (served on `/metrics`).
     pub metrics: Option<Arc<ControllerMetrics>>,
+    /// Workload record updates whose write failed: written before the next pass's.
+    unwritten_records: Vec<Update>,
 }
 
 /// A cached pass that decided nothing to do: the cache's generation it read and the
@@ -87,6 +91,7 @@ impl std::fmt::Debug for PassState {
             .field("incremental", &self.incremental.is_some())
             .field("settled", &self.settled)
             .field("metrics", &self.metrics.is_some())
+            .field("unwritten_records", &self.unwritten_records.len())
             .finish()
     }
 }
@@ -100,6 +105,7 @@ impl PassState {
             incremental: None,
             settled: None,
             metrics: None,
+            unwritten_records: Vec::new(),
         }
     }
 
@@ -964,6 +970,10 @@ pub async fn pass_with(
     }
     let mut failed = applied.failed;
     failed += write_queue_status(client, &plan, cache.as_deref()).await;
+    let mut records = std::mem::take(&mut state.unwritten_records);
+    records.extend(plan.records.iter().cloned());
+    state.unwritten_records = workload_writer::write(client, &records, cache.as_deref(), now).await;
+    failed += state.unwritten_records.len();
     if failed > 0 {
         tracing::info!(failed, "some writes failed; the next pass retries");
     }

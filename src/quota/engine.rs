@@ -526,6 +526,16 @@ impl Engine {
         self.cohorts.len() - 1
     }
 
+    /// The priority `info` is queued with: explicit, else its WorkloadPriorityClass's value,
+    /// else 0; `None` when it names a class the engine does not know.
+    pub fn priority_of(&self, info: &WorkloadInfo) -> Option<i32> {
+        match (info.priority, &info.priority_class) {
+            (Some(p), _) => Some(p),
+            (None, Some(class)) => self.priority_classes.get(class).copied(),
+            (None, None) => Some(0),
+        }
+    }
+
     /// Submits a workload at `now`. Call [`Engine::schedule`] to admit.
     pub fn submit(&mut self, now: Time, info: WorkloadInfo) -> Result<()> {
         info.validate()?;
@@ -533,17 +543,12 @@ impl Engine {
         if self.wl_by_key.contains_key(&key) {
             return Err(Error::DuplicateWorkload(key));
         }
-        let priority =
-            match (info.priority, &info.priority_class) {
-                (Some(p), _) => p,
-                (None, Some(class)) => *self.priority_classes.get(class).ok_or_else(|| {
-                    Error::UnknownPriorityClass {
-                        workload: key.clone(),
-                        class: class.clone(),
-                    }
-                })?,
-                (None, None) => 0,
-            };
+        let priority = self
+            .priority_of(&info)
+            .ok_or_else(|| Error::UnknownPriorityClass {
+                workload: key.clone(),
+                class: info.priority_class.clone().unwrap_or_default(),
+            })?;
         let id = self.wls.len();
         let shape = shape_hash(priority, &info);
         self.wls.push(Wl {

@@ -144,6 +144,14 @@ impl PendingReason {
     }
 }
 
+/// The place a pending message names (`"4"`, or a range `"11-20"`), as [`PendingReason::message_as`]
+/// writes it; `None` when the message names none.
+pub fn place_in_message(message: &str) -> Option<&str> {
+    let rest = message.rsplit_once(" (position ")?.1;
+    let place = rest.strip_suffix(" in its ClusterQueue)")?;
+    (!place.is_empty() && place.chars().all(|c| c.is_ascii_digit() || c == '-')).then_some(place)
+}
+
 /// How waiting workloads' places in their queue are written into their messages.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum Positions {

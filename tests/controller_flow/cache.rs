@@ -119,7 +119,7 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
         .await
         .unwrap();
     assert_eq!(condition(&pod(&s, "late")).0, "WaitingForQuota");
-    assert_eq!(s.list_stats().0, lists + cache.stores().len() as u64);
+    assert_eq!(s.list_stats().0, lists + cache.fed_stores().len() as u64);
     stop.cancel();
     assert_rbac_allows_every_request(&s);
 }
@@ -140,12 +140,15 @@ async fn a_compacted_watch_lists_again_and_misses_nothing() {
             .filter(|r| r.starts_with("GET ") && r.contains("watch=true"))
             .count()
     };
-    wait_for("every store's watch", || watches() >= cache.stores().len()).await;
+    wait_for("every store's watch", || {
+        watches() >= cache.fed_stores().len()
+    })
+    .await;
     s.compact();
     // Changes right after the compaction reach the cache through the new LISTs.
     assert!(s.delete_object(PODS, "p-1"));
     create_pod(&s, "p-2", 4, "low", json!({}), None);
-    let stores = cache.stores().len() as u64;
+    let stores = cache.fed_stores().len() as u64;
     wait_for("every store to LIST again", || {
         s.list_stats().0 >= lists + stores
     })

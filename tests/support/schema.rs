@@ -46,3 +46,36 @@ pub fn validate_all(objects: &[serde_json::Value], versions: &[&str]) {
         );
     }
 }
+
+/// Validate custom resources against their CRDs in `crds` (a path from the repository
+/// root) with `tests/py/validate_cr.py`: each must match its schema and hold no field the
+/// schema does not declare (the API server would prune it). A missing python jsonschema or
+/// PyYAML is reported as skipped (`support::skip`), a failure in CI.
+pub fn validate_custom(objects: &[serde_json::Value], crds: &str) {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let dir = tempfile::tempdir().unwrap();
+    let mut files = Vec::new();
+    for (i, object) in objects.iter().enumerate() {
+        let file = dir.path().join(format!("cr-{i}.json"));
+        std::fs::write(&file, serde_json::to_vec(object).unwrap()).unwrap();
+        files.push(file);
+    }
+    let out = std::process::Command::new("python3")
+        .arg(root.join("tests/py/validate_cr.py"))
+        .arg(root.join(crds))
+        .args(&files)
+        .output()
+        .expect("python3");
+    match out.status.code() {
+        Some(0) => {}
+        Some(3) => super::skip::tool_missing(
+            "python3 jsonschema and PyYAML",
+            "pip install jsonschema pyyaml",
+        ),
+        _ => panic!(
+            "custom resources do not match their CRDs: {}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}

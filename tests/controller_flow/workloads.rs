@@ -1,0 +1,211 @@
+//! The `Workload` records (`tessera.io/v1alpha1`): one per workload, created by the
+//! controller on first sight, owned by the workload's pods or Job; they show the queue,
+//! the admission (ClusterQueue, flavor per resource, count), the conditions (QuotaReserved,
+//! Admitted, Evicted) and a pending workload's reason and place in its ClusterQueue, as
+//! the CRD declares them (no field the API server would prune); an unchanged record is
+//! never written again, also by a restarted controller reading them from its cache; a
+//! failed write is retried by the next pass.
+
+use super::cache::cached;
+use super::{assert_rbac_allows_every_request, cfg, cluster, create_pod, pod, NOW, PODS};
+use crate::support::apiserver::ApiServer;
+use serde_json::{json, Value};
+use tessera::controller::reconciler;
+
+const WORKLOADS: &str = "/apis/tessera.io/v1alpha1/namespaces/team/workloads";
+
+fn record(s: &ApiServer, name: &str) -> Value {
+    s.objects(WORKLOADS)
+        .into_iter()
+        .find(|w| w["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no Workload {name} in {:?}", s.objects(WORKLOADS)))
+}
+
+/// The (status, reason) of condition `type_` of `w`.
+fn cond(w: &Value, type_: &str) -> (String, String) {
+    let c = w["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == type_))
+        .unwrap_or_else(|| panic!("no {type_} condition on {w}"));
+    (
+        c["status"].as_str().unwrap_or("").to_string(),
+        c["reason"].as_str().unwrap_or("").to_string(),
+    )
+}
+
+fn record_writes(s: &ApiServer) -> usize {
+    s.requests()
+        .iter()
+        .filter(|r| (r.starts_with("PUT ") || r.starts_with("POST ")) && r.contains("/workloads"))
+        .count()
+}
+
+#[tokio::test]
+async fn every_workload_has_a_record_of_its_admission_conditions_and_place() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    for name in ["low-1", "low-2", "low-3", "low-4"] {
+        create_pod(&s, name, 2, "low", json!({}), None);
+    }
+    reconciler::pass(&client, &c, NOW).await.unwrap();
+    let records = s.objects(WORKLOADS);
+    assert_eq!(records.len(), 4, "{records:?}");
+
+    let admitted = record(&s, "pod-low-1");
+    assert_eq!(
+        admitted["metadata"]["annotations"]["tessera.io/workload-key"],
+        "team/pod-low-1"
+    );
+    assert_eq!(admitted["spec"]["queueName"], "lq");
+    assert_eq!(admitted["spec"]["priorityClassName"], "low");
+    assert_eq!(admitted["spec"]["priority"], 10);
+    assert_eq!(admitted["spec"]["podSets"][0]["count"], 1);
+    assert_eq!(
+        admitted["spec"]["podSets"][0]["requests"]["nvidia.com/gpu"],
+        "2"
+    );
+    let admission = &admitted["status"]["admission"];
+    assert_eq!(admission["clusterQueue"], "cq");
+    assert_eq!(
+        admission["podSetAssignments"][0]["flavors"]["nvidia.com/gpu"],
+        "h100"
+    );
+    assert_eq!(
+        cond(&admitted, "Admitted"),
+        ("True".into(), "Admitted".into())
+    );
+    assert_eq!(cond(&admitted, "QuotaReserved").0, "True");
+    let owner = &admitted["metadata"]["ownerReferences"][0];
+    assert_eq!(
+        (owner["kind"].as_str(), owner["name"].as_str()),
+        (Some("Pod"), Some("low-1"))
+    );
+    assert_eq!(owner["uid"], pod(&s, "low-1")["metadata"]["uid"]);
+
+    let (third, fourth) = (record(&s, "pod-low-3"), record(&s, "pod-low-4"));
+    assert_eq!(
+        cond(&third, "QuotaReserved"),
+        ("False".into(), "WaitingForQuota".into())
+    );
+    assert_eq!(cond(&third, "Admitted").0, "False");
+    assert!(third["status"].get("admission").is_none());
+    assert_eq!(third["status"]["positionInClusterQueue"], "1");
+    assert_eq!(fourth["status"]["positionInClusterQueue"], "2");
+    crate::support::schema::validate_custom(
+        &s.objects(WORKLOADS),
+        "daemonset/controller/crds.yaml",
+    );
+
+    // Nothing changed: no record is written again.
+    let writes = record_writes(&s);
+    reconciler::pass(&client, &c, NOW + 1_000).await.unwrap();
+    assert_eq!(record_writes(&s), writes);
+
+    // A high-priority pod preempts one of the running ones.
+    create_pod(&s, "high-1", 2, "high", json!({}), None);
+    reconciler::pass(&client, &c, NOW + 2_000).await.unwrap();
+    let victim = s.evictions()[0]["metadata"]["name"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let evicted = record(&s, &format!("pod-{victim}"));
+    assert_eq!(cond(&evicted, "Evicted").0, "True");
+    assert_eq!(cond(&evicted, "Admitted").0, "False");
+    assert!(evicted["status"].get("admission").is_none());
+    let high = record(&s, "pod-high-1");
+    assert_eq!(
+        cond(&high, "QuotaReserved").1,
+        "WaitingForPreemptedWorkloads"
+    );
+    assert_eq!(high["spec"]["priority"], 1000);
+
+    // The victim's pod is gone (its record goes with it, by the garbage collector in a
+    // real cluster): the preemptor is admitted, the transition time of a condition that
+    // did not change is kept.
+    assert!(s.delete_object(PODS, &victim));
+    reconciler::pass(&client, &c, NOW + 3_000).await.unwrap();
+    let high = record(&s, "pod-high-1");
+    assert_eq!(cond(&high, "Admitted").0, "True");
+    assert!(high["status"].get("positionInClusterQueue").is_none());
+    assert_eq!(high["status"]["admission"]["clusterQueue"], "cq");
+    crate::support::schema::validate_custom(
+        &s.objects(WORKLOADS),
+        "daemonset/controller/crds.yaml",
+    );
+    assert_rbac_allows_every_request(&s);
+}
+
+#[tokio::test]
+async fn a_restarted_controller_reads_the_records_and_writes_none_twice() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    for name in ["low-1", "low-2", "low-3"] {
+        create_pod(&s, name, 2, "low", json!({}), None);
+    }
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(s.objects(WORKLOADS).len(), 3);
+    let writes = record_writes(&s);
+    stop.cancel();
+    drop(cache);
+
+    // A new leader with a fresh cache: the records are read, none is created or written
+    // again, and a workload admitted later is recorded on top of the stored record.
+    let c = cfg("b");
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    super::wait_for("the records' first LIST", || cache.records.synced()).await;
+    assert_eq!(cache.records.len(), 3);
+    reconciler::pass_with(&client, &c, &mut state, NOW + 1_000)
+        .await
+        .unwrap();
+    assert_eq!(record_writes(&s), writes, "{:?}", s.requests());
+    assert!(s.delete_object(PODS, "low-1"));
+    super::wait_for("the deletion in the cache", || {
+        cache
+            .pods
+            .iter()
+            .all(|p| p.get(&("team".into(), "low-1".into())).is_none())
+    })
+    .await;
+    reconciler::pass_with(&client, &c, &mut state, NOW + 2_000)
+        .await
+        .unwrap();
+    let third = record(&s, "pod-low-3");
+    assert_eq!(cond(&third, "Admitted").0, "True");
+    assert_eq!(
+        s.objects(WORKLOADS).len(),
+        3,
+        "no second record for one workload"
+    );
+    stop.cancel();
+}
+
+#[tokio::test]
+async fn a_record_that_could_not_be_written_is_written_by_the_next_pass() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    create_pod(&s, "low-1", 2, "low", json!({}), None);
+    s.fail_requests(&["POST"], WORKLOADS);
+    let mut state = reconciler::PassState::new(&c);
+    reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert!(s.objects(WORKLOADS).is_empty());
+    assert_eq!(
+        super::ungated_pods(&s).len(),
+        1,
+        "admission does not wait for its record"
+    );
+    s.stop_failing();
+    // Nothing else changed: the next pass has no action, and still writes the record.
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1_000)
+        .await
+        .unwrap();
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+    assert_eq!(cond(&record(&s, "pod-low-1"), "Admitted").0, "True");
+}
