@@ -60,14 +60,27 @@ pub(super) fn admit_action(
     ev: &crate::quota::Event,
     flavor_labels: &BTreeMap<&str, &BTreeMap<String, String>>,
 ) -> Action {
-    let mut node_selector = BTreeMap::new();
-    for per_resource in ev.flavors.iter().flat_map(|f| f.values()) {
-        for flavor in per_resource.values() {
+    let selector = |pod_sets: &mut dyn Iterator<Item = &BTreeMap<String, String>>| {
+        let mut out = BTreeMap::new();
+        for flavor in pod_sets.flat_map(|per_resource| per_resource.values()) {
             if let Some(labels) = flavor_labels.get(flavor.as_str()) {
-                node_selector.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
+                out.extend(labels.iter().map(|(k, v)| (k.clone(), v.clone())));
             }
         }
-    }
+        out
+    };
+    let flavors = ev.flavors.as_ref();
+    let node_selector = selector(&mut flavors.into_iter().flat_map(|f| f.values()));
+    // Pods of several pod sets: each its own pod set's flavors (a pod set may be on
+    // another flavor than its group's other pod sets).
+    let pod_selectors: BTreeMap<String, BTreeMap<String, String>> = l
+        .pod_sets
+        .iter()
+        .map(|(pod, set)| {
+            let own = flavors.and_then(|f| f.get(set));
+            (pod.clone(), selector(&mut own.into_iter()))
+        })
+        .collect();
     // One pod set: a Job, or a pod group whose pods are alike (the only partial
     // admissions the workloads read here allow).
     let partial = ev.pod_counts.as_ref().map(|c| c.values().sum::<u32>());
@@ -84,6 +97,7 @@ pub(super) fn admit_action(
         workload: l.key.clone(),
         objects,
         node_selector,
+        pod_selectors,
         partial,
         excess,
     }
@@ -97,10 +111,29 @@ pub(super) fn finish_admission(l: &Live) -> Option<Action> {
             workload: l.key.clone(),
             objects: l.gated.clone(),
             node_selector: BTreeMap::new(),
+            pod_selectors: BTreeMap::new(),
             partial: l.admitted_count,
             excess: l.excess.clone(),
         }
     })
+}
+
+/// Drops the `Admit`s that would finish the admission of a workload this same plan
+/// evicts (a running pod group with a pod recreated gated, preempted in this pass):
+/// ungating its pod only for the eviction to take it again would start a pod on a GPU
+/// the preemptor waits for.
+pub(super) fn drop_admissions_of_evicted(actions: &mut Vec<Action>) {
+    let evicted: BTreeSet<String> = actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Evict { workload, .. } => Some(workload.clone()),
+            _ => None,
+        })
+        .collect();
+    if !evicted.is_empty() {
+        actions
+            .retain(|a| !matches!(a, Action::Admit { workload, .. } if evicted.contains(workload)));
+    }
 }
 
 /// Preemptor → (pod, backoff, API message) of a victim whose eviction is refused by a
@@ -375,6 +408,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         .map(|q| (q.name.clone(), (q.admitted_workloads, q.pending_workloads)))
         .collect();
     plan.queues = engine.queue_gauges();
+    drop_admissions_of_evicted(&mut plan.actions);
     plan.subjects = subjects(&engine, &plan.actions, &events);
     let by_key: HashMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
     let cx = record_updates::Context {

@@ -67,10 +67,10 @@ use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimIndex;
 use super::config::Config;
 use super::decide::{
-    admit_action, blocked_reason, collect, decide_full, engine_with_queues, evict_action,
-    finish_admission, hold_reason, keeps_recorded, replica_message, replicas_actions, subjects,
-    terminating_message, unfit_problem, Action, BlockedFor, Built, Live, ObjRef, Plan, Scopes,
-    Snapshot, State, UNKNOWN_SCOPE,
+    admit_action, blocked_reason, collect, decide_full, drop_admissions_of_evicted,
+    engine_with_queues, evict_action, finish_admission, hold_reason, keeps_recorded,
+    replica_message, replicas_actions, subjects, terminating_message, unfit_problem, Action,
+    BlockedFor, Built, Live, ObjRef, Plan, Scopes, Snapshot, State, UNKNOWN_SCOPE,
 };
 use super::evictions::Blocked;
 use super::holds::Holds;
@@ -1669,6 +1669,7 @@ fn fast_pass(
         false => kept.engine.next_timer(),
     };
     plan.queues = kept.engine.queue_gauges();
+    drop_admissions_of_evicted(&mut plan.actions);
     plan.subjects = subjects(&kept.engine, &plan.actions, &events);
     let cx = record_updates::Context {
         engine: &kept.engine,

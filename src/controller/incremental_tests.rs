@@ -308,7 +308,10 @@ impl World {
     }
 
     fn ready(&mut self, i: usize) {
-        if let Some((true, mut v)) = self.pick(i) {
+        // A finished pod stays finished (its phase is final).
+        let finished =
+            |v: &Value| matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
+        if let Some((true, mut v)) = self.pick(i).filter(|(_, v)| !finished(v)) {
             v["status"]["phase"] = json!("Running");
             v["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
             self.put_pod(v);
@@ -322,7 +325,9 @@ impl World {
                 self.put_pod(v);
             }
             Some((false, mut v)) if v["spec"]["suspend"] == false => {
+                // As the Job controller leaves a complete Job: no pod active.
                 v["status"]["conditions"] = json!([{"type": "Complete", "status": "True"}]);
+                v["status"]["active"] = json!(0);
                 self.put_job(v);
             }
             _ => {}
@@ -491,6 +496,7 @@ impl World {
                 Action::Admit {
                     objects,
                     node_selector,
+                    pod_selectors,
                     partial,
                     excess,
                     ..
@@ -502,7 +508,8 @@ impl World {
                         v["metadata"]["annotations"][ADMITTED_AT_ANNOTATION] = json!(stamp);
                         if r.kind == ObjKind::Pod {
                             v["spec"].as_object_mut().unwrap().remove("schedulingGates");
-                            v["spec"]["nodeSelector"] = json!(node_selector);
+                            v["spec"]["nodeSelector"] =
+                                json!(pod_selectors.get(&r.name).unwrap_or(node_selector));
                             if let Some(k) = partial {
                                 v["metadata"]["annotations"][ADMITTED_COUNT_ANNOTATION] =
                                     json!(k.to_string());
@@ -826,7 +833,7 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 48, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
 
     #[test]
     fn incremental_plans_equal_from_scratch_plans(
@@ -840,12 +847,21 @@ proptest! {
         let mut inc = Incremental::new();
         let c = any_cfg(mode);
         let mut last = Plan::default();
+        // A running object resized by another client uses what the controller never
+        // admitted: the quota invariant holds only until then.
+        let mut resized_running = false;
         for (i, op) in ops.iter().enumerate() {
+            if let Op::Resize(j, _) = *op {
+                resized_running |= w.pick(j).is_some_and(|(_, v)| running(&v));
+            }
             step(&mut w, op, &last);
             let blocked = w.blocked.clone();
             let got = inc.decide(&w.cache, &c, w.now, &blocked);
             let want = decide_cached(&w.cache, &c, w.now, &blocked);
             prop_assert_eq!(decisions(&got), decisions(&want), "step {} ({:?})", i, op);
+            if let Err(e) = invariants(&w, &got, !resized_running) {
+                prop_assert!(false, "step {} ({:?}): {}", i, op, e);
+            }
             last = got;
         }
         let blocked = w.blocked.clone();
@@ -859,14 +875,190 @@ proptest! {
     }
 }
 
+/// Whether `v` (a pod or a Job) holds quota: ungated and not finished (a pod being
+/// deleted still holds it), or a Job not suspended and not complete, or suspended with
+/// pods still active.
+fn running(v: &Value) -> bool {
+    if v["kind"] == "Job" {
+        let complete = v["status"]["conditions"]
+            .as_array()
+            .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Complete"));
+        let active = v["status"]["active"].as_i64().unwrap_or(0) > 0;
+        return (v["spec"]["suspend"] == false && !complete) || active;
+    }
+    let gated = v["spec"]["schedulingGates"]
+        .as_array()
+        .is_some_and(|g| g.iter().any(|x| x["name"] == ADMISSION_GATE));
+    let done = matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"));
+    !gated && !done
+}
+
+/// GPUs `v` holds while running, on which flavor, in which ClusterQueue.
+fn held(v: &Value) -> Option<(String, String, i64)> {
+    let (spec, pods) = match v["kind"].as_str() {
+        // A suspended Job still terminating holds what its active pods use (its
+        // parallelism is back at the original by then).
+        Some("Job") if v["spec"]["suspend"] == true => (
+            &v["spec"]["template"]["spec"],
+            v["status"]["active"].as_i64().unwrap_or(0),
+        ),
+        Some("Job") => {
+            let p = v["spec"]["parallelism"].as_i64().unwrap_or(1);
+            let c = v["spec"]["completions"].as_i64().unwrap_or(p);
+            (&v["spec"]["template"]["spec"], p.min(c))
+        }
+        _ => (&v["spec"], 1),
+    };
+    let gpus = spec["containers"][0]["resources"]["limits"]["nvidia.com/gpu"].as_i64()?;
+    let flavor = spec["nodeSelector"]["gpu"].as_str()?.to_string();
+    let lq = v["metadata"]["labels"]["tessera.io/queue-name"].as_str()?;
+    let cq = lq.strip_prefix("lq-")?.to_string();
+    Some((cq, flavor, gpus * pods))
+}
+
+/// What must hold after every pass, whatever the history (issue 19's invariants, beside
+/// the equality with a from-scratch pass): with `quota`, the GPUs held by running
+/// objects never exceed what their cohort (or ClusterQueue alone) has per flavor; no
+/// `Admit` is for a workload whose objects all run already (nothing admitted twice); no
+/// evicted workload is admitted in the same pass; every waiting object is accounted for
+/// (admitted now, told a reason now, or carrying the one recorded before).
+fn invariants(w: &World, plan: &Plan, quota: bool) -> Result<(), String> {
+    let objects: Vec<Value> = w.pods().into_iter().chain(w.jobs()).collect();
+    if quota {
+        let mut cohort_of = BTreeMap::new();
+        let mut nominal: BTreeMap<(String, String), i64> = BTreeMap::new();
+        for cq in w.cache.queues[1].values() {
+            let name = cq["metadata"]["name"].as_str().unwrap_or("").to_string();
+            let cohort = cq["spec"]["cohortName"]
+                .as_str()
+                .unwrap_or(&name)
+                .to_string();
+            for f in cq["spec"]["resourceGroups"][0]["flavors"]
+                .as_array()
+                .into_iter()
+                .flatten()
+            {
+                let n = f["resources"][0]["nominalQuota"].as_i64().unwrap_or(0);
+                let flavor = f["name"].as_str().unwrap_or("").to_string();
+                *nominal.entry((cohort.clone(), flavor)).or_default() += n;
+            }
+            cohort_of.insert(name, cohort);
+        }
+        let mut used: BTreeMap<(String, String), i64> = BTreeMap::new();
+        for v in objects.iter().filter(|v| running(v)) {
+            if let Some((cq, flavor, gpus)) = held(v) {
+                let cohort = cohort_of.get(&cq).cloned().unwrap_or(cq);
+                *used.entry((cohort, flavor)).or_default() += gpus;
+            }
+        }
+        for (at, n) in &used {
+            let limit = nominal.get(at).copied().unwrap_or(0);
+            if *n > limit {
+                let holders: Vec<String> = objects
+                    .iter()
+                    .filter(|v| running(v))
+                    .filter_map(|v| Some(format!("{}: {:?}", World::key(v).1, held(v)?)))
+                    .collect();
+                return Err(format!(
+                    "{at:?} holds {n} GPUs, its quota is {limit}: {holders:?}"
+                ));
+            }
+        }
+    }
+    let evicted: std::collections::BTreeSet<&str> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Evict { workload, .. } => Some(workload.as_str()),
+            _ => None,
+        })
+        .collect();
+    let mut accounted = std::collections::BTreeSet::new();
+    for a in &plan.actions {
+        match a {
+            Action::Admit {
+                workload, objects, ..
+            } => {
+                if evicted.contains(workload.as_str()) {
+                    return Err(format!("{workload} admitted and evicted in one pass"));
+                }
+                let all_running = objects
+                    .iter()
+                    .all(|r| w.object(r.kind, &r.name).is_some_and(|v| running(&v)));
+                if all_running {
+                    return Err(format!("{workload} admitted again: all its objects run"));
+                }
+                accounted.extend(objects.iter().map(|r| r.name.clone()));
+            }
+            Action::Pending { objects, .. } => {
+                accounted.extend(objects.iter().map(|r| r.name.clone()));
+            }
+            _ => {}
+        }
+    }
+    // A waiting workload's reason is written on its first object (all pods of a group
+    // when written); a group counts as accounted for through any of its pods.
+    let group = |v: &Value| {
+        v["metadata"]["labels"]["kueue.x-k8s.io/pod-group-name"]
+            .as_str()
+            .map(String::from)
+    };
+    let recorded = |v: &Value| {
+        v["metadata"]["annotations"][PENDING_REASON_ANNOTATION].is_string()
+            || v["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == CONDITION_TYPE))
+    };
+    let groups_seen: std::collections::BTreeSet<String> = objects
+        .iter()
+        .filter(|v| recorded(v) || accounted.contains(&World::key(v).1) || running(v))
+        .filter_map(group)
+        .collect();
+    for v in &objects {
+        let name = World::key(v).1;
+        let done = matches!(v["status"]["phase"].as_str(), Some("Succeeded" | "Failed"))
+            || !v["metadata"]["deletionTimestamp"].is_null()
+            || v["status"]["conditions"]
+                .as_array()
+                .is_some_and(|cs| cs.iter().any(|c| c["type"] == "Complete"));
+        if running(v) || done || accounted.contains(&name) || recorded(v) {
+            continue;
+        }
+        if group(v).is_some_and(|g| groups_seen.contains(&g)) {
+            continue;
+        }
+        return Err(format!(
+            "{name} waits with no reason, admitted by no action"
+        ));
+    }
+    Ok(())
+}
+
 /// What two passes must agree on: the whole plan, but for how the waiting workloads of
 /// each queue split between active and inadmissible in the metrics' books, which
-/// depends on the engine's history (a from-scratch engine has tried fewer of them).
+/// depends on the engine's history (a from-scratch engine has tried fewer of them), and
+/// the order of admissions next to each other (two queues' heads admitted in one pass
+/// come in the order their queues were last looked at; they are independent writes),
+/// with the records of the workloads in workload order.
 fn decisions(plan: &Plan) -> Plan {
     let mut p = plan.clone();
     for q in &mut p.queues {
         q.active += std::mem::take(&mut q.inadmissible);
     }
+    let admit_key = |a: &Action| match a {
+        Action::Admit { workload, .. } => Some(workload.clone()),
+        _ => None,
+    };
+    let mut start = 0;
+    while start < p.actions.len() {
+        let mut end = start;
+        while end < p.actions.len() && admit_key(&p.actions[end]).is_some() {
+            end += 1;
+        }
+        p.actions[start..end].sort_by_key(admit_key);
+        start = end.max(start + 1);
+    }
+    p.records.sort_by(|a, b| a.key.cmp(&b.key));
     p
 }
 
@@ -2069,4 +2261,45 @@ fn a_hold_on_a_serving_owner_lends_only_to_cheap_borrowers_until_it_ends() {
     let plan = pass(&mut w, &mut inc);
     assert_eq!(inc.stats.last_fallback, Some("a hold ended"));
     assert_eq!(named(&plan, "admit"), [expensive], "{plan:?}");
+}
+
+/// A pod group of two shapes in a cohort where they land on different flavors: each pod
+/// is admitted with its own pod set's flavor (found by the quota invariant: every pod
+/// used to get the labels of all the group's flavors, the last one winning, so a 3-GPU
+/// pod admitted on h100 was sent to the a100 nodes).
+#[test]
+fn each_pod_of_a_group_gets_its_own_pod_sets_flavor() {
+    let mut w = World::new();
+    let c = cfg();
+    // Queue `b` (cohort `co`: h100 1 + 2 of `c`, a100 2): one 3-GPU and one 1-GPU pod.
+    w.add_pods(1, 3, false, 0, 2);
+    let n = w.pods().len();
+    let small = (0..n)
+        .find(|&i| {
+            w.pick(i)
+                .is_some_and(|(_, v)| World::key(&v).1.ends_with("-1"))
+        })
+        .unwrap();
+    w.resize(small, 1);
+    let plan = Incremental::new().decide(&w.cache, &c, w.now, &BTreeMap::new());
+    assert_eq!(named(&plan, "admit").len(), 1, "{:?}", plan.actions);
+    invariants(&w, &plan, true).unwrap();
+    w.apply(&plan, None);
+    let flavor = |name: &str| {
+        w.pods()
+            .into_iter()
+            .find(|p| World::key(p).1 == name)
+            .map(|p| p["spec"]["nodeSelector"]["gpu"].clone())
+    };
+    let record = &plan.records[0];
+    let assigned = record
+        .admission
+        .clone()
+        .flatten()
+        .map(|a| a.pod_set_assignments)
+        .unwrap_or_default();
+    assert_eq!(assigned.len(), 2, "two pod sets: {record:?}");
+    assert_ne!(assigned[0].flavors, assigned[1].flavors, "{assigned:?}");
+    assert_ne!(flavor("g1-0"), flavor("g1-1"));
+    invariants(&w, &Plan::default(), true).unwrap();
 }

@@ -84,6 +84,9 @@ pub enum Action {
         workload: String,
         objects: Vec<ObjRef>,
         node_selector: BTreeMap<String, String>,
+        /// A pod group of several pod sets: each pod's own selector (its pod set's
+        /// flavors' labels), by pod name, in place of `node_selector`.
+        pod_selectors: BTreeMap<String, BTreeMap<String, String>>,
         partial: Option<u32>,
         excess: Vec<ObjRef>,
     },

@@ -627,6 +627,7 @@ pub async fn apply_counted(
                 workload,
                 objects,
                 node_selector,
+                pod_selectors,
                 partial,
                 excess,
             } => {
@@ -652,7 +653,8 @@ pub async fn apply_counted(
                 let mut all_admitted = true;
                 let mut any_admitted = false;
                 for r in objects {
-                    let result = admit(client, r, node_selector, *partial, now).await;
+                    let selector = pod_selectors.get(&r.name).unwrap_or(node_selector);
+                    let result = admit(client, r, selector, *partial, now).await;
                     match seen(cache, r, result) {
                         Ok(()) => {
                             any_admitted = true;

@@ -12,8 +12,8 @@ use super::{
     PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION, PRIORITY_ANNOTATION,
 };
 use crate::quota::objects::{
-    merge_live_pod_group, set_group_min_count, workload_from_live_job, workload_from_live_pod,
-    LivePod, LAST_CHECKPOINT_ANNOTATION, POD_GROUP_MIN_COUNT,
+    merge_live_pod_group, pod_set_of, set_group_min_count, workload_from_live_job,
+    workload_from_live_pod, LivePod, LAST_CHECKPOINT_ANNOTATION, POD_GROUP_MIN_COUNT,
 };
 use crate::quota::WorkloadInfo;
 use serde_json::Value;
@@ -55,6 +55,9 @@ pub(super) struct Live {
     pub(super) ready_recorded: bool,
     /// Evicted for pods-ready timeouts before (the Job, its pods, or a replica's owner).
     pub(super) requeue: Option<Requeue>,
+    /// A pod group of several pod sets: each pod's pod set (by pod name), so each pod
+    /// gets its own pod set's flavors on admission. Empty for one pod set.
+    pub(super) pod_sets: BTreeMap<String, String>,
 }
 
 fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
@@ -391,8 +394,19 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
             .split_once('/')
             .map_or(key.as_str(), |(_, g)| g)
             .to_string();
-        let infos: Vec<WorkloadInfo> = members.into_iter().map(|(_, i)| i).collect();
-        let mut info = merge_live_pod_group(&group, infos);
+        let (names, infos): (Vec<String>, Vec<WorkloadInfo>) = members
+            .into_iter()
+            .map(|(p, i)| (str_at(p, "/metadata/name").unwrap_or("").to_string(), i))
+            .unzip();
+        let mut info = merge_live_pod_group(&group, infos.clone());
+        let pod_sets: BTreeMap<String, String> = match &info {
+            Some(merged) if merged.pod_sets.len() > 1 => names
+                .into_iter()
+                .zip(&infos)
+                .filter_map(|(n, i)| Some((n, pod_set_of(merged, i)?.to_string())))
+                .collect(),
+            _ => BTreeMap::new(),
+        };
         let mut invalid = None;
         if let Some(i) = info.as_mut() {
             i.name = group;
@@ -411,6 +425,7 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
         let mut l = live_of_pods(key, info, &pods, invalid);
         l.admitted_count = admitted_count;
         l.excess = excess;
+        l.pod_sets = pod_sets;
         out.push(l);
     }
     for job in &s.jobs {
@@ -453,6 +468,7 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
             ready: readiness::job_ready(job),
             ready_recorded: readiness::ready_recorded(job),
             requeue: readiness::requeue_state(job),
+            pod_sets: BTreeMap::new(),
         });
     }
     out
@@ -506,5 +522,6 @@ fn live_of_pods(
             .iter()
             .map(|p| readiness::requeue_state(p))
             .fold(None, readiness::latest),
+        pod_sets: BTreeMap::new(),
     }
 }

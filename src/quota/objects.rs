@@ -166,6 +166,21 @@ pub(super) fn from_pods(
     Ok(info)
 }
 
+/// Whether two pods' pod sets are one: same requests, node selector and tolerations.
+fn same_shape(a: &PodSetInfo, b: &PodSetInfo) -> bool {
+    a.requests == b.requests && a.node_selector == b.node_selector && a.tolerations == b.tolerations
+}
+
+/// The pod set of `group` (as [`merge_live_pod_group`] made it) that member `pod` is in.
+pub fn pod_set_of<'a>(group: &'a WorkloadInfo, pod: &WorkloadInfo) -> Option<&'a str> {
+    let own = pod.pod_sets.first()?;
+    group
+        .pod_sets
+        .iter()
+        .find(|p| same_shape(p, own))
+        .map(|p| p.name.as_str())
+}
+
 /// A pod group becomes one workload; identical pods share a pod set.
 pub(super) fn merge_group(group: &str, members: Vec<WorkloadInfo>) -> WorkloadInfo {
     let mut out = members[0].clone();
@@ -176,11 +191,7 @@ pub(super) fn merge_group(group: &str, members: Vec<WorkloadInfo>) -> WorkloadIn
         out.runtime = out.runtime.max(m.runtime);
         out.grace_period = out.grace_period.max(m.grace_period);
         for ps in &m.pod_sets {
-            match out.pod_sets.iter_mut().find(|p| {
-                p.requests == ps.requests
-                    && p.node_selector == ps.node_selector
-                    && p.tolerations == ps.tolerations
-            }) {
+            match out.pod_sets.iter_mut().find(|p| same_shape(p, ps)) {
                 Some(p) => p.count += ps.count,
                 None => {
                     let mut p = ps.clone();

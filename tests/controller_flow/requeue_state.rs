@@ -395,6 +395,7 @@ async fn an_admission_decided_without_the_state_waits_for_it() {
             workload: "team/group-g".into(),
             objects: vec![pod("g-0"), pod("g-1")],
             node_selector: BTreeMap::new(),
+            pod_selectors: BTreeMap::new(),
             partial: None,
             excess: Vec::new(),
         }],
