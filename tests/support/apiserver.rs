@@ -18,7 +18,9 @@
 //! PodDisruptionBudget allows no disruption. [`ApiServer::compact`] ends open watches
 //! with `410 Gone`, as an etcd compaction does.
 //! [`ApiServer::fail_requests`] makes chosen requests fail with `500 InternalError` (a
-//! driver's writes, a cluster-wide LIST) until [`ApiServer::stop_failing`];
+//! driver's writes, a cluster-wide LIST) until [`ApiServer::stop_failing`], and
+//! [`ApiServer::crash_after_writes`] every request after the next N writes (a client
+//! killed mid-way);
 //! [`ApiServer::before_next_write`] lets another client write just before a POST/PUT/DELETE.
 //! PATCH is a JSON merge patch (RFC 7386, also for strategic merge patches of maps);
 //! the Binding subresource (`POST …/pods/<name>/binding`) sets `spec.nodeName` once
@@ -85,6 +87,10 @@ struct Store {
     after_list: Vec<(String, ListHook)>,
     /// Requests answered `500` ([`ApiServer::fail_requests`]): methods and path prefix.
     failing: Vec<(Vec<String>, String)>,
+    /// Writes still answered before every request fails ([`ApiServer::crash_after_writes`]).
+    writes_left: Option<usize>,
+    /// Requests refused since the crash.
+    refused_after_crash: usize,
     /// Writes another client makes just before the next POST/PUT to a collection
     /// (method, collection path, hook; [`ApiServer::before_next_write`]).
     before_write: Vec<(String, String, ListHook)>,
@@ -230,9 +236,25 @@ impl ApiServer {
         ));
     }
 
-    /// Ends every [`Self::fail_requests`].
+    /// The client dies after `n` more writes (POST, PUT, PATCH, DELETE): from then on
+    /// every request over HTTP fails with `500` and changes nothing, as if its process
+    /// were gone mid-way, until [`Self::stop_failing`].
+    pub fn crash_after_writes(&self, n: usize) {
+        self.store.lock().unwrap().writes_left = Some(n);
+    }
+
+    /// Whether a request came after the client's [`Self::crash_after_writes`] ran out
+    /// (it would have done more).
+    pub fn crashed(&self) -> bool {
+        self.store.lock().unwrap().refused_after_crash > 0
+    }
+
+    /// Ends every [`Self::fail_requests`] and [`Self::crash_after_writes`].
     pub fn stop_failing(&self) {
-        self.store.lock().unwrap().failing.clear();
+        let mut st = self.store.lock().unwrap();
+        st.failing.clear();
+        st.writes_left = None;
+        st.refused_after_crash = 0;
     }
 
     /// Create or replace an object directly (as another client would).
@@ -406,9 +428,23 @@ impl ApiServer {
                 method.to_string(),
                 format!("{path}?{}", req.uri().query().unwrap_or("")),
             ));
-            st.failing
-                .iter()
-                .any(|(m, p)| m.iter().any(|m| m == method.as_str()) && path.starts_with(p))
+            let write = method != Method::GET;
+            let crashed = match st.writes_left.as_mut() {
+                Some(0) => {
+                    st.refused_after_crash += 1;
+                    true
+                }
+                Some(n) if write => {
+                    *n -= 1;
+                    false
+                }
+                _ => false,
+            };
+            crashed
+                || st
+                    .failing
+                    .iter()
+                    .any(|(m, p)| m.iter().any(|m| m == method.as_str()) && path.starts_with(p))
         };
         if fails {
             return status(
