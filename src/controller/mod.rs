@@ -32,6 +32,8 @@
 //!   [`vgpu_webhook`] (pure, `POST /vgpu`): checks vGPU pods and sends them to the
 //!   scheduler profile that calls it.
 
+#[cfg(test)]
+mod apply_tests;
 pub mod autoscaler;
 pub mod cache;
 pub mod certs;
@@ -73,6 +75,7 @@ pub mod webhook_server;
 pub mod workload_record;
 pub mod workload_writer;
 mod workloads;
+pub mod writes;
 
 pub use error::{Error, Result};
 

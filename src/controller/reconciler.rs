@@ -27,28 +27,15 @@ use super::incremental::{decide_cached, IncStats, Incremental};
 use super::lease::Elector;
 use super::metrics::ControllerMetrics;
 use super::model::{Action, ObjKind, ObjRef, Plan};
-use super::pods_ready::{
-    EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
-};
 use super::requeue_state;
 use super::resources::{crd_resource, QUEUE_KINDS};
-use super::serving::ADMITTED_REPLICAS_ANNOTATION;
 pub use super::snapshot::{list_priority_classes, snapshot, snapshot_cached};
-use super::time::{rfc3339, Millis};
+use super::time::Millis;
 use super::workload_record::Update;
 use super::workload_writer;
-use super::workloads::{annotation, is_gated};
-use super::{
-    ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_COUNT_ANNOTATION, CONDITION_TYPE,
-    ORIGINAL_PARALLELISM_ANNOTATION, PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION,
-};
-use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
-use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::api::events::v1::Event as KubeEvent;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use super::writes::{written, KubeWrites, Writes, Written};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preconditions};
+use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -175,367 +162,6 @@ impl Clock for SystemClock {
     }
 }
 
-fn api_for(client: &kube::Client, r: &ObjRef) -> Api<DynamicObject> {
-    let ar = match r.kind {
-        ObjKind::Pod => ApiResource::erase::<Pod>(&()),
-        ObjKind::Job => ApiResource::erase::<Job>(&()),
-        ObjKind::Deployment => ApiResource::erase::<Deployment>(&()),
-        ObjKind::ReplicaSet => ApiResource::erase::<ReplicaSet>(&()),
-        ObjKind::StatefulSet => ApiResource::erase::<StatefulSet>(&()),
-    };
-    Api::namespaced_with(client.clone(), &r.namespace, &ar)
-}
-
-fn to_dynamic(v: Value, what: &str) -> Result<DynamicObject> {
-    serde_json::from_value(v).map_err(|source| Error::Json {
-        what: what.to_string(),
-        source,
-    })
-}
-
-async fn get_value(api: &Api<DynamicObject>, r: &ObjRef) -> Result<Value> {
-    let obj = api
-        .get(&r.name)
-        .await
-        .map_err(Error::api(format!("get {}/{}", r.namespace, r.name)))?;
-    serde_json::to_value(obj).map_err(|source| Error::Json {
-        what: format!("encode {}", r.name),
-        source,
-    })
-}
-
-/// Deletes a gated pod a partial admission left out of its group. It is read first and
-/// deleted with that resourceVersion as a precondition, so a pod ungated meanwhile (or
-/// changed in any way) is never deleted: the next pass decides again. `Ok(false)`: it
-/// was not gated any more. The cache learns the outcome at once.
-async fn delete_excess(client: &kube::Client, r: &ObjRef, cache: Option<&Cache>) -> Result<bool> {
-    let api = api_for(client, r);
-    let v = get_value(&api, r).await?;
-    if !is_gated(&v) {
-        return Ok(false);
-    }
-    let dp = DeleteParams {
-        preconditions: Some(Preconditions {
-            resource_version: v["metadata"]["resourceVersion"].as_str().map(String::from),
-            uid: None,
-        }),
-        ..DeleteParams::default()
-    };
-    let answer = api
-        .delete(&r.name, &dp)
-        .await
-        .map_err(Error::api(format!("delete {}/{}", r.namespace, r.name)))?;
-    if let Some(cache) = cache {
-        // An unscheduled pod goes at once; one with finalizers stays, being deleted.
-        match answer.left().and_then(written) {
-            Some(v) if !v["metadata"]["deletionTimestamp"].is_null() => cache.observe("Pod", &v),
-            _ => cache.forget("Pod", &(r.namespace.clone(), r.name.clone())),
-        }
-    }
-    Ok(true)
-}
-
-fn set_annotation(v: &mut Value, key: &str, value: Option<&str>) {
-    let meta = &mut v["metadata"];
-    if !meta["annotations"].is_object() {
-        meta["annotations"] = json!({});
-    }
-    if let Some(a) = meta["annotations"].as_object_mut() {
-        match value {
-            Some(x) => {
-                a.insert(key.to_string(), json!(x));
-            }
-            None => {
-                a.remove(key);
-            }
-        }
-    }
-}
-
-fn merge_selector(target: &mut Value, selector: &BTreeMap<String, String>) {
-    if selector.is_empty() {
-        return;
-    }
-    if !target["nodeSelector"].is_object() {
-        target["nodeSelector"] = json!({});
-    }
-    for (k, v) in selector {
-        target["nodeSelector"][k] = json!(v);
-    }
-}
-
-/// The object as the API server stored it after a write (for the cache).
-type Written = Option<Value>;
-
-fn written(obj: DynamicObject) -> Written {
-    serde_json::to_value(obj).ok()
-}
-
-async fn replace(api: &Api<DynamicObject>, r: &ObjRef, v: Value) -> Result<Written> {
-    let obj = to_dynamic(v, &r.name)?;
-    let obj = api
-        .replace(&r.name, &PostParams::default(), &obj)
-        .await
-        .map_err(Error::api(format!("update {}/{}", r.namespace, r.name)))?;
-    Ok(written(obj))
-}
-
-/// Ungates a pod / unsuspends a Job. `partial` (a partial admission) is recorded on a
-/// pod and becomes a Job's `parallelism`, its old value kept to put back on eviction.
-async fn admit(
-    client: &kube::Client,
-    r: &ObjRef,
-    selector: &BTreeMap<String, String>,
-    partial: Option<u32>,
-    now: Millis,
-) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    set_annotation(&mut v, ADMITTED_AT_ANNOTATION, Some(&rfc3339(now)));
-    match r.kind {
-        ObjKind::Pod => {
-            if let Some(k) = partial {
-                set_annotation(&mut v, ADMITTED_COUNT_ANNOTATION, Some(&k.to_string()));
-            }
-            let spec = &mut v["spec"];
-            if let Some(gates) = spec["schedulingGates"].as_array_mut() {
-                gates.retain(|g| g["name"] != ADMISSION_GATE);
-                if gates.is_empty() {
-                    if let Some(s) = spec.as_object_mut() {
-                        s.remove("schedulingGates");
-                    }
-                }
-            }
-            merge_selector(spec, selector);
-        }
-        ObjKind::Job => {
-            v["spec"]["suspend"] = json!(false);
-            if let Some(p) = partial {
-                let full = v["spec"]["parallelism"].as_u64().unwrap_or(1);
-                if annotation(&v, ORIGINAL_PARALLELISM_ANNOTATION).is_none() {
-                    set_annotation(
-                        &mut v,
-                        ORIGINAL_PARALLELISM_ANNOTATION,
-                        Some(&full.to_string()),
-                    );
-                }
-                v["spec"]["parallelism"] = json!(p);
-            }
-            merge_selector(&mut v["spec"]["template"]["spec"], selector);
-            set_annotation(&mut v, PENDING_REASON_ANNOTATION, None);
-            set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, None);
-        }
-        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => return Ok(None),
-    }
-    replace(&api, r, v).await
-}
-
-/// Writes `tessera.io/admitted-replicas` on a serving owner.
-async fn annotate_replicas(client: &kube::Client, r: &ObjRef, value: &str) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    set_annotation(&mut v, ADMITTED_REPLICAS_ANNOTATION, Some(value));
-    replace(&api, r, v).await
-}
-
-/// POSTs a `policy/v1` Eviction with the pod's grace period in `deleteOptions`; the
-/// answer is a Status, so the pod is read back (for the cache) only when `read_back`.
-async fn evict_pod(
-    client: &kube::Client,
-    r: &ObjRef,
-    grace: i64,
-    read_back: bool,
-) -> Result<Written> {
-    let body = json!({
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": r.name, "namespace": r.namespace},
-        "deleteOptions": {"gracePeriodSeconds": grace},
-    });
-    let path = format!(
-        "/api/v1/namespaces/{}/pods/{}/eviction",
-        r.namespace, r.name
-    );
-    let what = format!("evict {}/{}", r.namespace, r.name);
-    let req = http::Request::post(path)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(serde_json::to_vec(&body).unwrap_or_default())
-        .map_err(|e| Error::Api {
-            what: what.clone(),
-            source: kube::Error::HttpError(e),
-        })?;
-    client
-        .request::<Value>(req)
-        .await
-        .map_err(Error::api(what))?;
-    if !read_back {
-        return Ok(None);
-    }
-    // Terminating (deletionTimestamp set); if it cannot be read, its watch event will do.
-    Ok(get_value(&api_for(client, r), r).await.ok())
-}
-
-/// Suspends a Job; `requeue` (a pods-ready timeout) records the requeue count and time.
-async fn suspend_job(
-    client: &kube::Client,
-    r: &ObjRef,
-    requeue: Option<u32>,
-    now: Millis,
-) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    v["spec"]["suspend"] = json!(true);
-    // A partial admission is over: the Job queues again with its full size.
-    if let Some(full) =
-        annotation(&v, ORIGINAL_PARALLELISM_ANNOTATION).and_then(|p| p.parse::<u32>().ok())
-    {
-        v["spec"]["parallelism"] = json!(full);
-    }
-    set_annotation(&mut v, ORIGINAL_PARALLELISM_ANNOTATION, None);
-    set_annotation(&mut v, ADMITTED_AT_ANNOTATION, None);
-    set_annotation(&mut v, PODS_READY_AT_ANNOTATION, None);
-    if let Some(n) = requeue {
-        set_annotation(&mut v, REQUEUE_COUNT_ANNOTATION, Some(&n.to_string()));
-        set_annotation(&mut v, EVICTED_AT_ANNOTATION, Some(&rfc3339(now)));
-    }
-    replace(&api, r, v).await
-}
-
-/// Records a pods-ready timeout on a pod or a serving owner (the requeue count and
-/// time), as `suspend_job` does on a Job: the workload's next pods are held by them.
-async fn record_requeue(
-    client: &kube::Client,
-    r: &ObjRef,
-    count: u32,
-    now: Millis,
-) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    set_annotation(&mut v, REQUEUE_COUNT_ANNOTATION, Some(&count.to_string()));
-    set_annotation(&mut v, EVICTED_AT_ANNOTATION, Some(&rfc3339(now)));
-    replace(&api, r, v).await
-}
-
-/// Records that all pods of the object's workload were Ready (once).
-async fn record_ready(client: &kube::Client, r: &ObjRef, now: Millis) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    set_annotation(&mut v, PODS_READY_AT_ANNOTATION, Some(&rfc3339(now)));
-    replace(&api, r, v).await
-}
-
-async fn record_pending(
-    client: &kube::Client,
-    r: &ObjRef,
-    reason: &str,
-    message: &str,
-    now: Millis,
-) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    match r.kind {
-        ObjKind::Pod => {
-            let condition = json!({"type": CONDITION_TYPE, "status": "False", "reason": reason,
-                                   "message": message, "lastTransitionTime": rfc3339(now / 1000 * 1000)});
-            if !v["status"].is_object() {
-                v["status"] = json!({});
-            }
-            let conds = v["status"]["conditions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            let mut conds: Vec<Value> = conds
-                .into_iter()
-                .filter(|c| c["type"] != CONDITION_TYPE)
-                .collect();
-            conds.push(condition);
-            v["status"]["conditions"] = Value::Array(conds);
-            let obj = to_dynamic(v, &r.name)?;
-            let obj = api
-                .replace_status(&r.name, &PostParams::default(), &obj)
-                .await
-                .map_err(Error::api(format!(
-                    "update status {}/{}",
-                    r.namespace, r.name
-                )))?;
-            Ok(written(obj))
-        }
-        ObjKind::Job => {
-            set_annotation(&mut v, PENDING_REASON_ANNOTATION, Some(reason));
-            set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, Some(message));
-            replace(&api, r, v).await
-        }
-        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => Ok(None),
-    }
-}
-
-/// An `events.k8s.io/v1` Event about `r` (note capped at the API's 1 kB).
-pub fn event_for(
-    r: &ObjRef,
-    reason: &str,
-    note: &str,
-    warning: bool,
-    now: Millis,
-    cfg: &Config,
-) -> KubeEvent {
-    let mut note = note.to_string();
-    if note.len() > 1000 {
-        let mut cut = 997;
-        while !note.is_char_boundary(cut) {
-            cut -= 1;
-        }
-        note.truncate(cut);
-        note.push_str("...");
-    }
-    let (api_version, kind) = match r.kind {
-        ObjKind::Pod => ("v1", "Pod"),
-        ObjKind::Job => ("batch/v1", "Job"),
-        ObjKind::Deployment => ("apps/v1", "Deployment"),
-        ObjKind::ReplicaSet => ("apps/v1", "ReplicaSet"),
-        ObjKind::StatefulSet => ("apps/v1", "StatefulSet"),
-    };
-    KubeEvent {
-        metadata: ObjectMeta {
-            generate_name: Some(format!("{}.", r.name)),
-            namespace: Some(r.namespace.clone()),
-            ..Default::default()
-        },
-        event_time: Some(MicroTime(
-            Timestamp::from_millisecond(now as i64).unwrap_or(Timestamp::UNIX_EPOCH),
-        )),
-        action: Some("Admission".into()),
-        reason: Some(reason.to_string()),
-        note: Some(note),
-        type_: Some(if warning { "Warning" } else { "Normal" }.into()),
-        reporting_controller: Some(cfg.reporting_controller.clone()),
-        reporting_instance: Some(cfg.identity.clone()),
-        regarding: Some(k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(api_version.into()),
-            kind: Some(kind.into()),
-            name: Some(r.name.clone()),
-            namespace: Some(r.namespace.clone()),
-            ..Default::default()
-        }),
-        ..Default::default()
-    }
-}
-
-async fn emit(
-    client: &kube::Client,
-    cfg: &Config,
-    r: &ObjRef,
-    reason: &str,
-    note: &str,
-    warning: bool,
-    now: Millis,
-) {
-    let ev = event_for(r, reason, note, warning, now, cfg);
-    let api: Api<KubeEvent> = Api::namespaced(client.clone(), &r.namespace);
-    if let Err(e) = api.create(&PostParams::default(), &ev).await {
-        tracing::warn!(error = %e, object = %r.name, "writing Event");
-    }
-}
-
 /// A 429 from the Eviction API: the refusal's message (a PodDisruptionBudget blocks).
 fn eviction_refused(e: &Error) -> Option<String> {
     match e {
@@ -615,6 +241,24 @@ pub async fn apply_counted(
     cache: Option<&Cache>,
     now: Millis,
 ) -> Applied {
+    let writes = KubeWrites { client, cfg, cache };
+    apply_with(&writes, cfg, plan, evictions, cache, now).await
+}
+
+/// The reconciler's rules over any [`Writes`]: actions in plan order; an admission
+/// deferred while the API server holds newer requeue state; a partial admission's extra
+/// pods deleted only once the admitted ones are ungated; a pods-ready timeout recorded
+/// on its serving owner before any pod goes, and not evicted at all when its requeue
+/// state could not be written; an eviction a PodDisruptionBudget refuses retried with
+/// backoff; an Event after each write that took effect.
+pub(crate) async fn apply_with(
+    w: &impl Writes,
+    cfg: &Config,
+    plan: &Plan,
+    evictions: &mut EvictionBackoff,
+    cache: Option<&Cache>,
+    now: Millis,
+) -> Applied {
     let mut failed = 0;
     let mut done = Vec::new();
     // Workloads whose requeue state could not be written: not evicted in this pass.
@@ -634,8 +278,7 @@ pub async fn apply_counted(
                 // A pod workload's requeue state newer than the pass read (a cache whose
                 // ConfigMap lags behind its pods) defers the admission.
                 if let (Some(pr), true) = (&cfg.pods_ready, requeue_state::kept_here(workload)) {
-                    match requeue_state::fresh_hold(client, pr, workload, now, &mut read_now).await
-                    {
+                    match w.fresh_hold(pr, workload, now, &mut read_now).await {
                         Ok(None) => {}
                         Ok(Some(hold)) => {
                             failed += 1;
@@ -654,13 +297,11 @@ pub async fn apply_counted(
                 let mut any_admitted = false;
                 for r in objects {
                     let selector = pod_selectors.get(&r.name).unwrap_or(node_selector);
-                    let result = admit(client, r, selector, *partial, now).await;
+                    let result = w.admit(r, selector, *partial, now).await;
                     match seen(cache, r, result) {
                         Ok(()) => {
                             any_admitted = true;
-                            emit(
-                                client,
-                                cfg,
+                            w.event(
                                 r,
                                 "Admitted",
                                 &format!("workload {workload} admitted"),
@@ -685,13 +326,13 @@ pub async fn apply_counted(
                     continue;
                 }
                 for r in excess {
-                    match delete_excess(client, r, cache).await {
+                    match w.delete_excess(r).await {
                         Ok(true) => {
                             let note = format!(
                                 "workload {workload} admitted with {} pods: this one is not needed",
                                 partial.unwrap_or(0)
                             );
-                            emit(client, cfg, r, "NotAdmitted", &note, false, now).await;
+                            w.event(r, "NotAdmitted", &note, false, now).await;
                         }
                         Ok(false) => {}
                         Err(e) if e.is_not_found() => {}
@@ -726,7 +367,7 @@ pub async fn apply_counted(
                 let mut evicted = 0;
                 for (r, grace) in ordered {
                     if let (Some(n), ObjKind::Pod) = (requeue, r.kind) {
-                        let result = record_requeue(client, r, *n, now).await;
+                        let result = w.record_requeue(r, *n, now).await;
                         if let Err(e) = seen(cache, r, result) {
                             if !e.is_not_found() {
                                 failed += 1;
@@ -735,9 +376,9 @@ pub async fn apply_counted(
                         }
                     }
                     let result = match (r.kind, requeue) {
-                        (ObjKind::Pod, _) => evict_pod(client, r, *grace, cache.is_some()).await,
-                        (ObjKind::Job, _) => suspend_job(client, r, *requeue, now).await,
-                        (_, Some(n)) => record_requeue(client, r, *n, now).await,
+                        (ObjKind::Pod, _) => w.evict(r, *grace).await,
+                        (ObjKind::Job, _) => w.suspend(r, *requeue, now).await,
+                        (_, Some(n)) => w.record_requeue(r, *n, now).await,
                         (_, None) => Ok(None),
                     };
                     match seen(cache, r, result) {
@@ -752,7 +393,7 @@ pub async fn apply_counted(
                                     format!("workload {workload} preempted ({reason}) by {by}"),
                                 )
                             };
-                            emit(client, cfg, r, event, &note, true, now).await;
+                            w.event(r, event, &note, true, now).await;
                         }
                         Err(e) if e.is_not_found() => {
                             evicted += 1;
@@ -782,7 +423,7 @@ pub async fn apply_counted(
                 namespace,
                 set,
                 forget,
-            } => match requeue_state::write(client, namespace, set, forget, cache).await {
+            } => match w.write_requeue_state(namespace, set, forget).await {
                 Ok(requeue_state::Written::Unchanged) => {}
                 Ok(requeue_state::Written::Stored(_)) => {
                     tracing::info!(%namespace, set = set.len(), forget = forget.len(),
@@ -811,25 +452,25 @@ pub async fn apply_counted(
                         objects.len()
                     },
                 ) {
-                    let result = record_pending(client, r, reason, message, now).await;
+                    let result = w.record_pending(r, reason, message, now).await;
                     if let Err(e) = seen(cache, r, result) {
                         failed += 1;
                         tracing::warn!(error = %e, %workload, "recording pending reason");
                     }
                 }
                 if let Some(r) = objects.first() {
-                    emit(client, cfg, r, reason, message, false, now).await;
+                    w.event(r, reason, message, false, now).await;
                 }
             }
             Action::PodsReady { workload, object } => {
-                let result = record_ready(client, object, now).await;
+                let result = w.record_ready(object, now).await;
                 if let Err(e) = seen(cache, object, result) {
                     failed += 1;
                     tracing::warn!(error = %e, %workload, "recording pods ready");
                 }
             }
             Action::Replicas { owner, value } => {
-                let result = annotate_replicas(client, owner, value).await;
+                let result = w.annotate_replicas(owner, value).await;
                 if let Err(e) = seen(cache, owner, result) {
                     failed += 1;
                     tracing::warn!(error = %e, owner = %owner.name, "annotating admitted replicas");

@@ -1,0 +1,339 @@
+//! The reconciler's write rules over a recording [`Writes`], without HTTP: what is
+//! written in which order, what a failed write defers, what a refused eviction does.
+
+use super::config::Config;
+use super::error::{Error, Result};
+use super::evictions::EvictionBackoff;
+use super::model::{Action, ObjKind, ObjRef, Plan};
+use super::readiness::{Hold, Requeue};
+use super::reconciler::apply_with;
+use super::requeue_state::{self, Book, Entry};
+use super::time::Millis;
+use super::writes::{Writes, Written};
+use crate::quota::WaitForPodsReady;
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Mutex;
+
+const NOW: Millis = 1_795_003_260_000;
+
+/// Records each call as `"<write> <object>"`; the calls in `fail` answer with their
+/// status code, and `fresh_hold` answers `hold`.
+#[derive(Default)]
+struct Recorder {
+    calls: Mutex<Vec<String>>,
+    fail: BTreeMap<String, u16>,
+    hold: Option<Hold>,
+}
+
+impl Recorder {
+    fn failing(calls: &[(&str, u16)]) -> Recorder {
+        Recorder {
+            fail: calls
+                .iter()
+                .map(|(c, code)| (c.to_string(), *code))
+                .collect(),
+            ..Recorder::default()
+        }
+    }
+
+    fn answer(&self, call: String) -> Result<Written> {
+        let code = self.fail.get(&call).copied();
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(call.clone());
+        match code {
+            None => Ok(None),
+            Some(code) => Err(Error::api(call)(kube::Error::Api(Box::new(
+                kube::core::Status::failure("refused by the test", "Test").with_code(code),
+            )))),
+        }
+    }
+
+    fn calls(&self) -> Vec<String> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+}
+
+impl Writes for Recorder {
+    async fn admit(
+        &self,
+        r: &ObjRef,
+        _selector: &BTreeMap<String, String>,
+        _partial: Option<u32>,
+        _now: Millis,
+    ) -> Result<Written> {
+        self.answer(format!("admit {}", r.name))
+    }
+    async fn delete_excess(&self, r: &ObjRef) -> Result<bool> {
+        self.answer(format!("delete {}", r.name)).map(|_| true)
+    }
+    async fn evict(&self, r: &ObjRef, _grace: i64) -> Result<Written> {
+        self.answer(format!("evict {}", r.name))
+    }
+    async fn suspend(&self, r: &ObjRef, _requeue: Option<u32>, _now: Millis) -> Result<Written> {
+        self.answer(format!("suspend {}", r.name))
+    }
+    async fn record_requeue(&self, r: &ObjRef, _count: u32, _now: Millis) -> Result<Written> {
+        self.answer(format!("requeue {}", r.name))
+    }
+    async fn record_ready(&self, r: &ObjRef, _now: Millis) -> Result<Written> {
+        self.answer(format!("ready {}", r.name))
+    }
+    async fn record_pending(&self, r: &ObjRef, _: &str, _: &str, _: Millis) -> Result<Written> {
+        self.answer(format!("pending {}", r.name))
+    }
+    async fn annotate_replicas(&self, r: &ObjRef, _value: &str) -> Result<Written> {
+        self.answer(format!("replicas {}", r.name))
+    }
+    async fn write_requeue_state(
+        &self,
+        namespace: &str,
+        _set: &[Entry],
+        _forget: &BTreeMap<String, String>,
+    ) -> Result<requeue_state::Written> {
+        self.answer(format!("requeue-state {namespace}"))
+            .map(|_| requeue_state::Written::Unchanged)
+    }
+    async fn fresh_hold(
+        &self,
+        _cfg: &WaitForPodsReady,
+        workload: &str,
+        _now: Millis,
+        _read_now: &mut BTreeMap<String, Book>,
+    ) -> Result<Option<Hold>> {
+        self.answer(format!("read-hold {workload}"))
+            .map(|_| self.hold.clone())
+    }
+    async fn event(&self, r: &ObjRef, reason: &str, _: &str, _: bool, _: Millis) {
+        let _ = self.answer(format!("event {reason} {}", r.name));
+    }
+}
+
+fn pod(name: &str) -> ObjRef {
+    ObjRef {
+        kind: ObjKind::Pod,
+        namespace: "team".into(),
+        name: name.into(),
+    }
+}
+
+fn admit(workload: &str, pods: &[&str], excess: &[&str]) -> Action {
+    Action::Admit {
+        workload: workload.into(),
+        objects: pods.iter().map(|p| pod(p)).collect(),
+        node_selector: BTreeMap::new(),
+        pod_selectors: BTreeMap::new(),
+        partial: (!excess.is_empty()).then_some(pods.len() as u32),
+        excess: excess.iter().map(|p| pod(p)).collect(),
+    }
+}
+
+fn timeout(workload: &str, objects: Vec<ObjRef>) -> Action {
+    Action::Evict {
+        workload: workload.into(),
+        objects: objects.into_iter().map(|o| (o, 30)).collect(),
+        reason: "PodsReadyTimeout".into(),
+        by: String::new(),
+        requeue: Some(1),
+    }
+}
+
+fn pods_ready_cfg() -> Config {
+    Config {
+        pods_ready: Some(WaitForPodsReady {
+            timeout: 60_000,
+            backoff_base: 10_000,
+            backoff_max: 100_000,
+            ..WaitForPodsReady::default()
+        }),
+        ..Config::default()
+    }
+}
+
+fn run(
+    w: &Recorder,
+    cfg: &Config,
+    actions: Vec<Action>,
+) -> (super::reconciler::Applied, EvictionBackoff) {
+    let plan = Plan {
+        actions,
+        ..Plan::default()
+    };
+    let mut evictions = EvictionBackoff::new(1_000, 60_000);
+    let runtime = tokio::runtime::Builder::new_current_thread().build();
+    let applied = match runtime {
+        Ok(rt) => rt.block_on(apply_with(w, cfg, &plan, &mut evictions, None, NOW)),
+        Err(e) => panic!("runtime: {e}"),
+    };
+    (applied, evictions)
+}
+
+#[test]
+fn an_admission_writes_then_tells_and_deletes_extra_pods_only_after_every_ungate() {
+    let w = Recorder::default();
+    let (applied, _) = run(
+        &w,
+        &Config::default(),
+        vec![admit("team/group-g", &["g-0", "g-1"], &["g-2"])],
+    );
+    assert_eq!(
+        w.calls(),
+        [
+            "admit g-0",
+            "event Admitted g-0",
+            "admit g-1",
+            "event Admitted g-1",
+            "delete g-2",
+            "event NotAdmitted g-2"
+        ]
+    );
+    assert_eq!((applied.failed, applied.done), (0, vec![0]));
+
+    // One ungate fails: the group runs short, so no pod of it is deleted yet.
+    let w = Recorder::failing(&[("admit g-1", 409)]);
+    let (applied, _) = run(
+        &w,
+        &Config::default(),
+        vec![admit("team/group-g", &["g-0", "g-1"], &["g-2"])],
+    );
+    assert!(
+        !w.calls().contains(&"delete g-2".to_string()),
+        "{:?}",
+        w.calls()
+    );
+    assert!(
+        !w.calls().contains(&"event Admitted g-1".to_string()),
+        "no Event for a failed write"
+    );
+    assert_eq!(applied.failed, 1);
+    assert_eq!(applied.done, vec![0], "it runs: one pod was ungated");
+}
+
+#[test]
+fn an_admission_waits_while_the_api_server_holds_newer_requeue_state() {
+    let w = Recorder {
+        hold: Some(Hold::Backoff(NOW + 5_000)),
+        ..Recorder::default()
+    };
+    let (applied, _) = run(
+        &w,
+        &pods_ready_cfg(),
+        vec![admit("team/pod-p", &["p"], &[])],
+    );
+    assert_eq!(w.calls(), ["read-hold team/pod-p"], "not ungated");
+    assert_eq!((applied.failed, applied.done.len()), (1, 0));
+    // Without waitForPodsReady there is nothing to read.
+    let w = Recorder::default();
+    run(
+        &w,
+        &Config::default(),
+        vec![admit("team/pod-p", &["p"], &[])],
+    );
+    assert_eq!(w.calls()[0], "admit p");
+}
+
+#[test]
+fn a_timeout_is_not_evicted_when_its_requeue_state_could_not_be_written() {
+    let state = Action::RequeueState {
+        namespace: "team".into(),
+        set: vec![Entry {
+            workload: "team/pod-p".into(),
+            requeue: Requeue {
+                count: 1,
+                evicted_at: NOW,
+            },
+        }],
+        forget: BTreeMap::new(),
+    };
+    let w = Recorder::failing(&[("requeue-state team", 500)]);
+    let (applied, _) = run(
+        &w,
+        &pods_ready_cfg(),
+        vec![state.clone(), timeout("team/pod-p", vec![pod("p")])],
+    );
+    assert_eq!(w.calls(), ["requeue-state team"]);
+    assert_eq!((applied.failed, applied.done.len()), (2, 0));
+    // Written: the pod records its requeue, then goes, with a Warning Event.
+    let w = Recorder::default();
+    let (applied, _) = run(
+        &w,
+        &pods_ready_cfg(),
+        vec![state, timeout("team/pod-p", vec![pod("p")])],
+    );
+    assert_eq!(
+        w.calls(),
+        [
+            "requeue-state team",
+            "requeue p",
+            "evict p",
+            "event Evicted p"
+        ]
+    );
+    assert_eq!(applied.done, vec![1]);
+}
+
+#[test]
+fn a_replicas_timeout_is_recorded_on_its_owner_first_and_waits_when_that_fails() {
+    let owner = ObjRef {
+        kind: ObjKind::Deployment,
+        namespace: "team".into(),
+        name: "web".into(),
+    };
+    let objects = vec![pod("web-1"), owner.clone()];
+    let w = Recorder::default();
+    run(
+        &w,
+        &pods_ready_cfg(),
+        vec![timeout("team/deployment-web.web-1", objects.clone())],
+    );
+    assert_eq!(
+        w.calls()[0],
+        "requeue web",
+        "the owner first: {:?}",
+        w.calls()
+    );
+    let w = Recorder::failing(&[("requeue web", 409)]);
+    let (applied, _) = run(
+        &w,
+        &pods_ready_cfg(),
+        vec![timeout("team/deployment-web.web-1", objects)],
+    );
+    assert_eq!(
+        w.calls(),
+        ["requeue web"],
+        "no pod goes without the owner's record"
+    );
+    assert_eq!((applied.failed, applied.done.len()), (1, 0));
+}
+
+#[test]
+fn a_refused_eviction_backs_off_without_counting_as_a_failure_and_a_gone_pod_counts_as_evicted() {
+    let preempt = Action::Evict {
+        workload: "team/group-v".into(),
+        objects: vec![(pod("v-0"), 30), (pod("v-1"), 30), (pod("v-2"), 30)],
+        reason: "InClusterQueue".into(),
+        by: "team/pod-high".into(),
+        requeue: None,
+    };
+    let w = Recorder::failing(&[("evict v-0", 429), ("evict v-1", 404)]);
+    let (applied, evictions) = run(&w, &Config::default(), vec![preempt]);
+    assert_eq!(applied.failed, 0);
+    assert!(applied.done.is_empty(), "v-0 still runs");
+    let blocked: BTreeSet<&str> = evictions
+        .blocked()
+        .keys()
+        .map(|r| r.name.as_str())
+        .collect();
+    assert_eq!(blocked, ["v-0"].into());
+    let events: Vec<String> = w
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with("event"))
+        .collect();
+    assert_eq!(
+        events,
+        ["event Preempted v-2"],
+        "only a pod that went gets an Event"
+    );
+}
