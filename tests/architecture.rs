@@ -27,7 +27,7 @@ const PURE_DIRS: [&str; 7] = [
 ];
 
 /// Pure modules in folders that also hold API-calling ones.
-const PURE_FILES: [&str; 24] = [
+const PURE_FILES: [&str; 26] = [
     "src/agent/handover.rs",
     "src/agent/ownership.rs",
     "src/chargeback/rule.rs",
@@ -48,7 +48,9 @@ const PURE_FILES: [&str; 24] = [
     "src/controller/vgpu_webhook.rs",
     "src/controller/webhook.rs",
     "src/controller/workloads.rs",
+    "src/controller/extender/engine.rs",
     "src/controller/extender/records.rs",
+    "src/controller/extender/replay.rs",
     "src/controller/extender/state.rs",
     "src/controller/extender/wire.rs",
     "src/metrics/usage.rs",
