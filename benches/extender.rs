@@ -69,8 +69,11 @@ fn books(now: Timestamp) -> Books {
     for n in 0..NODES {
         for k in 0..n % 24 {
             let (memory, cores) = sizes[(n + k) % sizes.len()];
-            let p: Pod = serde_json::from_value(pod(&format!("fill-{n}-{k}"), memory, cores))
-                .expect("a Pod");
+            // Spread over the node's GPUs (HAMi's default GPU policy), as the fill was
+            // before the engine chose GPUs, so every node keeps room for the pod.
+            let mut fill = pod(&format!("fill-{n}-{k}"), memory, cores);
+            fill["metadata"]["annotations"] = json!({"hami.io/gpu-scheduler-policy": "spread"});
+            let p: Pod = serde_json::from_value(fill).expect("a Pod");
             let _ = books.reserve(&p, &format!("node-{n:04}"), now);
         }
     }
