@@ -175,8 +175,8 @@ impl Books {
 
     /// Fixes the placement engine's workload to these pods (with
     /// [`WorkloadSource::Fixed`]), as `tessera simulate` measures against its whole pod
-    /// list; pods whose request cannot be read are left out. Takes effect at the next
-    /// [`Books::sync`].
+    /// list; pods whose request cannot be read are left out. Takes effect at once (before
+    /// the first [`Books::sync`], with it).
     pub fn set_workload<'a>(&self, pods: impl IntoIterator<Item = &'a Pod>) {
         let shapes: Vec<PodShape> = pods
             .into_iter()
