@@ -1,14 +1,16 @@
 //! The scheduler extender's filter + prioritize for one pod on 1,000 nodes × 8 GPUs:
 //! the request bodies decoded, the books fitted and scored, the answers encoded, as
-//! `POST /filter` and `POST /prioritize` do (without the HTTP transport). The nodes are
-//! partly filled by binds through the books first. Prints p50 / p99 of the pair.
+//! `POST /filter` and `POST /prioritize` do (without the HTTP transport; prioritize
+//! through the placement engine, Tessera's policy). The nodes are partly filled by
+//! binds through the books first. Prints p50 / p99 of the pair.
 //! Run: `cargo bench --bench extender` (`BENCH_ROUNDS=N` samples, default 300).
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 use serde_json::json;
-use std::collections::BTreeSet;
+use std::collections::BTreeMap;
 use std::time::Instant;
+use tessera::controller::extender::engine::WorkloadSource;
 use tessera::controller::extender::records::node_state;
 use tessera::controller::extender::server::{filter_answer, prioritize_answer};
 use tessera::controller::extender::wire::ExtenderArgs;
@@ -25,7 +27,26 @@ fn pod(name: &str, memory: u64, cores: u32) -> serde_json::Value {
 }
 
 fn books(now: Timestamp) -> Books {
-    let books = Books::new(BooksConfig::default());
+    // The placement engine measures fragmentation against the pods' shapes, as it would
+    // have learned them from prioritizing the fill pods and this one.
+    let books = Books::new(BooksConfig {
+        workload: WorkloadSource::Fixed,
+        ..BooksConfig::default()
+    });
+    let shapes: Vec<Pod> = [
+        (8_192, 10),
+        (20_480, 30),
+        (40_960, 50),
+        (81_920, 100),
+        (10_240, 30),
+    ]
+    .iter()
+    .enumerate()
+    .map(|(i, &(memory, cores))| {
+        serde_json::from_value(pod(&format!("shape-{i}"), memory, cores)).expect("a Pod")
+    })
+    .collect();
+    books.set_workload(&shapes);
     let heartbeat = now.to_string();
     let states = (0..NODES)
         .filter_map(|n| {
@@ -42,14 +63,17 @@ fn books(now: Timestamp) -> Books {
             )
         })
         .collect();
-    books.sync(states, Vec::new(), &BTreeSet::new(), now);
+    books.sync(states, Vec::new(), &BTreeMap::new(), now);
     // Fill: node n gets (n % 24) pods of mixed sizes, so nodes range from empty to full.
     let sizes = [(8_192, 10), (20_480, 30), (40_960, 50), (81_920, 100)];
     for n in 0..NODES {
         for k in 0..n % 24 {
             let (memory, cores) = sizes[(n + k) % sizes.len()];
-            let p: Pod = serde_json::from_value(pod(&format!("fill-{n}-{k}"), memory, cores))
-                .expect("a Pod");
+            // Spread over the node's GPUs (HAMi's default GPU policy), as the fill was
+            // before the engine chose GPUs, so every node keeps room for the pod.
+            let mut fill = pod(&format!("fill-{n}-{k}"), memory, cores);
+            fill["metadata"]["annotations"] = json!({"hami.io/gpu-scheduler-policy": "spread"});
+            let p: Pod = serde_json::from_value(fill).expect("a Pod");
             let _ = books.reserve(&p, &format!("node-{n:04}"), now);
         }
     }

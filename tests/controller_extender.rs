@@ -1,18 +1,21 @@
 //! The scheduler extender over real HTTP, with the API-server double as the cluster:
 //! request bodies written as kube-scheduler sends them (`k8s.io/kube-scheduler/extender/v1`),
 //! the issue's pod through filter → prioritize → bind (assignment annotation, then the
-//! Binding), a pod that fits nowhere, 50 concurrent binds to one 8-GPU node, a
-//! controller restart, a deleted pod, a stale heartbeat, bad requests, and the RBAC the
-//! extender needs.
+//! Binding), a pod that fits nowhere, prioritize and bind by the placement engine
+//! (Tessera's policy, binpack and spread by annotation), 50 concurrent binds to one
+//! 8-GPU node, a controller restart, a deleted pod, a stale heartbeat, bad requests, and
+//! the RBAC the extender needs.
 
 mod support;
 
+use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use support::apiserver::ApiServer;
+use tessera::controller::extender::engine::WorkloadSource;
 use tessera::controller::extender::records::{
     AssignmentRecord, ASSIGNMENT_ANNOTATION, DEVICES_ANNOTATION, HEARTBEAT_ANNOTATION,
 };
@@ -47,7 +50,11 @@ async fn start(api: &ApiServer) -> Running {
 }
 
 async fn start_with(api: &ApiServer, limits: Limits) -> Running {
-    let books = Arc::new(Books::new(BooksConfig::default()));
+    start_books(api, limits, Books::new(BooksConfig::default())).await
+}
+
+async fn start_books(api: &ApiServer, limits: Limits, books: Books) -> Running {
+    let books = Arc::new(books);
     let shutdown = CancellationToken::new();
     tokio::spawn(keep_books(api.client(), books.clone(), shutdown.clone()));
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -92,10 +99,16 @@ fn now_rfc3339() -> String {
 
 /// A node whose agent publishes `gpus` 40 GiB A100s (10 slots each) with `heartbeat`.
 fn vgpu_node(api: &ApiServer, name: &str, gpus: usize, heartbeat: &str) {
+    vgpu_node_of(api, name, gpus, GPU_MIB, heartbeat);
+}
+
+/// A node whose agent publishes `gpus` A100s of `memory_mib` (10 slots each).
+fn vgpu_node_of(api: &ApiServer, name: &str, gpus: usize, memory_mib: u64, heartbeat: &str) {
     let devices: Vec<Value> = (0..gpus)
         .map(|i| {
             json!({"uuid": format!("GPU-{name}-{i}"), "model": "NVIDIA A100-PCIE-40GB",
-                        "memoryMiB": GPU_MIB, "sms": 108, "slots": 10, "numa": 0, "healthy": true})
+                   "memoryMiB": memory_mib, "sms": 108, "slots": 10, "numa": 0,
+                   "healthy": true})
         })
         .collect();
     api.put_object(
@@ -177,21 +190,12 @@ async fn the_issue_pod_goes_through_filter_prioritize_and_bind() {
         "cpu-node: publishes no vGPU devices (annotation tessera.io/vgpu-devices)"
     );
 
-    // The score is the engine's: the same pod on the same books, scored by NodeBooks.
+    // The placement engine ranks the node the pod fits: the only one, so the best.
     let (code, priorities) = post(ext.addr, "POST", "/prioritize", &args).await;
     assert_eq!(code, 200);
-    let books = ext.books.node_books("gpu-node").unwrap();
-    let request = tessera::vgpu::pod_request(
-        &serde_json::from_value(pod.clone()).unwrap(),
-        &Default::default(),
-    )
-    .unwrap()
-    .unwrap();
-    let fit = books.fit("uid-infer", &request).unwrap();
-    let expected = books.score(&fit, request.node_policy);
     assert_eq!(
         priorities,
-        json!([{"host": "gpu-node", "score": expected}, {"host": "cpu-node", "score": 0}])
+        json!([{"host": "gpu-node", "score": 10}, {"host": "cpu-node", "score": 0}])
     );
 
     let (code, bound) = post(ext.addr, "POST", "/bind", &binding_args(&pod, "gpu-node")).await;
@@ -240,6 +244,87 @@ async fn the_issue_pod_goes_through_filter_prioritize_and_bind() {
     for (verb, n) in [("filter", 1.0), ("prioritize", 1.0), ("bind", 2.0)] {
         let count = format!("tessera_extender_request_duration_seconds_count{{verb=\"{verb}\"}}");
         assert_eq!(ext.metric(&count), n, "{verb}");
+    }
+    ext.shutdown.cancel();
+}
+
+/// A pod of `milli` thousandths of a 16,000 MiB GPU (16 MiB each) with `annotations`.
+fn share_pod(name: &str, milli: u64, annotations: Value) -> Value {
+    let mut pod = pod_object(name, milli * 16, 0);
+    pod["metadata"]["annotations"] = annotations;
+    pod
+}
+
+#[tokio::test]
+async fn prioritize_and_bind_place_by_the_placement_engine() {
+    let api = cluster().await;
+    let beat = now_rfc3339();
+    for (node, gpus) in [("x", 1), ("y", 1), ("z", 1), ("w", 3)] {
+        vgpu_node_of(&api, node, gpus, 16_000, &beat);
+    }
+    // The engine measures fragmentation against a workload of sharing pods of 550,
+    // 230, 220, 650 and 320 thousandths of a GPU, whose packing plan puts 550 + 230 +
+    // 220 and 650 + 320 on one GPU each.
+    let books = Books::new(BooksConfig {
+        workload: WorkloadSource::Fixed,
+        ..BooksConfig::default()
+    });
+    let workload: Vec<Pod> = [550, 230, 220, 650, 320]
+        .iter()
+        .map(|&m| serde_json::from_value(share_pod(&format!("w{m}"), m, json!({}))).unwrap())
+        .collect();
+    books.set_workload(&workload);
+    let ext = start_books(&api, Limits::default(), books).await;
+    // x holds a 650 (350 free), y a 550 (450 free), z nothing; on w, GPU 0 a 650, GPU 1
+    // a 550. Bound through the extender, each pinned to its GPU.
+    for (gpu, milli) in [("x-0", 650), ("y-0", 550), ("w-0", 650), ("w-1", 550)] {
+        let uuid = format!("GPU-{gpu}");
+        let pod = share_pod(
+            &format!("filler-{gpu}"),
+            milli,
+            json!({"nvidia.com/use-gpuuuid": uuid}),
+        );
+        api.put_object("/api/v1/namespaces/team/pods", pod.clone());
+        let node = &gpu[..1];
+        let (_, bound) = post(ext.addr, "POST", "/bind", &binding_args(&pod, node)).await;
+        assert_eq!(bound, json!({}), "{gpu}");
+    }
+    // A 230 on x would leave 120, which no planned pair fills; on y it leaves 220 for a
+    // 220. Tessera's policy ranks y, then z, then x; binpack the fullest first; spread
+    // the emptiest.
+    let policy = |p: &str| json!({"hami.io/node-scheduler-policy": p});
+    let cases = [
+        ("tessera", json!({}), [8, 10, 9]),
+        ("binpack", policy("binpack"), [10, 9, 8]),
+        ("spread", policy("spread"), [8, 9, 10]),
+    ];
+    for (name, annotations, [x, y, z]) in cases {
+        let pod = share_pod(&format!("rank-{name}"), 230, annotations);
+        let args = extender_args(&pod, &["x", "y", "z"]);
+        let (code, priorities) = post(ext.addr, "POST", "/prioritize", &args).await;
+        assert_eq!(code, 200);
+        assert_eq!(
+            priorities,
+            json!([{"host": "x", "score": x}, {"host": "y", "score": y},
+                   {"host": "z", "score": z}]),
+            "{name}"
+        );
+    }
+    // Bind takes the GPU the engine picks on w: Tessera's keeps to the plan (GPU 1,
+    // 220 left), binpack the fullest that fits (GPU 0), spread the emptiest (GPU 2).
+    let gpu = |p: &str| json!({"hami.io/gpu-scheduler-policy": p});
+    let binds = [
+        ("tessera", json!({}), "GPU-w-1"),
+        ("binpack", gpu("binpack"), "GPU-w-0"),
+        ("spread", gpu("spread"), "GPU-w-2"),
+    ];
+    for (name, annotations, want) in binds {
+        let pod = share_pod(&format!("bind-{name}"), 230, annotations);
+        api.put_object("/api/v1/namespaces/team/pods", pod.clone());
+        let (_, bound) = post(ext.addr, "POST", "/bind", &binding_args(&pod, "w")).await;
+        assert_eq!(bound, json!({}), "{name}");
+        let record = recorded(&stored_pod(&api, &format!("bind-{name}"))).expect("assigned");
+        assert_eq!(record.containers[0].devices[0].uuid, want, "{name}");
     }
     ext.shutdown.cancel();
 }

@@ -165,6 +165,7 @@ pub fn extender(data: &[u8]) {
     if let Ok(value) = serde_json::from_slice::<serde_json::Value>(data) {
         let _ = records::node_state(&value);
         let _ = records::pod_assignment(&value);
+        let _ = records::pod_host(&value);
     }
 }
 

@@ -62,7 +62,7 @@ struct FgdArgs {
 #[derive(clap::Args, Debug, Clone)]
 struct RunFlags {
     /// Policy to run: random, dotproduct, gpuclustering, gpupacking, bestfit, fgd,
-    /// tessera, or `all`.
+    /// tessera, or `all` (those seven); HAMi's binpack and spread on request.
     #[arg(long, default_value = "all")]
     policy: String,
     /// Number of seeds (42, 43, ...), as in the paper.

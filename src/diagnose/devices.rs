@@ -1,7 +1,7 @@
 //! Steps 2 and 3 for a pod without a node: is there room for it anywhere (memory), and
 //! is that room usable by it (placement)?
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 use k8s_openapi::api::core::v1::{Container, Pod};
 use k8s_openapi::jiff::Timestamp;
@@ -9,7 +9,7 @@ use serde_json::Value;
 
 use super::placement::ruled_out;
 use super::{Cause, Finding, Settings, Snapshot};
-use crate::controller::extender::records::{node_state, pod_assignment};
+use crate::controller::extender::records::{node_state, pod_assignment, pod_host};
 use crate::controller::extender::state::Filtered;
 use crate::controller::extender::{Books, BooksConfig};
 use crate::quota::quantity::Quantity;
@@ -359,11 +359,7 @@ fn vgpu(snapshot: &Snapshot, pod: &Pod, settings: &Settings, now: Timestamp) -> 
         .filter_map(pod_assignment)
         .filter_map(Result::ok)
         .collect();
-    let present: BTreeSet<String> = snapshot
-        .pods
-        .iter()
-        .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_string))
-        .collect();
+    let present = snapshot.pods.iter().filter_map(pod_host).collect();
     let node_names: Vec<String> = states.iter().map(|s| s.name.clone()).collect();
     books.sync(states, assignments, &present, now);
     let filtered = books.filter(pod, &node_names, now);
@@ -373,7 +369,7 @@ fn vgpu(snapshot: &Snapshot, pod: &Pod, settings: &Settings, now: Timestamp) -> 
     let fitting: Vec<&Value> = filtered
         .fits
         .iter()
-        .filter_map(|(name, _)| {
+        .filter_map(|name| {
             snapshot
                 .nodes
                 .iter()

@@ -235,6 +235,19 @@ impl Cluster {
                 }
                 (*count, MILLI, 0, false)
             }
+            GpuDemand::Split {
+                count,
+                milli,
+                memory_mib,
+            } => {
+                if *count == 0 || *milli == 0 || *milli > MILLI {
+                    return Err(Error::InvalidRequest {
+                        field: "gpu_milli",
+                        reason: format!("{count} × {milli}: need 1 or more of 1..=1000"),
+                    });
+                }
+                (*count, *milli, *memory_mib, false)
+            }
             GpuDemand::Mig(p) => (1, p.milli(), p.memory_gb.saturating_mul(1024), true),
         };
         let models = if r.gpu_models.is_empty() || gpu_count == 0 {
@@ -355,6 +368,49 @@ impl Cluster {
         }
         self.allocated_gpu_milli += d.total_milli();
         self.reclass(p.node);
+        Ok(())
+    }
+
+    /// Sets node `i`'s free capacity as another book-keeper sees it (the scheduler
+    /// extender's view of a live node): CPU and memory left, and each GPU's free part in
+    /// device-index order. Fails, changing nothing, when it does not fit the node's spec.
+    pub fn set_free(
+        &mut self,
+        i: usize,
+        cpu_left: u32,
+        mem_left: u64,
+        gpus: &[GpuFree],
+    ) -> Result<()> {
+        let reject = |reason: String| Error::InvalidRequest {
+            field: "free",
+            reason,
+        };
+        let spec = self
+            .specs
+            .get(i)
+            .ok_or_else(|| reject(format!("node {i} does not exist")))?;
+        if cpu_left > spec.cpu_milli
+            || mem_left > spec.memory_mib
+            || gpus.len() != usize::from(spec.gpu_count)
+            || gpus.iter().any(|g| g.milli > MILLI)
+        {
+            return Err(reject(format!(
+                "node {}: {cpu_left} CPU milli, {mem_left} MiB and {} GPUs free exceed its spec",
+                spec.name,
+                gpus.len()
+            )));
+        }
+        let node = &self.nodes[i];
+        if node.cpu_left == cpu_left && node.mem_left == mem_left && node.gpus == gpus {
+            return Ok(());
+        }
+        let used = |gs: &[GpuFree]| -> u64 { gs.iter().map(|g| u64::from(MILLI - g.milli)).sum() };
+        self.allocated_gpu_milli = self.allocated_gpu_milli - used(&node.gpus) + used(gpus);
+        let node = &mut self.nodes[i];
+        node.cpu_left = cpu_left;
+        node.mem_left = mem_left;
+        node.gpus = gpus.to_vec();
+        self.reclass(i);
         Ok(())
     }
 
@@ -617,11 +673,49 @@ mod tests {
     }
 
     #[test]
+    fn set_free_moves_the_node_to_its_class_and_refuses_more_than_the_spec() {
+        let mut c = two_nodes();
+        let half = GpuFree {
+            milli: 500,
+            memory_mib: 100,
+        };
+        let whole = c.node(0).gpus[0];
+        c.set_free(0, 6000, 60_000, &[whole, half]).unwrap();
+        assert_eq!(c.allocated_gpu_milli(), 500);
+        assert_eq!(c.node(0).gpus, vec![whole, half]);
+        // The same free capacity in another GPU order is the same class.
+        c.set_free(1, 6000, 60_000, &[half, whole]).unwrap();
+        assert_eq!(c.class_id(0), c.class_id(1));
+        assert_eq!(c.allocated_gpu_milli(), 1000);
+        let before = c.class_id(0);
+        for (cpu, mem, gpus) in [
+            (8001, 64_000, vec![whole, whole]),
+            (8000, 64_001, vec![whole, whole]),
+            (8000, 64_000, vec![whole]),
+        ] {
+            assert!(c.set_free(0, cpu, mem, &gpus).is_err());
+        }
+        assert!(c.set_free(2, 0, 0, &[]).is_err());
+        assert_eq!((c.class_id(0), c.allocated_gpu_milli()), (before, 1000));
+    }
+
+    #[test]
     fn demand_rejects_bad_requests_and_interns_equal_ones() {
         let mut c = two_nodes();
         assert!(c.demand(&Request::shared(1, 1, 0)).is_err());
         assert!(c.demand(&Request::shared(1, 1, 1001)).is_err());
         assert!(c.demand(&Request::whole(1, 1, 0)).is_err());
+        for (count, milli) in [(0, 100), (2, 0), (2, 1001)] {
+            let split = Request {
+                gpu: GpuDemand::Split {
+                    count,
+                    milli,
+                    memory_mib: 0,
+                },
+                ..Request::cpu(1, 1)
+            };
+            assert!(c.demand(&split).is_err(), "{count} × {milli}");
+        }
         let a = c.demand(&Request::shared(1, 1, 10)).unwrap();
         let b = c.demand(&Request::shared(1, 1, 10)).unwrap();
         let other = c.demand(&Request::shared(1, 1, 20)).unwrap();

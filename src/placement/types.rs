@@ -96,6 +96,14 @@ pub enum GpuDemand {
     Shared { milli: u16, memory_mib: u32 },
     /// `count` whole, otherwise unused GPUs on one node.
     Whole { count: u8 },
+    /// `count` parts of GPUs, each on its own GPU of one node: compute in milli
+    /// (1..=1000) and optional GPU memory in MiB on each (HAMi's `nvidia.com/gpu: 2`
+    /// with a share of each).
+    Split {
+        count: u8,
+        milli: u16,
+        memory_mib: u32,
+    },
     /// One MIG instance of the profile on a MIG-capable GPU.
     Mig(MigProfile),
 }
@@ -151,6 +159,7 @@ impl Request {
             GpuDemand::None => 0,
             GpuDemand::Shared { milli, .. } => u64::from(*milli),
             GpuDemand::Whole { count } => u64::from(*count) * u64::from(MILLI),
+            GpuDemand::Split { count, milli, .. } => u64::from(*count) * u64::from(*milli),
             GpuDemand::Mig(p) => u64::from(p.milli()),
         }
     }
@@ -231,5 +240,14 @@ mod tests {
         assert_eq!(Request::cpu(1000, 10).total_gpu_milli(), 0);
         assert_eq!(Request::shared(1000, 10, 250).total_gpu_milli(), 250);
         assert_eq!(Request::whole(1000, 10, 4).total_gpu_milli(), 4000);
+        let split = Request {
+            gpu: GpuDemand::Split {
+                count: 3,
+                milli: 250,
+                memory_mib: 4096,
+            },
+            ..Request::cpu(1000, 10)
+        };
+        assert_eq!(split.total_gpu_milli(), 750);
     }
 }

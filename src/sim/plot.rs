@@ -21,6 +21,8 @@ fn color(k: PolicyKind) -> &'static str {
         PolicyKind::BestFit => "#ffa726",
         PolicyKind::Fgd => "#1e88e5",
         PolicyKind::Tessera => "#d81b60",
+        PolicyKind::Binpack => "#7cb342",
+        PolicyKind::Spread => "#8e24aa",
     }
 }
 

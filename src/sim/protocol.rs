@@ -13,8 +13,8 @@
 use super::error::{Error, Result};
 use super::trace::TracePod;
 use crate::placement::{
-    node_frag_milli, Cluster, Demand, NodeSpec, PolicyContext, PolicyKind, SplitMix64, TieBreak,
-    Workload,
+    node_frag_milli, Cluster, Demand, NodeSpec, Policy, PolicyContext, PolicyKind, SplitMix64,
+    TieBreak, Workload,
 };
 
 /// The paper's arrival: 130% of GPU capacity.
@@ -56,13 +56,8 @@ impl Prepared {
             .iter()
             .map(|p| cluster.demand(&p.request))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        let shapes = Workload::from_demands(&demands, 1.0);
-        let workload = shapes.popular(coverage);
-        let context = PolicyContext {
-            target: workload.clone(),
-            shapes,
-            ties,
-        };
+        let context = PolicyContext::from_demands(&demands, coverage, ties);
+        let workload = context.target.clone();
         Ok(Self {
             cluster,
             demands,
@@ -134,55 +129,57 @@ pub fn arrival_order(
     }
 }
 
+/// What the protocol drives: something that places pods and can be measured. The
+/// simulator's engine is one ([`run_one`]); the scheduler extender's decision path,
+/// replayed on the same arrival, is another (`controller::extender::replay`).
+pub trait Placer {
+    /// Places pod `pod` (an index into [`Prepared::demands`]); false when it fails.
+    fn place(&mut self, pod: usize) -> bool;
+    /// GPU milli allocated now.
+    fn allocated_milli(&mut self) -> u64;
+    /// Fragmented GPU milli now (the FGD measure against [`Prepared::workload`]).
+    fn frag_milli(&mut self) -> f64;
+}
+
 /// Runs one policy with one seed under the protocol.
 pub fn run_one(p: &Prepared, policy: PolicyKind, seed: u64) -> RunResult {
-    let mut cluster = p.cluster.clone();
-    let capacity = cluster.total_gpu_milli();
+    let mut engine = Engine {
+        cluster: p.cluster.clone(),
+        demands: &p.demands,
+        workload: &p.workload,
+        placer: policy.build(&p.context),
+        // Tie-breaking draws come from their own stream so that the arrival order of a
+        // seed is identical for every policy.
+        rng: SplitMix64::new(seed ^ 0x7E55_E7A0_0000_0001),
+        frag_memo: Vec::new(),
+    };
+    run_with(p, policy, seed, &mut engine)
+}
+
+/// Runs the protocol's arrival for `seed` through `placer`, recorded as `policy`'s run.
+pub fn run_with(p: &Prepared, policy: PolicyKind, seed: u64, placer: &mut dyn Placer) -> RunResult {
+    let capacity = p.cluster.total_gpu_milli();
     let order = arrival_order(&p.demands, capacity, p.inflation, seed);
-    let mut placer = policy.build(&p.context);
-    // Tie-breaking draws come from their own stream so that the arrival order of a seed
-    // is identical for every policy.
-    let mut rng = SplitMix64::new(seed ^ 0x7E55_E7A0_0000_0001);
-    let mut frag_memo: Vec<f64> = Vec::new();
     let mut curve = Vec::with_capacity(MAX_ARRIVED_PCT as usize + 1);
     let mut arrived = 0u64;
     let mut failed = 0usize;
     let mut next = 0u32;
     for &i in &order {
-        let d = &p.demands[i];
-        let now = arrived + d.total_milli();
+        let now = arrived + p.demands[i].total_milli();
         // Checkpoints this pod's arrival passes are recorded before it is placed, so the
         // point for X% is the cluster once exactly the pods within X% have arrived.
         let passed = ((now * 100).saturating_sub(1) / capacity) as u32;
         if next <= passed && now > arrived {
-            let w = &p.workload;
-            record(
-                &cluster,
-                w,
-                &mut frag_memo,
-                &mut curve,
-                &mut next,
-                passed,
-                failed,
-            );
+            record(placer, capacity, &mut curve, &mut next, passed, failed);
         }
         arrived = now;
-        match placer.place(&cluster, d, &mut rng) {
-            Some(pl) => {
-                if cluster.apply(d, &pl).is_err() {
-                    // A policy proposed something that does not fit: count it as failed
-                    // rather than corrupting the run (tests assert this never happens).
-                    failed += 1;
-                }
-            }
-            None => failed += 1,
+        if !placer.place(i) {
+            failed += 1;
         }
     }
-    let w = &p.workload;
     record(
-        &cluster,
-        w,
-        &mut frag_memo,
+        placer,
+        capacity,
         &mut curve,
         &mut next,
         MAX_ARRIVED_PCT,
@@ -197,11 +194,40 @@ pub fn run_one(p: &Prepared, policy: PolicyKind, seed: u64) -> RunResult {
     }
 }
 
+/// The placement engine on its own cluster: the simulator's placer.
+struct Engine<'a> {
+    cluster: Cluster,
+    demands: &'a [Demand],
+    workload: &'a Workload,
+    placer: Box<dyn Policy>,
+    rng: SplitMix64,
+    frag_memo: Vec<f64>,
+}
+
+impl Placer for Engine<'_> {
+    fn place(&mut self, pod: usize) -> bool {
+        let d = &self.demands[pod];
+        match self.placer.place(&self.cluster, d, &mut self.rng) {
+            // A policy proposing something that does not fit counts as failed rather
+            // than corrupting the run (tests assert this never happens).
+            Some(pl) => self.cluster.apply(d, &pl).is_ok(),
+            None => false,
+        }
+    }
+
+    fn allocated_milli(&mut self) -> u64 {
+        self.cluster.allocated_gpu_milli()
+    }
+
+    fn frag_milli(&mut self) -> f64 {
+        cluster_frag_milli(&self.cluster, self.workload, &mut self.frag_memo)
+    }
+}
+
 /// Records checkpoints `next..=upto` (capped at the maximum) with the current state.
 fn record(
-    cluster: &Cluster,
-    w: &Workload,
-    memo: &mut Vec<f64>,
+    placer: &mut dyn Placer,
+    capacity: u64,
     curve: &mut Vec<CurvePoint>,
     next: &mut u32,
     upto: u32,
@@ -210,9 +236,9 @@ fn record(
     if *next > upto.min(MAX_ARRIVED_PCT) {
         return;
     }
-    let cap = cluster.total_gpu_milli() as f64;
-    let alloc_pct = cluster.allocated_gpu_milli() as f64 * 100.0 / cap;
-    let frag_pct = cluster_frag_milli(cluster, w, memo) * 100.0 / cap;
+    let cap = capacity as f64;
+    let alloc_pct = placer.allocated_milli() as f64 * 100.0 / cap;
+    let frag_pct = placer.frag_milli() * 100.0 / cap;
     while *next <= upto.min(MAX_ARRIVED_PCT) {
         curve.push(CurvePoint {
             arrived_pct: *next,

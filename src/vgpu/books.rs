@@ -16,7 +16,7 @@
 //!                           |<------------- reserve(v7): Conflict(v8) → fit again
 //! ```
 
-use super::request::{ContainerRequest, PodRequest, Policy, Selectors};
+use super::request::{ContainerRequest, PodRequest, Selectors};
 use std::collections::BTreeMap;
 use std::fmt;
 
@@ -300,12 +300,31 @@ impl NodeBooks {
 
     /// Where the pod's vGPUs would go: every vGPU of a container on a distinct healthy
     /// GPU the annotations allow, containers placed in order on the usage the earlier
-    /// ones leave (so two containers may share a GPU, as in HAMi).
+    /// ones leave (so two containers may share a GPU, as in HAMi). GPUs are taken in
+    /// index order; [`NodeBooks::fit_preferring`] takes the placement engine's first.
     pub fn fit(&self, pod_uid: &str, request: &PodRequest) -> Result<Assignment, Box<Shortfall>> {
+        self.fit_preferring(pod_uid, request, &[])
+    }
+
+    /// [`NodeBooks::fit`], taking the GPUs of `prefer` (indices into [`NodeBooks::gpus`],
+    /// as the placement engine chose them) first, in that order, then the others by
+    /// index. The books decide only what fits; which GPUs is the engine's choice.
+    pub fn fit_preferring(
+        &self,
+        pod_uid: &str,
+        request: &PodRequest,
+        prefer: &[usize],
+    ) -> Result<Assignment, Box<Shortfall>> {
+        let order: Vec<usize> = prefer
+            .iter()
+            .copied()
+            .filter(|&i| i < self.gpus.len())
+            .chain((0..self.gpus.len()).filter(|i| !prefer.contains(i)))
+            .collect();
         let mut usage = self.usage.clone();
         let mut containers = Vec::new();
         for container in &request.containers {
-            let chosen = self.fit_container(&usage, container, request)?;
+            let chosen = self.fit_container(&usage, container, request, &order)?;
             let mut grants = Vec::new();
             for index in chosen {
                 let grant = Grant {
@@ -356,32 +375,6 @@ impl NodeBooks {
         }
         self.version += 1;
         Some(assignment)
-    }
-
-    /// Score 0..=10 of this node for a pod that would take `assignment` here:
-    /// binpack ranks fuller nodes higher, spread emptier ones.
-    pub fn score(&self, assignment: &Assignment, policy: Policy) -> u8 {
-        let mut usage = self.usage.clone();
-        for (_, grant) in assignment.grants() {
-            if let Some(index) = self.index_of(&grant.uuid) {
-                add(&mut usage[index], grant);
-            }
-        }
-        if self.gpus.is_empty() {
-            return 0;
-        }
-        let total: u64 = self
-            .gpus
-            .iter()
-            .zip(&usage)
-            .map(|(gpu, used)| fullness_ppm(gpu, used))
-            .sum();
-        let fullness = total / self.gpus.len() as u64;
-        let binpack = ((fullness * 10 + 500_000) / 1_000_000).min(10) as u8;
-        match policy {
-            Policy::Binpack => binpack,
-            Policy::Spread => 10 - binpack,
-        }
     }
 
     /// Checks `assignment` against the capacity and books it, all or nothing.
@@ -447,17 +440,23 @@ impl NodeBooks {
         self.gpus.iter().position(|g| g.uuid == uuid)
     }
 
-    /// The GPUs one container's vGPUs go to, chosen by the pod's GPU policy.
+    /// The GPUs one container's vGPUs go to: the first of `order` that take one.
     fn fit_container(
         &self,
         usage: &[GpuUsage],
         container: &ContainerRequest,
         request: &PodRequest,
+        order: &[usize],
     ) -> Result<Vec<usize>, Box<Shortfall>> {
         let mut fitting = Vec::new();
         let mut refusals = Vec::new();
-        for (index, (gpu, used)) in self.gpus.iter().zip(usage).enumerate() {
-            match admits(gpu, used, container, &request.selectors) {
+        for &index in order {
+            match admits(
+                &self.gpus[index],
+                &usage[index],
+                container,
+                &request.selectors,
+            ) {
                 Ok(()) => fitting.push(index),
                 Err(refusal) => refusals.push((index, refusal)),
             }
@@ -467,12 +466,6 @@ impl NodeBooks {
             return Err(Box::new(
                 self.shortfall(usage, container, &fitting, &refusals),
             ));
-        }
-        // Stable sorts: among equals, the GPU listed first.
-        let fullness = |i: &usize| fullness_ppm(&self.gpus[*i], &usage[*i]);
-        match request.gpu_policy {
-            Policy::Binpack => fitting.sort_by_key(|i| std::cmp::Reverse(fullness(i))),
-            Policy::Spread => fitting.sort_by_key(fullness),
         }
         fitting.truncate(want);
         Ok(fitting)
@@ -602,14 +595,6 @@ fn remove(used: &mut GpuUsage, grant: &Grant) {
     if grant.exclusive() {
         used.exclusive = false;
     }
-}
-
-/// How full a GPU is, in parts per million: the mean of its memory and cores shares.
-fn fullness_ppm(gpu: &GpuRecord, used: &GpuUsage) -> u64 {
-    let share = |used: u64, total: u64| (used.min(total) * 1_000_000).checked_div(total);
-    let memory = share(used.memory_mib, gpu.memory_mib).unwrap_or(1_000_000);
-    let cores = share(u64::from(used.cores), u64::from(WHOLE_GPU_CORES)).unwrap_or(0);
-    (memory + cores) / 2
 }
 
 /// What kind of shortage kept a container off a node.

@@ -19,8 +19,8 @@ fn pod(containers: Vec<ContainerRequest>) -> PodRequest {
     PodRequest {
         containers,
         selectors: Selectors::default(),
-        gpu_policy: Policy::Spread,
-        node_policy: Policy::Binpack,
+        gpu_policy: None,
+        node_policy: None,
     }
 }
 
@@ -241,16 +241,23 @@ fn grants_carry_the_memory_on_the_chosen_gpu() {
 }
 
 #[test]
-fn gpu_policy_picks_the_fullest_or_the_emptiest() {
+fn preferred_gpus_are_taken_first_when_they_fit() {
     let mut books = NodeBooks::new("n", a100s(3));
-    let mut on_gpu1 = one(1, mib(20_000), 0);
+    let mut on_gpu1 = one(1, mib(30_000), 0);
     on_gpu1.selectors.use_uuids = vec!["gpu1".into()];
     place(&mut books, "filler", &on_gpu1);
-    for (policy, want) in [(Policy::Binpack, "gpu1"), (Policy::Spread, "gpu0")] {
-        let mut request = one(1, mib(1_024), 0);
-        request.gpu_policy = policy;
-        let got = books.fit("pod", &request).unwrap();
-        assert_eq!(uuids(&got), [[want]], "{policy}");
+    // (preferred GPUs, vGPUs asked, where they go)
+    let cases: [(&[usize], u32, &[&str]); 5] = [
+        (&[], 1, &["gpu0"]),
+        (&[2], 1, &["gpu2"]),
+        (&[2, 1], 2, &["gpu2", "gpu0"]), // gpu1 has too little left
+        (&[1, 0], 1, &["gpu0"]),
+        (&[7, 2], 1, &["gpu2"]), // an index the node lacks is passed over
+    ];
+    for (prefer, count, want) in cases {
+        let request = one(count, mib(20_000), 0);
+        let got = books.fit_preferring("pod", &request, prefer).unwrap();
+        assert_eq!(uuids(&got), [want], "{prefer:?}");
     }
 }
 
@@ -390,20 +397,6 @@ fn a_gpu_that_turns_unhealthy_keeps_its_pods_and_takes_no_more() {
         ["n: pod a container \"main\": no GPU gpu0 on this node"]
     );
     assert_eq!(shrunk.assignments().count(), 0);
-}
-
-#[test]
-fn scores_follow_the_node_policy() {
-    let mut books = NodeBooks::new("n", a100s(2));
-    let request = one(1, mib(A100_40), 100);
-    let first = books.fit("a", &request).unwrap();
-    // One of two GPUs full after the pod: half full.
-    assert_eq!(books.score(&first, Policy::Binpack), 5);
-    assert_eq!(books.score(&first, Policy::Spread), 5);
-    place(&mut books, "a", &request);
-    let second = books.fit("b", &request).unwrap();
-    assert_eq!(books.score(&second, Policy::Binpack), 10);
-    assert_eq!(books.score(&second, Policy::Spread), 0);
 }
 
 /// The burst: 50 pods of mixed sizes bound at once to one 8-GPU node by 8

@@ -1,6 +1,7 @@
-//! One pod against many nodes: which nodes fit (with the assignment and a 0..=10 score
-//! by the pod's node policy), one reason for each node that does not, and a summary
-//! reason when none fits (the pod's pending message).
+//! One pod against many nodes: which nodes fit (with the assignment), one reason for
+//! each node that does not, and a summary reason when none fits (the pod's pending
+//! message). Ranking the nodes that fit is the placement engine's
+//! (`controller::extender::engine`).
 
 use super::books::{describe_models, Assignment, NodeBooks, Refusal, ShortKind, Shortfall};
 use super::request::PodRequest;
@@ -15,8 +16,6 @@ pub struct NodeFit {
     pub version: u64,
     /// Where the pod's vGPUs would go.
     pub assignment: Assignment,
-    /// 0..=10 by the pod's node policy.
-    pub score: u8,
 }
 
 /// The answer for one pod over many nodes.
@@ -40,7 +39,6 @@ pub fn filter<'a>(
             Ok(assignment) => outcome.fits.push(NodeFit {
                 node: books.node().to_string(),
                 version: books.version(),
-                score: books.score(&assignment, request.node_policy),
                 assignment,
             }),
             Err(shortfall) => {
@@ -140,7 +138,7 @@ fn group_reason(kind: ShortKind, shortfalls: &[&Shortfall]) -> String {
 mod tests {
     use super::*;
     use crate::vgpu::books::GpuRecord;
-    use crate::vgpu::request::{ContainerKind, ContainerRequest, MemoryRequest, Policy, Selectors};
+    use crate::vgpu::request::{ContainerKind, ContainerRequest, MemoryRequest, Selectors};
 
     fn request(count: u32, memory_mib: u64, cores: u32) -> PodRequest {
         PodRequest {
@@ -152,8 +150,8 @@ mod tests {
                 cores,
             }],
             selectors: Selectors::default(),
-            gpu_policy: Policy::Spread,
-            node_policy: Policy::Binpack,
+            gpu_policy: None,
+            node_policy: None,
         }
     }
 
@@ -235,21 +233,6 @@ mod tests {
         );
         let (_, used) = books.gpus().next().expect("one GPU");
         assert_eq!((used.memory_mib, used.cores, used.vgpus), (10_240, 30, 1));
-    }
-
-    #[test]
-    fn nodes_that_fit_are_scored_by_node_policy() {
-        let nodes = [node("busy", 2, 20_480), node("idle", 2, 0)];
-        let mut want = request(1, 10_240, 0);
-        for (policy, higher) in [(Policy::Binpack, "busy"), (Policy::Spread, "idle")] {
-            want.node_policy = policy;
-            let outcome = filter(&nodes, "pod", &want);
-            assert_eq!(outcome.fits.len(), 2);
-            assert_eq!(outcome.summary(&want), None);
-            let best = outcome.fits.iter().max_by_key(|f| f.score).expect("fits");
-            assert_eq!(best.node, higher, "{policy}");
-            assert!(outcome.fits.iter().all(|f| f.score <= 10));
-        }
     }
 
     #[test]

@@ -5,10 +5,13 @@
 //! no I/O.
 //! - [`request`]: a Pod → per-container vGPU requests, selectors and policies, or a
 //!   typed error naming the container and the field (the webhook denies with it);
-//! - [`books`]: per-node, per-GPU books; `fit`, versioned `reserve` (optimistic
-//!   concurrency instead of HAMi's node lock), `release`, `rebuild`, node scores;
+//! - [`books`]: per-node, per-GPU books; `fit` (on the GPUs the placement engine
+//!   prefers), versioned `reserve` (optimistic concurrency instead of HAMi's node lock),
+//!   `release`, `rebuild`;
 //! - [`filter`](mod@filter): one pod over many nodes, with one reason per node and a summary;
 //! - [`charge`]: what a container's vGPU request costs a queue (shares × count);
+//! - [`share`]: the books and a pod's request in the placement engine's terms (GPU
+//!   milli), so the extender places vGPU pods by the engine `tessera simulate` measures;
 //! - [`dra_claim`]: the same request as DRA ResourceClaimTemplates (the webhook's DRA
 //!   mode, for clusters with consumable capacity);
 //! - [`record`]: the annotations the node agent and the extender exchange (the node's
@@ -27,6 +30,7 @@ pub mod filter;
 pub mod guard;
 pub mod record;
 pub mod request;
+pub mod share;
 pub mod slots;
 
 pub use books::{Assignment, BooksError, GpuRecord, NodeBooks, Shortfall};

@@ -174,10 +174,12 @@ pub struct RequestConfig {
     /// vGPUs for a container that asks for `gpumem`/`gpucores` without `gpu`
     /// (HAMi's `defaultGPUNum`, 1). `None`, Tessera's default: such a container is refused.
     pub default_gpu_count: Option<u32>,
-    /// GPU policy when the pod does not choose (HAMi: spread).
-    pub default_gpu_policy: Policy,
-    /// Node policy when the pod does not choose (HAMi: binpack).
-    pub default_node_policy: Policy,
+    /// GPU policy when the pod does not choose; `None`, the default: the placement
+    /// engine's own (Tessera's policy). HAMi's default is spread.
+    pub default_gpu_policy: Option<Policy>,
+    /// Node policy when the pod does not choose; `None`, the default: the placement
+    /// engine's own (Tessera's policy). HAMi's default is binpack.
+    pub default_node_policy: Option<Policy>,
 }
 
 impl Default for RequestConfig {
@@ -187,8 +189,8 @@ impl Default for RequestConfig {
             default_memory_mib: 0,
             default_cores: 0,
             default_gpu_count: None,
-            default_gpu_policy: Policy::Spread,
-            default_node_policy: Policy::Binpack,
+            default_gpu_policy: None,
+            default_node_policy: None,
         }
     }
 }
@@ -303,12 +305,18 @@ impl Selectors {
         if !self.is_set() {
             return true;
         }
+        self.allows_model(model)
+            && (self.use_uuids.is_empty() || self.use_uuids.iter().any(|u| u == uuid))
+            && !self.nouse_uuids.iter().any(|u| u == uuid)
+    }
+
+    /// Whether a GPU of `model` may hold this pod's vGPUs by the model selectors alone
+    /// (UUID selectors aside).
+    pub fn allows_model(&self, model: &str) -> bool {
         let model = model.to_uppercase();
         let names_model = |t: &String| model.contains(&t.to_uppercase());
         (self.use_types.is_empty() || self.use_types.iter().any(names_model))
             && !self.nouse_types.iter().any(names_model)
-            && (self.use_uuids.is_empty() || self.use_uuids.iter().any(|u| u == uuid))
-            && !self.nouse_uuids.iter().any(|u| u == uuid)
     }
 
     /// Whether any selector is set.
@@ -327,10 +335,10 @@ pub struct PodRequest {
     pub containers: Vec<ContainerRequest>,
     /// GPUs the annotations allow.
     pub selectors: Selectors,
-    /// How GPUs are chosen on a node.
-    pub gpu_policy: Policy,
-    /// How nodes are ranked.
-    pub node_policy: Policy,
+    /// How GPUs are chosen on a node; `None`: by Tessera's policy.
+    pub gpu_policy: Option<Policy>,
+    /// How nodes are ranked; `None`: by Tessera's policy.
+    pub node_policy: Option<Policy>,
 }
 
 impl PodRequest {
@@ -362,18 +370,28 @@ pub fn pod_request(pod: &Pod, config: &RequestConfig) -> Result<Option<PodReques
     }
     let annotations = pod.metadata.annotations.clone().unwrap_or_default();
     let selectors = selectors(&annotations)?;
-    let policy = |key: &str, default: Policy| match annotations.get(key) {
-        Some(value) => Policy::parse(key, value),
-        None => Ok(default),
-    };
-    let gpu_policy = policy(GPU_POLICY, config.default_gpu_policy)?;
-    let node_policy = policy(NODE_POLICY, config.default_node_policy)?;
+    let (gpu_policy, node_policy) = policies(pod, config)?;
     Ok(Some(PodRequest {
         containers,
         selectors,
         gpu_policy,
         node_policy,
     }))
+}
+
+/// The pod's GPU and node policies (`hami.io/gpu-scheduler-policy`,
+/// `hami.io/node-scheduler-policy`), the configured defaults where it names none; read
+/// whether or not the pod asks for vGPUs.
+pub fn policies(pod: &Pod, config: &RequestConfig) -> Result<(Option<Policy>, Option<Policy>)> {
+    let annotations = pod.metadata.annotations.as_ref();
+    let policy = |key: &str, default: Option<Policy>| match annotations.and_then(|a| a.get(key)) {
+        Some(value) => Policy::parse(key, value).map(Some),
+        None => Ok(default),
+    };
+    Ok((
+        policy(GPU_POLICY, config.default_gpu_policy)?,
+        policy(NODE_POLICY, config.default_node_policy)?,
+    ))
 }
 
 /// Init containers (plain or sidecar) then app containers.

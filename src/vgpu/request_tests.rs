@@ -199,8 +199,8 @@ fn annotations_give_selectors_and_policies() {
         json!([limits("main", json!({"nvidia.com/gpu": "1"}))]),
     );
     let request = pod_request(&p, &RequestConfig::default()).unwrap().unwrap();
-    assert_eq!(request.gpu_policy, Policy::Binpack);
-    assert_eq!(request.node_policy, Policy::Spread);
+    assert_eq!(request.gpu_policy, Some(Policy::Binpack));
+    assert_eq!(request.node_policy, Some(Policy::Spread));
     let s = &request.selectors;
     assert_eq!(s.use_types, ["A100", "H100"]);
     // (uuid, model, allowed)
@@ -215,20 +215,36 @@ fn annotations_give_selectors_and_policies() {
     for (uuid, model, allowed) in cases {
         assert_eq!(s.allows(uuid, model), allowed, "{uuid} {model}");
     }
+    // By model alone, the UUID lists aside.
+    let by_model = [
+        ("NVIDIA A100", true),
+        ("NVIDIA A100 MIG 1g.10gb", false),
+        ("NVIDIA L40S", false),
+    ];
+    for (model, allowed) in by_model {
+        assert_eq!(s.allows_model(model), allowed, "{model}");
+    }
 }
 
 #[test]
-fn policies_default_to_hamis() {
+fn policies_default_to_the_engines_own_or_as_configured() {
     let p = pod(
         json!({}),
         json!([limits("main", json!({"nvidia.com/gpu": "1"}))]),
     );
     let request = pod_request(&p, &RequestConfig::default()).unwrap().unwrap();
+    assert_eq!((request.gpu_policy, request.node_policy), (None, None));
+    assert!(!request.selectors.is_set());
+    let hamis = RequestConfig {
+        default_gpu_policy: Some(Policy::Spread),
+        default_node_policy: Some(Policy::Binpack),
+        ..RequestConfig::default()
+    };
+    let request = pod_request(&p, &hamis).unwrap().unwrap();
     assert_eq!(
         (request.gpu_policy, request.node_policy),
-        (Policy::Spread, Policy::Binpack)
+        (Some(Policy::Spread), Some(Policy::Binpack))
     );
-    assert!(!request.selectors.is_set());
 }
 
 #[test]

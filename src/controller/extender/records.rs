@@ -8,12 +8,18 @@
 //!   [`ASSIGNMENT_ANNOTATION`], per container the GPUs and the memory and cores on each
 //!   ([`AssignmentRecord`]). The books are rebuilt from these after a restart.
 //!
+//! The placement engine also weighs CPU and memory: a Node's `status.allocatable` and
+//! every pod's requests on the node it runs on ([`pod_host`]), read as the scheduler
+//! reads them.
+//!
 //! The record types and their encoding are shared with the node agent and live in
 //! [`crate::vgpu::record`]; this module reads them off the objects the extender watches.
 //!
 //! Pure: no I/O, the time is passed in.
 
+use crate::quota::quantity::Quantity;
 use crate::vgpu::record::{parse_devices, parse_heartbeat};
+use crate::vgpu::share::HostRequest;
 use crate::vgpu::{Assignment, GpuRecord};
 use k8s_openapi::jiff::Timestamp;
 use serde_json::Value;
@@ -32,6 +38,9 @@ pub struct NodeState {
     pub gpus: Result<Vec<GpuRecord>, String>,
     /// The last heartbeat, or why there is none.
     pub heartbeat: Result<Timestamp, String>,
+    /// CPU and memory the node offers pods (`status.allocatable`); `None` when it does
+    /// not say (the engine then takes them as plentiful).
+    pub allocatable: Option<HostRequest>,
 }
 
 fn annotation<'a>(object: &'a Value, key: &str) -> Option<&'a str> {
@@ -53,11 +62,110 @@ pub fn node_state(node: &Value) -> Option<NodeState> {
             parse_heartbeat(t).map_err(|e| format!("{name}: annotation {HEARTBEAT_ANNOTATION} {e}"))
         }
     };
+    let allocatable = &node["status"]["allocatable"];
+    let allocatable = match (allocatable["cpu"].as_str(), allocatable["memory"].as_str()) {
+        (Some(cpu), Some(memory)) => Some(HostRequest {
+            cpu_milli: cpu_milli(cpu),
+            memory_mib: memory_mib(memory),
+        }),
+        _ => None,
+    };
     Some(NodeState {
         name,
         gpus,
         heartbeat,
+        allocatable,
     })
+}
+
+/// A CPU quantity in milli-cores (0 when unreadable or negative).
+fn cpu_milli(q: &str) -> u32 {
+    Quantity::parse(q).map_or(0, |q| u32::try_from(q.0.max(0)).unwrap_or(u32::MAX))
+}
+
+/// A memory quantity in MiB, rounded up (0 when unreadable or negative).
+fn memory_mib(q: &str) -> u64 {
+    Quantity::parse(q).map_or(0, |q| {
+        u64::try_from(q.0.max(0)).map_or(0, |milli| milli.div_ceil(1000 << 20))
+    })
+}
+
+/// A pod as the engine counts its use of a node's CPU and memory.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PodHost {
+    /// The node it is bound to (`spec.nodeName`), if any.
+    pub node: Option<String>,
+    /// It has finished (`Succeeded` or `Failed`): it takes nothing.
+    pub finished: bool,
+    /// Its CPU and memory requests.
+    pub request: HostRequest,
+}
+
+impl PodHost {
+    /// The node whose CPU and memory the pod takes now.
+    pub fn holds(&self) -> Option<&str> {
+        self.node.as_deref().filter(|_| !self.finished)
+    }
+}
+
+/// A pod's UID with its use of a node's CPU and memory; `None` without a UID.
+pub fn pod_host(pod: &Value) -> Option<(String, PodHost)> {
+    let uid = pod["metadata"]["uid"].as_str()?.to_string();
+    let host = PodHost {
+        node: pod["spec"]["nodeName"]
+            .as_str()
+            .filter(|n| !n.is_empty())
+            .map(str::to_string),
+        finished: matches!(
+            pod["status"]["phase"].as_str(),
+            Some("Succeeded" | "Failed")
+        ),
+        request: host_request(&pod["spec"]),
+    };
+    Some((uid, host))
+}
+
+/// A pod spec's effective CPU and memory requests, as the scheduler counts them: the
+/// app containers and restartable init containers (sidecars) summed, or the largest
+/// plain init container if larger, plus the pod's overhead. A container's request is its
+/// limit where no request is written (as the API server defaults it).
+pub fn host_request(spec: &Value) -> HostRequest {
+    let container = |c: &Value| {
+        let resources = &c["resources"];
+        let get = |name: &str| {
+            resources["requests"][name]
+                .as_str()
+                .or_else(|| resources["limits"][name].as_str())
+        };
+        HostRequest {
+            cpu_milli: get("cpu").map_or(0, cpu_milli),
+            memory_mib: get("memory").map_or(0, memory_mib),
+        }
+    };
+    let list = |key: &str| spec[key].as_array().map(Vec::as_slice).unwrap_or_default();
+    let mut running = HostRequest::default();
+    for c in list("containers") {
+        running = running.plus(container(c));
+    }
+    let mut init = HostRequest::default();
+    for c in list("initContainers") {
+        if c["restartPolicy"].as_str() == Some("Always") {
+            running = running.plus(container(c));
+        } else {
+            let c = container(c);
+            init.cpu_milli = init.cpu_milli.max(c.cpu_milli);
+            init.memory_mib = init.memory_mib.max(c.memory_mib);
+        }
+    }
+    let overhead = HostRequest {
+        cpu_milli: spec["overhead"]["cpu"].as_str().map_or(0, cpu_milli),
+        memory_mib: spec["overhead"]["memory"].as_str().map_or(0, memory_mib),
+    };
+    HostRequest {
+        cpu_milli: running.cpu_milli.max(init.cpu_milli),
+        memory_mib: running.memory_mib.max(init.memory_mib),
+    }
+    .plus(overhead)
 }
 
 /// Why the node's GPUs are out of scheduling at `now`, if they are: no heartbeat, or
@@ -166,6 +274,46 @@ mod tests {
             .expect("annotated")
             .expect_err("unreadable");
         assert!(err.starts_with("pod ns/p: annotation"), "{err}");
+    }
+
+    #[test]
+    fn cpu_and_memory_are_read_as_the_scheduler_counts_them() {
+        let n = json!({"metadata": {"name": "n1", "annotations": {
+            DEVICES_ANNOTATION: "[]", HEARTBEAT_ANNOTATION: "2026-12-01T10:00:00Z"}},
+            "status": {"allocatable": {"cpu": "63500m", "memory": "256Gi"}}});
+        let state = node_state(&n).expect("a vGPU node");
+        assert_eq!(
+            state.allocatable,
+            Some(HostRequest {
+                cpu_milli: 63_500,
+                memory_mib: 262_144
+            })
+        );
+        let pod = json!({"metadata": {"uid": "u1"},
+            "spec": {"nodeName": "n1",
+                "containers": [
+                    {"name": "a", "resources": {"requests": {"cpu": "2", "memory": "1Gi"}}},
+                    {"name": "b", "resources": {"limits": {"cpu": "500m", "memory": "1000000"}}}],
+                "initContainers": [
+                    {"name": "setup", "resources": {"requests": {"cpu": "4", "memory": "64Mi"}}},
+                    {"name": "proxy", "restartPolicy": "Always",
+                     "resources": {"requests": {"cpu": "100m"}}}],
+                "overhead": {"cpu": "250m"}},
+            "status": {"phase": "Running"}});
+        let (uid, host) = pod_host(&pod).expect("has a UID");
+        assert_eq!((uid.as_str(), host.holds()), ("u1", Some("n1")));
+        // CPU: the init container's 4 beats 2 + 0.5 + 0.1; memory: 1024 + 1 (rounded up).
+        assert_eq!(
+            host.request,
+            HostRequest {
+                cpu_milli: 4_250,
+                memory_mib: 1_025
+            }
+        );
+        let mut done = pod.clone();
+        done["status"]["phase"] = json!("Succeeded");
+        assert_eq!(pod_host(&done).expect("has a UID").1.holds(), None);
+        assert_eq!(pod_host(&json!({"metadata": {}})), None);
     }
 
     #[test]

@@ -193,23 +193,22 @@ impl Extender {
             }
             _ => {}
         }
-        let vgpu = crate::vgpu::pod_request(&pod, &self.books.config().request)
-            .map_err(|e| e.to_string())?
-            .is_some();
-        if vgpu {
-            let assignment = self
-                .books
-                .reserve(&pod, &args.node, now)
-                .map_err(|e| e.to_string())?;
-            let record = AssignmentRecord::of(&assignment);
+        // A pod without vGPUs books none, but its CPU and memory are held on the node
+        // until the watch shows it bound.
+        let assignment = self
+            .books
+            .reserve(&pod, &args.node, now)
+            .map_err(|e| e.to_string())?;
+        if let Some(assignment) = &assignment {
+            let record = AssignmentRecord::of(assignment);
             if let Err(e) = self.annotate(&pods, args, Some(&record)).await {
                 self.books.release(&uid);
                 return Err(e);
             }
         }
         if let Err(e) = self.create_binding(&pods, args).await {
-            if vgpu {
-                self.books.release(&uid);
+            self.books.release(&uid);
+            if assignment.is_some() {
                 // Best effort: a leftover annotation only holds room until the pod's
                 // next bind rewrites it or the pod goes.
                 let _ = self.annotate(&pods, args, None).await;
@@ -278,7 +277,7 @@ pub fn filter_answer(books: &Books, args: &ExtenderArgs, now: Timestamp) -> Exte
     if let Some(summary) = &out.summary {
         debug!(pod = ?args.pod.metadata.name, %summary, "fits no node");
     }
-    let passed: Vec<String> = out.fits.into_iter().map(|(n, _)| n).collect();
+    let passed: Vec<String> = out.fits;
     let nodes = args.nodes.as_ref().map(|list| {
         let fit: std::collections::HashSet<&str> = passed.iter().map(String::as_str).collect();
         let items: Vec<&serde_json::Value> = list
@@ -301,20 +300,15 @@ pub fn filter_answer(books: &Books, args: &ExtenderArgs, now: Timestamp) -> Exte
     }
 }
 
-/// The answer to `POST /prioritize` from `books`: every candidate scored 0..=10;
-/// those that do not fit get 0.
+/// The answer to `POST /prioritize` from `books`: every candidate scored 0..=10 by
+/// the placement engine ([`Books::prioritize`]); those that do not fit get 0.
 pub fn prioritize_answer(books: &Books, args: &ExtenderArgs, now: Timestamp) -> Vec<HostPriority> {
-    let names = args.node_names();
-    let out = books.filter(&args.pod, &names, now);
-    let scores: std::collections::HashMap<&str, u8> =
-        out.fits.iter().map(|(n, s)| (n.as_str(), *s)).collect();
-    names
-        .iter()
-        .map(|host| HostPriority {
-            host: host.clone(),
-            score: scores
-                .get(host.as_str())
-                .map_or(0, |s| i64::from(*s).min(MAX_EXTENDER_PRIORITY)),
+    books
+        .prioritize(&args.pod, &args.node_names(), now)
+        .into_iter()
+        .map(|(host, score)| HostPriority {
+            host,
+            score: i64::from(score).min(MAX_EXTENDER_PRIORITY),
         })
         .collect()
 }
@@ -366,10 +360,7 @@ pub async fn keep_books(client: kube::Client, books: Arc<Books>, shutdown: Cance
             continue;
         }
         let node_states = nodes.filter_map(records::node_state);
-        let present = pods
-            .filter_map(|p| p["metadata"]["uid"].as_str().map(str::to_string))
-            .into_iter()
-            .collect();
+        let present = pods.filter_map(records::pod_host).into_iter().collect();
         let mut problems = Vec::new();
         let assignments = pods
             .filter_map(records::pod_assignment)

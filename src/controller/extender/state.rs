@@ -1,20 +1,30 @@
 //! The extender's books: one [`NodeBooks`] per vGPU node, kept current from the
 //! Nodes' records and the pods' assignment annotations ([`Books::sync`]), read by
 //! filter and prioritize, and changed by bind ([`Books::reserve`]) without a node lock.
+//! Prioritize and bind's choice of GPUs are the placement engine's ([`Engine`]), over
+//! the same books and every node's CPU and memory use.
 //!
 //! ```text
 //! watch events ─► sync: per node, desired = records + annotated pods + binds in flight;
-//!                       a node whose desired state differs is replaced (newer version)
-//! /filter, /prioritize ─► fit on every candidate (one short lock)
-//! /bind ─► copy the node's books, fit with no lock, reserve(version) under the lock;
-//!          Conflict → fit again on the fresh books; the reservation is "in flight"
-//!          until the watch shows the pod's annotation (or the bind fails: released)
+//!                       a node whose desired state differs is replaced (newer version);
+//!                       CPU/memory use = pods on the node + binds in flight
+//! /filter ─► fit on every candidate (one short lock)
+//! /prioritize ─► fit, then the engine's verdict on every node that fits ─► 0..=10
+//! /bind ─► the engine's GPUs on the node, copy the node's books, fit with no lock,
+//!          reserve(version) under the lock; Conflict → again on the fresh books; the
+//!          reservation is "in flight" until the watch shows the pod annotated and bound
+//!          (or the bind fails: released)
 //! ```
 //!
 //! No I/O here: the HTTP server and the watch loop call in with decoded objects and
 //! the time.
 
-use super::records::{heartbeat_problem, NodeState, PodAssignment};
+use super::engine::{
+    extender_scores, Engine, NodeView, PodShape, WorkloadSource, DEFAULT_LEARNED_PODS,
+};
+use super::records::{heartbeat_problem, host_request, NodeState, PodAssignment, PodHost};
+use crate::vgpu::request::policies;
+use crate::vgpu::share::HostRequest;
 use crate::vgpu::{
     filter, pod_request, Assignment, GpuRecord, NodeBooks, PodRequest, RequestConfig,
 };
@@ -37,6 +47,8 @@ pub struct BooksConfig {
     pub heartbeat_window: Duration,
     /// A bind's reservation not yet seen on the pod by the watch is kept this long.
     pub in_flight_grace: Duration,
+    /// What the placement engine measures fragmentation against.
+    pub workload: WorkloadSource,
 }
 
 impl Default for BooksConfig {
@@ -45,6 +57,7 @@ impl Default for BooksConfig {
             request: RequestConfig::default(),
             heartbeat_window: Duration::from_secs(60),
             in_flight_grace: Duration::from_secs(120),
+            workload: WorkloadSource::Learned(DEFAULT_LEARNED_PODS),
         }
     }
 }
@@ -72,8 +85,8 @@ pub enum BindError {
 /// The filter's answer for one pod.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Filtered {
-    /// Nodes that fit, with their 0..=10 score, in the order asked.
-    pub fits: Vec<(String, u8)>,
+    /// Nodes that fit, in the order asked.
+    pub fits: Vec<String>,
     /// Nodes short of something preemption could free.
     pub failed: BTreeMap<String, String>,
     /// Nodes no preemption helps (no vGPU record, stale heartbeat, a bad request).
@@ -84,7 +97,12 @@ pub struct Filtered {
 
 /// A bind's reservation the watch has not shown on the pod yet.
 struct InFlight {
-    assignment: Assignment,
+    /// Its vGPUs (`None`: a pod without vGPUs; only its CPU and memory are held).
+    assignment: Option<Assignment>,
+    /// The node.
+    node: String,
+    /// Its CPU and memory.
+    host: HostRequest,
     /// When it was reserved.
     at: Timestamp,
     /// A sync has seen the pod since (so its absence later means it was deleted).
@@ -98,14 +116,26 @@ struct Node {
     /// only when these change (a record the rebuild refused is not retried, and
     /// re-logged, on every sync).
     built_from: (Vec<GpuRecord>, Vec<Assignment>),
+    /// CPU and memory its pods and the binds in flight to it take.
+    host_used: HostRequest,
 }
 
-#[derive(Default)]
+impl Node {
+    fn view(&self) -> NodeView<'_> {
+        NodeView {
+            books: &self.books,
+            allocatable: self.state.allocatable,
+            used: self.host_used,
+        }
+    }
+}
+
 struct Inner {
     synced: bool,
     nodes: BTreeMap<String, Node>,
     /// Pod UID → a bind's reservation not yet seen on the pod.
     in_flight: BTreeMap<String, InFlight>,
+    engine: Engine,
 }
 
 /// The shared books.
@@ -116,9 +146,15 @@ pub struct Books {
 
 impl Books {
     pub fn new(config: BooksConfig) -> Books {
+        let engine = Engine::new(config.workload.clone());
         Books {
             config,
-            inner: Mutex::new(Inner::default()),
+            inner: Mutex::new(Inner {
+                synced: false,
+                nodes: BTreeMap::new(),
+                in_flight: BTreeMap::new(),
+                engine,
+            }),
         }
     }
 
@@ -137,20 +173,37 @@ impl Books {
         self.lock().synced
     }
 
+    /// Fixes the placement engine's workload to these pods (with
+    /// [`WorkloadSource::Fixed`]), as `tessera simulate` measures against its whole pod
+    /// list; pods whose request cannot be read are left out. Takes effect at once (before
+    /// the first [`Books::sync`], with it).
+    pub fn set_workload<'a>(&self, pods: impl IntoIterator<Item = &'a Pod>) {
+        let shapes: Vec<PodShape> = pods
+            .into_iter()
+            .filter_map(|pod| {
+                let request = pod_request(pod, &self.config.request).ok()?;
+                Some((request, pod_host_request(pod)))
+            })
+            .collect();
+        self.lock().engine.set_workload(shapes);
+    }
+
     /// Brings the books in line with the cluster: `nodes` (every vGPU node's state),
-    /// `pods` (every pod's recorded assignment) and `present` (the UIDs of every pod).
-    /// A bind's reservation not yet shown on its pod is kept until the pod shows it, or
-    /// is seen and then gone (deleted), or for the grace period at most. Returns the
-    /// problems found (unreadable or overcommitting records), for the log.
+    /// `pods` (every pod's recorded assignment) and `present` (every pod by UID, with
+    /// where it runs and its CPU and memory). A bind's reservation not yet shown on its
+    /// pod (annotated and bound) is kept until the pod shows it, or is seen and then
+    /// gone (deleted), or for the grace period at most. Returns the problems found
+    /// (unreadable or overcommitting records), for the log.
     pub fn sync(
         &self,
         nodes: Vec<NodeState>,
         pods: Vec<PodAssignment>,
-        present: &BTreeSet<String>,
+        present: &BTreeMap<String, PodHost>,
         now: Timestamp,
     ) -> Vec<String> {
         let mut problems = Vec::new();
-        let mut inner = self.lock();
+        let mut guard = self.lock();
+        let inner = &mut *guard;
         let mut pods: Vec<PodAssignment> = pods.into_iter().filter(|p| !p.finished).collect();
         pods.sort_by(|a, b| {
             (&a.created, &a.assignment.pod_uid).cmp(&(&b.created, &b.assignment.pod_uid))
@@ -158,12 +211,15 @@ impl Books {
         let recorded: BTreeSet<&str> = pods.iter().map(|p| p.assignment.pod_uid.as_str()).collect();
         let grace_ms = i64::try_from(self.config.in_flight_grace.as_millis()).unwrap_or(i64::MAX);
         inner.in_flight.retain(|uid, f| {
-            let here = present.contains(uid);
-            let shown = recorded.contains(uid.as_str());
-            let deleted = f.seen && !here;
+            let here = present.get(uid);
+            let bound = here.is_some_and(|p| p.node.is_some());
+            let finished = here.is_some_and(|p| p.finished);
+            let annotated = f.assignment.is_none() || recorded.contains(uid.as_str());
+            let shown = finished || (bound && annotated);
+            let deleted = f.seen && here.is_none();
             let expired = now.as_millisecond().saturating_sub(f.at.as_millisecond()) > grace_ms;
             let keep = !(shown || deleted || expired);
-            f.seen |= here;
+            f.seen |= here.is_some();
             keep
         });
         let mut desired: BTreeMap<String, Vec<Assignment>> = BTreeMap::new();
@@ -173,11 +229,25 @@ impl Books {
                 .or_default()
                 .push(p.assignment.clone());
         }
-        for f in inner.in_flight.values() {
-            desired
-                .entry(f.assignment.node.clone())
-                .or_default()
-                .push(f.assignment.clone());
+        let mut host_used: BTreeMap<&str, HostRequest> = BTreeMap::new();
+        for p in present.values() {
+            if let Some(node) = p.holds() {
+                let used = host_used.entry(node).or_default();
+                *used = used.plus(p.request);
+            }
+        }
+        for (uid, f) in &inner.in_flight {
+            if let Some(a) = f
+                .assignment
+                .as_ref()
+                .filter(|_| !recorded.contains(uid.as_str()))
+            {
+                desired.entry(a.node.clone()).or_default().push(a.clone());
+            }
+            if present.get(uid).and_then(PodHost::holds).is_none() {
+                let used = host_used.entry(f.node.as_str()).or_default();
+                *used = used.plus(f.host);
+            }
         }
         let mut next = BTreeMap::new();
         for state in nodes {
@@ -199,6 +269,10 @@ impl Books {
                 }
             };
             let node = Node {
+                host_used: host_used
+                    .get(state.name.as_str())
+                    .copied()
+                    .unwrap_or_default(),
                 state,
                 books,
                 built_from: wanted,
@@ -212,17 +286,25 @@ impl Books {
         }
         inner.nodes = next;
         inner.synced = true;
+        let engine_nodes = inner
+            .nodes
+            .iter()
+            .filter(|(_, n)| n.state.gpus.is_ok())
+            .map(|(name, n)| (name.as_str(), n.view()));
+        if let Err(problem) = inner.engine.sync(engine_nodes) {
+            problems.push(problem);
+        }
         problems
     }
 
-    /// Filter and prioritize in one: every candidate node fitted for the pod.
+    /// Every candidate node fitted for the pod.
     pub fn filter(&self, pod: &Pod, candidates: &[String], now: Timestamp) -> Filtered {
         let mut out = Filtered::default();
         let request = match pod_request(pod, &self.config.request) {
             Ok(Some(r)) => r,
             // Not a vGPU pod: nothing of the extender's to judge.
             Ok(None) => {
-                out.fits = candidates.iter().map(|n| (n.clone(), 0)).collect();
+                out.fits = candidates.to_vec();
                 return out;
             }
             Err(e) => {
@@ -239,8 +321,8 @@ impl Books {
         let inner = self.lock();
         let mut usable = Vec::new();
         for name in candidates {
-            match self.usable(&inner, name, now) {
-                Ok(books) => usable.push(books),
+            match self.usable(&inner.nodes, name, now) {
+                Ok(node) => usable.push(&node.books),
                 Err(why) => {
                     out.unresolvable.insert(name.clone(), why);
                 }
@@ -250,22 +332,65 @@ impl Books {
         drop(inner);
         out.summary = outcome.summary(&request);
         out.failed = outcome.reasons();
-        out.fits = outcome
-            .fits
-            .into_iter()
-            .map(|f| (f.node, f.score))
-            .collect();
+        out.fits = outcome.fits.into_iter().map(|f| f.node).collect();
         out
     }
 
-    /// The node's books if it may take pods now, else why not.
+    /// Every candidate scored 0..=10 by the placement engine: each node the pod fits
+    /// gets the rank of the engine's verdict on it (by Tessera's policy, or binpack or
+    /// spread as the pod's `hami.io/node-scheduler-policy` asks), so the node the
+    /// engine would choose scores highest; the others get 0. A pod without vGPUs is
+    /// scored on CPU and memory alone. The pod joins the engine's learned workload.
+    pub fn prioritize(
+        &self,
+        pod: &Pod,
+        candidates: &[String],
+        now: Timestamp,
+    ) -> Vec<(String, u8)> {
+        let mut scores: BTreeMap<&str, u8> = BTreeMap::new();
+        if let Ok(request) = pod_request(pod, &self.config.request) {
+            let host = pod_host_request(pod);
+            let uid = pod_uid(pod);
+            let mut guard = self.lock();
+            let Inner { nodes, engine, .. } = &mut *guard;
+            engine.observe(&uid, request.as_ref(), host);
+            let mut views = Vec::new();
+            for name in candidates {
+                let Ok(node) = self.usable(nodes, name, now) else {
+                    continue;
+                };
+                if request
+                    .as_ref()
+                    .is_none_or(|r| node.books.fit(&uid, r).is_ok())
+                {
+                    views.push((name.as_str(), node.view()));
+                }
+            }
+            let policy = match &request {
+                Some(r) => r.node_policy,
+                None => policies(pod, &self.config.request)
+                    .ok()
+                    .and_then(|(_, node)| node),
+            };
+            let verdicts = engine.verdicts(&views, request.as_ref(), host, policy);
+            for ((name, _), score) in views.iter().zip(extender_scores(&verdicts)) {
+                scores.insert(name, score);
+            }
+        }
+        candidates
+            .iter()
+            .map(|n| (n.clone(), scores.get(n.as_str()).copied().unwrap_or(0)))
+            .collect()
+    }
+
+    /// The node if it may take pods now, else why not.
     fn usable<'a>(
         &self,
-        inner: &'a Inner,
+        nodes: &'a BTreeMap<String, Node>,
         name: &str,
         now: Timestamp,
-    ) -> Result<&'a NodeBooks, String> {
-        let Some(node) = inner.nodes.get(name) else {
+    ) -> Result<&'a Node, String> {
+        let Some(node) = nodes.get(name) else {
             return Err(format!(
                 "{name}: publishes no vGPU devices (annotation {})",
                 super::records::DEVICES_ANNOTATION
@@ -276,37 +401,56 @@ impl Books {
         }
         match heartbeat_problem(&node.state, now, self.config.heartbeat_window) {
             Some(why) => Err(why),
-            None => Ok(&node.books),
+            None => Ok(node),
         }
     }
 
-    /// Books the pod on `node` for a bind: fits on a copy of the node's books with no
-    /// lock held, reserves with the version fitted against, and fits again on a
-    /// conflict. A pod already booked on `node` gets its booking back (a retried bind);
-    /// one booked elsewhere is released there first.
-    pub fn reserve(&self, pod: &Pod, node: &str, now: Timestamp) -> Result<Assignment, BindError> {
-        let request = match pod_request(pod, &self.config.request) {
-            Ok(Some(r)) => r,
-            Ok(None) => return Err(BindError::Request("the pod asks for no vGPUs".into())),
-            Err(e) => return Err(BindError::Request(e.to_string())),
-        };
+    /// Books the pod on `node` for a bind: the placement engine picks the GPUs (by
+    /// Tessera's policy, or binpack or spread as `hami.io/gpu-scheduler-policy`
+    /// asks), the books fit on a copy of the node's with no lock held, preferring
+    /// those GPUs, and reserve with the version fitted against; on a conflict, again.
+    /// A pod already booked on `node` gets its booking back (a retried bind); one
+    /// booked elsewhere is released there first. A pod without vGPUs books nothing
+    /// (`None`); its CPU and memory are held on the node until the watch shows it bound.
+    pub fn reserve(
+        &self,
+        pod: &Pod,
+        node: &str,
+        now: Timestamp,
+    ) -> Result<Option<Assignment>, BindError> {
+        let request = pod_request(pod, &self.config.request)
+            .map_err(|e| BindError::Request(e.to_string()))?;
         let uid = pod_uid(pod);
+        let host = pod_host_request(pod);
+        let Some(request) = request else {
+            let mut inner = self.lock();
+            release_locked(&mut inner, &uid);
+            hold(&mut inner, &uid, node, None, host, now);
+            return Ok(None);
+        };
         for _ in 0..MAX_BIND_ATTEMPTS {
-            let copy = {
-                let mut inner = self.lock();
-                if !inner.synced {
+            let (copy, prefer) = {
+                let mut guard = self.lock();
+                if !guard.synced {
                     return Err(BindError::NotSynced);
                 }
-                if let Some(held) = held_on(&inner, &uid, node) {
-                    return Ok(held);
+                if let Some(held) = held_on(&guard, &uid, node) {
+                    return Ok(Some(held));
                 }
-                release_locked(&mut inner, &uid);
-                self.usable(&inner, node, now)
-                    .map_err(BindError::NoFit)?
-                    .clone()
+                release_locked(&mut guard, &uid);
+                let Inner { nodes, engine, .. } = &mut *guard;
+                let target = self.usable(nodes, node, now).map_err(BindError::NoFit)?;
+                let prefer = engine.gpus(
+                    node,
+                    target.view(),
+                    Some(&request),
+                    host,
+                    request.gpu_policy,
+                );
+                (target.books.clone(), prefer)
             };
-            match self.try_reserve(&copy, &uid, &request, now)? {
-                Some(assignment) => return Ok(assignment),
+            match self.try_reserve(&copy, &uid, &request, &prefer, host, now)? {
+                Some(assignment) => return Ok(Some(assignment)),
                 None => continue,
             }
         }
@@ -319,10 +463,12 @@ impl Books {
         copy: &NodeBooks,
         uid: &str,
         request: &PodRequest,
+        prefer: &[usize],
+        host: HostRequest,
         now: Timestamp,
     ) -> Result<Option<Assignment>, BindError> {
         let assignment = copy
-            .fit(uid, request)
+            .fit_preferring(uid, request, prefer)
             .map_err(|s| BindError::NoFit(s.to_string()))?;
         let mut inner = self.lock();
         let Some(node) = inner.nodes.get_mut(copy.node()) else {
@@ -333,12 +479,8 @@ impl Books {
         };
         match node.books.reserve(copy.version(), assignment.clone()) {
             Ok(_) => {
-                let flight = InFlight {
-                    assignment: assignment.clone(),
-                    at: now,
-                    seen: false,
-                };
-                inner.in_flight.insert(uid.to_string(), flight);
+                let held = Some(assignment.clone());
+                hold(&mut inner, uid, copy.node(), held, host, now);
                 Ok(Some(assignment))
             }
             Err(crate::vgpu::BooksError::Conflict { .. }) => Ok(None),
@@ -369,18 +511,58 @@ impl Books {
     pub fn node_books(&self, node: &str) -> Option<NodeBooks> {
         self.lock().nodes.get(node).map(|n| n.books.clone())
     }
+
+    /// The CPU and memory the books count as taken on `node` (tests, diagnostics).
+    pub fn host_used(&self, node: &str) -> Option<HostRequest> {
+        self.lock().nodes.get(node).map(|n| n.host_used)
+    }
 }
 
 fn pod_uid(pod: &Pod) -> String {
     pod.metadata.uid.clone().unwrap_or_default()
 }
 
+/// The pod's CPU and memory requests, read as the watch reads every pod.
+fn pod_host_request(pod: &Pod) -> HostRequest {
+    pod.spec
+        .as_ref()
+        .and_then(|spec| serde_json::to_value(spec).ok())
+        .map_or_else(HostRequest::default, |spec| host_request(&spec))
+}
+
 fn held_on(inner: &Inner, uid: &str, node: &str) -> Option<Assignment> {
     inner.nodes.get(node)?.books.assignment(uid).cloned()
 }
 
+/// Records a bind in flight: `assignment` (already booked) and the pod's CPU and memory
+/// on `node`.
+fn hold(
+    inner: &mut Inner,
+    uid: &str,
+    node: &str,
+    assignment: Option<Assignment>,
+    host: HostRequest,
+    now: Timestamp,
+) {
+    if let Some(n) = inner.nodes.get_mut(node) {
+        n.host_used = n.host_used.plus(host);
+    }
+    let flight = InFlight {
+        assignment,
+        node: node.to_string(),
+        host,
+        at: now,
+        seen: false,
+    };
+    inner.in_flight.insert(uid.to_string(), flight);
+}
+
 fn release_locked(inner: &mut Inner, uid: &str) {
-    inner.in_flight.remove(uid);
+    if let Some(f) = inner.in_flight.remove(uid) {
+        if let Some(n) = inner.nodes.get_mut(&f.node) {
+            n.host_used = n.host_used.minus(f.host);
+        }
+    }
     for node in inner.nodes.values_mut() {
         node.books.release(uid);
     }
@@ -430,6 +612,23 @@ mod tests {
         pod_assignment(&v).expect("annotated").expect("readable")
     }
 
+    /// Pods as the watch shows them: UID and the node each is bound to.
+    fn seen(pods: &[(&str, Option<&str>)]) -> BTreeMap<String, PodHost> {
+        pods.iter()
+            .map(|(uid, node)| {
+                let host = PodHost {
+                    node: node.map(str::to_string),
+                    finished: false,
+                    request: HostRequest {
+                        cpu_milli: 1000,
+                        memory_mib: 512,
+                    },
+                };
+                (uid.to_string(), host)
+            })
+            .collect()
+    }
+
     fn used(books: &Books) -> u64 {
         let b = books.node_books("n").expect("node n");
         b.gpus().map(|(_, u)| u.memory_mib).sum()
@@ -439,20 +638,26 @@ mod tests {
     fn a_bind_is_held_until_its_pod_shows_it_and_released_when_the_pod_ends() {
         let now = at("2026-12-01T00:00:10Z");
         let books = Books::new(BooksConfig::default());
-        let none = BTreeSet::new();
+        let none = BTreeMap::new();
         assert_eq!(
             books.reserve(&pod("a", 1024), "n", now),
             Err(BindError::NotSynced)
         );
         books.sync(vec![node(true)], vec![], &none, now);
-        let a = books.reserve(&pod("a", 10_240), "n", now).expect("fits");
+        let a = books
+            .reserve(&pod("a", 10_240), "n", now)
+            .expect("fits")
+            .expect("vGPUs");
         // A retried bind gets the same booking back.
-        assert_eq!(books.reserve(&pod("a", 10_240), "n", now), Ok(a.clone()));
+        assert_eq!(
+            books.reserve(&pod("a", 10_240), "n", now),
+            Ok(Some(a.clone()))
+        );
         // The watch has not shown the pod yet: the reservation stays.
         books.sync(vec![node(true)], vec![], &none, now);
         assert_eq!((used(&books), books.in_flight()), (10_240, 1));
         // Shown with its annotation: it stands on the record.
-        let present: BTreeSet<String> = ["a".to_string()].into();
+        let present = seen(&[("a", Some("n"))]);
         books.sync(
             vec![node(true)],
             vec![annotated(&a, "Running")],
@@ -474,18 +679,24 @@ mod tests {
     fn a_reservation_whose_pod_is_seen_then_gone_or_never_shown_is_dropped() {
         let now = at("2026-12-01T00:00:10Z");
         let books = Books::new(BooksConfig::default());
-        books.sync(vec![node(true)], vec![], &BTreeSet::new(), now);
-        books.reserve(&pod("a", 1_024), "n", now).expect("fits");
-        books.reserve(&pod("b", 2_048), "n", now).expect("fits");
-        let both: BTreeSet<String> = ["a".to_string(), "b".to_string()].into();
+        books.sync(vec![node(true)], vec![], &BTreeMap::new(), now);
+        books
+            .reserve(&pod("a", 1_024), "n", now)
+            .expect("fits")
+            .expect("vGPUs");
+        books
+            .reserve(&pod("b", 2_048), "n", now)
+            .expect("fits")
+            .expect("vGPUs");
+        let both = seen(&[("a", None), ("b", None)]);
         books.sync(vec![node(true)], vec![], &both, now);
         assert_eq!(used(&books), 3_072);
         // a deleted after it was seen: released at once; b never shown: kept.
-        let only_b: BTreeSet<String> = ["b".to_string()].into();
+        let only_b = seen(&[("b", None)]);
         books.sync(vec![node(true)], vec![], &only_b, now);
         assert_eq!(used(&books), 2_048);
         let later = at("2026-12-01T00:05:00Z");
-        books.sync(vec![node(true)], vec![], &BTreeSet::new(), later);
+        books.sync(vec![node(true)], vec![], &BTreeMap::new(), later);
         assert_eq!((used(&books), books.in_flight()), (0, 0));
     }
 
@@ -493,10 +704,13 @@ mod tests {
     fn a_node_described_anew_moves_its_version_and_keeps_its_pods() {
         let now = at("2026-12-01T00:00:10Z");
         let books = Books::new(BooksConfig::default());
-        books.sync(vec![node(true)], vec![], &BTreeSet::new(), now);
-        let a = books.reserve(&pod("a", 1_024), "n", now).expect("fits");
+        books.sync(vec![node(true)], vec![], &BTreeMap::new(), now);
+        let a = books
+            .reserve(&pod("a", 1_024), "n", now)
+            .expect("fits")
+            .expect("vGPUs");
         let before = books.node_books("n").expect("n").version();
-        let present: BTreeSet<String> = ["a".to_string()].into();
+        let present = seen(&[("a", Some("n"))]);
         books.sync(
             vec![node(true)],
             vec![annotated(&a, "Running")],
@@ -543,7 +757,7 @@ mod tests {
                 annotated(&big("b"), "Running"),
             ]
         };
-        let present: BTreeSet<String> = ["a".to_string(), "b".to_string()].into();
+        let present = seen(&[("a", Some("n")), ("b", Some("n"))]);
         let problems = books.sync(vec![node(true)], pods(), &present, now);
         assert_eq!(problems.len(), 1, "{problems:?}");
         assert!(problems[0].contains("pod b"), "{problems:?}");
@@ -554,5 +768,147 @@ mod tests {
         );
         assert_eq!(books.node_books("n").expect("n").version(), version);
         assert_eq!(used(&books), 30_000);
+    }
+
+    /// A node of `gpus` GPUs of 16,000 MiB (16 MiB per milli of a GPU), 64 CPUs.
+    fn node16(name: &str, gpus: usize) -> NodeState {
+        let devices: Vec<Value> = (0..gpus)
+            .map(|g| {
+                json!({"uuid": format!("{name}-{g}"), "model": "A100",
+                            "memoryMiB": 16_000, "slots": 10, "healthy": true})
+            })
+            .collect();
+        node_state(&json!({"metadata": {"name": name, "annotations": {
+            "tessera.io/vgpu-devices": Value::Array(devices).to_string(),
+            "tessera.io/vgpu-heartbeat": "2026-12-01T00:00:00Z"}},
+            "status": {"allocatable": {"cpu": "64", "memory": "256Gi"}}}))
+        .expect("a vGPU node")
+    }
+
+    /// A pod of `milli` of one GPU (16 MiB each), one CPU and 1 GiB.
+    fn share(name: &str, milli: u64, annotations: Value) -> Pod {
+        serde_json::from_value(json!({"metadata": {"name": name, "uid": name,
+            "annotations": annotations},
+            "spec": {"containers": [{"name": "main", "resources": {
+                "requests": {"cpu": "1", "memory": "1Gi"},
+                "limits": {"nvidia.com/gpu": "1",
+                           "nvidia.com/gpumem": (milli * 16).to_string()}}}]}}))
+        .expect("a Pod")
+    }
+
+    fn granted(a: &Assignment) -> &str {
+        &a.containers[0].grants[0].uuid
+    }
+
+    #[test]
+    fn prioritize_and_bind_follow_the_placement_engine() {
+        let now = at("2026-12-01T00:00:10Z");
+        let books = Books::new(BooksConfig {
+            workload: WorkloadSource::Fixed,
+            ..BooksConfig::default()
+        });
+        // The workload packs 550 + 230 + 220 and 650 + 320 on one GPU each.
+        let workload: Vec<Pod> = [550, 230, 220, 650, 320]
+            .iter()
+            .map(|&m| share(&format!("w{m}"), m, json!({})))
+            .collect();
+        books.set_workload(&workload);
+        let nodes = || {
+            vec![
+                node16("x", 1),
+                node16("y", 1),
+                node16("z", 1),
+                node16("w", 3),
+            ]
+        };
+        books.sync(nodes(), vec![], &BTreeMap::new(), now);
+        for (uuid, milli) in [("x-0", 650), ("y-0", 550), ("w-0", 650), ("w-1", 550)] {
+            let pin = json!({"nvidia.com/use-gpuuuid": uuid});
+            let filler = share(&format!("filler-{uuid}"), milli, pin);
+            let node = &uuid[..1];
+            let a = books.reserve(&filler, node, now).expect("fits");
+            assert_eq!(a.as_ref().map(granted), Some(uuid));
+        }
+        // A 230 on x leaves 120 (off the plan), on y 220 (waits for a 220), on z 770.
+        let xyz = ["x".to_string(), "y".to_string(), "z".to_string()];
+        let policy = |p: &str| json!({"hami.io/node-scheduler-policy": p});
+        let cases = [
+            (json!({}), [8, 10, 9]),
+            (policy("binpack"), [10, 9, 8]),
+            (policy("spread"), [8, 9, 10]),
+        ];
+        for (annotations, want) in cases {
+            let got = books.prioritize(&share("p", 230, annotations.clone()), &xyz, now);
+            let want: Vec<(String, u8)> = xyz.iter().cloned().zip(want).collect();
+            assert_eq!(got, want, "{annotations}");
+        }
+        // A node that does not fit, or is not a vGPU node, scores 0.
+        let big = books.prioritize(&share("big", 460, json!({})), &xyz, now);
+        assert_eq!(big[0], ("x".to_string(), 0));
+        let other = books.prioritize(&share("p", 230, json!({})), &["cpu".to_string()], now);
+        assert_eq!(other, [("cpu".to_string(), 0)]);
+        // On w, bind takes the GPU the engine picks: Tessera's keeps to the plan.
+        let gpu = |p: &str| json!({"hami.io/gpu-scheduler-policy": p});
+        let binds = [
+            ("tessera", json!({}), "w-1"),
+            ("binpack", gpu("binpack"), "w-0"),
+            ("spread", gpu("spread"), "w-2"),
+        ];
+        for (name, annotations, want) in binds {
+            let a = books.reserve(&share(name, 230, annotations), "w", now);
+            let a = a.expect("fits").expect("vGPUs");
+            assert_eq!(granted(&a), want, "{name}");
+        }
+    }
+
+    #[test]
+    fn cpu_and_memory_are_held_from_bind_until_the_pod_shows_bound() {
+        let now = at("2026-12-01T00:00:10Z");
+        let books = Books::new(BooksConfig::default());
+        books.sync(vec![node16("n", 1)], vec![], &BTreeMap::new(), now);
+        let cpu_pod: Pod = serde_json::from_value(json!({"metadata": {"name": "c", "uid": "c"},
+            "spec": {"containers": [{"name": "main", "resources": {
+                "requests": {"cpu": "2", "memory": "4Gi"}}}]}}))
+        .expect("a Pod");
+        let want = HostRequest {
+            cpu_milli: 2000,
+            memory_mib: 4096,
+        };
+        assert_eq!(books.reserve(&cpu_pod, "n", now), Ok(None));
+        assert_eq!((books.host_used("n"), books.in_flight()), (Some(want), 1));
+        // The watch has not seen it bound: still held; seen bound: counted from the pod.
+        let unbound = BTreeMap::from([(
+            "c".to_string(),
+            PodHost {
+                node: None,
+                finished: false,
+                request: want,
+            },
+        )]);
+        books.sync(vec![node16("n", 1)], vec![], &unbound, now);
+        assert_eq!((books.host_used("n"), books.in_flight()), (Some(want), 1));
+        let mut bound = unbound.clone();
+        if let Some(p) = bound.get_mut("c") {
+            p.node = Some("n".into());
+        }
+        books.sync(vec![node16("n", 1)], vec![], &bound, now);
+        assert_eq!((books.host_used("n"), books.in_flight()), (Some(want), 0));
+        if let Some(p) = bound.get_mut("c") {
+            p.finished = true;
+        }
+        books.sync(vec![node16("n", 1)], vec![], &bound, now);
+        assert_eq!(books.host_used("n"), Some(HostRequest::default()));
+        // A bind that fails after reserving gives the CPU and memory back.
+        let vgpu = share("v", 100, json!({}));
+        books.reserve(&vgpu, "n", now).expect("fits");
+        assert_eq!(
+            books.host_used("n"),
+            Some(HostRequest {
+                cpu_milli: 1000,
+                memory_mib: 1024
+            })
+        );
+        books.release("v");
+        assert_eq!(books.host_used("n"), Some(HostRequest::default()));
     }
 }

@@ -4,7 +4,7 @@
 //! plugins, so equal scores tie and the tie is broken at random.
 
 use super::{
-    place_by_class, resolve, Best, Pick, Policy, PolicyKind, TieBreak, Verdict, VerdictCache,
+    class_verdict, place_best, resolve, Pick, Policy, PolicyKind, TieBreak, Verdict, VerdictCache,
 };
 use crate::placement::cluster::{affinity_tag, Cluster, NodeClass};
 use crate::placement::rng::SplitMix64;
@@ -21,6 +21,14 @@ pub struct RandomFit;
 impl Policy for RandomFit {
     fn kind(&self) -> PolicyKind {
         PolicyKind::Random
+    }
+
+    /// Every node that fits is as good as any other (the pick is random only in `place`).
+    fn verdict(&mut self, cluster: &Cluster, node: usize, d: &Demand) -> Option<Verdict> {
+        cluster.fits(node, d).then_some(Verdict {
+            score: 0.0,
+            pick: Pick::Default,
+        })
     }
 
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
@@ -76,8 +84,8 @@ impl Policy for DotProduct {
         PolicyKind::DotProduct
     }
 
-    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
-        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |_, _, c, d| {
+    fn verdict(&mut self, cluster: &Cluster, node: usize, d: &Demand) -> Option<Verdict> {
+        class_verdict(cluster, node, d, &mut self.cache, |_, _, c, d| {
             let dot = f64::from(c.cpu_left) / MAX_SPEC_CPU * f64::from(d.cpu_milli) / MAX_SPEC_CPU
                 + f64::from(c.gpu_milli_left()) / MAX_SPEC_GPU * d.total_milli() as f64
                     / MAX_SPEC_GPU;
@@ -87,6 +95,11 @@ impl Policy for DotProduct {
                 pick: Pick::Default,
             })
         })
+    }
+
+    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
+        let ties = self.ties;
+        place_best(cluster, d, rng, ties, |i| self.verdict(cluster, i, d))
     }
 }
 
@@ -138,8 +151,8 @@ impl Policy for GpuPacking {
         PolicyKind::GpuPacking
     }
 
-    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
-        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |_, _, c, d| {
+    fn verdict(&mut self, cluster: &Cluster, node: usize, d: &Demand) -> Option<Verdict> {
+        class_verdict(cluster, node, d, &mut self.cache, |_, _, c, d| {
             let score = if d.gpu_count == 0 {
                 0
             } else {
@@ -150,6 +163,11 @@ impl Policy for GpuPacking {
                 pick: Pick::Default,
             })
         })
+    }
+
+    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
+        let ties = self.ties;
+        place_best(cluster, d, rng, ties, |i| self.verdict(cluster, i, d))
     }
 }
 
@@ -174,8 +192,8 @@ impl Policy for BestFit {
         PolicyKind::BestFit
     }
 
-    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
-        place_by_class(cluster, d, rng, self.ties, &mut self.cache, |_, _, c, d| {
+    fn verdict(&mut self, cluster: &Cluster, node: usize, d: &Demand) -> Option<Verdict> {
+        class_verdict(cluster, node, d, &mut self.cache, |_, _, c, d| {
             let left = f64::from(c.cpu_left - d.cpu_milli) / MAX_SPEC_CPU * 0.5
                 + (f64::from(c.gpu_milli_left()) - d.total_milli() as f64) / MAX_SPEC_GPU * 0.5;
             let score = ((1.0 - left) * MAX_SCORE as f64) as i64;
@@ -184,6 +202,11 @@ impl Policy for BestFit {
                 pick: Pick::Default,
             })
         })
+    }
+
+    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
+        let ties = self.ties;
+        place_best(cluster, d, rng, ties, |i| self.verdict(cluster, i, d))
     }
 }
 
@@ -197,31 +220,35 @@ impl Policy for GpuClustering {
         PolicyKind::GpuClustering
     }
 
-    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
-        let tag = affinity_tag(d);
-        let mut best = Best::new(self.ties);
-        for i in 0..cluster.len() {
-            if !cluster.fits(i, d) {
-                continue;
-            }
-            let score = if d.gpu_count == 0 {
-                0
-            } else {
-                let node = cluster.node(i);
-                let left = i64::from(cluster.class(node.class).gpu_milli_left());
-                let fill = MAX_SCORE / 4 * (MAX_SPEC_GPU as i64 - left) / MAX_SPEC_GPU as i64;
-                let same = node.tags.iter().any(|&(t, n)| t == tag && n > 0);
-                let tier = match (same, node.tags.len()) {
-                    (true, 1) => 3,
-                    (true, _) => 2,
-                    (false, 0) => 1,
-                    (false, _) => 0,
-                };
-                fill + MAX_SCORE / 4 * tier
-            };
-            best.offer(score as f64, i, (), rng);
+    /// Not memoised per class: the score reads the node's placed pods' tags.
+    fn verdict(&mut self, cluster: &Cluster, node: usize, d: &Demand) -> Option<Verdict> {
+        if !cluster.fits(node, d) {
+            return None;
         }
-        let (_, node, ()) = best.best?;
-        resolve(cluster, node, d, Pick::Default)
+        let score = if d.gpu_count == 0 {
+            0
+        } else {
+            let tag = affinity_tag(d);
+            let state = cluster.node(node);
+            let left = i64::from(cluster.class(state.class).gpu_milli_left());
+            let fill = MAX_SCORE / 4 * (MAX_SPEC_GPU as i64 - left) / MAX_SPEC_GPU as i64;
+            let same = state.tags.iter().any(|&(t, n)| t == tag && n > 0);
+            let tier = match (same, state.tags.len()) {
+                (true, 1) => 3,
+                (true, _) => 2,
+                (false, 0) => 1,
+                (false, _) => 0,
+            };
+            fill + MAX_SCORE / 4 * tier
+        };
+        Some(Verdict {
+            score: score as f64,
+            pick: Pick::Default,
+        })
+    }
+
+    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
+        let ties = self.ties;
+        place_best(cluster, d, rng, ties, |i| self.verdict(cluster, i, d))
     }
 }

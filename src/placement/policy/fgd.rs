@@ -7,8 +7,8 @@
 //! take GPUs the default way.
 
 use super::{
-    after_default, after_value, candidate_values, place_by_class, ClassMemo, Pick, Policy,
-    PolicyKind, TieBreak, Verdict, VerdictCache,
+    after_default, after_value, candidate_values, class_verdict, place_best, ClassMemo, Pick,
+    Policy, PolicyKind, TieBreak, Verdict, VerdictCache,
 };
 use crate::placement::cluster::{Cluster, NodeClass};
 use crate::placement::frag::{frag_milli, Workload};
@@ -77,19 +77,17 @@ impl Policy for Fgd {
         PolicyKind::Fgd
     }
 
-    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
+    fn verdict(&mut self, cluster: &Cluster, node: usize, d: &Demand) -> Option<Verdict> {
         let w = &self.workload;
         let memo = &mut self.frag;
-        place_by_class(
-            cluster,
-            d,
-            rng,
-            self.ties,
-            &mut self.cache,
-            |_, cid, c, d| {
-                let before = memo.get_or(cid, || frag_milli(c.model, c.cpu_left, &c.gpus, w));
-                Some(fgd_verdict(c, d, w, before))
-            },
-        )
+        class_verdict(cluster, node, d, &mut self.cache, |_, cid, c, d| {
+            let before = memo.get_or(cid, || frag_milli(c.model, c.cpu_left, &c.gpus, w));
+            Some(fgd_verdict(c, d, w, before))
+        })
+    }
+
+    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
+        let ties = self.ties;
+        place_best(cluster, d, rng, ties, |i| self.verdict(cluster, i, d))
     }
 }

@@ -4,9 +4,19 @@
 //! enough free capacity) and differs only in how it scores feasible nodes and which GPU
 //! it takes on the chosen node. Ties between equally scored nodes are broken uniformly at
 //! random, like the Kubernetes scheduler's `selectHost`, from the caller's seeded RNG.
+//!
+//! A policy's judgement of one node is a [`Verdict`] ([`Policy::verdict`]): its score and
+//! the GPUs it would take there. [`Policy::place`] picks the best verdict over all nodes
+//! (the simulator); the scheduler extender asks for the verdicts of its candidate nodes
+//! and turns them into scores. Both read the same verdicts.
+//!
+//! Besides the paper's baselines and Tessera's own, HAMi's two node policies are here
+//! (`binpack`, `spread`; [`fill`]), so the extender places pods that ask for them by
+//! this engine too.
 
 mod baselines;
 mod fgd;
+mod fill;
 mod tessera;
 
 use serde::Serialize;
@@ -54,10 +64,31 @@ pub struct PolicyContext {
     pub ties: TieBreak,
 }
 
-/// A placement policy. `place` does not change the cluster; the caller applies the result.
+impl PolicyContext {
+    /// The context for a workload of these demands: every shape with its share, and
+    /// FGD's target workload, the most popular shapes covering `coverage` of them.
+    pub fn from_demands<'a>(
+        demands: impl IntoIterator<Item = &'a Demand>,
+        coverage: f64,
+        ties: TieBreak,
+    ) -> Self {
+        let shapes = Workload::from_demands(demands, 1.0);
+        let target = shapes.popular(coverage);
+        Self {
+            target,
+            shapes,
+            ties,
+        }
+    }
+}
+
+/// A placement policy. Neither method changes the cluster; the caller applies the result.
 pub trait Policy: Send {
     /// Which policy this is.
     fn kind(&self) -> PolicyKind;
+    /// The policy's verdict on node `node` for `d`: `None` when `d` does not fit there.
+    /// Valid for the cluster as it is; [`Policy::place`] chooses among these.
+    fn verdict(&mut self, cluster: &Cluster, node: usize, d: &Demand) -> Option<Verdict>;
     /// Chooses a node and GPUs for `d`, or `None` when no node can take it.
     fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement>;
 }
@@ -73,6 +104,10 @@ pub enum PolicyKind {
     BestFit,
     Fgd,
     Tessera,
+    /// HAMi's `binpack`: the node whose GPUs are fullest after placing, its fullest GPUs.
+    Binpack,
+    /// HAMi's `spread`: the node whose GPUs are emptiest after placing, its emptiest GPUs.
+    Spread,
 }
 
 impl PolicyKind {
@@ -87,6 +122,9 @@ impl PolicyKind {
         PolicyKind::Tessera,
     ];
 
+    /// HAMi's node policies, which pods ask for by annotation (not run by `all`).
+    pub const HAMI: [PolicyKind; 2] = [PolicyKind::Binpack, PolicyKind::Spread];
+
     /// CLI name (`bestfit`, `fgd`, `tessera`, ...).
     pub fn name(self) -> &'static str {
         match self {
@@ -97,6 +135,8 @@ impl PolicyKind {
             PolicyKind::BestFit => "bestfit",
             PolicyKind::Fgd => "fgd",
             PolicyKind::Tessera => "tessera",
+            PolicyKind::Binpack => "binpack",
+            PolicyKind::Spread => "spread",
         }
     }
 
@@ -109,7 +149,7 @@ impl PolicyKind {
             PolicyKind::GpuPacking => Some("04-GpuPacking"),
             PolicyKind::BestFit => Some("05-BestFit"),
             PolicyKind::Fgd => Some("06-FGD"),
-            PolicyKind::Tessera => None,
+            PolicyKind::Tessera | PolicyKind::Binpack | PolicyKind::Spread => None,
         }
     }
 
@@ -128,6 +168,8 @@ impl PolicyKind {
             "bestfit" => PolicyKind::BestFit,
             "fgd" => PolicyKind::Fgd,
             "tessera" => PolicyKind::Tessera,
+            "binpack" => PolicyKind::Binpack,
+            "spread" => PolicyKind::Spread,
             _ => return Err(Error::UnknownPolicy(s.to_string())),
         })
     }
@@ -143,6 +185,8 @@ impl PolicyKind {
             PolicyKind::BestFit => Box::new(baselines::BestFit::new(ties)),
             PolicyKind::Fgd => Box::new(fgd::Fgd::new(ctx.target.clone(), ties)),
             PolicyKind::Tessera => Box::new(tessera::Tessera::new(ctx)),
+            PolicyKind::Binpack => Box::new(fill::Fill::binpack(ties)),
+            PolicyKind::Spread => Box::new(fill::Fill::spread(ties)),
         }
     }
 }
@@ -160,13 +204,27 @@ enum Pick {
     Default,
     /// The lowest-index GPU whose free capacity equals this value.
     Value(GpuFree),
+    /// The fitting GPUs with the least free capacity (lowest index among equals).
+    Fullest,
+    /// The fitting GPUs with the most free capacity (lowest index among equals).
+    Emptiest,
 }
 
-/// A policy's verdict for one node class and one demand.
-#[derive(Debug, Clone, Copy)]
-struct Verdict {
-    score: f64,
+/// A policy's verdict on one node for one demand: how much it likes the node (higher is
+/// better; only the order of scores means something) and which GPUs it takes there.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Verdict {
+    /// The node's score.
+    pub score: f64,
     pick: Pick,
+}
+
+impl Verdict {
+    /// The placement this verdict makes on `node` (the GPUs by index), `None` when the
+    /// node no longer holds what the verdict was given for.
+    pub fn placement(&self, cluster: &Cluster, node: usize, d: &Demand) -> Option<Placement> {
+        resolve(cluster, node, d, self.pick)
+    }
 }
 
 /// Memo of verdicts per node and demand. A row is valid while its node stays in the
@@ -276,29 +334,38 @@ impl<T> Best<T> {
     }
 }
 
-/// Scores all feasible nodes with a class-level scorer (memoised) and returns the best.
-fn place_by_class(
+/// The verdict on `node` from a class-level scorer, memoised per (node, class, demand).
+fn class_verdict(
+    cluster: &Cluster,
+    node: usize,
+    d: &Demand,
+    cache: &mut VerdictCache,
+    scorer: impl FnOnce(usize, u32, &NodeClass, &Demand) -> Option<Verdict>,
+) -> Option<Verdict> {
+    let cid = cluster.class_id(node);
+    cache.get_or(node, cid, d, || {
+        let class = cluster.class(cid);
+        if class.fits(d) {
+            scorer(node, cid, class, d)
+        } else {
+            None
+        }
+    })
+}
+
+/// The node with the best verdict (ties broken by `ties`), placed as its verdict says.
+fn place_best(
     cluster: &Cluster,
     d: &Demand,
     rng: &mut SplitMix64,
     ties: TieBreak,
-    cache: &mut VerdictCache,
-    mut scorer: impl FnMut(usize, u32, &NodeClass, &Demand) -> Option<Verdict>,
+    mut verdict: impl FnMut(usize) -> Option<Verdict>,
 ) -> Option<Placement> {
     let mut best = Best::new(ties);
     for i in 0..cluster.len() {
-        let cid = cluster.class_id(i);
-        let Some(v) = cache.get_or(i, cid, d, || {
-            let class = cluster.class(cid);
-            if class.fits(d) {
-                scorer(i, cid, class, d)
-            } else {
-                None
-            }
-        }) else {
-            continue;
-        };
-        best.offer(v.score, i, v.pick, rng);
+        if let Some(v) = verdict(i) {
+            best.offer(v.score, i, v.pick, rng);
+        }
     }
     let (_, node, pick) = best.best?;
     resolve(cluster, node, d, pick)
@@ -309,8 +376,37 @@ fn resolve(cluster: &Cluster, node: usize, d: &Demand, pick: Pick) -> Option<Pla
     let gpus = match pick {
         Pick::Default => cluster.default_gpus(node, d)?,
         Pick::Value(v) => vec![cluster.gpu_with(node, v)?],
+        Pick::Fullest => ordered_gpus(cluster, node, d, false)?,
+        Pick::Emptiest => ordered_gpus(cluster, node, d, true)?,
     };
     Some(Placement { node, gpus })
+}
+
+/// `d`'s GPUs on `node`: the fitting ones with the least (or, `emptiest`, the most) free
+/// capacity, the lowest index first among equals. `None` when too few fit.
+fn ordered_gpus(cluster: &Cluster, node: usize, d: &Demand, emptiest: bool) -> Option<Vec<u8>> {
+    if d.gpu_count == 0 {
+        return Some(Vec::new());
+    }
+    let mut fitting: Vec<(u16, u8)> = cluster
+        .node(node)
+        .gpus
+        .iter()
+        .enumerate()
+        .filter(|(_, g)| g.milli >= d.gpu_milli && g.memory_mib >= d.gpu_memory_mib)
+        .map(|(i, g)| (g.milli, i as u8))
+        .collect();
+    if emptiest {
+        fitting.sort_by_key(|&(milli, i)| (std::cmp::Reverse(milli), i));
+    } else {
+        fitting.sort_unstable();
+    }
+    let picked: Vec<u8> = fitting
+        .into_iter()
+        .map(|(_, i)| i)
+        .take(usize::from(d.gpu_count))
+        .collect();
+    (picked.len() == usize::from(d.gpu_count)).then_some(picked)
 }
 
 /// Free capacity after taking `d` from a node in class `c` the way the FGD simulator's

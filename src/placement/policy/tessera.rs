@@ -31,8 +31,8 @@
 //! decision on the 1,213-node cluster is one pass of array reads (see `benches/placement.rs`).
 
 use super::{
-    after_default, after_value, candidate_values, place_by_class, ClassMemo, Pick, Policy,
-    PolicyContext, PolicyKind, TieBreak, Verdict, VerdictCache,
+    after_default, after_value, candidate_values, class_verdict, place_best, ClassMemo, Pick,
+    Policy, PolicyContext, PolicyKind, TieBreak, Verdict, VerdictCache,
 };
 use crate::placement::cluster::model_allowed;
 use crate::placement::cluster::{Cluster, NodeClass};
@@ -226,27 +226,25 @@ impl Policy for Tessera {
         PolicyKind::Tessera
     }
 
-    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
+    fn verdict(&mut self, cluster: &Cluster, node: usize, d: &Demand) -> Option<Verdict> {
         let (w, p, r) = (&self.workload, &self.params, self.cpu_per_milli);
         let pressure = self
             .pressure
             .get_or_insert_with(|| host_pressure(cluster, w));
         let memo = &mut self.before;
         let plan = self.plan.as_ref();
-        place_by_class(
-            cluster,
-            d,
-            rng,
-            self.ties,
-            &mut self.cache,
-            |node, cid, c, d| {
-                let before = memo.get_or(cid, || cost(c, w, p, r));
-                let mut v = verdict(c, d, w, p, r, before, plan);
-                let hp = pressure.get(node).copied().unwrap_or(0.0);
-                v.score -= p.pressure_weight * hp * d.total_milli() as f64;
-                Some(v)
-            },
-        )
+        class_verdict(cluster, node, d, &mut self.cache, |node, cid, c, d| {
+            let before = memo.get_or(cid, || cost(c, w, p, r));
+            let mut v = verdict(c, d, w, p, r, before, plan);
+            let hp = pressure.get(node).copied().unwrap_or(0.0);
+            v.score -= p.pressure_weight * hp * d.total_milli() as f64;
+            Some(v)
+        })
+    }
+
+    fn place(&mut self, cluster: &Cluster, d: &Demand, rng: &mut SplitMix64) -> Option<Placement> {
+        let ties = self.ties;
+        place_best(cluster, d, rng, ties, |i| self.verdict(cluster, i, d))
     }
 }
 

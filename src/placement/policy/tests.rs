@@ -1,7 +1,7 @@
 //! Table-driven tests of each policy's choice on crafted clusters.
 
 use super::*;
-use crate::placement::{NodeSpec, Request, Workload};
+use crate::placement::{GpuDemand, NodeSpec, Request, Workload};
 
 /// A cluster with some pods already placed: `(node, request, gpus)`.
 fn cluster_with(specs: Vec<NodeSpec>, placed: &[(usize, Request, Vec<u8>)]) -> Cluster {
@@ -256,5 +256,138 @@ fn tessera_keeps_gpus_on_the_packing_plan() {
     for (kind, gpu) in cases {
         let got = place(kind, &mut c, &pod, &w, 1).map(|p| p.gpus);
         assert_eq!(got, Some(vec![gpu]), "{kind}");
+    }
+}
+
+#[test]
+fn binpack_takes_the_fullest_node_and_gpus_spread_the_emptiest() {
+    // Node 0: GPU 0 at 300 used, GPU 1 at 600 used; node 1: both GPUs empty.
+    let specs = vec![
+        NodeSpec::new("a", 64_000, 100_000, 2, "T4"),
+        NodeSpec::new("b", 64_000, 100_000, 2, "T4"),
+    ];
+    let placed = [
+        (0, Request::shared(1000, 1000, 300), vec![0]),
+        (0, Request::shared(1000, 1000, 600), vec![1]),
+    ];
+    let w = Workload::default();
+    // (policy, request, where it goes)
+    let cases = [
+        (
+            PolicyKind::Binpack,
+            Request::shared(1000, 1000, 200),
+            0,
+            vec![1],
+        ),
+        (
+            PolicyKind::Binpack,
+            Request::shared(1000, 1000, 500),
+            0,
+            vec![0],
+        ),
+        (
+            PolicyKind::Binpack,
+            Request::whole(1000, 1000, 2),
+            1,
+            vec![0, 1],
+        ),
+        (
+            PolicyKind::Spread,
+            Request::shared(1000, 1000, 200),
+            1,
+            vec![0],
+        ),
+        (
+            PolicyKind::Spread,
+            Request::whole(1000, 1000, 1),
+            1,
+            vec![0],
+        ),
+    ];
+    for (kind, r, node, gpus) in cases {
+        let mut c = cluster_with(specs.clone(), &placed);
+        let got = place(kind, &mut c, &r, &w, 1);
+        assert_eq!(got, Some(Placement { node, gpus }), "{kind} {r:?}");
+    }
+    // Within one node: spread takes the emptiest GPUs first, binpack the fullest.
+    let mut c = cluster_with(
+        vec![NodeSpec::new("a", 64_000, 100_000, 3, "T4")],
+        &[
+            (0, Request::shared(1000, 1000, 100), vec![0]),
+            (0, Request::shared(1000, 1000, 400), vec![2]),
+        ],
+    );
+    let two_halves = Request {
+        gpu: GpuDemand::Split {
+            count: 2,
+            milli: 500,
+            memory_mib: 0,
+        },
+        ..Request::cpu(1000, 1000)
+    };
+    let got = |kind, c: &mut Cluster| place(kind, c, &two_halves, &w, 1).map(|p| p.gpus);
+    assert_eq!(got(PolicyKind::Spread, &mut c), Some(vec![1, 0]));
+    assert_eq!(got(PolicyKind::Binpack, &mut c), Some(vec![2, 0]));
+}
+
+#[test]
+fn place_takes_the_best_verdict_first_among_equals() {
+    // A mixed cluster part filled: every policy's `place` is its best `verdict`, the
+    // first node among equal scores, placed as that verdict says.
+    let specs: Vec<NodeSpec> = (0..6)
+        .map(|i| {
+            NodeSpec::new(
+                &format!("n{i}"),
+                16_000 * (i + 1),
+                100_000,
+                2 + i as u8 % 3,
+                "T4",
+            )
+        })
+        .collect();
+    let placed = [
+        (0, Request::shared(1000, 1000, 300), vec![0]),
+        (1, Request::whole(8000, 1000, 1), vec![1]),
+        (2, Request::shared(2000, 1000, 650), vec![2]),
+        (4, Request::shared(1000, 1000, 450), vec![0]),
+    ];
+    let reqs = [
+        Request::shared(2000, 1000, 300),
+        Request::shared(4000, 1000, 450),
+        Request::whole(8000, 1000, 2),
+        Request::cpu(4000, 1000),
+    ];
+    for kind in PolicyKind::ALL.into_iter().chain(PolicyKind::HAMI) {
+        if kind == PolicyKind::Random {
+            continue;
+        }
+        for r in &reqs {
+            let mut c = cluster_with(specs.clone(), &placed);
+            let shapes: Vec<Demand> = reqs.iter().map(|r| c.demand(r).unwrap()).collect();
+            let ctx = PolicyContext::from_demands(&shapes, 0.95, TieBreak::First);
+            let d = c.demand(r).unwrap();
+            let mut policy = kind.build(&ctx);
+            let mut best: Option<(f64, usize, Verdict)> = None;
+            for i in 0..c.len() {
+                if let Some(v) = policy.verdict(&c, i, &d) {
+                    if best.is_none_or(|(s, _, _)| v.score > s) {
+                        best = Some((v.score, i, v));
+                    }
+                }
+            }
+            let want = best.and_then(|(_, i, v)| v.placement(&c, i, &d));
+            let got = policy.place(&c, &d, &mut SplitMix64::new(1));
+            assert_eq!(got, want, "{kind} {r:?}");
+            assert!(got.is_some(), "{kind} {r:?}: something fits");
+        }
+    }
+}
+
+#[test]
+fn hami_policies_parse_but_are_not_run_by_all() {
+    for k in PolicyKind::HAMI {
+        assert_eq!(PolicyKind::parse(k.name()).unwrap(), k);
+        assert!(!PolicyKind::ALL.contains(&k));
+        assert_eq!(k.paper_label(), None);
     }
 }
