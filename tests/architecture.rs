@@ -3,7 +3,9 @@
 //! 1. Pure decision modules (admission, placement, scaling, layouts, vGPU books, the
 //!    simulators, diagnose, the controller's pass modules) never call an API: no `kube`,
 //!    `tonic`, `hyper`, `tokio` or `reqwest` path in their code (k8s-openapi's types are
-//!    data and allowed), and every module of this crate they import is pure too.
+//!    data and allowed, and so are kube-core's, named `kube_core::`: kube's crate of
+//!    plain types, no client; `kube::core::` is refused like the rest of `kube::`), and
+//!    every module of this crate they import is pure too.
 //! 2. The modules of one folder import each other without a circle (`super::x` edges),
 //!    so each folder reads bottom-up from its leaves.
 //!

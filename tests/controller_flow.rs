@@ -35,7 +35,7 @@ use std::time::Duration;
 use support::apiserver::ApiServer;
 use tessera::controller::decide::Action;
 use tessera::controller::reconciler::{self, Config, SystemClock};
-use tessera::controller::webhook::{decide as webhook, Verdict};
+use tessera::controller::webhook::{decide as webhook, request as admission_request, Verdict};
 use tokio_util::sync::CancellationToken;
 
 const PODS: &str = "/api/v1/namespaces/team/pods";
@@ -95,25 +95,19 @@ async fn cluster() -> ApiServer {
     s
 }
 
-/// Applies the webhook's `add` operations (the only kind it emits).
+/// The object as the webhook's JSONPatch leaves it (applied as the API server does).
 fn patched(mut doc: Value, kind: (&str, &str)) -> Value {
-    let request =
-        json!({"operation": "CREATE", "kind": {"group": kind.0, "kind": kind.1}, "object": doc});
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "flow", "operation": "CREATE",
+                    "kind": {"group": kind.0, "version": "v1", "kind": kind.1},
+                    "resource": {"group": kind.0, "version": "v1", "resource": "objects"},
+                    "userInfo": {"username": "alice"}, "object": doc.clone()}});
+    let request = admission_request(&review).unwrap();
     let classes = [("low".to_string(), 10), ("high".to_string(), 1000)].into();
     let Verdict::Allow(ops) = webhook(&request, Some(&classes)) else {
         panic!("webhook denied {doc}");
     };
-    for op in ops {
-        let path = op["path"].as_str().unwrap();
-        let (parent, last) = path.rsplit_once('/').unwrap();
-        let last = last.replace("~1", "/");
-        let target = doc.pointer_mut(parent).unwrap();
-        if last == "-" {
-            target.as_array_mut().unwrap().push(op["value"].clone());
-        } else {
-            target[last.as_str()] = op["value"].clone();
-        }
-    }
+    json_patch::patch(&mut doc, &ops).unwrap();
     doc
 }
 

@@ -102,6 +102,8 @@ async fn https_round_trip_gates_a_queued_pod() {
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": "7f0b", "operation": "CREATE",
                     "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "userInfo": {"username": "alice"},
                     "object": {"apiVersion": "v1", "kind": "Pod",
                                "metadata": {"name": "p", "namespace": "team",
                                             "labels": {"tessera.io/queue-name": "lq",
@@ -260,23 +262,10 @@ fn patch_ops(response: &Value) -> Vec<Value> {
     }
 }
 
-/// Applies `add` and `remove` operations (all the webhooks emit) as the API server would.
+/// Applies the JSONPatch operations as the API server would (RFC 6902).
 fn apply(mut doc: Value, ops: &[Value]) -> Value {
-    for op in ops {
-        let path = op["path"].as_str().unwrap();
-        let (parent, last) = path.rsplit_once('/').unwrap();
-        let last = last.replace("~1", "/").replace("~0", "~");
-        let target = doc.pointer_mut(parent).expect("the parent exists");
-        match (op["op"].as_str().unwrap(), last.as_str()) {
-            ("add", "-") => target.as_array_mut().unwrap().push(op["value"].clone()),
-            ("add", _) => target[last.as_str()] = op["value"].clone(),
-            ("remove", _) => {
-                let gone = target.as_object_mut().unwrap().remove(&last);
-                assert!(gone.is_some(), "nothing to remove at {path}");
-            }
-            _ => panic!("unexpected operation {op}"),
-        }
-    }
+    let patch: json_patch::Patch = serde_json::from_value(Value::from(ops.to_vec())).unwrap();
+    json_patch::patch(&mut doc, &patch).unwrap_or_else(|e| panic!("{e}: {ops:?}"));
     doc
 }
 
@@ -294,6 +283,7 @@ fn pod_review(uid: &str, pod: &Value) -> Vec<u8> {
         "request": {"uid": uid, "operation": "CREATE",
                     "kind": {"group": "", "version": "v1", "kind": "Pod"},
                     "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "userInfo": {"username": "alice"},
                     "namespace": "ml", "object": pod}}))
     .unwrap()
 }

@@ -85,7 +85,9 @@ pub fn admission_review(data: &[u8]) {
     let Ok(body) = serde_json::from_slice::<serde_json::Value>(data) else {
         return;
     };
-    let _ = webhook::review(&body, None, webhook::Options::default());
+    if let Ok(answer) = webhook::review(&body, None, webhook::Options::default()) {
+        let _ = webhook::to_json(&answer);
+    }
     let classes = BTreeMap::from([("high".to_string(), 1000), ("low".to_string(), -10)]);
     let _ = webhook::review(&body, Some(&classes), webhook::Options::default());
     // The vGPU pod webhook, in extender and DRA mode.

@@ -17,10 +17,13 @@
 //! `nvidia.com/gpu` alone may be a whole-GPU pod of the device plugin: it is sent to
 //! Tessera's scheduler only with [`VgpuOptions::plain_gpu`] (docs/install.md).
 
-use super::webhook::{respond, BadReview, Verdict};
+use super::webhook::{respond, BadReview, Request, Review, Verdict};
 use crate::vgpu;
 use crate::vgpu::dra_claim::{self, ClaimTemplate};
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, PatchOperation};
 use k8s_openapi::api::core::v1::Pod;
+use kube_core::admission::Operation;
 use serde_json::{json, Value};
 
 /// The scheduler name the API server gives a pod that names none.
@@ -88,12 +91,13 @@ impl VgpuOptions {
 
 /// Answers an AdmissionReview (`admission.k8s.io/v1`) sent to `/vgpu`, without creating
 /// the templates a DRA-mode answer refers to (the server creates them, [`plan`]).
-pub fn review(body: &Value, options: &VgpuOptions) -> Result<Value, BadReview> {
-    respond(body, |request| decide(request, options))
+pub fn review(body: &Value, options: &VgpuOptions) -> Result<Review, BadReview> {
+    let request = super::webhook::request(body)?;
+    Ok(respond(&request, decide(&request, options)))
 }
 
 /// The decision for one `request` of an AdmissionReview sent to `/vgpu`.
-pub fn decide(request: &Value, options: &VgpuOptions) -> Verdict {
+pub fn decide(request: &Request, options: &VgpuOptions) -> Verdict {
     plan(request, options).verdict
 }
 
@@ -109,27 +113,24 @@ pub struct Plan {
 }
 
 /// The decision for one `request`, with the templates it needs.
-pub fn plan(request: &Value, options: &VgpuOptions) -> Plan {
+pub fn plan(request: &Request, options: &VgpuOptions) -> Plan {
     let mut plan = Plan {
         verdict: Verdict::Allow(Vec::new()),
         templates: Vec::new(),
-        namespace: request["namespace"]
-            .as_str()
-            .unwrap_or_default()
-            .to_string(),
-        dry_run: request["dryRun"] == true,
+        namespace: request.namespace.clone().unwrap_or_default(),
+        dry_run: request.dry_run,
     };
-    let kind = &request["kind"];
-    if request["operation"] != "CREATE" || kind["group"] != "" || kind["kind"] != "Pod" {
+    let kind = &request.kind;
+    let pod = (kind.group.as_str(), kind.kind.as_str()) == ("", "Pod");
+    if request.operation != Operation::Create || !pod {
         return plan;
     }
-    let object = &request["object"];
-    if !object.is_object() {
+    let Some(object) = request.object.as_ref() else {
         plan.verdict = Verdict::Deny("Pod: request.object is missing".into());
         return plan;
-    }
+    };
     // A pod that does not decode is left to the API server's own validation.
-    let Ok(pod) = serde_json::from_value::<Pod>(object.clone()) else {
+    let Ok(pod) = object.clone().try_parse::<Pod>() else {
         return plan;
     };
     match options.mode {
@@ -204,9 +205,12 @@ fn route_to_extender(pod: &Pod, options: &VgpuOptions) -> Verdict {
         .and_then(|s| s.node_name.as_deref())
         .is_some_and(|n| !n.is_empty());
     match ours {
-        Some(name) if !bound && current != name => Verdict::Allow(vec![
-            json!({"op": "add", "path": "/spec/schedulerName", "value": name}),
-        ]),
+        Some(name) if !bound && current != name => {
+            Verdict::Allow(vec![PatchOperation::Add(AddOperation {
+                path: PointerBuf::from_tokens(["spec", "schedulerName"]),
+                value: json!(name),
+            })])
+        }
         _ => Verdict::Allow(Vec::new()),
     }
 }
@@ -232,12 +236,32 @@ fn asks_for(pod: &Pod, resource: &str) -> bool {
 mod tests {
     use super::*;
 
-    fn request(spec: Value, annotations: Value) -> Value {
-        json!({"uid": "u", "operation": "CREATE",
-               "kind": {"group": "", "version": "v1", "kind": "Pod"},
-               "object": {"apiVersion": "v1", "kind": "Pod",
-                          "metadata": {"name": "p", "namespace": "ml", "annotations": annotations},
-                          "spec": spec}})
+    /// An AdmissionReview of a pod CREATE, as the API server sends it.
+    fn review_of(spec: Value, annotations: Value) -> Value {
+        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+               "request": {"uid": "u", "operation": "CREATE",
+                   "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                   "resource": {"group": "", "version": "v1", "resource": "pods"},
+                   "namespace": "ml", "userInfo": {"username": "alice"},
+                   "object": {"apiVersion": "v1", "kind": "Pod",
+                              "metadata": {"name": "p", "namespace": "ml",
+                                           "annotations": annotations},
+                              "spec": spec}}})
+    }
+
+    fn request(spec: Value, annotations: Value) -> Request {
+        parse(&review_of(spec, annotations))
+    }
+
+    fn parse(review: &Value) -> Request {
+        super::super::webhook::request(review).unwrap()
+    }
+
+    fn set(name: &str) -> Verdict {
+        Verdict::Allow(vec![PatchOperation::Add(AddOperation {
+            path: PointerBuf::parse("/spec/schedulerName").unwrap(),
+            value: json!(name),
+        })])
     }
 
     fn main_with(limits: Value) -> Value {
@@ -341,8 +365,7 @@ mod tests {
         for (name, spec, options, want) in cases {
             let verdict = decide(&request(spec, json!({})), options);
             let expected = match want {
-                SET => Verdict::Allow(vec![json!({"op": "add", "path": "/spec/schedulerName",
-                                                  "value": "tessera-scheduler"})]),
+                SET => set("tessera-scheduler"),
                 KEPT => Verdict::Allow(Vec::new()),
                 denial => Verdict::Deny(denial.to_string()),
             };
@@ -369,22 +392,29 @@ mod tests {
     #[test]
     fn other_operations_and_kinds_pass_untouched() {
         let spec = main_with(json!({"nvidia.com/gpu": "1", "nvidia.com/gpucores": "150"}));
-        let mut update = request(spec.clone(), json!({}));
-        update["operation"] = json!("UPDATE");
-        let mut job = request(spec, json!({}));
-        job["kind"] = json!({"group": "batch", "version": "v1", "kind": "Job"});
+        let mut update = review_of(spec.clone(), json!({}));
+        update["request"]["operation"] = json!("UPDATE");
+        let mut job = review_of(spec, json!({}));
+        job["request"]["kind"] = json!({"group": "batch", "version": "v1", "kind": "Job"});
         for r in [update, job] {
             assert_eq!(
-                decide(&r, &VgpuOptions::default()),
+                decide(&parse(&r), &VgpuOptions::default()),
                 Verdict::Allow(Vec::new())
             );
         }
-        let mut missing = request(json!({}), json!({}));
-        missing.as_object_mut().unwrap().remove("object");
-        assert!(matches!(
-            decide(&missing, &VgpuOptions::default()),
-            Verdict::Deny(_)
-        ));
+        let mut missing = review_of(json!({}), json!({}));
+        missing["request"].as_object_mut().unwrap().remove("object");
+        assert_eq!(
+            decide(&parse(&missing), &VgpuOptions::default()),
+            Verdict::Deny("Pod: request.object is missing".into())
+        );
+        // A dry run is told to the server, which then creates nothing.
+        let mut dry = review_of(json!({}), json!({}));
+        assert!(!plan(&parse(&dry), &VgpuOptions::default()).dry_run);
+        dry["request"]["dryRun"] = json!(true);
+        let plan = plan(&parse(&dry), &VgpuOptions::default());
+        assert!(plan.dry_run);
+        assert_eq!(plan.namespace, "ml");
     }
 
     #[test]

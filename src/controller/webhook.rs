@@ -10,6 +10,11 @@
 //! `gpucores`) is invalid is denied with the reason [`crate::vgpu::request`] gives
 //! (docs/hami.md).
 //!
+//! The review is kube-core's `AdmissionReview<DynamicObject>` ([`Review`], [`request`]
+//! checks and decodes it); a verdict's patch is `json-patch` operations whose paths are
+//! `jsonptr` pointers (label and annotation keys escaped by RFC 6901, not by hand);
+//! [`respond`] and [`to_json`] write the answer.
+//!
 //! Only `tessera.io/queue-name` names a queue unless [`Options::accept_kueue_labels`]
 //! (`--accept-kueue-labels`) is set: beside a real Kueue, a pod carrying Kueue's
 //! `kueue.x-k8s.io/queue-name` is Kueue's to gate, not ours.
@@ -20,9 +25,23 @@ use crate::quota::objects::{
     PRIORITY_LABELS, QUEUE_LABELS,
 };
 use crate::vgpu;
+use json_patch::jsonptr::PointerBuf;
+use json_patch::{AddOperation, Patch, PatchOperation};
 use k8s_openapi::api::core::v1::Pod;
+use kube_core::admission::{
+    AdmissionRequest, AdmissionResponse, AdmissionReview, Operation, META_API_VERSION_V1, META_KIND,
+};
+use kube_core::{DynamicObject, Status};
+use serde::Deserialize;
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
+
+/// An AdmissionReview (`admission.k8s.io/v1`) as the API server sends it and as the
+/// webhooks answer it.
+pub type Review = AdmissionReview<DynamicObject>;
+
+/// The `request` of a [`Review`]: what is created, by whom, and the object.
+pub type Request = AdmissionRequest<DynamicObject>;
 
 /// What the webhook honours beyond Tessera's own labels.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -55,7 +74,7 @@ pub struct BadReview(pub String);
 #[derive(Clone, Debug, PartialEq)]
 pub enum Verdict {
     /// Allowed, with these JSONPatch operations (possibly none).
-    Allow(Vec<Value>),
+    Allow(Vec<PatchOperation>),
     /// Refused, with a message for the user.
     Deny(String),
 }
@@ -67,88 +86,120 @@ pub fn review(
     body: &Value,
     classes: Option<&BTreeMap<String, i32>>,
     options: Options,
-) -> Result<Value, BadReview> {
-    respond(body, |request| decide_with(request, classes, options))
+) -> Result<Review, BadReview> {
+    let request = request(body)?;
+    let verdict = decide_with(&request, classes, options);
+    Ok(respond(&request, verdict))
 }
 
-/// Answers an AdmissionReview (`admission.k8s.io/v1`) with the verdict `decide` gives
-/// its `request`: the response envelope every webhook path of Tessera shares.
-pub fn respond(body: &Value, decide: impl FnOnce(&Value) -> Verdict) -> Result<Value, BadReview> {
-    let uid = review_uid(body)?;
-    let verdict = decide(&body["request"]);
-    let response = match verdict {
-        Verdict::Allow(ops) if ops.is_empty() => json!({"uid": uid, "allowed": true}),
-        Verdict::Allow(ops) => {
-            let patch = serde_json::to_vec(&ops).unwrap_or_default();
-            json!({"uid": uid, "allowed": true, "patchType": "JSONPatch",
-                   "patch": k8s_openapi::ByteString(patch)})
-        }
-        Verdict::Deny(message) => json!({"uid": uid, "allowed": false,
-            "status": {"code": 400, "reason": "BadRequest", "message": message}}),
-    };
-    Ok(
-        json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview", "response": response}),
-    )
-}
-
-/// The request's uid, once `body` is checked to be an `admission.k8s.io/v1`
-/// AdmissionReview.
-pub fn review_uid(body: &Value) -> Result<&str, BadReview> {
-    if body["apiVersion"] != "admission.k8s.io/v1" || body["kind"] != "AdmissionReview" {
-        return Err(BadReview(
-            "expected apiVersion admission.k8s.io/v1, kind AdmissionReview".into(),
-        ));
+/// The request of `body`, once it is checked to be an `admission.k8s.io/v1`
+/// AdmissionReview with a request that has a uid.
+pub fn request(body: &Value) -> Result<Request, BadReview> {
+    if body["apiVersion"] != META_API_VERSION_V1 || body["kind"] != META_KIND {
+        return Err(BadReview(format!(
+            "expected apiVersion {META_API_VERSION_V1}, kind {META_KIND}"
+        )));
     }
-    body["request"]["uid"]
-        .as_str()
-        .filter(|u| !u.is_empty())
-        .ok_or_else(|| BadReview("request.uid is missing".into()))
+    let review: Review = serde_path_to_error::deserialize(body)
+        .map_err(|e| BadReview(format!("{}: {}", e.path(), e.inner())))?;
+    let request: Request = review
+        .try_into()
+        .map_err(|_| BadReview("request is missing".into()))?;
+    if request.uid.is_empty() {
+        return Err(BadReview("request.uid is missing".into()));
+    }
+    Ok(request)
+}
+
+/// The answer to `request` with `verdict`: the response envelope every webhook path of
+/// Tessera shares (a denial is a 400 `BadRequest` with the verdict's message).
+pub fn respond(request: &Request, verdict: Verdict) -> Review {
+    let allowed = AdmissionResponse::from(request);
+    let response = match verdict {
+        Verdict::Allow(ops) if ops.is_empty() => allowed,
+        Verdict::Allow(ops) => match allowed.clone().with_patch(Patch(ops)) {
+            Ok(patched) => patched,
+            Err(e) => refuse(allowed, 500, "InternalError", &e.to_string()),
+        },
+        Verdict::Deny(message) => refuse(allowed, 400, "BadRequest", &message),
+    };
+    response.into_review()
+}
+
+/// `response` turned into a refusal with an HTTP-like `code`, `reason` and `message`.
+fn refuse(
+    response: AdmissionResponse,
+    code: u16,
+    reason: &str,
+    message: &str,
+) -> AdmissionResponse {
+    let mut response = response.deny(message);
+    response.result = Status::failure(message, reason).with_code(code);
+    response
+}
+
+/// `review` as the JSON the API server reads. The patch is written as base64 text, the
+/// JSON form of the API's `[]byte` that the API documents (kube-core's own serializer
+/// writes it as an array of numbers, kube-rs/kube#1781).
+pub fn to_json(review: &Review) -> serde_json::Result<Value> {
+    let mut out = serde_json::to_value(review)?;
+    if let Some(patch) = review.response.as_ref().and_then(|r| r.patch.as_ref()) {
+        out["response"]["patch"] = serde_json::to_value(k8s_openapi::ByteString(patch.clone()))?;
+    }
+    Ok(out)
 }
 
 /// The decision for one `request` of an AdmissionReview, with the default
 /// [`Options`] (only Tessera's queue label).
-pub fn decide(request: &Value, classes: Option<&BTreeMap<String, i32>>) -> Verdict {
+pub fn decide(request: &Request, classes: Option<&BTreeMap<String, i32>>) -> Verdict {
     decide_with(request, classes, Options::default())
 }
 
 /// The decision for one `request` of an AdmissionReview.
 pub fn decide_with(
-    request: &Value,
+    request: &Request,
     classes: Option<&BTreeMap<String, i32>>,
     options: Options,
 ) -> Verdict {
     let queue_labels = options.queue_labels();
-    if request["operation"] != "CREATE" {
+    if request.operation != Operation::Create {
         return Verdict::Allow(Vec::new());
     }
-    let object = &request["object"];
-    let kind = (
-        request["kind"]["group"].as_str().unwrap_or(""),
-        request["kind"]["kind"].as_str().unwrap_or(""),
-    );
-    let what = match kind {
+    let object = request.object.as_ref();
+    let what = match (request.kind.group.as_str(), request.kind.kind.as_str()) {
         ("", "Pod") => "Pod",
         ("batch", "Job") => "Job",
         ("apps", owner @ ("Deployment" | "StatefulSet")) => {
-            if let Some(e) = vgpu_error(&pod_template(object)) {
+            let Some(object) = object else {
+                return Verdict::Allow(Vec::new());
+            };
+            if let Some(e) = template_pod(object).and_then(|p| vgpu_error(&p)) {
                 return Verdict::Deny(format!("{owner}: pod template: {e}"));
             }
             return Verdict::Allow(propagate_labels(object, queue_labels));
         }
         _ => return Verdict::Allow(Vec::new()),
     };
-    if !object.is_object() {
+    let Some(object) = object else {
         return Verdict::Deny(format!("{what}: request.object is missing"));
-    }
+    };
     let denial = match what {
-        "Pod" => vgpu_error(object),
-        _ => vgpu_error(&pod_template(object)).map(|e| format!("pod template: {e}")),
+        "Pod" => object
+            .clone()
+            .try_parse::<Pod>()
+            .ok()
+            .and_then(|p| vgpu_error(&p)),
+        _ => template_pod(object)
+            .and_then(|p| vgpu_error(&p))
+            .map(|e| format!("pod template: {e}")),
     };
     if let Some(e) = denial {
         return Verdict::Deny(format!("{what}: {e}"));
     }
-    let labels = &object["metadata"]["labels"];
-    let label = |keys: &[&str]| keys.iter().find_map(|k| labels[*k].as_str());
+    let no_map = BTreeMap::new();
+    let labels = object.metadata.labels.as_ref().unwrap_or(&no_map);
+    let annotations = object.metadata.annotations.as_ref();
+    let label = |keys: &[&str]| keys.iter().find_map(|k| labels.get(*k).map(String::as_str));
     let Some(queue) = label(queue_labels) else {
         return Verdict::Allow(Vec::new());
     };
@@ -163,7 +214,7 @@ pub fn decide_with(
     if let Some(class) = label(&PRIORITY_LABELS) {
         if let Some(classes) = classes {
             match classes.get(class) {
-                Some(value) => ops.extend(set_annotation(
+                Some(value) => ops.push(set_annotation(
                     object,
                     PRIORITY_ANNOTATION,
                     &value.to_string(),
@@ -178,62 +229,63 @@ pub fn decide_with(
         }
     }
     if what == "Job" {
-        ops.push(json!({"op": "add", "path": "/spec/suspend", "value": true}));
+        ops.push(add(&["spec", "suspend"], json!(true)));
         return Verdict::Allow(ops);
     }
     if label(&POD_GROUP_LABELS).is_some() {
-        let annotations: BTreeMap<String, String> = object["metadata"]["annotations"]
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-            .collect();
-        if let Err((field, why)) = pod_group_counts(&annotations) {
+        if let Err((field, why)) = pod_group_counts(annotations.unwrap_or(&no_map)) {
             return Verdict::Deny(format!("Pod: annotation {field}: {why}"));
         }
-    } else if object["metadata"]["annotations"][POD_GROUP_MIN_COUNT].is_string() {
+    } else if annotations.is_some_and(|a| a.contains_key(POD_GROUP_MIN_COUNT)) {
         return Verdict::Deny(format!(
             "Pod: annotation {POD_GROUP_MIN_COUNT} needs a pod group (label {})",
             POD_GROUP_LABELS[0]
         ));
     }
-    let gates = &object["spec"]["schedulingGates"];
+    let gates = &object.data["spec"]["schedulingGates"];
     let gated = gates
         .as_array()
         .is_some_and(|g| g.iter().any(|x| x["name"] == ADMISSION_GATE));
     if !gated {
         let gate = json!({"name": ADMISSION_GATE});
         ops.push(if gates.is_array() {
-            json!({"op": "add", "path": "/spec/schedulingGates/-", "value": gate})
+            add(&["spec", "schedulingGates", "-"], gate)
         } else {
-            json!({"op": "add", "path": "/spec/schedulingGates", "value": [gate]})
+            add(&["spec", "schedulingGates"], json!([gate]))
         });
     }
     Verdict::Allow(ops)
 }
 
+/// A JSONPatch `add` of `value` at the path of `tokens` (each escaped as RFC 6901 says;
+/// `-` is the end of an array).
+fn add(tokens: &[&str], value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation {
+        path: PointerBuf::from_tokens(tokens.iter().copied()),
+        value,
+    })
+}
+
 /// JSONPatch copying the queue and priority labels of a Deployment / StatefulSet into
 /// its pod template (labels the template already has are kept). Nothing without one
 /// of `queue_labels`.
-fn propagate_labels(object: &Value, queue_labels: &[&str]) -> Vec<Value> {
-    let labels = &object["metadata"]["labels"];
-    if !queue_labels.iter().any(|k| labels[*k].is_string()) {
+fn propagate_labels(object: &DynamicObject, queue_labels: &[&str]) -> Vec<PatchOperation> {
+    let Some(labels) = object.metadata.labels.as_ref() else {
+        return Vec::new();
+    };
+    if !queue_labels.iter().any(|k| labels.contains_key(*k)) {
         return Vec::new();
     }
-    let wanted: Vec<(&str, &str)> = queue_labels
-        .iter()
-        .chain(PRIORITY_LABELS.iter())
-        .filter_map(|k| labels[*k].as_str().map(|v| (*k, v)))
-        .collect();
-    let template = &object["spec"]["template"];
+    let template = &object.data["spec"]["template"];
     if !template.is_object() {
         return Vec::new();
     }
     let have = &template["metadata"]["labels"];
-    let missing: serde_json::Map<String, Value> = wanted
-        .into_iter()
+    let missing: BTreeMap<&str, &str> = queue_labels
+        .iter()
+        .chain(PRIORITY_LABELS.iter())
+        .filter_map(|k| labels.get(*k).map(|v| (*k, v.as_str())))
         .filter(|(k, _)| have[*k].is_null())
-        .map(|(k, v)| (k.to_string(), json!(v)))
         .collect();
     if missing.is_empty() {
         return Vec::new();
@@ -241,63 +293,60 @@ fn propagate_labels(object: &Value, queue_labels: &[&str]) -> Vec<Value> {
     if have.is_object() {
         missing
             .into_iter()
-            .map(|(k, v)| {
-                let escaped = k.replace('~', "~0").replace('/', "~1");
-                json!({"op": "add", "path": format!("/spec/template/metadata/labels/{escaped}"), "value": v})
-            })
+            .map(|(k, v)| add(&["spec", "template", "metadata", "labels", k], json!(v)))
             .collect()
     } else if template["metadata"].is_object() {
-        vec![json!({"op": "add", "path": "/spec/template/metadata/labels", "value": missing})]
+        vec![add(
+            &["spec", "template", "metadata", "labels"],
+            json!(missing),
+        )]
     } else {
-        vec![json!({"op": "add", "path": "/spec/template/metadata", "value": {"labels": missing}})]
+        vec![add(
+            &["spec", "template", "metadata"],
+            json!({"labels": missing}),
+        )]
     }
 }
 
 /// Why a pod's HAMi-style vGPU request cannot be placed, for pods that name
 /// `gpumem`, `gpumem-percentage` or `gpucores` (resources under the default
 /// `nvidia.com` prefix); `None` for every other pod (a pod with only `nvidia.com/gpu`
-/// may be a whole-GPU pod and is not checked here). A pod that does not decode is left
-/// to the API server's own validation.
-fn vgpu_error(pod: &Value) -> Option<String> {
-    let pod: Pod = serde_json::from_value(pod.clone()).ok()?;
+/// may be a whole-GPU pod and is not checked here).
+fn vgpu_error(pod: &Pod) -> Option<String> {
     let config = vgpu::RequestConfig::default();
     let names = vgpu::request::ResourceNames::new(&config.prefix);
-    if !vgpu::request::carries_vgpu_resources(&pod, &names) {
+    if !vgpu::request::carries_vgpu_resources(pod, &names) {
         return None;
     }
-    vgpu::pod_request(&pod, &config)
-        .err()
-        .map(|e| e.to_string())
+    vgpu::pod_request(pod, &config).err().map(|e| e.to_string())
 }
 
-/// The pod a Job, Deployment or StatefulSet would create, from its template.
-fn pod_template(object: &Value) -> Value {
-    let template = &object["spec"]["template"];
+/// The pod a Job, Deployment or StatefulSet would create, from its template. A
+/// template (or a pod) that does not decode is left to the API server's own validation.
+fn template_pod(object: &DynamicObject) -> Option<Pod> {
+    let template = &object.data["spec"]["template"];
     let metadata = match &template["metadata"] {
         Value::Null => json!({}),
         metadata => metadata.clone(),
     };
-    json!({"metadata": metadata, "spec": template["spec"]})
+    Pod::deserialize(json!({"metadata": metadata, "spec": template["spec"]})).ok()
 }
 
-fn owned_by_job(object: &Value) -> bool {
-    object["metadata"]["ownerReferences"]
-        .as_array()
-        .is_some_and(|refs| {
-            refs.iter()
-                .any(|r| r["kind"] == "Job" && r["apiVersion"] == "batch/v1")
-        })
+fn owned_by_job(object: &DynamicObject) -> bool {
+    object
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .any(|r| r.kind == "Job" && r.api_version == "batch/v1")
 }
 
 /// JSONPatch setting one annotation, creating the map when absent.
-fn set_annotation(object: &Value, key: &str, value: &str) -> Vec<Value> {
-    if object["metadata"]["annotations"].is_object() {
-        let escaped = key.replace('~', "~0").replace('/', "~1");
-        vec![
-            json!({"op": "add", "path": format!("/metadata/annotations/{escaped}"), "value": value}),
-        ]
+fn set_annotation(object: &DynamicObject, key: &str, value: &str) -> PatchOperation {
+    if object.metadata.annotations.is_some() {
+        add(&["metadata", "annotations", key], json!(value))
     } else {
-        vec![json!({"op": "add", "path": "/metadata/annotations", "value": {key: value}})]
+        add(&["metadata", "annotations"], json!({key: value}))
     }
 }
 
@@ -309,7 +358,35 @@ mod tests {
         json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
                "request": {"uid": "u-1", "operation": operation,
                            "kind": {"group": kind.0, "version": "v1", "kind": kind.1},
+                           "resource": {"group": kind.0, "version": "v1", "resource": "things"},
+                           "userInfo": {"username": "alice"},
                            "object": object}})
+    }
+
+    /// The answer to `body` as the API server reads it.
+    fn answer(
+        body: &Value,
+        classes: Option<&BTreeMap<String, i32>>,
+        options: Options,
+    ) -> Result<Value, BadReview> {
+        review(body, classes, options).map(|r| to_json(&r).unwrap())
+    }
+
+    /// The request of a review built by the test.
+    fn req(body: &Value) -> Request {
+        request(body).unwrap()
+    }
+
+    /// The JSONPatch of an answer (none: empty).
+    fn patch_of(response: &Value) -> Vec<PatchOperation> {
+        match response.get("patch") {
+            None => Vec::new(),
+            Some(p) => {
+                assert_eq!(response["patchType"], "JSONPatch");
+                let bytes: k8s_openapi::ByteString = serde_json::from_value(p.clone()).unwrap();
+                serde_json::from_slice::<Patch>(&bytes.0).unwrap().0
+            }
+        }
     }
 
     fn pod(labels: Value, annotations: Value, gates: Option<Value>) -> Value {
@@ -333,20 +410,10 @@ mod tests {
         [("high".to_string(), 1000)].into()
     }
 
-    /// Applies a JSONPatch of `add` operations (all the webhook emits).
-    fn apply(mut doc: Value, ops: &[Value]) -> Value {
-        for op in ops {
-            assert_eq!(op["op"], "add");
-            let path = op["path"].as_str().unwrap();
-            let (parent, last) = path.rsplit_once('/').unwrap();
-            let last = last.replace("~1", "/").replace("~0", "~");
-            let target = doc.pointer_mut(parent).expect("parent exists");
-            if last == "-" {
-                target.as_array_mut().unwrap().push(op["value"].clone());
-            } else {
-                target[last.as_str()] = op["value"].clone();
-            }
-        }
+    /// Applies a JSONPatch as the API server does (RFC 6902); the webhook only adds.
+    fn apply(mut doc: Value, ops: &[PatchOperation]) -> Value {
+        assert!(ops.iter().all(|op| matches!(op, PatchOperation::Add(_))));
+        json_patch::patch(&mut doc, ops).unwrap_or_else(|e| panic!("{e}: {ops:?}"));
         doc
     }
 
@@ -558,7 +625,7 @@ mod tests {
             ),
         ];
         for (name, kind, op, object, gated, suspended, denial) in cases {
-            let out = review(
+            let out = answer(
                 &review_of(kind, op, object.clone()),
                 Some(&classes()),
                 KUEUE,
@@ -575,15 +642,11 @@ mod tests {
                 }
                 None => assert_eq!(resp["allowed"], true, "{name}: {resp}"),
             }
-            let ops: Vec<Value> = match resp["patch"].as_str() {
-                Some(_) => {
-                    assert_eq!(resp["patchType"], "JSONPatch", "{name}");
-                    let bytes: k8s_openapi::ByteString =
-                        serde_json::from_value(resp["patch"].clone()).unwrap();
-                    serde_json::from_slice(&bytes.0).unwrap()
-                }
-                None => Vec::new(),
-            };
+            assert!(
+                resp.get("patch").is_none() || resp["patch"].is_string(),
+                "{name}"
+            );
+            let ops = patch_of(resp);
             let after = apply(object.clone(), &ops);
             let gates = after["spec"]["schedulingGates"]
                 .as_array()
@@ -620,13 +683,13 @@ mod tests {
             (("apps", "Deployment"), deployment),
         ];
         for (kind, object) in objects {
-            let req = review_of(kind, "CREATE", object);
+            let request = review_of(kind, "CREATE", object);
             assert_eq!(
-                decide(&req["request"], Some(&classes())),
+                decide(&req(&request), Some(&classes())),
                 Verdict::Allow(Vec::new()),
                 "{kind:?}: Kueue's, not ours, by default"
             );
-            let Verdict::Allow(ops) = decide_with(&req["request"], Some(&classes()), KUEUE) else {
+            let Verdict::Allow(ops) = decide_with(&req(&request), Some(&classes()), KUEUE) else {
                 panic!("{kind:?}: denied");
             };
             assert!(!ops.is_empty(), "{kind:?}: gated / suspended / propagated");
@@ -637,10 +700,9 @@ mod tests {
             Value::Null,
             None,
         );
-        let req = review_of(("", "Pod"), "CREATE", both);
+        let request = review_of(("", "Pod"), "CREATE", both);
         for options in [Options::default(), KUEUE] {
-            let Verdict::Allow(ops) = decide_with(&req["request"], Some(&classes()), options)
-            else {
+            let Verdict::Allow(ops) = decide_with(&req(&request), Some(&classes()), options) else {
                 panic!("denied");
             };
             assert_eq!(ops.len(), 1, "{options:?}: the gate");
@@ -757,7 +819,7 @@ mod tests {
             ),
         ];
         for (name, annotations, labels, spec, denial) in cases {
-            let out = review(
+            let out = answer(
                 &pod_review(annotations, labels, spec),
                 None,
                 Options::default(),
@@ -799,14 +861,14 @@ mod tests {
             ("apps", "StatefulSet"),
             ("batch", "Job"),
         ] {
-            let out = review(&owner(group, kind, &bad), None, Options::default()).unwrap();
+            let out = answer(&owner(group, kind, &bad), None, Options::default()).unwrap();
             assert_eq!(out["response"]["allowed"], false, "{kind}");
             assert_eq!(
                 out["response"]["status"]["message"],
                 format!("{kind}: {reason}"),
                 "{kind}"
             );
-            let out = review(&owner(group, kind, &good), None, Options::default()).unwrap();
+            let out = answer(&owner(group, kind, &good), None, Options::default()).unwrap();
             assert_eq!(out["response"]["allowed"], true, "{kind}");
         }
     }
@@ -814,7 +876,7 @@ mod tests {
     #[test]
     fn a_valid_queued_vgpu_pod_is_gated_as_before() {
         let limits = json!({"nvidia.com/gpu": "1", "nvidia.com/gpumem-percentage": "25"});
-        let out = review(
+        let out = answer(
             &pod_review(
                 json!({}),
                 json!({"tessera.io/queue-name": "lq"}),
@@ -835,7 +897,7 @@ mod tests {
             Value::Null,
             None,
         );
-        let out = review(
+        let out = answer(
             &review_of(("", "Pod"), "CREATE", p),
             None,
             Options::default(),
@@ -854,10 +916,51 @@ mod tests {
         ] {
             assert!(review(&body, None, Options::default()).is_err(), "{body}");
         }
+        // Each refusal names what is wrong.
+        let p = pod(json!({"tessera.io/queue-name": "lq"}), Value::Null, None);
+        let good = review_of(("", "Pod"), "CREATE", p);
+        type Edit = fn(&mut Value);
+        let broken = |edit: Edit| {
+            let mut body = good.clone();
+            edit(&mut body);
+            review(&body, None, Options::default())
+                .unwrap_err()
+                .to_string()
+        };
+        let cases: [(&str, Edit); 6] = [
+            (
+                "expected apiVersion admission.k8s.io/v1, kind AdmissionReview",
+                |b| b["kind"] = json!("Pod"),
+            ),
+            ("request is missing", |b| {
+                b.as_object_mut().unwrap().remove("request");
+            }),
+            ("request.uid is missing", |b| {
+                b["request"]["uid"] = json!("")
+            }),
+            ("request: missing field `resource`", |b| {
+                b["request"].as_object_mut().unwrap().remove("resource");
+            }),
+            ("request.operation: unknown variant `PATCH`", |b| {
+                b["request"]["operation"] = json!("PATCH")
+            }),
+            ("request.object", |b| {
+                b["request"]["object"] = json!("a pod")
+            }),
+        ];
+        for (want, edit) in cases {
+            let error = broken(edit);
+            assert!(error.starts_with("bad AdmissionReview: "), "{error}");
+            assert!(error.contains(want), "{want}: {error}");
+        }
+        assert!(review(&good, None, Options::default()).is_ok());
         // A request without an object is denied with a reason.
         let r = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
-                       "request": {"uid": "u", "operation": "CREATE", "kind": {"group": "", "kind": "Pod"}}});
-        let out = review(&r, None, Options::default()).unwrap();
+                       "request": {"uid": "u", "operation": "CREATE",
+                                   "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                                   "resource": {"group": "", "version": "v1", "resource": "pods"},
+                                   "userInfo": {}}});
+        let out = answer(&r, None, Options::default()).unwrap();
         assert_eq!(out["response"]["allowed"], false);
     }
 
@@ -909,8 +1012,8 @@ mod tests {
                     .remove("metadata");
             }
             for kind in ["Deployment", "StatefulSet"] {
-                let req = review_of(("apps", kind), "CREATE", object.clone());
-                let Verdict::Allow(ops) = decide_with(&req["request"], Some(&classes()), KUEUE)
+                let request = review_of(("apps", kind), "CREATE", object.clone());
+                let Verdict::Allow(ops) = decide_with(&req(&request), Some(&classes()), KUEUE)
                 else {
                     panic!("{name}: denied");
                 };
@@ -921,5 +1024,103 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn keys_with_slash_and_tilde_are_escaped_and_the_patch_applies() {
+        // A queue label and a priority class whose keys carry `/` and `~`, which a JSON
+        // pointer must write as `~1` and `~0`.
+        let odd = "example.com/a~b";
+        let object = json!({"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "web", "namespace": "ns",
+                         "labels": {"tessera.io/queue-name": "lq",
+                                    "tessera.io/priority-class": "high", odd: "x"}},
+            "spec": {"template": {"metadata": {"labels": {"app": "web", odd: "y"}},
+                                  "spec": {"containers": [{"name": "c"}]}}}});
+        let out = answer(
+            &review_of(("apps", "Deployment"), "CREATE", object.clone()),
+            Some(&classes()),
+            Options::default(),
+        )
+        .unwrap();
+        let ops = patch_of(&out["response"]);
+        let paths: Vec<String> = ops.iter().map(|op| op.path().to_string()).collect();
+        assert_eq!(
+            paths,
+            [
+                "/spec/template/metadata/labels/tessera.io~1priority-class",
+                "/spec/template/metadata/labels/tessera.io~1queue-name",
+            ]
+        );
+        let mut after = object.clone();
+        json_patch::patch(&mut after, &ops).unwrap();
+        assert_eq!(
+            after["spec"]["template"]["metadata"]["labels"],
+            json!({"app": "web", odd: "y", "tessera.io/queue-name": "lq",
+                   "tessera.io/priority-class": "high"})
+        );
+
+        // An annotation key with both, set on a pod that has annotations already.
+        let pod = pod(
+            json!({"tessera.io/queue-name": "lq", "tessera.io/priority-class": "high"}),
+            json!({odd: "kept"}),
+            None,
+        );
+        let Verdict::Allow(ops) = decide(
+            &req(&review_of(("", "Pod"), "CREATE", pod.clone())),
+            Some(&classes()),
+        ) else {
+            panic!("denied");
+        };
+        assert_eq!(
+            ops[0].path().to_string(),
+            "/metadata/annotations/tessera.io~1priority"
+        );
+        let set = set_annotation(&DynamicObject::deserialize(&pod).unwrap(), odd, "new");
+        assert_eq!(
+            set.path().to_string(),
+            "/metadata/annotations/example.com~1a~0b"
+        );
+        let mut after = pod.clone();
+        json_patch::patch(&mut after, &[set]).unwrap();
+        assert_eq!(after["metadata"]["annotations"][odd], "new");
+        assert_eq!(
+            after["metadata"]["annotations"].as_object().unwrap().len(),
+            1
+        );
+        json_patch::patch(&mut after, &ops).unwrap();
+        assert_eq!(
+            after["metadata"]["annotations"][PRIORITY_ANNOTATION],
+            "1000"
+        );
+        assert_eq!(
+            after["spec"]["schedulingGates"],
+            json!([{"name": ADMISSION_GATE}])
+        );
+    }
+
+    #[test]
+    fn the_patch_is_base64_text_on_the_wire() {
+        let p = pod(json!({"tessera.io/queue-name": "lq"}), Value::Null, None);
+        let out = answer(
+            &review_of(("", "Pod"), "CREATE", p),
+            None,
+            Options::default(),
+        )
+        .unwrap();
+        let response = &out["response"];
+        assert_eq!(out["apiVersion"], "admission.k8s.io/v1");
+        assert_eq!(out["kind"], "AdmissionReview");
+        assert_eq!(response["patchType"], "JSONPatch");
+        let text = response["patch"]
+            .as_str()
+            .expect("base64 text, not a number array");
+        let bytes: k8s_openapi::ByteString = serde_json::from_value(json!(text)).unwrap();
+        let ops: Value = serde_json::from_slice(&bytes.0).unwrap();
+        assert_eq!(
+            ops,
+            json!([{"op": "add", "path": "/spec/schedulingGates",
+                    "value": [{"name": ADMISSION_GATE}]}])
+        );
     }
 }

@@ -29,7 +29,7 @@ use super::error::{Error, Result};
 use super::metrics::ControllerMetrics;
 use super::tls::CertResolver;
 use super::vgpu_webhook::{self, VgpuOptions};
-use super::webhook::{review, BadReview, Options, Verdict};
+use super::webhook::{self, review, BadReview, Options, Review, Verdict};
 use crate::retry::Backoff;
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
@@ -555,8 +555,12 @@ impl Shared {
             let known = self.classes.classes().await;
             review(&parsed, known.as_ref(), self.options)
         };
-        match answer {
-            Ok(out) => reply(StatusCode::OK, out.to_string().into_bytes()),
+        match answer.map(|r| webhook::to_json(&r)) {
+            Ok(Ok(out)) => reply(StatusCode::OK, out.to_string().into_bytes()),
+            Ok(Err(e)) => error(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                format!("encoding the AdmissionReview: {e}"),
+            ),
             Err(e) => error(StatusCode::BAD_REQUEST, e.to_string()),
         }
     }
@@ -569,9 +573,9 @@ impl Shared {
     async fn vgpu_review(
         &self,
         body: &serde_json::Value,
-    ) -> std::result::Result<serde_json::Value, BadReview> {
-        super::webhook::review_uid(body)?;
-        let plan = vgpu_webhook::plan(&body["request"], &self.vgpu);
+    ) -> std::result::Result<Review, BadReview> {
+        let request = webhook::request(body)?;
+        let plan = vgpu_webhook::plan(&request, &self.vgpu);
         let mut verdict = plan.verdict;
         if !plan.dry_run && matches!(verdict, Verdict::Allow(_)) {
             for t in &plan.templates {
@@ -581,7 +585,7 @@ impl Shared {
                 }
             }
         }
-        super::webhook::respond(body, |_| verdict)
+        Ok(webhook::respond(&request, verdict))
     }
 }
 

@@ -28,6 +28,8 @@
 
 use std::collections::BTreeMap;
 
+use json_patch::jsonptr::{PointerBuf, Token};
+use json_patch::{AddOperation, PatchOperation, RemoveOperation};
 use k8s_openapi::api::core::v1::Pod;
 use serde_json::{json, Value};
 
@@ -88,7 +90,7 @@ impl ClaimTemplate {
 /// The pod's rewrite: JSON patch operations and the templates they refer to.
 #[derive(Clone, Debug, PartialEq)]
 pub struct Translation {
-    pub patch: Vec<Value>,
+    pub patch: Vec<PatchOperation>,
     pub templates: Vec<ClaimTemplate>,
 }
 
@@ -132,7 +134,12 @@ pub fn translate(
         let template = template(c.count, memory_mib, c.cores, &selectors);
         claims.push(json!({"name": claim, "resourceClaimTemplateName": template.name}));
         let (list, index) = container_index(pod, &c.name, c.kind);
-        let path = format!("/spec/{list}/{index}/resources");
+        let path = PointerBuf::from_tokens([
+            Token::new("spec"),
+            Token::new(list),
+            Token::from(index),
+            Token::new("resources"),
+        ]);
         original.insert(
             c.name.clone(),
             remove_vgpu_resources(pod, list, index, names, &path, &mut patch),
@@ -141,29 +148,41 @@ pub fn translate(
             .and_then(|k| k.resources.as_ref())
             .is_some_and(|r| r.claims.is_some());
         patch.push(if has_claims {
-            json!({"op": "add", "path": format!("{path}/claims/-"), "value": {"name": claim}})
+            add(
+                path.with_trailing_token("claims").with_trailing_token("-"),
+                json!({"name": claim}),
+            )
         } else {
-            json!({"op": "add", "path": format!("{path}/claims"), "value": [{"name": claim}]})
+            add(path.with_trailing_token("claims"), json!([{"name": claim}]))
         });
         if !templates.contains(&template) {
             templates.push(template);
         }
     }
     if taken.is_empty() {
-        patch.push(json!({"op": "add", "path": "/spec/resourceClaims", "value": claims}));
+        let path = PointerBuf::from_tokens(["spec", "resourceClaims"]);
+        patch.push(add(path, Value::Array(claims)));
     } else {
         for c in claims {
-            patch.push(json!({"op": "add", "path": "/spec/resourceClaims/-", "value": c}));
+            patch.push(add(
+                PointerBuf::from_tokens(["spec", "resourceClaims", "-"]),
+                c,
+            ));
         }
     }
     let original = serde_json::to_string(&original).unwrap_or_default();
     if pod.metadata.annotations.is_none() {
-        patch.push(json!({"op": "add", "path": "/metadata/annotations", "value": {}}));
+        let path = PointerBuf::from_tokens(["metadata", "annotations"]);
+        patch.push(add(path, json!({})));
     }
-    patch.push(json!({"op": "add",
-                      "path": format!("/metadata/annotations/{}", escape_pointer(ORIGINAL_ANNOTATION)),
-                      "value": original}));
+    let path = PointerBuf::from_tokens(["metadata", "annotations", ORIGINAL_ANNOTATION]);
+    patch.push(add(path, json!(original)));
     Ok(Translation { patch, templates })
+}
+
+/// A JSONPatch `add` of `value` at `path`.
+fn add(path: PointerBuf, value: Value) -> PatchOperation {
+    PatchOperation::Add(AddOperation { path, value })
 }
 
 /// The template for one container: `count` requests of `memory_mib` and `cores`.
@@ -287,8 +306,8 @@ fn remove_vgpu_resources(
     list: &str,
     index: usize,
     names: &ResourceNames,
-    path: &str,
-    patch: &mut Vec<Value>,
+    path: &PointerBuf,
+    patch: &mut Vec<PatchOperation>,
 ) -> BTreeMap<String, String> {
     let mut kept = BTreeMap::new();
     let Some(resources) = container_at(pod, list, index).and_then(|c| c.resources.as_ref()) else {
@@ -304,16 +323,12 @@ fn remove_vgpu_resources(
         let Some(map) = map else { continue };
         for (name, q) in map.iter().filter(|(n, _)| vgpu.contains(&n.as_str())) {
             kept.insert(name.clone(), q.0.clone());
-            patch.push(json!({"op": "remove",
-                              "path": format!("{path}/{field}/{}", escape_pointer(name))}));
+            patch.push(PatchOperation::Remove(RemoveOperation {
+                path: path.with_trailing_token(field).with_trailing_token(name),
+            }));
         }
     }
     kept
-}
-
-/// A JSON pointer segment (RFC 6901): `~` → `~0`, `/` → `~1`.
-fn escape_pointer(segment: &str) -> String {
-    segment.replace('~', "~0").replace('/', "~1")
 }
 
 /// 32-bit FNV-1a: a short, stable name suffix (not a security measure: the webhook
@@ -346,23 +361,9 @@ mod tests {
         translate(&pod, &request, &ResourceNames::new(&config.prefix))
     }
 
-    /// Applies `add` and `remove` operations as the API server does.
-    fn apply(mut doc: Value, ops: &[Value]) -> Value {
-        for op in ops {
-            let path = op["path"].as_str().unwrap();
-            let (parent, last) = path.rsplit_once('/').unwrap();
-            let last = last.replace("~1", "/").replace("~0", "~");
-            let target = doc.pointer_mut(parent).unwrap_or_else(|| panic!("{path}"));
-            match (op["op"].as_str().unwrap(), last.as_str()) {
-                ("add", "-") => target.as_array_mut().unwrap().push(op["value"].clone()),
-                ("add", _) => target[last.as_str()] = op["value"].clone(),
-                ("remove", _) => {
-                    let removed = target.as_object_mut().unwrap().remove(&last);
-                    assert!(removed.is_some(), "nothing at {path}");
-                }
-                other => panic!("{other:?}"),
-            }
-        }
+    /// Applies the patch as the API server does (RFC 6902).
+    fn apply(mut doc: Value, ops: &[PatchOperation]) -> Value {
+        json_patch::patch(&mut doc, ops).unwrap_or_else(|e| panic!("{e}: {ops:?}"));
         doc
     }
 

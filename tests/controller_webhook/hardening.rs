@@ -86,6 +86,8 @@ pub fn pod_review(labels: Value) -> Vec<u8> {
         "apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
         "request": {"uid": "u-1", "operation": "CREATE",
                     "kind": {"group": "", "version": "v1", "kind": "Pod"},
+                    "resource": {"group": "", "version": "v1", "resource": "pods"},
+                    "userInfo": {"username": "system:serviceaccount:kube-system:x"},
                     "object": {"apiVersion": "v1", "kind": "Pod",
                                "metadata": {"name": "p", "namespace": "team", "labels": labels},
                                "spec": {"containers": [{"name": "c", "image": "x"}]}}}}))

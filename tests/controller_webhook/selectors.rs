@@ -5,7 +5,7 @@
 
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
-use tessera::controller::webhook::{decide_with, Options, Verdict};
+use tessera::controller::webhook::{decide_with, request, Options, Verdict};
 
 fn config() -> Value {
     let text = std::fs::read_to_string("daemonset/controller/webhook.yaml").unwrap();
@@ -75,21 +75,19 @@ fn a_deployments_pods_carry_the_label_and_reach_the_pod_webhook() {
         "metadata": {"name": "web", "namespace": "team", "labels": queue},
         "spec": {"template": {"metadata": {"labels": {"app": "web"}},
                               "spec": {"containers": [{"name": "c"}]}}}});
-    let request = json!({"operation": "CREATE", "kind": {"group": "apps", "kind": "Deployment"},
-                         "object": deployment});
+    let review = json!({"apiVersion": "admission.k8s.io/v1", "kind": "AdmissionReview",
+        "request": {"uid": "d-1", "operation": "CREATE",
+                    "kind": {"group": "apps", "version": "v1", "kind": "Deployment"},
+                    "resource": {"group": "apps", "version": "v1", "resource": "deployments"},
+                    "userInfo": {"username": "alice"}, "object": deployment.clone()}});
+    let request = request(&review).unwrap();
     let Verdict::Allow(ops) = decide_with(&request, Some(&classes()), Options::default()) else {
         panic!("denied");
     };
     // The ReplicaSet copies the patched template's labels onto each pod.
-    let mut pod_labels = json!({"app": "web"});
-    for op in &ops {
-        let path = op["path"].as_str().unwrap();
-        let key = path
-            .strip_prefix("/spec/template/metadata/labels/")
-            .unwrap()
-            .replace("~1", "/");
-        pod_labels[key] = op["value"].clone();
-    }
+    let mut patched = deployment;
+    json_patch::patch(&mut patched, &ops).unwrap();
+    let pod_labels = patched["spec"]["template"]["metadata"]["labels"].clone();
     assert_eq!(pod_labels["tessera.io/queue-name"], "lq", "{ops:?}");
     assert_eq!(
         called("", "pods", "team", &pod_labels),
