@@ -249,8 +249,13 @@ async fn a_keda_scaled_object_renamed_scales_a_deployment_to_zero_and_back() {
         until_t > at + 60_000 && until_t <= at + 120_000,
         "{annotations}"
     );
+    // The status follows the /scale write (same poll, next request).
+    until("the status at 2 replicas", Duration::from_secs(10), || {
+        object(&api, SCALERS, "web").is_some_and(|s| s["status"]["desiredReplicas"] == 2)
+    })
+    .await
+    .unwrap();
     let status = object(&api, SCALERS, "web").unwrap()["status"].clone();
-    assert_eq!(status["desiredReplicas"], 2, "{status}");
     assert!(status["lastActiveTime"].is_string(), "{status}");
 
     let reasons: Vec<String> = events(&api).into_iter().map(|e| e.0).collect();
