@@ -5,6 +5,21 @@
 
 #![allow(dead_code)]
 
+/// `objects` written one per file in a temporary folder (kept while the handle lives).
+fn json_files(objects: &[serde_json::Value]) -> (tempfile::TempDir, Vec<std::path::PathBuf>) {
+    let dir = tempfile::tempdir().unwrap();
+    let files = objects
+        .iter()
+        .enumerate()
+        .map(|(i, object)| {
+            let file = dir.path().join(format!("object-{i}.json"));
+            std::fs::write(&file, serde_json::to_vec(object).unwrap()).unwrap();
+            file
+        })
+        .collect();
+    (dir, files)
+}
+
 /// Validate `object` (JSON with apiVersion/kind) strictly for each Kubernetes version.
 pub fn validate(object: &serde_json::Value, versions: &[&str]) {
     validate_all(std::slice::from_ref(object), versions)
@@ -19,13 +34,7 @@ pub fn validate_all(objects: &[serde_json::Value], versions: &[&str]) {
         super::skip::tool_missing("kubernetes-validate", "pip install kubernetes-validate");
         return;
     }
-    let dir = tempfile::tempdir().unwrap();
-    let mut files = Vec::new();
-    for (i, object) in objects.iter().enumerate() {
-        let file = dir.path().join(format!("object-{i}.json"));
-        std::fs::write(&file, serde_json::to_vec(object).unwrap()).unwrap();
-        files.push(file);
-    }
+    let (_dir, files) = json_files(objects);
     for version in versions {
         let out = std::process::Command::new("kubernetes-validate")
             .args(["--strict", "--quiet", "-k", version])
@@ -53,13 +62,7 @@ pub fn validate_all(objects: &[serde_json::Value], versions: &[&str]) {
 /// PyYAML is reported as skipped (`support::skip`), a failure in CI.
 pub fn validate_custom(objects: &[serde_json::Value], crds: &str) {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
-    let dir = tempfile::tempdir().unwrap();
-    let mut files = Vec::new();
-    for (i, object) in objects.iter().enumerate() {
-        let file = dir.path().join(format!("cr-{i}.json"));
-        std::fs::write(&file, serde_json::to_vec(object).unwrap()).unwrap();
-        files.push(file);
-    }
+    let (_dir, files) = json_files(objects);
     let out = std::process::Command::new("python3")
         .arg(root.join("tests/py/validate_cr.py"))
         .arg(root.join(crds))
