@@ -1,28 +1,10 @@
 use super::*;
-use crate::vgpu::request::{ContainerKind, MemoryRequest};
+use crate::vgpu::request::test_requests::{container, pod};
+use crate::vgpu::request::MemoryRequest;
 use proptest::prelude::*;
 
 const A100_40: u64 = 40_960;
 const H100_80: u64 = 81_920;
-
-fn container(name: &str, count: u32, memory: MemoryRequest, cores: u32) -> ContainerRequest {
-    ContainerRequest {
-        name: name.into(),
-        kind: ContainerKind::App,
-        count,
-        memory,
-        cores,
-    }
-}
-
-fn pod(containers: Vec<ContainerRequest>) -> PodRequest {
-    PodRequest {
-        containers,
-        selectors: Selectors::default(),
-        gpu_policy: None,
-        node_policy: None,
-    }
-}
 
 fn one(count: u32, memory: MemoryRequest, cores: u32) -> PodRequest {
     pod(vec![container("main", count, memory, cores)])

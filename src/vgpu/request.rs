@@ -624,3 +624,35 @@ fn selectors(annotations: &BTreeMap<String, String>) -> Result<Selectors> {
 #[cfg(test)]
 #[path = "request_tests.rs"]
 mod tests;
+
+/// Requests built directly, for the vGPU modules' unit tests.
+#[cfg(test)]
+pub(crate) mod test_requests {
+    use super::{ContainerKind, ContainerRequest, MemoryRequest, PodRequest, Selectors};
+
+    /// An app container asking `count` vGPUs of `memory` and `cores` each.
+    pub(crate) fn container(
+        name: &str,
+        count: u32,
+        memory: MemoryRequest,
+        cores: u32,
+    ) -> ContainerRequest {
+        ContainerRequest {
+            name: name.into(),
+            kind: ContainerKind::App,
+            count,
+            memory,
+            cores,
+        }
+    }
+
+    /// A pod of `containers` with no selectors or policies.
+    pub(crate) fn pod(containers: Vec<ContainerRequest>) -> PodRequest {
+        PodRequest {
+            containers,
+            selectors: Selectors::default(),
+            gpu_policy: None,
+            node_policy: None,
+        }
+    }
+}

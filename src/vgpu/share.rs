@@ -137,26 +137,7 @@ pub fn engine_request(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::vgpu::request::{ContainerKind, Selectors};
-
-    fn container(count: u32, memory: MemoryRequest, cores: u32) -> ContainerRequest {
-        ContainerRequest {
-            name: "main".into(),
-            kind: ContainerKind::App,
-            count,
-            memory,
-            cores,
-        }
-    }
-
-    fn pod(containers: Vec<ContainerRequest>) -> PodRequest {
-        PodRequest {
-            containers,
-            selectors: Selectors::default(),
-            gpu_policy: None,
-            node_policy: None,
-        }
-    }
+    use crate::vgpu::request::test_requests::{container, pod};
 
     #[test]
     fn a_vgpu_takes_its_larger_share_rounded_up() {
@@ -174,12 +155,15 @@ mod tests {
         ];
         for (memory, cores, want) in cases {
             assert_eq!(
-                vgpu_milli(&container(1, memory, cores), gpu),
+                vgpu_milli(&container("main", 1, memory, cores), gpu),
                 want,
                 "{memory} {cores}"
             );
         }
-        assert_eq!(vgpu_milli(&container(1, MemoryRequest::Mib(1), 0), 0), 1000);
+        assert_eq!(
+            vgpu_milli(&container("main", 1, MemoryRequest::Mib(1), 0), 0),
+            1000
+        );
     }
 
     #[test]
@@ -215,7 +199,7 @@ mod tests {
             memory_mib: 8192,
         };
         let models = ["NVIDIA A100".to_string(), "NVIDIA L4".to_string()];
-        let one = pod(vec![container(1, MemoryRequest::Mib(4_000), 0)]);
+        let one = pod(vec![container("main", 1, MemoryRequest::Mib(4_000), 0)]);
         let r = engine_request(Some(&one), host, 16_000, &models);
         assert_eq!(
             (r.cpu_milli, r.memory_mib, r.gpu.clone()),
@@ -231,8 +215,8 @@ mod tests {
         assert!(r.gpu_models.is_empty());
         // Two containers: the widest count, the shares summed.
         let two = pod(vec![
-            container(2, MemoryRequest::Percent(20), 0),
-            container(1, MemoryRequest::Mib(1_600), 30),
+            container("main", 2, MemoryRequest::Percent(20), 0),
+            container("main", 1, MemoryRequest::Mib(1_600), 30),
         ]);
         let r = engine_request(Some(&two), host, 16_000, &models);
         assert_eq!(
@@ -243,7 +227,7 @@ mod tests {
                 memory_mib: 4_800
             }
         );
-        let whole = pod(vec![container(1, MemoryRequest::Percent(100), 0)]);
+        let whole = pod(vec![container("main", 1, MemoryRequest::Percent(100), 0)]);
         let r = engine_request(Some(&whole), host, 16_000, &models);
         assert_eq!(
             r.gpu,
