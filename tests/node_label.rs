@@ -81,6 +81,30 @@ async fn label_selects_config_and_rejections_become_events() {
     );
     assert_eq!(kubelet.devices("nvidia.com/gpu").await.len(), 6);
     validate_with_official_schema(event);
+    // The same rejection again: counted in that Event's series, no new Event.
+    api.set_label("tessera.io/config", Some("shared"));
+    api.set_label("tessera.io/config", Some("nope"));
+    let deadline = Instant::now() + WAIT;
+    while api.events()[0]["series"]["count"] != 2 {
+        assert!(Instant::now() < deadline, "no series: {:?}", api.events());
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(api.events().len(), 1);
+    validate_with_official_schema(&api.events()[0]);
+    // Another message is an Event of its own, with its own text.
+    api.set_label("tessera.io/config", Some("other"));
+    let deadline = Instant::now() + WAIT;
+    while api.events().len() < 2 {
+        assert!(Instant::now() < deadline, "no second Event");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert!(
+        api.events()[1]["note"]
+            .as_str()
+            .is_some_and(|n| n.contains("other")),
+        "{:?}",
+        api.events()[1]
+    );
 
     // Label removed: back to default.
     api.set_label("tessera.io/config", None);

@@ -3,27 +3,24 @@
 //! Event on the Node when a layout config is rejected or a GPU cannot move between the
 //! kubelet paths because it is in use.
 //!
-//! ```text
-//! GET node ──▶ label ──▶ send if changed ──▶ WATCH node (fieldSelector name=…) from its
-//!    ▲                                        resourceVersion; each Added/Modified ─┐
-//!    └──────────── stream ended / error: backoff 1 s … 30 s ◀──────────────────────┘
-//! ```
+//! The label watch is kube-runtime's `watch_object` (a LIST and WATCH of the one Node by
+//! field selector, resumed, re-LISTed after 410, with the watcher's default backoff on
+//! errors); each version of the Node publishes its label when it changed. A Node that is
+//! not found keeps the label last seen (the kubelet registers it again).
 
-use std::time::Duration;
-
-use futures::TryStreamExt;
+use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, ObjectReference};
-use k8s_openapi::api::events::v1::Event;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
-use kube::api::{Api, PostParams, WatchEvent, WatchParams};
+use kube::api::Api;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+use kube::runtime::{watcher, WatchStreamExt};
 use kube::Client;
+use std::collections::HashMap;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, warn};
 
 use super::EventRecorder;
 use crate::partition::config::CONFIG_LABEL;
-use crate::retry::Backoff;
 
 /// Keep `tx` set to the Node's `tessera.io/config` label (None: no label) until `cancel`.
 pub async fn watch_config_label(
@@ -33,40 +30,18 @@ pub async fn watch_config_label(
     cancel: CancellationToken,
 ) {
     let nodes: Api<Node> = Api::all(client);
-    let mut backoff = Backoff::doubling(Duration::from_secs(1), Duration::from_secs(30));
+    let versions = watcher::watch_object(nodes, &node).default_backoff();
+    futures::pin_mut!(versions);
     loop {
-        let round = async {
-            let n = nodes.get(&node).await?;
-            publish(&tx, &n);
-            let version = n.metadata.resource_version.clone().unwrap_or_default();
-            let wp = WatchParams::default()
-                .fields(&format!("metadata.name={node}"))
-                .timeout(290);
-            let mut stream = Box::pin(nodes.watch(&wp, &version).await?);
-            while let Some(event) = stream.try_next().await? {
-                match event {
-                    WatchEvent::Added(n) | WatchEvent::Modified(n) => publish(&tx, &n),
-                    WatchEvent::Error(e) => {
-                        debug!(error = %e.message, "node watch ended by the API server");
-                        break;
-                    }
-                    _ => {}
-                }
-            }
-            Ok::<(), kube::Error>(())
-        };
-        tokio::select! {
+        let next = tokio::select! {
             _ = cancel.cancelled() => return,
-            result = round => match result {
-                Ok(()) => backoff.reset(),
-                Err(e) => {
-                    warn!(%node, error = %e, "cannot read this node's labels; retrying");
-                    tokio::select! {
-                        _ = cancel.cancelled() => return,
-                        _ = tokio::time::sleep(backoff.next_delay()) => {}
-                    }
-                }
-            }
+            next = versions.next() => next,
+        };
+        match next {
+            Some(Ok(Some(n))) => publish(&tx, &n),
+            Some(Ok(None)) => debug!(%node, "this node is not found; its last label stays"),
+            Some(Err(e)) => warn!(%node, error = %e, "cannot read this node's labels; retrying"),
+            None => return,
         }
     }
 }
@@ -88,11 +63,31 @@ fn publish(tx: &watch::Sender<Option<String>>, node: &Node) {
     });
 }
 
-/// Records rejected configs as `events.k8s.io/v1` Events on the Node (and in the log).
+/// Records the agent's warnings as `events.k8s.io/v1` Events on the Node (and in the
+/// log), through kube-runtime's event recorder: the same warning (reason and note)
+/// repeated within the recorder's window (6 min) becomes one Event whose `series` counts
+/// the repeats (a PATCH), not a new object each time. kube-runtime keys repeats without
+/// the note, so a new message would be counted as a repeat of the old one's text: each
+/// distinct (reason, note) gets a recorder of its own.
 pub struct KubeEventRecorder {
     client: Client,
     node: String,
+    recorders: std::sync::Mutex<HashMap<(String, Option<String>), Recorder>>,
     runtime: tokio::runtime::Handle,
+}
+
+/// Distinct warnings whose recorders are kept (then they start afresh).
+const RECORDERS_KEPT: usize = 256;
+
+/// The recorder the agent on `node` writes Events with.
+pub fn agent_recorder(client: Client, node: &str) -> Recorder {
+    Recorder::new(
+        client,
+        Reporter {
+            controller: "tessera.io/node-agent".into(),
+            instance: Some(format!("tessera-node-{node}")),
+        },
+    )
 }
 
 impl KubeEventRecorder {
@@ -101,176 +96,105 @@ impl KubeEventRecorder {
         Self {
             client,
             node,
+            recorders: Default::default(),
             runtime: tokio::runtime::Handle::current(),
         }
     }
+
+    fn recorder_for(&self, event: &Event) -> Recorder {
+        // A panic elsewhere while holding the lock leaves plain data behind: keep going.
+        let mut recorders = self.recorders.lock().unwrap_or_else(|e| e.into_inner());
+        if recorders.len() >= RECORDERS_KEPT {
+            recorders.clear();
+        }
+        recorders
+            .entry((event.reason.clone(), event.note.clone()))
+            .or_insert_with(|| agent_recorder(self.client.clone(), &self.node))
+            .clone()
+    }
+
+    fn post(&self, event: Event) {
+        let (recorder, node) = (self.recorder_for(&event), node_reference(&self.node));
+        self.runtime.spawn(async move {
+            if let Err(e) = recorder.publish(&event, &node).await {
+                warn!(error = %e, reason = %event.reason, "cannot record an Event on the Node");
+            }
+        });
+    }
 }
 
-/// The Event a rejected config produces (pure; tested on its own).
-pub fn config_rejected_event(
-    node: &str,
-    message: &str,
-    now: k8s_openapi::jiff::Timestamp,
-) -> Event {
-    node_event(node, "ConfigRejected", "ReloadConfig", message, now)
-}
-
-/// The Event of a GPU that stays on its kubelet path because it is in use.
-pub fn gpu_move_blocked_event(
-    node: &str,
-    message: &str,
-    now: k8s_openapi::jiff::Timestamp,
-) -> Event {
-    node_event(node, "GpuMoveBlocked", "MoveGpu", message, now)
-}
-
-/// The Event of a GPU whose move off the DRA driver waits long (on neither path).
-pub fn gpu_move_stalled_event(
-    node: &str,
-    message: &str,
-    now: k8s_openapi::jiff::Timestamp,
-) -> Event {
-    node_event(node, "GpuMoveStalled", "MoveGpu", message, now)
-}
-
-/// The Event of a pod using more of a GPU than its vGPU slices allow.
-pub fn vgpu_over_limit_event(
-    node: &str,
-    message: &str,
-    now: k8s_openapi::jiff::Timestamp,
-) -> Event {
-    node_event(node, "VgpuOverLimit", "GuardVgpuLimits", message, now)
-}
-
-/// The Event of another device plugin competing with Tessera's on the node.
-pub fn device_plugin_conflict_event(
-    node: &str,
-    message: &str,
-    now: k8s_openapi::jiff::Timestamp,
-) -> Event {
-    node_event(
-        node,
-        "DevicePluginConflict",
-        "RegisterDevicePlugin",
-        message,
-        now,
-    )
-}
-
-/// A Warning Event about the Node.
-fn node_event(
-    node: &str,
-    reason: &str,
-    action: &str,
-    message: &str,
-    now: k8s_openapi::jiff::Timestamp,
-) -> Event {
-    warning_event(
-        node,
-        ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.to_string()),
-            uid: Some(node.to_string()),
-            ..Default::default()
-        },
-        format!("{node}.tessera-config-"),
-        "default",
-        (reason, action, message),
-        now,
-    )
-}
-
-/// A Warning Event about a pod on this node (in the pod's namespace, as the API server
-/// requires).
-pub fn pod_event(
-    node: &str,
-    pod: &ObjectReference,
-    reason: &str,
-    action: &str,
-    message: &str,
-    now: k8s_openapi::jiff::Timestamp,
-) -> Event {
-    let namespace = pod.namespace.clone().unwrap_or_default();
-    let prefix = format!("{}.tessera-", pod.name.as_deref().unwrap_or("pod"));
-    warning_event(
-        node,
-        pod.clone(),
-        prefix,
-        &namespace,
-        (reason, action, message),
-        now,
-    )
-}
-
-fn warning_event(
-    node: &str,
-    regarding: ObjectReference,
-    generate_name: String,
-    namespace: &str,
-    (reason, action, message): (&str, &str, &str),
-    now: k8s_openapi::jiff::Timestamp,
-) -> Event {
-    // The API server caps `note` at 1 kB.
-    let note: String = message.chars().take(1000).collect();
-    Event {
-        metadata: ObjectMeta {
-            generate_name: Some(generate_name),
-            namespace: Some(namespace.to_string()),
-            ..Default::default()
-        },
-        event_time: Some(MicroTime(now)),
-        action: Some(action.into()),
-        reason: Some(reason.into()),
-        note: Some(note),
-        type_: Some("Warning".into()),
-        reporting_controller: Some("tessera.io/node-agent".into()),
-        reporting_instance: Some(format!("tessera-node-{node}")),
-        regarding: Some(regarding),
+/// The Node as an Event's `regarding` (a cluster-scoped object: its Events go to the
+/// `default` namespace).
+pub fn node_reference(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_string()),
+        uid: Some(node.to_string()),
         ..Default::default()
     }
 }
 
-impl KubeEventRecorder {
-    fn post(&self, event: Event) {
-        let events: Api<Event> = Api::namespaced(self.client.clone(), "default");
-        self.runtime.spawn(async move {
-            if let Err(e) = events.create(&PostParams::default(), &event).await {
-                warn!(error = %e, reason = ?event.reason, "cannot record an Event on the Node");
-            }
-        });
+/// The Event a rejected config produces (pure; tested on its own).
+pub fn config_rejected_event(message: &str) -> Event {
+    warning("ConfigRejected", "ReloadConfig", message)
+}
+
+/// The Event of a GPU that stays on its kubelet path because it is in use.
+pub fn gpu_move_blocked_event(message: &str) -> Event {
+    warning("GpuMoveBlocked", "MoveGpu", message)
+}
+
+/// The Event of a GPU whose move off the DRA driver waits long (on neither path).
+pub fn gpu_move_stalled_event(message: &str) -> Event {
+    warning("GpuMoveStalled", "MoveGpu", message)
+}
+
+/// The Event of a pod using more of a GPU than its vGPU slices allow.
+pub fn vgpu_over_limit_event(message: &str) -> Event {
+    warning("VgpuOverLimit", "GuardVgpuLimits", message)
+}
+
+/// The Event of another device plugin competing with Tessera's on the node.
+pub fn device_plugin_conflict_event(message: &str) -> Event {
+    warning("DevicePluginConflict", "RegisterDevicePlugin", message)
+}
+
+/// A Warning Event (`note` capped at the API server's 1 kB).
+pub fn warning(reason: &str, action: &str, message: &str) -> Event {
+    Event {
+        type_: EventType::Warning,
+        reason: reason.into(),
+        note: Some(message.chars().take(1000).collect()),
+        action: action.into(),
+        secondary: None,
     }
 }
 
 impl EventRecorder for KubeEventRecorder {
     fn config_rejected(&self, message: &str) {
         super::LogRecorder.config_rejected(message);
-        let now = k8s_openapi::jiff::Timestamp::now();
-        self.post(config_rejected_event(&self.node, message, now));
+        self.post(config_rejected_event(message));
     }
 
     fn gpu_move_blocked(&self, message: &str) {
         super::LogRecorder.gpu_move_blocked(message);
-        let now = k8s_openapi::jiff::Timestamp::now();
-        self.post(gpu_move_blocked_event(&self.node, message, now));
+        self.post(gpu_move_blocked_event(message));
     }
 
     fn gpu_move_stalled(&self, message: &str) {
         super::LogRecorder.gpu_move_stalled(message);
-        let now = k8s_openapi::jiff::Timestamp::now();
-        self.post(gpu_move_stalled_event(&self.node, message, now));
+        self.post(gpu_move_stalled_event(message));
     }
 
     fn device_plugin_conflict(&self, message: &str) {
         super::LogRecorder.device_plugin_conflict(message);
-        let now = k8s_openapi::jiff::Timestamp::now();
-        self.post(device_plugin_conflict_event(&self.node, message, now));
+        self.post(device_plugin_conflict_event(message));
     }
 
     fn vgpu_over_limit(&self, message: &str) {
         super::LogRecorder.vgpu_over_limit(message);
-        let now = k8s_openapi::jiff::Timestamp::now();
-        self.post(vgpu_over_limit_event(&self.node, message, now));
+        self.post(vgpu_over_limit_event(message));
     }
 }
 
@@ -279,29 +203,21 @@ mod tests {
     use super::*;
 
     #[test]
-    fn event_names_the_node_and_truncates_the_note() {
+    fn events_are_warnings_with_the_note_capped() {
         let long = "x".repeat(5000);
-        let e = config_rejected_event("gpu-7", &long, k8s_openapi::jiff::Timestamp::UNIX_EPOCH);
+        let e = config_rejected_event(&long);
         assert_eq!(e.note.as_ref().unwrap().len(), 1000);
-        let r = e.regarding.unwrap();
+        assert_eq!(e.type_, EventType::Warning);
+        assert_eq!(e.reason, "ConfigRejected");
+        let b = gpu_move_blocked_event("GPU 2 stays");
+        assert_eq!(b.reason, "GpuMoveBlocked");
+        assert_eq!(b.note.as_deref(), Some("GPU 2 stays"));
+        assert_eq!(
+            gpu_move_stalled_event("GPU 1 waits").reason,
+            "GpuMoveStalled"
+        );
+        let r = node_reference("gpu-7");
         assert_eq!(r.kind.as_deref(), Some("Node"));
         assert_eq!(r.name.as_deref(), Some("gpu-7"));
-        assert_eq!(e.type_.as_deref(), Some("Warning"));
-        assert_eq!(e.reason.as_deref(), Some("ConfigRejected"));
-        let b = gpu_move_blocked_event(
-            "gpu-7",
-            "GPU 2 stays",
-            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        );
-        assert_eq!(b.reason.as_deref(), Some("GpuMoveBlocked"));
-        assert_eq!(b.note.as_deref(), Some("GPU 2 stays"));
-        assert_eq!(b.regarding.unwrap().name.as_deref(), Some("gpu-7"));
-        let s = gpu_move_stalled_event(
-            "gpu-7",
-            "GPU 1 waits",
-            k8s_openapi::jiff::Timestamp::UNIX_EPOCH,
-        );
-        assert_eq!(s.reason.as_deref(), Some("GpuMoveStalled"));
-        assert_eq!(s.type_.as_deref(), Some("Warning"));
     }
 }

@@ -23,8 +23,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{ObjectReference, Pod};
-use k8s_openapi::api::events::v1::Event;
-use kube::api::{Api, PostParams};
+use kube::api::Api;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 use tracing::{debug, info, warn};
@@ -396,16 +395,10 @@ impl Binder {
             uid: pod.metadata.uid.clone(),
             ..Default::default()
         };
-        let event = super::cluster::pod_event(
-            &self.binding.node_name,
-            &regarding,
-            "VgpuBindingRefused",
-            "BindVgpu",
-            &message,
-            k8s_openapi::jiff::Timestamp::now(),
-        );
-        let events: Api<Event> = Api::namespaced(self.binding.client.clone(), &holder.namespace);
-        if let Err(e) = events.create(&PostParams::default(), &event).await {
+        let event = super::cluster::warning("VgpuBindingRefused", "BindVgpu", &message);
+        let recorder =
+            super::cluster::agent_recorder(self.binding.client.clone(), &self.binding.node_name);
+        if let Err(e) = recorder.publish(&event, &regarding).await {
             warn!(error = %e, "cannot record an Event on the pod");
         }
     }

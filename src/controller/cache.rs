@@ -2,14 +2,23 @@
 //! of LISTing the API server (one LIST per kind at start and after a watch breaks).
 //!
 //! One [`Store`] per (kind, label selector), keyed by namespace/name. Its feeder
-//! ([`feed`]) LISTs, then WATCHes from the list's resourceVersion: ADDED/MODIFIED upsert,
-//! DELETED removes, BOOKMARK advances the resourceVersion; a watch that ends is resumed
-//! from the last resourceVersion seen; a `410 Gone` (history compacted) or any other
-//! error re-LISTs. The controller's own writes are put into the stores at once
-//! ([`Cache::observe`]) so the next pass reads its writes even before their watch event
-//! arrives; a store never goes back to an older resourceVersion of an object (the
-//! versions are compared as integers, as etcd issues them; an unparsable one is taken
-//! as newer).
+//! ([`feed`]) is kube-runtime's [`watcher`]: a paginated LIST, then a WATCH from its
+//! resourceVersion with bookmarks, resumed when the server closes it, a LIST again after
+//! `410 Gone` (history compacted), backoff on errors. `Init` … `InitDone` replace the
+//! store's contents, `Apply` upserts, `Delete` removes. On top of the watcher, the feeder
+//! LISTs again at once when the server refuses a WATCH request itself with 410 (the
+//! watcher alone would retry that resourceVersion forever), and reads a kind the cluster
+//! does not serve (404, an optional kind) as none, looking again every minute.
+//!
+//! The controller's own writes are put into the stores at once ([`Cache::observe`]) so
+//! the next pass reads its writes even before their watch event arrives. Resource
+//! versions are opaque (never compared for order): a written object waits for its *echo*,
+//! the watch event carrying the written resourceVersion, and the watch events for that
+//! object before the echo (older than the write) are skipped, so the store never goes
+//! back to what the write replaced. An echo that arrived before the write's answer was
+//! processed is recognised from the store's recent events; an echo that never comes (the
+//! watch missed it) stops being waited for after [`ECHO_WAIT`], and the object follows
+//! the watch again.
 
 use super::requeue_book;
 use super::resources::{crd_resource, dra_resource, QUEUE_KINDS};
@@ -18,16 +27,25 @@ use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
-use kube::api::{Api, ApiResource, DynamicObject, ListParams, WatchEvent, WatchParams};
+use kube::api::{Api, ApiResource, DynamicObject};
+use kube::runtime::watcher::{self, watcher, Event};
+use kube::runtime::WatchStreamExt;
 use serde_json::Value;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 /// Namespace ("" for cluster-scoped objects) and name.
 pub type Key = (String, String);
+
+/// How long a written object waits for its watch echo before it follows the watch again.
+pub const ECHO_WAIT: Duration = Duration::from_secs(10);
+
+/// How many recent watch events (key and resourceVersion) a store remembers, to tell a
+/// write whose echo came before its answer was processed.
+const RECENT_EVENTS: usize = 1024;
 
 fn key_of(v: &Value) -> Key {
     let m = &v["metadata"];
@@ -39,14 +57,6 @@ fn key_of(v: &Value) -> Key {
 
 fn rv_of(v: &Value) -> &str {
     v["metadata"]["resourceVersion"].as_str().unwrap_or("")
-}
-
-/// Whether resourceVersion `new` is not older than `old`.
-fn not_older(new: &str, old: &str) -> bool {
-    match (new.parse::<u64>(), old.parse::<u64>()) {
-        (Ok(n), Ok(o)) => n >= o,
-        _ => true,
-    }
 }
 
 #[derive(Default)]
@@ -62,6 +72,11 @@ struct Inner {
     log: BTreeMap<u64, Key>,
     /// The generation of the last LIST (everything may have changed then).
     replaced_at: u64,
+    /// Objects this instance wrote whose watch echo has not come yet: the written
+    /// resourceVersion and when it was written.
+    awaiting_echo: HashMap<Key, (String, Instant)>,
+    /// The last [`RECENT_EVENTS`] watch events' keys and resourceVersions.
+    recent: VecDeque<(Key, String)>,
 }
 
 impl Inner {
@@ -71,6 +86,33 @@ impl Inner {
             self.log.remove(&old);
         }
         self.log.insert(g, k);
+    }
+
+    fn set(&mut self, k: Key, v: Value) {
+        self.objects.insert(k.clone(), v);
+        self.generation += 1;
+        self.record(k);
+    }
+
+    fn remember(&mut self, k: &Key, rv: &str) {
+        if self.recent.len() == RECENT_EVENTS {
+            self.recent.pop_front();
+        }
+        self.recent.push_back((k.clone(), rv.to_string()));
+    }
+
+    /// Whether the watch event (`k`, `rv`) is to be skipped because it comes before the
+    /// echo of this instance's write; the echo itself ends the wait.
+    fn before_echo(&mut self, k: &Key, rv: &str, now: Instant) -> bool {
+        let Some((written, at)) = self.awaiting_echo.get(k) else {
+            return false;
+        };
+        let echo = written == rv;
+        if echo || now.duration_since(*at) >= ECHO_WAIT {
+            self.awaiting_echo.remove(k);
+            return echo;
+        }
+        true
     }
 }
 
@@ -112,19 +154,22 @@ impl Store {
         self.inner.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Replaces the contents with a LIST taken at resourceVersion `rv`; objects this
-    /// instance wrote after `rv` (already in the store) are kept.
-    pub fn replace(&self, items: Vec<Value>, rv: &str) {
+    /// Replaces the contents with a LIST. An object this instance wrote whose echo has
+    /// not come keeps the written version (the LIST may predate the write; its echo then
+    /// follows on the WATCH from the LIST).
+    pub fn replace(&self, items: Vec<Value>) {
         let mut inner = self.write();
         let mut objects: BTreeMap<Key, Value> =
             items.into_iter().map(|v| (key_of(&v), v)).collect();
-        for (k, old) in &inner.objects {
-            let newer = match objects.get(k) {
-                Some(listed) => !not_older(rv_of(listed), rv_of(old)),
-                None => rv_of(old).parse::<u64>().ok() > rv.parse::<u64>().ok(),
-            };
-            if newer {
-                objects.insert(k.clone(), old.clone());
+        let awaiting: Vec<Key> = inner.awaiting_echo.keys().cloned().collect();
+        for k in awaiting {
+            match (objects.get(&k), inner.objects.get(&k)) {
+                (Some(listed), Some(written)) if rv_of(listed) != rv_of(written) => {
+                    objects.insert(k, written.clone());
+                }
+                _ => {
+                    inner.awaiting_echo.remove(&k);
+                }
             }
         }
         inner.objects = objects;
@@ -135,33 +180,64 @@ impl Store {
         inner.log.clear();
     }
 
-    /// An object added or changed (from a watch or from this instance's own write).
+    /// An object added or changed, from the watch.
     pub fn upsert(&self, v: Value) {
-        let mut inner = self.write();
-        let k = key_of(&v);
-        if let Some(old) = inner.objects.get(&k) {
-            let (new_rv, old_rv) = (rv_of(&v), rv_of(old));
-            // Older, or the watch echo of this instance's own write: nothing changes.
-            if !not_older(new_rv, old_rv) || (!new_rv.is_empty() && new_rv == old_rv) {
-                return;
-            }
-        }
-        inner.objects.insert(k.clone(), v);
-        inner.generation += 1;
-        inner.record(k);
+        self.upsert_at(v, Instant::now());
     }
 
-    /// Upsert only when the object is already cached (a write-through: the write did
-    /// not change what the selector matches).
+    fn upsert_at(&self, v: Value, now: Instant) {
+        let mut inner = self.write();
+        let k = key_of(&v);
+        let rv = rv_of(&v).to_string();
+        inner.remember(&k, &rv);
+        if inner.before_echo(&k, &rv, now) {
+            return;
+        }
+        if inner
+            .objects
+            .get(&k)
+            .is_some_and(|old| !rv.is_empty() && rv_of(old) == rv)
+        {
+            return;
+        }
+        inner.set(k, v);
+    }
+
+    /// An object this instance just wrote (the API server's answer): stored at once, and
+    /// the watch events before its echo are skipped.
+    pub fn write_through(&self, v: Value) {
+        self.write_through_at(v, Instant::now());
+    }
+
+    fn write_through_at(&self, v: Value, now: Instant) {
+        let mut inner = self.write();
+        let k = key_of(&v);
+        let rv = rv_of(&v).to_string();
+        let echoed = !rv.is_empty() && inner.recent.iter().any(|(rk, r)| *rk == k && *r == rv);
+        let same = inner.objects.get(&k).is_some_and(|old| rv_of(old) == rv);
+        if echoed || same {
+            // The watch already brought this version (and maybe later ones).
+            return;
+        }
+        if !rv.is_empty() {
+            inner.awaiting_echo.insert(k.clone(), (rv, now));
+        }
+        inner.set(k, v);
+    }
+
+    /// Writes through only when the object is already cached (the write did not change
+    /// what the selector matches).
     fn update_if_present(&self, v: &Value) {
         let present = self.read().objects.contains_key(&key_of(v));
         if present {
-            self.upsert(v.clone());
+            self.write_through(v.clone());
         }
     }
 
+    /// An object deleted (from the watch, or found gone by this instance).
     pub fn remove(&self, key: &Key) {
         let mut inner = self.write();
+        inner.awaiting_echo.remove(key);
         if inner.objects.remove(key).is_some() {
             inner.generation += 1;
             inner.record(key.clone());
@@ -379,18 +455,15 @@ fn to_value(o: DynamicObject) -> Option<Value> {
     serde_json::to_value(o).ok()
 }
 
-/// What ended a watch stream.
-enum WatchEnd {
-    /// The server closed it (timeout): resume from the last resourceVersion.
-    Closed,
-    /// 410 Gone (history compacted): LIST again at once.
-    Gone,
-    /// Another error or a broken connection: LIST again after a pause.
-    Relist,
-    Shutdown,
+/// Why a feeder starts a new watcher.
+enum Restart {
+    /// At once (a fresh LIST).
+    Now,
+    /// After a pause (a kind the cluster does not serve).
+    After(Duration),
 }
 
-/// Keeps `store` in step with the API server until `shutdown` (LIST, then WATCH).
+/// Keeps `store` in step with the API server until `shutdown`.
 pub async fn feed(
     client: kube::Client,
     store: &Store,
@@ -398,118 +471,71 @@ pub async fn feed(
     shutdown: CancellationToken,
 ) {
     let api: Api<DynamicObject> = Api::all_with(client, &store.resource);
-    let (mut lp, mut wp) = (ListParams::default(), WatchParams::default().timeout(290));
+    let mut config = watcher::Config::default().timeout(290);
     if let Some(sel) = &store.selector {
-        lp = lp.labels(sel);
-        wp = wp.labels(sel);
+        config = config.labels(sel);
     }
-    let kind = store.resource.plural.clone();
-    let pause = |secs| {
-        let shutdown = shutdown.clone();
-        async move {
-            tokio::select! {
-                _ = shutdown.cancelled() => false,
-                _ = tokio::time::sleep(Duration::from_secs(secs)) => true,
-            }
-        }
-    };
     loop {
-        let mut rv = match api.list(&lp).await {
-            Ok(l) => {
-                let rv = l.metadata.resource_version.unwrap_or_default();
-                store.replace(l.items.into_iter().filter_map(to_value).collect(), &rv);
-                rv
-            }
-            Err(kube::Error::Api(s)) if store.optional && s.code == 404 => {
-                // The cluster does not serve this kind (yet): none, look again later.
-                store.replace(Vec::new(), "");
-                notify.notify_one();
-                if !pause(60).await {
-                    return;
-                }
-                continue;
-            }
-            Err(e) => {
-                tracing::debug!(error = %e, %kind, "list for cache");
-                if !pause(2).await {
-                    return;
-                }
-                continue;
-            }
+        let restart = tokio::select! {
+            _ = shutdown.cancelled() => return,
+            r = follow(watcher(api.clone(), config.clone()), store, &notify) => r,
         };
-        notify.notify_one();
-        loop {
-            match watch_once(&api, &wp, &mut rv, store, &notify, &shutdown).await {
-                WatchEnd::Closed => continue,
-                WatchEnd::Gone => break,
-                WatchEnd::Relist => {
-                    if !pause(1).await {
-                        return;
-                    }
-                    break;
-                }
-                WatchEnd::Shutdown => return,
+        if let Restart::After(pause) = restart {
+            tokio::select! {
+                _ = shutdown.cancelled() => return,
+                _ = tokio::time::sleep(pause) => {}
             }
         }
     }
 }
 
-async fn watch_once(
-    api: &Api<DynamicObject>,
-    wp: &WatchParams,
-    rv: &mut String,
+/// Applies one watcher's events to `store` until it has to be replaced.
+async fn follow(
+    events: impl futures::Stream<Item = watcher::Result<Event<DynamicObject>>>,
     store: &Store,
     notify: &Notify,
-    shutdown: &CancellationToken,
-) -> WatchEnd {
-    let stream = match api.watch(wp, rv).await {
-        Ok(s) => s,
-        // A server may refuse a too-old resourceVersion on the request itself rather
-        // than in the stream: LIST again at once, as for the in-stream 410.
-        Err(kube::Error::Api(s)) if s.code == 410 => return WatchEnd::Gone,
-        Err(e) => {
-            tracing::debug!(error = %e, kind = %store.resource.plural, "watch");
-            return WatchEnd::Relist;
-        }
-    };
-    futures::pin_mut!(stream);
-    loop {
-        let next = tokio::select! {
-            _ = shutdown.cancelled() => return WatchEnd::Shutdown,
-            n = stream.next() => n,
-        };
-        match next {
-            Some(Ok(WatchEvent::Added(o) | WatchEvent::Modified(o))) => {
+) -> Restart {
+    let kind = &store.resource.plural;
+    let events = events.default_backoff();
+    futures::pin_mut!(events);
+    let mut listed: Vec<Value> = Vec::new();
+    while let Some(event) = events.next().await {
+        match event {
+            Ok(Event::Init) => listed.clear(),
+            Ok(Event::InitApply(o)) => listed.extend(to_value(o)),
+            Ok(Event::InitDone) => {
+                store.replace(std::mem::take(&mut listed));
+                notify.notify_one();
+            }
+            Ok(Event::Apply(o)) => {
                 if let Some(v) = to_value(o) {
-                    *rv = rv_of(&v).to_string();
                     store.upsert(v);
                     notify.notify_one();
                 }
             }
-            Some(Ok(WatchEvent::Deleted(o))) => {
+            Ok(Event::Delete(o)) => {
                 if let Some(v) = to_value(o) {
-                    *rv = rv_of(&v).to_string();
                     store.remove(&key_of(&v));
                     notify.notify_one();
                 }
             }
-            Some(Ok(WatchEvent::Bookmark(b))) => *rv = b.metadata.resource_version,
-            Some(Ok(WatchEvent::Error(e))) => {
-                tracing::debug!(code = e.code, message = %e.message, kind = %store.resource.plural,
-                                "watch error; listing again");
-                return if e.code == 410 {
-                    WatchEnd::Gone
-                } else {
-                    WatchEnd::Relist
-                };
+            Err(watcher::Error::InitialListFailed(kube::Error::Api(s)))
+                if store.optional && s.code == 404 =>
+            {
+                // The cluster does not serve this kind (yet): none, look again later.
+                store.replace(Vec::new());
+                notify.notify_one();
+                return Restart::After(Duration::from_secs(60));
             }
-            Some(Err(e)) => {
-                tracing::debug!(error = %e, kind = %store.resource.plural, "watch stream");
-                return WatchEnd::Relist;
+            Err(watcher::Error::WatchStartFailed(kube::Error::Api(s))) if s.code == 410 => {
+                tracing::debug!(%kind, "watch refused as too old; listing again");
+                return Restart::Now;
             }
-            None => return WatchEnd::Closed,
+            // The watcher retries (with backoff), re-LISTing where it must.
+            Err(e) => tracing::debug!(error = %e, %kind, "cache watch"),
         }
     }
+    Restart::Now
 }
 
 #[cfg(test)]
@@ -525,46 +551,85 @@ mod tests {
         Store::new(ApiResource::erase::<Pod>(&()), None, false)
     }
 
+    fn x_of(s: &Store, name: &str) -> Value {
+        s.get(&("team".into(), name.into())).unwrap()["x"].clone()
+    }
+
+    /// Resource versions are opaque: none of these is compared for order.
     #[test]
-    fn upserts_never_go_back_to_an_older_version() {
+    fn a_write_skips_the_watch_events_before_its_echo() {
         let s = store();
-        let cases = [
-            // (rv, x, expected x after)
-            ("5", 1, 1),
-            ("7", 2, 2),
-            ("6", 3, 2), // a late watch event after a write-through: ignored
-            ("7", 4, 2), // the same version again (its watch echo): nothing changes
-            ("8", 4, 4),
-            ("opaque", 5, 5),
-        ];
-        for (rv, x, want) in cases {
-            s.upsert(obj("team", "a", rv, x));
-            assert_eq!(
-                s.get(&("team".into(), "a".into())).unwrap()["x"],
-                want,
-                "rv {rv}"
-            );
-        }
+        let t = Instant::now();
+        s.upsert_at(obj("team", "a", "k", 1), t);
+        s.write_through_at(obj("team", "a", "m", 2), t);
+        let g = s.generation();
+        // A watch event from before the write (another client's change it replaced).
+        s.upsert_at(obj("team", "a", "c", 3), t);
+        assert_eq!(x_of(&s, "a"), 2, "not back to what the write replaced");
+        // The echo: nothing changes, and the object follows the watch again.
+        s.upsert_at(obj("team", "a", "m", 2), t);
+        assert_eq!(s.generation(), g);
+        s.upsert_at(obj("team", "a", "b", 4), t);
+        assert_eq!(x_of(&s, "a"), 4);
+        // The same version again changes nothing.
+        s.upsert_at(obj("team", "a", "b", 4), t);
+        assert_eq!(s.generation(), g + 1);
     }
 
     #[test]
-    fn a_list_replaces_but_keeps_own_newer_writes() {
+    fn a_write_whose_echo_came_first_changes_nothing() {
         let s = store();
-        s.upsert(obj("team", "written", "20", 1));
-        s.upsert(obj("team", "gone", "3", 1));
-        s.upsert(obj("team", "created-after", "21", 1));
+        let t = Instant::now();
+        s.upsert_at(obj("team", "a", "k", 1), t);
+        // The echo of the write, then another client's change, both before the answer.
+        s.upsert_at(obj("team", "a", "m", 2), t);
+        s.upsert_at(obj("team", "a", "c", 3), t);
+        s.write_through_at(obj("team", "a", "m", 2), t);
+        assert_eq!(x_of(&s, "a"), 3, "the later change stays");
+        s.upsert_at(obj("team", "a", "d", 4), t);
+        assert_eq!(x_of(&s, "a"), 4, "and the watch is followed");
+    }
+
+    #[test]
+    fn an_echo_that_never_comes_is_waited_for_a_while_only() {
+        let s = store();
+        let t = Instant::now();
+        s.write_through_at(obj("team", "a", "m", 1), t);
+        s.upsert_at(obj("team", "a", "c", 2), t + ECHO_WAIT / 2);
+        assert_eq!(x_of(&s, "a"), 1);
+        s.upsert_at(obj("team", "a", "d", 3), t + ECHO_WAIT);
+        assert_eq!(x_of(&s, "a"), 3);
+        s.upsert_at(obj("team", "a", "e", 4), t + ECHO_WAIT);
+        assert_eq!(x_of(&s, "a"), 4);
+    }
+
+    #[test]
+    fn a_list_replaces_but_keeps_writes_awaiting_their_echo() {
+        let s = store();
+        let t = Instant::now();
+        s.upsert_at(obj("team", "written", "p", 0), t);
+        s.write_through_at(obj("team", "written", "q", 1), t);
+        s.upsert_at(obj("team", "gone", "r", 1), t);
+        s.upsert_at(obj("team", "echoed", "s", 0), t);
+        s.write_through_at(obj("team", "echoed", "u", 1), t);
+        s.upsert_at(obj("team", "echoed", "u", 1), t);
         assert!(!s.synced());
-        s.replace(
-            vec![obj("team", "written", "9", 0), obj("team", "new", "8", 0)],
-            "10",
-        );
+        // A LIST that predates the write to `written` (its echo follows on the WATCH).
+        s.replace(vec![
+            obj("team", "written", "p", 0),
+            obj("team", "echoed", "v", 2),
+            obj("team", "new", "w", 0),
+        ]);
         assert!(s.synced());
         let names: Vec<String> = s
             .values()
             .iter()
             .map(|v| format!("{}={}", v["metadata"]["name"].as_str().unwrap(), v["x"]))
             .collect();
-        assert_eq!(names, ["created-after=1", "new=0", "written=1"]);
+        assert_eq!(names, ["echoed=2", "new=0", "written=1"]);
+        s.upsert_at(obj("team", "written", "q", 1), t);
+        s.upsert_at(obj("team", "written", "x", 5), t);
+        assert_eq!(x_of(&s, "written"), 5);
     }
 
     #[test]
@@ -583,7 +648,7 @@ mod tests {
     fn reports_the_keys_changed_after_a_generation() {
         let s = store();
         let k = |n: &str| ("team".to_string(), n.to_string());
-        s.replace(vec![obj("team", "a", "1", 0)], "1");
+        s.replace(vec![obj("team", "a", "1", 0)]);
         let g = s.generation();
         assert_eq!(
             s.changes_since(0),
@@ -603,7 +668,7 @@ mod tests {
         let g2 = s.generation();
         s.remove(&k("a"));
         assert_eq!(s.changes_since(g2), Changes::Keys(vec![k("a")]));
-        s.replace(Vec::new(), "9");
+        s.replace(Vec::new());
         assert_eq!(s.changes_since(g2), Changes::All);
     }
 

@@ -77,7 +77,7 @@ impl World {
             blocked: BTreeMap::new(),
         };
         for s in w.cache.stores() {
-            s.replace(Vec::new(), "1");
+            s.replace(Vec::new());
         }
         w.put(0, json!({"metadata": {"name": "team", "labels": {}}}));
         for f in ["h100", "a100"] {

@@ -130,7 +130,7 @@ async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>> {
 
 fn observe(cache: Option<&Cache>, v: &Value) {
     if let Some(c) = cache {
-        c.records.upsert(v.clone());
+        c.records.write_through(v.clone());
     }
 }
 

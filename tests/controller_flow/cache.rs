@@ -126,7 +126,19 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
 
 #[tokio::test]
 async fn a_compacted_watch_lists_again_and_misses_nothing() {
+    compacted_watch_lists_again(cluster().await).await;
+}
+
+/// kube-runtime's watcher alone retries a WATCH refused with 410 on the request (not in
+/// the stream) from the same resourceVersion forever; the feeder LISTs again.
+#[tokio::test]
+async fn a_watch_request_refused_as_too_old_lists_again() {
     let s = cluster().await;
+    s.refuse_old_watch_requests();
+    compacted_watch_lists_again(s).await;
+}
+
+async fn compacted_watch_lists_again(s: ApiServer) {
     let client = s.client();
     let c = cfg("a");
     create_pod(&s, "p-1", 4, "low", json!({}), None);
@@ -144,6 +156,12 @@ async fn a_compacted_watch_lists_again_and_misses_nothing() {
         watches() >= cache.fed_stores().len()
     })
     .await;
+    // A change no store watches: every store's resourceVersion is now behind, so the
+    // compaction leaves each of them with a version the server no longer has.
+    s.put_object(
+        "/api/v1/namespaces/team/secrets",
+        json!({"metadata": {"name": "unwatched", "namespace": "team"}}),
+    );
     s.compact();
     // Changes right after the compaction reach the cache through the new LISTs.
     assert!(s.delete_object(PODS, "p-1"));

@@ -102,6 +102,9 @@ struct Store {
     continues: BTreeMap<String, (u64, Vec<Value>)>,
     /// How often a watch with `allowWatchBookmarks=true` gets a BOOKMARK.
     bookmark_every: Option<std::time::Duration>,
+    /// A WATCH from a compacted resourceVersion is refused with an HTTP 410 on the
+    /// request instead of an `ERROR` event in a 200 stream (some servers and proxies do).
+    refuse_old_watch_requests: bool,
     /// Kinds served beyond the built-in ones ([`ApiServer::serve_kind`]): group version
     /// → (plural, kind, has `/scale`).
     extra_kinds: BTreeMap<String, Vec<(String, String, bool)>>,
@@ -375,14 +378,22 @@ impl ApiServer {
     /// Compacts the change history, as etcd does: every open watch receives an `ERROR`
     /// event with a `410 Gone` Status and ends, and a watch from an older
     /// resourceVersion is answered the same way (the client must LIST again).
+    ///
+    /// With [`ApiServer::refuse_old_watch_requests`], open watches end without an event
+    /// instead (as a server timeout ends them), so the clients' next WATCH, from a
+    /// compacted resourceVersion, is the request refused with 410.
     pub fn compact(&self) {
         let mut st = self.store.lock().unwrap();
         st.compacted = st.resource_version;
         st.history.clear();
+        let kind = match st.refuse_old_watch_requests {
+            true => "CLOSE",
+            false => "ERROR",
+        };
         drop(st);
         let _ = self.changes.send(Change {
             collection: String::new(),
-            kind: "ERROR",
+            kind,
             object: gone(),
         });
     }
@@ -1070,6 +1081,11 @@ impl ApiServer {
         self.store.lock().unwrap().bookmark_every = Some(every);
     }
 
+    /// A WATCH from a compacted resourceVersion gets an HTTP 410 answer (no stream).
+    pub fn refuse_old_watch_requests(&self) {
+        self.store.lock().unwrap().refuse_old_watch_requests = true;
+    }
+
     /// A LIST with `limit` is answered in pages (see [`ApiServer::page`]); this is what
     /// a test can read back: the continue tokens still open.
     pub fn open_continues(&self) -> usize {
@@ -1084,7 +1100,7 @@ impl ApiServer {
         // Like the API server, a watch from resourceVersion R first replays every change
         // after R. Subscribing and copying the history under one lock means no change is
         // missed; a live change already replayed is skipped by its resourceVersion.
-        let (rx, past, across, compacted, bookmark_every) = {
+        let (rx, past, across, compacted, bookmark_every, refuse_old) = {
             let st = self.store.lock().unwrap();
             (
                 self.changes.subscribe(),
@@ -1092,6 +1108,7 @@ impl ApiServer {
                 st.across_namespaces,
                 st.compacted,
                 st.bookmark_every,
+                st.refuse_old_watch_requests,
             )
         };
         // The API server ends a watch after `timeoutSeconds` (the client watches again).
@@ -1109,6 +1126,9 @@ impl ApiServer {
             .get("resourceVersion")
             .and_then(|v| v.parse().ok())
             .unwrap_or(0);
+        if since > 0 && since < compacted && refuse_old {
+            return status(StatusCode::GONE, "Expired", "too old resource version");
+        }
         if since > 0 && since < compacted {
             let mut line = serde_json::to_vec(&json!({"type": "ERROR", "object": gone()})).unwrap();
             line.push(b'\n');
@@ -1156,6 +1176,7 @@ impl ApiServer {
                             },
                         };
                         match next {
+                            Ok(c) if c.kind == "CLOSE" => return None,
                             Ok(c) if c.kind == "ERROR" => {
                                 // Compacted: tell the watcher and end the stream.
                                 let mut line = serde_json::to_vec(
