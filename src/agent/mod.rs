@@ -63,10 +63,10 @@ mod moves;
 pub mod ownership;
 pub mod slot_binding;
 pub mod split_record;
-pub mod usage;
+pub(crate) mod usage;
 pub mod vgpu_guard;
 pub mod vgpu_record;
-pub mod withdraw;
+pub(crate) mod withdraw;
 
 use crate::cdi;
 use crate::deviceplugin::allocate::AllocateSettings;

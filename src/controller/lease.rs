@@ -87,10 +87,6 @@ impl Elector {
         }
     }
 
-    pub fn identity(&self) -> &str {
-        &self.identity
-    }
-
     /// Whether this instance may act at `now` (without talking to the API server).
     pub fn is_leader(&self, now: Millis) -> bool {
         self.leading_until.is_some_and(|t| now < t)

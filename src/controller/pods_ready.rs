@@ -31,9 +31,9 @@
 //! requeue backoff stay the controller's (above), so the engine's own timers never act.
 
 use super::model::{Action, ObjKind, ObjRef, Plan, Snapshot};
-pub use super::readiness::{
-    hold, job_ready, latest, next_count, pod_ready, ready_recorded, requeue_state, timed_out, Hold,
-    Requeue, EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
+pub(crate) use super::readiness::{
+    hold, latest, next_count, timed_out, Hold, Requeue, EVICTED_AT_ANNOTATION,
+    PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
 };
 use super::requeue_book::{self, Book, Entry};
 use super::time::Millis;
@@ -221,6 +221,7 @@ pub(super) fn engine_readiness(cfg: Option<&WaitForPodsReady>, l: &Live, info: &
 
 #[cfg(test)]
 mod tests {
+    use super::super::readiness::{job_ready, pod_ready, requeue_state};
     use super::*;
     use serde_json::json;
 

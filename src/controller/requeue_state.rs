@@ -22,9 +22,8 @@
 use super::cache::Cache;
 use super::error::{Error, Result};
 use super::readiness::{hold, Hold};
-pub use super::requeue_book::{
-    entry_name, kept_here, merge, read, ttl, Book, Entry, Stored, CONFIGMAP_NAME, FORMAT, LABEL,
-    MAX_ENTRIES, MIN_TTL,
+pub(crate) use super::requeue_book::{
+    entry_name, kept_here, merge, read, Book, Entry, CONFIGMAP_NAME, FORMAT, LABEL, MAX_ENTRIES,
 };
 use super::time::Millis;
 use crate::quota::WaitForPodsReady;

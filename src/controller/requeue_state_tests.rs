@@ -6,7 +6,8 @@
 use super::decide::{decide, Action, Plan, Snapshot};
 use super::lease::Millis;
 use super::pods_ready::{next_count, Requeue};
-use super::requeue_state::{Entry, CONFIGMAP_NAME, MIN_TTL};
+use super::requeue_book::MIN_TTL;
+use super::requeue_state::{Entry, CONFIGMAP_NAME};
 use super::time::rfc3339;
 use crate::quota::fixtures::{cluster_queue, flavor, local_queue};
 use crate::quota::WaitForPodsReady;

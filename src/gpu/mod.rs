@@ -6,9 +6,9 @@
 
 pub mod fake;
 pub mod health;
-pub mod models;
+pub(crate) mod models;
 pub mod nvml;
-pub mod watch;
+pub(crate) mod watch;
 
 use serde::Serialize;
 

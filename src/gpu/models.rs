@@ -7,8 +7,6 @@
 //! where a comment says otherwise; the MIG geometry of the MIG-capable models lives in
 //! [`crate::partition::catalog`] and is reached through [`GpuModel::mig_catalog`].
 
-use crate::partition::catalog::{self, ModelCatalog};
-
 /// One GPU model as the NVML backend would describe it.
 #[derive(Debug, PartialEq, Eq, serde::Serialize)]
 pub struct GpuModel {
@@ -26,22 +24,13 @@ pub struct GpuModel {
     pub compute_capability: (u32, u32),
     /// `"Ampere"`, `"Hopper"`, `"Blackwell"`, `"Ada Lovelace"`, `"Turing"`.
     pub architecture: &'static str,
-    /// Whether the model supports MIG (it then has a [`ModelCatalog`]).
+    /// Whether the model supports MIG (it then has a MIG catalog, `partition::catalog`).
     pub mig_capable: bool,
     /// NVLink links per GPU (0: PCIe only). NVSwitch boards: all links to the switch.
     pub nvlink_links: u32,
 }
 
 impl GpuModel {
-    /// The MIG catalog of this model, `None` for models without MIG.
-    pub fn mig_catalog(&self) -> Option<&'static ModelCatalog> {
-        if self.mig_capable {
-            catalog::lookup(self.product_name, self.memory_mib)
-        } else {
-            None
-        }
-    }
-
     fn answers_to(&self, name: &str) -> bool {
         self.short_name.eq_ignore_ascii_case(name)
             || self.product_name.eq_ignore_ascii_case(name)
@@ -299,6 +288,7 @@ fn parse_token(spec: &str, position: usize, token: &str) -> Result<(u32, &'stati
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::partition::catalog;
 
     #[test]
     fn names_are_unique_across_models() {
@@ -348,7 +338,7 @@ mod tests {
     #[test]
     fn mig_capable_models_have_a_matching_catalog() {
         for m in MODELS {
-            let cat = m.mig_catalog();
+            let cat = catalog::lookup(m.product_name, m.memory_mib).filter(|_| m.mig_capable);
             assert_eq!(cat.is_some(), m.mig_capable, "{}", m.short_name);
             if let Some(cat) = cat {
                 // The catalog found from what NVML would report is the same model.
