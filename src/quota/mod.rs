@@ -24,6 +24,7 @@ pub mod error;
 pub mod events;
 pub mod fixtures;
 mod hold;
+mod keyset;
 pub mod kueue_config;
 mod lifecycle;
 pub mod model;
@@ -46,6 +47,8 @@ pub use events::{Event, EventType, FinalState};
 pub use hold::{HeldLevels, HoldFreed};
 pub use model::WorkloadInfo;
 pub use quantity::{Quantity, Time};
-pub use report::{QueueGauges, QueueStatus, ResourceGauges};
+pub use report::{
+    LocalQueueGauges, LocalQueueResource, QueueGauges, QueueStatus, ResourceGauges,
+};
 pub use restore::Restored;
 pub use scale_replay::{Coupled, Replicas};
