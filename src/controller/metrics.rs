@@ -15,6 +15,12 @@
 //! | `tessera_admission_attempt_duration_seconds` (histogram) | result |
 //! | `tessera_cluster_queue_status` | cluster_queue, status (`pending`, `active`, `terminating`) |
 //! | `tessera_cluster_queue_resource_usage`, `_resource_reservation`, `_nominal_quota`, `_borrowing_limit`, `_lending_limit` | cohort, cluster_queue, flavor, resource |
+//! | `tessera_admitted_active_workloads` | cluster_queue |
+//! | `tessera_local_queue_pending_workloads` | name, namespace, status (`active`, `inadmissible`) |
+//! | `tessera_local_queue_admitted_workloads_total`, `_admission_wait_time_seconds` (histogram), `_admitted_active_workloads` | name, namespace |
+//! | `tessera_local_queue_evicted_workloads_total` | name, namespace, reason |
+//! | `tessera_local_queue_status` | name, namespace, active (`True`, `False`, `Unknown`) |
+//! | `tessera_local_queue_resource_usage`, `_resource_reservation` | name, namespace, flavor, resource |
 //! | `tessera_extender_filter_requests_total` | result (`fit`, `unschedulable`, `error`) |
 //! | `tessera_extender_bind_requests_total` | result (`bound`, `refused`) |
 //! | `tessera_extender_request_duration_seconds` (histogram) | verb (`filter`, `prioritize`, `bind`) |

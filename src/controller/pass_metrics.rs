@@ -66,7 +66,8 @@ pub fn increments(plan: &Plan, done: &[usize], now: Millis) -> Increments {
                 } else {
                     EVICTED_PREEMPTED.to_string()
                 };
-                out.evicted.push((victim.cluster_queue.clone(), why.clone()));
+                out.evicted
+                    .push((victim.cluster_queue.clone(), why.clone()));
                 out.lq_evicted.push((victim.local_queue.clone(), why));
                 if by.is_empty() {
                     continue;
@@ -159,7 +160,11 @@ pub fn gauges(queues: &[QueueGauges], locals: &[LocalQueueGauges]) -> Gauges {
         out.lq_pending
             .push((id.clone(), "inadmissible", l.inadmissible as i64));
         // Its `Active` condition: True while its ClusterQueue exists and is active.
-        let active = if l.cluster_queue_active { "True" } else { "False" };
+        let active = if l.cluster_queue_active {
+            "True"
+        } else {
+            "False"
+        };
         for s in LOCAL_QUEUE_STATUSES {
             out.lq_status.push((id.clone(), s, i64::from(s == active)));
         }
@@ -176,7 +181,8 @@ pub fn gauges(queues: &[QueueGauges], locals: &[LocalQueueGauges]) -> Gauges {
         }
     }
     for q in queues {
-        out.admitted_active.push((q.name.clone(), q.admitted as i64));
+        out.admitted_active
+            .push((q.name.clone(), q.admitted as i64));
         out.pending
             .push((q.name.clone(), "active", q.active as i64));
         out.pending
@@ -493,7 +499,12 @@ mod tests {
             .collect();
         assert_eq!(
             active,
-            vec![("ld", "False"), ("la", "True"), ("lb", "True"), ("lc", "True")]
+            vec![
+                ("ld", "False"),
+                ("la", "True"),
+                ("lb", "True"),
+                ("lc", "True")
+            ]
         );
         // Each ClusterQueue's admitted workloads are the sum of its LocalQueues'.
         assert_eq!(
@@ -517,7 +528,10 @@ mod tests {
         let inc = increments(&plan, &all(&plan), NOW);
         assert_eq!(
             inc.lq_evicted,
-            vec![(("team".to_string(), "la".to_string()), "Preempted".to_string())]
+            vec![(
+                ("team".to_string(), "la".to_string()),
+                "Preempted".to_string()
+            )]
         );
     }
 

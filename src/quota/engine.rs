@@ -260,7 +260,13 @@ pub(crate) struct Wl {
 
 impl Wl {
     pub fn order_key(&self, id: WlId) -> OrderKey {
-        (-(self.priority as i64), self.order_ts, self.key.clone(), id, self.lq)
+        (
+            -(self.priority as i64),
+            self.order_ts,
+            self.key.clone(),
+            id,
+            self.lq,
+        )
     }
 }
 

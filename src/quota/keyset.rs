@@ -73,7 +73,13 @@ mod tests {
     use std::sync::Arc;
 
     fn key(id: usize, lq: LqId) -> OrderKey {
-        (0, id as u64, Arc::from(format!("ns/w{id}").as_str()), id, lq)
+        (
+            0,
+            id as u64,
+            Arc::from(format!("ns/w{id}").as_str()),
+            id,
+            lq,
+        )
     }
 
     fn counts(s: &KeySet) -> Vec<(LqId, usize)> {

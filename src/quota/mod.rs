@@ -47,8 +47,6 @@ pub use events::{Event, EventType, FinalState};
 pub use hold::{HeldLevels, HoldFreed};
 pub use model::WorkloadInfo;
 pub use quantity::{Quantity, Time};
-pub use report::{
-    LocalQueueGauges, LocalQueueResource, QueueGauges, QueueStatus, ResourceGauges,
-};
+pub use report::{LocalQueueGauges, LocalQueueResource, QueueGauges, QueueStatus, ResourceGauges};
 pub use restore::Restored;
 pub use scale_replay::{Coupled, Replicas};

@@ -324,10 +324,8 @@ impl Engine {
             .map(|((namespace, name), cq_name)| {
                 let lq = self.lq_by_name.get(&(namespace.clone(), name.clone()));
                 let books = lq.and_then(|&l| self.lqs.get(l));
-                let (active, inadmissible) = lq
-                    .and_then(|l| waiting.get(l))
-                    .copied()
-                    .unwrap_or_default();
+                let (active, inadmissible) =
+                    lq.and_then(|l| waiting.get(l)).copied().unwrap_or_default();
                 let cq = self.cq_by_name.get(cq_name).copied();
                 let mut resources = Vec::new();
                 if let Some(c) = cq {
@@ -340,10 +338,8 @@ impl Engine {
                                 }
                                 let usage =
                                     books.and_then(|b| b.usage.get(&fr)).copied().unwrap_or(0);
-                                let reserved = lq
-                                    .and_then(|&l| held.get(&(l, fr)))
-                                    .copied()
-                                    .unwrap_or(0);
+                                let reserved =
+                                    lq.and_then(|&l| held.get(&(l, fr))).copied().unwrap_or(0);
                                 resources.push(LocalQueueResource {
                                     flavor: f.flavor.clone(),
                                     resource: resource.clone(),
@@ -360,7 +356,8 @@ impl Engine {
                     active,
                     inadmissible,
                     admitted: books.map_or(0, |b| b.admitted),
-                    cluster_queue_active: cq.is_some_and(|c| self.cq_status(c) == QueueStatus::Active),
+                    cluster_queue_active: cq
+                        .is_some_and(|c| self.cq_status(c) == QueueStatus::Active),
                     resources,
                 }
             })
