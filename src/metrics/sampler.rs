@@ -143,7 +143,7 @@ pub fn publish(
             .container_allocated_share
             .get_or_create(l)
             .set(c.allocated_share);
-        metrics.container_busy.get_or_create(l).set(c.busy);
+        set_or_remove(&metrics.container_busy, l, c.busy);
         set_or_remove(&metrics.container_memory_used, l, c.memory_used_bytes);
         set_or_remove(&metrics.container_memory_limit, l, c.memory_limit_bytes);
         if let (Some(h), Some(labels)) = (&metrics.hami, hami::vgpu_labels(c)) {

@@ -12,9 +12,13 @@
 //! | mode | allocated share | busy (0–1 of the share) | container memory used | limit |
 //! |---|---|---|---|---|
 //! | `whole` | 1 | GPU utilization | the GPU's used memory | the GPU's memory |
-//! | `mig` | `c / C` | 0: NVML reports no utilization in MIG mode | the MIG device's, when NVML reports it | the MIG device's memory |
+//! | `mig` | `c / C` | the MIG device's GPM utilization (Hopper and later); none where the driver has no GPM | the MIG device's, when NVML reports it | the MIG device's memory |
 //! | `timeslice` | `1 / r` | GPU utilization (shared by all replicas) | not exported: NVML cannot attribute it to a container | not exported |
 //! | `vgpu` | `max(m / M, s / 100)` | `min(1, GPU utilization / Σ SM limits on the GPU)` | the shim's total for the slice | the slice's memory |
+//!
+//! Where the busy fraction is not known (a MIG device without GPM, a GPU whose driver
+//! reports no utilization) it is `None`: the container's busy gauge is absent and the
+//! tick charges allocated GPU-seconds but no used ones, never a made-up 0.
 //!
 //! The vGPU busy fraction is an estimate: NVML measures the whole GPU, so the GPU's
 //! utilization is split over the vGPU containers on it in proportion to their SM limits
@@ -210,7 +214,8 @@ pub struct ContainerRow {
     pub ordinal: usize,
     /// Share of the GPU charged ([`Slice::share`], summed over the container's devices on it).
     pub allocated_share: f64,
-    pub busy: f64,
+    /// `None`: not measured (see the module's table).
+    pub busy: Option<f64>,
     pub memory_used_bytes: Option<f64>,
     pub memory_limit_bytes: Option<f64>,
 }
@@ -244,7 +249,8 @@ fn mode_of(label: &str) -> Mode {
 pub struct Charge {
     pub labels: ChargeLabels,
     pub share: f64,
-    pub busy: f64,
+    /// `None`: not measured: allocated is charged, used is not.
+    pub busy: Option<f64>,
     pub seconds: f64,
 }
 
@@ -387,6 +393,9 @@ struct Hold<'a> {
     sm: f64,
     memory_limit_bytes: Option<f64>,
     memory_used_bytes: Option<f64>,
+    /// MIG: Σ share × GPM busy fraction of its MIG devices on this GPU; `None` when one
+    /// of them is not measured.
+    mig_used: Option<f64>,
 }
 
 /// One tick: gauges for every GPU and every container holding a device, and what
@@ -471,6 +480,7 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
                 Target::Mig { uuid, .. } => Some(uuid.as_str()),
                 Target::Gpu => None,
             };
+            let mig_used = mig_busy(&usage, gpu, mig_uuid).map(|b| b * share);
             let sm = match (&d.share, limits) {
                 (Share::Vgpu { cores, .. }, _) if *cores > 0 => f64::from(*cores) / 100.0,
                 (Share::Slot { .. }, Some(l)) if l.cores > 0 => f64::from(l.cores) / 100.0,
@@ -524,6 +534,7 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
             {
                 prev.share = (prev.share + share).min(1.0);
                 prev.sm = (prev.sm + sm).min(1.0);
+                prev.mig_used = prev.mig_used.zip(mig_used).map(|(a, b)| a + b);
                 if mode == Mode::Vgpu {
                     continue;
                 }
@@ -544,6 +555,7 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
                 sm,
                 memory_limit_bytes,
                 memory_used_bytes,
+                mig_used,
             });
         }
     }
@@ -559,17 +571,20 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
         let util = usage
             .get(h.gpu.uuid.as_str())
             .and_then(|u| u.utilization_percent)
-            .map_or(0.0, |p| f64::from(p.min(100)) / 100.0);
+            .map(|p| f64::from(p.min(100)) / 100.0);
         let busy = match h.mode {
             Mode::Whole | Mode::Timeslice => util,
-            Mode::Mig => 0.0,
+            Mode::Mig if h.share > 0.0 => h.mig_used.map(|u| (u / h.share).min(1.0)),
+            Mode::Mig => None,
             Mode::Vgpu => {
                 let total = vgpu_sm.get(h.gpu.uuid.as_str()).copied().unwrap_or(0.0);
-                if total > 0.0 {
-                    (util / total).min(1.0)
-                } else {
-                    0.0
-                }
+                util.map(|u| {
+                    if total > 0.0 {
+                        (u / total).min(1.0)
+                    } else {
+                        0.0
+                    }
+                })
             }
         };
         let pod = s
@@ -673,6 +688,7 @@ fn claim_holds<'a>(
         for hold in &mut holds[first..] {
             hold.share /= split;
             hold.sm /= split;
+            hold.mig_used = hold.mig_used.map(|u| u / split);
         }
     }
     holds
@@ -705,6 +721,7 @@ fn claim_device_hold<'a>(
             sm: share,
             memory_used_bytes: memory.0,
             memory_limit_bytes: memory.1,
+            mig_used: None,
         };
     match &d.target {
         ClaimTarget::Gpu { index } => {
@@ -747,7 +764,9 @@ fn claim_device_hold<'a>(
                     .map(|m| m.memory_used_bytes as f64)
             });
             let memory = (used, Some(mig.memory_mib as f64 * MIB));
-            Ok(hold(gpu, Mode::Mig, share, memory))
+            let mut h = hold(gpu, Mode::Mig, share, memory);
+            h.mig_used = mig_busy(usage, gpu, Some(mig.uuid.as_str())).map(|b| b * share);
+            Ok(h)
         }
         ClaimTarget::Vgpu { index } => {
             let gpu = by_index(*index)?;
@@ -777,6 +796,23 @@ fn claim_device_hold<'a>(
             Ok(h)
         }
     }
+}
+
+/// The GPM busy fraction (0–1) of MIG device `mig_uuid` on `gpu`, where the driver
+/// measured it.
+fn mig_busy(
+    usage: &BTreeMap<&str, &GpuUsage>,
+    gpu: &GpuInfo,
+    mig_uuid: Option<&str>,
+) -> Option<f64> {
+    let mig_uuid = mig_uuid?;
+    usage
+        .get(gpu.uuid.as_str())?
+        .mig
+        .iter()
+        .find(|m| m.uuid == mig_uuid)?
+        .utilization_percent
+        .map(|p| p.clamp(0.0, 100.0) / 100.0)
 }
 
 fn sum(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -985,6 +1021,7 @@ mod tests {
                     uuid: "MIG-a".into(),
                     memory_used_bytes: 2 * GIB,
                     memory_total_bytes: 9 * GIB,
+                    utilization_percent: Some(70.0),
                 }]
             } else {
                 vec![]
@@ -1089,11 +1126,12 @@ mod tests {
         type Case<'a> = (&'a str, &'a str, f64, f64, Option<f64>, Option<f64>);
         let cases: [Case; 5] = [
             ("whole", "whole", 1.0, 0.5, Some(10.0 * g), Some(80.0 * g)),
+            // The MIG device's own GPM figure.
             (
                 "mig",
                 "mig",
                 1.0 / 7.0,
-                0.0,
+                0.7,
                 Some(2.0 * g),
                 Some(9_856.0 * MIB),
             ),
@@ -1107,7 +1145,7 @@ mod tests {
             let r = row(&t, pod);
             assert_eq!(r.labels.mode, mode, "{pod}");
             assert!(close(r.allocated_share, share), "{pod}: {r:?}");
-            assert!(close(r.busy, busy), "{pod}: {r:?}");
+            assert!(r.busy.is_some_and(|b| close(b, busy)), "{pod}: {r:?}");
             assert_eq!(r.memory_used_bytes, used, "{pod}");
             assert_eq!(r.memory_limit_bytes, limit, "{pod}");
         }
@@ -1121,7 +1159,7 @@ mod tests {
         assert_eq!(row(&t, "ts").labels.queue, "", "a pod without labels");
         // Chargeback: what 15 s adds, by the ledger's arithmetic.
         let c = t.charges.iter().find(|c| c.labels.pod == "v30").unwrap();
-        let add = charge_of(c.share, c.busy, c.seconds);
+        let add = charge_of(c.share, c.busy.unwrap_or(f64::NAN), c.seconds);
         assert!(
             close(add.allocated_seconds, 4.5) && close(add.used_seconds, 2.25),
             "{add:?}"
@@ -1129,6 +1167,42 @@ mod tests {
         assert_eq!(c.labels.mode, Mode::Vgpu);
         assert_eq!(t.charges.len(), 5);
         assert!(t.skipped.is_empty(), "{:?}", t.skipped);
+    }
+
+    #[test]
+    fn a_mig_device_without_gpm_is_charged_allocated_but_no_used_and_no_busy() {
+        let mut w = world();
+        // The driver has no GPM (a GPU before Hopper): the MIG device's figure is unknown.
+        w.usage[1].mig[0].utilization_percent = None;
+        // And a whole GPU whose driver reports no utilization is not measured either.
+        w.usage[0].utilization_percent = None;
+        let t = run(&w, 14.0);
+        for pod in ["mig", "whole"] {
+            assert_eq!(row(&t, pod).busy, None, "{pod}: never a made-up 0");
+            let c = t.charges.iter().find(|c| c.labels.pod == pod).unwrap();
+            assert_eq!(c.busy, None, "{pod}");
+        }
+        let c = t.charges.iter().find(|c| c.labels.pod == "mig").unwrap();
+        assert!(close(c.share * c.seconds, 2.0), "{c:?}");
+        // The counters: allocated grows, the used series is never created.
+        let mut page = String::new();
+        let mut reg = prometheus_client::registry::Registry::default();
+        let m = crate::chargeback::metrics::ChargebackMetrics::register(&mut reg);
+        m.charge(&c.labels, c.share, c.busy, c.seconds);
+        prometheus_client::encoding::text::encode(&mut page, &reg).unwrap();
+        assert!(
+            page.contains("chargeback_gpu_allocated_seconds_total{"),
+            "{page}"
+        );
+        assert!(
+            !page.contains("chargeback_gpu_used_seconds_total{"),
+            "{page}"
+        );
+        // With GPM, busy is the device's own figure, not the GPU's.
+        let mut w = world();
+        w.usage[1].mig[0].utilization_percent = Some(25.0);
+        let t = run(&w, 14.0);
+        assert_eq!(row(&t, "mig").busy, Some(0.25));
     }
 
     #[test]
@@ -1307,11 +1381,12 @@ mod tests {
             ("ts-b", "timeslice", 0.5, 0.4, None, None),
             // max(20 GiB / 80 GiB, 25 %); 50 % of the GPU over a 25 % SM limit: busy.
             ("infer", "vgpu", 0.25, 1.0, Some(2.0 * g), Some(20.0 * g)),
+            // The claim's MIG device's own GPM figure.
             (
                 "small",
                 "mig",
                 1.0 / 7.0,
-                0.0,
+                0.7,
                 Some(2.0 * g),
                 Some(9_856.0 * MIB),
             ),
@@ -1320,7 +1395,7 @@ mod tests {
             let r = row(&t, pod);
             assert_eq!(r.labels.mode, mode, "{pod}");
             assert!(close(r.allocated_share, share), "{pod}: {r:?}");
-            assert!(close(r.busy, busy), "{pod}: {r:?}");
+            assert!(r.busy.is_some_and(|b| close(b, busy)), "{pod}: {r:?}");
             assert_eq!(r.memory_used_bytes, used, "{pod}");
             assert_eq!(r.memory_limit_bytes, limit, "{pod}");
         }
@@ -1331,7 +1406,7 @@ mod tests {
             .charges
             .iter()
             .filter(|c| c.labels.mode == Mode::Timeslice)
-            .map(|c| charge_of(c.share, c.busy, c.seconds).allocated_seconds)
+            .map(|c| charge_of(c.share, c.busy.unwrap_or(0.0), c.seconds).allocated_seconds)
             .sum();
         assert!(close(shared, 10.0), "{shared}");
         assert!(t.skipped.is_empty(), "{:?}", t.skipped);
