@@ -321,7 +321,12 @@ fn mig_utilization_comes_from_gpm_between_two_reads() {
         usage
             .iter()
             .find(|u| u.uuid == A)
-            .map(|u| u.mig.iter().map(|m| (m.uuid.clone(), m.utilization_percent)).collect())
+            .map(|u| {
+                u.mig
+                    .iter()
+                    .map(|m| (m.uuid.clone(), m.utilization_percent))
+                    .collect()
+            })
             .unwrap_or_default()
     };
     let uuid = "MIG-00000001-0000-0000-0000-000000000001".to_string();
@@ -332,7 +337,13 @@ fn mig_utilization_comes_from_gpm_between_two_reads() {
     assert_eq!(mig(&b.usage().unwrap()), vec![(uuid.clone(), Some(42.5))]);
     // Whole GPUs in MIG mode still report no GPU utilization.
     let usage = b.usage().unwrap();
-    assert_eq!(usage.iter().find(|u| u.uuid == A).and_then(|u| u.utilization_percent), None);
+    assert_eq!(
+        usage
+            .iter()
+            .find(|u| u.uuid == A)
+            .and_then(|u| u.utilization_percent),
+        None
+    );
 
     let no_gpm = FakeDriver::build("");
     let b = no_gpm.backend();

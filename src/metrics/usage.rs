@@ -11,9 +11,9 @@
 //!
 //! | mode | allocated share | busy (0–1 of the share) | container memory used | limit |
 //! |---|---|---|---|---|
-//! | `whole` | 1 | GPU utilization | the GPU's used memory | the GPU's memory |
+//! | `whole` | 1 | GPU utilization | its pod's processes' memory on the GPU, else the GPU's used memory | the GPU's memory |
 //! | `mig` | `c / C` | the MIG device's GPM utilization (Hopper and later); none where the driver has no GPM | the MIG device's, when NVML reports it | the MIG device's memory |
-//! | `timeslice` | `1 / r` | GPU utilization (shared by all replicas) | not exported: NVML cannot attribute it to a container | not exported |
+//! | `timeslice` | `1 / r` | GPU utilization (shared by all replicas) | its pod's processes' memory on the GPU (NVML per process, PID → pod by cgroup); none while none is listed | not exported |
 //! | `vgpu` | `max(m / M, s / 100)` | `min(1, GPU utilization / Σ SM limits on the GPU)` | the shim's total for the slice | the slice's memory |
 //!
 //! Where the busy fraction is not known (a MIG device without GPM, a GPU whose driver
@@ -166,6 +166,31 @@ pub struct Sample<'a> {
     pub claims: &'a [DraClaim],
     /// `(namespace, pod)` → its labels; a pod missing here has empty queue and team.
     pub pods: &'a BTreeMap<(String, String), PodLabels>,
+    /// The pod UID each GPU process runs in (from `<proc>/<pid>/cgroup`); a process in
+    /// no pod is absent.
+    pub process_pods: &'a BTreeMap<u32, String>,
+    /// `(namespace, pod)` → its UID ([`pod_uids`]).
+    pub pod_uids: &'a BTreeMap<(String, String), String>,
+}
+
+/// Each pod's UID, by joining the PodResources holders (namespace, pod, container and
+/// device IDs) with the kubelet's device checkpoint entries (pod UID, container and
+/// device IDs): a device is held by one container at a time.
+pub fn pod_uids(
+    holders: &[Holder],
+    allocations: &[crate::shimfiles::CheckpointAllocation],
+) -> BTreeMap<(String, String), String> {
+    let mut out = BTreeMap::new();
+    for a in allocations {
+        if let Some(h) = holders.iter().find(|h| {
+            h.container == a.container
+                && h.resource == a.resource
+                && h.device_ids.iter().any(|d| a.device_ids.contains(d))
+        }) {
+            out.insert((h.namespace.clone(), h.pod.clone()), a.pod_uid.clone());
+        }
+    }
+    out
 }
 
 /// Labels of the per-GPU gauges.
@@ -561,6 +586,7 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
     }
 
     holds.extend(claim_holds(s, &usage, &mut out.skipped));
+    attribute_processes(s, &usage, &mut holds);
 
     // Σ SM limits of the vGPU holds per GPU: the GPU's utilization is split over them.
     let mut vgpu_sm: BTreeMap<&str, f64> = BTreeMap::new();
@@ -794,6 +820,46 @@ fn claim_device_hold<'a>(
                 h.sm = f64::from(unit.cores) / 100.0;
             }
             Ok(h)
+        }
+    }
+}
+
+/// The driver's per-process memory, attributed to the containers whose pod the process
+/// runs in (whole GPUs, time-sliced replicas and MIG devices; vGPU slices keep the
+/// shim's accounting). A hold gets the sum of its pod's processes on its GPU when its
+/// pod has no other container holding that GPU (two containers of one pod on one GPU
+/// cannot be told apart: neither is given the processes). A process in no pod, or in
+/// a pod that holds nothing on that GPU, is blamed on no one. Where no process of a
+/// hold's pod is listed: a whole GPU or MIG device keeps the device's used memory, a
+/// time-sliced replica reports none (never a made-up 0).
+fn attribute_processes(s: &Sample<'_>, usage: &BTreeMap<&str, &GpuUsage>, holds: &mut [Hold<'_>]) {
+    let mut per_pod_gpu: BTreeMap<(&str, &str, &str), usize> = BTreeMap::new();
+    for h in holds.iter().filter(|h| h.mode != Mode::Vgpu) {
+        *per_pod_gpu
+            .entry((h.who.namespace, h.who.pod, h.gpu.uuid.as_str()))
+            .or_default() += 1;
+    }
+    for h in holds.iter_mut().filter(|h| h.mode != Mode::Vgpu) {
+        if per_pod_gpu.get(&(h.who.namespace, h.who.pod, h.gpu.uuid.as_str())) != Some(&1) {
+            continue;
+        }
+        let Some(uid) = s
+            .pod_uids
+            .get(&(h.who.namespace.to_string(), h.who.pod.to_string()))
+        else {
+            continue;
+        };
+        let Some(u) = usage.get(h.gpu.uuid.as_str()) else {
+            continue;
+        };
+        let mine: Vec<u64> = u
+            .processes
+            .iter()
+            .filter(|p| s.process_pods.get(&p.pid) == Some(uid))
+            .filter_map(|p| p.memory_used_bytes)
+            .collect();
+        if !mine.is_empty() {
+            h.memory_used_bytes = Some(mine.iter().sum::<u64>() as f64);
         }
     }
 }
@@ -1039,6 +1105,8 @@ mod tests {
         claim_holders: Vec<ClaimHolder>,
         claims: Vec<DraClaim>,
         pods: BTreeMap<(String, String), PodLabels>,
+        process_pods: BTreeMap<u32, String>,
+        pod_uids: BTreeMap<(String, String), String>,
     }
 
     fn world() -> World {
@@ -1086,6 +1154,8 @@ mod tests {
             claim_holders: vec![],
             claims: vec![],
             pods,
+            process_pods: BTreeMap::new(),
+            pod_uids: BTreeMap::new(),
         }
     }
 
@@ -1101,6 +1171,8 @@ mod tests {
                 claim_holders: &w.claim_holders,
                 claims: &w.claims,
                 pods: &w.pods,
+                process_pods: &w.process_pods,
+                pod_uids: &w.pod_uids,
             },
             seconds,
         )
@@ -1203,6 +1275,110 @@ mod tests {
         w.usage[1].mig[0].utilization_percent = Some(25.0);
         let t = run(&w, 14.0);
         assert_eq!(row(&t, "mig").busy, Some(0.25));
+    }
+
+    #[test]
+    fn per_process_memory_goes_to_the_container_whose_pod_runs_the_process() {
+        use crate::gpu::ProcessUsage;
+        let proc_ = |pid, mib: u64| ProcessUsage {
+            pid,
+            memory_used_bytes: Some(mib * 1024 * 1024),
+        };
+        let mut w = world();
+        // GPU 2 is time-sliced: `ts` holds a replica; a second pod `ts2` another. GPU 0
+        // is `whole`'s.
+        w.holders
+            .push(holder("ts2", "nvidia.com/gpu", &["GPU-2::0"]));
+        w.usage[2].processes = vec![
+            proc_(100, 1000), // ts
+            proc_(101, 500),  // ts, a second process
+            proc_(200, 3000), // ts2
+            proc_(300, 7000), // in no pod (a host process): nobody's
+            proc_(400, 9000), // in a pod holding nothing on this GPU: nobody's
+            ProcessUsage {
+                pid: 102,
+                memory_used_bytes: None,
+            }, // ts, no figure
+        ];
+        w.usage[0].processes = vec![proc_(500, 6000)];
+        for (pid, uid) in [
+            (100, "uid-ts"),
+            (101, "uid-ts"),
+            (102, "uid-ts"),
+            (200, "uid-ts2"),
+            (400, "uid-whole"),
+            (500, "uid-whole"),
+        ] {
+            w.process_pods.insert(pid, uid.to_string());
+        }
+        for (pod, uid) in [("ts", "uid-ts"), ("ts2", "uid-ts2"), ("whole", "uid-whole")] {
+            w.pod_uids
+                .insert(("ml".to_string(), pod.to_string()), uid.to_string());
+        }
+        let t = run(&w, 15.0);
+        let mib = 1024.0 * 1024.0;
+        assert_eq!(row(&t, "ts").memory_used_bytes, Some(1500.0 * mib));
+        assert_eq!(row(&t, "ts2").memory_used_bytes, Some(3000.0 * mib));
+        // A whole GPU: its pod's processes, not the GPU's used memory (10 GiB).
+        assert_eq!(row(&t, "whole").memory_used_bytes, Some(6000.0 * mib));
+        // vGPU containers keep the shim's accounting.
+        assert_eq!(row(&t, "v30").memory_used_bytes, Some(3.0 * GIB as f64));
+        // Without the pod's UID (not in the checkpoint), nothing is attributed: a replica
+        // reports none rather than 0, a whole GPU its used memory.
+        w.pod_uids.clear();
+        let t = run(&w, 15.0);
+        assert_eq!(row(&t, "ts").memory_used_bytes, None);
+        assert_eq!(row(&t, "whole").memory_used_bytes, Some(10.0 * GIB as f64));
+    }
+
+    #[test]
+    fn two_containers_of_one_pod_on_one_gpu_are_not_told_apart() {
+        use crate::gpu::ProcessUsage;
+        let mut w = world();
+        let mut second = holder("ts", "nvidia.com/gpu", &["GPU-2::0"]);
+        second.container = "sidecar".into();
+        w.holders.push(second);
+        w.usage[2].processes = vec![ProcessUsage {
+            pid: 100,
+            memory_used_bytes: Some(1 << 30),
+        }];
+        w.process_pods.insert(100, "uid-ts".into());
+        w.pod_uids
+            .insert(("ml".into(), "ts".into()), "uid-ts".into());
+        let t = run(&w, 15.0);
+        let rows: Vec<_> = t
+            .containers
+            .iter()
+            .filter(|r| r.labels.pod == "ts")
+            .collect();
+        assert_eq!(rows.len(), 2);
+        assert!(
+            rows.iter().all(|r| r.memory_used_bytes.is_none()),
+            "{rows:?}"
+        );
+    }
+
+    #[test]
+    fn pod_uids_join_pod_resources_with_the_checkpoint_by_device() {
+        use crate::shimfiles::CheckpointAllocation;
+        let holders = vec![
+            holder("a", "nvidia.com/gpu", &["GPU-2::0"]),
+            holder("b", "nvidia.com/gpu", &["GPU-2::1"]),
+        ];
+        let alloc = |uid: &str, id: &str| CheckpointAllocation {
+            pod_uid: uid.into(),
+            container: "main".into(),
+            resource: "nvidia.com/gpu".into(),
+            device_ids: vec![id.into()],
+        };
+        let got = pod_uids(
+            &holders,
+            &[alloc("uid-b", "GPU-2::1"), alloc("uid-x", "GPU-9")],
+        );
+        assert_eq!(
+            got.into_iter().collect::<Vec<_>>(),
+            vec![(("ml".to_string(), "b".to_string()), "uid-b".to_string())]
+        );
     }
 
     #[test]
