@@ -686,7 +686,7 @@ async fn dra_claims_are_charged_from_pod_resources_and_the_drivers_checkpoint() 
             .join("kubelet/device-plugins/kubelet_internal_checkpoint"),
         alloc_dirs: dirs,
         client: None,
-        proc_root: agent.state_dir.join("no-proc"),
+        proc_root: std::path::PathBuf::from("/nonexistent-proc"),
     };
     assert_eq!(settings.dra_checkpoint_dir(), Some(state.join("dra")));
     let (_tap, advertised) = tokio::sync::watch::channel(Default::default());

@@ -12,7 +12,7 @@
 //! | mode | allocated share | busy (0–1 of the share) | container memory used | limit |
 //! |---|---|---|---|---|
 //! | `whole` | 1 | GPU utilization | its pod's processes' memory on the GPU, else the GPU's used memory | the GPU's memory |
-//! | `mig` | `c / C` | the MIG device's GPM utilization (Hopper and later); none where the driver has no GPM | the MIG device's, when NVML reports it | the MIG device's memory |
+//! | `mig` | `c / C` | the MIG device's GPM utilization (Hopper and later); none where the driver has no GPM | its pod's processes' memory on the GPU, else the MIG device's, when NVML reports it | the MIG device's memory |
 //! | `timeslice` | `1 / r` | GPU utilization (shared by all replicas) | its pod's processes' memory on the GPU (NVML per process, PID → pod by cgroup); none while none is listed | not exported |
 //! | `vgpu` | `max(m / M, s / 100)` | `min(1, GPU utilization / Σ SM limits on the GPU)` | the shim's total for the slice | the slice's memory |
 //!
