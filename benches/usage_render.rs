@@ -125,6 +125,8 @@ fn bench(c: &mut Criterion) {
         claim_holders: &[],
         claims: &[],
         pods: &n.pods,
+        process_pods: &Default::default(),
+        pod_uids: &Default::default(),
     };
     let metrics = NodeMetrics::with_hami(true);
     let mut published = Published::default();

@@ -310,3 +310,44 @@ fn a_lost_gpu_is_not_probed_clean() {
         }]
     );
 }
+
+/// A MIG device's utilization comes from GPM where the driver has it: nothing on the
+/// first read (no earlier sample), then the GPU instance's activity between two reads;
+/// a GPU without GPM (an A100) reports none, never 0. GPU 0 holds the 3g.40gb (GPU
+/// instance 1, with a compute instance: a MIG device) of the fake's model.
+#[test]
+fn mig_utilization_comes_from_gpm_between_two_reads() {
+    let mig = |usage: &[tessera::gpu::GpuUsage]| -> Vec<(String, Option<f64>)> {
+        usage
+            .iter()
+            .find(|u| u.uuid == A)
+            .map(|u| {
+                u.mig
+                    .iter()
+                    .map(|m| (m.uuid.clone(), m.utilization_percent))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    let uuid = "MIG-00000001-0000-0000-0000-000000000001".to_string();
+    let fake = FakeDriver::build("gpm 0 1 42.5\n");
+    let b = fake.backend();
+    assert_eq!(mig(&b.usage().unwrap()), vec![(uuid.clone(), None)]);
+    assert_eq!(mig(&b.usage().unwrap()), vec![(uuid.clone(), Some(42.5))]);
+    assert_eq!(mig(&b.usage().unwrap()), vec![(uuid.clone(), Some(42.5))]);
+    // Whole GPUs in MIG mode still report no GPU utilization.
+    let usage = b.usage().unwrap();
+    assert_eq!(
+        usage
+            .iter()
+            .find(|u| u.uuid == A)
+            .and_then(|u| u.utilization_percent),
+        None
+    );
+
+    let no_gpm = FakeDriver::build("");
+    let b = no_gpm.backend();
+    for _ in 0..2 {
+        assert_eq!(mig(&b.usage().unwrap()), vec![(uuid.clone(), None)]);
+    }
+}

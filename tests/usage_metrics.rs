@@ -207,6 +207,7 @@ async fn allocated_vs_used_reaches_prometheus_and_chargeback_counts_gpu_seconds(
         kubelet_checkpoint: agent.plugin_dir.join("kubelet_internal_checkpoint"),
         alloc_dirs: dirs.clone(),
         client: Some(api.client()),
+        proc_root: agent.state_dir.join("no-proc"),
     };
     let backend: Arc<dyn GpuBackend> = agent.backend.clone();
     tokio::spawn(sampler::run(
@@ -411,6 +412,7 @@ async fn a_container_gone_loses_its_gauges_at_once_and_its_counters_after_the_de
         kubelet_checkpoint: agent.plugin_dir.join("kubelet_internal_checkpoint"),
         alloc_dirs: AllocDirs::new(agent.state_dir.join("vgpu")),
         client: None,
+        proc_root: agent.state_dir.join("no-proc"),
     };
     tokio::spawn(sampler::run(
         settings,
@@ -684,6 +686,7 @@ async fn dra_claims_are_charged_from_pod_resources_and_the_drivers_checkpoint() 
             .join("kubelet/device-plugins/kubelet_internal_checkpoint"),
         alloc_dirs: dirs,
         client: None,
+        proc_root: std::path::PathBuf::from("/nonexistent-proc"),
     };
     assert_eq!(settings.dra_checkpoint_dir(), Some(state.join("dra")));
     let (_tap, advertised) = tokio::sync::watch::channel(Default::default());

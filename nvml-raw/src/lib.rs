@@ -456,3 +456,71 @@ mod tests {
         }
     }
 }
+
+/// A GPM sample of one MIG GPU instance (`nvmlGpmMigSampleGet`), kept from one usage
+/// read to the next so the activity between them can be computed
+/// ([`gpm_graphics_util`]). `nvml-wrapper`'s `GpmSample` borrows its `Nvml`, which the
+/// backend cannot keep next to the `Nvml` it borrows; this one holds the `Arc` and the
+/// raw handle, and frees the sample (`nvmlGpmSampleFree`) when dropped.
+pub struct GpmMigSample {
+    nvml: std::sync::Arc<Nvml>,
+    handle: sys::nvmlGpmSample_t,
+}
+
+// The handle is only used through `&self` methods that NVML serialises per sample, and
+// the backend keeps each sample behind a mutex.
+unsafe impl Send for GpmMigSample {}
+
+impl std::fmt::Debug for GpmMigSample {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("GpmMigSample").finish_non_exhaustive()
+    }
+}
+
+impl GpmMigSample {
+    /// Samples GPU instance `gpu_instance_id` of `parent` (the whole GPU's handle) now.
+    /// `NotSupported` before Hopper or on a driver without GPM; a driver without the
+    /// GPM symbols is `FailedToLoadSymbol`.
+    pub fn take(
+        nvml: &std::sync::Arc<Nvml>,
+        parent: &Device<'_>,
+        gpu_instance_id: u32,
+    ) -> Result<Self, NvmlError> {
+        let sample = parent.gpm_mig_sample(gpu_instance_id)?;
+        Ok(Self {
+            nvml: std::sync::Arc::clone(nvml),
+            handle: sample.into_handle(),
+        })
+    }
+
+    /// The sample as `nvml-wrapper` sees it, not freed when dropped.
+    fn borrowed(&self) -> mem::ManuallyDrop<nvml_wrapper::GpmSample<'_>> {
+        // SAFETY: `handle` came from `into_handle` of a sample of this `Nvml` and is
+        // freed only by `Drop` below; the `ManuallyDrop` keeps the borrowed wrapper from
+        // freeing it too.
+        mem::ManuallyDrop::new(unsafe {
+            nvml_wrapper::GpmSample::from_handle(&self.nvml, self.handle)
+        })
+    }
+}
+
+impl Drop for GpmMigSample {
+    fn drop(&mut self) {
+        // SAFETY: as in `borrowed`; this is the one place the handle is freed.
+        drop(unsafe { nvml_wrapper::GpmSample::from_handle(&self.nvml, self.handle) });
+    }
+}
+
+/// `NVML_GPM_METRIC_GRAPHICS_UTIL` between two samples of one GPU instance: the percent
+/// of the time between them that any graphics or compute engine was active (the GPM
+/// counterpart of `nvmlDeviceGetUtilizationRates().gpu`), 0–100.
+pub fn gpm_graphics_util(earlier: &GpmMigSample, later: &GpmMigSample) -> Result<f64, NvmlError> {
+    use nvml_wrapper::enums::gpm::GpmMetricId;
+    let (a, b) = (earlier.borrowed(), later.borrowed());
+    let results =
+        nvml_wrapper::gpm::gpm_metrics_get(&earlier.nvml, &a, &b, &[GpmMetricId::GraphicsUtil])?;
+    match results.into_iter().next() {
+        Some(r) => r.map(|m| m.value),
+        None => Err(NvmlError::Unknown),
+    }
+}

@@ -108,12 +108,17 @@ impl ChargebackMetrics {
 
     /// Adds one interval: `share` of a GPU ([`super::rule::Slice::share`]) held for
     /// `seconds`, busy `busy` (0–1) of it; the same arithmetic as [`super::Ledger::charge`].
-    pub fn charge(&self, labels: &ChargeLabels, share: f64, busy: f64, seconds: f64) {
-        let add = charge_of(share, busy, seconds);
+    /// `busy` `None` (not measured: a MIG device without GPM) charges the allocated
+    /// GPU-seconds only: the used counter is not created or moved, so a report shows
+    /// `n/a` for it rather than a made-up 0.
+    pub fn charge(&self, labels: &ChargeLabels, share: f64, busy: Option<f64>, seconds: f64) {
+        let add = charge_of(share, busy.unwrap_or(0.0), seconds);
         self.allocated
             .get_or_create(labels)
             .inc_by(add.allocated_seconds);
-        self.used.get_or_create(labels).inc_by(add.used_seconds);
+        if busy.is_some() {
+            self.used.get_or_create(labels).inc_by(add.used_seconds);
+        }
     }
 
     /// Stops exporting a container's series.
@@ -195,7 +200,7 @@ mod tests {
     fn the_agent_families_and_the_text_helper_write_the_same_series() {
         let mut registry = Registry::with_prefix("tessera");
         let metrics = ChargebackMetrics::register(&mut registry);
-        metrics.charge(&labels(), 0.5, 0.25, 60.0);
+        metrics.charge(&labels(), 0.5, Some(0.25), 60.0);
         let mut page = String::new();
         encode(&mut page, &registry).unwrap();
         let mut helper = String::new();

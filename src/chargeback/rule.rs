@@ -14,6 +14,12 @@
 //! memory slices, because compute slices are what a MIG layout runs out of first.
 //! Every share is in (0, 1]; a device that would be charged nothing or more than its GPU
 //! is a [`RuleError`], never a silent 0 or a share above 1.
+//!
+//! Used GPU-seconds are the allocated ones times the device's busy fraction: the GPU's
+//! utilization (whole, time-sliced), the slice's SM use (vGPU), the GPU instance's GPM
+//! activity (MIG, Hopper and later). A MIG device the driver cannot measure (before
+//! Hopper) is charged allocated GPU-seconds and no used ones: its used counter is left
+//! absent, so reports say `n/a` for it (`crate::metrics::usage`).
 
 use std::fmt;
 

@@ -89,7 +89,7 @@ pub struct Args {
     pub driver_root: PathBuf,
     /// Where the host's /proc is visible to the agent (the NVIDIA driver's MIG capability
     /// table `driver/nvidia-caps/mig-minors` and `devices` are read there; the vGPU guard
-    /// reads processes' `<pid>/cgroup` there).
+    /// and the usage sampler read processes' `<pid>/cgroup` there).
     #[arg(long, default_value = "/proc")]
     pub proc_root: PathBuf,
     /// Do not put CDI device names in Allocate responses (runtimes without CDI).
@@ -465,6 +465,7 @@ fn spawn_sampler(
         kubelet_checkpoint: kubelet_checkpoint(args),
         alloc_dirs: opts.allocate.alloc_dirs(),
         client,
+        proc_root: args.proc_root.clone(),
     };
     tokio::spawn(sampler::run(
         settings,

@@ -408,6 +408,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         .map(|q| (q.name.clone(), (q.admitted_workloads, q.pending_workloads)))
         .collect();
     plan.queues = engine.queue_gauges();
+    plan.local_queues = engine.local_queue_gauges();
     drop_admissions_of_evicted(&mut plan.actions);
     plan.subjects = subjects(&engine, &plan.actions, &events);
     let by_key: HashMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
@@ -449,9 +450,14 @@ pub(super) fn subjects(
         if key.is_empty() || out.contains_key(key) {
             return;
         }
-        if let (Some(cq), Some(created)) = (engine.cluster_queue_of(key), engine.created_at(key)) {
+        if let (Some(cq), Some(created), Some((ns, lq))) = (
+            engine.cluster_queue_of(key),
+            engine.created_at(key),
+            engine.local_queue_of(key),
+        ) {
             let subject = Subject {
                 cluster_queue: cq.to_string(),
+                local_queue: (ns.to_string(), lq.to_string()),
                 created,
                 admitted_now: admitted_now.contains(key),
             };

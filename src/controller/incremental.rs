@@ -1669,6 +1669,7 @@ fn fast_pass(
         false => kept.engine.next_timer(),
     };
     plan.queues = kept.engine.queue_gauges();
+    plan.local_queues = kept.engine.local_queue_gauges();
     drop_admissions_of_evicted(&mut plan.actions);
     plan.subjects = subjects(&kept.engine, &plan.actions, &events);
     let cx = record_updates::Context {

@@ -1045,6 +1045,9 @@ fn decisions(plan: &Plan) -> Plan {
     for q in &mut p.queues {
         q.active += std::mem::take(&mut q.inadmissible);
     }
+    for q in &mut p.local_queues {
+        q.active += std::mem::take(&mut q.inadmissible);
+    }
     let admit_key = |a: &Action| match a {
         Action::Admit { workload, .. } => Some(workload.clone()),
         _ => None,

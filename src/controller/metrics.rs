@@ -15,6 +15,12 @@
 //! | `tessera_admission_attempt_duration_seconds` (histogram) | result |
 //! | `tessera_cluster_queue_status` | cluster_queue, status (`pending`, `active`, `terminating`) |
 //! | `tessera_cluster_queue_resource_usage`, `_resource_reservation`, `_nominal_quota`, `_borrowing_limit`, `_lending_limit` | cohort, cluster_queue, flavor, resource |
+//! | `tessera_admitted_active_workloads` | cluster_queue |
+//! | `tessera_local_queue_pending_workloads` | name, namespace, status (`active`, `inadmissible`) |
+//! | `tessera_local_queue_admitted_workloads_total`, `_admission_wait_time_seconds` (histogram), `_admitted_active_workloads` | name, namespace |
+//! | `tessera_local_queue_evicted_workloads_total` | name, namespace, reason |
+//! | `tessera_local_queue_status` | name, namespace, active (`True`, `False`, `Unknown`) |
+//! | `tessera_local_queue_resource_usage`, `_resource_reservation` | name, namespace, flavor, resource |
 //! | `tessera_extender_filter_requests_total` | result (`fit`, `unschedulable`, `error`) |
 //! | `tessera_extender_bind_requests_total` | result (`bound`, `refused`) |
 //! | `tessera_extender_request_duration_seconds` (histogram) | verb (`filter`, `prioritize`, `bind`) |
@@ -75,6 +81,42 @@ pub struct VerbLabels {
 pub struct QuotaLabels {
     pub cohort: String,
     pub cluster_queue: String,
+    pub flavor: String,
+    pub resource: String,
+}
+
+/// A LocalQueue: Kueue's `name` and `namespace` labels.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct LocalQueueLabels {
+    pub name: String,
+    pub namespace: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct LocalQueueStatusLabels {
+    pub name: String,
+    pub namespace: String,
+    pub status: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct LocalQueueActiveLabels {
+    pub name: String,
+    pub namespace: String,
+    pub active: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct LocalQueueEvictedLabels {
+    pub name: String,
+    pub namespace: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, PartialOrd, Ord, EncodeLabelSet)]
+pub struct LocalQuotaLabels {
+    pub name: String,
+    pub namespace: String,
     pub flavor: String,
     pub resource: String,
 }
@@ -174,6 +216,11 @@ struct Written {
     quota: BTreeSet<QuotaLabels>,
     borrowing: BTreeSet<QuotaLabels>,
     lending: BTreeSet<QuotaLabels>,
+    admitted_active: BTreeSet<QueueLabels>,
+    lq_pending: BTreeSet<LocalQueueStatusLabels>,
+    lq_status: BTreeSet<LocalQueueActiveLabels>,
+    lq_admitted_active: BTreeSet<LocalQueueLabels>,
+    lq_quota: BTreeSet<LocalQuotaLabels>,
 }
 
 /// Everything the controller measures.
@@ -193,6 +240,16 @@ pub struct ControllerMetrics {
     pub nominal: FloatGauges,
     pub borrowing: FloatGauges,
     pub lending: FloatGauges,
+    pub admitted_active: Family<QueueLabels, Gauge>,
+    /// Kueue's LocalQueue metrics (`local_queue_*`).
+    pub lq_pending: Family<LocalQueueStatusLabels, Gauge>,
+    pub lq_admitted: Family<LocalQueueLabels, Counter>,
+    pub lq_wait: HistogramFamily<LocalQueueLabels>,
+    pub lq_evicted: Family<LocalQueueEvictedLabels, Counter>,
+    pub lq_admitted_active: Family<LocalQueueLabels, Gauge>,
+    pub lq_status: Family<LocalQueueActiveLabels, Gauge>,
+    pub lq_usage: Family<LocalQuotaLabels, Gauge<f64, AtomicU64>>,
+    pub lq_reservation: Family<LocalQuotaLabels, Gauge<f64, AtomicU64>>,
     pub extender: ExtenderMetrics,
     /// The autoscaler's (`scaler_metrics.rs`): KEDA's names.
     pub scaler: super::scaler_metrics::ScalerMetrics,
@@ -222,6 +279,15 @@ impl ControllerMetrics {
             nominal: Family::default(),
             borrowing: Family::default(),
             lending: Family::default(),
+            admitted_active: Family::default(),
+            lq_pending: Family::default(),
+            lq_admitted: Family::default(),
+            lq_wait: Family::new_with_constructor(wait_histogram as fn() -> Histogram),
+            lq_evicted: Family::default(),
+            lq_admitted_active: Family::default(),
+            lq_status: Family::default(),
+            lq_usage: Family::default(),
+            lq_reservation: Family::default(),
             extender: ExtenderMetrics::register(&mut registry),
             scaler: super::scaler_metrics::ScalerMetrics::register(&mut registry),
             written: Mutex::default(),
@@ -292,6 +358,51 @@ impl ControllerMetrics {
             "The cluster_queue's lending limit per flavor and resource (no series: no limit)",
             m.lending.clone(),
         );
+        registry.register(
+            "admitted_active_workloads",
+            "Admitted workloads per cluster_queue (unsuspended and not finished)",
+            m.admitted_active.clone(),
+        );
+        registry.register(
+            "local_queue_pending_workloads",
+            "Pending workloads per local queue (name, namespace) and status: active (in the admission queue) or inadmissible (a failed attempt; not retried until the cluster changes)",
+            m.lq_pending.clone(),
+        );
+        registry.register(
+            "local_queue_admitted_workloads",
+            "Workloads admitted per local queue (name, namespace)",
+            m.lq_admitted.clone(),
+        );
+        registry.register(
+            "local_queue_admission_wait_time_seconds",
+            "Time from a workload's creation or requeue until its admission, per local queue (name, namespace)",
+            m.lq_wait.clone(),
+        );
+        registry.register(
+            "local_queue_evicted_workloads",
+            "Workloads evicted per local queue (name, namespace) and reason (Preempted, PodsReadyTimeout, ClusterQueueStopped)",
+            m.lq_evicted.clone(),
+        );
+        registry.register(
+            "local_queue_admitted_active_workloads",
+            "Admitted workloads per local queue (name, namespace)",
+            m.lq_admitted_active.clone(),
+        );
+        registry.register(
+            "local_queue_status",
+            "1 for the local queue's Active condition (True: its cluster queue exists and is active; False otherwise), 0 for the others",
+            m.lq_status.clone(),
+        );
+        registry.register(
+            "local_queue_resource_usage",
+            "Quota used by the local queue's admitted (and still terminating) workloads, per flavor and resource",
+            m.lq_usage.clone(),
+        );
+        registry.register(
+            "local_queue_resource_reservation",
+            "Quota the local queue's workloads reserve (used, plus held for its preemptors waiting for their victims), per flavor and resource",
+            m.lq_reservation.clone(),
+        );
         ControllerMetrics { registry, ..m }
     }
 
@@ -322,6 +433,23 @@ impl ControllerMetrics {
                 })
                 .inc();
         }
+        for ((namespace, name), waited) in &inc.lq_admitted {
+            let l = LocalQueueLabels {
+                name: name.clone(),
+                namespace: namespace.clone(),
+            };
+            self.lq_admitted.get_or_create(&l).inc();
+            self.lq_wait.get_or_create(&l).observe(*waited);
+        }
+        for ((namespace, name), reason) in &inc.lq_evicted {
+            self.lq_evicted
+                .get_or_create(&LocalQueueEvictedLabels {
+                    name: name.clone(),
+                    namespace: namespace.clone(),
+                    reason: reason.clone(),
+                })
+                .inc();
+        }
         for (cq, reason) in &inc.preempted {
             self.preempted
                 .get_or_create(&PreemptedLabels {
@@ -339,7 +467,7 @@ impl ControllerMetrics {
                 .get_or_create(&l)
                 .observe(took.as_secs_f64());
         }
-        self.set_gauges(&pass_metrics::gauges(&plan.queues));
+        self.set_gauges(&pass_metrics::gauges(&plan.queues, &plan.local_queues));
     }
 
     /// Drops every queue gauge (this replica no longer holds the Lease: its books are
@@ -379,6 +507,51 @@ impl ControllerMetrics {
             }
             now.quota.insert(l);
         }
+        for (cq, v) in &g.admitted_active {
+            let l = QueueLabels {
+                cluster_queue: cq.clone(),
+            };
+            self.admitted_active.get_or_create(&l).set(*v);
+            now.admitted_active.insert(l);
+        }
+        let lq = |(namespace, name): &(String, String)| LocalQueueLabels {
+            name: name.clone(),
+            namespace: namespace.clone(),
+        };
+        for (id, s, v) in &g.lq_pending {
+            let l = LocalQueueStatusLabels {
+                name: id.1.clone(),
+                namespace: id.0.clone(),
+                status: s.to_string(),
+            };
+            self.lq_pending.get_or_create(&l).set(*v);
+            now.lq_pending.insert(l);
+        }
+        for (id, s, v) in &g.lq_status {
+            let l = LocalQueueActiveLabels {
+                name: id.1.clone(),
+                namespace: id.0.clone(),
+                active: s.to_string(),
+            };
+            self.lq_status.get_or_create(&l).set(*v);
+            now.lq_status.insert(l);
+        }
+        for (id, v) in &g.lq_admitted_active {
+            let l = lq(id);
+            self.lq_admitted_active.get_or_create(&l).set(*v);
+            now.lq_admitted_active.insert(l);
+        }
+        for r in &g.lq_quota {
+            let l = LocalQuotaLabels {
+                name: r.name.clone(),
+                namespace: r.namespace.clone(),
+                flavor: r.flavor.clone(),
+                resource: r.resource.clone(),
+            };
+            self.lq_usage.get_or_create(&l).set(r.usage);
+            self.lq_reservation.get_or_create(&l).set(r.reservation);
+            now.lq_quota.insert(l);
+        }
         let mut last = self.written.lock().unwrap_or_else(|e| e.into_inner());
         for l in last.pending.difference(&now.pending) {
             self.pending.remove(l);
@@ -396,6 +569,22 @@ impl ControllerMetrics {
         }
         for l in last.lending.difference(&now.lending) {
             self.lending.remove(l);
+        }
+        for l in last.admitted_active.difference(&now.admitted_active) {
+            self.admitted_active.remove(l);
+        }
+        for l in last.lq_pending.difference(&now.lq_pending) {
+            self.lq_pending.remove(l);
+        }
+        for l in last.lq_status.difference(&now.lq_status) {
+            self.lq_status.remove(l);
+        }
+        for l in last.lq_admitted_active.difference(&now.lq_admitted_active) {
+            self.lq_admitted_active.remove(l);
+        }
+        for l in last.lq_quota.difference(&now.lq_quota) {
+            self.lq_usage.remove(l);
+            self.lq_reservation.remove(l);
         }
         *last = now;
     }
@@ -421,6 +610,7 @@ mod tests {
             cohort: String::new(),
             active: 1,
             inadmissible: 2,
+            admitted: 1,
             status: QueueStatus::Active,
             resources: vec![ResourceGauges {
                 flavor: "h100".into(),

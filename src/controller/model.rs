@@ -8,7 +8,7 @@ use super::serving::{Owner, ServingKind};
 use super::time::Millis;
 use super::workload_record::Update;
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
-use crate::quota::{QueueGauges, WaitForPodsReady};
+use crate::quota::{LocalQueueGauges, QueueGauges, WaitForPodsReady};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
 
@@ -140,6 +140,8 @@ pub struct Plan {
     pub next_timer: Option<Millis>,
     /// Every ClusterQueue's books after this pass, sorted by name (the metrics' gauges).
     pub queues: Vec<QueueGauges>,
+    /// Every LocalQueue's books after this pass, sorted by namespace and name.
+    pub local_queues: Vec<LocalQueueGauges>,
     /// The workloads this plan admits or evicts and the preemptors it names, by key:
     /// what the metrics count them under.
     pub subjects: BTreeMap<String, Subject>,
@@ -152,6 +154,8 @@ pub struct Plan {
 pub struct Subject {
     /// The ClusterQueue it waits or runs in.
     pub cluster_queue: String,
+    /// The LocalQueue it was submitted to: `(namespace, name)`.
+    pub local_queue: (String, String),
     /// When it was created, or requeued (what its wait for admission runs from).
     pub created: Millis,
     /// The engine admitted it in this pass (an `Admit` that only finishes an earlier

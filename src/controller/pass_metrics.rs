@@ -7,7 +7,7 @@
 
 use super::model::{Action, Plan};
 use super::time::Millis;
-use crate::quota::QueueGauges;
+use crate::quota::{LocalQueueGauges, QueueGauges};
 
 /// Kueue's buckets for its wait-time histograms, in seconds: 1, then 2.5 doubling
 /// (2.5 … 10240, 14 in all).
@@ -31,6 +31,10 @@ pub struct Increments {
     /// reason (`InClusterQueue`, `InCohortReclamation`, `InCohortFairSharing`,
     /// `InCohortReclaimWhileBorrowing`).
     pub preempted: Vec<(String, String)>,
+    /// Per admission: its LocalQueue `(namespace, name)` and its wait, as `admitted`.
+    pub lq_admitted: Vec<((String, String), f64)>,
+    /// Per eviction: the evicted workload's LocalQueue and the reason, as `evicted`.
+    pub lq_evicted: Vec<((String, String), String)>,
 }
 
 /// The increments of `plan` once the reconciler applied the actions at the indices
@@ -45,6 +49,7 @@ pub fn increments(plan: &Plan, done: &[usize], now: Millis) -> Increments {
                 if let Some(s) = plan.subjects.get(workload).filter(|s| s.admitted_now) {
                     let waited = now.saturating_sub(s.created) as f64 / 1000.0;
                     out.admitted.push((s.cluster_queue.clone(), waited));
+                    out.lq_admitted.push((s.local_queue.clone(), waited));
                 }
             }
             Some(Action::Evict {
@@ -56,13 +61,17 @@ pub fn increments(plan: &Plan, done: &[usize], now: Millis) -> Increments {
                 let Some(victim) = plan.subjects.get(workload) else {
                     continue;
                 };
+                let why = if by.is_empty() {
+                    reason.clone()
+                } else {
+                    EVICTED_PREEMPTED.to_string()
+                };
+                out.evicted
+                    .push((victim.cluster_queue.clone(), why.clone()));
+                out.lq_evicted.push((victim.local_queue.clone(), why));
                 if by.is_empty() {
-                    out.evicted
-                        .push((victim.cluster_queue.clone(), reason.clone()));
                     continue;
                 }
-                out.evicted
-                    .push((victim.cluster_queue.clone(), EVICTED_PREEMPTED.into()));
                 let preempting = plan
                     .subjects
                     .get(by)
@@ -104,6 +113,17 @@ pub struct QuotaRow {
     pub lending_limit: Option<f64>,
 }
 
+/// One LocalQueue's `(flavor, resource)` row, in the resource's units.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalQuotaRow {
+    pub namespace: String,
+    pub name: String,
+    pub flavor: String,
+    pub resource: String,
+    pub usage: f64,
+    pub reservation: f64,
+}
+
 /// Every gauge of one pass.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Gauges {
@@ -111,18 +131,58 @@ pub struct Gauges {
     pub pending: Vec<(String, &'static str, i64)>,
     /// `(cluster_queue, status, 0 or 1)` for each of `pending`, `active`, `terminating`.
     pub status: Vec<(String, &'static str, i64)>,
+    /// `(cluster_queue, admitted workloads)`.
+    pub admitted_active: Vec<(String, i64)>,
     pub quota: Vec<QuotaRow>,
+    /// `((namespace, name), status, workloads)`: status `active` or `inadmissible`.
+    pub lq_pending: Vec<((String, String), &'static str, i64)>,
+    /// `((namespace, name), active, 0 or 1)` for each of `True`, `False`, `Unknown`.
+    pub lq_status: Vec<((String, String), &'static str, i64)>,
+    /// `((namespace, name), admitted workloads)`.
+    pub lq_admitted_active: Vec<((String, String), i64)>,
+    pub lq_quota: Vec<LocalQuotaRow>,
 }
+
+/// Kueue's `local_queue_status` values: its LocalQueue's `Active` condition.
+pub const LOCAL_QUEUE_STATUSES: [&str; 3] = ["True", "False", "Unknown"];
 
 /// Kueue's `cluster_queue_status` values (a deleted ClusterQueue leaves the books at
 /// once: `terminating` is always 0 here).
 pub const QUEUE_STATUSES: [&str; 3] = ["pending", "active", "terminating"];
 
-/// The gauges of the ClusterQueues' books `queues`.
-pub fn gauges(queues: &[QueueGauges]) -> Gauges {
+/// The gauges of the ClusterQueues' books `queues` and the LocalQueues' `locals`.
+pub fn gauges(queues: &[QueueGauges], locals: &[LocalQueueGauges]) -> Gauges {
     let units = |m: i64| m as f64 / 1000.0;
     let mut out = Gauges::default();
+    for l in locals {
+        let id = (l.namespace.clone(), l.name.clone());
+        out.lq_pending.push((id.clone(), "active", l.active as i64));
+        out.lq_pending
+            .push((id.clone(), "inadmissible", l.inadmissible as i64));
+        // Its `Active` condition: True while its ClusterQueue exists and is active.
+        let active = if l.cluster_queue_active {
+            "True"
+        } else {
+            "False"
+        };
+        for s in LOCAL_QUEUE_STATUSES {
+            out.lq_status.push((id.clone(), s, i64::from(s == active)));
+        }
+        out.lq_admitted_active.push((id, l.admitted as i64));
+        for r in &l.resources {
+            out.lq_quota.push(LocalQuotaRow {
+                namespace: l.namespace.clone(),
+                name: l.name.clone(),
+                flavor: r.flavor.clone(),
+                resource: r.resource.clone(),
+                usage: units(r.usage),
+                reservation: units(r.reservation),
+            });
+        }
+    }
     for q in queues {
+        out.admitted_active
+            .push((q.name.clone(), q.admitted as i64));
         out.pending
             .push((q.name.clone(), "active", q.active as i64));
         out.pending
@@ -220,7 +280,7 @@ mod tests {
         s.cluster_queues[1].spec.queueing_strategy =
             crate::quota::api::QueueingStrategy::StrictFIFO;
         let plan = decide(&s);
-        let g = gauges(&plan.queues);
+        let g = gauges(&plan.queues, &plan.local_queues);
         assert_eq!(
             g.pending,
             vec![
@@ -249,7 +309,7 @@ mod tests {
     #[test]
     fn quota_rows_carry_usage_nominal_and_limits_per_flavor_and_resource() {
         let plan = decide(&snapshot(vec![pod("run", "la", 5, true)]));
-        let g = gauges(&plan.queues);
+        let g = gauges(&plan.queues, &plan.local_queues);
         let a = g
             .quota
             .iter()
@@ -344,7 +404,7 @@ mod tests {
             vec![("a".to_string(), "InClusterQueue".to_string())]
         );
         // The victim terminates (30 s grace): it still uses its quota.
-        let a = gauges(&plan.queues)
+        let a = gauges(&plan.queues, &plan.local_queues)
             .quota
             .into_iter()
             .find(|r| r.cluster_queue == "a");
@@ -365,6 +425,7 @@ mod tests {
                 "team/pod-x".to_string(),
                 crate::controller::model::Subject {
                     cluster_queue: "a".into(),
+                    local_queue: ("team".into(), "la".into()),
                     created: 0,
                     admitted_now: false,
                 },
@@ -378,6 +439,100 @@ mod tests {
             vec![("a".to_string(), "PodsReadyTimeout".to_string())]
         );
         assert!(inc.preempted.is_empty());
+    }
+
+    #[test]
+    fn local_queues_carry_their_own_pending_admitted_usage_and_status() {
+        // Two LocalQueues of ClusterQueue a: la runs 3 GPUs and waits for 5 (parked),
+        // lc waits for 1 behind nothing (admitted now). lb (queue b) runs 2.
+        let mut s = snapshot(vec![
+            pod("run", "la", 3, true),
+            pod("y", "la", 5, false),
+            pod("runb", "lb", 2, true),
+        ]);
+        s.local_queues.push(local_queue("team", "lc", "a"));
+        s.local_queues.push(local_queue("other", "ld", "missing"));
+        s.pods.push(pod("c1", "lc", 1, false));
+        let plan = decide(&s);
+        let g = gauges(&plan.queues, &plan.local_queues);
+        let lq = |ns: &str, n: &str| (ns.to_string(), n.to_string());
+        let pending: Vec<_> = g
+            .lq_pending
+            .iter()
+            .filter(|(_, _, v)| *v > 0)
+            .cloned()
+            .collect();
+        assert_eq!(
+            pending,
+            vec![(lq("team", "la"), "inadmissible", 1)],
+            "{:?}",
+            plan.local_queues
+        );
+        assert_eq!(
+            g.lq_admitted_active,
+            vec![
+                (lq("other", "ld"), 0),
+                (lq("team", "la"), 1),
+                (lq("team", "lb"), 1),
+                (lq("team", "lc"), 1),
+            ]
+        );
+        let usage: Vec<_> = g
+            .lq_quota
+            .iter()
+            .map(|r| (r.name.as_str(), r.resource.as_str(), r.usage, r.reservation))
+            .collect();
+        assert_eq!(
+            usage,
+            vec![
+                ("la", "nvidia.com/gpu", 3.0, 3.0),
+                ("lb", "nvidia.com/gpu", 2.0, 2.0),
+                ("lc", "nvidia.com/gpu", 1.0, 1.0),
+            ]
+        );
+        // The LocalQueue of a missing ClusterQueue is not active; the others are.
+        let active: Vec<_> = g
+            .lq_status
+            .iter()
+            .filter(|(_, _, v)| *v == 1)
+            .map(|(id, s, _)| (id.1.as_str(), *s))
+            .collect();
+        assert_eq!(
+            active,
+            vec![
+                ("ld", "False"),
+                ("la", "True"),
+                ("lb", "True"),
+                ("lc", "True")
+            ]
+        );
+        // Each ClusterQueue's admitted workloads are the sum of its LocalQueues'.
+        assert_eq!(
+            g.admitted_active,
+            vec![("a".to_string(), 2), ("b".to_string(), 1)]
+        );
+        // The admission counts under its LocalQueue with its wait.
+        let inc = increments(&plan, &all(&plan), NOW);
+        assert_eq!(inc.lq_admitted, vec![(lq("team", "lc"), 60.0)]);
+    }
+
+    #[test]
+    fn an_eviction_counts_under_the_victims_local_queue() {
+        let mut s = snapshot(vec![
+            pod("borrower", "la", 6, true),
+            pod("owner", "lb", 2, false),
+        ]);
+        s.cluster_queues[1].spec.preemption.reclaim_within_cohort =
+            crate::quota::api::ReclaimPolicy::Any;
+        let plan = decide(&s);
+        let inc = increments(&plan, &all(&plan), NOW);
+        assert_eq!(
+            inc.lq_evicted,
+            vec![(
+                ("team".to_string(), "la".to_string()),
+                "Preempted".to_string()
+            )]
+        );
     }
 
     #[test]

@@ -34,6 +34,9 @@
 //! faults: { inventoryFailures: 2, healthWatchEndsAfterMs: 3000 }
 //! usage:
 //!   - { gpu: 2, utilizationPercent: 60, processes: [ { pid: 4242, memoryUsedMiB: 9000 } ] }
+//!   # a GPU in MIG mode: per MIG device (index into its MIG devices); no
+//!   # utilizationPercent on a device = a driver without GPM (utilization unknown)
+//!   - { gpu: 1, mig: [ { device: 0, memoryUsedMiB: 4000, utilizationPercent: 35 }, { device: 1 } ] }
 //! ```
 
 use std::collections::BTreeMap;
@@ -46,7 +49,7 @@ use serde::Deserialize;
 use super::models::{self, GpuModel};
 use super::{
     DriverInfo, Error, GpuBackend, GpuInfo, GpuUsage, HealthEvent, HealthSender, Inventory,
-    MigDeviceInfo, ProcessUsage, Result, TimeSlice,
+    MigDeviceInfo, MigUsage, ProcessUsage, Result, TimeSlice,
 };
 use crate::partition::catalog;
 
@@ -131,6 +134,22 @@ struct RawUsage {
     utilization_percent: u32,
     #[serde(default)]
     processes: Vec<RawProcess>,
+    /// Its MIG devices' use (a GPU in MIG mode); devices not listed are idle.
+    #[serde(default)]
+    mig: Vec<RawMigUsage>,
+}
+
+/// `usage[].mig[]`: one MIG device's use.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+struct RawMigUsage {
+    /// Index into the GPU's MIG devices (in inventory order).
+    device: usize,
+    #[serde(rename = "memoryUsedMiB", default)]
+    memory_used_mib: u64,
+    /// GPM's `GRAPHICS_UTIL` since the last read, 0–100; absent: the driver has no GPM
+    /// (a GPU before Hopper), so the device's utilization is not known.
+    utilization_percent: Option<f64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -164,6 +183,22 @@ fn one() -> u32 {
 
 const MIB: u64 = 1024 * 1024;
 
+/// An idle GPU's MIG devices: nothing used, 0 % busy (a GPM-capable driver's answer).
+fn idle_mig(gpu: &GpuInfo) -> Vec<MigUsage> {
+    if !gpu.mig_enabled {
+        return Vec::new();
+    }
+    gpu.mig_devices
+        .iter()
+        .map(|m| MigUsage {
+            uuid: m.uuid.clone(),
+            memory_used_bytes: 0,
+            memory_total_bytes: m.memory_mib * MIB,
+            utilization_percent: Some(0.0),
+        })
+        .collect()
+}
+
 /// `usage[i]` checked against the GPUs: an index that exists, at most 100 %, memory
 /// within the GPU's, each pid once.
 fn scripted_usage(gpus: &[GpuInfo], i: usize, u: &RawUsage) -> Result<GpuUsage> {
@@ -171,6 +206,43 @@ fn scripted_usage(gpus: &[GpuInfo], i: usize, u: &RawUsage) -> Result<GpuUsage> 
     let gpu = gpus
         .get(u.gpu as usize)
         .ok_or_else(|| bad("gpu", format!("no GPU with index {}", u.gpu)))?;
+    if gpu.mig_enabled && u.utilization_percent > 0 {
+        return Err(bad(
+            "utilizationPercent",
+            "a GPU in MIG mode reports no utilization: script its `mig` devices".into(),
+        ));
+    }
+    if !gpu.mig_enabled && !u.mig.is_empty() {
+        return Err(bad("mig", "the GPU is not in MIG mode".into()));
+    }
+    let mut mig = idle_mig(gpu);
+    for (j, m) in u.mig.iter().enumerate() {
+        let dev = gpu.mig_devices.get(m.device).ok_or_else(|| {
+            bad(
+                &format!("mig[{j}].device"),
+                format!("no MIG device {}", m.device),
+            )
+        })?;
+        if m.memory_used_mib > dev.memory_mib {
+            return Err(bad(
+                &format!("mig[{j}].memoryUsedMiB"),
+                format!(
+                    "{} MiB used of a {} MiB MIG device",
+                    m.memory_used_mib, dev.memory_mib
+                ),
+            ));
+        }
+        if m.utilization_percent
+            .is_some_and(|p| !(0.0..=100.0).contains(&p))
+        {
+            return Err(bad(
+                &format!("mig[{j}].utilizationPercent"),
+                "not within 0–100".into(),
+            ));
+        }
+        mig[m.device].memory_used_bytes = m.memory_used_mib * MIB;
+        mig[m.device].utilization_percent = m.utilization_percent;
+    }
     if u.utilization_percent > 100 {
         return Err(bad(
             "utilizationPercent",
@@ -198,8 +270,8 @@ fn scripted_usage(gpus: &[GpuInfo], i: usize, u: &RawUsage) -> Result<GpuUsage> 
         uuid: gpu.uuid.clone(),
         memory_used_bytes: used * MIB,
         memory_total_bytes: gpu.memory_mib * MIB,
-        utilization_percent: Some(u.utilization_percent),
-        mig: Vec::new(),
+        utilization_percent: (!gpu.mig_enabled).then_some(u.utilization_percent),
+        mig,
         processes: u
             .processes
             .iter()
@@ -495,7 +567,9 @@ impl GpuBackend for FakeBackend {
                 set.get(&g.uuid).cloned().unwrap_or_else(|| GpuUsage {
                     uuid: g.uuid.clone(),
                     memory_total_bytes: g.memory_mib * 1024 * 1024,
-                    utilization_percent: Some(0),
+                    // NVML reports no utilization for a GPU in MIG mode.
+                    utilization_percent: (!g.mig_enabled).then_some(0),
+                    mig: idle_mig(g),
                     ..GpuUsage::default()
                 })
             })
@@ -818,6 +892,75 @@ fn build_mig_devices(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_mig_gpu_reports_per_device_use_and_no_gpu_utilization() {
+        let spec = "gpus: [ { model: A100-80GB, migEnabled: true, mig: [3g.40gb, 1g.10gb] }, { model: L4 } ]\n";
+        let b = FakeBackend::from_yaml(&format!(
+            "{spec}usage:\n- {{ gpu: 0, mig: [ {{ device: 0, memoryUsedMiB: 4000, utilizationPercent: 35.5 }}, {{ device: 1 }} ] }}\n"
+        ))
+        .unwrap();
+        let usage = b.usage().unwrap();
+        let inv = b.inventory().unwrap();
+        assert_eq!(
+            usage[0].utilization_percent, None,
+            "MIG mode: no GPU figure"
+        );
+        let mig: Vec<_> = usage[0]
+            .mig
+            .iter()
+            .map(|m| (m.uuid.as_str(), m.memory_used_bytes, m.utilization_percent))
+            .collect();
+        assert_eq!(
+            mig,
+            vec![
+                (
+                    inv.gpus[0].mig_devices[0].uuid.as_str(),
+                    4000 * MIB,
+                    Some(35.5)
+                ),
+                // Listed without a figure: a driver without GPM.
+                (inv.gpus[0].mig_devices[1].uuid.as_str(), 0, None),
+            ]
+        );
+        // Unscripted: idle, measured 0 % (a GPM-capable driver's answer).
+        let idle = FakeBackend::from_yaml(spec).unwrap().usage().unwrap();
+        assert_eq!(idle[0].utilization_percent, None);
+        assert_eq!(idle[0].mig.len(), 2);
+        assert!(idle[0]
+            .mig
+            .iter()
+            .all(|m| m.utilization_percent == Some(0.0)));
+        assert_eq!(idle[1].utilization_percent, Some(0));
+        for (usage, want) in [
+            (
+                "[ { gpu: 0, mig: [ { device: 2 } ] } ]",
+                "usage[0].mig[0].device: no MIG device 2",
+            ),
+            (
+                "[ { gpu: 0, mig: [ { device: 0, utilizationPercent: 101 } ] } ]",
+                "usage[0].mig[0].utilizationPercent",
+            ),
+            (
+                "[ { gpu: 0, mig: [ { device: 1, memoryUsedMiB: 99999 } ] } ]",
+                "usage[0].mig[0].memoryUsedMiB",
+            ),
+            (
+                "[ { gpu: 0, utilizationPercent: 10 } ]",
+                "usage[0].utilizationPercent: a GPU in MIG mode",
+            ),
+            (
+                "[ { gpu: 1, mig: [ { device: 0 } ] } ]",
+                "usage[0].mig: the GPU is not in MIG mode",
+            ),
+        ] {
+            let err = FakeBackend::from_yaml(&format!("{spec}usage: {usage}\n"))
+                .err()
+                .map(|e| e.to_string())
+                .unwrap_or_default();
+            assert!(err.contains(want), "{usage}: {err}");
+        }
+    }
 
     #[test]
     fn an_inventory_scripts_what_usage_reports_and_bad_usage_names_the_field() {

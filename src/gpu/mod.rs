@@ -175,13 +175,18 @@ pub struct GpuUsage {
     pub processes: Vec<ProcessUsage>,
 }
 
-/// Memory in use on one MIG device.
-#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+/// Memory in use on one MIG device, and how busy it was.
+#[derive(Debug, Clone, PartialEq, Default, Serialize)]
 #[serde(rename_all = "camelCase")]
 pub struct MigUsage {
     pub uuid: String,
     pub memory_used_bytes: u64,
     pub memory_total_bytes: u64,
+    /// Percent of the time since the previous read that its GPU instance's graphics or
+    /// compute engines were active (NVML GPM `GRAPHICS_UTIL`, Hopper and later), 0–100.
+    /// `None` where the driver cannot say: a GPU before Hopper, a driver without GPM, or
+    /// the first read (no earlier sample yet). Never a made-up 0.
+    pub utilization_percent: Option<f64>,
 }
 
 /// One compute process on a GPU.

@@ -347,7 +347,7 @@ mod tests {
             queue: "q".into(),
             team: "t".into(),
         };
-        metrics.chargeback.charge(&labels, 0.25, 1.0, 40.0);
+        metrics.chargeback.charge(&labels, 0.25, Some(1.0), 40.0);
         let page = metrics.encode();
         assert!(
             page.contains("tessera_chargeback_gpu_allocated_seconds_total{node=\"n1\",gpu=\"GPU-0\",model=\"H100-80GB\",mode=\"timeslice\",namespace=\"ml\",pod=\"p\",container=\"c\",queue=\"q\",team=\"t\"} 10.0"),

@@ -57,6 +57,8 @@ pub struct SamplerSettings {
     pub alloc_dirs: AllocDirs,
     /// Reads pod labels; `None` (no API access): queue and team are empty.
     pub client: Option<kube::Client>,
+    /// `--proc-root`: where each GPU process's `<pid>/cgroup` names its pod.
+    pub proc_root: PathBuf,
 }
 
 impl SamplerSettings {
@@ -143,7 +145,7 @@ pub fn publish(
             .container_allocated_share
             .get_or_create(l)
             .set(c.allocated_share);
-        metrics.container_busy.get_or_create(l).set(c.busy);
+        set_or_remove(&metrics.container_busy, l, c.busy);
         set_or_remove(&metrics.container_memory_used, l, c.memory_used_bytes);
         set_or_remove(&metrics.container_memory_limit, l, c.memory_limit_bytes);
         if let (Some(h), Some(labels)) = (&metrics.hami, hami::vgpu_labels(c)) {
@@ -213,6 +215,10 @@ struct Local {
     usage: Vec<GpuUsage>,
     vgpu: Vec<usage::VgpuAccounting>,
     claims: Vec<DraClaim>,
+    /// The kubelet's device checkpoint entries (pod UID, container, device IDs).
+    allocations: Vec<shimfiles::CheckpointAllocation>,
+    /// The pod UID of each process the driver lists on a GPU.
+    process_pods: BTreeMap<u32, String>,
     problems: Vec<String>,
 }
 
@@ -357,6 +363,7 @@ fn read_local(
     checkpoint: &std::path::Path,
     dirs: &AllocDirs,
     dra_dir: Option<&std::path::Path>,
+    proc_root: &std::path::Path,
 ) -> Local {
     let mut problems = Vec::new();
     let inventory = backend.inventory().unwrap_or_else(|e| {
@@ -419,11 +426,18 @@ fn read_local(
         Some(dir) => read_claims(dir, dirs, &mut problems),
         None => Vec::new(),
     };
+    let process_pods = usage
+        .iter()
+        .flat_map(|u| &u.processes)
+        .filter_map(|p| Some((p.pid, crate::agent::vgpu_guard::pod_of(proc_root, p.pid)?)))
+        .collect();
     Local {
         inventory,
         usage,
         vgpu,
         claims,
+        allocations: allocations.into_values().collect(),
+        process_pods,
         problems,
     }
 }
@@ -528,14 +542,21 @@ pub async fn run(
         };
         let holders = crate::agent::slot_binding::holders_of(&answer);
         let claim_holders = claim_holders_of(&answer);
-        let (b, checkpoint, dirs, dra_dir) = (
+        let (b, checkpoint, dirs, dra_dir, proc_root) = (
             backend.clone(),
             settings.kubelet_checkpoint.clone(),
             settings.alloc_dirs.clone(),
             settings.dra_checkpoint_dir(),
+            settings.proc_root.clone(),
         );
         let local = match tokio::task::spawn_blocking(move || {
-            read_local(b.as_ref(), &checkpoint, &dirs, dra_dir.as_deref())
+            read_local(
+                b.as_ref(),
+                &checkpoint,
+                &dirs,
+                dra_dir.as_deref(),
+                &proc_root,
+            )
         })
         .await
         {
@@ -563,6 +584,7 @@ pub async fn run(
             .refresh(settings.client.as_ref(), &settings.team_label, listed)
             .await;
         let snapshot = advertised.borrow().clone();
+        let pod_uids = usage::pod_uids(&holders, &local.allocations);
         let tick = usage::tick(
             &Sample {
                 node: &settings.node_name,
@@ -574,6 +596,8 @@ pub async fn run(
                 claim_holders: &claim_holders,
                 claims: &local.claims,
                 pods: &pods,
+                process_pods: &local.process_pods,
+                pod_uids: &pod_uids,
             },
             seconds,
         );

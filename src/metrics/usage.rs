@@ -11,10 +11,14 @@
 //!
 //! | mode | allocated share | busy (0–1 of the share) | container memory used | limit |
 //! |---|---|---|---|---|
-//! | `whole` | 1 | GPU utilization | the GPU's used memory | the GPU's memory |
-//! | `mig` | `c / C` | 0: NVML reports no utilization in MIG mode | the MIG device's, when NVML reports it | the MIG device's memory |
-//! | `timeslice` | `1 / r` | GPU utilization (shared by all replicas) | not exported: NVML cannot attribute it to a container | not exported |
+//! | `whole` | 1 | GPU utilization | its pod's processes' memory on the GPU, else the GPU's used memory | the GPU's memory |
+//! | `mig` | `c / C` | the MIG device's GPM utilization (Hopper and later); none where the driver has no GPM | its pod's processes' memory on the GPU, else the MIG device's, when NVML reports it | the MIG device's memory |
+//! | `timeslice` | `1 / r` | GPU utilization (shared by all replicas) | its pod's processes' memory on the GPU (NVML per process, PID → pod by cgroup); none while none is listed | not exported |
 //! | `vgpu` | `max(m / M, s / 100)` | `min(1, GPU utilization / Σ SM limits on the GPU)` | the shim's total for the slice | the slice's memory |
+//!
+//! Where the busy fraction is not known (a MIG device without GPM, a GPU whose driver
+//! reports no utilization) it is `None`: the container's busy gauge is absent and the
+//! tick charges allocated GPU-seconds but no used ones, never a made-up 0.
 //!
 //! The vGPU busy fraction is an estimate: NVML measures the whole GPU, so the GPU's
 //! utilization is split over the vGPU containers on it in proportion to their SM limits
@@ -162,6 +166,31 @@ pub struct Sample<'a> {
     pub claims: &'a [DraClaim],
     /// `(namespace, pod)` → its labels; a pod missing here has empty queue and team.
     pub pods: &'a BTreeMap<(String, String), PodLabels>,
+    /// The pod UID each GPU process runs in (from `<proc>/<pid>/cgroup`); a process in
+    /// no pod is absent.
+    pub process_pods: &'a BTreeMap<u32, String>,
+    /// `(namespace, pod)` → its UID ([`pod_uids`]).
+    pub pod_uids: &'a BTreeMap<(String, String), String>,
+}
+
+/// Each pod's UID, by joining the PodResources holders (namespace, pod, container and
+/// device IDs) with the kubelet's device checkpoint entries (pod UID, container and
+/// device IDs): a device is held by one container at a time.
+pub fn pod_uids(
+    holders: &[Holder],
+    allocations: &[crate::shimfiles::CheckpointAllocation],
+) -> BTreeMap<(String, String), String> {
+    let mut out = BTreeMap::new();
+    for a in allocations {
+        if let Some(h) = holders.iter().find(|h| {
+            h.container == a.container
+                && h.resource == a.resource
+                && h.device_ids.iter().any(|d| a.device_ids.contains(d))
+        }) {
+            out.insert((h.namespace.clone(), h.pod.clone()), a.pod_uid.clone());
+        }
+    }
+    out
 }
 
 /// Labels of the per-GPU gauges.
@@ -210,7 +239,8 @@ pub struct ContainerRow {
     pub ordinal: usize,
     /// Share of the GPU charged ([`Slice::share`], summed over the container's devices on it).
     pub allocated_share: f64,
-    pub busy: f64,
+    /// `None`: not measured (see the module's table).
+    pub busy: Option<f64>,
     pub memory_used_bytes: Option<f64>,
     pub memory_limit_bytes: Option<f64>,
 }
@@ -244,7 +274,8 @@ fn mode_of(label: &str) -> Mode {
 pub struct Charge {
     pub labels: ChargeLabels,
     pub share: f64,
-    pub busy: f64,
+    /// `None`: not measured: allocated is charged, used is not.
+    pub busy: Option<f64>,
     pub seconds: f64,
 }
 
@@ -387,6 +418,9 @@ struct Hold<'a> {
     sm: f64,
     memory_limit_bytes: Option<f64>,
     memory_used_bytes: Option<f64>,
+    /// MIG: Σ share × GPM busy fraction of its MIG devices on this GPU; `None` when one
+    /// of them is not measured.
+    mig_used: Option<f64>,
 }
 
 /// One tick: gauges for every GPU and every container holding a device, and what
@@ -471,6 +505,7 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
                 Target::Mig { uuid, .. } => Some(uuid.as_str()),
                 Target::Gpu => None,
             };
+            let mig_used = mig_busy(&usage, gpu, mig_uuid).map(|b| b * share);
             let sm = match (&d.share, limits) {
                 (Share::Vgpu { cores, .. }, _) if *cores > 0 => f64::from(*cores) / 100.0,
                 (Share::Slot { .. }, Some(l)) if l.cores > 0 => f64::from(l.cores) / 100.0,
@@ -524,6 +559,7 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
             {
                 prev.share = (prev.share + share).min(1.0);
                 prev.sm = (prev.sm + sm).min(1.0);
+                prev.mig_used = prev.mig_used.zip(mig_used).map(|(a, b)| a + b);
                 if mode == Mode::Vgpu {
                     continue;
                 }
@@ -544,11 +580,13 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
                 sm,
                 memory_limit_bytes,
                 memory_used_bytes,
+                mig_used,
             });
         }
     }
 
     holds.extend(claim_holds(s, &usage, &mut out.skipped));
+    attribute_processes(s, &usage, &mut holds);
 
     // Σ SM limits of the vGPU holds per GPU: the GPU's utilization is split over them.
     let mut vgpu_sm: BTreeMap<&str, f64> = BTreeMap::new();
@@ -559,17 +597,20 @@ pub fn tick(s: &Sample<'_>, seconds: f64) -> Tick {
         let util = usage
             .get(h.gpu.uuid.as_str())
             .and_then(|u| u.utilization_percent)
-            .map_or(0.0, |p| f64::from(p.min(100)) / 100.0);
+            .map(|p| f64::from(p.min(100)) / 100.0);
         let busy = match h.mode {
             Mode::Whole | Mode::Timeslice => util,
-            Mode::Mig => 0.0,
+            Mode::Mig if h.share > 0.0 => h.mig_used.map(|u| (u / h.share).min(1.0)),
+            Mode::Mig => None,
             Mode::Vgpu => {
                 let total = vgpu_sm.get(h.gpu.uuid.as_str()).copied().unwrap_or(0.0);
-                if total > 0.0 {
-                    (util / total).min(1.0)
-                } else {
-                    0.0
-                }
+                util.map(|u| {
+                    if total > 0.0 {
+                        (u / total).min(1.0)
+                    } else {
+                        0.0
+                    }
+                })
             }
         };
         let pod = s
@@ -673,6 +714,7 @@ fn claim_holds<'a>(
         for hold in &mut holds[first..] {
             hold.share /= split;
             hold.sm /= split;
+            hold.mig_used = hold.mig_used.map(|u| u / split);
         }
     }
     holds
@@ -705,6 +747,7 @@ fn claim_device_hold<'a>(
             sm: share,
             memory_used_bytes: memory.0,
             memory_limit_bytes: memory.1,
+            mig_used: None,
         };
     match &d.target {
         ClaimTarget::Gpu { index } => {
@@ -747,7 +790,9 @@ fn claim_device_hold<'a>(
                     .map(|m| m.memory_used_bytes as f64)
             });
             let memory = (used, Some(mig.memory_mib as f64 * MIB));
-            Ok(hold(gpu, Mode::Mig, share, memory))
+            let mut h = hold(gpu, Mode::Mig, share, memory);
+            h.mig_used = mig_busy(usage, gpu, Some(mig.uuid.as_str())).map(|b| b * share);
+            Ok(h)
         }
         ClaimTarget::Vgpu { index } => {
             let gpu = by_index(*index)?;
@@ -777,6 +822,63 @@ fn claim_device_hold<'a>(
             Ok(h)
         }
     }
+}
+
+/// The driver's per-process memory, attributed to the containers whose pod the process
+/// runs in (whole GPUs, time-sliced replicas and MIG devices; vGPU slices keep the
+/// shim's accounting). A hold gets the sum of its pod's processes on its GPU when its
+/// pod has no other container holding that GPU (two containers of one pod on one GPU
+/// cannot be told apart: neither is given the processes). A process in no pod, or in
+/// a pod that holds nothing on that GPU, is blamed on no one. Where no process of a
+/// hold's pod is listed: a whole GPU or MIG device keeps the device's used memory, a
+/// time-sliced replica reports none (never a made-up 0).
+fn attribute_processes(s: &Sample<'_>, usage: &BTreeMap<&str, &GpuUsage>, holds: &mut [Hold<'_>]) {
+    let mut per_pod_gpu: BTreeMap<(&str, &str, &str), usize> = BTreeMap::new();
+    for h in holds.iter().filter(|h| h.mode != Mode::Vgpu) {
+        *per_pod_gpu
+            .entry((h.who.namespace, h.who.pod, h.gpu.uuid.as_str()))
+            .or_default() += 1;
+    }
+    for h in holds.iter_mut().filter(|h| h.mode != Mode::Vgpu) {
+        if per_pod_gpu.get(&(h.who.namespace, h.who.pod, h.gpu.uuid.as_str())) != Some(&1) {
+            continue;
+        }
+        let Some(uid) = s
+            .pod_uids
+            .get(&(h.who.namespace.to_string(), h.who.pod.to_string()))
+        else {
+            continue;
+        };
+        let Some(u) = usage.get(h.gpu.uuid.as_str()) else {
+            continue;
+        };
+        let mine: Vec<u64> = u
+            .processes
+            .iter()
+            .filter(|p| s.process_pods.get(&p.pid) == Some(uid))
+            .filter_map(|p| p.memory_used_bytes)
+            .collect();
+        if !mine.is_empty() {
+            h.memory_used_bytes = Some(mine.iter().sum::<u64>() as f64);
+        }
+    }
+}
+
+/// The GPM busy fraction (0–1) of MIG device `mig_uuid` on `gpu`, where the driver
+/// measured it.
+fn mig_busy(
+    usage: &BTreeMap<&str, &GpuUsage>,
+    gpu: &GpuInfo,
+    mig_uuid: Option<&str>,
+) -> Option<f64> {
+    let mig_uuid = mig_uuid?;
+    usage
+        .get(gpu.uuid.as_str())?
+        .mig
+        .iter()
+        .find(|m| m.uuid == mig_uuid)?
+        .utilization_percent
+        .map(|p| p.clamp(0.0, 100.0) / 100.0)
 }
 
 fn sum(a: Option<f64>, b: Option<f64>) -> Option<f64> {
@@ -985,6 +1087,7 @@ mod tests {
                     uuid: "MIG-a".into(),
                     memory_used_bytes: 2 * GIB,
                     memory_total_bytes: 9 * GIB,
+                    utilization_percent: Some(70.0),
                 }]
             } else {
                 vec![]
@@ -1002,6 +1105,8 @@ mod tests {
         claim_holders: Vec<ClaimHolder>,
         claims: Vec<DraClaim>,
         pods: BTreeMap<(String, String), PodLabels>,
+        process_pods: BTreeMap<u32, String>,
+        pod_uids: BTreeMap<(String, String), String>,
     }
 
     fn world() -> World {
@@ -1049,6 +1154,8 @@ mod tests {
             claim_holders: vec![],
             claims: vec![],
             pods,
+            process_pods: BTreeMap::new(),
+            pod_uids: BTreeMap::new(),
         }
     }
 
@@ -1064,6 +1171,8 @@ mod tests {
                 claim_holders: &w.claim_holders,
                 claims: &w.claims,
                 pods: &w.pods,
+                process_pods: &w.process_pods,
+                pod_uids: &w.pod_uids,
             },
             seconds,
         )
@@ -1089,11 +1198,12 @@ mod tests {
         type Case<'a> = (&'a str, &'a str, f64, f64, Option<f64>, Option<f64>);
         let cases: [Case; 5] = [
             ("whole", "whole", 1.0, 0.5, Some(10.0 * g), Some(80.0 * g)),
+            // The MIG device's own GPM figure.
             (
                 "mig",
                 "mig",
                 1.0 / 7.0,
-                0.0,
+                0.7,
                 Some(2.0 * g),
                 Some(9_856.0 * MIB),
             ),
@@ -1107,7 +1217,7 @@ mod tests {
             let r = row(&t, pod);
             assert_eq!(r.labels.mode, mode, "{pod}");
             assert!(close(r.allocated_share, share), "{pod}: {r:?}");
-            assert!(close(r.busy, busy), "{pod}: {r:?}");
+            assert!(r.busy.is_some_and(|b| close(b, busy)), "{pod}: {r:?}");
             assert_eq!(r.memory_used_bytes, used, "{pod}");
             assert_eq!(r.memory_limit_bytes, limit, "{pod}");
         }
@@ -1121,7 +1231,7 @@ mod tests {
         assert_eq!(row(&t, "ts").labels.queue, "", "a pod without labels");
         // Chargeback: what 15 s adds, by the ledger's arithmetic.
         let c = t.charges.iter().find(|c| c.labels.pod == "v30").unwrap();
-        let add = charge_of(c.share, c.busy, c.seconds);
+        let add = charge_of(c.share, c.busy.unwrap_or(f64::NAN), c.seconds);
         assert!(
             close(add.allocated_seconds, 4.5) && close(add.used_seconds, 2.25),
             "{add:?}"
@@ -1129,6 +1239,146 @@ mod tests {
         assert_eq!(c.labels.mode, Mode::Vgpu);
         assert_eq!(t.charges.len(), 5);
         assert!(t.skipped.is_empty(), "{:?}", t.skipped);
+    }
+
+    #[test]
+    fn a_mig_device_without_gpm_is_charged_allocated_but_no_used_and_no_busy() {
+        let mut w = world();
+        // The driver has no GPM (a GPU before Hopper): the MIG device's figure is unknown.
+        w.usage[1].mig[0].utilization_percent = None;
+        // And a whole GPU whose driver reports no utilization is not measured either.
+        w.usage[0].utilization_percent = None;
+        let t = run(&w, 14.0);
+        for pod in ["mig", "whole"] {
+            assert_eq!(row(&t, pod).busy, None, "{pod}: never a made-up 0");
+            let c = t.charges.iter().find(|c| c.labels.pod == pod).unwrap();
+            assert_eq!(c.busy, None, "{pod}");
+        }
+        let c = t.charges.iter().find(|c| c.labels.pod == "mig").unwrap();
+        assert!(close(c.share * c.seconds, 2.0), "{c:?}");
+        // The counters: allocated grows, the used series is never created.
+        let mut page = String::new();
+        let mut reg = prometheus_client::registry::Registry::default();
+        let m = crate::chargeback::metrics::ChargebackMetrics::register(&mut reg);
+        m.charge(&c.labels, c.share, c.busy, c.seconds);
+        prometheus_client::encoding::text::encode(&mut page, &reg).unwrap();
+        assert!(
+            page.contains("chargeback_gpu_allocated_seconds_total{"),
+            "{page}"
+        );
+        assert!(
+            !page.contains("chargeback_gpu_used_seconds_total{"),
+            "{page}"
+        );
+        // With GPM, busy is the device's own figure, not the GPU's.
+        let mut w = world();
+        w.usage[1].mig[0].utilization_percent = Some(25.0);
+        let t = run(&w, 14.0);
+        assert_eq!(row(&t, "mig").busy, Some(0.25));
+    }
+
+    #[test]
+    fn per_process_memory_goes_to_the_container_whose_pod_runs_the_process() {
+        use crate::gpu::ProcessUsage;
+        let proc_ = |pid, mib: u64| ProcessUsage {
+            pid,
+            memory_used_bytes: Some(mib * 1024 * 1024),
+        };
+        let mut w = world();
+        // GPU 2 is time-sliced: `ts` holds a replica; a second pod `ts2` another. GPU 0
+        // is `whole`'s.
+        w.holders
+            .push(holder("ts2", "nvidia.com/gpu", &["GPU-2::0"]));
+        w.usage[2].processes = vec![
+            proc_(100, 1000), // ts
+            proc_(101, 500),  // ts, a second process
+            proc_(200, 3000), // ts2
+            proc_(300, 7000), // in no pod (a host process): nobody's
+            proc_(400, 9000), // in a pod holding nothing on this GPU: nobody's
+            ProcessUsage {
+                pid: 102,
+                memory_used_bytes: None,
+            }, // ts, no figure
+        ];
+        w.usage[0].processes = vec![proc_(500, 6000)];
+        for (pid, uid) in [
+            (100, "uid-ts"),
+            (101, "uid-ts"),
+            (102, "uid-ts"),
+            (200, "uid-ts2"),
+            (400, "uid-whole"),
+            (500, "uid-whole"),
+        ] {
+            w.process_pods.insert(pid, uid.to_string());
+        }
+        for (pod, uid) in [("ts", "uid-ts"), ("ts2", "uid-ts2"), ("whole", "uid-whole")] {
+            w.pod_uids
+                .insert(("ml".to_string(), pod.to_string()), uid.to_string());
+        }
+        let t = run(&w, 15.0);
+        let mib = 1024.0 * 1024.0;
+        assert_eq!(row(&t, "ts").memory_used_bytes, Some(1500.0 * mib));
+        assert_eq!(row(&t, "ts2").memory_used_bytes, Some(3000.0 * mib));
+        // A whole GPU: its pod's processes, not the GPU's used memory (10 GiB).
+        assert_eq!(row(&t, "whole").memory_used_bytes, Some(6000.0 * mib));
+        // vGPU containers keep the shim's accounting.
+        assert_eq!(row(&t, "v30").memory_used_bytes, Some(3.0 * GIB as f64));
+        // Without the pod's UID (not in the checkpoint), nothing is attributed: a replica
+        // reports none rather than 0, a whole GPU its used memory.
+        w.pod_uids.clear();
+        let t = run(&w, 15.0);
+        assert_eq!(row(&t, "ts").memory_used_bytes, None);
+        assert_eq!(row(&t, "whole").memory_used_bytes, Some(10.0 * GIB as f64));
+    }
+
+    #[test]
+    fn two_containers_of_one_pod_on_one_gpu_are_not_told_apart() {
+        use crate::gpu::ProcessUsage;
+        let mut w = world();
+        let mut second = holder("ts", "nvidia.com/gpu", &["GPU-2::0"]);
+        second.container = "sidecar".into();
+        w.holders.push(second);
+        w.usage[2].processes = vec![ProcessUsage {
+            pid: 100,
+            memory_used_bytes: Some(1 << 30),
+        }];
+        w.process_pods.insert(100, "uid-ts".into());
+        w.pod_uids
+            .insert(("ml".into(), "ts".into()), "uid-ts".into());
+        let t = run(&w, 15.0);
+        let rows: Vec<_> = t
+            .containers
+            .iter()
+            .filter(|r| r.labels.pod == "ts")
+            .collect();
+        assert_eq!(rows.len(), 2);
+        assert!(
+            rows.iter().all(|r| r.memory_used_bytes.is_none()),
+            "{rows:?}"
+        );
+    }
+
+    #[test]
+    fn pod_uids_join_pod_resources_with_the_checkpoint_by_device() {
+        use crate::shimfiles::CheckpointAllocation;
+        let holders = vec![
+            holder("a", "nvidia.com/gpu", &["GPU-2::0"]),
+            holder("b", "nvidia.com/gpu", &["GPU-2::1"]),
+        ];
+        let alloc = |uid: &str, id: &str| CheckpointAllocation {
+            pod_uid: uid.into(),
+            container: "main".into(),
+            resource: "nvidia.com/gpu".into(),
+            device_ids: vec![id.into()],
+        };
+        let got = pod_uids(
+            &holders,
+            &[alloc("uid-b", "GPU-2::1"), alloc("uid-x", "GPU-9")],
+        );
+        assert_eq!(
+            got.into_iter().collect::<Vec<_>>(),
+            vec![(("ml".to_string(), "b".to_string()), "uid-b".to_string())]
+        );
     }
 
     #[test]
@@ -1307,11 +1557,12 @@ mod tests {
             ("ts-b", "timeslice", 0.5, 0.4, None, None),
             // max(20 GiB / 80 GiB, 25 %); 50 % of the GPU over a 25 % SM limit: busy.
             ("infer", "vgpu", 0.25, 1.0, Some(2.0 * g), Some(20.0 * g)),
+            // The claim's MIG device's own GPM figure.
             (
                 "small",
                 "mig",
                 1.0 / 7.0,
-                0.0,
+                0.7,
                 Some(2.0 * g),
                 Some(9_856.0 * MIB),
             ),
@@ -1320,7 +1571,7 @@ mod tests {
             let r = row(&t, pod);
             assert_eq!(r.labels.mode, mode, "{pod}");
             assert!(close(r.allocated_share, share), "{pod}: {r:?}");
-            assert!(close(r.busy, busy), "{pod}: {r:?}");
+            assert!(r.busy.is_some_and(|b| close(b, busy)), "{pod}: {r:?}");
             assert_eq!(r.memory_used_bytes, used, "{pod}");
             assert_eq!(r.memory_limit_bytes, limit, "{pod}");
         }
@@ -1331,7 +1582,7 @@ mod tests {
             .charges
             .iter()
             .filter(|c| c.labels.mode == Mode::Timeslice)
-            .map(|c| charge_of(c.share, c.busy, c.seconds).allocated_seconds)
+            .map(|c| charge_of(c.share, c.busy.unwrap_or(0.0), c.seconds).allocated_seconds)
             .sum();
         assert!(close(shared, 10.0), "{shared}");
         assert!(t.skipped.is_empty(), "{:?}", t.skipped);

@@ -20,7 +20,8 @@ use super::api::{
 };
 use super::error::{Error, Result};
 use super::events::{Event, EventType, FlavorMap, PendingReason, Positions};
-use super::model::{CqId, CqSpec, FrId, WlId, WorkloadInfo};
+use super::keyset::KeySet;
+use super::model::{CqId, CqSpec, FrId, LqId, WlId, WorkloadInfo};
 use super::quantity::Time;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
@@ -29,7 +30,9 @@ use std::sync::Arc;
 /// Queue order: higher priority first, then older timestamp, then workload key
 /// (`namespace/name`): deterministic ties, whatever the order of submission. Kueue leaves
 /// equal-timestamp ties to its heap; a fixed rule lets a kept engine and a fresh pass agree.
-pub(crate) type OrderKey = (i64, Time, Arc<str>, WlId);
+/// The last element, the workload's LocalQueue, never decides the order (the id before it
+/// is unique): it lets a queue count its members per LocalQueue ([`KeySet`]).
+pub(crate) type OrderKey = (i64, Time, Arc<str>, WlId, LqId);
 
 /// Kueue's `waitForPodsReady` with its `requeuingStrategy`.
 #[derive(Clone, Debug, PartialEq)]
@@ -127,9 +130,9 @@ pub(crate) struct Cq {
     pub usage: HashMap<FrId, i64>,
     pub by_prio: HashMap<FrId, BTreeMap<i32, i64>>,
     /// Workloads to evaluate, in queue order.
-    pub pending: BTreeSet<OrderKey>,
+    pub pending: KeySet,
     /// Inadmissible workloads waiting for a wake-up.
-    pub parked: BTreeSet<OrderKey>,
+    pub parked: KeySet,
     /// Parked workloads grouped by shape: only one member of a class holds wake keys
     /// (`armed`), and a wake-up moves the class's first member back to the queue.
     pub classes: HashMap<u64, ShapeClass>,
@@ -148,6 +151,16 @@ pub(crate) struct Cq {
     pub fail_memo: Option<(u64, Time, u64, super::decide::Decision)>,
     /// Capacity a scale-down freed, kept from expensive borrowers (`hold.rs`).
     pub holds: HashMap<FrId, super::hold::Hold>,
+}
+
+/// What one LocalQueue's workloads hold, kept as they are admitted and released.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct LqBooks {
+    /// Admitted workloads (Kueue's `admitted_active_workloads`).
+    pub admitted: usize,
+    /// Quota held by its admitted workloads and its evicted ones still terminating
+    /// (milli-units), per `(flavor, resource)`.
+    pub usage: HashMap<FrId, i64>,
 }
 
 /// Identical parked workloads of one queue (see [`Cq::classes`]).
@@ -204,6 +217,8 @@ pub(crate) struct Admission {
 pub(crate) struct Wl {
     pub info: Arc<WorkloadInfo>,
     pub key: Arc<str>,
+    /// Its LocalQueue (`info.namespace`, `info.queue_name`), interned.
+    pub lq: LqId,
     pub priority: i32,
     pub order_ts: Time,
     pub cq: Option<CqId>,
@@ -245,7 +260,13 @@ pub(crate) struct Wl {
 
 impl Wl {
     pub fn order_key(&self, id: WlId) -> OrderKey {
-        (-(self.priority as i64), self.order_ts, self.key.clone(), id)
+        (
+            -(self.priority as i64),
+            self.order_ts,
+            self.key.clone(),
+            id,
+            self.lq,
+        )
     }
 }
 
@@ -284,6 +305,10 @@ pub struct Engine {
     pub(crate) cohorts: Vec<Cohort>,
     pub(crate) cohort_by_name: HashMap<String, usize>,
     pub(crate) local_queues: HashMap<(String, String), String>,
+    /// Every LocalQueue `(namespace, name)` a workload was submitted to, by [`LqId`],
+    /// with what its admitted workloads hold ([`LqBooks`]).
+    pub(crate) lq_by_name: HashMap<(String, String), LqId>,
+    pub(crate) lqs: Vec<LqBooks>,
     pub(crate) priority_classes: HashMap<String, i32>,
     pub(crate) namespaces: HashMap<String, BTreeMap<String, String>>,
     pub(crate) fr_names: Vec<(String, String)>,
@@ -336,6 +361,8 @@ impl Engine {
             cohorts: Vec::new(),
             cohort_by_name: HashMap::new(),
             local_queues: HashMap::new(),
+            lq_by_name: HashMap::new(),
+            lqs: Vec::new(),
             priority_classes: HashMap::new(),
             namespaces: HashMap::new(),
             fr_names: Vec::new(),
@@ -360,6 +387,29 @@ impl Engine {
             hold_ends: BTreeSet::new(),
             held_back: BTreeSet::new(),
             stats: Stats::default(),
+        }
+    }
+
+    fn intern_lq(&mut self, namespace: &str, name: &str) -> LqId {
+        let key = (namespace.to_string(), name.to_string());
+        if let Some(&lq) = self.lq_by_name.get(&key) {
+            return lq;
+        }
+        self.lqs.push(LqBooks::default());
+        self.lq_by_name.insert(key, self.lqs.len() - 1);
+        self.lqs.len() - 1
+    }
+
+    /// A workload starts (`sign` 1) or stops (-1) holding its admission: its LocalQueue's
+    /// books follow.
+    pub(crate) fn lq_books_apply(&mut self, id: WlId, usage: &[(FrId, i64)], sign: i64) {
+        let b = &mut self.lqs[self.wls[id].lq];
+        for &(fr, v) in usage {
+            let e = b.usage.entry(fr).or_insert(0);
+            *e += sign * v;
+            if *e == 0 {
+                b.usage.remove(&fr);
+            }
         }
     }
 
@@ -469,8 +519,8 @@ impl Engine {
                     cohort: usize::MAX,
                     usage: HashMap::new(),
                     by_prio: HashMap::new(),
-                    pending: BTreeSet::new(),
-                    parked: BTreeSet::new(),
+                    pending: KeySet::default(),
+                    parked: KeySet::default(),
                     classes: HashMap::new(),
                     blocked: None,
                     admitted: BTreeSet::new(),
@@ -551,7 +601,9 @@ impl Engine {
             })?;
         let id = self.wls.len();
         let shape = shape_hash(priority, &info);
+        let lq = self.intern_lq(&info.namespace, &info.queue_name);
         self.wls.push(Wl {
+            lq,
             order_ts: info.creation,
             info: Arc::new(info),
             key: Arc::from(key.as_str()),

@@ -91,7 +91,15 @@ impl Engine {
         let ready_after = w.info.pods_ready_after;
         let remaining = w.info.runtime.map(|r| r.saturating_sub(w.progress));
         self.ready_marked.remove(&id);
-        self.cqs[cq].admitted.insert(id);
+        if self.cqs[cq].admitted.insert(id) {
+            self.lqs[self.wls[id].lq].admitted += 1;
+        }
+        let usage = self.wls[id]
+            .admission
+            .as_ref()
+            .map(|a| a.usage.clone())
+            .unwrap_or_default();
+        self.lq_books_apply(id, &usage, 1);
         self.stats.admissions += 1;
         if self.cfg.requeue == super::engine::Requeue::Indexed {
             self.chain_class(id, cq);
@@ -183,7 +191,9 @@ impl Engine {
             ev.cluster_queue = Some(self.cqs[cq].spec.name.clone());
             self.events.push(ev);
         }
-        self.cqs[cq].admitted.remove(&id);
+        if self.cqs[cq].admitted.remove(&id) {
+            self.lqs[self.wls[id].lq].admitted -= 1;
+        }
         self.pods_ready(id);
         if grace > 0 {
             let frs: Vec<_> = self.wls[id]
@@ -209,6 +219,7 @@ impl Engine {
         let Some(adm) = self.wls[id].admission.take() else {
             return;
         };
+        self.lq_books_apply(id, &adm.usage, -1);
         for (fr, v) in adm.usage {
             self.release(adm.cq, fr, v, prio, now);
             if let Some(by) = by {
@@ -272,7 +283,9 @@ impl Engine {
                     self.ready.insert(cq);
                 }
             }
-            q.admitted.remove(&id);
+            if q.admitted.remove(&id) {
+                self.lqs[self.wls[id].lq].admitted -= 1;
+            }
         }
         self.orphans.remove(&id);
         self.pods_ready(id);

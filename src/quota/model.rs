@@ -15,6 +15,8 @@ pub type CqId = usize;
 pub type WlId = usize;
 /// Dense id of a `(flavor, resource)` pair.
 pub type FrId = usize;
+/// Dense id of a LocalQueue `(namespace, name)` a workload was submitted to.
+pub type LqId = usize;
 
 /// The reserved resource counting pods, as in Kueue.
 pub const PODS: &str = "pods";

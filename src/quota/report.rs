@@ -164,6 +164,13 @@ impl Engine {
         Some(self.cqs[cq].spec.name.as_str())
     }
 
+    /// The LocalQueue `(namespace, name)` workload `key` was submitted to.
+    pub fn local_queue_of(&self, key: &str) -> Option<(&str, &str)> {
+        let &id = self.wl_by_key.get(key)?;
+        let info = &self.wls[id].info;
+        Some((info.namespace.as_str(), info.queue_name.as_str()))
+    }
+
     /// When the admission of `key` that holds its quota now began (`None` unless admitted).
     pub fn admitted_since(&self, key: &str) -> Option<super::quantity::Time> {
         let &id = self.wl_by_key.get(key)?;
@@ -234,16 +241,7 @@ impl Engine {
                         }
                     }
                 }
-                let status = if q.spec.stop != StopPolicy::None
-                    || q.spec.groups.iter().any(|g| {
-                        g.flavors
-                            .iter()
-                            .any(|f| !self.flavors.contains_key(&f.flavor))
-                    }) {
-                    QueueStatus::Pending
-                } else {
-                    QueueStatus::Active
-                };
+                let status = self.cq_status(c);
                 let mut resources = Vec::new();
                 for g in &q.spec.groups {
                     for f in &g.flavors {
@@ -269,12 +267,102 @@ impl Engine {
                     cohort: self.cohorts[q.cohort].name.clone().unwrap_or_default(),
                     active: q.pending.len(),
                     inadmissible: q.parked.len(),
+                    admitted: q.admitted.len(),
                     status,
                     resources,
                 }
             })
             .collect();
         out.sort_by(|a, b| a.name.cmp(&b.name));
+        out
+    }
+
+    /// Kueue's `cluster_queue_status` of ClusterQueue `c`: `Pending` when it is stopped
+    /// or names a ResourceFlavor that does not exist.
+    fn cq_status(&self, c: usize) -> QueueStatus {
+        let q = &self.cqs[c];
+        if q.spec.stop != StopPolicy::None
+            || q.spec.groups.iter().any(|g| {
+                g.flavors
+                    .iter()
+                    .any(|f| !self.flavors.contains_key(&f.flavor))
+            })
+        {
+            QueueStatus::Pending
+        } else {
+            QueueStatus::Active
+        }
+    }
+
+    /// What the controller's metrics show of each LocalQueue ([`LocalQueueGauges`]),
+    /// sorted by namespace and name: one walk over the LocalQueues and their
+    /// ClusterQueue's `(flavor, resource)` quotas, and over the per-LocalQueue counts the
+    /// queues keep as workloads come and go (none over the workloads, but the few
+    /// preemptors holding a reservation, as [`Engine::queue_gauges`]).
+    pub fn local_queue_gauges(&self) -> Vec<LocalQueueGauges> {
+        let mut waiting: HashMap<usize, (usize, usize)> = HashMap::new();
+        let mut held: HashMap<(usize, usize), i64> = HashMap::new();
+        for (c, q) in self.cqs.iter().enumerate() {
+            for (lq, n) in q.pending.per_local_queue() {
+                waiting.entry(lq).or_default().0 += n;
+            }
+            for (lq, n) in q.parked.per_local_queue() {
+                waiting.entry(lq).or_default().1 += n;
+            }
+            for &h in &q.holders {
+                let w = &self.wls[h];
+                if w.cq == Some(c) {
+                    for &(fr, n) in &w.reserved {
+                        *held.entry((w.lq, fr)).or_insert(0) += n;
+                    }
+                }
+            }
+        }
+        let mut out: Vec<LocalQueueGauges> = self
+            .local_queues
+            .iter()
+            .map(|((namespace, name), cq_name)| {
+                let lq = self.lq_by_name.get(&(namespace.clone(), name.clone()));
+                let books = lq.and_then(|&l| self.lqs.get(l));
+                let (active, inadmissible) =
+                    lq.and_then(|l| waiting.get(l)).copied().unwrap_or_default();
+                let cq = self.cq_by_name.get(cq_name).copied();
+                let mut resources = Vec::new();
+                if let Some(c) = cq {
+                    for g in &self.cqs[c].spec.groups {
+                        for f in &g.flavors {
+                            for (resource, fr) in &f.resources {
+                                let fr = *fr;
+                                if !self.cqs[c].spec.limits.contains_key(&fr) {
+                                    continue;
+                                }
+                                let usage =
+                                    books.and_then(|b| b.usage.get(&fr)).copied().unwrap_or(0);
+                                let reserved =
+                                    lq.and_then(|&l| held.get(&(l, fr))).copied().unwrap_or(0);
+                                resources.push(LocalQueueResource {
+                                    flavor: f.flavor.clone(),
+                                    resource: resource.clone(),
+                                    usage,
+                                    reservation: usage + reserved,
+                                });
+                            }
+                        }
+                    }
+                }
+                LocalQueueGauges {
+                    namespace: namespace.clone(),
+                    name: name.clone(),
+                    active,
+                    inadmissible,
+                    admitted: books.map_or(0, |b| b.admitted),
+                    cluster_queue_active: cq
+                        .is_some_and(|c| self.cq_status(c) == QueueStatus::Active),
+                    resources,
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
         out
     }
 
@@ -352,6 +440,7 @@ impl Engine {
                 ));
             }
         }
+        self.check_local_queue_books()?;
         for (cq, q) in self.cqs.iter().enumerate() {
             for (&fr, &u) in &q.usage {
                 let e = expect.get(&(cq, fr)).copied().unwrap_or(0);
@@ -405,6 +494,51 @@ impl Engine {
 }
 
 impl Engine {
+    /// Checks the per-LocalQueue counts the queues and books keep against a walk over
+    /// the workloads: waiting in each ClusterQueue's queue and parked, admitted, and the
+    /// usage of admissions held.
+    fn check_local_queue_books(&self) -> Result<(), String> {
+        type Walked = (usize, usize, usize, BTreeMap<usize, i64>);
+        let mut walked: BTreeMap<usize, Walked> = BTreeMap::new();
+        let mut kept: BTreeMap<usize, Walked> = BTreeMap::new();
+        for (id, w) in self.wls.iter().enumerate() {
+            let e = walked.entry(w.lq).or_default();
+            if let Some(cq) = w.cq {
+                let key = w.order_key(id);
+                e.0 += self.cqs[cq].pending.contains(&key) as usize;
+                e.1 += self.cqs[cq].parked.contains(&key) as usize;
+            }
+            if let Some(a) = &w.admission {
+                e.2 += self.cqs[a.cq].admitted.contains(&id) as usize;
+                for &(fr, v) in &a.usage {
+                    *e.3.entry(fr).or_insert(0) += v;
+                }
+            }
+            e.3.retain(|_, v| *v != 0);
+        }
+        for q in &self.cqs {
+            for (lq, n) in q.pending.per_local_queue() {
+                kept.entry(lq).or_default().0 += n;
+            }
+            for (lq, n) in q.parked.per_local_queue() {
+                kept.entry(lq).or_default().1 += n;
+            }
+        }
+        for (lq, b) in self.lqs.iter().enumerate() {
+            let e = kept.entry(lq).or_default();
+            e.2 = b.admitted;
+            e.3 = b.usage.iter().map(|(&fr, &v)| (fr, v)).collect();
+        }
+        walked.retain(|_, e| *e != Walked::default());
+        kept.retain(|_, e| *e != Walked::default());
+        if walked != kept {
+            return Err(format!(
+                "LocalQueue books {kept:?} != walked over the workloads {walked:?}"
+            ));
+        }
+        Ok(())
+    }
+
     /// Parked workloads that could be admitted (or could preempt) right now: after
     /// [`Engine::schedule`] this must be empty, or a wake-up was missed. For tests.
     pub fn admissible_but_parked(&mut self, now: super::quantity::Time) -> Vec<String> {
@@ -486,6 +620,8 @@ pub struct QueueGauges {
     /// (Kueue's `inadmissible`). How the waiting workloads split between the two
     /// depends on the engine's history (a restarted controller tries them all again).
     pub inadmissible: usize,
+    /// Admitted workloads (Kueue's `admitted_active_workloads`).
+    pub admitted: usize,
     pub status: QueueStatus,
     /// Per `(flavor, resource)` of its resource groups, in spec order.
     pub resources: Vec<ResourceGauges>,
@@ -502,5 +638,35 @@ pub struct ResourceGauges {
     /// Held by admitted workloads and by evicted ones still terminating.
     pub usage: i64,
     /// `usage` plus what is held for preemptors waiting for their victims.
+    pub reservation: i64,
+}
+
+/// One LocalQueue's numbers for the controller's metrics (Kueue's `local_queue_*`).
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalQueueGauges {
+    pub namespace: String,
+    pub name: String,
+    /// Its waiting workloads in their ClusterQueue's queue (Kueue's `active`) and parked
+    /// after a failed attempt (`inadmissible`), as [`QueueGauges`] splits them.
+    pub active: usize,
+    pub inadmissible: usize,
+    /// Its admitted workloads (Kueue's `admitted_active_workloads`).
+    pub admitted: usize,
+    /// Whether its ClusterQueue exists and is active (Kueue's LocalQueue `Active`
+    /// condition).
+    pub cluster_queue_active: bool,
+    /// Per `(flavor, resource)` of its ClusterQueue's resource groups, in spec order
+    /// (none while the ClusterQueue does not exist).
+    pub resources: Vec<LocalQueueResource>,
+}
+
+/// What one LocalQueue's workloads hold of one `(flavor, resource)`, in milli-units.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LocalQueueResource {
+    pub flavor: String,
+    pub resource: String,
+    /// Held by its admitted workloads and by evicted ones still terminating.
+    pub usage: i64,
+    /// `usage` plus what is held for its preemptors waiting for their victims.
     pub reservation: i64,
 }

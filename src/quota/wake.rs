@@ -374,13 +374,13 @@ impl Engine {
         q.wake.clear();
         q.wake_usage.clear();
         q.classes.clear();
-        let parked = std::mem::take(&mut q.parked);
+        let parked = q.parked.take();
         self.stats.wakes += parked.len() as u64;
-        for key in &parked {
+        for key in parked.iter() {
             self.wls[key.3].gen += 1;
         }
         let q = &mut self.cqs[m];
-        q.pending.extend(parked);
+        q.pending.append(parked);
         self.unblock(m);
     }
 

@@ -26,6 +26,9 @@ async fn scrape(addr: SocketAddr) -> (String, String) {
 
 const CQ: &str = "cluster_queue=\"cq\"";
 const GPU: &str = "cohort=\"\",cluster_queue=\"cq\",flavor=\"h100\",resource=\"nvidia.com/gpu\"";
+/// Kueue's LocalQueue labels of `team/lq`, and its GPU row.
+const LQ: &str = "name=\"lq\",namespace=\"team\"";
+const LQ_GPU: &str = "name=\"lq\",namespace=\"team\",flavor=\"h100\",resource=\"nvidia.com/gpu\"";
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
@@ -135,6 +138,62 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
         ),
         1.0
     );
+    // The same per LocalQueue, under Kueue's `local_queue_*` names and labels.
+    let lq_pending = |page: &str, status: &str| {
+        v(
+            page,
+            &format!("tessera_local_queue_pending_workloads{{{LQ},status=\"{status}\"}}"),
+        )
+    };
+    assert_eq!(
+        (
+            lq_pending(&page, "active"),
+            lq_pending(&page, "inadmissible")
+        ),
+        (0.0, 1.0),
+        "{page}"
+    );
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_local_queue_admitted_workloads_total{{{LQ}}}")
+        ),
+        2.0
+    );
+    let lq_wait = "tessera_local_queue_admission_wait_time_seconds";
+    assert_eq!(v(&page, &format!("{lq_wait}_sum{{{LQ}}}")), 120.0);
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_local_queue_admitted_active_workloads{{{LQ}}}")
+        ),
+        2.0
+    );
+    assert_eq!(
+        v(&page, &format!("tessera_admitted_active_workloads{{{CQ}}}")),
+        2.0
+    );
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_local_queue_resource_usage{{{LQ_GPU}}}")
+        ),
+        4.0
+    );
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_local_queue_status{{{LQ},active=\"True\"}}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_local_queue_status{{{LQ},active=\"False\"}}")
+        ),
+        0.0
+    );
 
     // The same again: nothing is counted twice.
     reconciler::pass_with(&client, &c, &mut state, NOW + 1_000)
@@ -173,6 +232,29 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
     assert_eq!(
         v(
             &page,
+            &format!("tessera_local_queue_evicted_workloads_total{{{LQ},reason=\"Preempted\"}}")
+        ),
+        1.0
+    );
+    // The victim terminates and the preemptor waits: the LocalQueue still uses 4 GPUs,
+    // with one workload fewer admitted.
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_local_queue_resource_usage{{{LQ_GPU}}}")
+        ),
+        4.0
+    );
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_local_queue_admitted_active_workloads{{{LQ}}}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        v(
+            &page,
             &format!("tessera_cluster_queue_resource_usage{{{GPU}}}")
         ),
         4.0
@@ -198,6 +280,14 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
         3.0
     );
     assert_eq!(v(&page, &format!("{wait}_sum{{{CQ}}}")), 184.0);
+    assert_eq!(v(&page, &format!("{lq_wait}_sum{{{LQ}}}")), 184.0);
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_local_queue_admitted_active_workloads{{{LQ}}}")
+        ),
+        2.0
+    );
     assert_eq!(
         (pending(&page, "active"), pending(&page, "inadmissible")),
         (0.0, 1.0),
@@ -224,6 +314,23 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
         assert!(
             matches!(admitted, Ok(Sample::Value(v)) if v == 3.0),
             "{admitted:?}"
+        );
+        let lq = client
+            .query_one(
+                &p.url,
+                "sum by (namespace, name) (tessera_local_queue_pending_workloads{namespace=\"team\",name=\"lq\"})",
+            )
+            .await;
+        assert!(matches!(lq, Ok(Sample::Value(v)) if v == 1.0), "{lq:?}");
+        let lq_admitted = client
+            .query_one(
+                &p.url,
+                "tessera_local_queue_admitted_workloads_total{namespace=\"team\",name=\"lq\"}",
+            )
+            .await;
+        assert!(
+            matches!(lq_admitted, Ok(Sample::Value(v)) if v == 3.0),
+            "{lq_admitted:?}"
         );
     }
     stop.cancel();

@@ -13,6 +13,10 @@
  * Files next to the library (found with dladdr) steer it:
  *   fake_nvml.conf  "mig_needs_reset" -> enabling MIG mode stays pending (reset needed)
  *                   "broken_name <gpu>" -> nvmlDeviceGetName fails (GPU lost) for it
+ *                   "gpm <gpu> <gi id> <percent>" -> the GPU has GPM (as Hopper does:
+ *                   nvmlGpmQueryDeviceSupport says yes) and its GPU instance <gi id> was
+ *                   active <percent> % (NVML_GPM_METRIC_GRAPHICS_UTIL) between any two
+ *                   samples; without such a line a GPU has no GPM (as an A100)
  *   events          one command per line, consumed in order by nvmlEventSetWait_v2:
  *                   "xid <gpu> <xid>", "migxid <gpu> <xid>" (on its first MIG device),
  *                   "dbe <gpu>" (events), "remap <gpu> <0|1>" (row
@@ -122,6 +126,9 @@ typedef struct {
 
 static gpu_t G[NGPU];
 static dev_t_ H[NGPU];
+#define NGPM 8
+static struct { int gpu; unsigned gi; double util; } GPM[NGPM];
+static int ngpm;
 static int mig_needs_reset;
 static int broken_name = -1;
 static char dir[4096];
@@ -156,11 +163,15 @@ static void init_state(void) {
     FILE *f = fopen(path, "r");
     mig_needs_reset = 0;
     broken_name = -1;
+    ngpm = 0;
     if (f) {
         char line[256];
         while (fgets(line, sizeof line, f))
             if (strncmp(line, "mig_needs_reset", 15) == 0) mig_needs_reset = 1;
             else if (strncmp(line, "broken_name ", 12) == 0) broken_name = atoi(line + 12);
+            else if (strncmp(line, "gpm ", 4) == 0 && ngpm < NGPM &&
+                     sscanf(line + 4, "%d %u %lf", &GPM[ngpm].gpu, &GPM[ngpm].gi, &GPM[ngpm].util) == 3)
+                ngpm++;
         fclose(f);
     }
 }
@@ -579,4 +590,73 @@ nvmlReturn_t nvmlEventSetWait_v2(event_set_t *set, event_data_t *data, unsigned 
     }
     usleep((timeout_ms < 20 ? timeout_ms : 20) * 1000);
     return TIMEOUT;
+}
+
+/* GPU Performance Monitoring (GPM): a sample records which GPU instance it measured and
+ * when (a sequence number); the metric between two samples of one instance is the
+ * instance's configured activity. */
+typedef struct { unsigned version, isSupportedDevice; } gpm_support_t;
+typedef struct { int filled, gpu; unsigned gi; unsigned long seq; } gpm_sample_t;
+typedef struct {
+    unsigned metricId;
+    nvmlReturn_t nvmlReturn;
+    double value;
+    struct { char *shortName, *longName, *unit; } metricInfo;
+} gpm_metric_t;
+typedef struct {
+    unsigned version, numMetrics;
+    gpm_sample_t *sample1, *sample2;
+    gpm_metric_t metrics[210];
+} gpm_metrics_get_t;
+static unsigned long gpm_seq;
+
+static int gpm_capable(int gpu) {
+    for (int i = 0; i < ngpm; i++)
+        if (GPM[i].gpu == gpu) return 1;
+    return 0;
+}
+nvmlReturn_t nvmlGpmQueryDeviceSupport(void *d, gpm_support_t *s) {
+    gpu_t *g = whole(d);
+    if (!g || !s || s->version != 1) return INVALID_ARG;
+    s->isSupportedDevice = (unsigned)gpm_capable(((dev_t_ *)d)->gpu);
+    return OK;
+}
+nvmlReturn_t nvmlGpmSampleAlloc(gpm_sample_t **out) {
+    *out = calloc(1, sizeof(gpm_sample_t));
+    return *out ? OK : INSUFFICIENT_RESOURCES;
+}
+nvmlReturn_t nvmlGpmSampleFree(gpm_sample_t *s) { free(s); return OK; }
+nvmlReturn_t nvmlGpmMigSampleGet(void *d, unsigned gi_id, gpm_sample_t *s) {
+    gpu_t *g = whole(d);
+    if (!g || !s) return INVALID_ARG;
+    int gpu = ((dev_t_ *)d)->gpu;
+    if (!gpm_capable(gpu)) return NOT_SUPPORTED;
+    int found = 0;
+    for (int k = 0; k < MAXGI; k++)
+        if (g->gis[k].used && g->gis[k].id == gi_id) found = 1;
+    if (!found) return INVALID_ARG;
+    *s = (gpm_sample_t){1, gpu, gi_id, ++gpm_seq};
+    return OK;
+}
+nvmlReturn_t nvmlGpmMetricsGet(gpm_metrics_get_t *m) {
+    static char short_name[] = "GR_UTIL", long_name[] = "graphics utilization", unit[] = "%";
+    if (!m || m->version != 1 || m->numMetrics > 210) return INVALID_ARG;
+    gpm_sample_t *a = m->sample1, *b = m->sample2;
+    if (!a || !b || !a->filled || !b->filled || a->gpu != b->gpu || a->gi != b->gi ||
+        b->seq <= a->seq)
+        return INVALID_ARG;
+    for (unsigned i = 0; i < m->numMetrics; i++) {
+        gpm_metric_t *r = &m->metrics[i];
+        r->nvmlReturn = NOT_SUPPORTED;
+        if (r->metricId != 1) continue; /* NVML_GPM_METRIC_GRAPHICS_UTIL */
+        for (int k = 0; k < ngpm; k++)
+            if (GPM[k].gpu == a->gpu && GPM[k].gi == a->gi) {
+                r->value = GPM[k].util;
+                r->nvmlReturn = OK;
+                r->metricInfo.shortName = short_name;
+                r->metricInfo.longName = long_name;
+                r->metricInfo.unit = unit;
+            }
+    }
+    return OK;
 }

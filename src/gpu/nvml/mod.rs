@@ -39,6 +39,8 @@ pub struct NvmlBackend {
     probe: ProbeConfig,
     /// `nvidia-smi`, for the compute time-slice (NVML has no public call for it).
     nvidia_smi: PathBuf,
+    /// Each MIG device's last GPM sample, for its utilization between two usage reads.
+    gpm: usage::GpmSamples,
 }
 
 impl std::fmt::Debug for NvmlBackend {
@@ -66,6 +68,7 @@ impl NvmlBackend {
             sysfs_root: PathBuf::from("/sys"),
             probe: ProbeConfig::default(),
             nvidia_smi: PathBuf::from("nvidia-smi"),
+            gpm: usage::GpmSamples::default(),
         })
     }
 
@@ -133,7 +136,7 @@ impl GpuBackend for NvmlBackend {
     }
 
     fn usage(&self) -> Result<Vec<crate::gpu::GpuUsage>> {
-        usage::read(&self.nvml)
+        usage::read(&self.nvml, &self.gpm)
     }
 
     fn watch_health(&self, tx: HealthSender) -> Result<()> {

@@ -1,0 +1,112 @@
+//! A ClusterQueue's ordered set of waiting workloads (its `pending` or `parked` keys)
+//! that also counts its members per LocalQueue, so the controller's per-LocalQueue
+//! pending gauges are read in a walk over the LocalQueues, never over the workloads.
+//! Reads go through `Deref` to the `BTreeSet`; every change goes through the methods
+//! here, which keep the counts.
+
+use super::engine::OrderKey;
+use super::model::LqId;
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Deref;
+
+/// Ordered workload keys with a member count per LocalQueue (the key's last element).
+#[derive(Clone, Debug, Default)]
+pub(crate) struct KeySet {
+    set: BTreeSet<OrderKey>,
+    per_lq: HashMap<LqId, usize>,
+}
+
+impl Deref for KeySet {
+    type Target = BTreeSet<OrderKey>;
+
+    fn deref(&self) -> &BTreeSet<OrderKey> {
+        &self.set
+    }
+}
+
+impl KeySet {
+    /// Inserts `key`; `false` when it was there already.
+    pub fn insert(&mut self, key: OrderKey) -> bool {
+        let lq = key.4;
+        let new = self.set.insert(key);
+        if new {
+            *self.per_lq.entry(lq).or_insert(0) += 1;
+        }
+        new
+    }
+
+    /// Removes `key`; `false` when it was not there.
+    pub fn remove(&mut self, key: &OrderKey) -> bool {
+        let gone = self.set.remove(key);
+        if gone {
+            if let Some(n) = self.per_lq.get_mut(&key.4) {
+                *n -= 1;
+                if *n == 0 {
+                    self.per_lq.remove(&key.4);
+                }
+            }
+        }
+        gone
+    }
+
+    /// Moves every key of `other` into this set.
+    pub fn append(&mut self, other: KeySet) {
+        for key in other.set {
+            self.insert(key);
+        }
+    }
+
+    /// Takes every key out, leaving the set empty.
+    pub fn take(&mut self) -> KeySet {
+        std::mem::take(self)
+    }
+
+    /// The members per LocalQueue (only those with some).
+    pub fn per_local_queue(&self) -> impl Iterator<Item = (LqId, usize)> + '_ {
+        self.per_lq.iter().map(|(&lq, &n)| (lq, n))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Arc;
+
+    fn key(id: usize, lq: LqId) -> OrderKey {
+        (
+            0,
+            id as u64,
+            Arc::from(format!("ns/w{id}").as_str()),
+            id,
+            lq,
+        )
+    }
+
+    fn counts(s: &KeySet) -> Vec<(LqId, usize)> {
+        let mut v: Vec<_> = s.per_local_queue().collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn counts_follow_inserts_removes_and_moves() {
+        let mut a = KeySet::default();
+        assert!(a.insert(key(1, 0)));
+        assert!(a.insert(key(2, 0)));
+        assert!(a.insert(key(3, 7)));
+        // Twice the same key counts once; removing a stranger changes nothing.
+        assert!(!a.insert(key(1, 0)));
+        assert!(!a.remove(&key(9, 0)));
+        assert_eq!(counts(&a), vec![(0, 2), (7, 1)]);
+        assert!(a.remove(&key(3, 7)));
+        assert_eq!(counts(&a), vec![(0, 2)]);
+        let mut b = KeySet::default();
+        b.insert(key(4, 7));
+        b.append(a.take());
+        assert!(a.is_empty());
+        assert_eq!(counts(&a), vec![]);
+        assert_eq!(counts(&b), vec![(0, 2), (7, 1)]);
+        assert_eq!(b.len(), 3);
+        assert_eq!(b.first().map(|k| k.3), Some(1));
+    }
+}
