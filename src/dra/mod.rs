@@ -22,7 +22,7 @@ pub mod kubelet;
 pub mod node;
 pub mod owned;
 pub mod plugin;
-pub(crate) mod prepare;
+pub mod prepare;
 pub mod publish;
 pub mod registration;
 pub(crate) mod sharing;
