@@ -425,4 +425,98 @@ mod tests {
             assert!(e.starts_with(knob), "{e}");
         }
     }
+
+    #[test]
+    fn gpu_models_must_add_up_and_mig_nodes_need_a_catalog() {
+        let models = |list: &[(&str, u32)]| -> Vec<ModelNodes> {
+            list.iter()
+                .map(|&(model, nodes)| ModelNodes {
+                    model: model.into(),
+                    nodes,
+                })
+                .collect()
+        };
+        let mixed = Knobs {
+            gpu_models: models(&[("H100-80GB", 384), ("A100-40GB", 128)]),
+            ..Default::default()
+        };
+        mixed.validate().unwrap();
+        assert_eq!(
+            mixed.node_models().filter(|m| *m == "A100-40GB").count(),
+            128
+        );
+        assert_eq!(mixed.node_models().next(), Some("H100-80GB"));
+        let cases: Vec<(Knobs, &str)> = vec![
+            (
+                Knobs {
+                    gpu_models: models(&[("H100-80GB", 384)]),
+                    ..Default::default()
+                },
+                "--gpus: 4096 GPUs, but the models' nodes hold 3072",
+            ),
+            (
+                Knobs {
+                    gpu_models: vec![],
+                    ..Default::default()
+                },
+                "--gpu-models: names no model",
+            ),
+            (
+                Knobs {
+                    gpu_models: models(&[("H100-80GB", 256), ("H100-80GB", 256)]),
+                    ..Default::default()
+                },
+                "--gpu-models: H100-80GB is named twice",
+            ),
+            (
+                Knobs {
+                    gpu_models: models(&[("H100-80GB", 512), ("T4", 0)]),
+                    ..Default::default()
+                },
+                "--gpu-models: T4: 0 nodes",
+            ),
+            (
+                Knobs {
+                    gpu_models: models(&[(" ", 512)]),
+                    ..Default::default()
+                },
+                "--gpu-models: ` ` is not a model name",
+            ),
+            (
+                Knobs {
+                    mig_nodes: 512,
+                    ..Default::default()
+                },
+                "--mig-nodes: 512 of 512 nodes",
+            ),
+            (
+                Knobs {
+                    gpu_models: models(&[("H100-80GB", 500), ("L4", 12)]),
+                    mig_nodes: 13,
+                    ..Default::default()
+                },
+                "--mig-nodes: L4 has no MIG profiles",
+            ),
+            (
+                Knobs {
+                    mig_nodes: 8,
+                    mig_layout: "halves".into(),
+                    ..Default::default()
+                },
+                "--mig-layout: ",
+            ),
+        ];
+        for (k, want) in cases {
+            let e = k.validate().unwrap_err().to_string();
+            assert!(e.starts_with(want), "{e}");
+        }
+        // The MIG nodes are the last ones: 12 L4 nodes first, MIG on H100s is fine.
+        Knobs {
+            gpu_models: models(&[("L4", 12), ("H100-80GB", 500)]),
+            mig_nodes: 100,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
+    }
 }

@@ -1139,6 +1139,65 @@ fn headroom(sim: &Sim) -> f64 {
 mod tests {
     use super::*;
 
+    fn job(num_gpu: u8, gpu_milli: u16, models: Option<u64>) -> Job {
+        Job {
+            arrival: 0,
+            shape: crate::sim::fleet::demand::TaskShape {
+                num_gpu,
+                gpu_milli,
+                duration: 60_000,
+                models,
+            },
+            checkpoint: 600_000,
+        }
+    }
+
+    #[test]
+    fn jobs_are_charged_and_placed_by_their_kind() {
+        let mig = "nvidia.com/mig-2g.20gb";
+        let cases = [
+            // (fleet, job, MIG resource) → (resource, milli-units), GPU demand
+            (
+                FleetKind::Tessera,
+                job(1, 220, None),
+                Some(mig),
+                (mig, 1000),
+            ),
+            (FleetKind::Tessera, job(1, 220, None), None, (GPU, 220)),
+            (FleetKind::Shared, job(1, 220, None), None, (GPU, 1000)),
+            (FleetKind::Tessera, job(4, 1000, None), None, (GPU, 4000)),
+        ];
+        for (kind, j, res, (want_res, want_q)) in cases {
+            let w = job_workload(kind, 7, &j, res);
+            let got: Vec<(&str, i64)> = w.pod_sets[0]
+                .requests
+                .iter()
+                .map(|(k, q)| (k.as_str(), q.0))
+                .collect();
+            assert_eq!(got, vec![(want_res, want_q)], "{kind:?} {res:?}");
+        }
+        let models = ["H100-80GB".to_string(), "A100-40GB".to_string()];
+        let r = job_request(
+            FleetKind::Tessera,
+            &job(1, 220, Some(0b10)),
+            Some(0),
+            &models,
+        );
+        assert_eq!(r, Request::whole(0, 0, 1).on_models(&["A100-40GB"]));
+        let r = job_request(FleetKind::Tessera, &job(1, 220, None), None, &models);
+        assert_eq!(r, Request::shared(0, 0, 220));
+        let r = job_request(
+            FleetKind::Dedicated,
+            &job(1, 220, Some(0b11)),
+            None,
+            &models,
+        );
+        assert_eq!(
+            r,
+            Request::whole(0, 0, 1).on_models(&["H100-80GB", "A100-40GB"])
+        );
+    }
+
     #[test]
     fn replica_keys_name_their_service() {
         assert_eq!(replica_service("infer/s12-3"), Some(12));
