@@ -298,6 +298,10 @@ fn invalid_knobs_are_refused_with_the_reason() {
         (&["--training-load=-1"], "--training-load"),
         (&["--polling", "0"], "--polling"),
         (
+            &["--coupling", "keda"],
+            "--coupling: `keda` is not quota or off",
+        ),
+        (
             &["--gpu-models", "H100-80GB"],
             "--gpu-models: `H100-80GB` is not MODEL:NODES",
         ),

@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
+use tessera::autoscale::Coupling;
 use tessera::sim::fleet::{self, demand, FleetKind, Inputs, Knobs, ModelNodes};
 
 const BUNDLED_DLRM: &str =
@@ -59,6 +60,9 @@ pub struct FleetArgs {
     /// Demand instances one replica serves at its threshold (0.9: 10 % headroom).
     #[arg(long, default_value_t = Knobs::default().replica_target)]
     replica_target: f64,
+    /// Tessera's fleet's scaling: `quota` (coupled, Tessera's) or `off` (KEDA + HPA's).
+    #[arg(long, default_value = "quota")]
+    coupling: String,
     /// Coupled scalers: seconds a scale-up's demand must persist before it may preempt.
     #[arg(long, default_value_t = Knobs::default().persist_s)]
     persist: u32,
@@ -136,6 +140,14 @@ fn gpu_models(s: &str) -> Result<Vec<ModelNodes>> {
         .collect()
 }
 
+fn coupling(s: &str) -> Result<Coupling> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "quota" => Ok(Coupling::Quota),
+        "off" => Ok(Coupling::Off),
+        other => bail!("--coupling: `{other}` is not quota or off"),
+    }
+}
+
 fn fleets(s: &str) -> Result<Vec<FleetKind>> {
     if s.eq_ignore_ascii_case("all") {
         return Ok(FleetKind::ALL.to_vec());
@@ -194,6 +206,7 @@ pub fn run(a: FleetArgs) -> Result<()> {
         training_load: a.training_load,
         polling_s: a.polling,
         replica_target: a.replica_target,
+        tessera_coupling: coupling(&a.coupling)?,
         persist_s: a.persist,
         hold_s: a.hold,
         checkpoint_min: checkpoint(&a.checkpoint)?,

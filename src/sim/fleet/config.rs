@@ -57,6 +57,9 @@ pub struct Knobs {
     /// Demand units per replica at which a replica is full (the trigger's threshold):
     /// 0.9 keeps 10 % headroom.
     pub replica_target: f64,
+    /// Tessera's fleet's scaling: coupled with quota (its own), or `Off` (KEDA + HPA's,
+    /// a what-if that isolates the coupling from fractional GPUs and placement).
+    pub tessera_coupling: Coupling,
     /// Coupled scalers' `preemption.persistSeconds`.
     pub persist_s: u32,
     /// Coupled scalers' `preemption.holdFreedSeconds` (0 here by default: the fleet's
@@ -92,6 +95,7 @@ impl Default for Knobs {
             training_load: 1.2,
             polling_s: 15,
             replica_target: 0.9,
+            tessera_coupling: Coupling::Quota,
             persist_s: 0,
             hold_s: 0,
             checkpoint_min: (5.0, 30.0),
@@ -321,9 +325,10 @@ impl FleetKind {
         }
     }
 
-    pub fn coupling(self) -> Coupling {
+    /// The scalers' coupling with quota: Tessera's as `knobs` says, off for the others.
+    pub fn coupling(self, knobs: &Knobs) -> Coupling {
         match self {
-            FleetKind::Tessera => Coupling::Quota,
+            FleetKind::Tessera => knobs.tessera_coupling,
             _ => Coupling::Off,
         }
     }

@@ -26,7 +26,7 @@ use super::config::{FleetKind, Knobs};
 use super::demand::{Job, Service};
 use super::nodes::{self, MigGroups};
 use crate::autoscale::engine::replicas_for;
-use crate::autoscale::{Observation, Reading, Scaler, ScalerSpec, Settings};
+use crate::autoscale::{Coupling, Observation, Reading, Scaler, ScalerSpec, Settings};
 use crate::placement::{
     Cluster, Demand, Placement, Policy, PolicyContext, Request, SplitMix64, TieBreak, Workload,
 };
@@ -886,7 +886,7 @@ pub fn run_fleet(
             .triggers
             .first()
             .map_or(0, |t| replicas_for(t, f64::from(s.at(0)), 0, 0));
-        scalers.push(Scaler::new(settings, kind.coupling()));
+        scalers.push(Scaler::new(settings, kind.coupling(knobs)));
         sim.set_replicas(i, want, 0, Coupled::default())?;
         polls.push(Reverse((polling * i as u64 / services.len() as u64, i)));
     }
@@ -1078,7 +1078,10 @@ pub fn run_fleet(
     });
     Ok(FleetResult {
         fleet: kind,
-        label: kind.label(),
+        label: match kind.coupling(knobs) {
+            Coupling::Off if kind == FleetKind::Tessera => "Tessera, uncoupled",
+            _ => kind.label(),
+        },
         gpus: knobs.gpus,
         allocated_pct: 100.0 * alloc_sum / n,
         used_pct: 100.0 * used_sum / n,
