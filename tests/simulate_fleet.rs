@@ -283,6 +283,16 @@ fn cli_prints_the_table_json_and_plot() {
     let table = String::from_utf8_lossy(&out.stdout);
     assert!(table.contains("GPUs allocated (%)") && table.contains("shared, Kueue + KEDA"));
     assert!(!String::from_utf8_lossy(&out.stderr).contains('['));
+    // Tessera's fleet with uncoupled scaling is named so.
+    let out = tessera()
+        .args(["simulate", "fleet", "--days", "0.1", "--warmup-hours", "0"])
+        .args(["--fleets", "tessera", "--coupling", "off", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["fleets"][0]["label"], "Tessera, uncoupled");
+    assert_eq!(v["knobs"]["tessera_coupling"], "Off");
 }
 
 #[test]
