@@ -7,7 +7,8 @@ use std::time::Instant;
 
 use anyhow::{bail, Context, Result};
 
-use tessera::sim::fleet::{self, demand, FleetKind, Inputs, Knobs};
+use tessera::autoscale::Coupling;
+use tessera::sim::fleet::{self, demand, FleetKind, Inputs, Knobs, ModelNodes};
 
 const BUNDLED_DLRM: &str =
     include_str!("../../data/alibaba-dlrm-inference-v2025/dlrm_hn_instances.csv");
@@ -20,15 +21,26 @@ const BUNDLED_LLM_CODE: &str =
 /// Flags of `tessera simulate fleet` (defaults: docs/fleet-simulation.md).
 #[derive(clap::Args, Debug)]
 pub struct FleetArgs {
-    /// GPUs in each fleet.
-    #[arg(long, default_value_t = Knobs::default().gpus)]
-    gpus: u32,
+    /// GPUs in each fleet [default: 4096, or what --gpu-models adds up to].
+    #[arg(long)]
+    gpus: Option<u32>,
     /// GPUs per node.
     #[arg(long, default_value_t = Knobs::default().gpus_per_node)]
     gpus_per_node: u8,
-    /// GPU model name of the nodes.
-    #[arg(long, default_value_t = Knobs::default().gpu_model)]
+    /// GPU model of every node.
+    #[arg(long, default_value = "H100-80GB", conflicts_with = "gpu_models")]
     gpu_model: String,
+    /// Nodes per GPU model, `MODEL:NODES,...` in order (e.g. `H100-80GB:384,A100-40GB:128`):
+    /// the dedicated inference pool takes the first nodes, the MIG nodes are the last.
+    #[arg(long)]
+    gpu_models: Option<String>,
+    /// Tessera's fleet: this many of the last nodes are laid out in MIG; training tasks
+    /// whose share fits a profile ask for one (0: no MIG).
+    #[arg(long, default_value_t = Knobs::default().mig_nodes)]
+    mig_nodes: u32,
+    /// The named MIG layout of each GPU of a MIG node (`balanced`, `all-1g.10gb`, ...).
+    #[arg(long, default_value_t = Knobs::default().mig_layout)]
+    mig_layout: String,
     /// Days of simulated time (from the start of the inference trace).
     #[arg(long, default_value_t = Knobs::default().days)]
     days: f64,
@@ -48,6 +60,9 @@ pub struct FleetArgs {
     /// Demand instances one replica serves at its threshold (0.9: 10 % headroom).
     #[arg(long, default_value_t = Knobs::default().replica_target)]
     replica_target: f64,
+    /// Tessera's fleet's scaling: `quota` (coupled, Tessera's) or `off` (KEDA + HPA's).
+    #[arg(long, default_value = "quota")]
+    coupling: String,
     /// Coupled scalers: seconds a scale-up's demand must persist before it may preempt.
     #[arg(long, default_value_t = Knobs::default().persist_s)]
     persist: u32,
@@ -107,6 +122,32 @@ fn checkpoint(s: &str) -> Result<(f64, f64)> {
     }
 }
 
+/// `MODEL:NODES,...` → the models' nodes.
+fn gpu_models(s: &str) -> Result<Vec<ModelNodes>> {
+    s.split(',')
+        .map(|entry| {
+            let (model, nodes) = entry.trim().rsplit_once(':').with_context(|| {
+                format!("--gpu-models: `{entry}` is not MODEL:NODES (e.g. H100-80GB:384)")
+            })?;
+            let nodes = nodes.trim().parse::<u32>().with_context(|| {
+                format!("--gpu-models: `{nodes}` in `{entry}` is not a number of nodes")
+            })?;
+            Ok(ModelNodes {
+                model: model.trim().to_string(),
+                nodes,
+            })
+        })
+        .collect()
+}
+
+fn coupling(s: &str) -> Result<Coupling> {
+    match s.trim().to_ascii_lowercase().as_str() {
+        "quota" => Ok(Coupling::Quota),
+        "off" => Ok(Coupling::Off),
+        other => bail!("--coupling: `{other}` is not quota or off"),
+    }
+}
+
 fn fleets(s: &str) -> Result<Vec<FleetKind>> {
     if s.eq_ignore_ascii_case("all") {
         return Ok(FleetKind::ALL.to_vec());
@@ -137,16 +178,35 @@ fn text(path: &Option<PathBuf>, bundled: &'static str) -> Result<(String, String
 }
 
 pub fn run(a: FleetArgs) -> Result<()> {
+    let per_node = u32::from(a.gpus_per_node.max(1));
+    let models = match &a.gpu_models {
+        Some(list) => gpu_models(list)?,
+        None => vec![ModelNodes {
+            model: a.gpu_model.clone(),
+            nodes: a.gpus.unwrap_or(Knobs::default().gpus) / per_node,
+        }],
+    };
+    let model_gpus = models
+        .iter()
+        .map(|m| u64::from(m.nodes) * u64::from(per_node))
+        .sum::<u64>();
+    let gpus = match a.gpus {
+        Some(g) => g,
+        None => u32::try_from(model_gpus).context("--gpu-models: more than 2^32 GPUs")?,
+    };
     let knobs = Knobs {
-        gpus: a.gpus,
+        gpus,
         gpus_per_node: a.gpus_per_node,
-        gpu_model: a.gpu_model.clone(),
+        gpu_models: models,
+        mig_nodes: a.mig_nodes,
+        mig_layout: a.mig_layout.clone(),
         days: a.days,
         warmup_hours: a.warmup_hours,
         inference_share: a.inference_share,
         training_load: a.training_load,
         polling_s: a.polling,
         replica_target: a.replica_target,
+        tessera_coupling: coupling(&a.coupling)?,
         persist_s: a.persist,
         hold_s: a.hold,
         checkpoint_min: checkpoint(&a.checkpoint)?,
@@ -167,8 +227,13 @@ pub fn run(a: FleetArgs) -> Result<()> {
         knobs.llm_trough,
         knobs.horizon(),
     )?);
-    let shapes = demand::parse_tasks(&pods, &format!("{pods_name} pod list"))?;
-    let inputs = Inputs::new(&knobs, services, &shapes)?;
+    let tasks = demand::parse_tasks_on(
+        &pods,
+        &format!("{pods_name} pod list"),
+        &knobs.model_names(),
+    )?;
+    let mut inputs = Inputs::new(&knobs, services, &tasks.shapes)?;
+    inputs.tasks_left_out = tasks.left_out;
     let threads = a
         .threads
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));

@@ -4,10 +4,13 @@
 use serde::Serialize;
 
 use crate::autoscale::Coupling;
+use crate::partition::catalog;
 use crate::placement::PolicyKind;
 use crate::quota::Time;
 
 const HOUR: Time = 3_600_000;
+/// The placement engine keeps a request's allowed models as a 64-bit set.
+const MAX_MODELS: usize = 64;
 
 /// A knob with a value that cannot run.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -17,6 +20,13 @@ pub struct InvalidKnob {
     pub reason: String,
 }
 
+/// Nodes of one GPU model (`--gpu-models H100-80GB:384,A100-40GB:128`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct ModelNodes {
+    pub model: String,
+    pub nodes: u32,
+}
+
 /// What a fleet run is asked to do (the CLI's flags, defaults documented in
 /// `docs/fleet-simulation.md`).
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -24,7 +34,15 @@ pub struct Knobs {
     /// GPUs in the fleet (all three fleets get the same).
     pub gpus: u32,
     pub gpus_per_node: u8,
-    pub gpu_model: String,
+    /// The fleet's nodes per GPU model, in order (the dedicated inference pool takes
+    /// the first nodes, the MIG nodes are the last); their GPUs add up to `gpus`.
+    pub gpu_models: Vec<ModelNodes>,
+    /// Tessera's fleet only: this many of the last nodes are laid out in MIG
+    /// (`mode: mig`, every GPU cut by `mig_layout`); 0: none.
+    pub mig_nodes: u32,
+    /// The named MIG layout of each GPU of a MIG node (`balanced`, `all-1g.10gb`, ...:
+    /// the MIG catalog's names), resolved per model.
+    pub mig_layout: String,
     /// Simulated time, in days of the inference trace from its start.
     pub days: f64,
     /// Hours at the start left out of the time averages (the fleet filling up).
@@ -39,6 +57,9 @@ pub struct Knobs {
     /// Demand units per replica at which a replica is full (the trigger's threshold):
     /// 0.9 keeps 10 % headroom.
     pub replica_target: f64,
+    /// Tessera's fleet's scaling: coupled with quota (its own), or `Off` (KEDA + HPA's,
+    /// a what-if that isolates the coupling from fractional GPUs and placement).
+    pub tessera_coupling: Coupling,
     /// Coupled scalers' `preemption.persistSeconds`.
     pub persist_s: u32,
     /// Coupled scalers' `preemption.holdFreedSeconds` (0 here by default: the fleet's
@@ -62,13 +83,19 @@ impl Default for Knobs {
         Knobs {
             gpus: 4096,
             gpus_per_node: 8,
-            gpu_model: "H100-80GB".into(),
+            gpu_models: vec![ModelNodes {
+                model: "H100-80GB".into(),
+                nodes: 512,
+            }],
+            mig_nodes: 0,
+            mig_layout: "balanced".into(),
             days: 7.0,
             warmup_hours: 6.0,
             inference_share: None,
             training_load: 1.2,
             polling_s: 15,
             replica_target: 0.9,
+            tessera_coupling: Coupling::Quota,
             persist_s: 0,
             hold_s: 0,
             checkpoint_min: (5.0, 30.0),
@@ -105,9 +132,7 @@ impl Knobs {
         if self.gpus > 200_000 {
             return bad("gpus", "at most 200000");
         }
-        if self.gpu_model.trim().is_empty() {
-            return bad("gpu-model", "is empty");
-        }
+        self.validate_models()?;
         if !(finite_pos(self.days) && self.days <= 31.0) {
             return bad(
                 "days",
@@ -165,6 +190,99 @@ impl Knobs {
         Ok(())
     }
 
+    /// Nodes and MIG: every model named once, the nodes adding up to `--gpus`, MIG
+    /// nodes only of models with a MIG catalog and a layout the catalog accepts.
+    fn validate_models(&self) -> Result<(), InvalidKnob> {
+        let bad = |knob, reason: String| Err(InvalidKnob { knob, reason });
+        if self.gpu_models.is_empty() {
+            return bad("gpu-models", "names no model".into());
+        }
+        if self.gpu_models.len() > MAX_MODELS {
+            return bad("gpu-models", format!("at most {MAX_MODELS} models"));
+        }
+        let mut nodes = 0u64;
+        for (i, m) in self.gpu_models.iter().enumerate() {
+            let name = m.model.trim();
+            if name.is_empty() || name.contains([',', ':', '|']) {
+                return bad("gpu-models", format!("`{}` is not a model name", m.model));
+            }
+            if m.nodes == 0 {
+                return bad("gpu-models", format!("{name}: 0 nodes"));
+            }
+            if self.gpu_models[..i].iter().any(|o| o.model.trim() == name) {
+                return bad("gpu-models", format!("{name} is named twice"));
+            }
+            nodes += u64::from(m.nodes);
+        }
+        if nodes * u64::from(self.gpus_per_node) != u64::from(self.gpus) {
+            return bad(
+                "gpus",
+                format!(
+                    "{} GPUs, but the models' nodes hold {} ({nodes} nodes × {})",
+                    self.gpus,
+                    nodes * u64::from(self.gpus_per_node),
+                    self.gpus_per_node
+                ),
+            );
+        }
+        if u64::from(self.mig_nodes) >= nodes {
+            return bad(
+                "mig-nodes",
+                format!(
+                    "{} of {nodes} nodes: leave some outside MIG",
+                    self.mig_nodes
+                ),
+            );
+        }
+        let mut seen: Vec<&str> = Vec::new();
+        for model in self
+            .node_models()
+            .skip((nodes - u64::from(self.mig_nodes)) as usize)
+        {
+            if seen.contains(&model) {
+                continue;
+            }
+            seen.push(model);
+            let Some(cat) = catalog::lookup(model, 0) else {
+                return bad(
+                    "mig-nodes",
+                    format!("{model} has no MIG profiles (the MIG nodes are the last {} of --gpu-models)", self.mig_nodes),
+                );
+            };
+            if let Err(e) = cat.named_layout(&self.mig_layout) {
+                return bad("mig-layout", e.to_string());
+            }
+        }
+        Ok(())
+    }
+
+    /// A fleet of `gpus` GPUs of one model.
+    pub fn one_model(mut self, model: &str) -> Self {
+        let per_node = u32::from(self.gpus_per_node.max(1));
+        self.gpu_models = vec![ModelNodes {
+            model: model.to_string(),
+            nodes: self.gpus / per_node,
+        }];
+        self
+    }
+
+    /// Each node's GPU model, in node order.
+    pub fn node_models(&self) -> impl Iterator<Item = &str> {
+        self.gpu_models
+            .iter()
+            .flat_map(|m| std::iter::repeat_n(m.model.trim(), m.nodes as usize))
+    }
+
+    /// The fleet's model names, in `--gpu-models` order.
+    pub fn model_names(&self) -> Vec<&str> {
+        self.gpu_models.iter().map(|m| m.model.trim()).collect()
+    }
+
+    /// GPUs on MIG nodes (Tessera's fleet).
+    pub fn mig_gpus(&self) -> u32 {
+        self.mig_nodes * u32::from(self.gpus_per_node)
+    }
+
     /// The run's length.
     pub fn horizon(&self) -> Time {
         (self.days * 24.0 * HOUR as f64) as Time
@@ -207,9 +325,10 @@ impl FleetKind {
         }
     }
 
-    pub fn coupling(self) -> Coupling {
+    /// The scalers' coupling with quota: Tessera's as `knobs` says, off for the others.
+    pub fn coupling(self, knobs: &Knobs) -> Coupling {
         match self {
-            FleetKind::Tessera => Coupling::Quota,
+            FleetKind::Tessera => knobs.tessera_coupling,
             _ => Coupling::Off,
         }
     }
@@ -310,5 +429,99 @@ mod tests {
             let e = k.validate().unwrap_err().to_string();
             assert!(e.starts_with(knob), "{e}");
         }
+    }
+
+    #[test]
+    fn gpu_models_must_add_up_and_mig_nodes_need_a_catalog() {
+        let models = |list: &[(&str, u32)]| -> Vec<ModelNodes> {
+            list.iter()
+                .map(|&(model, nodes)| ModelNodes {
+                    model: model.into(),
+                    nodes,
+                })
+                .collect()
+        };
+        let mixed = Knobs {
+            gpu_models: models(&[("H100-80GB", 384), ("A100-40GB", 128)]),
+            ..Default::default()
+        };
+        mixed.validate().unwrap();
+        assert_eq!(
+            mixed.node_models().filter(|m| *m == "A100-40GB").count(),
+            128
+        );
+        assert_eq!(mixed.node_models().next(), Some("H100-80GB"));
+        let cases: Vec<(Knobs, &str)> = vec![
+            (
+                Knobs {
+                    gpu_models: models(&[("H100-80GB", 384)]),
+                    ..Default::default()
+                },
+                "--gpus: 4096 GPUs, but the models' nodes hold 3072",
+            ),
+            (
+                Knobs {
+                    gpu_models: vec![],
+                    ..Default::default()
+                },
+                "--gpu-models: names no model",
+            ),
+            (
+                Knobs {
+                    gpu_models: models(&[("H100-80GB", 256), ("H100-80GB", 256)]),
+                    ..Default::default()
+                },
+                "--gpu-models: H100-80GB is named twice",
+            ),
+            (
+                Knobs {
+                    gpu_models: models(&[("H100-80GB", 512), ("T4", 0)]),
+                    ..Default::default()
+                },
+                "--gpu-models: T4: 0 nodes",
+            ),
+            (
+                Knobs {
+                    gpu_models: models(&[(" ", 512)]),
+                    ..Default::default()
+                },
+                "--gpu-models: ` ` is not a model name",
+            ),
+            (
+                Knobs {
+                    mig_nodes: 512,
+                    ..Default::default()
+                },
+                "--mig-nodes: 512 of 512 nodes",
+            ),
+            (
+                Knobs {
+                    gpu_models: models(&[("H100-80GB", 500), ("L4", 12)]),
+                    mig_nodes: 13,
+                    ..Default::default()
+                },
+                "--mig-nodes: L4 has no MIG profiles",
+            ),
+            (
+                Knobs {
+                    mig_nodes: 8,
+                    mig_layout: "halves".into(),
+                    ..Default::default()
+                },
+                "--mig-layout: ",
+            ),
+        ];
+        for (k, want) in cases {
+            let e = k.validate().unwrap_err().to_string();
+            assert!(e.starts_with(want), "{e}");
+        }
+        // The MIG nodes are the last ones: 12 L4 nodes first, MIG on H100s is fine.
+        Knobs {
+            gpu_models: models(&[("L4", 12), ("H100-80GB", 500)]),
+            mig_nodes: 100,
+            ..Default::default()
+        }
+        .validate()
+        .unwrap();
     }
 }

@@ -272,6 +272,9 @@ pub struct TaskShape {
     pub gpu_milli: u16,
     /// How long it runs when not interrupted: `deletion_time - creation_time`.
     pub duration: Time,
+    /// The GPU models it may run on (the trace's `gpu_spec`), as a set of bits over the
+    /// fleet's models in `--gpu-models` order; `None`: any model.
+    pub models: Option<u64>,
 }
 
 impl TaskShape {
@@ -287,7 +290,25 @@ impl TaskShape {
 /// lifetime, queueing in Alibaba's cluster included). Tasks without GPUs or with a
 /// lifetime of zero are left out.
 pub fn parse_tasks(text: &str, file: &str) -> Result<Vec<TaskShape>> {
+    Ok(parse_tasks_on(text, file, &[])?.shapes)
+}
+
+/// The tasks of a pod list for a fleet of these GPU models.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Tasks {
+    pub shapes: Vec<TaskShape>,
+    /// Tasks left out because their `gpu_spec` names none of the fleet's models.
+    pub left_out: usize,
+}
+
+/// Like [`parse_tasks`], honouring the trace's `gpu_spec` column (models separated by
+/// `|`) against the fleet's `models`: a task keeps the models of its list the fleet has
+/// ([`TaskShape::models`]), and one whose list names none of them is left out (it could
+/// never run). With no `models`, or no `gpu_spec` column, every task may run anywhere.
+pub fn parse_tasks_on(text: &str, file: &str, models: &[&str]) -> Result<Tasks> {
     let table = Table::parse(text, file)?;
+    let spec = table.column("gpu_spec").ok().filter(|_| !models.is_empty());
+    let mut left_out = 0;
     let num_gpu = table.column("num_gpu")?;
     let gpu_milli = table.column("gpu_milli")?;
     let qos = table.column("qos")?;
@@ -311,18 +332,39 @@ pub fn parse_tasks(text: &str, file: &str) -> Result<Vec<TaskShape>> {
         if to <= from {
             continue;
         }
+        let allowed = match spec.map(|c| row[c].trim()) {
+            Some(list) if !list.is_empty() => {
+                let mask = list
+                    .split('|')
+                    .filter_map(|name| models.iter().position(|m| *m == name.trim()))
+                    .fold(0u64, |mask, i| mask | 1 << i);
+                if mask == 0 {
+                    left_out += 1;
+                    continue;
+                }
+                Some(mask)
+            }
+            _ => None,
+        };
         out.push(TaskShape {
             num_gpu: n,
             gpu_milli: m,
             duration: (to - from).saturating_mul(1000),
+            models: allowed,
         });
     }
     if out.is_empty() {
-        return Err(Error::Empty(format!(
-            "{file} (no BE or Burstable GPU tasks)"
-        )));
+        let why = if left_out > 0 {
+            format!("{file} (every BE or Burstable GPU task asks for models the fleet lacks)")
+        } else {
+            format!("{file} (no BE or Burstable GPU tasks)")
+        };
+        return Err(Error::Empty(why));
     }
-    Ok(out)
+    Ok(Tasks {
+        shapes: out,
+        left_out,
+    })
 }
 
 /// One training job of a run.
@@ -426,15 +468,41 @@ mod tests {
                 TaskShape {
                     num_gpu: 1,
                     gpu_milli: 220,
-                    duration: 100_000
+                    duration: 100_000,
+                    models: None,
                 },
                 TaskShape {
                     num_gpu: 8,
                     gpu_milli: 1000,
-                    duration: 10_000
+                    duration: 10_000,
+                    models: None,
                 }
             ]
         );
+    }
+
+    #[test]
+    fn gpu_spec_restricts_tasks_to_the_fleets_models() {
+        let pods = "name,num_gpu,gpu_milli,gpu_spec,qos,creation_time,deletion_time\n\
+            any,1,220,,BE,0,100\n\
+            t4,1,500,T4,BE,0,100\n\
+            either,2,1000,P100|A100-40GB|T4,Burstable,0,100\n\
+            none,1,300,V100M16,BE,0,100\n";
+        let t = parse_tasks_on(pods, "pods", &["H100-80GB", "T4", "A100-40GB"]).unwrap();
+        let models: Vec<Option<u64>> = t.shapes.iter().map(|s| s.models).collect();
+        assert_eq!(models, vec![None, Some(0b010), Some(0b110)]);
+        assert_eq!(t.left_out, 1);
+        // Without the fleet's models (or the plain parser) gpu_spec is not read.
+        assert!(parse_tasks(pods, "pods")
+            .unwrap()
+            .iter()
+            .all(|s| s.models.is_none()));
+        let only_t4 = "name,num_gpu,gpu_milli,gpu_spec,qos,creation_time,deletion_time\n\
+            t4,1,500,T4,BE,0,100\n";
+        let err = parse_tasks_on(only_t4, "pods", &["B200"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("models the fleet lacks"), "{err}");
     }
 
     #[test]
@@ -443,6 +511,7 @@ mod tests {
             num_gpu: 1,
             gpu_milli: 500,
             duration: 600_000,
+            models: None,
         }];
         let a = Arrivals {
             offered_gpus: 100.0,

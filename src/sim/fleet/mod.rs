@@ -13,6 +13,7 @@
 
 pub mod config;
 pub mod demand;
+pub mod nodes;
 pub mod plot;
 pub mod report;
 pub mod run;
@@ -21,8 +22,8 @@ use std::sync::Mutex;
 
 use serde::Serialize;
 
-pub use config::{FleetKind, InvalidKnob, Knobs};
-pub use run::{FleetResult, RunError, Sizing};
+pub use config::{FleetKind, InvalidKnob, Knobs, ModelNodes};
+pub use run::{FleetResult, MigStats, RunError, Sizing};
 
 /// The demand every fleet of a run faces.
 #[derive(Debug, Clone)]
@@ -32,6 +33,8 @@ pub struct Inputs {
     pub sizing: Sizing,
     /// How many task shapes the jobs were drawn from.
     pub task_shapes: usize,
+    /// Tasks of the trace left out: their `gpu_spec` names no model of the fleet.
+    pub tasks_left_out: usize,
 }
 
 impl Inputs {
@@ -59,6 +62,7 @@ impl Inputs {
             jobs,
             sizing,
             task_shapes: shapes.len(),
+            tasks_left_out: 0,
         })
     }
 }
@@ -71,6 +75,7 @@ pub struct Comparison {
     pub services: usize,
     pub training_jobs: usize,
     pub task_shapes: usize,
+    pub tasks_left_out: usize,
     pub fleets: Vec<FleetResult>,
 }
 
@@ -123,6 +128,7 @@ pub fn run_all(
         services: inputs.services.len(),
         training_jobs: inputs.jobs.len(),
         task_shapes: inputs.task_shapes,
+        tasks_left_out: inputs.tasks_left_out,
         fleets,
     })
 }

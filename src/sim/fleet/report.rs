@@ -13,13 +13,16 @@ pub fn table(c: &Comparison) -> String {
     let k = &c.knobs;
     let s = &c.sizing;
     let mut out = String::new();
+    let models: Vec<String> = k
+        .gpu_models
+        .iter()
+        .map(|m| format!("{} nodes × {} {}", m.nodes, k.gpus_per_node, m.model))
+        .collect();
     let _ = writeln!(
         out,
-        "Fleet: {} GPUs ({} nodes × {} {}), {} day(s) of the Alibaba DLRM inference trace 2025 ({} services), seed {}",
+        "Fleet: {} GPUs ({}), {} day(s) of the Alibaba DLRM inference trace 2025 ({} services), seed {}",
         k.gpus,
-        k.gpus / u32::from(k.gpus_per_node.max(1)),
-        k.gpus_per_node,
-        k.gpu_model,
+        models.join(" + "),
         k.days,
         c.services,
         k.seed
@@ -34,12 +37,35 @@ pub fn table(c: &Comparison) -> String {
         "Training: {} jobs drawn from {} BE/Burstable tasks of the Alibaba GPU trace 2023, offering {:.0} GPUs of work ({}× what inference leaves); checkpoints every {}–{} min",
         c.training_jobs, c.task_shapes, s.training_offered_gpus, k.training_load, k.checkpoint_min.0, k.checkpoint_min.1
     );
+    if c.tasks_left_out > 0 {
+        let _ = writeln!(
+            out,
+            "  ({} tasks left out: their gpu_spec names no model of the fleet)",
+            c.tasks_left_out
+        );
+    }
+    if let Some(m) = c.fleets.iter().find_map(|f| f.mig.as_ref()) {
+        let instances: Vec<String> = m
+            .instances
+            .iter()
+            .map(|(p, n)| format!("{n} × {p}"))
+            .collect();
+        let _ = writeln!(
+            out,
+            "MIG (Tessera): the last {} nodes ({} GPUs) laid out `{}`: {}; {} jobs fit a profile and ask for one",
+            m.nodes,
+            m.gpus,
+            k.mig_layout,
+            instances.join(", "),
+            m.jobs
+        );
+    }
     let _ = writeln!(
         out,
         "Averages over time after a {} h warm-up.\n",
         k.warmup_hours
     );
-    let rows: Vec<Row> = vec![
+    let mut rows: Vec<Row> = vec![
         (
             "GPUs allocated (%)",
             Box::new(|f| format!("{:.1}", f.allocated_pct)),
@@ -123,6 +149,27 @@ pub fn table(c: &Comparison) -> String {
         ),
         ("wall (s)", Box::new(|f| format!("{:.1}", f.wall_s))),
     ];
+    if c.fleets.iter().any(|f| f.mig.is_some()) {
+        let mig: Vec<Row> = vec![
+            (
+                "  on MIG GPUs: allocated / used (%)",
+                Box::new(|f| {
+                    f.mig.as_ref().map_or("–".into(), |m| {
+                        format!("{:.1} / {:.1}", m.allocated_pct, m.used_pct)
+                    })
+                }),
+            ),
+            (
+                "  MIG jobs started / asking",
+                Box::new(|f| {
+                    f.mig
+                        .as_ref()
+                        .map_or("–".into(), |m| format!("{} / {}", m.started, m.jobs))
+                }),
+            ),
+        ];
+        rows.splice(2..2, mig);
+    }
     let first = rows
         .iter()
         .map(|(n, _)| n.chars().count())

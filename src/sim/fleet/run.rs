@@ -24,11 +24,11 @@ use serde::Serialize;
 
 use super::config::{FleetKind, Knobs};
 use super::demand::{Job, Service};
+use super::nodes::{self, MigGroups};
 use crate::autoscale::engine::replicas_for;
-use crate::autoscale::{Observation, Reading, Scaler, ScalerSpec, Settings};
+use crate::autoscale::{Coupling, Observation, Reading, Scaler, ScalerSpec, Settings};
 use crate::placement::{
-    Cluster, Demand, NodeSpec, Placement, Policy, PolicyContext, Request, SplitMix64, TieBreak,
-    Workload,
+    Cluster, Demand, Placement, Policy, PolicyContext, Request, SplitMix64, TieBreak, Workload,
 };
 use crate::quota::api::ResourceFlavor;
 use crate::quota::fixtures::{cluster_queue, flavor, local_queue};
@@ -114,6 +114,13 @@ pub fn sizing(services: &[Service], knobs: &Knobs) -> Result<Sizing, RunError> {
         Some(s) => (f64::from(knobs.gpus) * s).round() as u32,
         None => pool as u32,
     };
+    let outside_mig = knobs.gpus - knobs.mig_gpus();
+    if knobs.mig_nodes > 0 && quota >= outside_mig {
+        return Err(RunError::Sizing(format!(
+            "--mig-nodes {}: leaves {outside_mig} GPUs outside MIG, and inference's quota needs {quota} of them (replicas take whole GPUs)",
+            knobs.mig_nodes
+        )));
+    }
     Ok(Sizing {
         inference_peak_gpus: peak as u32,
         inference_mean_gpus: mean,
@@ -169,6 +176,22 @@ pub struct TrainingStats {
     pub rework_gpu_min_per_preemption: f64,
 }
 
+/// Tessera's MIG nodes (`--mig-nodes`).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct MigStats {
+    pub nodes: u32,
+    pub gpus: u32,
+    /// Instances per profile in the fleet.
+    pub instances: Vec<(String, u32)>,
+    /// Time-averaged after the warm-up, as a share of the MIG GPUs: compute slices held
+    /// by placed instances, and what their tasks use of them.
+    pub allocated_pct: f64,
+    pub used_pct: f64,
+    /// Jobs that ask for a MIG instance, and those of them started.
+    pub jobs: usize,
+    pub started: usize,
+}
+
 /// Time spent in each engine, per decision.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
 pub struct Costs {
@@ -202,6 +225,8 @@ pub struct FleetResult {
     pub admitted_unplaced_pct: f64,
     pub inference: InferenceStats,
     pub training: TrainingStats,
+    /// Tessera's MIG nodes, when the run has some.
+    pub mig: Option<MigStats>,
     pub costs: Costs,
     pub series: Vec<SeriesPoint>,
     pub wall_s: f64,
@@ -216,6 +241,9 @@ struct Pod {
     owner: Owner,
     cluster: usize,
     demand: Demand,
+    /// GPU capacity it holds once placed (milli): the demand's, or a MIG instance's
+    /// compute slices.
+    held_milli: u64,
     /// What the task really uses (GPU-milli).
     used_milli: u64,
     placed: Option<(Placement, Time)>,
@@ -251,6 +279,15 @@ struct Sim<'a> {
     bases: Vec<WorkloadInfo>,
     clusters: Vec<Cluster>,
     policies: Vec<Box<dyn Policy>>,
+    /// Tessera's MIG nodes: group `g` is cluster `mig_base + g`.
+    mig: MigGroups,
+    mig_base: usize,
+    /// The MIG group each job asks for (`None`: a vGPU share or whole GPUs).
+    job_mig: Vec<Option<usize>>,
+    /// The fleet's model names, `--gpu-models` order (a job's model bits index it).
+    models: Vec<String>,
+    mig_held_milli: u64,
+    mig_used_milli: u64,
     rng: SplitMix64,
     pods: HashMap<String, Pod>,
     unplaced: BTreeMap<u64, String>,
@@ -282,20 +319,6 @@ fn timed<T>(acc: &mut u128, f: impl FnOnce() -> T) -> T {
     out
 }
 
-fn nodes(prefix: &str, gpus: u32, knobs: &Knobs) -> Vec<NodeSpec> {
-    (0..gpus / u32::from(knobs.gpus_per_node))
-        .map(|i| {
-            NodeSpec::new(
-                &format!("{prefix}-{i}"),
-                1_000_000,
-                1 << 30,
-                knobs.gpus_per_node,
-                &knobs.gpu_model,
-            )
-        })
-        .collect()
-}
-
 fn scaler_settings(knobs: &Knobs, name: &str) -> Result<Settings, RunError> {
     let spec: ScalerSpec = serde_json::from_value(serde_json::json!({
         "scaleTargetRef": {"name": name},
@@ -325,7 +348,14 @@ impl<'a> Sim<'a> {
         let mut engine = Engine::new(EngineConfig::default());
         let rf: ResourceFlavor = flavor("gpu");
         engine.apply_flavor(&rf, 0)?;
-        let train_quota = knobs.gpus - sizing.inference_quota_gpus;
+        let mig = if kind == FleetKind::Tessera {
+            MigGroups::new(knobs)
+        } else {
+            MigGroups::default()
+        };
+        let mig_nodes = if mig.is_empty() { 0 } else { knobs.mig_nodes };
+        let train_quota =
+            knobs.gpus - mig_nodes * u32::from(knobs.gpus_per_node) - sizing.inference_quota_gpus;
         let (inf_q, train_q) = if kind.shared() {
             (sizing.inference_quota_gpus, train_quota)
         } else {
@@ -342,6 +372,18 @@ impl<'a> Sim<'a> {
                 .preemption("{reclaimWithinCohort: Any, withinClusterQueue: Never}");
             train = train.cohort("fleet");
         }
+        // MIG nodes advertise no `nvidia.com/gpu`, only their instances: training's
+        // nominal quota of each profile is the fleet's instances of it.
+        // (A flavor per profile: Kueue lets a flavor serve one resource group.)
+        for g in &mig.groups {
+            let name = format!("mig-{}", g.profile);
+            engine.apply_flavor(&flavor(&name), 0)?;
+            train = train.quota(
+                &name,
+                &g.resource,
+                i64::from(g.instances(knobs.gpus_per_node)),
+            );
+        }
         if knobs.min_runtime_min > 0.0 {
             let secs = (knobs.min_runtime_min * 60.0).round() as u64;
             train = train.preemption(&format!("{{minimumRuntime: {secs}s}}"));
@@ -351,14 +393,30 @@ impl<'a> Sim<'a> {
         engine.apply_local_queue(&local_queue("infer", "serve", "inference"), 0)?;
         engine.apply_local_queue(&local_queue("train", "batch", "training"), 0)?;
 
-        let specs: Vec<Vec<NodeSpec>> = if kind.shared() {
-            vec![nodes("node", knobs.gpus, knobs)]
+        let all: Vec<&str> = knobs.node_models().collect();
+        let per_node = knobs.gpus_per_node;
+        let specs = if kind.shared() {
+            let general = all.len() - mig_nodes as usize;
+            let mut v = vec![nodes::specs(
+                "node",
+                all[..general].iter().copied(),
+                per_node,
+            )];
+            v.extend((0..mig.groups.len()).map(|g| mig.specs(g, &all[general..])));
+            v
         } else {
+            let pool = (sizing.inference_pool_gpus / u32::from(per_node)) as usize;
             vec![
-                nodes("infer", sizing.inference_pool_gpus, knobs),
-                nodes("train", knobs.gpus - sizing.inference_pool_gpus, knobs),
+                nodes::specs("infer", all[..pool].iter().copied(), per_node),
+                nodes::specs("train", all[pool..].iter().copied(), per_node),
             ]
         };
+        let models: Vec<String> = knobs.model_names().into_iter().map(String::from).collect();
+        let job_mig: Vec<Option<usize>> = jobs
+            .iter()
+            .map(|j| mig.profile_for(j.shape.num_gpu, j.shape.gpu_milli, j.shape.models))
+            .collect();
+        let mig_base = 1;
         let mut clusters = specs
             .into_iter()
             .map(Cluster::new)
@@ -367,12 +425,19 @@ impl<'a> Sim<'a> {
         let mut policies: Vec<Box<dyn Policy>> = Vec::new();
         for (ci, cluster) in clusters.iter_mut().enumerate() {
             let mut demands = Vec::new();
+            let group = (!mig.is_empty() && ci >= mig_base).then(|| ci - mig_base);
             if kind.shared() || ci == 1 {
-                for j in jobs {
-                    demands.push(cluster.demand(&request(kind, j))?);
+                for (j, g) in jobs.iter().zip(&job_mig) {
+                    if *g == group {
+                        demands.push(cluster.demand(&job_request(kind, j, *g, &models))?);
+                    }
                 }
             }
-            if kind.shared() || ci == 0 {
+            if group.is_some() {
+                if demands.is_empty() {
+                    demands.push(cluster.demand(&Request::whole(0, 0, 1))?);
+                }
+            } else if kind.shared() || ci == 0 {
                 for s in services {
                     let d = cluster.demand(&Request::whole(0, 0, s.gpus))?;
                     demands.extend(std::iter::repeat_n(d, s.peak(knobs.horizon()) as usize));
@@ -407,6 +472,12 @@ impl<'a> Sim<'a> {
             bases,
             clusters,
             policies,
+            mig,
+            mig_base,
+            job_mig,
+            models,
+            mig_held_milli: 0,
+            mig_used_milli: 0,
             rng: SplitMix64::new(knobs.seed),
             pods: HashMap::new(),
             unplaced: BTreeMap::new(),
@@ -482,10 +553,11 @@ impl<'a> Sim<'a> {
             .and_then(|s| s.parse::<usize>().ok())
         {
             let job = &self.jobs[j];
+            let mig = self.job_mig[j];
             (
                 Owner::Job(j),
-                self.training_cluster(),
-                request(self.kind, job),
+                mig.map_or(self.training_cluster(), |g| self.mig_base + g),
+                job_request(self.kind, job, mig, &self.models),
                 job.shape.milli(),
             )
         } else if let Some(i) = replica_service(key) {
@@ -500,6 +572,10 @@ impl<'a> Sim<'a> {
             return Ok(());
         };
         let demand = self.clusters[cluster].demand(&req)?;
+        let held_milli = match self.mig_group(cluster) {
+            Some(g) => self.mig.groups[g].milli(),
+            None => demand.total_milli(),
+        };
         self.seq += 1;
         self.pods.insert(
             key.to_string(),
@@ -507,6 +583,7 @@ impl<'a> Sim<'a> {
                 owner,
                 cluster,
                 demand,
+                held_milli,
                 used_milli,
                 placed: None,
                 seq: self.seq,
@@ -519,6 +596,7 @@ impl<'a> Sim<'a> {
 
     /// Tries to place an admitted pod; it stays waiting when no node can take it.
     fn place(&mut self, key: &str, now: Time) -> Result<(), RunError> {
+        let mig_from = self.mig_from();
         let Some(pod) = self.pods.get_mut(key) else {
             return Ok(());
         };
@@ -533,6 +611,10 @@ impl<'a> Sim<'a> {
         cluster.apply(&pod.demand, &p)?;
         pod.placed = Some((p, now));
         self.unplaced.remove(&pod.seq);
+        if pod.cluster >= mig_from {
+            self.mig_held_milli += pod.held_milli;
+            self.mig_used_milli += pod.used_milli;
+        }
         match pod.owner {
             Owner::Job(j) => {
                 self.train_used_milli += pod.used_milli;
@@ -560,6 +642,10 @@ impl<'a> Sim<'a> {
         };
         self.clusters[pod.cluster].release(&pod.demand, &p)?;
         self.released = true;
+        if pod.cluster >= self.mig_from() {
+            self.mig_held_milli -= pod.held_milli;
+            self.mig_used_milli -= pod.used_milli;
+        }
         match pod.owner {
             Owner::Job(j) => {
                 self.train_used_milli -= pod.used_milli;
@@ -650,13 +736,38 @@ impl<'a> Sim<'a> {
         Ok(())
     }
 
+    /// The first MIG cluster (`usize::MAX` when the fleet has no MIG nodes).
+    fn mig_from(&self) -> usize {
+        if self.mig.is_empty() {
+            usize::MAX
+        } else {
+            self.mig_base
+        }
+    }
+
+    fn mig_group(&self, cluster: usize) -> Option<usize> {
+        cluster.checked_sub(self.mig_from())
+    }
+
+    /// Clusters of whole GPUs (all but the MIG ones).
+    fn gpu_clusters(&self) -> &[Cluster] {
+        &self.clusters[..self.mig_from().min(self.clusters.len())]
+    }
+
     fn allocated_milli(&self) -> u64 {
-        self.clusters.iter().map(Cluster::allocated_gpu_milli).sum()
+        self.gpu_clusters()
+            .iter()
+            .map(Cluster::allocated_gpu_milli)
+            .sum::<u64>()
+            + self.mig_held_milli
     }
 
     fn fragmented_milli(&self) -> u64 {
         let mut stranded = 0u64;
-        for c in &self.clusters {
+        if let Some(mig) = self.clusters.get(self.mig_from()..) {
+            stranded += self.mig.stranded_milli(mig);
+        }
+        for c in self.gpu_clusters() {
             for n in 0..c.len() {
                 for g in &c.node(n).gpus {
                     if g.milli > 0 && g.milli < 1000 {
@@ -669,12 +780,29 @@ impl<'a> Sim<'a> {
     }
 }
 
-fn request(kind: FleetKind, j: &Job) -> Request {
+/// What job `j` asks the placement engine for: one instance of its MIG group's
+/// cluster, a share of one GPU (Tessera), or whole GPUs; on the models of its
+/// `gpu_spec` (`models`: the fleet's model names).
+fn job_request(kind: FleetKind, j: &Job, mig: Option<usize>, models: &[String]) -> Request {
     let s = j.shape;
-    if kind.fractional() && s.num_gpu == 1 && s.gpu_milli < 1000 {
+    let r = if mig.is_some() {
+        Request::whole(0, 0, 1)
+    } else if kind.fractional() && s.num_gpu == 1 && s.gpu_milli < 1000 {
         Request::shared(0, 0, s.gpu_milli)
     } else {
         Request::whole(0, 0, s.num_gpu)
+    };
+    match s.models {
+        Some(mask) => {
+            let names: Vec<&str> = models
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| (mask >> i) & 1 == 1)
+                .map(|(_, m)| m.as_str())
+                .collect();
+            r.on_models(&names)
+        }
+        None => r,
     }
 }
 
@@ -685,12 +813,16 @@ fn replica_service(key: &str) -> Option<usize> {
     svc.parse().ok()
 }
 
-fn job_workload(kind: FleetKind, i: usize, j: &Job) -> WorkloadInfo {
+/// Job `i` as the quota engine's workload: charged one instance of its MIG profile's
+/// resource, a share of `nvidia.com/gpu` in milli-GPUs (Tessera), or whole GPUs.
+fn job_workload(kind: FleetKind, i: usize, j: &Job, mig: Option<&str>) -> WorkloadInfo {
     let s = j.shape;
-    let per_pod = if kind.fractional() && s.num_gpu == 1 && s.gpu_milli < 1000 {
-        i64::from(s.gpu_milli)
-    } else {
-        i64::from(s.num_gpu) * 1000
+    let (resource, per_pod) = match mig {
+        Some(resource) => (resource, 1000),
+        None if kind.fractional() && s.num_gpu == 1 && s.gpu_milli < 1000 => {
+            (GPU, i64::from(s.gpu_milli))
+        }
+        None => (GPU, i64::from(s.num_gpu) * 1000),
     };
     let mut w = WorkloadInfo::new(&format!("train/j{i}"), "batch")
         .created(j.arrival)
@@ -698,7 +830,9 @@ fn job_workload(kind: FleetKind, i: usize, j: &Job) -> WorkloadInfo {
     w.pod_sets.push(PodSetInfo {
         name: "main".into(),
         count: 1,
-        requests: [(GPU.to_string(), Quantity(per_pod))].into_iter().collect(),
+        requests: [(resource.to_string(), Quantity(per_pod))]
+            .into_iter()
+            .collect(),
         ..Default::default()
     });
     w
@@ -752,7 +886,7 @@ pub fn run_fleet(
             .triggers
             .first()
             .map_or(0, |t| replicas_for(t, f64::from(s.at(0)), 0, 0));
-        scalers.push(Scaler::new(settings, kind.coupling()));
+        scalers.push(Scaler::new(settings, kind.coupling(knobs)));
         sim.set_replicas(i, want, 0, Coupled::default())?;
         polls.push(Reverse((polling * i as u64 / services.len() as u64, i)));
     }
@@ -765,6 +899,12 @@ pub fn run_fleet(
         (0u64, 0.0, 0.0, 0.0, 0.0, 0.0);
     let mut series = Vec::new();
     let mut next_progress = 0;
+    let mig_milli = if sim.mig.is_empty() {
+        0
+    } else {
+        u64::from(knobs.mig_gpus()) * 1000
+    };
+    let (mut mig_alloc_sum, mut mig_used_sum) = (0.0, 0.0);
     loop {
         let timer = sim.engine.next_timer().unwrap_or(Time::MAX);
         let now = [
@@ -814,7 +954,8 @@ pub fn run_fleet(
             if j.arrival > now {
                 break;
             }
-            let w = job_workload(kind, next_job, j);
+            let mig = sim.job_mig[next_job].map(|g| sim.mig.groups[g].resource.as_str());
+            let w = job_workload(kind, next_job, j, mig);
             sim.quota(|e| e.submit(now, w))?;
             next_job += 1;
             arrived = true;
@@ -841,10 +982,14 @@ pub fn run_fleet(
                 .unplaced
                 .values()
                 .filter_map(|k| sim.pods.get(k))
-                .map(|p| p.demand.total_milli())
+                .map(|p| p.held_milli)
                 .sum();
             unplaced_sum += unplaced as f64 / total_milli as f64;
             head_sum += headroom(&sim);
+            if mig_milli > 0 {
+                mig_alloc_sum += sim.mig_held_milli as f64 / mig_milli as f64;
+                mig_used_sum += sim.mig_used_milli as f64 / mig_milli as f64;
+            }
         }
         if now >= next_plot {
             next_plot = now + plot_every;
@@ -912,9 +1057,31 @@ pub fn run_fleet(
         ..sim.costs.clone()
     };
     let n = samples.max(1) as f64;
+    let mig = (!sim.mig.is_empty()).then(|| MigStats {
+        nodes: knobs.mig_nodes,
+        gpus: knobs.mig_gpus(),
+        instances: sim
+            .mig
+            .groups
+            .iter()
+            .map(|g| (g.profile.to_string(), g.instances(knobs.gpus_per_node)))
+            .collect(),
+        allocated_pct: 100.0 * mig_alloc_sum / n,
+        used_pct: 100.0 * mig_used_sum / n,
+        jobs: sim.job_mig.iter().filter(|g| g.is_some()).count(),
+        started: sim
+            .job_acc
+            .iter()
+            .zip(&sim.job_mig)
+            .filter(|(a, g)| g.is_some() && a.first_placed.is_some())
+            .count(),
+    });
     Ok(FleetResult {
         fleet: kind,
-        label: kind.label(),
+        label: match kind.coupling(knobs) {
+            Coupling::Off if kind == FleetKind::Tessera => "Tessera, uncoupled",
+            _ => kind.label(),
+        },
         gpus: knobs.gpus,
         allocated_pct: 100.0 * alloc_sum / n,
         used_pct: 100.0 * used_sum / n,
@@ -944,6 +1111,7 @@ pub fn run_fleet(
             rework_gpu_min_per_preemption: gpu_h(sim.rework_milli_ms) * 60.0
                 / sim.preemptions.max(1) as f64,
         },
+        mig,
         costs,
         series,
         wall_s: started.elapsed().as_secs_f64(),
@@ -973,6 +1141,65 @@ fn headroom(sim: &Sim) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn job(num_gpu: u8, gpu_milli: u16, models: Option<u64>) -> Job {
+        Job {
+            arrival: 0,
+            shape: crate::sim::fleet::demand::TaskShape {
+                num_gpu,
+                gpu_milli,
+                duration: 60_000,
+                models,
+            },
+            checkpoint: 600_000,
+        }
+    }
+
+    #[test]
+    fn jobs_are_charged_and_placed_by_their_kind() {
+        let mig = "nvidia.com/mig-2g.20gb";
+        let cases = [
+            // (fleet, job, MIG resource) → (resource, milli-units), GPU demand
+            (
+                FleetKind::Tessera,
+                job(1, 220, None),
+                Some(mig),
+                (mig, 1000),
+            ),
+            (FleetKind::Tessera, job(1, 220, None), None, (GPU, 220)),
+            (FleetKind::Shared, job(1, 220, None), None, (GPU, 1000)),
+            (FleetKind::Tessera, job(4, 1000, None), None, (GPU, 4000)),
+        ];
+        for (kind, j, res, (want_res, want_q)) in cases {
+            let w = job_workload(kind, 7, &j, res);
+            let got: Vec<(&str, i64)> = w.pod_sets[0]
+                .requests
+                .iter()
+                .map(|(k, q)| (k.as_str(), q.0))
+                .collect();
+            assert_eq!(got, vec![(want_res, want_q)], "{kind:?} {res:?}");
+        }
+        let models = ["H100-80GB".to_string(), "A100-40GB".to_string()];
+        let r = job_request(
+            FleetKind::Tessera,
+            &job(1, 220, Some(0b10)),
+            Some(0),
+            &models,
+        );
+        assert_eq!(r, Request::whole(0, 0, 1).on_models(&["A100-40GB"]));
+        let r = job_request(FleetKind::Tessera, &job(1, 220, None), None, &models);
+        assert_eq!(r, Request::shared(0, 0, 220));
+        let r = job_request(
+            FleetKind::Dedicated,
+            &job(1, 220, Some(0b11)),
+            None,
+            &models,
+        );
+        assert_eq!(
+            r,
+            Request::whole(0, 0, 1).on_models(&["H100-80GB", "A100-40GB"])
+        );
+    }
 
     #[test]
     fn replica_keys_name_their_service() {
