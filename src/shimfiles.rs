@@ -633,15 +633,9 @@ pub fn read_limits(dirs: &AllocDirs, id: &str) -> Result<Option<Vec<UnitLimits>>
         })
 }
 
-/// One device-plugin allocation as the kubelet's checkpoint records it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckpointAllocation {
-    pub pod_uid: String,
-    pub container: String,
-    pub resource: String,
-    /// The device IDs in the order the checkpoint lists them.
-    pub device_ids: Vec<String>,
-}
+/// One device-plugin allocation as the kubelet's checkpoint records it (defined with
+/// the pure usage computation that joins it with PodResources).
+pub use crate::metrics::usage::CheckpointAllocation;
 
 /// A checkpoint entry's `DeviceIDs`, by NUMA node (`{"0": [...]}`) or as a plain list.
 fn device_ids(v: &serde_json::Value) -> Vec<String> {

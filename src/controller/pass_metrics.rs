@@ -386,6 +386,14 @@ mod tests {
             inc.preempted,
             vec![("b".to_string(), "InCohortReclamation".to_string())]
         );
+        // The eviction counts under the victim's LocalQueue too.
+        assert_eq!(
+            inc.lq_evicted,
+            vec![(
+                ("team".to_string(), "la".to_string()),
+                "Preempted".to_string()
+            )]
+        );
         // In one queue, by priority.
         let mut low = pod("low", "la", 4, true);
         low["spec"]["terminationGracePeriodSeconds"] = json!(30);
@@ -514,25 +522,6 @@ mod tests {
         // The admission counts under its LocalQueue with its wait.
         let inc = increments(&plan, &all(&plan), NOW);
         assert_eq!(inc.lq_admitted, vec![(lq("team", "lc"), 60.0)]);
-    }
-
-    #[test]
-    fn an_eviction_counts_under_the_victims_local_queue() {
-        let mut s = snapshot(vec![
-            pod("borrower", "la", 6, true),
-            pod("owner", "lb", 2, false),
-        ]);
-        s.cluster_queues[1].spec.preemption.reclaim_within_cohort =
-            crate::quota::api::ReclaimPolicy::Any;
-        let plan = decide(&s);
-        let inc = increments(&plan, &all(&plan), NOW);
-        assert_eq!(
-            inc.lq_evicted,
-            vec![(
-                ("team".to_string(), "la".to_string()),
-                "Preempted".to_string()
-            )]
-        );
     }
 
     #[test]

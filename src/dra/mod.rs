@@ -25,7 +25,7 @@ pub mod plugin;
 pub mod prepare;
 pub mod publish;
 pub mod registration;
-pub(crate) mod sharing;
+pub mod sharing;
 pub mod slices;
 pub(crate) mod status;
 pub mod status_queue;

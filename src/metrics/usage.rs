@@ -72,7 +72,7 @@ impl PodLabels {
 }
 
 /// One CUDA ordinal's limits from the container's limits file
-/// (`crate::shimfiles::UnitLimits`, converted by the sampler).
+/// (the shim's unit limits, converted by the sampler).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct UnitLimits {
     pub index: usize,
@@ -173,12 +173,22 @@ pub struct Sample<'a> {
     pub pod_uids: &'a BTreeMap<(String, String), String>,
 }
 
+/// One device-plugin allocation as the kubelet's checkpoint records it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointAllocation {
+    pub pod_uid: String,
+    pub container: String,
+    pub resource: String,
+    /// The device IDs in the order the checkpoint lists them.
+    pub device_ids: Vec<String>,
+}
+
 /// Each pod's UID, by joining the PodResources holders (namespace, pod, container and
 /// device IDs) with the kubelet's device checkpoint entries (pod UID, container and
 /// device IDs): a device is held by one container at a time.
 pub fn pod_uids(
     holders: &[Holder],
-    allocations: &[crate::shimfiles::CheckpointAllocation],
+    allocations: &[CheckpointAllocation],
 ) -> BTreeMap<(String, String), String> {
     let mut out = BTreeMap::new();
     for a in allocations {
@@ -1360,7 +1370,6 @@ mod tests {
 
     #[test]
     fn pod_uids_join_pod_resources_with_the_checkpoint_by_device() {
-        use crate::shimfiles::CheckpointAllocation;
         let holders = vec![
             holder("a", "nvidia.com/gpu", &["GPU-2::0"]),
             holder("b", "nvidia.com/gpu", &["GPU-2::1"]),

@@ -81,9 +81,11 @@ impl MigProfile {
         })
     }
 
-    /// The share of the GPU's compute this profile takes, in milli (rounded up).
+    /// The share of the GPU's compute this profile takes, in milli, rounded down: the
+    /// instances of one GPU have at most 7 slices, so their shares never add up to more
+    /// than the GPU (rounded up, seven `1g` instances would take 1,001 and only six fit).
     pub fn milli(&self) -> u16 {
-        (u16::from(self.compute_slices) * MILLI).div_ceil(7)
+        u16::from(self.compute_slices) * MILLI / 7
     }
 }
 
@@ -218,12 +220,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn mig_profiles_parse_and_round_up() {
+    fn mig_profiles_parse_and_a_full_gpu_of_instances_fits() {
         let table = [
-            ("1g.10gb", Some((1, 10, 143))),
-            ("3g.40gb", Some((3, 40, 429))),
+            ("1g.10gb", Some((1, 10, 142))),
+            ("3g.40gb", Some((3, 40, 428))),
             ("7g.80gb", Some((7, 80, 1000))),
         ];
+        let milli = |name: &str| u32::from(MigProfile::parse(name).unwrap().milli());
+        assert!(
+            7 * milli("1g.10gb") <= 1000,
+            "seven 1g instances on one GPU"
+        );
+        assert!(2 * milli("2g.20gb") + milli("3g.40gb") <= 1000);
+        assert!(milli("4g.40gb") + milli("3g.40gb") <= 1000);
         for (name, want) in table {
             let p = MigProfile::parse(name)
                 .ok()
