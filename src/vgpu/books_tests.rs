@@ -387,8 +387,13 @@ fn a_gpu_that_turns_unhealthy_keeps_its_pods_and_takes_no_more() {
 #[test]
 fn concurrent_binds_with_optimistic_reserves_never_overcommit() {
     use std::sync::{Barrier, Mutex};
+    // 16 slots per GPU so that every order of binds has room: the 50 pods take 75 of the
+    // 128 slots, 370 of the 800 cores and 197 of the 640 GiB, so however they are packed
+    // at least two GPUs have a slot, 10 cores and 4 GiB free for the last two-GPU pod
+    // (with 10 slots, 75 of 80, an order that fills seven GPUs leaves a two-GPU pod
+    // without room).
     let gpus = (0..8)
-        .map(|i| GpuRecord::new(&format!("gpu{i}"), "H100", H100_80))
+        .map(|i| GpuRecord::new(&format!("gpu{i}"), "H100", H100_80).with_slots(16))
         .collect();
     let shared = Mutex::new(NodeBooks::new("n", gpus));
     let conflicts = Mutex::new(0u32);
