@@ -79,6 +79,13 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
     assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
     assert!(page.ends_with("# EOF\n"), "{page}");
     let v = |page: &str, series: &str| sample(page, series).unwrap_or(f64::NAN);
+    // A LocalQueue family's sample for `lq` (its labels, then `extra` ones).
+    let lq_v = |page: &str, family: &str, extra: &str| {
+        v(
+            page,
+            &format!("tessera_local_queue_{family}{{{LQ}{extra}}}"),
+        )
+    };
     assert_eq!(
         v(&page, &format!("tessera_admitted_workloads_total{{{CQ}}}")),
         2.0,
@@ -153,22 +160,10 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
         (0.0, 1.0),
         "{page}"
     );
-    assert_eq!(
-        v(
-            &page,
-            &format!("tessera_local_queue_admitted_workloads_total{{{LQ}}}")
-        ),
-        2.0
-    );
+    assert_eq!(lq_v(&page, "admitted_workloads_total", ""), 2.0);
     let lq_wait = "tessera_local_queue_admission_wait_time_seconds";
     assert_eq!(v(&page, &format!("{lq_wait}_sum{{{LQ}}}")), 120.0);
-    assert_eq!(
-        v(
-            &page,
-            &format!("tessera_local_queue_admitted_active_workloads{{{LQ}}}")
-        ),
-        2.0
-    );
+    assert_eq!(lq_v(&page, "admitted_active_workloads", ""), 2.0);
     assert_eq!(
         v(&page, &format!("tessera_admitted_active_workloads{{{CQ}}}")),
         2.0
@@ -245,13 +240,7 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
         ),
         4.0
     );
-    assert_eq!(
-        v(
-            &page,
-            &format!("tessera_local_queue_admitted_active_workloads{{{LQ}}}")
-        ),
-        1.0
-    );
+    assert_eq!(lq_v(&page, "admitted_active_workloads", ""), 1.0);
     assert_eq!(
         v(
             &page,
@@ -281,13 +270,7 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
     );
     assert_eq!(v(&page, &format!("{wait}_sum{{{CQ}}}")), 184.0);
     assert_eq!(v(&page, &format!("{lq_wait}_sum{{{LQ}}}")), 184.0);
-    assert_eq!(
-        v(
-            &page,
-            &format!("tessera_local_queue_admitted_active_workloads{{{LQ}}}")
-        ),
-        2.0
-    );
+    assert_eq!(lq_v(&page, "admitted_active_workloads", ""), 2.0);
     assert_eq!(
         (pending(&page, "active"), pending(&page, "inadmissible")),
         (0.0, 1.0),
