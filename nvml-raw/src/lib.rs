@@ -419,44 +419,6 @@ impl ComputeInstance<'_> {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn struct_version_puts_version_in_top_byte() {
-        let v = struct_version::<sys::nvmlGpuInstanceProfileInfo_v2_t>(2);
-        assert_eq!(v >> 24, 2);
-        assert_eq!(
-            (v & 0x00ff_ffff) as usize,
-            mem::size_of::<sys::nvmlGpuInstanceProfileInfo_v2_t>()
-        );
-    }
-
-    #[test]
-    fn c_names_stop_at_nul_or_buffer_end() {
-        let mut buf = [0 as c_char; 8];
-        for (i, b) in b"MIG 1g".iter().enumerate() {
-            buf[i] = *b as c_char;
-        }
-        assert_eq!(c_chars_to_string(&buf), "MIG 1g");
-        let full = [b'a' as c_char; 4];
-        assert_eq!(c_chars_to_string(&full), "aaaa");
-    }
-
-    #[test]
-    fn profile_names_lose_the_mig_prefix() {
-        for (raw, want) in [
-            ("MIG 1g.10gb", "1g.10gb"),
-            ("1g.10gb+me", "1g.10gb+me"),
-            ("  MIG 7g.80gb ", "7g.80gb"),
-            ("", ""),
-        ] {
-            assert_eq!(clean_profile_name(raw), want, "{raw:?}");
-        }
-    }
-}
-
 /// A GPM sample of one MIG GPU instance (`nvmlGpmMigSampleGet`), kept from one usage
 /// read to the next so the activity between them can be computed
 /// ([`gpm_graphics_util`]). `nvml-wrapper`'s `GpmSample` borrows its `Nvml`, which the
@@ -522,5 +484,43 @@ pub fn gpm_graphics_util(earlier: &GpmMigSample, later: &GpmMigSample) -> Result
     match results.into_iter().next() {
         Some(r) => r.map(|m| m.value),
         None => Err(NvmlError::Unknown),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn struct_version_puts_version_in_top_byte() {
+        let v = struct_version::<sys::nvmlGpuInstanceProfileInfo_v2_t>(2);
+        assert_eq!(v >> 24, 2);
+        assert_eq!(
+            (v & 0x00ff_ffff) as usize,
+            mem::size_of::<sys::nvmlGpuInstanceProfileInfo_v2_t>()
+        );
+    }
+
+    #[test]
+    fn c_names_stop_at_nul_or_buffer_end() {
+        let mut buf = [0 as c_char; 8];
+        for (i, b) in b"MIG 1g".iter().enumerate() {
+            buf[i] = *b as c_char;
+        }
+        assert_eq!(c_chars_to_string(&buf), "MIG 1g");
+        let full = [b'a' as c_char; 4];
+        assert_eq!(c_chars_to_string(&full), "aaaa");
+    }
+
+    #[test]
+    fn profile_names_lose_the_mig_prefix() {
+        for (raw, want) in [
+            ("MIG 1g.10gb", "1g.10gb"),
+            ("1g.10gb+me", "1g.10gb+me"),
+            ("  MIG 7g.80gb ", "7g.80gb"),
+            ("", ""),
+        ] {
+            assert_eq!(clean_profile_name(raw), want, "{raw:?}");
+        }
     }
 }
