@@ -409,6 +409,16 @@ impl Cache {
         }
     }
 
+    /// The cached copy of the `kind` object `key`, if a store of that kind holds it
+    /// (what a write starts from instead of a GET: its resourceVersion makes a stale copy
+    /// fail with 409).
+    pub fn object(&self, kind: &str, key: &Key) -> Option<Value> {
+        self.stores()
+            .into_iter()
+            .filter(|s| s.resource.kind == kind)
+            .find_map(|s| s.get(key))
+    }
+
     /// Forgets an object this instance found gone (404).
     pub fn forget(&self, kind: &str, key: &Key) {
         for s in self.stores() {

@@ -391,6 +391,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
             plan.actions.push(Action::Pending {
                 workload: l.key.clone(),
                 objects: l.objects.clone(),
+                new_reason: l.recorded.as_ref().map(|(r, _)| r) != Some(&reason),
                 reason,
                 message,
             });

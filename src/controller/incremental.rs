@@ -1615,6 +1615,7 @@ fn fast_pass(
             plan.actions.push(Action::Pending {
                 workload: key.to_string(),
                 objects: l.objects.clone(),
+                new_reason: l.recorded.as_ref().map(|(r, _)| r) != Some(&reason),
                 reason,
                 message,
             });

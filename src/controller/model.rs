@@ -55,6 +55,19 @@ pub enum ObjKind {
     StatefulSet,
 }
 
+impl ObjKind {
+    /// The API kind (`Pod`, `Job`, …), as the cache's stores name theirs.
+    pub fn name(self) -> &'static str {
+        match self {
+            ObjKind::Pod => "Pod",
+            ObjKind::Job => "Job",
+            ObjKind::Deployment => "Deployment",
+            ObjKind::ReplicaSet => "ReplicaSet",
+            ObjKind::StatefulSet => "StatefulSet",
+        }
+    }
+}
+
 impl From<ServingKind> for ObjKind {
     fn from(k: ServingKind) -> Self {
         match k {
@@ -103,12 +116,15 @@ pub enum Action {
     },
     /// All pods of the admitted workload are Ready: record it (the timeout is over).
     PodsReady { workload: String, object: ObjRef },
-    /// Record why the workload waits (pod condition / Job annotations, and an Event).
+    /// Record why the workload waits (pod condition / Job annotations), and an Event
+    /// when the reason is new: a message alone changing (a queue position moving) is
+    /// written but not announced.
     Pending {
         workload: String,
         objects: Vec<ObjRef>,
         reason: String,
         message: String,
+        new_reason: bool,
     },
     /// Annotate a serving owner with its admitted / desired replicas (`"2/4"`).
     Replicas { owner: ObjRef, value: String },

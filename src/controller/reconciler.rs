@@ -10,8 +10,10 @@
 //!              │ own writes     └────────── resync / renew interval ◄──────────┘ POST eviction, Events
 //!              └───────────────────────────────────────────────────────────────┘
 //! ```
-//! Writes GET the object and PUT it back with that resourceVersion: a concurrent change
-//! makes the write fail with 409 and the next pass decides again. What the API server
+//! Writes start from the cache's copy of the object (a GET without a cache) and PUT it
+//! back with that resourceVersion; a copy behind the API server gets 409 and is read
+//! once more; a concurrent change after that fails the write and the next pass decides
+//! again. What the API server
 //! answers to a write goes into the cache at once, so the next pass reads its own writes
 //! even before their watch events arrive. A cached pass decides from the changes since
 //! the last one ([`super::incremental`]; [`PassState::with_cache_rebuilding`] decides
@@ -173,16 +175,6 @@ fn eviction_refused(e: &Error) -> Option<String> {
     }
 }
 
-fn kind_name(k: ObjKind) -> &'static str {
-    match k {
-        ObjKind::Pod => "Pod",
-        ObjKind::Job => "Job",
-        ObjKind::Deployment => "Deployment",
-        ObjKind::ReplicaSet => "ReplicaSet",
-        ObjKind::StatefulSet => "StatefulSet",
-    }
-}
-
 /// Puts a write's outcome into the cache (if any): the stored object, or its absence.
 fn seen(cache: Option<&Cache>, r: &ObjRef, result: Result<Written>) -> Result<()> {
     let Some(cache) = cache else {
@@ -190,14 +182,14 @@ fn seen(cache: Option<&Cache>, r: &ObjRef, result: Result<Written>) -> Result<()
     };
     match result {
         Ok(Some(v)) => {
-            cache.observe(kind_name(r.kind), &v);
+            cache.observe(r.kind.name(), &v);
             Ok(())
         }
         Ok(None) => Ok(()),
         Err(e) => {
             if e.is_not_found() {
                 let key: Key = (r.namespace.clone(), r.name.clone());
-                cache.forget(kind_name(r.kind), &key);
+                cache.forget(r.kind.name(), &key);
             }
             Err(e)
         }
@@ -444,6 +436,7 @@ pub(crate) async fn apply_with(
                 objects,
                 reason,
                 message,
+                new_reason,
             } => {
                 for r in objects.iter().take(
                     if objects.first().is_some_and(|o| o.kind == ObjKind::Job) {
@@ -458,7 +451,7 @@ pub(crate) async fn apply_with(
                         tracing::warn!(error = %e, %workload, "recording pending reason");
                     }
                 }
-                if let Some(r) = objects.first() {
+                if let (Some(r), true) = (objects.first(), *new_reason) {
                     w.event(r, reason, message, false, now).await;
                 }
             }

@@ -185,6 +185,7 @@ fn update_for<'a>(
             objects,
             reason,
             message,
+            ..
         } => {
             let mut u = base(cx, workload, owners_of(objects.iter().cloned()), live);
             u.admission = Some(None);

@@ -6,8 +6,12 @@
 //! are unit-tested without HTTP (`apply_tests.rs`); [`KubeWrites`] is the one that calls
 //! the API server.
 //!
-//! Each write GETs the object and PUTs it back with that resourceVersion: a concurrent
-//! change makes it fail with 409 and the next pass decides again. A write answers the
+//! Each write edits the cache's copy of the object (a GET without a cache) and PUTs it
+//! back with that resourceVersion; a copy behind the API server gets 409 and the write
+//! starts once more from a GET; a 409 after that is a concurrent change, and the next
+//! pass decides again. An edit that changes nothing sends nothing. A pending reason is
+//! announced with an Event only when the reason is new, not when its message alone
+//! changes (a queue place moving). A write answers the
 //! object as stored ([`Written`], for the cache).
 
 use super::cache::Cache;
@@ -126,7 +130,7 @@ impl Writes for KubeWrites<'_> {
         partial: Option<u32>,
         now: Millis,
     ) -> Result<Written> {
-        admit(self.client, r, selector, partial, now).await
+        admit(self.client, self.cache, r, selector, partial, now).await
     }
 
     async fn delete_excess(&self, r: &ObjRef) -> Result<bool> {
@@ -138,15 +142,15 @@ impl Writes for KubeWrites<'_> {
     }
 
     async fn suspend(&self, r: &ObjRef, requeue: Option<u32>, now: Millis) -> Result<Written> {
-        suspend_job(self.client, r, requeue, now).await
+        suspend_job(self.client, self.cache, r, requeue, now).await
     }
 
     async fn record_requeue(&self, r: &ObjRef, count: u32, now: Millis) -> Result<Written> {
-        record_requeue(self.client, r, count, now).await
+        record_requeue(self.client, self.cache, r, count, now).await
     }
 
     async fn record_ready(&self, r: &ObjRef, now: Millis) -> Result<Written> {
-        record_ready(self.client, r, now).await
+        record_ready(self.client, self.cache, r, now).await
     }
 
     async fn record_pending(
@@ -156,11 +160,11 @@ impl Writes for KubeWrites<'_> {
         message: &str,
         now: Millis,
     ) -> Result<Written> {
-        record_pending(self.client, r, reason, message, now).await
+        record_pending(self.client, self.cache, r, reason, message, now).await
     }
 
     async fn annotate_replicas(&self, r: &ObjRef, value: &str) -> Result<Written> {
-        annotate_replicas(self.client, r, value).await
+        annotate_replicas(self.client, self.cache, r, value).await
     }
 
     async fn write_requeue_state(
@@ -214,6 +218,68 @@ async fn get_value(api: &Api<DynamicObject>, r: &ObjRef) -> Result<Value> {
         what: format!("encode {}", r.name),
         source,
     })
+}
+
+/// Which endpoint a read-modify-write PUTs to.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Part {
+    Main,
+    Status,
+}
+
+/// Reads `r`, lets `edit` change it and PUTs it back with the resourceVersion read;
+/// an edit that changes nothing writes nothing (`Ok(None)`). The read is the cache's copy when
+/// passes read one (no GET: the pass's write is one request); if that copy lags behind
+/// the API server the PUT fails with 409 and the write starts once more from a GET, as
+/// a write without a cache does. A 409 after that is the pass's answer: the object
+/// changed meanwhile, and the next pass decides again.
+async fn update(
+    client: &kube::Client,
+    r: &ObjRef,
+    cache: Option<&Cache>,
+    part: Part,
+    edit: impl Fn(&mut Value),
+) -> Result<Written> {
+    let api = api_for(client, r);
+    let key = (r.namespace.clone(), r.name.clone());
+    if let Some(v) = cache.and_then(|c| c.object(r.kind.name(), &key)) {
+        let Some(v) = edited(v, &edit) else {
+            return Ok(None);
+        };
+        match put(&api, r, v, part).await {
+            Err(e) if e.is_conflict() => {
+                tracing::debug!(object = %r.name, "cached copy behind the API server; read again")
+            }
+            done => return done,
+        }
+    }
+    match edited(get_value(&api, r).await?, &edit) {
+        Some(v) => put(&api, r, v, part).await,
+        None => Ok(None),
+    }
+}
+
+/// `v` after `edit`, or `None` when the edit changed nothing.
+fn edited(mut v: Value, edit: impl Fn(&mut Value)) -> Option<Value> {
+    let before = v.clone();
+    edit(&mut v);
+    (v != before).then_some(v)
+}
+
+async fn put(api: &Api<DynamicObject>, r: &ObjRef, v: Value, part: Part) -> Result<Written> {
+    let obj = to_dynamic(v, &r.name)?;
+    let pp = PostParams::default();
+    let answer = match part {
+        Part::Main => api.replace(&r.name, &pp, &obj).await,
+        Part::Status => api.replace_status(&r.name, &pp, &obj).await,
+    };
+    let what = match part {
+        Part::Main => "update",
+        Part::Status => "update status",
+    };
+    answer
+        .map(written)
+        .map_err(Error::api(format!("{what} {}/{}", r.namespace, r.name)))
 }
 
 /// Deletes a gated pod a partial admission left out of its group. It is read first and
@@ -283,31 +349,24 @@ pub fn written(obj: DynamicObject) -> Written {
     serde_json::to_value(obj).ok()
 }
 
-async fn replace(api: &Api<DynamicObject>, r: &ObjRef, v: Value) -> Result<Written> {
-    let obj = to_dynamic(v, &r.name)?;
-    let obj = api
-        .replace(&r.name, &PostParams::default(), &obj)
-        .await
-        .map_err(Error::api(format!("update {}/{}", r.namespace, r.name)))?;
-    Ok(written(obj))
-}
-
 /// Ungates a pod / unsuspends a Job. `partial` (a partial admission) is recorded on a
 /// pod and becomes a Job's `parallelism`, its old value kept to put back on eviction.
 async fn admit(
     client: &kube::Client,
+    cache: Option<&Cache>,
     r: &ObjRef,
     selector: &BTreeMap<String, String>,
     partial: Option<u32>,
     now: Millis,
 ) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    set_annotation(&mut v, ADMITTED_AT_ANNOTATION, Some(&rfc3339(now)));
-    match r.kind {
-        ObjKind::Pod => {
+    if !matches!(r.kind, ObjKind::Pod | ObjKind::Job) {
+        return Ok(None);
+    }
+    update(client, r, cache, Part::Main, |v| {
+        set_annotation(v, ADMITTED_AT_ANNOTATION, Some(&rfc3339(now)));
+        if r.kind == ObjKind::Pod {
             if let Some(k) = partial {
-                set_annotation(&mut v, ADMITTED_COUNT_ANNOTATION, Some(&k.to_string()));
+                set_annotation(v, ADMITTED_COUNT_ANNOTATION, Some(&k.to_string()));
             }
             let spec = &mut v["spec"];
             if let Some(gates) = spec["schedulingGates"].as_array_mut() {
@@ -319,35 +378,34 @@ async fn admit(
                 }
             }
             merge_selector(spec, selector);
-        }
-        ObjKind::Job => {
+        } else {
             v["spec"]["suspend"] = json!(false);
             if let Some(p) = partial {
                 let full = v["spec"]["parallelism"].as_u64().unwrap_or(1);
-                if annotation(&v, ORIGINAL_PARALLELISM_ANNOTATION).is_none() {
-                    set_annotation(
-                        &mut v,
-                        ORIGINAL_PARALLELISM_ANNOTATION,
-                        Some(&full.to_string()),
-                    );
+                if annotation(v, ORIGINAL_PARALLELISM_ANNOTATION).is_none() {
+                    set_annotation(v, ORIGINAL_PARALLELISM_ANNOTATION, Some(&full.to_string()));
                 }
                 v["spec"]["parallelism"] = json!(p);
             }
             merge_selector(&mut v["spec"]["template"]["spec"], selector);
-            set_annotation(&mut v, PENDING_REASON_ANNOTATION, None);
-            set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, None);
+            set_annotation(v, PENDING_REASON_ANNOTATION, None);
+            set_annotation(v, PENDING_MESSAGE_ANNOTATION, None);
         }
-        ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => return Ok(None),
-    }
-    replace(&api, r, v).await
+    })
+    .await
 }
 
 /// Writes `tessera.io/admitted-replicas` on a serving owner.
-async fn annotate_replicas(client: &kube::Client, r: &ObjRef, value: &str) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    set_annotation(&mut v, ADMITTED_REPLICAS_ANNOTATION, Some(value));
-    replace(&api, r, v).await
+async fn annotate_replicas(
+    client: &kube::Client,
+    cache: Option<&Cache>,
+    r: &ObjRef,
+    value: &str,
+) -> Result<Written> {
+    update(client, r, cache, Part::Main, |v| {
+        set_annotation(v, ADMITTED_REPLICAS_ANNOTATION, Some(value));
+    })
+    .await
 }
 
 /// POSTs a `policy/v1` Eviction with the pod's grace period in `deleteOptions`; the
@@ -390,95 +448,112 @@ async fn evict_pod(
 /// Suspends a Job; `requeue` (a pods-ready timeout) records the requeue count and time.
 async fn suspend_job(
     client: &kube::Client,
+    cache: Option<&Cache>,
     r: &ObjRef,
     requeue: Option<u32>,
     now: Millis,
 ) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    v["spec"]["suspend"] = json!(true);
-    // A partial admission is over: the Job queues again with its full size.
-    if let Some(full) =
-        annotation(&v, ORIGINAL_PARALLELISM_ANNOTATION).and_then(|p| p.parse::<u32>().ok())
-    {
-        v["spec"]["parallelism"] = json!(full);
-    }
-    set_annotation(&mut v, ORIGINAL_PARALLELISM_ANNOTATION, None);
-    set_annotation(&mut v, ADMITTED_AT_ANNOTATION, None);
-    set_annotation(&mut v, PODS_READY_AT_ANNOTATION, None);
-    if let Some(n) = requeue {
-        set_annotation(&mut v, REQUEUE_COUNT_ANNOTATION, Some(&n.to_string()));
-        set_annotation(&mut v, EVICTED_AT_ANNOTATION, Some(&rfc3339(now)));
-    }
-    replace(&api, r, v).await
+    update(client, r, cache, Part::Main, |v| {
+        v["spec"]["suspend"] = json!(true);
+        // A partial admission is over: the Job queues again with its full size.
+        if let Some(full) =
+            annotation(v, ORIGINAL_PARALLELISM_ANNOTATION).and_then(|p| p.parse::<u32>().ok())
+        {
+            v["spec"]["parallelism"] = json!(full);
+        }
+        set_annotation(v, ORIGINAL_PARALLELISM_ANNOTATION, None);
+        set_annotation(v, ADMITTED_AT_ANNOTATION, None);
+        set_annotation(v, PODS_READY_AT_ANNOTATION, None);
+        if let Some(n) = requeue {
+            set_annotation(v, REQUEUE_COUNT_ANNOTATION, Some(&n.to_string()));
+            set_annotation(v, EVICTED_AT_ANNOTATION, Some(&rfc3339(now)));
+        }
+    })
+    .await
 }
 
 /// Records a pods-ready timeout on a pod or a serving owner (the requeue count and
 /// time), as `suspend_job` does on a Job: the workload's next pods are held by them.
 async fn record_requeue(
     client: &kube::Client,
+    cache: Option<&Cache>,
     r: &ObjRef,
     count: u32,
     now: Millis,
 ) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    set_annotation(&mut v, REQUEUE_COUNT_ANNOTATION, Some(&count.to_string()));
-    set_annotation(&mut v, EVICTED_AT_ANNOTATION, Some(&rfc3339(now)));
-    replace(&api, r, v).await
+    update(client, r, cache, Part::Main, |v| {
+        set_annotation(v, REQUEUE_COUNT_ANNOTATION, Some(&count.to_string()));
+        set_annotation(v, EVICTED_AT_ANNOTATION, Some(&rfc3339(now)));
+    })
+    .await
 }
 
 /// Records that all pods of the object's workload were Ready (once).
-async fn record_ready(client: &kube::Client, r: &ObjRef, now: Millis) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
-    set_annotation(&mut v, PODS_READY_AT_ANNOTATION, Some(&rfc3339(now)));
-    replace(&api, r, v).await
+async fn record_ready(
+    client: &kube::Client,
+    cache: Option<&Cache>,
+    r: &ObjRef,
+    now: Millis,
+) -> Result<Written> {
+    update(client, r, cache, Part::Main, |v| {
+        set_annotation(v, PODS_READY_AT_ANNOTATION, Some(&rfc3339(now)));
+    })
+    .await
 }
 
+/// Records why a workload waits: a pod's `CONDITION_TYPE` condition (status False),
+/// whose `lastTransitionTime` moves only when it was not False already (Kubernetes'
+/// rule for conditions: a new reason or message is not a transition), or a Job's
+/// annotations. Serving owners carry no reason.
 async fn record_pending(
     client: &kube::Client,
+    cache: Option<&Cache>,
     r: &ObjRef,
     reason: &str,
     message: &str,
     now: Millis,
 ) -> Result<Written> {
-    let api = api_for(client, r);
-    let mut v = get_value(&api, r).await?;
     match r.kind {
         ObjKind::Pod => {
-            let condition = json!({"type": CONDITION_TYPE, "status": "False", "reason": reason,
-                                   "message": message, "lastTransitionTime": rfc3339(now / 1000 * 1000)});
-            if !v["status"].is_object() {
-                v["status"] = json!({});
-            }
-            let conds = v["status"]["conditions"]
-                .as_array()
-                .cloned()
-                .unwrap_or_default();
-            let mut conds: Vec<Value> = conds
-                .into_iter()
-                .filter(|c| c["type"] != CONDITION_TYPE)
-                .collect();
-            conds.push(condition);
-            v["status"]["conditions"] = Value::Array(conds);
-            let obj = to_dynamic(v, &r.name)?;
-            let obj = api
-                .replace_status(&r.name, &PostParams::default(), &obj)
-                .await
-                .map_err(Error::api(format!(
-                    "update status {}/{}",
-                    r.namespace, r.name
-                )))?;
-            Ok(written(obj))
+            update(client, r, cache, Part::Status, |v| {
+                pending_condition(v, reason, message, now);
+            })
+            .await
         }
         ObjKind::Job => {
-            set_annotation(&mut v, PENDING_REASON_ANNOTATION, Some(reason));
-            set_annotation(&mut v, PENDING_MESSAGE_ANNOTATION, Some(message));
-            replace(&api, r, v).await
+            update(client, r, cache, Part::Main, |v| {
+                set_annotation(v, PENDING_REASON_ANNOTATION, Some(reason));
+                set_annotation(v, PENDING_MESSAGE_ANNOTATION, Some(message));
+            })
+            .await
         }
         ObjKind::Deployment | ObjKind::ReplicaSet | ObjKind::StatefulSet => Ok(None),
     }
+}
+
+/// Sets the pod's pending condition to `reason` / `message`.
+fn pending_condition(pod: &mut Value, reason: &str, message: &str, now: Millis) {
+    if !pod["status"].is_object() {
+        pod["status"] = json!({});
+    }
+    let conds = pod["status"]["conditions"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    let since = conds
+        .iter()
+        .find(|c| c["type"] == CONDITION_TYPE && c["status"] == "False")
+        .and_then(|c| c["lastTransitionTime"].as_str().map(String::from))
+        .unwrap_or_else(|| rfc3339(now / 1000 * 1000));
+    let mut conds: Vec<Value> = conds
+        .into_iter()
+        .filter(|c| c["type"] != CONDITION_TYPE)
+        .collect();
+    conds.push(
+        json!({"type": CONDITION_TYPE, "status": "False", "reason": reason,
+                      "message": message, "lastTransitionTime": since}),
+    );
+    pod["status"]["conditions"] = Value::Array(conds);
 }
 
 /// An `events.k8s.io/v1` Event about `r` (note capped at the API's 1 kB).
@@ -545,5 +620,72 @@ async fn emit(
     let api: Api<KubeEvent> = Api::namespaced(client.clone(), &r.namespace);
     if let Err(e) = api.create(&PostParams::default(), &ev).await {
         tracing::warn!(error = %e, object = %r.name, "writing Event");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const T0: Millis = 1_763_467_200_000; // 2025-11-18T12:00:00Z
+
+    fn condition(pod: &Value) -> Value {
+        pod["status"]["conditions"]
+            .as_array()
+            .and_then(|c| c.iter().find(|c| c["type"] == CONDITION_TYPE))
+            .cloned()
+            .unwrap_or(Value::Null)
+    }
+
+    #[test]
+    fn a_pending_condition_moves_its_transition_time_only_when_it_becomes_false() {
+        let mut pod = json!({"status": {"conditions": [
+            {"type": "Ready", "status": "False"},
+            {"type": CONDITION_TYPE, "status": "True", "lastTransitionTime": "2025-11-18T11:00:00Z"}]}});
+        pending_condition(&mut pod, "Queued", "position 3", T0);
+        let first = condition(&pod);
+        assert_eq!(
+            first["lastTransitionTime"], "2025-11-18T12:00:00Z",
+            "{first}"
+        );
+        assert_eq!(first["status"], "False");
+        // The position moves later: same status, new message, the transition stays.
+        pending_condition(&mut pod, "Queued", "position 2", T0 + 60_000);
+        let second = condition(&pod);
+        assert_eq!(second["message"], "position 2");
+        assert_eq!(second["lastTransitionTime"], "2025-11-18T12:00:00Z");
+        // A new reason while still False is not a transition either (Kubernetes' rule).
+        pending_condition(&mut pod, "Preempted", "by team/x", T0 + 120_000);
+        assert_eq!(
+            condition(&pod)["lastTransitionTime"],
+            "2025-11-18T12:00:00Z"
+        );
+        // Other conditions are kept; the pod has one condition of the type.
+        let conds = pod["status"]["conditions"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert_eq!(conds.len(), 2, "{conds:?}");
+        assert!(conds.iter().any(|c| c["type"] == "Ready"));
+    }
+
+    #[test]
+    fn an_edit_that_changes_nothing_is_not_written() {
+        let mut pod = json!({"metadata": {"name": "p"}});
+        pending_condition(&mut pod, "Queued", "position 3", T0);
+        let same = edited(pod.clone(), |v| {
+            pending_condition(v, "Queued", "position 3", T0 + 1_000)
+        });
+        assert!(
+            same.is_none(),
+            "rewriting the same reason and message is no write"
+        );
+        let moved = edited(pod, |v| {
+            pending_condition(v, "Queued", "position 2", T0 + 1_000)
+        });
+        assert_eq!(
+            moved.map(|v| condition(&v)["message"].clone()),
+            Some(json!("position 2"))
+        );
     }
 }
