@@ -44,7 +44,9 @@
 //! head of the queue of N and every waiting pod moves up (its writes are printed too:
 //! places past the first 10 are ranges, so a few reasons are rewritten, not N).
 //! `BENCH_MODES=incr` (or
-//! `rebuild,incr`, `list`) runs only the modes named.
+//! `rebuild,incr`, `list`) runs only the modes named. `BENCH_API_DELAY_US=N` answers
+//! every request but a WATCH N µs late after the warm-up (a round trip to an API server
+//! across a network: the cost of a pass's writes in waiting, not in work).
 //!
 //! `cargo test --all-targets` runs it once with N = 50 and one round, as a smoke test.
 
@@ -459,6 +461,9 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         pass_with(&client, &c, &mut state, NOW + i).await.unwrap();
     }
     assert!(!gated(&s, "big"), "the 4-GPU pod is admitted");
+    if let Some(d) = api_delay() {
+        s.delay_requests(d);
+    }
     let mut point = Point::default();
     for r in 0..rounds {
         let name = format!("small-{r}");
@@ -629,6 +634,16 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
     point
 }
 
+/// `BENCH_API_DELAY_US`: every request to the double but a WATCH answered that late
+/// (the round trip to an API server across a network), from the first measured pass on.
+fn api_delay() -> Option<Duration> {
+    std::env::var("BENCH_API_DELAY_US")
+        .ok()
+        .and_then(|v| v.trim().parse::<u64>().ok())
+        .filter(|&us| us > 0)
+        .map(Duration::from_micros)
+}
+
 fn ms(d: Duration) -> String {
     format!("{:.2} ms", d.as_secs_f64() * 1e3)
 }
@@ -665,6 +680,9 @@ async fn main() {
             }
         });
     println!("controller pass admitting 1 small pod beside N pending pods ({rounds} rounds, p50)");
+    if let Some(d) = api_delay() {
+        println!("every request but a WATCH answered {d:?} late (BENCH_API_DELAY_US; the `timeout`, `backoff end` and `held` runs without)");
+    }
     println!(
         "{:>6} | {:>10} {:>5} | {:>12} {:>12} | {:>10} {:>10} {:>11} {:>9} {:>7} {:>7} {:>9} {:>11} | {:>13} {:>10} | {:>8}",
         "N",

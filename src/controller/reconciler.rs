@@ -35,7 +35,7 @@ pub use super::snapshot::{list_priority_classes, snapshot, snapshot_cached};
 use super::time::Millis;
 use super::workload_record::Update;
 use super::workload_writer;
-use super::writes::{written, KubeWrites, Writes, Written};
+use super::writes::{at_most, written, KubeWrites, Writes, Written};
 use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, DynamicObject, PostParams};
 use serde_json::{json, Value};
@@ -237,7 +237,9 @@ pub async fn apply_counted(
     apply_with(&writes, cfg, plan, evictions, cache, now).await
 }
 
-/// The reconciler's rules over any [`Writes`]: actions in plan order; an admission
+/// The reconciler's rules over any [`Writes`]: actions in plan order, the waiting
+/// workloads' reasons last and [`REASON_WRITES_IN_FLIGHT`] at a time (each writes its own
+/// objects; a reason recorded for an evicted workload comes after its eviction); an admission
 /// deferred while the API server holds newer requeue state; a partial admission's extra
 /// pods deleted only once the admitted ones are ungated; a pods-ready timeout recorded
 /// on its serving owner before any pod goes, and not evicted at all when its requeue
@@ -257,6 +259,8 @@ pub(crate) async fn apply_with(
     let mut unrecorded: std::collections::BTreeSet<String> = Default::default();
     // Requeue state ConfigMaps read fresh in this apply, per namespace.
     let mut read_now = BTreeMap::new();
+    // The waiting workloads' reasons, written after everything else.
+    let mut reasons = Vec::new();
     for (index, action) in plan.actions.iter().enumerate() {
         match action {
             Action::Admit {
@@ -431,30 +435,7 @@ pub(crate) async fn apply_with(
                     unrecorded.extend(set.iter().map(|e| e.workload.clone()));
                 }
             },
-            Action::Pending {
-                workload,
-                objects,
-                reason,
-                message,
-                new_reason,
-            } => {
-                for r in objects.iter().take(
-                    if objects.first().is_some_and(|o| o.kind == ObjKind::Job) {
-                        1
-                    } else {
-                        objects.len()
-                    },
-                ) {
-                    let result = w.record_pending(r, reason, message, now).await;
-                    if let Err(e) = seen(cache, r, result) {
-                        failed += 1;
-                        tracing::warn!(error = %e, %workload, "recording pending reason");
-                    }
-                }
-                if let (Some(r), true) = (objects.first(), *new_reason) {
-                    w.event(r, reason, message, false, now).await;
-                }
-            }
+            Action::Pending { .. } => reasons.push(action),
             Action::PodsReady { workload, object } => {
                 let result = w.record_ready(object, now).await;
                 if let Err(e) = seen(cache, object, result) {
@@ -471,7 +452,59 @@ pub(crate) async fn apply_with(
             }
         }
     }
+    // Collected first: a closure held across the awaits would make the pass's future
+    // not `Send` for every lifetime (rustc's higher-ranked closure limitation).
+    let writes: Vec<_> = reasons
+        .into_iter()
+        .map(|a| write_reason(w, a, cache, now))
+        .collect();
+    failed += at_most(writes, REASON_WRITES_IN_FLIGHT)
+        .await
+        .into_iter()
+        .sum::<usize>();
     Applied { failed, done }
+}
+
+/// How many waiting workloads' reasons are written at once: each is one request to
+/// its own objects, so a pass that moves a long queue's line waits for a few round
+/// trips to the API server, not one per workload.
+pub const REASON_WRITES_IN_FLIGHT: usize = 16;
+
+/// Writes a `Pending` action's reason on its objects (a Job's on the Job alone) and,
+/// when the reason is new, an Event; returns how many writes failed.
+async fn write_reason(
+    w: &impl Writes,
+    action: &Action,
+    cache: Option<&Cache>,
+    now: Millis,
+) -> usize {
+    let Action::Pending {
+        workload,
+        objects,
+        reason,
+        message,
+        new_reason,
+    } = action
+    else {
+        return 0;
+    };
+    let mut failed = 0;
+    let carriers = if objects.first().is_some_and(|o| o.kind == ObjKind::Job) {
+        1
+    } else {
+        objects.len()
+    };
+    for r in objects.iter().take(carriers) {
+        let result = w.record_pending(r, reason, message, now).await;
+        if let Err(e) = seen(cache, r, result) {
+            failed += 1;
+            tracing::warn!(error = %e, %workload, "recording pending reason");
+        }
+    }
+    if let (Some(r), true) = (objects.first(), *new_reason) {
+        w.event(r, reason, message, false, now).await;
+    }
+    failed
 }
 
 /// Writes `status.admittedWorkloads` / `pendingWorkloads` of each ClusterQueue that

@@ -19,8 +19,10 @@ use super::error::{Error, Result};
 use super::resources::crd_resource;
 use super::time::{rfc3339, Millis};
 use super::workload_record::{OwnerRef, Update, WorkloadSpec, WorkloadStatus, KEY_ANNOTATION};
+use super::writes::at_most;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{json, Value};
+use std::collections::BTreeMap;
 
 /// 409 Conflict / AlreadyExists answers taken (each followed by a fresh GET) before a
 /// record's write fails.
@@ -31,19 +33,54 @@ pub fn resource() -> ApiResource {
     crd_resource("Workload", "workloads")
 }
 
-/// Writes every update (in order: a later one for the same workload applies on top of
-/// an earlier one); returns the updates whose write failed, to try again.
+/// How many records are written at once (each its own object).
+pub const RECORDS_IN_FLIGHT: usize = 16;
+
+/// Writes every update: a workload's in order (a later one applies on top of an
+/// earlier one), [`RECORDS_IN_FLIGHT`] workloads at a time. Returns the updates whose
+/// write failed, to try again, in the order given.
 pub async fn write(
     client: &kube::Client,
     updates: &[Update],
     cache: Option<&Cache>,
     now: Millis,
 ) -> Vec<Update> {
+    let mut per_workload: Vec<Vec<usize>> = Vec::new();
+    let mut slot: BTreeMap<&str, usize> = BTreeMap::new();
+    for (i, u) in updates.iter().enumerate() {
+        let at = *slot.entry(u.key.as_str()).or_insert_with(|| {
+            per_workload.push(Vec::new());
+            per_workload.len() - 1
+        });
+        per_workload[at].push(i);
+    }
+    let writes: Vec<_> = per_workload
+        .into_iter()
+        .map(|indices| write_in_order(client, updates, indices, cache, now))
+        .collect();
+    let mut failed: Vec<usize> = at_most(writes, RECORDS_IN_FLIGHT)
+        .await
+        .into_iter()
+        .flatten()
+        .collect();
+    failed.sort_unstable();
+    failed.into_iter().map(|i| updates[i].clone()).collect()
+}
+
+/// Writes `updates[i]` for each of `indices` in turn; gives the indices that failed.
+async fn write_in_order(
+    client: &kube::Client,
+    updates: &[Update],
+    indices: Vec<usize>,
+    cache: Option<&Cache>,
+    now: Millis,
+) -> Vec<usize> {
     let mut failed = Vec::new();
-    for u in updates {
+    for i in indices {
+        let u = &updates[i];
         if let Err(e) = write_one(client, u, cache, now).await {
             tracing::warn!(error = %e, workload = %u.key, "writing Workload record; retried next pass");
-            failed.push(u.clone());
+            failed.push(i);
         }
     }
     failed

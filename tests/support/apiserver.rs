@@ -36,7 +36,8 @@
 //! resource does not register is `400 BadRequest` ("field label not supported"); a POST
 //! with a name that is not a DNS subdomain is `422 Invalid`. Each POST gets a distinct
 //! `creationTimestamp` (one second after the previous; the real one has one-second
-//! resolution too).
+//! resolution too). [`ApiServer::delay_requests`] answers every request but a WATCH a
+//! fixed time late, as a server across a network is (the round trip a client waits).
 //! Not modelled: authentication, admission, field managers / server-side apply.
 
 #![allow(dead_code)]
@@ -108,6 +109,31 @@ struct Store {
     /// Kinds served beyond the built-in ones ([`ApiServer::serve_kind`]): group version
     /// → (plural, kind, has `/scale`).
     extra_kinds: BTreeMap<String, Vec<(String, String, bool)>>,
+    /// How late every request but a WATCH is answered ([`ApiServer::delay_requests`]).
+    delay: Option<std::time::Duration>,
+    /// Requests other than WATCHes being answered now, and the most at once.
+    in_flight: usize,
+    max_in_flight: usize,
+}
+
+/// Counts a request in flight while it lives.
+struct InFlight(Arc<Mutex<Store>>);
+
+impl InFlight {
+    fn start(store: &Arc<Mutex<Store>>) -> InFlight {
+        let mut st = store.lock().unwrap();
+        st.in_flight += 1;
+        st.max_in_flight = st.max_in_flight.max(st.in_flight);
+        InFlight(store.clone())
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        if let Ok(mut st) = self.0.lock() {
+            st.in_flight -= 1;
+        }
+    }
 }
 
 type StatusHook = Box<dyn FnOnce(&mut Value) + Send>;
@@ -250,6 +276,19 @@ impl ApiServer {
     /// (it would have done more).
     pub fn crashed(&self) -> bool {
         self.store.lock().unwrap().refused_after_crash > 0
+    }
+
+    /// From now on every request but a WATCH is answered `delay` late (a round trip
+    /// to a server across a network; the requests of concurrent clients overlap).
+    pub fn delay_requests(&self, delay: std::time::Duration) {
+        self.store.lock().unwrap().delay = Some(delay);
+    }
+
+    /// The most requests (WATCHes aside) answered at once so far, and forgets it.
+    pub fn take_max_in_flight(&self) -> usize {
+        let mut st = self.store.lock().unwrap();
+        let now = st.in_flight;
+        std::mem::replace(&mut st.max_in_flight, now)
     }
 
     /// Ends every [`Self::fail_requests`] and [`Self::crash_after_writes`].
@@ -433,6 +472,12 @@ impl ApiServer {
         let method = req.method().clone();
         let path = req.uri().path().trim_end_matches('/').to_string();
         let query = parse_query(req.uri().query().unwrap_or(""));
+        let watch = query.get("watch").is_some_and(|w| w == "true");
+        let _counted = (!watch).then(|| InFlight::start(&self.store));
+        let delay = self.store.lock().unwrap().delay;
+        if let (Some(d), false) = (delay, watch) {
+            tokio::time::sleep(d).await;
+        }
         let fails = {
             let mut st = self.store.lock().unwrap();
             st.log.push((
