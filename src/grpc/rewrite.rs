@@ -281,14 +281,29 @@ impl HeaderRewriter {
 
     fn finish_block(&mut self, block: OpenBlock, out: &mut Vec<u8>) -> Result<(), Error> {
         let mut fields: Vec<(Vec<u8>, Vec<u8>)> = Vec::new();
-        self.decoder
-            .decode_with_cb(&block.fragment, |n, v| {
+        // fluke-hpack 0.3 panics on some truncated blocks (a dynamic table size update
+        // whose integer runs past the end): caught, it is the malformed block it is. The
+        // connection ends on this error, so the decoder is not used again.
+        let decoded = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            self.decoder.decode_with_cb(&block.fragment, |n, v| {
                 fields.push((n.into_owned(), v.into_owned()))
             })
-            .map_err(|e| Error::Hpack {
-                stream: block.stream,
-                reason: format!("{e:?}"),
-            })?;
+        }));
+        match decoded {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                return Err(Error::Hpack {
+                    stream: block.stream,
+                    reason: format!("{e:?}"),
+                })
+            }
+            Err(_) => {
+                return Err(Error::Hpack {
+                    stream: block.stream,
+                    reason: "malformed header block (the HPACK decoder gave up)".into(),
+                })
+            }
+        }
         let mut encoded = Vec::with_capacity(block.fragment.len() * 2);
         let mut changed = false;
         for (name, value) in &fields {

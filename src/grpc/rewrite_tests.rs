@@ -307,6 +307,27 @@ fn table_size_updates_beyond_the_servers_setting_are_refused() {
     assert!(matches!(err, Error::Hpack { stream: 1, .. }), "{err:?}");
 }
 
+/// A HEADERS frame (with priority fields) whose block is one byte: a dynamic table size
+/// update whose integer runs past the end. The HPACK crate panics on it; the rewriter
+/// answers an HPACK error (found by the property test below).
+#[test]
+fn a_truncated_table_size_update_is_an_error_not_a_panic() {
+    let mut input = PREFACE.to_vec();
+    input.extend(frame(
+        TYPE_HEADERS,
+        FLAG_END_HEADERS | FLAG_PRIORITY,
+        1,
+        &[0, 0, 0, 0, 0, 0x3f],
+    ));
+    for chunk in [1, 64] {
+        let result = run(AuthorityPolicy::FixInvalid, &input, chunk);
+        assert!(
+            matches!(result, Err(Error::Hpack { stream: 1, .. })),
+            "{result:?}"
+        );
+    }
+}
+
 proptest::proptest! {
     /// Arbitrary header-block bytes and frame flags, in arbitrary chunks: an error at
     /// worst, never a panic.
