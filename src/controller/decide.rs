@@ -475,6 +475,33 @@ pub(super) fn subjects(
             _ => {}
         }
     }
+    // A workload whose pods became Ready: its queues from the engine, its wait from its
+    // objects (the engine of a pass from scratch restores a running workload with its
+    // creation, not its last requeue).
+    for a in actions {
+        if let Action::PodsReady {
+            workload,
+            queued_at,
+            ..
+        } = a
+        {
+            if out.contains_key(workload) {
+                continue;
+            }
+            if let (Some(cq), Some((ns, lq))) = (
+                engine.cluster_queue_of(workload),
+                engine.local_queue_of(workload),
+            ) {
+                let subject = Subject {
+                    cluster_queue: cq.to_string(),
+                    local_queue: (ns.to_string(), lq.to_string()),
+                    created: *queued_at,
+                    admitted_now: false,
+                };
+                out.insert(workload.clone(), subject);
+            }
+        }
+    }
     out
 }
 

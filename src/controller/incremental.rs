@@ -1730,6 +1730,8 @@ impl Kept {
                 out.push(Action::PodsReady {
                     workload: l.key.clone(),
                     object: first.clone(),
+                    queued_at: pods_ready::queued_at(l),
+                    admitted_at: l.admitted_at,
                 });
             } else if pods_ready::timed_out(cfg, l.admitted_at, now) {
                 return Err("bookkeeping: a pods-ready timeout not taken");

@@ -250,6 +250,20 @@ pub struct ControllerMetrics {
     pub lq_status: Family<LocalQueueActiveLabels, Gauge>,
     pub lq_usage: Family<LocalQuotaLabels, Gauge<f64, AtomicU64>>,
     pub lq_reservation: Family<LocalQuotaLabels, Gauge<f64, AtomicU64>>,
+    /// Kueue's quota-reservation families: without admission checks a workload's quota
+    /// is reserved in the pass that admits it, so these follow the admission ones.
+    pub quota_reserved: Family<QueueLabels, Counter>,
+    pub quota_reserved_wait: HistogramFamily<QueueLabels>,
+    pub reserving_active: Family<QueueLabels, Gauge>,
+    pub lq_quota_reserved: Family<LocalQueueLabels, Counter>,
+    pub lq_quota_reserved_wait: HistogramFamily<LocalQueueLabels>,
+    pub lq_reserving_active: Family<LocalQueueLabels, Gauge>,
+    /// Kueue's `waitForPodsReady` families: creation or requeue → all pods Ready, and
+    /// admission → all pods Ready.
+    pub ready_wait: HistogramFamily<QueueLabels>,
+    pub admitted_until_ready: HistogramFamily<QueueLabels>,
+    pub lq_ready_wait: HistogramFamily<LocalQueueLabels>,
+    pub lq_admitted_until_ready: HistogramFamily<LocalQueueLabels>,
     pub extender: ExtenderMetrics,
     /// The autoscaler's (`scaler_metrics.rs`): KEDA's names.
     pub scaler: super::scaler_metrics::ScalerMetrics,
@@ -288,6 +302,20 @@ impl ControllerMetrics {
             lq_status: Family::default(),
             lq_usage: Family::default(),
             lq_reservation: Family::default(),
+            quota_reserved: Family::default(),
+            quota_reserved_wait: Family::new_with_constructor(wait_histogram as fn() -> Histogram),
+            reserving_active: Family::default(),
+            lq_quota_reserved: Family::default(),
+            lq_quota_reserved_wait: Family::new_with_constructor(
+                wait_histogram as fn() -> Histogram,
+            ),
+            lq_reserving_active: Family::default(),
+            ready_wait: Family::new_with_constructor(wait_histogram as fn() -> Histogram),
+            admitted_until_ready: Family::new_with_constructor(wait_histogram as fn() -> Histogram),
+            lq_ready_wait: Family::new_with_constructor(wait_histogram as fn() -> Histogram),
+            lq_admitted_until_ready: Family::new_with_constructor(
+                wait_histogram as fn() -> Histogram,
+            ),
             extender: ExtenderMetrics::register(&mut registry),
             scaler: super::scaler_metrics::ScalerMetrics::register(&mut registry),
             written: Mutex::default(),
@@ -403,6 +431,58 @@ impl ControllerMetrics {
             "Quota the local queue's workloads reserve (used, plus held for its preemptors waiting for their victims), per flavor and resource",
             m.lq_reservation.clone(),
         );
+        let reserved = [
+            (
+                "quota_reserved_workloads",
+                "Workloads that got quota reserved per cluster_queue (here at their admission: no admission checks)",
+            ),
+            (
+                "quota_reserved_wait_time_seconds",
+                "Time from a workload's creation or requeue until its quota reservation, per cluster_queue",
+            ),
+            (
+                "reserving_active_workloads",
+                "Workloads reserving quota per cluster_queue (the admitted ones: no admission checks)",
+            ),
+        ];
+        registry.register(reserved[0].0, reserved[0].1, m.quota_reserved.clone());
+        registry.register(reserved[1].0, reserved[1].1, m.quota_reserved_wait.clone());
+        registry.register(reserved[2].0, reserved[2].1, m.reserving_active.clone());
+        registry.register(
+            "local_queue_quota_reserved_workloads",
+            "Workloads that got quota reserved per local queue (name, namespace)",
+            m.lq_quota_reserved.clone(),
+        );
+        registry.register(
+            "local_queue_quota_reserved_wait_time_seconds",
+            "Time from a workload's creation or requeue until its quota reservation, per local queue (name, namespace)",
+            m.lq_quota_reserved_wait.clone(),
+        );
+        registry.register(
+            "local_queue_reserving_active_workloads",
+            "Workloads reserving quota per local queue (name, namespace)",
+            m.lq_reserving_active.clone(),
+        );
+        registry.register(
+            "ready_wait_time_seconds",
+            "Time from a workload's creation or requeue until all its pods were Ready, per cluster_queue (waitForPodsReady)",
+            m.ready_wait.clone(),
+        );
+        registry.register(
+            "admitted_until_ready_wait_time_seconds",
+            "Time from a workload's admission until all its pods were Ready, per cluster_queue (waitForPodsReady)",
+            m.admitted_until_ready.clone(),
+        );
+        registry.register(
+            "local_queue_ready_wait_time_seconds",
+            "Time from a workload's creation or requeue until all its pods were Ready, per local queue (name, namespace; waitForPodsReady)",
+            m.lq_ready_wait.clone(),
+        );
+        registry.register(
+            "local_queue_admitted_until_ready_wait_time_seconds",
+            "Time from a workload's admission until all its pods were Ready, per local queue (name, namespace; waitForPodsReady)",
+            m.lq_admitted_until_ready.clone(),
+        );
         ControllerMetrics { registry, ..m }
     }
 
@@ -424,6 +504,8 @@ impl ControllerMetrics {
             };
             self.admitted.get_or_create(&l).inc();
             self.wait.get_or_create(&l).observe(*waited);
+            self.quota_reserved.get_or_create(&l).inc();
+            self.quota_reserved_wait.get_or_create(&l).observe(*waited);
         }
         for (cq, reason) in &inc.evicted {
             self.evicted
@@ -440,6 +522,25 @@ impl ControllerMetrics {
             };
             self.lq_admitted.get_or_create(&l).inc();
             self.lq_wait.get_or_create(&l).observe(*waited);
+            self.lq_quota_reserved.get_or_create(&l).inc();
+            self.lq_quota_reserved_wait
+                .get_or_create(&l)
+                .observe(*waited);
+        }
+        for r in &inc.ready {
+            let l = QueueLabels {
+                cluster_queue: r.cluster_queue.clone(),
+            };
+            self.ready_wait.get_or_create(&l).observe(r.since_queued);
+            self.admitted_until_ready
+                .get_or_create(&l)
+                .observe(r.since_admitted);
+            let (namespace, name) = r.local_queue.clone();
+            let l = LocalQueueLabels { name, namespace };
+            self.lq_ready_wait.get_or_create(&l).observe(r.since_queued);
+            self.lq_admitted_until_ready
+                .get_or_create(&l)
+                .observe(r.since_admitted);
         }
         for ((namespace, name), reason) in &inc.lq_evicted {
             self.lq_evicted
@@ -512,6 +613,7 @@ impl ControllerMetrics {
                 cluster_queue: cq.clone(),
             };
             self.admitted_active.get_or_create(&l).set(*v);
+            self.reserving_active.get_or_create(&l).set(*v);
             now.admitted_active.insert(l);
         }
         let lq = |(namespace, name): &(String, String)| LocalQueueLabels {
@@ -539,6 +641,7 @@ impl ControllerMetrics {
         for (id, v) in &g.lq_admitted_active {
             let l = lq(id);
             self.lq_admitted_active.get_or_create(&l).set(*v);
+            self.lq_reserving_active.get_or_create(&l).set(*v);
             now.lq_admitted_active.insert(l);
         }
         for r in &g.lq_quota {
@@ -572,6 +675,7 @@ impl ControllerMetrics {
         }
         for l in last.admitted_active.difference(&now.admitted_active) {
             self.admitted_active.remove(l);
+            self.reserving_active.remove(l);
         }
         for l in last.lq_pending.difference(&now.lq_pending) {
             self.lq_pending.remove(l);
@@ -581,6 +685,7 @@ impl ControllerMetrics {
         }
         for l in last.lq_admitted_active.difference(&now.lq_admitted_active) {
             self.lq_admitted_active.remove(l);
+            self.lq_reserving_active.remove(l);
         }
         for l in last.lq_quota.difference(&now.lq_quota) {
             self.lq_usage.remove(l);
@@ -625,6 +730,50 @@ mod tests {
     }
 
     #[test]
+    fn pods_ready_fills_kueues_ready_wait_histograms_per_cluster_and_local_queue() {
+        use crate::controller::model::{Action, ObjKind, ObjRef, Subject};
+        let now = 1_000_000;
+        let plan = Plan {
+            actions: vec![Action::PodsReady {
+                workload: "team/pod-x".into(),
+                object: ObjRef {
+                    kind: ObjKind::Pod,
+                    namespace: "team".into(),
+                    name: "x".into(),
+                },
+                queued_at: now - 90_000,
+                admitted_at: now - 30_000,
+            }],
+            subjects: [(
+                "team/pod-x".to_string(),
+                Subject {
+                    cluster_queue: "a".into(),
+                    local_queue: ("team".into(), "la".into()),
+                    created: now - 90_000,
+                    admitted_now: false,
+                },
+            )]
+            .into(),
+            ..Plan::default()
+        };
+        let m = ControllerMetrics::new();
+        m.record_pass(&plan, &[0], now, Duration::from_millis(1));
+        let page = m.encode();
+        for line in [
+            "tessera_ready_wait_time_seconds_sum{cluster_queue=\"a\"} 90.0",
+            "tessera_admitted_until_ready_wait_time_seconds_sum{cluster_queue=\"a\"} 30.0",
+            "tessera_local_queue_ready_wait_time_seconds_count{name=\"la\",namespace=\"team\"} 1",
+            "tessera_local_queue_admitted_until_ready_wait_time_seconds_sum{name=\"la\",namespace=\"team\"} 30.0",
+        ] {
+            assert!(page.contains(line), "{line} in\n{page}");
+        }
+        // Not recorded (its write failed): nothing observed.
+        let m = ControllerMetrics::new();
+        m.record_pass(&plan, &[], now, Duration::from_millis(1));
+        assert!(!m.encode().contains("ready_wait_time_seconds_count{"));
+    }
+
+    #[test]
     fn gauges_follow_the_books_and_a_queue_gone_loses_its_series() {
         let m = ControllerMetrics::new();
         let plan = Plan {
@@ -638,6 +787,7 @@ mod tests {
             "tessera_cluster_queue_status{cluster_queue=\"b\",status=\"active\"} 1",
             "tessera_cluster_queue_nominal_quota{cohort=\"\",cluster_queue=\"a\",flavor=\"h100\",resource=\"nvidia.com/gpu\"} 4.0",
             "tessera_admission_attempts_total{result=\"inadmissible\"} 1",
+            "tessera_reserving_active_workloads{cluster_queue=\"b\"} 1",
         ] {
             assert!(page.contains(line), "{line} missing from\n{page}");
         }
@@ -652,6 +802,10 @@ mod tests {
         m.forget_books();
         let page = m.encode();
         assert!(!page.contains("tessera_pending_workloads{"), "{page}");
+        assert!(
+            !page.contains("tessera_reserving_active_workloads{"),
+            "{page}"
+        );
         assert!(
             !page.contains("tessera_cluster_queue_nominal_quota{"),
             "{page}"

@@ -115,7 +115,14 @@ pub enum Action {
         requeue: Option<u32>,
     },
     /// All pods of the admitted workload are Ready: record it (the timeout is over).
-    PodsReady { workload: String, object: ObjRef },
+    /// `queued_at` / `admitted_at`: when it was created or last requeued, and admitted,
+    /// as its objects say (for the ready-wait metrics).
+    PodsReady {
+        workload: String,
+        object: ObjRef,
+        queued_at: Millis,
+        admitted_at: Millis,
+    },
     /// Record why the workload waits (pod condition / Job annotations), and an Event
     /// when the reason is new: a message alone changing (a queue position moving) is
     /// written but not announced.

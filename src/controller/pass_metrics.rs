@@ -35,12 +35,27 @@ pub struct Increments {
     pub lq_admitted: Vec<((String, String), f64)>,
     /// Per eviction: the evicted workload's LocalQueue and the reason, as `evicted`.
     pub lq_evicted: Vec<((String, String), String)>,
+    /// Per workload whose pods all became Ready (`waitForPodsReady`): its queues and
+    /// how long that took (seconds) since its creation or requeue and since its admission.
+    pub ready: Vec<Ready>,
+}
+
+/// A workload's pods all Ready, for Kueue's ready-wait histograms.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ready {
+    pub cluster_queue: String,
+    pub local_queue: (String, String),
+    /// Since its creation or requeue (`ready_wait_time_seconds`).
+    pub since_queued: f64,
+    /// Since its admission (`admitted_until_ready_wait_time_seconds`).
+    pub since_admitted: f64,
 }
 
 /// The increments of `plan` once the reconciler applied the actions at the indices
 /// `done` at time `now`: an `Admit` counts when the engine admitted its workload in this
 /// pass (not one finishing an earlier admission); an `Evict` counts with its reason,
-/// and as a preemption of the preemptor's queue when it has one.
+/// and as a preemption of the preemptor's queue when it has one; a `PodsReady` gives
+/// its waits.
 pub fn increments(plan: &Plan, done: &[usize], now: Millis) -> Increments {
     let mut out = Increments::default();
     for &i in done {
@@ -77,6 +92,22 @@ pub fn increments(plan: &Plan, done: &[usize], now: Millis) -> Increments {
                     .get(by)
                     .map_or_else(|| victim.cluster_queue.clone(), |p| p.cluster_queue.clone());
                 out.preempted.push((preempting, reason.clone()));
+            }
+            Some(Action::PodsReady {
+                workload,
+                queued_at,
+                admitted_at,
+                ..
+            }) => {
+                if let Some(s) = plan.subjects.get(workload) {
+                    let secs = |from: Millis| now.saturating_sub(from) as f64 / 1000.0;
+                    out.ready.push(Ready {
+                        cluster_queue: s.cluster_queue.clone(),
+                        local_queue: s.local_queue.clone(),
+                        since_queued: secs(*queued_at),
+                        since_admitted: secs(*admitted_at),
+                    });
+                }
             }
             _ => {}
         }
@@ -447,6 +478,46 @@ mod tests {
             vec![("a".to_string(), "PodsReadyTimeout".to_string())]
         );
         assert!(inc.preempted.is_empty());
+    }
+
+    #[test]
+    fn pods_ready_gives_its_waits_since_queued_and_since_admitted_once_recorded() {
+        let plan = Plan {
+            actions: vec![Action::PodsReady {
+                workload: "team/pod-x".into(),
+                object: crate::controller::model::ObjRef {
+                    kind: crate::controller::model::ObjKind::Pod,
+                    namespace: "team".into(),
+                    name: "x".into(),
+                },
+                queued_at: NOW - 90_000,
+                admitted_at: NOW - 30_000,
+            }],
+            subjects: [(
+                "team/pod-x".to_string(),
+                crate::controller::model::Subject {
+                    cluster_queue: "a".into(),
+                    local_queue: ("team".into(), "la".into()),
+                    created: NOW - 90_000,
+                    admitted_now: false,
+                },
+            )]
+            .into(),
+            ..Plan::default()
+        };
+        let inc = increments(&plan, &[0], NOW);
+        assert_eq!(
+            inc.ready,
+            vec![Ready {
+                cluster_queue: "a".into(),
+                local_queue: ("team".into(), "la".into()),
+                since_queued: 90.0,
+                since_admitted: 30.0,
+            }]
+        );
+        assert!(inc.admitted.is_empty() && inc.evicted.is_empty());
+        // Its write failed: nothing observed (the next pass records it and counts then).
+        assert!(increments(&plan, &[], NOW).ready.is_empty());
     }
 
     #[test]

@@ -55,6 +55,13 @@ pub(super) fn requeue_carrier(l: &Live) -> Option<ObjRef> {
     })
 }
 
+/// When `l` was created or, after a pods-ready timeout, requeued (what Kueue's ready
+/// wait runs from).
+pub(super) fn queued_at(l: &Live) -> Millis {
+    let created = l.info.as_ref().map_or(0, |i| i.creation);
+    l.requeue.map_or(created, |r| created.max(r.evicted_at))
+}
+
 /// Whether `l`'s requeue state is kept in the requeue state ConfigMap: a pod group or a
 /// pod without a serving owner (a Job and a serving owner carry their own).
 pub(super) fn state_kept_in_configmap(l: &Live) -> bool {
@@ -86,6 +93,8 @@ pub(super) fn timeouts(cfg: &WaitForPodsReady, s: &Snapshot, lives: &mut [Live],
             actions.push(Action::PodsReady {
                 workload: l.key.clone(),
                 object: first,
+                queued_at: queued_at(l),
+                admitted_at: l.admitted_at,
             });
         } else if timed_out(cfg, l.admitted_at, now) {
             l.state = State::Terminating;

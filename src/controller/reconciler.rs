@@ -220,7 +220,8 @@ pub struct Applied {
     /// Indices of the plan's actions that took effect: an `Admit` that ungated or
     /// unsuspended one of its objects (its workload runs now; the rest is finished by a
     /// later pass), an `Evict` whose every object was evicted, suspended or already gone
-    /// (one refused or failed is evicted again by a later pass, which counts then).
+    /// (one refused or failed is evicted again by a later pass, which counts then), a
+    /// `PodsReady` recorded.
     pub done: Vec<usize>,
 }
 
@@ -436,11 +437,16 @@ pub(crate) async fn apply_with(
                 }
             },
             Action::Pending { .. } => reasons.push(action),
-            Action::PodsReady { workload, object } => {
+            Action::PodsReady {
+                workload, object, ..
+            } => {
                 let result = w.record_ready(object, now).await;
-                if let Err(e) = seen(cache, object, result) {
-                    failed += 1;
-                    tracing::warn!(error = %e, %workload, "recording pods ready");
+                match seen(cache, object, result) {
+                    Ok(()) => done.push(index),
+                    Err(e) => {
+                        failed += 1;
+                        tracing::warn!(error = %e, %workload, "recording pods ready");
+                    }
                 }
             }
             Action::Replicas { owner, value } => {

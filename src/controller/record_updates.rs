@@ -199,7 +199,9 @@ fn update_for<'a>(
             }
             Some(u)
         }
-        Action::PodsReady { workload, object } => {
+        Action::PodsReady {
+            workload, object, ..
+        } => {
             let mut u = base(cx, workload, owners_of([object.clone()]), live);
             u.conditions = vec![Set::Always(condition(
                 "PodsReady",

@@ -164,6 +164,33 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
     let lq_wait = "tessera_local_queue_admission_wait_time_seconds";
     assert_eq!(v(&page, &format!("{lq_wait}_sum{{{LQ}}}")), 120.0);
     assert_eq!(lq_v(&page, "admitted_active_workloads", ""), 2.0);
+    // Kueue's quota-reservation families: reserved in the pass that admits (no
+    // admission checks), so the same counts and waits.
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_quota_reserved_workloads_total{{{CQ}}}")
+        ),
+        2.0
+    );
+    let reserved_wait = "tessera_quota_reserved_wait_time_seconds";
+    assert_eq!(v(&page, &format!("{reserved_wait}_sum{{{CQ}}}")), 120.0);
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_reserving_active_workloads{{{CQ}}}")
+        ),
+        2.0
+    );
+    assert_eq!(lq_v(&page, "quota_reserved_workloads_total", ""), 2.0);
+    assert_eq!(
+        v(
+            &page,
+            &format!("tessera_local_queue_quota_reserved_wait_time_seconds_sum{{{LQ}}}")
+        ),
+        120.0
+    );
+    assert_eq!(lq_v(&page, "reserving_active_workloads", ""), 2.0);
     assert_eq!(
         v(&page, &format!("tessera_admitted_active_workloads{{{CQ}}}")),
         2.0
