@@ -6,9 +6,10 @@ use super::error::{Error, Result};
 use super::evictions::EvictionBackoff;
 use super::model::{Action, ObjKind, ObjRef, Plan};
 use super::readiness::{Hold, Requeue};
-use super::reconciler::apply_with;
+use super::reconciler::{apply_with, write_status};
 use super::requeue_state::{self, Book, Entry};
 use super::time::Millis;
+use super::workload_record::Update;
 use super::writes::{Writes, Written};
 use crate::quota::WaitForPodsReady;
 use std::collections::{BTreeMap, BTreeSet};
@@ -104,6 +105,17 @@ impl Writes for Recorder {
     ) -> Result<Option<Hold>> {
         self.answer(format!("read-hold {workload}"))
             .map(|_| self.hold.clone())
+    }
+    async fn write_records(&self, updates: &[Update], _now: Millis) -> Vec<Update> {
+        updates
+            .iter()
+            .filter(|u| self.answer(format!("record {}", u.name)).is_err())
+            .cloned()
+            .collect()
+    }
+    async fn write_queue_status(&self, name: &str, admitted: usize, pending: usize) -> Result<()> {
+        self.answer(format!("queue {name} {admitted}/{pending}"))
+            .map(|_| ())
     }
     async fn event(&self, r: &ObjRef, reason: &str, _: &str, _: bool, _: Millis) {
         let _ = self.answer(format!("event {reason} {}", r.name));
@@ -336,4 +348,83 @@ fn a_refused_eviction_backs_off_without_counting_as_a_failure_and_a_gone_pod_cou
         ["event Preempted v-2"],
         "only a pod that went gets an Event"
     );
+}
+
+fn record(name: &str) -> Update {
+    Update {
+        key: format!("team/{name}"),
+        namespace: "team".into(),
+        name: name.into(),
+        owners: Vec::new(),
+        spec: None,
+        admission: None,
+        conditions: Vec::new(),
+        requeue_state: None,
+        position: None,
+    }
+}
+
+fn status(w: &Recorder, plan: &Plan, unwritten: Vec<Update>) -> (usize, Vec<Update>) {
+    let runtime = tokio::runtime::Builder::new_current_thread().build();
+    match runtime {
+        Ok(rt) => rt.block_on(write_status(w, plan, unwritten, NOW)),
+        Err(e) => panic!("runtime: {e}"),
+    }
+}
+
+#[test]
+fn records_an_earlier_pass_failed_to_write_go_first_and_a_failed_one_is_kept_for_the_next() {
+    let plan = Plan {
+        queue_counts: [("a".to_string(), (2, 5))].into(),
+        records: vec![record("pod-new"), record("pod-flaky")],
+        ..Plan::default()
+    };
+    let w = Recorder::failing(&[("record pod-flaky", 500), ("queue a 2/5", 409)]);
+    let (failed, again) = status(&w, &plan, vec![record("pod-old")]);
+    assert_eq!(
+        w.calls(),
+        [
+            "queue a 2/5",
+            "record pod-old",
+            "record pod-new",
+            "record pod-flaky"
+        ],
+        "queue counts, then the carried record, then this pass's"
+    );
+    assert_eq!(failed, 1, "the queue's status write");
+    let names: Vec<&str> = again.iter().map(|u| u.name.as_str()).collect();
+    assert_eq!(names, ["pod-flaky"], "written again by the next pass");
+    // The next pass writes it first.
+    let w = Recorder::default();
+    let (failed, again) = status(&w, &Plan::default(), again);
+    assert_eq!((failed, again.len()), (0, 0));
+    assert_eq!(w.calls(), ["record pod-flaky"]);
+}
+
+#[test]
+fn a_reason_is_written_on_every_pod_but_announced_only_when_it_is_new() {
+    let pending = |workload: &str, pods: &[&str], new_reason: bool| Action::Pending {
+        workload: workload.into(),
+        objects: pods.iter().map(|p| pod(p)).collect(),
+        reason: "Queued".into(),
+        message: "position 2 in its ClusterQueue".into(),
+        new_reason,
+    };
+    let w = Recorder::failing(&[("pending g-1", 500)]);
+    let (applied, _) = run(
+        &w,
+        &Config::default(),
+        vec![
+            pending("team/group-g", &["g-0", "g-1"], false),
+            pending("team/pod-p", &["p"], true),
+        ],
+    );
+    let mut calls = w.calls();
+    calls.sort();
+    assert_eq!(
+        calls,
+        ["event Queued p", "pending g-0", "pending g-1", "pending p"],
+        "a moved place is written, not announced"
+    );
+    assert_eq!(applied.failed, 1, "g-1's write is retried by the next pass");
 }

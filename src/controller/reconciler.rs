@@ -30,15 +30,11 @@ use super::lease::Elector;
 use super::metrics::ControllerMetrics;
 use super::model::{Action, ObjKind, ObjRef, Plan};
 use super::requeue_state;
-use super::resources::{crd_resource, QUEUE_KINDS};
 pub use super::snapshot::{list_priority_classes, snapshot, snapshot_cached};
 use super::time::Millis;
 use super::workload_record::Update;
-use super::workload_writer;
-use super::writes::{at_most, written, KubeWrites, Writes, Written};
+use super::writes::{at_most, KubeWrites, Writes, Written};
 use k8s_openapi::jiff::Timestamp;
-use kube::api::{Api, DynamicObject, PostParams};
-use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -513,53 +509,26 @@ async fn write_reason(
     failed
 }
 
-/// Writes `status.admittedWorkloads` / `pendingWorkloads` of each ClusterQueue that
-/// changed; returns the number of failed writes.
-async fn write_queue_status(client: &kube::Client, plan: &Plan, cache: Option<&Cache>) -> usize {
-    let (kind, plural) = QUEUE_KINDS[1];
-    let api: Api<DynamicObject> = Api::all_with(client.clone(), &crd_resource(kind, plural));
+/// The pass's status writes, after its actions ([`apply_with`]): each ClusterQueue's
+/// counts, then the Workload records — the ones an earlier pass failed to write first, in
+/// their order, then this pass's. Returns how many queue writes failed and the records
+/// to write again next pass.
+pub(crate) async fn write_status(
+    w: &impl Writes,
+    plan: &Plan,
+    unwritten: Vec<Update>,
+    now: Millis,
+) -> (usize, Vec<Update>) {
     let mut failed = 0;
     for (name, (admitted, pending)) in &plan.queue_counts {
-        if let Some(cached) = cache.and_then(|c| c.queues[1].get(&(String::new(), name.clone()))) {
-            let status = &cached["status"];
-            if status["admittedWorkloads"] == json!(admitted)
-                && status["pendingWorkloads"] == json!(pending)
-            {
-                continue;
-            }
-        }
-        let result = async {
-            let Some(mut cq) = api.get_opt(name).await? else {
-                return Ok(None);
-            };
-            let want = json!({"admittedWorkloads": admitted, "pendingWorkloads": pending});
-            let status = cq.data.get("status").cloned().unwrap_or(Value::Null);
-            if status["admittedWorkloads"] == want["admittedWorkloads"]
-                && status["pendingWorkloads"] == want["pendingWorkloads"]
-            {
-                return Ok(None);
-            }
-            cq.data["status"] = want;
-            api.replace_status(name, &PostParams::default(), &cq)
-                .await
-                .map(Some)
-        }
-        .await;
-        let result = match (result, cache) {
-            (Ok(Some(obj)), Some(c)) => {
-                if let Some(v) = written(obj) {
-                    c.observe(kind, &v);
-                }
-                Ok(())
-            }
-            (r, _) => r.map(|_| ()),
-        };
-        if let Err(e) = result {
+        if let Err(e) = w.write_queue_status(name, *admitted, *pending).await {
             failed += 1;
             tracing::warn!(error = %e, queue = %name, "writing ClusterQueue status");
         }
     }
-    failed
+    let mut records = unwritten;
+    records.extend(plan.records.iter().cloned());
+    (failed, w.write_records(&records, now).await)
 }
 
 /// One pass with nothing remembered from earlier passes (see [`pass_with`]).
@@ -643,12 +612,15 @@ pub async fn pass_with(
     if let Some(m) = &state.metrics {
         m.record_pass(&plan, &applied.done, now, took);
     }
-    let mut failed = applied.failed;
-    failed += write_queue_status(client, &plan, cache.as_deref()).await;
-    let mut records = std::mem::take(&mut state.unwritten_records);
-    records.extend(plan.records.iter().cloned());
-    state.unwritten_records = workload_writer::write(client, &records, cache.as_deref(), now).await;
-    failed += state.unwritten_records.len();
+    let writes = KubeWrites {
+        client,
+        cfg,
+        cache: cache.as_deref(),
+    };
+    let unwritten = std::mem::take(&mut state.unwritten_records);
+    let (queues_failed, unwritten) = write_status(&writes, &plan, unwritten, now).await;
+    state.unwritten_records = unwritten;
+    let failed = applied.failed + queues_failed + state.unwritten_records.len();
     if failed > 0 {
         tracing::info!(failed, "some writes failed; the next pass retries");
     }

@@ -1,6 +1,7 @@
 //! The writes a pass makes, behind one narrow trait: [`Writes`] (ungate or unsuspend,
 //! delete a partial admission's extra pod, evict or suspend, record a requeue, pods
-//! ready, a pending reason, admitted replicas, the requeue state, Events). The
+//! ready, a pending reason, admitted replicas, the requeue state, Events, the Workload
+//! records and the ClusterQueues' status counts). The
 //! reconciler's rules — what is written in which order, what a failed write defers, what
 //! a refused eviction does — live in `reconciler::apply_with` over any `Writes`, so they
 //! are unit-tested without HTTP (`apply_tests.rs`); [`KubeWrites`] is the one that calls
@@ -23,8 +24,10 @@ use super::pods_ready::{
 };
 use super::readiness::Hold;
 use super::requeue_state::{self, Book, Entry};
+use super::resources::{crd_resource, QUEUE_KINDS};
 use super::serving::ADMITTED_REPLICAS_ANNOTATION;
 use super::time::{rfc3339, Millis};
+use super::workload_record::Update;
 use super::workloads::{annotation, is_gated};
 use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_COUNT_ANNOTATION, CONDITION_TYPE,
@@ -128,6 +131,21 @@ pub trait Writes {
         now: Millis,
         read_now: &mut BTreeMap<String, Book>,
     ) -> impl Future<Output = Result<Option<Hold>>> + Send;
+    /// Writes Workload records ([`super::workload_writer`]); gives back the updates whose
+    /// write failed, in the order given.
+    fn write_records(
+        &self,
+        updates: &[Update],
+        now: Millis,
+    ) -> impl Future<Output = Vec<Update>> + Send;
+    /// Writes a ClusterQueue's `status.admittedWorkloads` / `pendingWorkloads` (nothing
+    /// when they already hold those counts).
+    fn write_queue_status(
+        &self,
+        name: &str,
+        admitted: usize,
+        pending: usize,
+    ) -> impl Future<Output = Result<()>> + Send;
     /// Records an Event about `r` (a failure is logged, never fails the pass).
     fn event(
         &self,
@@ -211,9 +229,56 @@ impl Writes for KubeWrites<'_> {
         requeue_state::fresh_hold(self.client, cfg, workload, now, read_now).await
     }
 
+    async fn write_records(&self, updates: &[Update], now: Millis) -> Vec<Update> {
+        super::workload_writer::write(self.client, updates, self.cache, now).await
+    }
+
+    async fn write_queue_status(&self, name: &str, admitted: usize, pending: usize) -> Result<()> {
+        queue_status(self.client, self.cache, name, admitted, pending).await
+    }
+
     async fn event(&self, r: &ObjRef, reason: &str, note: &str, warning: bool, now: Millis) {
         emit(self.client, self.cfg, r, reason, note, warning, now).await
     }
+}
+
+/// Writes `status.admittedWorkloads` / `pendingWorkloads` of ClusterQueue `name` when
+/// they differ (from the cache's copy when it holds them, else as read).
+async fn queue_status(
+    client: &kube::Client,
+    cache: Option<&Cache>,
+    name: &str,
+    admitted: usize,
+    pending: usize,
+) -> Result<()> {
+    let want = json!({"admittedWorkloads": admitted, "pendingWorkloads": pending});
+    let holds = |status: &Value| {
+        status["admittedWorkloads"] == want["admittedWorkloads"]
+            && status["pendingWorkloads"] == want["pendingWorkloads"]
+    };
+    let (kind, plural) = QUEUE_KINDS[1];
+    if let Some(cached) = cache.and_then(|c| c.queues[1].get(&(String::new(), name.to_string()))) {
+        if holds(&cached["status"]) {
+            return Ok(());
+        }
+    }
+    let api: Api<DynamicObject> = Api::all_with(client.clone(), &crd_resource(kind, plural));
+    let what = || format!("ClusterQueue {name} status");
+    let Some(mut cq) = api.get_opt(name).await.map_err(Error::api(what()))? else {
+        return Ok(());
+    };
+    if holds(cq.data.get("status").unwrap_or(&Value::Null)) {
+        return Ok(());
+    }
+    cq.data["status"] = want.clone();
+    let stored = api
+        .replace_status(name, &PostParams::default(), &cq)
+        .await
+        .map_err(Error::api(what()))?;
+    if let (Some(c), Some(v)) = (cache, written(stored)) {
+        c.observe(kind, &v);
+    }
+    Ok(())
 }
 
 fn api_for(client: &kube::Client, r: &ObjRef) -> Api<DynamicObject> {
