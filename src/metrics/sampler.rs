@@ -215,7 +215,8 @@ struct Local {
     usage: Vec<GpuUsage>,
     vgpu: Vec<usage::VgpuAccounting>,
     claims: Vec<DraClaim>,
-    /// The kubelet's device checkpoint entries (pod UID, container, device IDs).
+    /// The kubelet's device checkpoint entries (pod UID, container, device IDs), every
+    /// mode's.
     allocations: Vec<shimfiles::CheckpointAllocation>,
     /// The pod UID of each process the driver lists on a GPU.
     process_pods: BTreeMap<u32, String>,
@@ -375,16 +376,25 @@ fn read_local(
         Vec::new()
     });
     let mut vgpu = Vec::new();
-    let allocations = match std::fs::read(checkpoint) {
-        Ok(bytes) => shimfiles::checkpoint_allocations(&bytes).unwrap_or_else(|e| {
-            problems.push(format!("{}: {e}", checkpoint.display()));
-            BTreeMap::new()
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+    let bytes = match std::fs::read(checkpoint) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => {
             problems.push(format!("{}: {e}", checkpoint.display()));
-            BTreeMap::new()
+            None
         }
+    };
+    // The vGPU allocations by directory, and every allocation (pod UIDs for all modes;
+    // a checkpoint that does not parse is reported once, by the first).
+    let (allocations, devices) = match &bytes {
+        Some(bytes) => (
+            shimfiles::checkpoint_allocations(bytes).unwrap_or_else(|e| {
+                problems.push(format!("{}: {e}", checkpoint.display()));
+                BTreeMap::new()
+            }),
+            shimfiles::checkpoint_devices(bytes).unwrap_or_default(),
+        ),
+        None => (BTreeMap::new(), Vec::new()),
     };
     let ids = dirs.list(shimfiles::DP_PREFIX).unwrap_or_else(|e| {
         problems.push(e.to_string());
@@ -436,7 +446,7 @@ fn read_local(
         usage,
         vgpu,
         claims,
-        allocations: allocations.into_values().collect(),
+        allocations: devices,
         process_pods,
         problems,
     }
