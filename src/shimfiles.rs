@@ -652,13 +652,35 @@ fn device_ids(v: &serde_json::Value) -> Vec<String> {
         .collect()
 }
 
-/// The allocation directory named by each checkpoint entry's `AllocResp`, with the
-/// container and devices the kubelet recorded for it.
-pub fn checkpoint_allocations(
-    checkpoint: &[u8],
-) -> std::result::Result<std::collections::BTreeMap<String, CheckpointAllocation>, String> {
-    use base64::Engine as _;
-    use prost::Message as _;
+/// One `PodDeviceEntries` item of the kubelet's device checkpoint.
+#[derive(serde::Deserialize)]
+struct CheckpointEntry {
+    #[serde(rename = "AllocResp", default)]
+    alloc_resp: Option<String>,
+    #[serde(rename = "PodUID", default)]
+    pod_uid: String,
+    #[serde(rename = "ContainerName", default)]
+    container: String,
+    #[serde(rename = "ResourceName", default)]
+    resource: String,
+    /// NUMA node → IDs since Kubernetes 1.20, a plain list before.
+    #[serde(rename = "DeviceIDs", default)]
+    device_ids: serde_json::Value,
+}
+
+impl CheckpointEntry {
+    fn allocation(self) -> CheckpointAllocation {
+        CheckpointAllocation {
+            pod_uid: self.pod_uid,
+            container: self.container,
+            resource: self.resource,
+            device_ids: device_ids(&self.device_ids),
+        }
+    }
+}
+
+/// The kubelet's device checkpoint's `PodDeviceEntries`.
+fn checkpoint_entries(checkpoint: &[u8]) -> std::result::Result<Vec<CheckpointEntry>, String> {
     #[derive(serde::Deserialize)]
     struct Checkpoint {
         #[serde(rename = "Data")]
@@ -667,41 +689,42 @@ pub fn checkpoint_allocations(
     #[derive(serde::Deserialize)]
     struct Data {
         #[serde(rename = "PodDeviceEntries", default)]
-        entries: Option<Vec<Entry>>,
-    }
-    #[derive(serde::Deserialize)]
-    struct Entry {
-        #[serde(rename = "AllocResp", default)]
-        alloc_resp: Option<String>,
-        #[serde(rename = "PodUID", default)]
-        pod_uid: String,
-        #[serde(rename = "ContainerName", default)]
-        container: String,
-        #[serde(rename = "ResourceName", default)]
-        resource: String,
-        /// NUMA node → IDs since Kubernetes 1.20, a plain list before.
-        #[serde(rename = "DeviceIDs", default)]
-        device_ids: serde_json::Value,
+        entries: Option<Vec<CheckpointEntry>>,
     }
     let cp: Checkpoint = serde_json::from_slice(checkpoint).map_err(|e| e.to_string())?;
+    Ok(cp.data.entries.unwrap_or_default())
+}
+
+/// Every device-plugin allocation the kubelet's device checkpoint records (pod UID,
+/// container, resource, device IDs), whatever the plugin answered: whole GPUs, MIG
+/// devices and replicas as well as vGPU slices.
+pub fn checkpoint_devices(
+    checkpoint: &[u8],
+) -> std::result::Result<Vec<CheckpointAllocation>, String> {
+    Ok(checkpoint_entries(checkpoint)?
+        .into_iter()
+        .map(CheckpointEntry::allocation)
+        .collect())
+}
+
+/// The allocation directory named by each checkpoint entry's `AllocResp`, with the
+/// container and devices the kubelet recorded for it (vGPU allocations: the other
+/// entries name no directory and are left out).
+pub fn checkpoint_allocations(
+    checkpoint: &[u8],
+) -> std::result::Result<std::collections::BTreeMap<String, CheckpointAllocation>, String> {
+    use base64::Engine as _;
+    use prost::Message as _;
     let mut out = std::collections::BTreeMap::new();
-    for e in cp.data.entries.unwrap_or_default() {
-        let Some(b64) = e.alloc_resp else { continue };
+    for e in checkpoint_entries(checkpoint)? {
+        let Some(b64) = &e.alloc_resp else { continue };
         let bytes = base64::engine::general_purpose::STANDARD
             .decode(b64.trim())
             .map_err(|e| format!("AllocResp is not base64: {e}"))?;
         let resp = crate::proto::deviceplugin::ContainerAllocateResponse::decode(bytes.as_slice())
             .map_err(|e| format!("AllocResp is not a ContainerAllocateResponse: {e}"))?;
         if let Some(id) = resp.annotations.get(ALLOCATION_ANNOTATION) {
-            out.insert(
-                id.clone(),
-                CheckpointAllocation {
-                    pod_uid: e.pod_uid,
-                    container: e.container,
-                    resource: e.resource,
-                    device_ids: device_ids(&e.device_ids),
-                },
-            );
+            out.insert(id.clone(), e.allocation());
         }
     }
     Ok(out)
@@ -845,6 +868,56 @@ mod tests {
         dirs.remove("dp-1").unwrap();
     }
 
+    /// The usage sampler joins every allocation with PodResources to learn each pod's
+    /// UID: a whole GPU's or replica's entry names no directory (its answer has no
+    /// allocation annotation) and must still be listed.
+    #[test]
+    fn checkpoint_devices_lists_every_entry_not_only_the_vgpu_ones() {
+        use base64::Engine as _;
+        use prost::Message as _;
+        let b64 = |annotations: &[(&str, &str)]| {
+            let resp = crate::proto::deviceplugin::ContainerAllocateResponse {
+                annotations: annotations
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+                ..Default::default()
+            };
+            base64::engine::general_purpose::STANDARD.encode(resp.encode_to_vec())
+        };
+        let text = format!(
+            r#"{{"Data":{{"PodDeviceEntries":[
+                {{"PodUID":"uid-whole","ContainerName":"main","ResourceName":"nvidia.com/gpu","DeviceIDs":{{"0":["GPU-0"]}},"AllocResp":"{}"}},
+                {{"PodUID":"uid-v","ContainerName":"main","ResourceName":"nvidia.com/vgpu","DeviceIDs":{{"0":["GPU-1::v0"]}},"AllocResp":"{}"}},
+                {{"PodUID":"uid-old","ContainerName":"c","ResourceName":"nvidia.com/gpu","DeviceIDs":["GPU-2"]}}
+            ]}}}}"#,
+            b64(&[]),
+            b64(&[(ALLOCATION_ANNOTATION, "dp-v")]),
+        );
+        let all = checkpoint_devices(text.as_bytes()).unwrap();
+        let got: Vec<(&str, &str, &[String])> = all
+            .iter()
+            .map(|a| {
+                (
+                    a.pod_uid.as_str(),
+                    a.resource.as_str(),
+                    a.device_ids.as_slice(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            got,
+            vec![
+                ("uid-whole", "nvidia.com/gpu", &["GPU-0".to_string()][..]),
+                ("uid-v", "nvidia.com/vgpu", &["GPU-1::v0".to_string()][..]),
+                ("uid-old", "nvidia.com/gpu", &["GPU-2".to_string()][..]),
+            ]
+        );
+        let dirs = checkpoint_allocations(text.as_bytes()).unwrap();
+        assert_eq!(dirs.keys().collect::<Vec<_>>(), vec!["dp-v"]);
+        assert!(checkpoint_devices(b"not json").is_err());
+    }
+
     #[test]
     fn device_plugin_dirs_go_when_the_checkpoint_drops_them() {
         use base64::Engine as _;
@@ -882,6 +955,11 @@ mod tests {
             );
             let got = checkpoint_allocations(text.as_bytes()).unwrap();
             assert_eq!(got["dp-live"].device_ids, ["x", "y"], "{ids}");
+            assert_eq!(
+                checkpoint_devices(text.as_bytes()).unwrap()[0].device_ids,
+                ["x", "y"],
+                "{ids}"
+            );
             assert_eq!(allocation_owners(text.as_bytes()).unwrap()["dp-live"], "p");
         }
         // An unreadable checkpoint removes nothing and says why.

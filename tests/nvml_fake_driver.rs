@@ -4,6 +4,8 @@
 //! versioned structs, MIG instance calls, the event thread — without a GPU. The model
 //! (three GPUs, MIG state, NVLink, events) is described at the top of the C file.
 
+mod support;
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
@@ -350,4 +352,210 @@ fn mig_utilization_comes_from_gpm_between_two_reads() {
     for _ in 0..2 {
         assert_eq!(mig(&b.usage().unwrap()), vec![(uuid.clone(), None)]);
     }
+}
+
+/// The values of the series of `name` whose labels include all of `labels`.
+fn series(page: &str, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+    page.lines()
+        .filter(|l| l.starts_with(&format!("{name}{{")))
+        .filter(|l| {
+            labels
+                .iter()
+                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
+        })
+        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
+        .collect()
+}
+
+/// Per-process memory through the real usage sampler: the stand-in NVML lists each GPU's
+/// compute processes with their memory, a `--proc-root` stand-in names each PID's pod in
+/// its `cgroup` file (systemd and cgroupfs drivers), and the kubelet double runs a
+/// device-plugin container on GPU 1 and a DRA whole-GPU claim on GPU 2 (the L4). Each
+/// container's `tessera_container_gpu_memory_used_bytes` on the agent's page is the sum
+/// of its own pod's processes on its GPU, not the GPU's used memory (which NVML reports
+/// as every process's); a host process, a PID whose cgroup is gone and a process of a
+/// pod holding nothing on that GPU are blamed on no one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_sampler_attributes_per_process_memory_to_device_plugin_and_dra_containers() {
+    use std::sync::Arc;
+    use support::kubelet::Kubelet;
+    use tessera::deviceplugin::snapshot::Snapshot;
+    use tessera::dra::checkpoint::{self, Phase, PreparedClaim, PreparedDevice, Store};
+    use tessera::metrics::sampler::{self, SamplerSettings};
+    use tessera::metrics::NodeMetrics;
+    use tessera::partition::layout::{Advertisement, Device, Resource, Share, Target};
+    use tessera::shimfiles::AllocDirs;
+    use tokio_util::sync::CancellationToken;
+
+    const NODE: &str = "gpu-node-1";
+    const TRAINER: &str = "0b8f6c1e-2a3d-4f5e-8a9b-1c2d3e4f5a6b";
+    const INFER: &str = "7d1e2f3a-4b5c-4d6e-9f0a-1b2c3d4e5f6a";
+    const MIB: f64 = 1024.0 * 1024.0;
+    let fake = FakeDriver::build(
+        "proc 1 1001 3000\n\
+         proc 1 1002 1000\n\
+         proc 1 1003 500\n\
+         proc 1 1004 700\n\
+         proc 2 2001 2000\n\
+         proc 2 2002 100\n",
+    );
+    let tmp = tempfile::tempdir().unwrap();
+    // The host's /proc as the agent sees it (hostPID): each PID's cgroup file.
+    let proc_root = tmp.path().join("proc");
+    let systemd = |uid: &str| {
+        format!(
+            "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{}.slice/\
+             cri-containerd-4a5b6c.scope\n",
+            uid.replace('-', "_")
+        )
+    };
+    let cgroupfs = |uid: &str| {
+        format!("12:pids:/user.slice\n11:memory:/kubepods/besteffort/pod{uid}/abcdef\n")
+    };
+    for (pid, text) in [
+        (1001, systemd(TRAINER)),
+        (1002, cgroupfs(TRAINER)),
+        (1003, "0::/system.slice/containerd.service\n".to_string()),
+        (1004, systemd(INFER)),
+        (2001, cgroupfs(INFER)),
+        // 2002 has no directory: it exited between NVML's list and the read.
+    ] {
+        let dir = proc_root.join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("cgroup"), text).unwrap();
+    }
+
+    // The device plugin advertises GPU 1 whole; the kubelet gave it to `trainer`.
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    kubelet.record_allocation("ml", "trainer", TRAINER, "main", "nvidia.com/gpu", &[B]);
+    let snapshot = Snapshot {
+        advertisement: Advertisement {
+            resources: vec![Resource {
+                name: "nvidia.com/gpu".into(),
+                fail_requests_greater_than_one: false,
+                devices: vec![Device {
+                    id: B.into(),
+                    gpu_uuid: B.into(),
+                    gpu_index: 1,
+                    numa_node: None,
+                    target: Target::Gpu,
+                    share: Share::Exclusive,
+                }],
+            }],
+        },
+        ..Default::default()
+    };
+    // The DRA driver prepared a whole-GPU claim on GPU 2; the kubelet runs `infer` with
+    // it (PodResources `dynamic_resources`, and the pod's UID in its DRA checkpoint).
+    let state = tmp.path().join("state");
+    let mut data = checkpoint::Data::default();
+    data.claims.insert(
+        "claim-uid-infer".into(),
+        PreparedClaim {
+            namespace: "ml".into(),
+            name: "infer-gpu".into(),
+            phase: Phase::Completed,
+            devices: vec![PreparedDevice {
+                pool: NODE.into(),
+                device: "gpu-2".into(),
+                request_names: vec!["gpu".into()],
+                cdi_device_ids: vec!["tessera.io/gpu=claim-uid-infer-gpu-2".into()],
+                mig: None,
+                time_slice: None,
+            }],
+        },
+    );
+    Store::new(&state.join("dra")).write(&data).unwrap();
+    std::fs::create_dir_all(state.join("vgpu")).unwrap();
+    kubelet.admit_claim(
+        "ml",
+        "infer",
+        INFER,
+        "main",
+        "claim-uid-infer",
+        "infer-gpu",
+        &[(
+            "gpu.tessera.io",
+            NODE,
+            "gpu-2",
+            vec!["tessera.io/gpu=claim-uid-infer-gpu-2".into()],
+        )],
+    );
+
+    let metrics = Arc::new(NodeMetrics::new());
+    let cancel = CancellationToken::new();
+    let settings = SamplerSettings {
+        node_name: NODE.into(),
+        interval: Duration::from_millis(200),
+        forget_after: Duration::from_secs(60),
+        team_label: "team".into(),
+        pod_resources_socket: kubelet.pod_resources_socket(),
+        kubelet_checkpoint: tmp
+            .path()
+            .join("kubelet/device-plugins/kubelet_internal_checkpoint"),
+        alloc_dirs: AllocDirs::new(state.join("vgpu")),
+        client: None,
+        proc_root,
+    };
+    assert_eq!(settings.kubelet_dra_state(), Some(kubelet.dra_state_path()));
+    let (_tap, advertised) = tokio::sync::watch::channel(Arc::new(snapshot));
+    let backend: Arc<dyn GpuBackend> = Arc::new(fake.backend());
+    tokio::spawn(sampler::run(
+        settings,
+        backend,
+        advertised,
+        metrics.clone(),
+        cancel.clone(),
+    ));
+    let used = "tessera_container_gpu_memory_used_bytes";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let page = loop {
+        let page = metrics.encode();
+        if series(&page, used, &[("pod", "trainer")]).len() == 1
+            && series(&page, used, &[("pod", "infer")]).len() == 1
+        {
+            break page;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no per-container memory after 10 s:\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    cancel.cancel();
+    // The GPUs' own figures are every process's: 5,200 and 2,100 MiB.
+    assert_eq!(
+        series(&page, "tessera_gpu_memory_used_bytes", &[("gpu", B)]),
+        vec![5200.0 * MIB]
+    );
+    assert_eq!(
+        series(&page, "tessera_gpu_memory_used_bytes", &[("gpu", L4)]),
+        vec![2100.0 * MIB]
+    );
+    // Each container: its own pod's processes on its GPU (systemd and cgroupfs paths).
+    assert_eq!(
+        series(
+            &page,
+            used,
+            &[("pod", "trainer"), ("gpu", B), ("mode", "whole")]
+        ),
+        vec![4000.0 * MIB],
+        "{page}"
+    );
+    assert_eq!(
+        series(
+            &page,
+            used,
+            &[("pod", "infer"), ("gpu", L4), ("mode", "whole")]
+        ),
+        vec![2000.0 * MIB],
+        "{page}"
+    );
+    // Nobody else has a series: the host process (1003), the PID gone (2002) and
+    // `infer`'s process on GPU 1 (1004) are attributed to no container.
+    assert_eq!(
+        series(&page, used, &[]).len(),
+        2,
+        "one series per container: {page}"
+    );
 }

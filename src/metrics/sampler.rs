@@ -67,6 +67,14 @@ impl SamplerSettings {
     pub fn dra_checkpoint_dir(&self) -> Option<PathBuf> {
         self.alloc_dirs.root.parent().map(|state| state.join("dra"))
     }
+
+    /// The kubelet DRA manager's checkpoint (which pods run with each claim):
+    /// `dra_manager_state` in the kubelet's directory, the one holding `device-plugins/`
+    /// where [`SamplerSettings::kubelet_checkpoint`] is.
+    pub fn kubelet_dra_state(&self) -> Option<PathBuf> {
+        let kubelet_dir = self.kubelet_checkpoint.parent()?.parent()?;
+        Some(kubelet_dir.join(crate::agent::vgpu_guard::KUBELET_DRA_STATE))
+    }
 }
 
 impl std::fmt::Debug for SamplerSettings {
@@ -215,10 +223,14 @@ struct Local {
     usage: Vec<GpuUsage>,
     vgpu: Vec<usage::VgpuAccounting>,
     claims: Vec<DraClaim>,
-    /// The kubelet's device checkpoint entries (pod UID, container, device IDs).
+    /// The kubelet's device checkpoint entries (pod UID, container, device IDs), every
+    /// mode's.
     allocations: Vec<shimfiles::CheckpointAllocation>,
     /// The pod UID of each process the driver lists on a GPU.
     process_pods: BTreeMap<u32, String>,
+    /// The kubelet's DRA state: claim UID → the UIDs of the pods running with it (read
+    /// only while the driver has claims prepared).
+    claim_pods: BTreeMap<String, BTreeSet<String>>,
     problems: Vec<String>,
 }
 
@@ -318,6 +330,7 @@ pub fn dra_claim(
         None => None,
     };
     DraClaim {
+        uid: uid.to_string(),
         namespace: record.namespace.clone(),
         name: record.name.clone(),
         devices,
@@ -363,6 +376,7 @@ fn read_local(
     checkpoint: &std::path::Path,
     dirs: &AllocDirs,
     dra_dir: Option<&std::path::Path>,
+    kubelet_dra_state: Option<&std::path::Path>,
     proc_root: &std::path::Path,
 ) -> Local {
     let mut problems = Vec::new();
@@ -375,16 +389,25 @@ fn read_local(
         Vec::new()
     });
     let mut vgpu = Vec::new();
-    let allocations = match std::fs::read(checkpoint) {
-        Ok(bytes) => shimfiles::checkpoint_allocations(&bytes).unwrap_or_else(|e| {
-            problems.push(format!("{}: {e}", checkpoint.display()));
-            BTreeMap::new()
-        }),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),
+    let bytes = match std::fs::read(checkpoint) {
+        Ok(bytes) => Some(bytes),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
         Err(e) => {
             problems.push(format!("{}: {e}", checkpoint.display()));
-            BTreeMap::new()
+            None
         }
+    };
+    // The vGPU allocations by directory, and every allocation (pod UIDs for all modes;
+    // a checkpoint that does not parse is reported once, by the first).
+    let (allocations, devices) = match &bytes {
+        Some(bytes) => (
+            shimfiles::checkpoint_allocations(bytes).unwrap_or_else(|e| {
+                problems.push(format!("{}: {e}", checkpoint.display()));
+                BTreeMap::new()
+            }),
+            shimfiles::checkpoint_devices(bytes).unwrap_or_default(),
+        ),
+        None => (BTreeMap::new(), Vec::new()),
     };
     let ids = dirs.list(shimfiles::DP_PREFIX).unwrap_or_else(|e| {
         problems.push(e.to_string());
@@ -426,6 +449,10 @@ fn read_local(
         Some(dir) => read_claims(dir, dirs, &mut problems),
         None => Vec::new(),
     };
+    let claim_pods = match kubelet_dra_state {
+        Some(path) if !claims.is_empty() => read_claim_pods(path, &mut problems),
+        _ => BTreeMap::new(),
+    };
     let process_pods = usage
         .iter()
         .flat_map(|u| &u.processes)
@@ -436,10 +463,30 @@ fn read_local(
         usage,
         vgpu,
         claims,
-        allocations: allocations.into_values().collect(),
+        allocations: devices,
         process_pods,
+        claim_pods,
         problems,
     }
+}
+
+/// The kubelet DRA manager's checkpoint at `path`
+/// ([`crate::agent::vgpu_guard::kubelet_claim_pods`]); unreadable, the DRA-claim pods'
+/// UIDs are unknown (their processes are attributed to no one) and it is reported.
+fn read_claim_pods(
+    path: &std::path::Path,
+    problems: &mut Vec<String>,
+) -> BTreeMap<String, BTreeSet<String>> {
+    let read = std::fs::read(path)
+        .map_err(|e| e.to_string())
+        .and_then(|bytes| crate::agent::vgpu_guard::kubelet_claim_pods(&bytes));
+    read.unwrap_or_else(|e| {
+        problems.push(format!(
+            "{}: {e} (the DRA-claim pods' processes are attributed to no one)",
+            path.display()
+        ));
+        BTreeMap::new()
+    })
 }
 
 /// Pod labels per `(namespace, name)`, read from the API server and kept [`LABELS_TTL`].
@@ -542,11 +589,12 @@ pub async fn run(
         };
         let holders = crate::agent::slot_binding::holders_of(&answer);
         let claim_holders = claim_holders_of(&answer);
-        let (b, checkpoint, dirs, dra_dir, proc_root) = (
+        let (b, checkpoint, dirs, dra_dir, dra_state, proc_root) = (
             backend.clone(),
             settings.kubelet_checkpoint.clone(),
             settings.alloc_dirs.clone(),
             settings.dra_checkpoint_dir(),
+            settings.kubelet_dra_state(),
             settings.proc_root.clone(),
         );
         let local = match tokio::task::spawn_blocking(move || {
@@ -555,6 +603,7 @@ pub async fn run(
                 &checkpoint,
                 &dirs,
                 dra_dir.as_deref(),
+                dra_state.as_deref(),
                 &proc_root,
             )
         })
@@ -584,7 +633,13 @@ pub async fn run(
             .refresh(settings.client.as_ref(), &settings.team_label, listed)
             .await;
         let snapshot = advertised.borrow().clone();
-        let pod_uids = usage::pod_uids(&holders, &local.allocations);
+        let mut pod_uids = usage::pod_uids(&holders, &local.allocations);
+        usage::add_claim_pod_uids(
+            &mut pod_uids,
+            &claim_holders,
+            &local.claims,
+            &local.claim_pods,
+        );
         let tick = usage::tick(
             &Sample {
                 node: &settings.node_name,

@@ -31,6 +31,10 @@
 //! and accounting file ([`DraClaim`]). A whole GPU is `whole` (`timeslice` when the claim
 //! time-slices it), a MIG device `mig`, a vGPU slice `vgpu`; a claim used by `n`
 //! containers charges each `1 / n` of its devices, so a shared GPU is charged once.
+//! Per-process memory is attributed to their whole-GPU, time-sliced and MIG holds as in
+//! the table: their pods' UIDs come from the kubelet's DRA checkpoint
+//! ([`add_claim_pod_uids`]) where the device-plugin pods' come from its device checkpoint
+//! ([`pod_uids`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -141,6 +145,8 @@ pub struct ClaimUnit {
 /// files of its allocation directory.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DraClaim {
+    /// The claim's UID (the key of the driver's checkpoint record).
+    pub uid: String,
     pub namespace: String,
     pub name: String,
     pub devices: Vec<ClaimDevice>,
@@ -201,6 +207,65 @@ pub fn pod_uids(
         }
     }
     out
+}
+
+/// Adds the UIDs of the pods running with DRA claims to `uids` (the device-plugin pods'
+/// [`pod_uids`]). PodResources names a claim's pods by namespace and name, the kubelet's
+/// DRA checkpoint by UID (`claim_pods`: claim UID → the UIDs of the pods it runs with the
+/// claim), and the driver's prepared claims join the two (claim namespace and name → claim
+/// UID). A claim that PodResources lists for one pod whose UID is not known yet, and that
+/// the kubelet records with one UID not known yet, names that pod's UID: a claim of one
+/// pod names its pod; a claim shared by several pods names the last one once the others'
+/// UIDs are known (from the device checkpoint or from their own claims). Any other pod
+/// stays unknown, and its processes are attributed to no one rather than guessed.
+pub fn add_claim_pod_uids(
+    uids: &mut BTreeMap<(String, String), String>,
+    claim_holders: &[ClaimHolder],
+    claims: &[DraClaim],
+    claim_pods: &BTreeMap<String, BTreeSet<String>>,
+) {
+    let claim_uid: BTreeMap<(&str, &str), &str> = claims
+        .iter()
+        .map(|c| ((c.namespace.as_str(), c.name.as_str()), c.uid.as_str()))
+        .collect();
+    // Claim UID → the pods PodResources lists with it.
+    let mut users: BTreeMap<&str, BTreeSet<(&str, &str)>> = BTreeMap::new();
+    for h in claim_holders {
+        if let Some(uid) = claim_uid.get(&(h.claim_namespace.as_str(), h.claim_name.as_str())) {
+            users
+                .entry(uid)
+                .or_default()
+                .insert((h.namespace.as_str(), h.pod.as_str()));
+        }
+    }
+    let mut known: BTreeSet<String> = uids.values().cloned().collect();
+    // Naming one pod can leave a shared claim with one open pod: again until a pass
+    // names none.
+    loop {
+        let mut named = false;
+        for (claim, pods) in &users {
+            let Some(recorded) = claim_pods.get(*claim) else {
+                continue;
+            };
+            let mut open_pods = pods
+                .iter()
+                .filter(|(ns, pod)| !uids.contains_key(&(ns.to_string(), pod.to_string())));
+            let mut open_uids = recorded.iter().filter(|u| !known.contains(*u));
+            if let (Some((ns, pod)), None, Some(uid), None) = (
+                open_pods.next(),
+                open_pods.next(),
+                open_uids.next(),
+                open_uids.next(),
+            ) {
+                uids.insert((ns.to_string(), pod.to_string()), uid.clone());
+                known.insert(uid.clone());
+                named = true;
+            }
+        }
+        if !named {
+            return;
+        }
+    }
 }
 
 /// Labels of the per-GPU gauges.
@@ -1476,6 +1541,7 @@ mod tests {
 
     fn claim(name: &str, devices: Vec<ClaimDevice>) -> DraClaim {
         DraClaim {
+            uid: format!("claim-uid-{name}"),
             namespace: "ml".into(),
             name: name.into(),
             devices,
@@ -1598,6 +1664,124 @@ mod tests {
         // The GPUs keep their `dra` mode label.
         let gpu6 = t.gpus.iter().find(|g| g.labels.gpu == "GPU-6").unwrap();
         assert_eq!(gpu6.labels.mode, "dra");
+    }
+
+    /// The kubelet's DRA state of [`dra_world`]'s claims: claim UID → pod UIDs.
+    fn claim_pods(entries: &[(&str, &[&str])]) -> BTreeMap<String, BTreeSet<String>> {
+        entries
+            .iter()
+            .map(|(claim, pods)| {
+                (
+                    format!("claim-uid-{claim}"),
+                    pods.iter().map(|p| p.to_string()).collect(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn dra_claim_containers_get_their_pods_processes_memory() {
+        use crate::gpu::ProcessUsage;
+        let proc_ = |pid, mib: u64| ProcessUsage {
+            pid,
+            memory_used_bytes: Some(mib * 1024 * 1024),
+        };
+        let mut w = dra_world();
+        // GPU 4 is `trainer`'s whole-GPU claim; GPU 5 the time-sliced claim of `ts-a`
+        // and `ts-b`; GPU 1 holds `small`'s MIG device.
+        w.usage[1].processes = vec![
+            proc_(100, 4000), // trainer
+            proc_(101, 1000), // trainer
+            proc_(300, 7000), // in no pod: nobody's
+            proc_(400, 9000), // ts-a's, which holds nothing on GPU 4: nobody's
+        ];
+        w.usage[2].processes = vec![proc_(400, 2000), proc_(500, 3000)];
+        w.usage[0].processes = vec![proc_(600, 1500)];
+        for (pid, uid) in [
+            (100, "uid-trainer"),
+            (101, "uid-trainer"),
+            (400, "uid-ts-a"),
+            (500, "uid-ts-b"),
+            (600, "uid-small"),
+        ] {
+            w.process_pods.insert(pid, uid.to_string());
+        }
+        // The kubelet records the shared claim with both pods; `ts-b` is known from
+        // the device checkpoint (it also holds a device-plugin device), so the shared
+        // claim's other UID is `ts-a`'s.
+        let recorded = claim_pods(&[
+            ("train", &["uid-trainer"]),
+            ("shared", &["uid-ts-a", "uid-ts-b"]),
+            ("mig", &["uid-small"]),
+            ("slice", &["uid-infer"]),
+        ]);
+        w.pod_uids
+            .insert(("ml".into(), "ts-b".into()), "uid-ts-b".into());
+        add_claim_pod_uids(&mut w.pod_uids, &w.claim_holders, &w.claims, &recorded);
+        let named = |pod: &str| {
+            w.pod_uids
+                .get(&("ml".to_string(), pod.to_string()))
+                .cloned()
+        };
+        assert_eq!(named("trainer").as_deref(), Some("uid-trainer"));
+        assert_eq!(named("ts-a").as_deref(), Some("uid-ts-a"));
+        assert_eq!(named("infer").as_deref(), Some("uid-infer"));
+
+        let t = run(&w, 10.0);
+        let mib = 1024.0 * 1024.0;
+        // A whole GPU: its pod's processes (5000 MiB), not the GPU's used 30 GiB.
+        assert_eq!(row(&t, "trainer").memory_used_bytes, Some(5000.0 * mib));
+        assert_eq!(row(&t, "ts-a").memory_used_bytes, Some(2000.0 * mib));
+        assert_eq!(row(&t, "ts-b").memory_used_bytes, Some(3000.0 * mib));
+        assert_eq!(row(&t, "small").memory_used_bytes, Some(1500.0 * mib));
+        // The vGPU claim keeps the shim's accounting.
+        assert_eq!(row(&t, "infer").memory_used_bytes, Some(2.0 * GIB as f64));
+
+        // A shared claim whose pods are all unknown cannot be split by UID: neither pod
+        // is named (a time-sliced hold then reports none), never a guess.
+        let mut w2 = dra_world();
+        add_claim_pod_uids(&mut w2.pod_uids, &w2.claim_holders, &w2.claims, &recorded);
+        assert!(!w2.pod_uids.contains_key(&("ml".into(), "ts-a".into())));
+        assert!(!w2.pod_uids.contains_key(&("ml".into(), "ts-b".into())));
+        // Neither is a claim whose kubelet record is missing or names another pod too
+        // (a pod of the claim that PodResources does not list).
+        let mut w3 = dra_world();
+        let odd = claim_pods(&[("train", &["uid-trainer", "uid-gone"])]);
+        add_claim_pod_uids(&mut w3.pod_uids, &w3.claim_holders, &w3.claims, &odd);
+        assert!(w3.pod_uids.is_empty(), "{:?}", w3.pod_uids);
+    }
+
+    #[test]
+    fn a_dra_claim_shared_by_two_containers_of_one_pod_on_one_gpu_is_not_attributed() {
+        use crate::gpu::ProcessUsage;
+        let mut w = dra_world();
+        w.claim_holders
+            .push(claim_holder("trainer", "sidecar", "train", &["gpu-4"]));
+        w.usage[1].processes = vec![ProcessUsage {
+            pid: 100,
+            memory_used_bytes: Some(GIB),
+        }];
+        w.process_pods.insert(100, "uid-trainer".into());
+        let recorded = claim_pods(&[("train", &["uid-trainer"])]);
+        add_claim_pod_uids(&mut w.pod_uids, &w.claim_holders, &w.claims, &recorded);
+        assert_eq!(
+            w.pod_uids.get(&("ml".to_string(), "trainer".to_string())),
+            Some(&"uid-trainer".to_string()),
+            "one pod, one UID"
+        );
+        let t = run(&w, 10.0);
+        let rows: Vec<_> = t
+            .containers
+            .iter()
+            .filter(|r| r.labels.pod == "trainer")
+            .collect();
+        assert_eq!(rows.len(), 2);
+        // Neither container is given the process: both keep the GPU's used memory.
+        assert!(
+            rows.iter()
+                .all(|r| r.memory_used_bytes == Some(30.0 * GIB as f64)),
+            "{rows:?}"
+        );
     }
 
     #[test]

@@ -17,6 +17,9 @@
  *                   nvmlGpmQueryDeviceSupport says yes) and its GPU instance <gi id> was
  *                   active <percent> % (NVML_GPM_METRIC_GRAPHICS_UTIL) between any two
  *                   samples; without such a line a GPU has no GPM (as an A100)
+ *                   "proc <gpu> <pid> <MiB>" -> a compute process on the GPU using
+ *                   <MiB> (nvmlDeviceGetComputeRunningProcesses_v3 lists it, in file
+ *                   order; the GPU's used memory is the sum of its processes')
  *   events          one command per line, consumed in order by nvmlEventSetWait_v2:
  *                   "xid <gpu> <xid>", "migxid <gpu> <xid>" (on its first MIG device),
  *                   "dbe <gpu>" (events), "remap <gpu> <0|1>" (row
@@ -129,6 +132,9 @@ static dev_t_ H[NGPU];
 #define NGPM 8
 static struct { int gpu; unsigned gi; double util; } GPM[NGPM];
 static int ngpm;
+#define NPROC 32
+static struct { int gpu; unsigned pid; unsigned long long mib; } PROCS[NPROC];
+static int nproc;
 static int mig_needs_reset;
 static int broken_name = -1;
 static char dir[4096];
@@ -164,6 +170,7 @@ static void init_state(void) {
     mig_needs_reset = 0;
     broken_name = -1;
     ngpm = 0;
+    nproc = 0;
     if (f) {
         char line[256];
         while (fgets(line, sizeof line, f))
@@ -172,6 +179,10 @@ static void init_state(void) {
             else if (strncmp(line, "gpm ", 4) == 0 && ngpm < NGPM &&
                      sscanf(line + 4, "%d %u %lf", &GPM[ngpm].gpu, &GPM[ngpm].gi, &GPM[ngpm].util) == 3)
                 ngpm++;
+            else if (strncmp(line, "proc ", 5) == 0 && nproc < NPROC &&
+                     sscanf(line + 5, "%d %u %llu", &PROCS[nproc].gpu, &PROCS[nproc].pid,
+                            &PROCS[nproc].mib) == 3)
+                nproc++;
         fclose(f);
     }
 }
@@ -253,7 +264,26 @@ nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(void *d, memory_v2_t *m) {
     m->total = g->mem_mib * MIB;
     m->reserved = 0;
     m->used = 0;
-    m->free = m->total;
+    if (!((dev_t_ *)d)->is_mig)
+        for (int i = 0; i < nproc; i++)
+            if (PROCS[i].gpu == ((dev_t_ *)d)->gpu) m->used += PROCS[i].mib * MIB;
+    m->free = m->total - m->used;
+    return OK;
+}
+/* nvmlProcessInfo_v2_t, which the _v3 call fills. */
+typedef struct { unsigned pid; unsigned long long usedGpuMemory; unsigned gpuInstanceId, computeInstanceId; } process_info_t;
+nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(void *d, unsigned *count, process_info_t *out) {
+    if (!whole(d) || !count) return INVALID_ARG;
+    int gpu = ((dev_t_ *)d)->gpu;
+    unsigned n = 0;
+    for (int i = 0; i < nproc; i++)
+        if (PROCS[i].gpu == gpu) n++;
+    if (*count < n || (!out && n > 0)) { *count = n; return INSUFFICIENT_SIZE; }
+    n = 0;
+    for (int i = 0; i < nproc; i++)
+        if (PROCS[i].gpu == gpu)
+            out[n++] = (process_info_t){PROCS[i].pid, PROCS[i].mib * MIB, 0xFFFFFFFFu, 0xFFFFFFFFu};
+    *count = n;
     return OK;
 }
 nvmlReturn_t nvmlDeviceGetCudaComputeCapability(void *d, int *ma, int *mi) {

@@ -419,6 +419,41 @@ impl Kubelet {
         Ok(answers)
     }
 
+    /// A container's devices recorded as [`Kubelet::admit`] records them once `Allocate`
+    /// answered (PodResources and the checkpoint's `PodDeviceEntries`), without calling a
+    /// plugin: for tests whose device plugin is not served (the answer recorded is empty).
+    pub fn record_allocation(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        container: &str,
+        resource: &str,
+        ids: &[&str],
+    ) {
+        let mut pods = self.shared.pods.lock().unwrap();
+        let pos = match pods.iter().position(|p| p.uid == uid) {
+            Some(pos) => pos,
+            None => {
+                pods.push(AdmittedPod {
+                    namespace: namespace.into(),
+                    name: name.into(),
+                    uid: uid.into(),
+                    containers: Vec::new(),
+                    claims: Vec::new(),
+                });
+                pods.len() - 1
+            }
+        };
+        pods[pos].containers.push((
+            container.into(),
+            resource.into(),
+            ids.iter().map(|i| i.to_string()).collect(),
+            pb::ContainerAllocateResponse::default(),
+        ));
+        self.write_pod_entries(&pods);
+    }
+
     /// The DRA manager ran a pod's container with a prepared claim: listed in
     /// PodResources, the pod recorded for the claim in `dra_manager_state` (module doc).
     /// `devices`: (driver, pool, device, CDI IDs) as the driver answered.
