@@ -48,6 +48,7 @@ pub(crate) mod error;
 pub mod evictions;
 pub mod extender;
 pub(crate) mod holds;
+pub(crate) mod in_flight;
 pub(crate) mod incremental;
 #[cfg(test)]
 mod incremental_tests;

@@ -16,10 +16,10 @@
 
 use super::cache::Cache;
 use super::error::{Error, Result};
+use super::in_flight::at_most;
 use super::resources::crd_resource;
 use super::time::{rfc3339, Millis};
 use super::workload_record::{OwnerRef, Update, WorkloadSpec, WorkloadStatus, KEY_ANNOTATION};
-use super::writes::at_most;
 use kube::api::{Api, ApiResource, DynamicObject, PostParams};
 use serde_json::{json, Value};
 use std::collections::BTreeMap;

@@ -34,7 +34,6 @@ use super::{
     ORIGINAL_PARALLELISM_ANNOTATION, PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION,
 };
 use crate::quota::WaitForPodsReady;
-use futures::stream::{FuturesUnordered, StreamExt};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
 use k8s_openapi::api::core::v1::Pod;
@@ -45,30 +44,6 @@ use kube::api::{Api, ApiResource, DeleteParams, DynamicObject, PostParams, Preco
 use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::future::Future;
-
-/// Runs `writes`, at most `limit` at a time, and gives their outcomes (in the order
-/// they finish). For writes to distinct objects: each waits for its own round trip, so
-/// n of them take about n / `limit` round trips instead of n.
-pub(crate) async fn at_most<T, F: Future<Output = T>>(
-    writes: impl IntoIterator<Item = F>,
-    limit: usize,
-) -> Vec<T> {
-    let mut writes = writes.into_iter();
-    let mut running = FuturesUnordered::new();
-    let mut out = Vec::new();
-    loop {
-        while running.len() < limit.max(1) {
-            match writes.next() {
-                Some(w) => running.push(w),
-                None => break,
-            }
-        }
-        match running.next().await {
-            Some(t) => out.push(t),
-            None => return out,
-        }
-    }
-}
 
 /// Every write a pass makes. `Err` is the API server's answer (409, 404, 429, …).
 pub trait Writes {

@@ -92,6 +92,22 @@ pub struct AdmittedPod {
     pub claims: Vec<(String, String, pr::DynamicResource)>,
 }
 
+/// The index of pod `uid` in `pods`, added (with no containers or claims) when it is not
+/// there yet.
+fn pod_index(pods: &mut Vec<AdmittedPod>, namespace: &str, name: &str, uid: &str) -> usize {
+    if let Some(pos) = pods.iter().position(|p| p.uid == uid) {
+        return pos;
+    }
+    pods.push(AdmittedPod {
+        namespace: namespace.into(),
+        name: name.into(),
+        uid: uid.into(),
+        containers: Vec::new(),
+        claims: Vec::new(),
+    });
+    pods.len() - 1
+}
+
 /// What a container asks the device manager for: (container, resource, count).
 pub type ContainerAsk<'a> = (&'a str, &'a str, usize);
 
@@ -393,19 +409,7 @@ impl Kubelet {
                 .remove(0);
             {
                 let mut pods = self.shared.pods.lock().unwrap();
-                let pos = match pods.iter().position(|p| p.uid == uid) {
-                    Some(pos) => pos,
-                    None => {
-                        pods.push(AdmittedPod {
-                            namespace: namespace.into(),
-                            name: name.into(),
-                            uid: uid.into(),
-                            containers: Vec::new(),
-                            claims: Vec::new(),
-                        });
-                        pods.len() - 1
-                    }
-                };
+                let pos = pod_index(&mut pods, namespace, name, uid);
                 pods[pos].containers.push((
                     container.to_string(),
                     resource.to_string(),
@@ -432,19 +436,7 @@ impl Kubelet {
         ids: &[&str],
     ) {
         let mut pods = self.shared.pods.lock().unwrap();
-        let pos = match pods.iter().position(|p| p.uid == uid) {
-            Some(pos) => pos,
-            None => {
-                pods.push(AdmittedPod {
-                    namespace: namespace.into(),
-                    name: name.into(),
-                    uid: uid.into(),
-                    containers: Vec::new(),
-                    claims: Vec::new(),
-                });
-                pods.len() - 1
-            }
-        };
+        let pos = pod_index(&mut pods, namespace, name, uid);
         pods[pos].containers.push((
             container.into(),
             resource.into(),
@@ -485,19 +477,7 @@ impl Kubelet {
                 .collect(),
         };
         let mut pods = self.shared.pods.lock().unwrap();
-        let pos = match pods.iter().position(|p| p.uid == uid) {
-            Some(pos) => pos,
-            None => {
-                pods.push(AdmittedPod {
-                    namespace: namespace.into(),
-                    name: name.into(),
-                    uid: uid.into(),
-                    containers: Vec::new(),
-                    claims: Vec::new(),
-                });
-                pods.len() - 1
-            }
-        };
+        let pos = pod_index(&mut pods, namespace, name, uid);
         pods[pos]
             .claims
             .push((container.into(), claim_uid.into(), claim));
