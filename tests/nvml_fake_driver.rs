@@ -559,3 +559,140 @@ async fn the_sampler_attributes_per_process_memory_to_device_plugin_and_dra_cont
         "one series per container: {page}"
     );
 }
+
+/// Two pods share one DRA whole-GPU claim and hold nothing else: the kubelet's DRA
+/// checkpoint records both UIDs for the claim and nothing pairs them with the pods'
+/// names, so without the API server each container shows the GPU's whole figure. With the
+/// agent's API client (the pods read for their labels), each pod's UID comes from the
+/// API server and each container gets its own pod's processes' memory.
+#[tokio::test]
+async fn pods_sharing_one_dra_claim_get_their_own_processes_memory_from_the_api_servers_uids() {
+    use std::sync::Arc;
+    use support::apiserver::ApiServer;
+    use support::kubelet::Kubelet;
+    use tessera::deviceplugin::snapshot::Snapshot;
+    use tessera::dra::checkpoint::{self, Phase, PreparedClaim, PreparedDevice, Store};
+    use tessera::metrics::sampler::{self, SamplerSettings};
+    use tessera::metrics::NodeMetrics;
+    use tessera::shimfiles::AllocDirs;
+    use tokio_util::sync::CancellationToken;
+
+    const NODE: &str = "gpu-node-1";
+    const MIB: f64 = 1024.0 * 1024.0;
+    let pods = [
+        ("a", "5a1e2f3a-4b5c-4d6e-9f0a-1b2c3d4e5f6a", 2001, 1500.0),
+        ("b", "6b1e2f3a-4b5c-4d6e-9f0a-1b2c3d4e5f6b", 2002, 600.0),
+    ];
+    let fake = FakeDriver::build("proc 2 2001 1500\nproc 2 2002 600\n");
+    let tmp = tempfile::tempdir().unwrap();
+    let proc_root = tmp.path().join("proc");
+    for (_, uid, pid, _) in pods {
+        let dir = proc_root.join(pid.to_string());
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(
+            dir.join("cgroup"),
+            format!("0::/kubepods/besteffort/pod{uid}/0123abcd\n"),
+        )
+        .unwrap();
+    }
+    let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
+    let state = tmp.path().join("state");
+    let mut data = checkpoint::Data::default();
+    data.claims.insert(
+        "claim-uid-shared".into(),
+        PreparedClaim {
+            namespace: "ml".into(),
+            name: "shared-gpu".into(),
+            phase: Phase::Completed,
+            devices: vec![PreparedDevice {
+                pool: NODE.into(),
+                device: "gpu-2".into(),
+                request_names: vec!["gpu".into()],
+                cdi_device_ids: vec!["tessera.io/gpu=claim-uid-shared-gpu-2".into()],
+                mig: None,
+                time_slice: None,
+            }],
+        },
+    );
+    Store::new(&state.join("dra")).write(&data).unwrap();
+    std::fs::create_dir_all(state.join("vgpu")).unwrap();
+    let api = ApiServer::empty().await;
+    for (name, uid, _, _) in pods {
+        kubelet.admit_claim(
+            "ml",
+            name,
+            uid,
+            "main",
+            "claim-uid-shared",
+            "shared-gpu",
+            &[(
+                "gpu.tessera.io",
+                NODE,
+                "gpu-2",
+                vec!["tessera.io/gpu=claim-uid-shared-gpu-2".into()],
+            )],
+        );
+        api.put_object(
+            "/api/v1/namespaces/ml/pods",
+            serde_json::json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": "ml", "uid": uid, "labels": {"team": "recs"}},
+                "spec": {"containers": [{"name": "main", "image": "x"}]}}),
+        );
+    }
+    let used = "tessera_container_gpu_memory_used_bytes";
+    for client in [None, Some(api.client())] {
+        let with_api = client.is_some();
+        let metrics = Arc::new(NodeMetrics::new());
+        let cancel = CancellationToken::new();
+        let settings = SamplerSettings {
+            node_name: NODE.into(),
+            interval: Duration::from_millis(200),
+            forget_after: Duration::from_secs(60),
+            team_label: "team".into(),
+            pod_resources_socket: kubelet.pod_resources_socket(),
+            kubelet_checkpoint: tmp
+                .path()
+                .join("kubelet/device-plugins/kubelet_internal_checkpoint"),
+            alloc_dirs: AllocDirs::new(state.join("vgpu")),
+            client,
+            proc_root: proc_root.clone(),
+        };
+        let (_tap, advertised) = tokio::sync::watch::channel(Arc::new(Snapshot::default()));
+        let backend: Arc<dyn GpuBackend> = Arc::new(fake.backend());
+        tokio::spawn(sampler::run(
+            settings,
+            backend,
+            advertised,
+            metrics.clone(),
+            cancel.clone(),
+        ));
+        // Both containers are charged half the GPU either way; wait for their rows.
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        let page = loop {
+            let page = metrics.encode();
+            let rows = page
+                .lines()
+                .filter(|l| l.starts_with("tessera_container_gpu_allocated_share"))
+                .count();
+            if rows >= 2 && (!with_api || series(&page, used, &[("pod", "b")]).len() == 1) {
+                break page;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "no container rows after 10 s:\n{page}"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        cancel.cancel();
+        for (name, _, _, mib) in pods {
+            let got = series(&page, used, &[("pod", name), ("gpu", L4)]);
+            if with_api {
+                assert_eq!(got, vec![mib * MIB], "{name}: {page}");
+            } else {
+                // No UID: the whole GPU's figure (the mode table's fallback), the same
+                // for both.
+                assert_eq!(got, vec![2100.0 * MIB], "{name} without its UID: {page}");
+            }
+        }
+    }
+}

@@ -492,7 +492,8 @@ fn read_claim_pods(
 /// Pod labels per `(namespace, name)`, read from the API server and kept [`LABELS_TTL`].
 #[derive(Default)]
 struct LabelCache {
-    pods: BTreeMap<(String, String), (PodLabels, Instant)>,
+    /// Each pod's labels, its UID as the API server has it, and when they were read.
+    pods: BTreeMap<(String, String), (PodLabels, Option<String>, Instant)>,
 }
 
 impl LabelCache {
@@ -511,27 +512,37 @@ impl LabelCache {
             if self
                 .pods
                 .get(key)
-                .is_some_and(|(_, at)| now.duration_since(*at) < LABELS_TTL)
+                .is_some_and(|(_, _, at)| now.duration_since(*at) < LABELS_TTL)
             {
                 continue;
             }
             let api: kube::Api<Pod> = kube::Api::namespaced(client.clone(), &key.0);
-            let labels = match tokio::time::timeout(CALL_TIMEOUT, api.get_opt(&key.1)).await {
-                Ok(Ok(Some(pod))) => {
-                    PodLabels::from_labels(&pod.metadata.labels.unwrap_or_default(), team_label)
-                }
-                Ok(Ok(None)) => PodLabels::default(),
+            let (labels, uid) = match tokio::time::timeout(CALL_TIMEOUT, api.get_opt(&key.1)).await
+            {
+                Ok(Ok(Some(pod))) => (
+                    PodLabels::from_labels(&pod.metadata.labels.unwrap_or_default(), team_label),
+                    pod.metadata.uid,
+                ),
+                Ok(Ok(None)) => (PodLabels::default(), None),
                 Ok(Err(e)) => {
                     debug!(namespace = %key.0, pod = %key.1, error = %e, "pod labels not read");
-                    PodLabels::default()
+                    (PodLabels::default(), None)
                 }
-                Err(_) => PodLabels::default(),
+                Err(_) => (PodLabels::default(), None),
             };
-            self.pods.insert(key.clone(), (labels, now));
+            self.pods.insert(key.clone(), (labels, uid, now));
         }
         self.pods
             .iter()
-            .map(|(k, (l, _))| (k.clone(), l.clone()))
+            .map(|(k, (l, _, _))| (k.clone(), l.clone()))
+            .collect()
+    }
+
+    /// The UIDs the API server gave for the pods read (none without a client).
+    fn uids(&self) -> BTreeMap<(String, String), String> {
+        self.pods
+            .iter()
+            .filter_map(|(k, (_, uid, _))| Some((k.clone(), uid.clone()?)))
             .collect()
     }
 }
@@ -640,6 +651,7 @@ pub async fn run(
             &local.claims,
             &local.claim_pods,
         );
+        usage::add_api_pod_uids(&mut pod_uids, labels.uids());
         let tick = usage::tick(
             &Sample {
                 node: &settings.node_name,

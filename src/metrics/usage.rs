@@ -34,7 +34,8 @@
 //! Per-process memory is attributed to their whole-GPU, time-sliced and MIG holds as in
 //! the table: their pods' UIDs come from the kubelet's DRA checkpoint
 //! ([`add_claim_pod_uids`]) where the device-plugin pods' come from its device checkpoint
-//! ([`pod_uids`]).
+//! ([`pod_uids`]); pods neither can name (sharing one claim, holding nothing else) get
+//! the UID the API server gives ([`add_api_pod_uids`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -265,6 +266,19 @@ pub fn add_claim_pod_uids(
         if !named {
             return;
         }
+    }
+}
+
+/// Adds the UIDs the API server gives for the pods still unknown to `uids` (those the
+/// kubelet's checkpoints could not name, such as pods sharing one DRA claim and holding
+/// nothing else). What the kubelet's checkpoints name stays: they are read every sample,
+/// the API server's answer is kept for a while.
+pub fn add_api_pod_uids(
+    uids: &mut BTreeMap<(String, String), String>,
+    from_api: BTreeMap<(String, String), String>,
+) {
+    for (pod, uid) in from_api {
+        uids.entry(pod).or_insert(uid);
     }
 }
 
