@@ -367,6 +367,82 @@ fn series(page: &str, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
         .collect()
 }
 
+/// The node of the sampler tests below.
+const SAMPLER_NODE: &str = "gpu-node-1";
+
+/// The DRA driver's checkpoint under `state` with one prepared whole-GPU claim on the
+/// L4 (`gpu-2`), and the vGPU directory the sampler reads; gives the claim's CDI ID.
+fn prepare_whole_gpu_claim(state: &Path, claim_uid: &str, claim_name: &str) -> String {
+    use tessera::dra::checkpoint::{self, Phase, PreparedClaim, PreparedDevice, Store};
+    let cdi = format!("tessera.io/gpu={claim_uid}-gpu-2");
+    let mut data = checkpoint::Data::default();
+    data.claims.insert(
+        claim_uid.into(),
+        PreparedClaim {
+            namespace: "ml".into(),
+            name: claim_name.into(),
+            phase: Phase::Completed,
+            devices: vec![PreparedDevice {
+                pool: SAMPLER_NODE.into(),
+                device: "gpu-2".into(),
+                request_names: vec!["gpu".into()],
+                cdi_device_ids: vec![cdi.clone()],
+                mig: None,
+                time_slice: None,
+            }],
+        },
+    );
+    Store::new(&state.join("dra")).write(&data).unwrap();
+    std::fs::create_dir_all(state.join("vgpu")).unwrap();
+    cdi
+}
+
+/// The kubelet runs container `main` of pod `ml/<pod>` with that claim.
+fn admit_to_claim(
+    kubelet: &support::kubelet::Kubelet,
+    pod: &str,
+    uid: &str,
+    claim_uid: &str,
+    claim_name: &str,
+    cdi: &str,
+) {
+    kubelet.admit_claim(
+        "ml",
+        pod,
+        uid,
+        "main",
+        claim_uid,
+        claim_name,
+        &[(
+            "gpu.tessera.io",
+            SAMPLER_NODE,
+            "gpu-2",
+            vec![cdi.to_string()],
+        )],
+    );
+}
+
+/// The sampler's settings for a node whose kubelet directory is `<root>/kubelet`.
+fn sampler_settings(
+    root: &Path,
+    kubelet: &support::kubelet::Kubelet,
+    state: &Path,
+    proc_root: PathBuf,
+    client: Option<kube::Client>,
+) -> tessera::metrics::sampler::SamplerSettings {
+    tessera::metrics::sampler::SamplerSettings {
+        node_name: SAMPLER_NODE.into(),
+        interval: Duration::from_millis(200),
+        forget_after: Duration::from_secs(60),
+        team_label: "team".into(),
+        pod_resources_socket: kubelet.pod_resources_socket(),
+        kubelet_checkpoint: root.join("kubelet/device-plugins/kubelet_internal_checkpoint"),
+        alloc_dirs: tessera::shimfiles::AllocDirs::new(state.join("vgpu")),
+        client,
+        proc_root,
+    }
+}
+
 /// Per-process memory through the real usage sampler: the stand-in NVML lists each GPU's
 /// compute processes with their memory, a `--proc-root` stand-in names each PID's pod in
 /// its `cgroup` file (systemd and cgroupfs drivers), and the kubelet double runs a
@@ -380,14 +456,11 @@ async fn the_sampler_attributes_per_process_memory_to_device_plugin_and_dra_cont
     use std::sync::Arc;
     use support::kubelet::Kubelet;
     use tessera::deviceplugin::snapshot::Snapshot;
-    use tessera::dra::checkpoint::{self, Phase, PreparedClaim, PreparedDevice, Store};
-    use tessera::metrics::sampler::{self, SamplerSettings};
+    use tessera::metrics::sampler;
     use tessera::metrics::NodeMetrics;
     use tessera::partition::layout::{Advertisement, Device, Resource, Share, Target};
-    use tessera::shimfiles::AllocDirs;
     use tokio_util::sync::CancellationToken;
 
-    const NODE: &str = "gpu-node-1";
     const TRAINER: &str = "0b8f6c1e-2a3d-4f5e-8a9b-1c2d3e4f5a6b";
     const INFER: &str = "7d1e2f3a-4b5c-4d6e-9f0a-1b2c3d4e5f6a";
     const MIB: f64 = 1024.0 * 1024.0;
@@ -448,55 +521,19 @@ async fn the_sampler_attributes_per_process_memory_to_device_plugin_and_dra_cont
     // The DRA driver prepared a whole-GPU claim on GPU 2; the kubelet runs `infer` with
     // it (PodResources `dynamic_resources`, and the pod's UID in its DRA checkpoint).
     let state = tmp.path().join("state");
-    let mut data = checkpoint::Data::default();
-    data.claims.insert(
-        "claim-uid-infer".into(),
-        PreparedClaim {
-            namespace: "ml".into(),
-            name: "infer-gpu".into(),
-            phase: Phase::Completed,
-            devices: vec![PreparedDevice {
-                pool: NODE.into(),
-                device: "gpu-2".into(),
-                request_names: vec!["gpu".into()],
-                cdi_device_ids: vec!["tessera.io/gpu=claim-uid-infer-gpu-2".into()],
-                mig: None,
-                time_slice: None,
-            }],
-        },
-    );
-    Store::new(&state.join("dra")).write(&data).unwrap();
-    std::fs::create_dir_all(state.join("vgpu")).unwrap();
-    kubelet.admit_claim(
-        "ml",
+    let cdi = prepare_whole_gpu_claim(&state, "claim-uid-infer", "infer-gpu");
+    admit_to_claim(
+        &kubelet,
         "infer",
         INFER,
-        "main",
         "claim-uid-infer",
         "infer-gpu",
-        &[(
-            "gpu.tessera.io",
-            NODE,
-            "gpu-2",
-            vec!["tessera.io/gpu=claim-uid-infer-gpu-2".into()],
-        )],
+        &cdi,
     );
 
     let metrics = Arc::new(NodeMetrics::new());
     let cancel = CancellationToken::new();
-    let settings = SamplerSettings {
-        node_name: NODE.into(),
-        interval: Duration::from_millis(200),
-        forget_after: Duration::from_secs(60),
-        team_label: "team".into(),
-        pod_resources_socket: kubelet.pod_resources_socket(),
-        kubelet_checkpoint: tmp
-            .path()
-            .join("kubelet/device-plugins/kubelet_internal_checkpoint"),
-        alloc_dirs: AllocDirs::new(state.join("vgpu")),
-        client: None,
-        proc_root,
-    };
+    let settings = sampler_settings(tmp.path(), &kubelet, &state, proc_root, None);
     assert_eq!(settings.kubelet_dra_state(), Some(kubelet.dra_state_path()));
     let (_tap, advertised) = tokio::sync::watch::channel(Arc::new(snapshot));
     let backend: Arc<dyn GpuBackend> = Arc::new(fake.backend());
@@ -571,13 +608,10 @@ async fn pods_sharing_one_dra_claim_get_their_own_processes_memory_from_the_api_
     use support::apiserver::ApiServer;
     use support::kubelet::Kubelet;
     use tessera::deviceplugin::snapshot::Snapshot;
-    use tessera::dra::checkpoint::{self, Phase, PreparedClaim, PreparedDevice, Store};
-    use tessera::metrics::sampler::{self, SamplerSettings};
+    use tessera::metrics::sampler;
     use tessera::metrics::NodeMetrics;
-    use tessera::shimfiles::AllocDirs;
     use tokio_util::sync::CancellationToken;
 
-    const NODE: &str = "gpu-node-1";
     const MIB: f64 = 1024.0 * 1024.0;
     let pods = [
         ("a", "5a1e2f3a-4b5c-4d6e-9f0a-1b2c3d4e5f6a", 2001, 1500.0),
@@ -597,41 +631,10 @@ async fn pods_sharing_one_dra_claim_get_their_own_processes_memory_from_the_api_
     }
     let kubelet = Kubelet::start(&tmp.path().join("kubelet/device-plugins")).await;
     let state = tmp.path().join("state");
-    let mut data = checkpoint::Data::default();
-    data.claims.insert(
-        "claim-uid-shared".into(),
-        PreparedClaim {
-            namespace: "ml".into(),
-            name: "shared-gpu".into(),
-            phase: Phase::Completed,
-            devices: vec![PreparedDevice {
-                pool: NODE.into(),
-                device: "gpu-2".into(),
-                request_names: vec!["gpu".into()],
-                cdi_device_ids: vec!["tessera.io/gpu=claim-uid-shared-gpu-2".into()],
-                mig: None,
-                time_slice: None,
-            }],
-        },
-    );
-    Store::new(&state.join("dra")).write(&data).unwrap();
-    std::fs::create_dir_all(state.join("vgpu")).unwrap();
+    let cdi = prepare_whole_gpu_claim(&state, "claim-uid-shared", "shared-gpu");
     let api = ApiServer::empty().await;
     for (name, uid, _, _) in pods {
-        kubelet.admit_claim(
-            "ml",
-            name,
-            uid,
-            "main",
-            "claim-uid-shared",
-            "shared-gpu",
-            &[(
-                "gpu.tessera.io",
-                NODE,
-                "gpu-2",
-                vec!["tessera.io/gpu=claim-uid-shared-gpu-2".into()],
-            )],
-        );
+        admit_to_claim(&kubelet, name, uid, "claim-uid-shared", "shared-gpu", &cdi);
         api.put_object(
             "/api/v1/namespaces/ml/pods",
             serde_json::json!({"apiVersion": "v1", "kind": "Pod",
@@ -644,19 +647,7 @@ async fn pods_sharing_one_dra_claim_get_their_own_processes_memory_from_the_api_
         let with_api = client.is_some();
         let metrics = Arc::new(NodeMetrics::new());
         let cancel = CancellationToken::new();
-        let settings = SamplerSettings {
-            node_name: NODE.into(),
-            interval: Duration::from_millis(200),
-            forget_after: Duration::from_secs(60),
-            team_label: "team".into(),
-            pod_resources_socket: kubelet.pod_resources_socket(),
-            kubelet_checkpoint: tmp
-                .path()
-                .join("kubelet/device-plugins/kubelet_internal_checkpoint"),
-            alloc_dirs: AllocDirs::new(state.join("vgpu")),
-            client,
-            proc_root: proc_root.clone(),
-        };
+        let settings = sampler_settings(tmp.path(), &kubelet, &state, proc_root.clone(), client);
         let (_tap, advertised) = tokio::sync::watch::channel(Arc::new(Snapshot::default()));
         let backend: Arc<dyn GpuBackend> = Arc::new(fake.backend());
         tokio::spawn(sampler::run(
