@@ -1,7 +1,8 @@
 //! Peak resident memory of the node agent under kubelet load (issue 17: ≤ 12 MiB).
 //!
-//! Run: `hack/agent-rss.sh` (or `cargo bench --bench agent_rss`). The release `tessera-node`
-//! (the agent's own binary) on the fake backend (`8xH100-80GB`) is driven by the kubelet emulator of
+//! Run: `hack/agent-rss.sh`, which measures `tessera-node` as the image ships it (the
+//! `node` profile, built for size), or `cargo bench --bench agent_rss` for the bench
+//! profile's build. The agent's own binary on the fake backend (`8xH100-80GB`) is driven by the kubelet emulator of
 //! `tests/support/kubelet.rs` over real unix sockets: registration, `RSS_ALLOCATES`
 //! (default 1,000) Allocates over the kubelet's connection, a kubelet restart (every
 //! resource re-registered and listed again), and as many Allocates again. The figure is

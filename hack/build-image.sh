@@ -6,7 +6,7 @@
 #   NO_IMAGE=1 hack/build-image.sh      # only the build context (target/image/)
 #   PROFILE=dev hack/build-image.sh     # debug build (a quick check of this script)
 # Steps: release build of `tessera`, `tessera-node` (the node agent alone, which the
-# DaemonSet runs) and the shim (libtessera_cuda.so); a root file system with the binaries
+# DaemonSet runs; `node` profile) and the shim (libtessera_cuda.so); a root file system with the binaries
 # at /usr/bin/tessera and /usr/bin/tessera-node, the shim at /usr/lib/tessera/ (where the
 # agent installs it on the host from), the binary's shared libraries exactly as `ldd`
 # lists them, and /etc/passwd and /etc/group naming root and nonroot (65532); then
@@ -18,17 +18,21 @@ version=$(sed -n 's/^version = "\(.*\)"$/\1/p' Cargo.toml | head -n1)
 IMAGE=${IMAGE:-ghcr.io/tessera-io/tessera:$version}
 
 PROFILE=${PROFILE:-release}
+# The node agent is built with the `node` profile (release, optimised for size: its
+# resident memory is mostly code pages; Cargo.toml), everything else with `release`.
 case "$PROFILE" in
-  release) out=target/release ;;
-  dev) out=target/debug ;;
+  release) out=target/release node_profile=node node_out=target/node ;;
+  dev) out=target/debug node_profile=dev node_out=target/debug ;;
   *) echo "build-image: PROFILE is release or dev" >&2; exit 1 ;;
 esac
-# Two builds, so each package gets its own features (and the binary is the one
-# `cargo build --release --bin tessera` makes).
-cargo build --profile "$PROFILE" --locked --bin tessera --bin tessera-node
+# Separate builds, so each package gets its own features (and each binary is the one
+# `cargo build --release --bin tessera` or `cargo build --profile node --bin tessera-node`
+# makes).
+cargo build --profile "$PROFILE" --locked --bin tessera
+cargo build --profile "$node_profile" --locked --bin tessera-node
 cargo build --profile "$PROFILE" --locked -p tessera-cuda --lib
 bin=$out/tessera
-node_bin=$out/tessera-node
+node_bin=$node_out/tessera-node
 shim=$out/libtessera_cuda.so
 for f in "$bin" "$node_bin" "$shim"; do
   [ -f "$f" ] || { echo "build-image: $f was not built" >&2; exit 1; }
