@@ -19,7 +19,7 @@ use super::api::{
     WorkloadPriorityClass,
 };
 use super::error::{Error, Result};
-use super::events::{Event, EventType, FlavorMap, PendingReason, Positions};
+use super::events::{Event, FlavorMap, PendingReason, Positions};
 use super::keyset::KeySet;
 use super::model::{CqId, CqSpec, FrId, LqId, WlId, WorkloadInfo};
 use super::quantity::Time;
@@ -115,6 +115,8 @@ pub struct Stats {
     pub wakes: u64,
     /// Evaluations answered by an identical workload's fresh failure.
     pub memo_hits: u64,
+    /// Waiting workloads [`Engine::report_line`] looked at (its cost).
+    pub line_looks: u64,
 }
 
 /// Key and answer of the last victim search.
@@ -151,6 +153,8 @@ pub(crate) struct Cq {
     pub fail_memo: Option<(u64, Time, u64, super::decide::Decision)>,
     /// Capacity a scale-down freed, kept from expensive borrowers (`hold.rs`).
     pub holds: HashMap<FrId, super::hold::Hold>,
+    /// How far the places reported in this queue can have moved (`line.rs`).
+    pub line: super::line::LineMarks,
 }
 
 /// What one LocalQueue's workloads hold, kept as they are admitted and released.
@@ -227,7 +231,7 @@ pub(crate) struct Wl {
     pub gen: u64,
     pub reason: PendingReason,
     pub reported: Option<(&'static str, String)>,
-    /// The place `reported` was written for ([`place_key`]).
+    /// The place `reported` was written for (`line::place_key`).
     pub reported_place: (usize, usize),
     /// The [`Engine::flush_epoch`] of the last flush that compared its message with
     /// `reported` (a moved line needs no second look at it: `Engine::report_line`).
@@ -326,7 +330,10 @@ pub struct Engine {
     /// `blockAdmission`: the held queues' heads told `WaitingForPodsReady`.
     held_heads: BTreeSet<WlId>,
     /// Flushes of pending events so far (see `Wl::checked`).
-    flush_epoch: u64,
+    pub(crate) flush_epoch: u64,
+    /// Waiting workloads whose last report the controller had the engine forget
+    /// ([`Engine::forget_reported`]): reported again on the next look at their line.
+    pub(crate) forgotten: BTreeSet<WlId>,
     /// Admitted workloads told ready by [`Engine::mark_pods_ready`]: their pods-ready
     /// timeout timer no longer counts (until they are admitted again).
     pub(crate) ready_marked: BTreeSet<WlId>,
@@ -375,6 +382,7 @@ impl Engine {
             held: BTreeSet::new(),
             held_heads: BTreeSet::new(),
             flush_epoch: 0,
+            forgotten: BTreeSet::new(),
             over_quota: BTreeSet::new(),
             ready_marked: BTreeSet::new(),
             timers: BinaryHeap::new(),
@@ -530,6 +538,7 @@ impl Engine {
                     wake_usage: HashMap::new(),
                     fail_memo: None,
                     holds: HashMap::new(),
+                    line: Default::default(),
                 });
                 self.cq_by_name.insert(name.clone(), id);
                 id
@@ -952,102 +961,6 @@ impl Engine {
         }
     }
 
-    /// Emits a `Pending` event for waiting workload `id` at `position` when its reason or
-    /// message differs from the one last reported.
-    fn report_pending(&mut self, id: WlId, position: Option<usize>, now: Time) {
-        self.wls[id].checked = self.flush_epoch;
-        let w = &self.wls[id];
-        let code = w.reason.code();
-        let message = w.reason.message_as(position, self.cfg.positions);
-        if w.reported
-            .as_ref()
-            .is_some_and(|(c, m)| *c == code && *m == message)
-        {
-            return;
-        }
-        let mut ev = Event::new(now, EventType::Pending, w.key.to_string());
-        ev.cluster_queue = w.cq.map(|c| self.cqs[c].spec.name.clone());
-        ev.reason = Some(code.to_string());
-        ev.message = Some(message.clone());
-        ev.position = position;
-        self.events.push(ev);
-        self.wls[id].reported = Some((code, message));
-        self.wls[id].reported_place = place_key(position, self.cfg.positions);
-    }
-
-    /// Emits a `Pending` event for each workload waiting in ClusterQueue `cq` whose
-    /// message changed since it was last reported without its reason being re-decided:
-    /// its place in the queue moved (a workload ahead of it left or arrived). One walk
-    /// over the queue.
-    pub fn report_line(&mut self, cq: &str, now: Time) {
-        let Some(&c) = self.cq_by_name.get(cq) else {
-            return;
-        };
-        if !self.cfg.record_events {
-            return;
-        }
-        let positions = self.cfg.positions;
-        for (rank, id) in self.queue_order(c).into_iter().enumerate() {
-            let w = &self.wls[id];
-            // Compared at its place by the last flush already (a re-decided cohort).
-            if w.state == WlState::Pending && w.checked != self.flush_epoch {
-                let position = w.reason.has_position().then_some(rank + 1);
-                // Its reason is the one reported (every change of a reason is flushed
-                // and compared): the same place writes the same message.
-                if w.reported.is_some() && w.reported_place == place_key(position, positions) {
-                    continue;
-                }
-                self.report_pending(id, position, now);
-            }
-        }
-    }
-
-    /// Forgets what was last reported for `key`: the controller wrote something else
-    /// (or kept the recorded reason), so its next report is a change again.
-    pub fn forget_reported(&mut self, key: &str) {
-        if let Some(&id) = self.wl_by_key.get(key) {
-            self.wls[id].reported = None;
-        }
-    }
-
-    /// The 1-based place of every workload queued or parked in `cq`, in one walk over
-    /// both (each in queue order).
-    pub(crate) fn queue_ranks(&self, cq: CqId) -> HashMap<WlId, usize> {
-        self.queue_order(cq)
-            .into_iter()
-            .enumerate()
-            .map(|(i, id)| (id, i + 1))
-            .collect()
-    }
-
-    /// The workloads queued or parked in `cq`, in queue order (one merge of both).
-    pub(crate) fn queue_order(&self, cq: CqId) -> Vec<WlId> {
-        let q = &self.cqs[cq];
-        let (mut a, mut b) = (q.pending.iter().peekable(), q.parked.iter().peekable());
-        let mut out = Vec::with_capacity(q.pending.len() + q.parked.len());
-        loop {
-            let next = match (a.peek(), b.peek()) {
-                (Some(x), Some(y)) if x <= y => a.next(),
-                (Some(_), Some(_)) => b.next(),
-                (Some(_), None) => a.next(),
-                (None, _) => b.next(),
-            };
-            let Some(key) = next else { break };
-            out.push(key.3);
-        }
-        out
-    }
-
-    /// 1-based place among the pending workloads of its ClusterQueue, when the reason
-    /// is about waiting in line.
-    pub(crate) fn position(&self, id: WlId) -> Option<usize> {
-        let w = &self.wls[id];
-        if !w.reason.has_position() || w.state != WlState::Pending {
-            return None;
-        }
-        Some(self.position_in(w.cq?, id))
-    }
-
     /// Takes the events recorded so far.
     pub fn take_events(&mut self) -> Vec<Event> {
         std::mem::take(&mut self.events)
@@ -1238,13 +1151,6 @@ impl Engine {
         }
     }
 
-    /// 1-based place of `id` among the waiting workloads (queued or parked) of `cq`.
-    fn position_in(&self, cq: CqId, id: WlId) -> usize {
-        let q = &self.cqs[cq];
-        let key = self.wls[id].order_key(id);
-        q.pending.range(..&key).count() + q.parked.range(..&key).count() + 1
-    }
-
     /// `blockAdmission`: `id`'s pods are ready, or it no longer runs. When the last such
     /// workload is done, the held queues go back to scheduling.
     pub(crate) fn pods_ready(&mut self, id: WlId) {
@@ -1259,17 +1165,5 @@ impl Engine {
                 }
             }
         }
-    }
-}
-
-/// What of a workload's place its message shows: nothing, the exact place `(p, p)`, or
-/// with [`Positions::Ranged`] the range holding it further back.
-fn place_key(position: Option<usize>, positions: Positions) -> (usize, usize) {
-    match position {
-        None => (0, 0),
-        Some(p) if positions == Positions::Ranged => {
-            super::events::place_range(p).unwrap_or((p, p))
-        }
-        Some(p) => (p, p),
     }
 }

@@ -2,7 +2,8 @@
 //! that also counts its members per LocalQueue, so the controller's per-LocalQueue
 //! pending gauges are read in a walk over the LocalQueues, never over the workloads.
 //! Reads go through `Deref` to the `BTreeSet`; every change goes through the methods
-//! here, which keep the counts.
+//! here, which keep the counts, and count the changes themselves (`line.rs` bounds how
+//! far any place in the queue moved by them).
 
 use super::engine::OrderKey;
 use super::model::LqId;
@@ -14,6 +15,8 @@ use std::ops::Deref;
 pub(crate) struct KeySet {
     set: BTreeSet<OrderKey>,
     per_lq: HashMap<LqId, usize>,
+    /// Keys inserted or removed so far (never reset).
+    changes: u64,
 }
 
 impl Deref for KeySet {
@@ -30,6 +33,7 @@ impl KeySet {
         let lq = key.4;
         let new = self.set.insert(key);
         if new {
+            self.changes += 1;
             *self.per_lq.entry(lq).or_insert(0) += 1;
         }
         new
@@ -39,6 +43,7 @@ impl KeySet {
     pub fn remove(&mut self, key: &OrderKey) -> bool {
         let gone = self.set.remove(key);
         if gone {
+            self.changes += 1;
             if let Some(n) = self.per_lq.get_mut(&key.4) {
                 *n -= 1;
                 if *n == 0 {
@@ -56,9 +61,20 @@ impl KeySet {
         }
     }
 
-    /// Takes every key out, leaving the set empty.
+    /// Takes every key out, leaving the set empty (each key counts as a change here, and
+    /// the returned set starts counting from nothing).
     pub fn take(&mut self) -> KeySet {
-        std::mem::take(self)
+        let changes = self.changes + self.set.len() as u64;
+        let mut out = std::mem::take(self);
+        out.changes = 0;
+        self.changes = changes;
+        out
+    }
+
+    /// How many keys were inserted or removed so far: a key's place in the set moved by
+    /// at most the changes between two looks at it.
+    pub fn changes(&self) -> u64 {
+        self.changes
     }
 
     /// The members per LocalQueue (only those with some).
@@ -108,5 +124,25 @@ mod tests {
         assert_eq!(counts(&b), vec![(0, 2), (7, 1)]);
         assert_eq!(b.len(), 3);
         assert_eq!(b.first().map(|k| k.3), Some(1));
+    }
+
+    #[test]
+    fn changes_count_every_key_in_or_out() {
+        let mut a = KeySet::default();
+        a.insert(key(1, 0));
+        a.insert(key(2, 0));
+        // Neither a key there already nor a stranger's removal is a change.
+        a.insert(key(1, 0));
+        a.remove(&key(9, 0));
+        assert_eq!(a.changes(), 2);
+        a.remove(&key(1, 0));
+        assert_eq!(a.changes(), 3);
+        // Taking counts each key taken out; the taken set counts from nothing, and
+        // appending it counts each key put in.
+        let taken = a.take();
+        assert_eq!((a.changes(), taken.changes()), (4, 0));
+        let mut b = KeySet::default();
+        b.append(taken);
+        assert_eq!(b.changes(), 1);
     }
 }

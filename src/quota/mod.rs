@@ -9,7 +9,8 @@
 //!
 //! Module map: `accounting` (fit rule, usage), `assign` (flavors and fungibility),
 //! `preempt` (victims, checkpoint-aware), `decide` (one attempt), `lifecycle` (admit,
-//! evict, requeue, finish), `wake` (parking without per-cycle cost), `reserve` (quota
+//! evict, requeue, finish), `wake` (parking without per-cycle cost), `line` (the
+//! places waiting workloads' messages show), `reserve` (quota
 //! held for a preemptor while its victims terminate), `report`, `restore` (record
 //! running workloads after a controller restart), `hold` (capacity a scale-down freed,
 //! kept from expensive borrowers for a while).
@@ -27,6 +28,7 @@ mod hold;
 mod keyset;
 pub(crate) mod kueue_config;
 mod lifecycle;
+mod line;
 pub(crate) mod model;
 pub(crate) mod objects;
 mod preempt;

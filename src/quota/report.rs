@@ -137,7 +137,7 @@ impl Engine {
             .collect();
         let mut out = Vec::with_capacity(wanted.len());
         // One walk, up to the last of them.
-        for (i, id) in self.queue_order(c).into_iter().enumerate() {
+        for (i, id) in self.line(c).enumerate() {
             if out.len() == wanted.len() {
                 break;
             }
