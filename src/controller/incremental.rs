@@ -202,6 +202,9 @@ struct Kept {
     claim_templates: Vec<Value>,
     claims: Vec<Value>,
     lives: HashMap<String, Live>,
+    /// Keys of the running and terminating `lives` with requests (those a fresh pass
+    /// restores), kept with `lives` by `put_live` and `take_live`.
+    running: BTreeSet<String>,
     /// Pod → its workload, and each pod workload's pods.
     pod_wl: HashMap<Key, String>,
     members: HashMap<String, BTreeSet<Key>>,
@@ -308,6 +311,12 @@ impl Incremental {
 
 fn sort_key(l: &Live) -> (Millis, String) {
     (l.admitted_at, l.key.clone())
+}
+
+/// Whether a fresh pass restores live `l` as admitted: it runs or terminates, with
+/// requests read.
+fn restored(l: &Live) -> bool {
+    matches!(l.state, State::Running | State::Terminating) && l.info.is_some()
 }
 
 fn in_engine(l: &Live, errors: &BTreeMap<String, (String, String)>) -> bool {
@@ -439,6 +448,7 @@ fn keep(
         claim_templates: in_ns(&cache.claim_templates),
         claims: in_ns(&cache.claims),
         lives: HashMap::new(),
+        running: BTreeSet::new(),
         pod_wl,
         members,
         submit_errors,
@@ -612,12 +622,16 @@ impl Kept {
                 .or_default()
                 .insert(l.key.clone());
         }
+        if restored(&l) {
+            self.running.insert(l.key.clone());
+        }
         self.lives.insert(l.key.clone(), l);
     }
 
     /// Takes live `wk` out of `lives` and the scope indexes.
     fn take_live(&mut self, wk: &str) -> Option<Live> {
         let l = self.lives.remove(wk)?;
+        self.running.remove(wk);
         let scope = self.scopes.of(&l);
         if let Some(keys) = self.scope_keys.get_mut(&scope) {
             keys.remove(wk);
@@ -779,9 +793,9 @@ impl Kept {
         base.now = now;
         let mut scratch = engine_with_queues(&base, &mut Vec::new());
         let mut running: Vec<&Live> = self
-            .lives
-            .values()
-            .filter(|l| matches!(l.state, State::Running | State::Terminating) && l.info.is_some())
+            .running
+            .iter()
+            .filter_map(|k| self.lives.get(k))
             .collect();
         running.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
         for l in &running {
