@@ -58,6 +58,7 @@ mod stats;
 use apiserver::ApiServer;
 use serde_json::{json, Value};
 use stats::stats;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera::controller::cache::Cache;
@@ -241,6 +242,9 @@ struct Point {
     /// writes (pod status, Event, queue status) it made.
     head: Option<Duration>,
     head_writes: usize,
+    /// Per case above (by its name), the incremental pass's decision alone
+    /// (`IncStats::last_decide`), the rest of the case's time being its writes.
+    decide: BTreeMap<&'static str, Duration>,
     delivery: Vec<Duration>,
     lists: u64,
     /// Passes the incremental decider made from scratch / from the changes.
@@ -521,6 +525,9 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now).await.unwrap();
         point.resize = Some(t.elapsed());
+        if let Some(st) = state.incremental_stats() {
+            point.decide.insert("resize", st.last_decide);
+        }
         assert!(gated(&s, "wait-00000"), "the resized pod still waits");
         // An admission whose write fails: the next pass admits it again.
         create_seen(
@@ -536,6 +543,9 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         let plan = pass_with(&client, &c, &mut state, now + 2).await.unwrap();
         point.retry = Some(t.elapsed());
+        if let Some(st) = state.incremental_stats() {
+            point.decide.insert("retry", st.last_decide);
+        }
         assert!(!gated(&s, "retry"), "retry admitted: {:?}", plan.actions);
         // A preemption in `small`: `low` runs, `urgent` (high priority) evicts it.
         let mut urgent = gated_pod("urgent", "lq-small", 2, "2026-11-18T12:30:00Z");
@@ -552,6 +562,9 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             pass_with(&client, &c, &mut state, now + 3).await.unwrap();
             if name == "urgent" {
                 point.preempt = Some(t.elapsed());
+                if let Some(st) = state.incremental_stats() {
+                    point.decide.insert("preempt", st.last_decide);
+                }
             }
         }
         assert_eq!(s.evictions().len(), 1, "low evicted");
@@ -573,6 +586,9 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 5).await.unwrap();
         point.terminating = Some(t.elapsed());
+        if let Some(st) = state.incremental_stats() {
+            point.decide.insert("terminating", st.last_decide);
+        }
         assert!(!gated(&s, "beside") && gated(&s, "urgent"));
         // The victim's pod is gone: the preemptor is admitted.
         s.delete_object(PODS, "low");
@@ -583,6 +599,9 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 6).await.unwrap();
         point.gone = Some(t.elapsed());
+        if let Some(st) = state.incremental_stats() {
+            point.decide.insert("gone", st.last_decide);
+        }
         assert!(!gated(&s, "urgent"), "the preemptor admitted");
         // Serving: Deployment `web` in `free` scales 1 -> 2 (its ReplicaSet and a new
         // replica pod); the second replica's pass is timed.
@@ -604,6 +623,9 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
                 .unwrap();
             if replicas == 2 {
                 point.serving = Some(t.elapsed());
+                if let Some(st) = state.incremental_stats() {
+                    point.decide.insert("serving", st.last_decide);
+                }
             }
             assert!(!gated(&s, &pod), "{pod} admitted");
         }
@@ -620,6 +642,9 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         pass_with(&client, &c, &mut state, now + 10).await.unwrap();
         point.head = Some(t.elapsed());
         point.head_writes = s.writes() - writes;
+        if let Some(st) = state.incremental_stats() {
+            point.decide.insert("head", st.last_decide);
+        }
         assert!(
             !gated(&s, "wait-00000") || pending < 3,
             "the head of the full queue admitted"
@@ -821,7 +846,7 @@ async fn main() {
             ("held", held_rebuild, held_incr),
             ("head", rebuild.as_ref().and_then(|r| r.head), incr.head),
         ] {
-            cases.push((n, case, r, i));
+            cases.push((n, case, r, i, incr.decide.get(case).copied()));
         }
         head_writes.push((
             n,
@@ -832,21 +857,22 @@ async fn main() {
     println!();
     println!("passes that decided from scratch before (one pass each)");
     println!(
-        "{:>6} | {:>11} | {:>12} | {:>10} | {:>12}",
-        "N", "case", "rebuild", "incr", "rebuild/incr"
+        "{:>6} | {:>11} | {:>12} | {:>10} | {:>12} | {:>12}",
+        "N", "case", "rebuild", "incr", "rebuild/incr", "incr decide"
     );
-    for (n, case, r, i) in cases {
+    for (n, case, r, i, d) in cases {
         let ratio = match (r, i) {
             (Some(r), Some(i)) => format!("{:.1}x", r.as_secs_f64() / i.as_secs_f64().max(1e-9)),
             _ => "-".into(),
         };
         println!(
-            "{:>6} | {:>11} | {:>12} | {:>10} | {:>12}",
+            "{:>6} | {:>11} | {:>12} | {:>10} | {:>12} | {:>12}",
             n,
             case,
             r.map_or("-".into(), ms),
             i.map_or("-".into(), ms),
-            ratio
+            ratio,
+            d.map_or("-".into(), ms)
         );
     }
     println!();
