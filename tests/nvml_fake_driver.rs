@@ -9,6 +9,7 @@ mod support;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use support::exposition::series;
 
 use tessera::gpu::nvml::probe::ProbeConfig;
 use tessera::gpu::nvml::NvmlBackend;
@@ -354,17 +355,50 @@ fn mig_utilization_comes_from_gpm_between_two_reads() {
     }
 }
 
-/// The values of the series of `name` whose labels include all of `labels`.
-fn series(page: &str, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
-    page.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .filter(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .filter_map(|l| l.rsplit(' ').next()?.parse().ok())
-        .collect()
+/// A running sampler over `fake`'s stand-in NVML and the advertised `snapshot`: its
+/// metrics, the token that stops it, and the advertised channel's sender (kept open).
+fn start_sampler(
+    settings: tessera::metrics::sampler::SamplerSettings,
+    snapshot: tessera::deviceplugin::snapshot::Snapshot,
+    fake: &FakeDriver,
+) -> (
+    std::sync::Arc<tessera::metrics::NodeMetrics>,
+    tokio_util::sync::CancellationToken,
+    tokio::sync::watch::Sender<std::sync::Arc<tessera::deviceplugin::snapshot::Snapshot>>,
+) {
+    use std::sync::Arc;
+    let metrics = Arc::new(tessera::metrics::NodeMetrics::new());
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let (tap, advertised) = tokio::sync::watch::channel(Arc::new(snapshot));
+    let backend: Arc<dyn GpuBackend> = Arc::new(fake.backend());
+    tokio::spawn(tessera::metrics::sampler::run(
+        settings,
+        backend,
+        advertised,
+        metrics.clone(),
+        cancel.clone(),
+    ));
+    (metrics, cancel, tap)
+}
+
+/// The agent's metrics page once `ready` holds for it (polled every 50 ms, at most 10 s).
+async fn page_when(
+    metrics: &tessera::metrics::NodeMetrics,
+    what: &str,
+    ready: impl Fn(&str) -> bool,
+) -> String {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let page = metrics.encode();
+        if ready(&page) {
+            return page;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no {what} after 10 s:\n{page}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// The node of the sampler tests below.
@@ -453,13 +487,9 @@ fn sampler_settings(
 /// pod holding nothing on that GPU are blamed on no one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_sampler_attributes_per_process_memory_to_device_plugin_and_dra_containers() {
-    use std::sync::Arc;
     use support::kubelet::Kubelet;
     use tessera::deviceplugin::snapshot::Snapshot;
-    use tessera::metrics::sampler;
-    use tessera::metrics::NodeMetrics;
     use tessera::partition::layout::{Advertisement, Device, Resource, Share, Target};
-    use tokio_util::sync::CancellationToken;
 
     const TRAINER: &str = "0b8f6c1e-2a3d-4f5e-8a9b-1c2d3e4f5a6b";
     const INFER: &str = "7d1e2f3a-4b5c-4d6e-9f0a-1b2c3d4e5f6a";
@@ -531,63 +561,35 @@ async fn the_sampler_attributes_per_process_memory_to_device_plugin_and_dra_cont
         &cdi,
     );
 
-    let metrics = Arc::new(NodeMetrics::new());
-    let cancel = CancellationToken::new();
     let settings = sampler_settings(tmp.path(), &kubelet, &state, proc_root, None);
     assert_eq!(settings.kubelet_dra_state(), Some(kubelet.dra_state_path()));
-    let (_tap, advertised) = tokio::sync::watch::channel(Arc::new(snapshot));
-    let backend: Arc<dyn GpuBackend> = Arc::new(fake.backend());
-    tokio::spawn(sampler::run(
-        settings,
-        backend,
-        advertised,
-        metrics.clone(),
-        cancel.clone(),
-    ));
+    let (metrics, cancel, _tap) = start_sampler(settings, snapshot, &fake);
     let used = "tessera_container_gpu_memory_used_bytes";
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let page = loop {
-        let page = metrics.encode();
-        if series(&page, used, &[("pod", "trainer")]).len() == 1
-            && series(&page, used, &[("pod", "infer")]).len() == 1
-        {
-            break page;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "no per-container memory after 10 s:\n{page}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    let page = page_when(&metrics, "per-container memory", |page| {
+        series(page, used, &[("pod", "trainer")]).len() == 1
+            && series(page, used, &[("pod", "infer")]).len() == 1
+    })
+    .await;
     cancel.cancel();
     // The GPUs' own figures are every process's: 5,200 and 2,100 MiB.
-    assert_eq!(
-        series(&page, "tessera_gpu_memory_used_bytes", &[("gpu", B)]),
-        vec![5200.0 * MIB]
-    );
-    assert_eq!(
-        series(&page, "tessera_gpu_memory_used_bytes", &[("gpu", L4)]),
-        vec![2100.0 * MIB]
-    );
+    for (gpu, mib) in [(B, 5200.0), (L4, 2100.0)] {
+        assert_eq!(
+            series(&page, "tessera_gpu_memory_used_bytes", &[("gpu", gpu)]),
+            vec![mib * MIB]
+        );
+    }
     // Each container: its own pod's processes on its GPU (systemd and cgroupfs paths).
-    assert_eq!(
-        series(
-            &page,
-            used,
-            &[("pod", "trainer"), ("gpu", B), ("mode", "whole")]
-        ),
-        vec![4000.0 * MIB],
-        "{page}"
-    );
-    assert_eq!(
-        series(
-            &page,
-            used,
-            &[("pod", "infer"), ("gpu", L4), ("mode", "whole")]
-        ),
-        vec![2000.0 * MIB],
-        "{page}"
-    );
+    for (pod, gpu, mib) in [("trainer", B, 4000.0), ("infer", L4, 2000.0)] {
+        assert_eq!(
+            series(
+                &page,
+                used,
+                &[("pod", pod), ("gpu", gpu), ("mode", "whole")]
+            ),
+            vec![mib * MIB],
+            "{page}"
+        );
+    }
     // Nobody else has a series: the host process (1003), the PID gone (2002) and
     // `infer`'s process on GPU 1 (1004) are attributed to no container.
     assert_eq!(
@@ -604,13 +606,9 @@ async fn the_sampler_attributes_per_process_memory_to_device_plugin_and_dra_cont
 /// API server and each container gets its own pod's processes' memory.
 #[tokio::test]
 async fn pods_sharing_one_dra_claim_get_their_own_processes_memory_from_the_api_servers_uids() {
-    use std::sync::Arc;
     use support::apiserver::ApiServer;
     use support::kubelet::Kubelet;
     use tessera::deviceplugin::snapshot::Snapshot;
-    use tessera::metrics::sampler;
-    use tessera::metrics::NodeMetrics;
-    use tokio_util::sync::CancellationToken;
 
     const MIB: f64 = 1024.0 * 1024.0;
     let pods = [
@@ -645,35 +643,17 @@ async fn pods_sharing_one_dra_claim_get_their_own_processes_memory_from_the_api_
     let used = "tessera_container_gpu_memory_used_bytes";
     for client in [None, Some(api.client())] {
         let with_api = client.is_some();
-        let metrics = Arc::new(NodeMetrics::new());
-        let cancel = CancellationToken::new();
         let settings = sampler_settings(tmp.path(), &kubelet, &state, proc_root.clone(), client);
-        let (_tap, advertised) = tokio::sync::watch::channel(Arc::new(Snapshot::default()));
-        let backend: Arc<dyn GpuBackend> = Arc::new(fake.backend());
-        tokio::spawn(sampler::run(
-            settings,
-            backend,
-            advertised,
-            metrics.clone(),
-            cancel.clone(),
-        ));
+        let (metrics, cancel, _tap) = start_sampler(settings, Snapshot::default(), &fake);
         // Both containers are charged half the GPU either way; wait for their rows.
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        let page = loop {
-            let page = metrics.encode();
+        let page = page_when(&metrics, "container rows", |page| {
             let rows = page
                 .lines()
                 .filter(|l| l.starts_with("tessera_container_gpu_allocated_share"))
                 .count();
-            if rows >= 2 && (!with_api || series(&page, used, &[("pod", "b")]).len() == 1) {
-                break page;
-            }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "no container rows after 10 s:\n{page}"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        };
+            rows >= 2 && (!with_api || series(page, used, &[("pod", "b")]).len() == 1)
+        })
+        .await;
         cancel.cancel();
         for (name, _, _, mib) in pods {
             let got = series(&page, used, &[("pod", name), ("gpu", L4)]);

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 use serde_json::json;
 use support::agent::AgentBuilder;
 use support::apiserver::ApiServer;
+use support::exposition::value;
 use support::kubelet::Kubelet;
 use support::prometheus::Prometheus;
 use tessera::gpu::{GpuBackend, GpuUsage};
@@ -58,20 +59,6 @@ fn usage(uuid: &str, used: u64, util: u32) -> GpuUsage {
         utilization_percent: Some(util),
         ..GpuUsage::default()
     }
-}
-
-/// The value of the one series of `name` whose labels include all of `labels`, read from
-/// the agent's own page.
-fn value(page: &str, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
-    page.lines()
-        .filter(|l| l.starts_with(&format!("{name}{{")))
-        .find(|l| {
-            labels
-                .iter()
-                .all(|(k, v)| l.contains(&format!("{k}=\"{v}\"")))
-        })
-        .and_then(|l| l.rsplit(' ').next())
-        .and_then(|v| v.parse().ok())
 }
 
 async fn wait_for<T>(what: &str, timeout: Duration, mut f: impl FnMut() -> Option<T>) -> T {

@@ -5,6 +5,7 @@ pub mod apiserver;
 pub mod dra_agent;
 pub mod dra_kubelet;
 pub mod dra_pool;
+pub mod exposition;
 pub mod http;
 pub mod kubelet;
 pub mod prometheus;
