@@ -149,6 +149,11 @@ impl Engine {
         let moved = changes.saturating_sub(self.cqs[c].line.base);
         let q = &self.cqs[c];
         let len = q.pending.len() + q.parked.len();
+        // One that left the line since (admitted, finished, backing off) is reported
+        // afresh when it queues again (`enqueue` marks it for the next flush).
+        let wls = &self.wls;
+        self.forgotten
+            .retain(|&id| wls[id].state == WlState::Pending);
         let forgotten: Vec<WlId> = self
             .forgotten
             .iter()
