@@ -365,7 +365,10 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
         cache.pods[0]
             .get(&key("slow"))
             .is_some_and(|p| !p["metadata"]["deletionTimestamp"].is_null())
-            && !cache.requeue_states.is_empty()
+            && cache
+                .records
+                .get(&key("pod-slow"))
+                .is_some_and(|r| r["status"]["requeueState"].is_object())
     })
     .await;
     pass_with(&client, &c, &mut state, evicted_at + 1)

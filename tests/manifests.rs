@@ -729,10 +729,10 @@ fn daemonset_runs_without_feature_discovery() {
     ]));
 }
 
-/// The controller may not write ConfigMaps but its requeue state, nor pods anywhere
-/// without a reason: write verbs are in the workloads role (bindable per namespace),
-/// ConfigMap writes are by name except create, and the admission policy covers what
-/// RBAC cannot, for the controller's own service account.
+/// The controller may not write ConfigMaps at all (its requeue state lives on its own
+/// Workload records), nor pods anywhere without a reason: write verbs are in the
+/// workloads role (bindable per namespace), and the admission policy covers what RBAC
+/// cannot, for the controller's own service account.
 #[test]
 fn controller_rbac_is_narrowed_to_what_it_manages() {
     let docs = yaml_docs("daemonset/controller/rbac.yaml");
@@ -768,15 +768,15 @@ fn controller_rbac_is_narrowed_to_what_it_manages() {
             }
         }
     }
-    // ConfigMaps: only tessera-requeue-state, except create (which RBAC cannot name).
-    for r in role("tessera-controller-workloads") {
-        if has(&r, "resources", "configmaps") {
-            let only_create = r["verbs"].as_array().unwrap().iter().all(|v| v == "create");
-            assert!(
-                only_create || r["resourceNames"] == serde_json::json!(["tessera-requeue-state"]),
-                "{r:?}"
-            );
+    // No ConfigMap or Secret is read or written, in any role.
+    for name in ["tessera-controller", "tessera-controller-workloads"] {
+        for r in role(name) {
+            for res in ["configmaps", "secrets"] {
+                assert!(!has(&r, "resources", res), "{name}: {r:?}");
+            }
         }
+    }
+    for r in role("tessera-controller-workloads") {
         assert!(
             !has(&r, "verbs", "*") && !has(&r, "resources", "*"),
             "{r:?}"
@@ -796,7 +796,7 @@ fn controller_rbac_is_narrowed_to_what_it_manages() {
     assert_eq!(patch["$patch"], "delete");
     assert_eq!(patch["metadata"]["name"], binding["metadata"]["name"]);
     // The admission policy applies to the controller's service account, is bound, and
-    // covers pods (update, delete, eviction) and ConfigMaps (create, update, delete).
+    // covers pods (update, delete, eviction).
     let sa = &yaml_docs("daemonset/controller/serviceaccount.yaml")[0];
     let user = format!(
         "system:serviceaccount:{}:{}",
@@ -831,9 +831,6 @@ fn controller_rbac_is_narrowed_to_what_it_manages() {
         ("pods", "UPDATE"),
         ("pods", "DELETE"),
         ("pods/eviction", "CREATE"),
-        ("configmaps", "CREATE"),
-        ("configmaps", "UPDATE"),
-        ("configmaps", "DELETE"),
     ] {
         assert!(covered(res, op), "the policy does not cover {op} {res}");
     }
@@ -843,11 +840,7 @@ fn controller_rbac_is_narrowed_to_what_it_manages() {
         .iter()
         .map(|v| v["expression"].as_str().unwrap().to_string())
         .collect();
-    for want in [
-        "kube-system",
-        "tessera-requeue-state",
-        "tessera.io/queue-name",
-    ] {
+    for want in ["kube-system", "tessera.io/queue-name"] {
         assert!(checks.contains(want), "{want}");
     }
 }

@@ -7,7 +7,7 @@ use super::evictions::EvictionBackoff;
 use super::model::{Action, ObjKind, ObjRef, Plan};
 use super::readiness::{Hold, Requeue};
 use super::reconciler::{apply_with, write_status};
-use super::requeue_state::{self, Book, Entry};
+use super::requeue_state::{self, Entry, Forget};
 use super::time::Millis;
 use super::workload_record::Update;
 use super::writes::{Writes, Written};
@@ -91,17 +91,16 @@ impl Writes for Recorder {
         &self,
         namespace: &str,
         _set: &[Entry],
-        _forget: &BTreeMap<String, String>,
+        _forget: &BTreeMap<String, Forget>,
     ) -> Result<requeue_state::Written> {
         self.answer(format!("requeue-state {namespace}"))
-            .map(|_| requeue_state::Written::Unchanged)
+            .map(|_| requeue_state::Written::default())
     }
     async fn fresh_hold(
         &self,
         _cfg: &WaitForPodsReady,
         workload: &str,
         _now: Millis,
-        _read_now: &mut BTreeMap<String, Book>,
     ) -> Result<Option<Hold>> {
         self.answer(format!("read-hold {workload}"))
             .map(|_| self.hold.clone())

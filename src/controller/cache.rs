@@ -20,13 +20,12 @@
 //! watch missed it) stops being waited for after [`ECHO_WAIT`], and the object follows
 //! the watch again.
 
-use super::requeue_book;
 use super::resources::{crd_resource, dra_resource, QUEUE_KINDS};
 use crate::quota::objects::QUEUE_LABELS;
 use futures::StreamExt;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, watcher, Event};
 use kube::runtime::WatchStreamExt;
@@ -321,11 +320,11 @@ pub struct Cache {
     pub stateful_sets: Store,
     pub claim_templates: Store,
     pub claims: Store,
-    /// The `waitForPodsReady` requeue state ConfigMaps ([`super::requeue_state`]).
-    pub requeue_states: Store,
     /// The controller's own `Workload` records ([`super::workload_record`]): what it
-    /// wrote, so an unchanged record is not written again. Not a pass input (not in
-    /// [`Cache::stores`]): a record changing wakes no pass.
+    /// wrote, so an unchanged record is not written again, and the requeue state of pod
+    /// groups and lone pods ([`super::requeue_state`]), which a pass reads. Not in
+    /// [`Cache::stores`]: a record changing wakes no pass (a requeue state matters only
+    /// with `waitForPodsReady`, whose passes are timed).
     pub records: Store,
 }
 
@@ -363,11 +362,6 @@ impl Cache {
                 true,
             ),
             claims: Store::new(dra_resource("ResourceClaim", "resourceclaims"), None, true),
-            requeue_states: Store::new(
-                ApiResource::erase::<ConfigMap>(&()),
-                Some(requeue_book::LABEL.to_string()),
-                false,
-            ),
             records: Store::new(crd_resource("Workload", "workloads"), None, true),
         }
     }
@@ -384,14 +378,14 @@ impl Cache {
             &self.stateful_sets,
             &self.claim_templates,
             &self.claims,
-            &self.requeue_states,
         ]);
         out
     }
 
-    /// Whether every store has completed its first LIST.
+    /// Whether every store, the records' included, has completed its first LIST (a
+    /// restarted controller decides only once it has read the requeue states back).
     pub fn synced(&self) -> bool {
-        self.stores().iter().all(|s| s.synced())
+        self.fed_stores().iter().all(|s| s.synced())
     }
 
     /// Sum of the stores' generations: unchanged means no object changed.

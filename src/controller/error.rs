@@ -29,6 +29,9 @@ pub enum Error {
     /// A write kept meeting newer versions of its object (409) and gave up.
     #[error("{0}: still conflicting after retries")]
     Conflicting(String),
+    /// An object a write would change is not the one it expects (names it and why).
+    #[error("{0}")]
+    Unexpected(String),
     /// A listener could not be bound or accepted on.
     #[error("{what}: {source}")]
     Io {

@@ -25,7 +25,7 @@
 //! for the pass that ends the hold. With `waitForPodsReady` the kept pass follows the rest
 //! as a fresh pass does: a pods-ready timeout due makes its workload terminate (evicted again each pass
 //! until its objects change, its scope re-decided), a requeue backoff ending submits
-//! its workload, the requeue state ConfigMaps are read again where they changed (the
+//! its workload, the records' requeue states are read again where they changed (the
 //! workloads whose entries moved are read again) and their entries no longer needed are
 //! forgotten (cost: the entries). A waiting workload whose requests, priority, creation
 //! or requeue state changed, an admission the objects do not show on the next pass (its write failed),
@@ -75,13 +75,15 @@ use super::decide::{
 use super::evictions::Blocked;
 use super::holds::Holds;
 use super::lease::Millis;
-use super::pods_ready::{self, state_kept_in_configmap};
+use super::pods_ready::{self, state_kept_on_record};
 use super::record_updates;
-use super::requeue_state::{self, Book};
+use super::requeue_book::{self, Book};
+use super::requeue_state;
 use super::serving::{
     desired_replicas, replica_set_of, replica_set_owners, Owner, ServingIndex, ServingKind,
 };
 use super::snapshot::{owned_by, serving_objects, snapshot_cached};
+use super::workload_record::OwnerRef;
 use super::workloads::{done_pod_workload_key, job_workload_key, live_pod_workload_key};
 use crate::quota::{Engine, EventType, Restored, WaitForPodsReady};
 use serde_json::{json, Value};
@@ -184,8 +186,9 @@ struct Kept {
     /// terminating (a fresh pass reads them so) and evicted again each pass until their
     /// objects change.
     timed_out: BTreeSet<(Millis, String)>,
-    /// With `waitForPodsReady`: the requeue state ConfigMaps as read, by their key.
-    books: BTreeMap<Key, Book>,
+    /// With `waitForPodsReady`: the requeue states of pod groups' and lone pods' records,
+    /// by workload key.
+    books: Book,
     /// Finished pods (`Succeeded` / `Failed`) → their workload, and how many each
     /// workload has: a requeue state entry of a finished workload is forgotten.
     done_pods: HashMap<Key, String>,
@@ -302,7 +305,7 @@ impl Incremental {
             None => self.stats.last_fallback = Some("nothing kept"),
         }
         self.stats.full += 1;
-        let seen: Vec<u64> = cache.stores().iter().map(|s| s.generation()).collect();
+        let seen: Vec<u64> = cache.fed_stores().iter().map(|s| s.generation()).collect();
         let (plan, built, snap, base) = full_pass(cache, cfg, now, blocked);
         self.kept = keep(cache, cfg, &plan, built, &snap, base, seen);
         plan
@@ -419,13 +422,8 @@ fn keep(
         touched_while_held: kept_recorded,
         held_heads: BTreeSet::new(),
         books: match cfg.pods_ready {
-            Some(_) => cache
-                .requeue_states
-                .values()
-                .iter()
-                .map(|v| (key_of(v), requeue_state::read(std::slice::from_ref(v))))
-                .collect(),
-            None => BTreeMap::new(),
+            Some(_) => requeue_state::read(&cache.records.values()),
+            None => Book::default(),
         },
         done_pods: HashMap::new(),
         finished: HashMap::new(),
@@ -851,7 +849,7 @@ impl Kept {
             return Err("a workload read under another key");
         }
         let mut live = lives.pop();
-        if let Some(l) = live.as_mut().filter(|l| state_kept_in_configmap(l)) {
+        if let Some(l) = live.as_mut().filter(|l| state_kept_on_record(l)) {
             l.requeue = pods_ready::latest(l.requeue, self.book_requeue(&l.key));
         }
         Ok(live)
@@ -1066,7 +1064,8 @@ fn fast_pass(
     if let Some((_, why)) = checks.iter().find(|(bad, _)| *bad) {
         return Err(why);
     }
-    let stores = cache.stores();
+    // The pass inputs, then the records (whose requeue states a pass reads).
+    let stores = cache.fed_stores();
     let seen: Vec<u64> = stores.iter().map(|s| s.generation()).collect();
     if seen.len() != kept.seen.len() {
         return Err("stores changed");
@@ -1108,24 +1107,34 @@ fn fast_pass(
             .filter(|(ns, _)| kept.queued_ns.contains(ns))
             .collect();
     }
-    // Requeue state ConfigMaps: the workloads whose entries changed are read again.
+    // Records: the workloads whose requeue states changed are read again.
     let mut state_changed: BTreeSet<String> = BTreeSet::new();
     if cfg.pods_ready.is_some() {
-        let keys = changed(&stores[states_at..], &kept.seen[states_at..])
-            .ok_or("requeue state listed again")?;
+        let keys =
+            changed(&stores[states_at..], &kept.seen[states_at..]).ok_or("records listed again")?;
         for k in keys {
-            let old = kept.books.remove(&k).unwrap_or_default();
-            let new = stores[states_at]
+            let read = stores[states_at]
                 .get(&k)
-                .map(|v| requeue_state::read(std::slice::from_ref(&v)))
-                .unwrap_or_default();
-            for (wk, entry) in old.entries.iter().chain(&new.entries) {
-                if old.entries.get(wk) != Some(entry) || new.entries.get(wk) != Some(entry) {
-                    state_changed.insert(wk.clone());
-                }
+                .as_ref()
+                .and_then(requeue_book::read_one);
+            // The state a record of this name held, under the key it was read for.
+            let old = kept
+                .books
+                .entries
+                .iter()
+                .find(|(_, s)| (&s.namespace, &s.name) == (&k.0, &k.1))
+                .map(|(wk, s)| (wk.clone(), s.clone()));
+            if old == read {
+                continue;
             }
-            if !new.entries.is_empty() || !new.problems.is_empty() {
-                kept.books.insert(k, new);
+            for (wk, _) in old.iter().chain(&read) {
+                state_changed.insert(wk.clone());
+            }
+            if let Some((wk, _)) = old {
+                kept.books.entries.remove(&wk);
+            }
+            if let Some((wk, stored)) = read {
+                kept.books.entries.insert(wk, stored);
             }
         }
     }
@@ -1644,8 +1653,7 @@ fn fast_pass(
     drop(serving);
     kept.serving_objs = objs;
     plan.problems = kept.base_problems.clone();
-    plan.problems
-        .extend(kept.books.values().flat_map(|b| b.problems.iter().cloned()));
+    plan.problems.extend(kept.books.problems().cloned());
     let mut unfit: Vec<(&(Millis, String), &String)> = kept.unfit.values().flatten().collect();
     unfit.sort();
     plan.problems
@@ -1751,19 +1759,15 @@ impl Kept {
                 return Err("bookkeeping: a pods-ready timeout not taken");
             }
         }
-        let mut forget: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
-        for book in self.books.values() {
-            let gone = pods_ready::forgotten(
-                cfg,
-                now,
-                book,
-                |k| self.lives.get(k),
-                |k| self.finished.contains_key(k),
-            );
-            for (ns, entries) in gone {
-                forget.entry(ns).or_default().extend(entries);
-            }
-        }
+        let finished_pods = |wk: &str| -> Option<Vec<OwnerRef>> {
+            self.finished.contains_key(wk).then(|| {
+                let pods = self.done_pods.iter().filter(|(_, w)| w.as_str() == wk);
+                pods.map(|((_, name), _)| pods_ready::pod_owner(name))
+                    .collect()
+            })
+        };
+        let forget =
+            pods_ready::forgotten(cfg, now, &self.books, |k| self.lives.get(k), finished_pods);
         let mut actions = pods_ready::state_actions(set, forget);
         actions.append(&mut out);
         Ok(actions)
@@ -1827,12 +1831,9 @@ impl Kept {
         Ok(())
     }
 
-    /// The requeue state the ConfigMaps keep for workload `key`.
+    /// The requeue state workload `key`'s record keeps.
     fn book_requeue(&self, key: &str) -> Option<pods_ready::Requeue> {
-        let (ns, _) = key.split_once('/')?;
-        self.books
-            .get(&(ns.to_string(), requeue_state::CONFIGMAP_NAME.to_string()))
-            .and_then(|b| b.requeue(key))
+        self.books.requeue(key)
     }
 
     /// Records whether pod `pod` is finished, for workload `done` (`None`: not finished

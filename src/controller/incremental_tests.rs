@@ -17,8 +17,11 @@ use super::incremental::{decide_cached, Incremental};
 use super::pods_ready::{
     EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
 };
+use super::requeue_book;
+use super::requeue_state;
 use super::serving::HOLD_FREED_ANNOTATION;
 use super::time::rfc3339;
+use super::workload_record::record_name;
 use super::{ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE};
 use super::{ADMITTED_COUNT_ANNOTATION, ORIGINAL_PARALLELISM_ANNOTATION};
 use super::{PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION};
@@ -76,7 +79,7 @@ impl World {
             protected: Default::default(),
             blocked: BTreeMap::new(),
         };
-        for s in w.cache.stores() {
+        for s in w.cache.fed_stores() {
             s.replace(Vec::new());
         }
         w.put(0, json!({"metadata": {"name": "team", "labels": {}}}));
@@ -132,11 +135,11 @@ impl World {
         w
     }
 
-    /// Upserts into store `i` of [`Cache::stores`] with the next resourceVersion.
+    /// Upserts into store `i` of [`Cache::fed_stores`] with the next resourceVersion.
     fn put(&mut self, i: usize, mut v: Value) {
         self.rv += 1;
         v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
-        self.cache.stores()[i].upsert(v);
+        self.cache.fed_stores()[i].upsert(v);
     }
 
     fn pods(&self) -> Vec<Value> {
@@ -624,31 +627,39 @@ impl World {
                     set,
                     forget,
                 } => {
-                    // As `requeue_state::write`: merged into the namespace's ConfigMap, which
-                    // is deleted with its last entry.
-                    let key = (
-                        namespace.clone(),
-                        super::requeue_state::CONFIGMAP_NAME.to_string(),
-                    );
-                    let cm = self.cache.requeue_states.get(&key);
-                    let mut data: BTreeMap<String, String> = cm
-                        .as_ref()
-                        .and_then(|c| serde_json::from_value(c["data"].clone()).ok())
-                        .unwrap_or_default();
-                    let before = data.clone();
-                    super::requeue_state::merge(&mut data, set, forget);
-                    if data.is_empty() {
-                        // Its last entry forgotten: deleted.
-                        self.cache.requeue_states.remove(&key);
-                    } else if data != before {
-                        let i = self.cache.stores().len() - 1;
-                        self.put(
-                            i,
-                            json!({"apiVersion": "v1", "kind": "ConfigMap",
-                                "metadata": {"name": key.1, "namespace": key.0,
-                                    "labels": {super::requeue_state::LABEL: super::requeue_state::FORMAT}},
-                                "data": data}),
-                        );
+                    // As `requeue_state::write`: each state moved forward on its record;
+                    // a forgotten one cleared, or deleted with its record.
+                    let records = self.cache.fed_stores().len() - 1;
+                    for e in set {
+                        let key = (namespace.clone(), record_name(&e.workload));
+                        let stored = self.cache.records.get(&key);
+                        let after = requeue_state::recorded(namespace, e, None, stored.clone());
+                        if let Some(v) = after.filter(|v| Some(v) != stored.as_ref()) {
+                            self.put(records, v);
+                        }
+                    }
+                    for (name, f) in forget {
+                        let key = (namespace.clone(), name.clone());
+                        let Some(mut v) = self.cache.records.get(&key) else {
+                            continue;
+                        };
+                        if requeue_book::seen(&v) != f.seen {
+                            continue;
+                        }
+                        match &f.owners {
+                            None => self.cache.records.remove(&key),
+                            Some(owners) => {
+                                let refs: Vec<Value> = owners
+                                    .iter()
+                                    .map(|o| json!({"kind": o.kind, "name": o.name}))
+                                    .collect();
+                                v["metadata"]["ownerReferences"] = json!(refs);
+                                v["status"]
+                                    .as_object_mut()
+                                    .map(|s| s.remove("requeueState"));
+                                self.put(records, v);
+                            }
+                        }
                     }
                 }
             }
@@ -1420,13 +1431,17 @@ fn pods_ready_passes_stay_incremental() {
     // The eviction's write is lost once: the next pass evicts again.
     w.apply(&plan, Some(1));
     let entry = |w: &World| {
-        let cm = (
-            "team".to_string(),
-            super::requeue_state::CONFIGMAP_NAME.to_string(),
-        );
-        w.cache.requeue_states.get(&cm).map(|v| v["data"].clone())
+        let key = ("team".to_string(), record_name(&format!("team/pod-{late}")));
+        w.cache
+            .records
+            .get(&key)
+            .map(|v| v["status"]["requeueState"].clone())
     };
-    assert!(entry(&w).is_some_and(|d| d.as_object().is_some_and(|d| d.len() == 1)));
+    assert!(
+        entry(&w).is_some_and(|s| s["count"] == 1),
+        "{:?}",
+        entry(&w)
+    );
     let plan = pass(&mut w, &mut inc);
     assert_eq!(kinds(&plan), ["other", "evict"], "{plan:?}");
     w.apply(&plan, None);
@@ -1451,7 +1466,7 @@ fn pods_ready_passes_stay_incremental() {
     let plan = pass(&mut w, &mut inc);
     assert_eq!(kinds(&plan), ["other", "ready"], "{plan:?}");
     w.apply(&plan, None);
-    assert!(entry(&w).is_none(), "deleted with its last entry");
+    assert!(entry(&w).is_some_and(|s| s.is_null()), "cleared once Ready");
     assert!(pass(&mut w, &mut inc).actions.is_empty());
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }

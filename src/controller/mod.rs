@@ -9,8 +9,8 @@
 //! - Leaves every pass module imports, importing nothing of the controller above them:
 //!   [`time`] (milliseconds, RFC 3339), [`model`] (the pass's [`model::Snapshot`] in,
 //!   its [`model::Plan`] of actions out), [`readiness`] (what objects record about
-//!   readiness and requeues, pure), [`requeue_book`] (the requeue ConfigMap's book,
-//!   pure), [`resources`] (API resources for the CRDs and DRA kinds).
+//!   readiness and requeues, pure), [`requeue_book`] (the requeue states read from
+//!   the `Workload` records, pure), [`resources`] (API resources for the CRDs and DRA kinds).
 //! - [`decide`] (pure): snapshot of the API server → admit / evict / pending actions;
 //!   `workloads` reads the live objects as workloads; [`incremental`] keeps the engine
 //!   between passes over the watch-fed cache and applies only what changed;
@@ -18,7 +18,7 @@
 //! - [`config`]: the configuration file (Kueue's `waitForPodsReady`, device classes).
 //! - [`pods_ready`]: `waitForPodsReady` timeouts and requeue backoff;
 //!   [`requeue_state`]: the requeue state of pod groups and pods without a serving
-//!   owner, kept in a ConfigMap per namespace so it outlives their pods.
+//!   owner, kept on their `Workload` record, which outlives their pods.
 //! - [`evictions`]: retry backoff of evictions a PodDisruptionBudget refuses.
 //! - [`snapshot`]: reads a pass's objects (by LIST, or from the watch-fed [`cache`]);
 //!   [`reconciler`]: applies the actions, runs the loop.

@@ -3,7 +3,7 @@
 //! modules: [`super::decide`], [`super::incremental`], [`super::pods_ready`] and the
 //! [`super::reconciler`] that applies a plan all take their types from here.
 
-use super::requeue_book::Entry;
+use super::requeue_book::{Entry, Forget};
 use super::serving::{Owner, ServingKind};
 use super::time::Millis;
 use super::workload_record::Update;
@@ -39,9 +39,10 @@ pub struct Snapshot {
     pub blocked: BTreeMap<ObjRef, Blocked>,
     /// Kueue's `waitForPodsReady`, when enabled.
     pub pods_ready: Option<WaitForPodsReady>,
-    /// The requeue state ConfigMaps of pod groups and pods without a serving owner
-    /// ([`super::requeue_state`]; read only with `waitForPodsReady`).
-    pub requeue_states: Vec<Value>,
+    /// The `Workload` records, whose `status.requeueState` keeps the requeue state of
+    /// pod groups and pods without a serving owner ([`super::requeue_state`]; read only
+    /// with `waitForPodsReady`).
+    pub records: Vec<Value>,
 }
 
 /// Kind of object a workload is made of.
@@ -135,14 +136,14 @@ pub enum Action {
     },
     /// Annotate a serving owner with its admitted / desired replicas (`"2/4"`).
     Replicas { owner: ObjRef, value: String },
-    /// Write the requeue state of pod groups and pods without a serving owner into the
-    /// namespace's ConfigMap ([`super::requeue_state`]): `set` comes before the
-    /// evictions of the same pass, which are not done when it fails; `forget` removes
-    /// entries (data key → value read) that still hold the value read.
+    /// Write the requeue state of pod groups and pods without a serving owner onto their
+    /// records in one namespace ([`super::requeue_state`]): `set` comes before the
+    /// evictions of the same pass, which are not done when it fails; `forget` (record
+    /// name → how) clears or deletes states that still hold the value read.
     RequeueState {
         namespace: String,
         set: Vec<Entry>,
-        forget: BTreeMap<String, String>,
+        forget: BTreeMap<String, Forget>,
     },
 }
 

@@ -15,10 +15,10 @@
 //! which outlives its pods: the replacement replicas it creates wait out the backoff,
 //! and past `backoffLimitCount` stay gated as `Deactivated` (remove the annotations
 //! from the owner to start over). Pod groups and pods without a serving owner have no
-//! such object: their state is kept in the namespace's `tessera-requeue-state`
-//! ConfigMap ([`super::requeue_state`]), written before their pods are evicted (a
-//! failed write defers the eviction to the next pass) and forgotten once the workload
-//! is Ready or finished, or when none of its pods existed for the state's TTL.
+//! such object: their state is kept on their `Workload` record
+//! ([`super::requeue_state`]), written before their pods are evicted (a failed write
+//! defers the eviction to the next pass) and forgotten once the workload is Ready or
+//! finished, or with the record when none of its pods existed for the state's TTL.
 //!
 //! A timeout is counted once per admission: state recorded at or after the workload's
 //! admission already counts it (a pass whose eviction failed after the state was
@@ -35,8 +35,9 @@ pub(crate) use super::readiness::{
     hold, latest, next_count, timed_out, Hold, Requeue, EVICTED_AT_ANNOTATION,
     PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
 };
-use super::requeue_book::{self, Book, Entry};
+use super::requeue_book::{self, Book, Entry, Forget};
 use super::time::Millis;
+use super::workload_record::OwnerRef;
 use super::workloads::{done_pod_workload_key, Live, State};
 use crate::quota::{EngineConfig, Time, WaitForPodsReady, WorkloadInfo};
 use std::collections::{BTreeMap, BTreeSet};
@@ -62,22 +63,22 @@ pub(super) fn queued_at(l: &Live) -> Millis {
     l.requeue.map_or(created, |r| created.max(r.evicted_at))
 }
 
-/// Whether `l`'s requeue state is kept in the requeue state ConfigMap: a pod group or a
-/// pod without a serving owner (a Job and a serving owner carry their own).
-pub(super) fn state_kept_in_configmap(l: &Live) -> bool {
+/// Whether `l`'s requeue state is kept on its record alone: a pod group or a pod
+/// without a serving owner (a Job and a serving owner carry their own).
+pub(super) fn state_kept_on_record(l: &Live) -> bool {
     l.serving.is_none() && l.objects.first().is_some_and(|o| o.kind == ObjKind::Pod)
 }
 
-/// `waitForPodsReady` over a pass's workloads: reads the requeue state ConfigMaps into
+/// `waitForPodsReady` over a pass's workloads: reads the records' requeue states into
 /// the workloads whose state they keep, records workloads whose pods became Ready,
 /// evicts those admitted longer than the timeout without it (they keep their quota while
 /// their pods terminate, like preemption victims) and forgets state no longer needed.
 /// The state writes come first in the plan: an eviction follows its state.
 pub(super) fn timeouts(cfg: &WaitForPodsReady, s: &Snapshot, lives: &mut [Live], plan: &mut Plan) {
     let now = s.now;
-    let book = requeue_book::read(&s.requeue_states);
-    plan.problems.extend(book.problems.iter().cloned());
-    for l in lives.iter_mut().filter(|l| state_kept_in_configmap(l)) {
+    let book = requeue_book::read(&s.records);
+    plan.problems.extend(book.problems().cloned());
+    for l in lives.iter_mut().filter(|l| state_kept_on_record(l)) {
         l.requeue = latest(l.requeue, book.requeue(&l.key));
     }
     let mut set: BTreeMap<String, Vec<Entry>> = BTreeMap::new();
@@ -101,18 +102,24 @@ pub(super) fn timeouts(cfg: &WaitForPodsReady, s: &Snapshot, lives: &mut [Live],
             actions.push(timeout_eviction(l, now, &mut set));
         }
     }
-    // Entries to forget (none to look for without entries: the usual pass).
+    // States to forget (none to look for without states: the usual pass).
     let forget = if book.entries.is_empty() {
         BTreeMap::new()
     } else {
         let live: BTreeMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
-        let finished: BTreeSet<String> = s.pods.iter().filter_map(done_pod_workload_key).collect();
+        let mut finished: BTreeMap<String, Vec<OwnerRef>> = BTreeMap::new();
+        for p in &s.pods {
+            if let Some(wk) = done_pod_workload_key(p) {
+                let name = p["metadata"]["name"].as_str().unwrap_or_default();
+                finished.entry(wk).or_default().push(pod_owner(name));
+            }
+        }
         forgotten(
             cfg,
             now,
             &book,
             |k| live.get(k).copied(),
-            |k| finished.contains(k),
+            |k| finished.get(k).cloned(),
         )
     };
     plan.actions.extend(state_actions(set, forget));
@@ -120,16 +127,16 @@ pub(super) fn timeouts(cfg: &WaitForPodsReady, s: &Snapshot, lives: &mut [Live],
 }
 
 /// The eviction of running workload `l` for a pods-ready timeout at `now`; the requeue
-/// state entry to write before it goes into `set` when the ConfigMap keeps its state.
+/// state to write before it goes into `set` when its record alone keeps it.
 pub(super) fn timeout_eviction(
     l: &Live,
     now: Millis,
     set: &mut BTreeMap<String, Vec<Entry>>,
 ) -> Action {
     let count = next_count(l.requeue, l.admitted_at);
-    if state_kept_in_configmap(l) {
-        if let Some((ns, _)) = requeue_book::entry_name(&l.key) {
-            set.entry(ns).or_default().push(Entry {
+    if state_kept_on_record(l) {
+        if let Some((ns, _)) = l.key.split_once('/') {
+            set.entry(ns.to_string()).or_default().push(Entry {
                 workload: l.key.clone(),
                 requeue: Requeue {
                     count,
@@ -154,10 +161,10 @@ pub(super) fn timeout_eviction(
     }
 }
 
-/// The state writes of a pass, one per namespace with entries to set or forget.
+/// The state writes of a pass, one per namespace with states to set or forget.
 pub(super) fn state_actions(
     mut set: BTreeMap<String, Vec<Entry>>,
-    mut forget: BTreeMap<String, BTreeMap<String, String>>,
+    mut forget: BTreeMap<String, BTreeMap<String, Forget>>,
 ) -> Vec<Action> {
     let namespaces: BTreeSet<String> = set.keys().chain(forget.keys()).cloned().collect();
     namespaces
@@ -170,33 +177,57 @@ pub(super) fn state_actions(
         .collect()
 }
 
-/// The entries no longer needed, per namespace (data key → value read): of workloads
-/// running with all pods Ready (now or once), of finished workloads (`finished`: only
-/// `Succeeded` / `Failed` pods left), and of workloads without any pod for the state's
-/// TTL after their eviction. Corrupt entries go with their workload's Ready or finish.
-/// `live` finds a workload of the pass by key. Cost: the entries.
+/// A pod as a record's owner.
+pub(super) fn pod_owner(name: &str) -> OwnerRef {
+    OwnerRef {
+        kind: "Pod",
+        name: name.to_string(),
+    }
+}
+
+/// The states no longer needed, per namespace (record name → how it goes): of workloads
+/// running with all pods Ready (now or once) and of finished workloads (`finished` gives
+/// their pods: only `Succeeded` / `Failed` ones left), cleared, the record belonging to
+/// the pods again; of workloads without any pod for the state's TTL after their
+/// eviction (at once for an unreadable state), deleted with the record. `live` finds a
+/// workload of the pass by key. Cost: the states.
 pub(super) fn forgotten<'a>(
     cfg: &WaitForPodsReady,
     now: Millis,
     book: &Book,
     live: impl Fn(&str) -> Option<&'a Live>,
-    finished: impl Fn(&str) -> bool,
-) -> BTreeMap<String, BTreeMap<String, String>> {
-    let mut out: BTreeMap<String, BTreeMap<String, String>> = BTreeMap::new();
+    finished: impl Fn(&str) -> Option<Vec<OwnerRef>>,
+) -> BTreeMap<String, BTreeMap<String, Forget>> {
+    let mut out: BTreeMap<String, BTreeMap<String, Forget>> = BTreeMap::new();
     let ttl = requeue_book::ttl(cfg);
     for (key, stored) in &book.entries {
-        let gone = match live(key) {
-            Some(l) => l.state == State::Running && (l.ready || l.ready_recorded),
-            None if finished(key) => true,
-            None => stored
-                .requeue
-                .is_some_and(|r| now >= r.evicted_at.saturating_add(ttl)),
+        let owners = match live(key) {
+            Some(l) if l.state == State::Running && (l.ready || l.ready_recorded) => {
+                let pods = l.objects.iter().filter(|o| o.kind == ObjKind::Pod);
+                Some(pods.map(|o| pod_owner(&o.name)).collect())
+            }
+            Some(_) => continue,
+            None => match finished(key) {
+                Some(mut pods) => {
+                    pods.sort_by(|a, b| a.name.cmp(&b.name));
+                    Some(pods)
+                }
+                None if stored
+                    .requeue
+                    .is_some_and(|r| now < r.evicted_at.saturating_add(ttl)) =>
+                {
+                    continue
+                }
+                None => None,
+            },
         };
-        if gone {
-            out.entry(stored.namespace.clone())
-                .or_default()
-                .insert(stored.name.clone(), stored.raw.clone());
-        }
+        out.entry(stored.namespace.clone()).or_default().insert(
+            stored.name.clone(),
+            Forget {
+                seen: stored.seen.clone(),
+                owners,
+            },
+        );
     }
     out
 }

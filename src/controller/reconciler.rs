@@ -36,7 +36,7 @@ use super::time::Millis;
 use super::workload_record::Update;
 use super::writes::{KubeWrites, Writes, Written};
 use k8s_openapi::jiff::Timestamp;
-use std::collections::BTreeMap;
+
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -255,8 +255,6 @@ pub(crate) async fn apply_with(
     let mut done = Vec::new();
     // Workloads whose requeue state could not be written: not evicted in this pass.
     let mut unrecorded: std::collections::BTreeSet<String> = Default::default();
-    // Requeue state ConfigMaps read fresh in this apply, per namespace.
-    let mut read_now = BTreeMap::new();
     // The waiting workloads' reasons, written after everything else.
     let mut reasons = Vec::new();
     for (index, action) in plan.actions.iter().enumerate() {
@@ -270,9 +268,9 @@ pub(crate) async fn apply_with(
                 excess,
             } => {
                 // A pod workload's requeue state newer than the pass read (a cache whose
-                // ConfigMap lags behind its pods) defers the admission.
+                // record lags behind its pods) defers the admission.
                 if let (Some(pr), true) = (&cfg.pods_ready, requeue_state::kept_here(workload)) {
-                    match w.fresh_hold(pr, workload, now, &mut read_now).await {
+                    match w.fresh_hold(pr, workload, now).await {
                         Ok(None) => {}
                         Ok(Some(hold)) => {
                             failed += 1;
@@ -418,14 +416,11 @@ pub(crate) async fn apply_with(
                 set,
                 forget,
             } => match w.write_requeue_state(namespace, set, forget).await {
-                Ok(requeue_state::Written::Unchanged) => {}
-                Ok(requeue_state::Written::Stored(_)) => {
+                Ok(written) if written == requeue_state::Written::default() => {}
+                Ok(written) => {
                     tracing::info!(%namespace, set = set.len(), forget = forget.len(),
+                                   stored = written.stored, deleted = written.deleted,
                                    "requeue state written");
-                }
-                Ok(requeue_state::Written::Deleted) => {
-                    tracing::info!(%namespace, forget = forget.len(),
-                                   "requeue state ConfigMap deleted: no entry left");
                 }
                 Err(e) => {
                     failed += 1;

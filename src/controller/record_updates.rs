@@ -3,8 +3,8 @@
 //! requeue state), pending (reason, message, position), pods ready. Pure.
 
 use super::model::{Action, ObjKind, ObjRef};
-use super::readiness::{hold, Hold, Requeue};
-use super::time::{rfc3339, Millis};
+use super::readiness::Requeue;
+use super::time::Millis;
 use super::workload_record::{
     condition, record_name, spec_of, Admission, OwnerRef, PodSetAssignment, RequeueState, Set,
     Update,
@@ -73,16 +73,7 @@ fn owners_of(objects: impl IntoIterator<Item = ObjRef>) -> Vec<OwnerRef> {
 }
 
 fn requeue_state(cx: &Context<'_>, r: Requeue) -> RequeueState {
-    let requeue_at = cx
-        .pods_ready
-        .and_then(|cfg| match hold(cfg, r, r.evicted_at) {
-            Some(Hold::Backoff(until)) => Some(rfc3339(until)),
-            _ => None,
-        });
-    RequeueState {
-        count: Some(r.count),
-        requeue_at,
-    }
+    RequeueState::of(r, cx.pods_ready)
 }
 
 fn update_for<'a>(

@@ -1,14 +1,16 @@
-//! Table tests of the pure decision with requeue state ConfigMaps: a timed-out pod group
+//! Table tests of the pure decision with requeue states on Workload records: a timed-out pod group
 //! gets its state written before its eviction, recreated pods wait out the backoff the
 //! state holds (and stay deactivated past the limit), state no longer needed is
-//! forgotten, and corrupt entries are reported and ignored.
+//! forgotten (cleared, or deleted with the record), and unreadable states are reported
+//! and ignored.
 
 use super::decide::{decide, Action, Plan, Snapshot};
 use super::lease::Millis;
 use super::pods_ready::{next_count, Requeue};
-use super::requeue_book::MIN_TTL;
-use super::requeue_state::{Entry, CONFIGMAP_NAME};
+use super::requeue_book::{seen, Forget, MIN_TTL};
+use super::requeue_state::Entry;
 use super::time::rfc3339;
+use super::workload_record::{OwnerRef, KEY_ANNOTATION};
 use crate::quota::fixtures::{cluster_queue, flavor, local_queue};
 use crate::quota::WaitForPodsReady;
 use serde_json::{json, Value};
@@ -29,7 +31,7 @@ fn pods_ready() -> WaitForPodsReady {
 }
 
 /// A snapshot at `now` with 4 GPUs of quota, `waitForPodsReady` and these objects.
-fn snapshot(now: Millis, pods: Vec<Value>, states: Vec<Value>) -> Snapshot {
+fn snapshot(now: Millis, pods: Vec<Value>, records: Vec<Value>) -> Snapshot {
     let mut cq = cluster_queue("cq")
         .quota("h100", "nvidia.com/gpu", 4)
         .build();
@@ -41,7 +43,7 @@ fn snapshot(now: Millis, pods: Vec<Value>, states: Vec<Value>) -> Snapshot {
         local_queues: vec![local_queue("team", "lq", "cq")],
         namespaces: vec![("team".into(), Default::default())],
         pods,
-        requeue_states: states,
+        records,
         pods_ready: Some(pods_ready()),
         ..Default::default()
     }
@@ -88,21 +90,19 @@ fn group(build: impl Fn(PodB) -> PodB) -> Vec<Value> {
         .collect()
 }
 
-fn state_cm(entries: &[(&str, &str)]) -> Value {
-    let data: serde_json::Map<String, Value> = entries
-        .iter()
-        .map(|(k, v)| (k.to_string(), json!(v)))
-        .collect();
-    json!({"apiVersion": "v1", "kind": "ConfigMap",
-           "metadata": {"name": CONFIGMAP_NAME, "namespace": "team"}, "data": data})
+/// Group `g`'s record holding requeue state `state`.
+fn state_record(state: Value) -> Value {
+    json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Workload",
+           "metadata": {"name": "group-g", "namespace": "team",
+                        "annotations": {KEY_ANNOTATION: "team/group-g"}},
+           "spec": {"queueName": "lq"}, "status": {"requeueState": state}})
 }
 
-fn entry_json(count: u32, evicted_at: Millis) -> String {
-    json!({"workload": "team/group-g", "count": count, "evictedAt": rfc3339(evicted_at)})
-        .to_string()
+fn state_json(count: u32, evicted_at: Millis) -> Value {
+    json!({"count": count, "evictedAt": rfc3339(evicted_at)})
 }
 
-fn state_actions(plan: &Plan) -> Vec<(Vec<Entry>, BTreeMap<String, String>)> {
+fn state_actions(plan: &Plan) -> Vec<(Vec<Entry>, BTreeMap<String, Forget>)> {
     plan.actions
         .iter()
         .filter_map(|a| match a {
@@ -156,8 +156,8 @@ fn a_timed_out_group_writes_its_state_before_its_eviction() {
 
     // The state was written but the eviction failed: retried without counting again.
     let pods = group(|p| p.admitted(NOW - 60_000));
-    let cm = state_cm(&[("group-g", &entry_json(1, NOW))]);
-    let plan = decide(&snapshot(NOW + 1_000, pods, vec![cm]));
+    let record = state_record(state_json(1, NOW));
+    let plan = decide(&snapshot(NOW + 1_000, pods, vec![record]));
     let (set, _) = &state_actions(&plan)[0];
     assert_eq!(set[0].requeue.count, 1);
 }
@@ -188,8 +188,8 @@ fn recreated_pods_wait_out_the_backoff_the_state_holds() {
         ),
     ];
     for (count, now, reason, words) in cases {
-        let cm = state_cm(&[("group-g", &entry_json(count, evicted))]);
-        let plan = decide(&snapshot(now, group(|p| p), vec![cm]));
+        let record = state_record(state_json(count, evicted));
+        let plan = decide(&snapshot(now, group(|p| p), vec![record]));
         match reason {
             Some(r) => {
                 let (got, message) = pending(&plan).expect("a pending reason");
@@ -208,63 +208,80 @@ fn recreated_pods_wait_out_the_backoff_the_state_holds() {
 
 #[test]
 fn state_no_longer_needed_is_forgotten() {
-    let raw = entry_json(1, NOW);
+    let record = state_record(state_json(1, NOW));
     let ttl_over = NOW + MIN_TTL;
-    // (case, pods, now, forgotten)
-    let cases: Vec<(&str, Vec<Value>, Millis, bool)> = vec![
+    let pods = || {
+        Some(
+            ["g-0", "g-1"]
+                .map(|name| OwnerRef {
+                    kind: "Pod",
+                    name: name.into(),
+                })
+                .to_vec(),
+        )
+    };
+    // (case, pods, now, forgotten: None, or the record's owners after (None: deleted))
+    type Owners = Option<Vec<OwnerRef>>;
+    let cases: Vec<(&str, Vec<Value>, Millis, Option<Owners>)> = vec![
         (
             "running and Ready",
             group(|p| p.admitted(NOW + 20_000).ready()),
             NOW + 30_000,
-            true,
+            Some(pods()),
         ),
         (
             "running, not Ready yet",
             group(|p| p.admitted(NOW + 20_000)),
             NOW + 30_000,
-            false,
+            None,
         ),
         (
             "finished",
             group(|p| p.admitted(NOW + 20_000).phase("Succeeded")),
             NOW + 30_000,
-            true,
+            Some(pods()),
         ),
-        ("no pods within the TTL", vec![], ttl_over - 1, false),
-        ("no pods past the TTL", vec![], ttl_over, true),
+        ("no pods within the TTL", vec![], ttl_over - 1, None),
+        ("no pods past the TTL", vec![], ttl_over, Some(None)),
         (
             "recreated and waiting past the TTL",
             group(|p| p),
             ttl_over + 1,
-            false,
+            None,
         ),
     ];
     for (case, pods, now, forgotten) in cases {
-        let cm = state_cm(&[("group-g", &raw)]);
-        let plan = decide(&snapshot(now, pods, vec![cm]));
-        let forgets: Vec<BTreeMap<String, String>> =
+        let plan = decide(&snapshot(now, pods, vec![record.clone()]));
+        let forgets: Vec<BTreeMap<String, Forget>> =
             state_actions(&plan).into_iter().map(|(_, f)| f).collect();
-        let want = if forgotten {
-            vec![[("group-g".to_string(), raw.clone())].into()]
-        } else {
-            vec![]
-        };
+        let want: Vec<BTreeMap<String, Forget>> = forgotten
+            .into_iter()
+            .map(|owners| {
+                let f = Forget {
+                    seen: seen(&record),
+                    owners,
+                };
+                [("group-g".to_string(), f)].into()
+            })
+            .collect();
         assert_eq!(forgets, want, "{case}");
     }
 }
 
 #[test]
-fn corrupt_entries_are_reported_and_ignored() {
-    let cm = state_cm(&[("group-g", "{\"count\": 3"), ("pod-x", "[]")]);
-    let plan = decide(&snapshot(NOW, group(|p| p), vec![cm]));
-    assert!(admitted(&plan), "the corrupt state holds nothing back");
-    assert_eq!(plan.problems.len(), 2, "{:?}", plan.problems);
-    assert!(plan.problems[0].contains("team/tessera-requeue-state, entry \"group-g\""));
-    // Forgotten with their workload's Ready, like a valid entry.
-    let cm = state_cm(&[("group-g", "{\"count\": 3")]);
+fn unreadable_states_are_reported_and_ignored() {
+    let record = state_record(json!({"count": 3, "evictedAt": "soon"}));
+    let plan = decide(&snapshot(NOW, group(|p| p), vec![record.clone()]));
+    assert!(admitted(&plan), "the unreadable state holds nothing back");
+    assert_eq!(plan.problems.len(), 1, "{:?}", plan.problems);
+    assert!(plan.problems[0].contains("Workload team/group-g: status.requeueState"));
+    // Forgotten with their workload's Ready, like a valid state.
     let pods = group(|p| p.admitted(NOW).ready());
-    let plan = decide(&snapshot(NOW + 1_000, pods, vec![cm]));
+    let plan = decide(&snapshot(NOW + 1_000, pods, vec![record.clone()]));
     assert_eq!(state_actions(&plan)[0].1.len(), 1);
+    // And with the record at once when no pod is left: no TTL can be read from it.
+    let plan = decide(&snapshot(NOW + 1_000, vec![], vec![record]));
+    assert_eq!(state_actions(&plan)[0].1["group-g"].owners, None);
 }
 
 #[test]

@@ -7,13 +7,12 @@ use super::cache::Cache;
 use super::config::Config;
 use super::error::{Error, Result};
 use super::model::Snapshot;
-use super::requeue_book;
 use super::resources::{crd_resource, dra_resource, QUEUE_KINDS};
 use super::time::Millis;
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
-use k8s_openapi::api::core::v1::{ConfigMap, Namespace, Pod};
+use k8s_openapi::api::core::v1::{Namespace, Pod};
 use kube::api::{Api, ApiResource, DynamicObject, ListParams};
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet};
@@ -33,6 +32,17 @@ async fn list_values(client: &kube::Client, ar: &ApiResource) -> Result<Vec<Valu
             })
         })
         .collect()
+}
+
+/// The `Workload` records of every namespace (none while the kind is not installed).
+async fn list_records(client: &kube::Client) -> Result<Vec<Value>> {
+    match list_values(client, &crd_resource("Workload", "workloads")).await {
+        Err(Error::Api {
+            source: kube::Error::Api(s),
+            ..
+        }) if s.code == 404 => Ok(Vec::new()),
+        other => other,
+    }
 }
 
 /// Converts listed objects to engine types one by one: a bad object is reported and
@@ -283,11 +293,8 @@ pub async fn snapshot(
             true,
         )
         .await?,
-        requeue_states: match cfg.pods_ready {
-            Some(_) => {
-                let label = [requeue_book::LABEL.to_string()];
-                list_selected(client, &ApiResource::erase::<ConfigMap>(&()), &label).await?
-            }
+        records: match cfg.pods_ready {
+            Some(_) => list_records(client).await?,
             None => Vec::new(),
         },
         pods,
@@ -367,8 +374,8 @@ pub fn snapshot_cached(
         stateful_sets,
         claim_templates: in_namespaces(&cache.claim_templates, when(claims_used)),
         claims: in_namespaces(&cache.claims, when(claims_used)),
-        requeue_states: match cfg.pods_ready {
-            Some(_) => cache.requeue_states.values(),
+        records: match cfg.pods_ready {
+            Some(_) => cache.records.values(),
             None => Vec::new(),
         },
         pods,

@@ -19,7 +19,9 @@
 //! the place the pending message names (exact for a queue's first places, a range
 //! further back, as in the message).
 
-use crate::quota::WorkloadInfo;
+use super::readiness::{hold, latest, Hold, Requeue};
+use super::time::{millis, rfc3339};
+use crate::quota::{WaitForPodsReady, WorkloadInfo};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -109,7 +111,9 @@ pub struct Condition {
     pub last_transition_time: String,
 }
 
-/// Kueue's `requeueState`: pods-ready timeouts so far and when the backoff ends.
+/// Kueue's `requeueState`: pods-ready timeouts so far and when the backoff ends, and
+/// (Tessera's) when the last timeout evicted the workload: the backoff and, for a pod
+/// group or a lone pod, how long the record outlives its pods run from it.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct RequeueState {
@@ -117,6 +121,33 @@ pub struct RequeueState {
     pub count: Option<u32>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub requeue_at: Option<String>,
+    /// RFC 3339.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub evicted_at: Option<String>,
+}
+
+impl RequeueState {
+    /// State `r` as written: with `requeueAt` while `cfg`'s backoff holds the workload.
+    pub fn of(r: Requeue, cfg: Option<&WaitForPodsReady>) -> RequeueState {
+        let requeue_at = cfg.and_then(|cfg| match hold(cfg, r, r.evicted_at) {
+            Some(Hold::Backoff(until)) => Some(rfc3339(until)),
+            _ => None,
+        });
+        RequeueState {
+            count: Some(r.count),
+            requeue_at,
+            evicted_at: Some(rfc3339(r.evicted_at)),
+        }
+    }
+
+    /// The state as a pass reads it; `None` without a count or a readable `evictedAt`
+    /// (a record written by a version before `evictedAt` counts as never requeued).
+    pub fn requeue(&self) -> Option<Requeue> {
+        Some(Requeue {
+            count: self.count?,
+            evicted_at: self.evicted_at.as_deref().and_then(millis)?,
+        })
+    }
 }
 
 /// A Pod or Job a record belongs to.
@@ -167,7 +198,17 @@ impl Update {
             out.admission = a.clone();
         }
         if let Some(r) = &self.requeue_state {
-            out.requeue_state = r.clone();
+            // Never back: a state older than the stored one (another writer's, a pass
+            // that read before it) leaves the stored one.
+            let new = r.as_ref().and_then(RequeueState::requeue);
+            let old = stored
+                .requeue_state
+                .as_ref()
+                .and_then(RequeueState::requeue);
+            let older = new.is_some() && new != old && latest(new, old) == old;
+            if !older {
+                out.requeue_state = r.clone();
+            }
         }
         if let Some(p) = &self.position {
             out.position_in_cluster_queue = p.clone();
@@ -379,6 +420,7 @@ mod tests {
             requeue_state: Some(RequeueState {
                 count: Some(1),
                 requeue_at: Some("2026-01-01T00:00:00Z".into()),
+                evicted_at: Some("2025-12-31T23:59:50Z".into()),
             }),
             ..Default::default()
         };

@@ -17,6 +17,7 @@
 use super::cache::Cache;
 use super::error::{Error, Result};
 use super::in_flight::at_most;
+use super::requeue_book::kept_here;
 use super::resources::crd_resource;
 use super::time::{rfc3339, Millis};
 use super::workload_record::{OwnerRef, Update, WorkloadSpec, WorkloadStatus, KEY_ANNOTATION};
@@ -144,11 +145,11 @@ fn done(u: &Update, stored: Option<&Value>, now: Millis) -> bool {
     u.apply(&status, &rfc3339(now)) == status && spec_written(u, v)
 }
 
-fn owned_by_key(v: &Value, key: &str) -> bool {
+pub(super) fn owned_by_key(v: &Value, key: &str) -> bool {
     v["metadata"]["annotations"][KEY_ANNOTATION].as_str() == Some(key)
 }
 
-fn status_of(v: &Value) -> WorkloadStatus {
+pub(super) fn status_of(v: &Value) -> WorkloadStatus {
     serde_json::from_value(v["status"].clone()).unwrap_or_default()
 }
 
@@ -157,7 +158,7 @@ fn spec_written(u: &Update, v: &Value) -> bool {
     u.spec.is_none() || stored.as_ref() == u.spec.as_ref()
 }
 
-async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>> {
+pub(super) async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>> {
     let obj = api
         .get_opt(name)
         .await
@@ -165,7 +166,7 @@ async fn get(api: &Api<DynamicObject>, name: &str) -> Result<Option<Value>> {
     Ok(obj.and_then(|o| serde_json::to_value(o).ok()))
 }
 
-fn observe(cache: Option<&Cache>, v: &Value) {
+pub(super) fn observe(cache: Option<&Cache>, v: &Value) {
     if let Some(c) = cache {
         c.records.write_through(v.clone());
     }
@@ -173,9 +174,19 @@ fn observe(cache: Option<&Cache>, v: &Value) {
 
 /// The owner references of `u`'s objects whose UIDs are known (from the cache, else GET).
 async fn owner_refs(client: &kube::Client, u: &Update, cache: Option<&Cache>) -> Vec<Value> {
+    owner_refs_of(client, &u.namespace, &u.owners, cache).await
+}
+
+/// The owner references of `owners` in `namespace` whose UIDs are known.
+pub(super) async fn owner_refs_of(
+    client: &kube::Client,
+    namespace: &str,
+    owners: &[OwnerRef],
+    cache: Option<&Cache>,
+) -> Vec<Value> {
     let mut out = Vec::new();
-    for o in &u.owners {
-        if let Some(uid) = uid_of(client, &u.namespace, o, cache).await {
+    for o in owners {
+        if let Some(uid) = uid_of(client, namespace, o, cache).await {
             let api_version = if o.kind == "Job" { "batch/v1" } else { "v1" };
             out.push(
                 json!({"apiVersion": api_version, "kind": o.kind, "name": o.name, "uid": uid,
@@ -212,7 +223,7 @@ async fn uid_of(
     obj.metadata.uid
 }
 
-fn to_dynamic(v: Value) -> std::result::Result<DynamicObject, kube::Error> {
+pub(super) fn to_dynamic(v: Value) -> std::result::Result<DynamicObject, kube::Error> {
     serde_json::from_value(v).map_err(kube::Error::SerdeError)
 }
 
@@ -223,6 +234,13 @@ async fn create(
     u: &Update,
     cache: Option<&Cache>,
 ) -> std::result::Result<Option<Value>, kube::Error> {
+    // A pod group's or lone pod's record holding a requeue state outlives its pods
+    // (`requeue_book`): it gets its owners when the state is forgotten.
+    let holds_state = matches!(&u.requeue_state, Some(Some(_)));
+    let owners = match holds_state && kept_here(&u.key) {
+        true => Vec::new(),
+        false => owner_refs(client, u, cache).await,
+    };
     let obj = json!({
         "apiVersion": "tessera.io/v1alpha1",
         "kind": "Workload",
@@ -230,7 +248,7 @@ async fn create(
             "name": u.name,
             "namespace": u.namespace,
             "annotations": {KEY_ANNOTATION: u.key},
-            "ownerReferences": owner_refs(client, u, cache).await,
+            "ownerReferences": owners,
         },
         "spec": u.spec.clone().unwrap_or_default(),
     });

@@ -23,7 +23,7 @@ use super::pods_ready::{
     EVICTED_AT_ANNOTATION, PODS_READY_AT_ANNOTATION, REQUEUE_COUNT_ANNOTATION,
 };
 use super::readiness::Hold;
-use super::requeue_state::{self, Book, Entry};
+use super::requeue_state::{self, Entry, Forget};
 use super::resources::{crd_resource, QUEUE_KINDS};
 use super::serving::ADMITTED_REPLICAS_ANNOTATION;
 use super::time::{rfc3339, Millis};
@@ -90,21 +90,20 @@ pub trait Writes {
         r: &ObjRef,
         value: &str,
     ) -> impl Future<Output = Result<Written>> + Send;
-    /// Writes a namespace's requeue state entries.
+    /// Writes requeue states onto a namespace's records, and forgets them.
     fn write_requeue_state(
         &self,
         namespace: &str,
         set: &[Entry],
-        forget: &BTreeMap<String, String>,
+        forget: &BTreeMap<String, Forget>,
     ) -> impl Future<Output = Result<requeue_state::Written>> + Send;
     /// The requeue hold of `workload` as the API server has it now (newer than the pass
-    /// may have read); `read_now` keeps what was read in this apply.
+    /// may have read).
     fn fresh_hold(
         &self,
         cfg: &WaitForPodsReady,
         workload: &str,
         now: Millis,
-        read_now: &mut BTreeMap<String, Book>,
     ) -> impl Future<Output = Result<Option<Hold>>> + Send;
     /// Writes Workload records ([`super::workload_writer`]); gives back the updates whose
     /// write failed, in the order given.
@@ -189,9 +188,10 @@ impl Writes for KubeWrites<'_> {
         &self,
         namespace: &str,
         set: &[Entry],
-        forget: &BTreeMap<String, String>,
+        forget: &BTreeMap<String, Forget>,
     ) -> Result<requeue_state::Written> {
-        requeue_state::write(self.client, namespace, set, forget, self.cache).await
+        let cfg = self.cfg.pods_ready.as_ref();
+        requeue_state::write(self.client, namespace, set, forget, cfg, self.cache).await
     }
 
     async fn fresh_hold(
@@ -199,9 +199,8 @@ impl Writes for KubeWrites<'_> {
         cfg: &WaitForPodsReady,
         workload: &str,
         now: Millis,
-        read_now: &mut BTreeMap<String, Book>,
     ) -> Result<Option<Hold>> {
-        requeue_state::fresh_hold(self.client, cfg, workload, now, read_now).await
+        requeue_state::fresh_hold(self.client, cfg, workload, now).await
     }
 
     async fn write_records(&self, updates: &[Update], now: Millis) -> Vec<Update> {

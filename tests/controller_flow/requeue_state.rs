@@ -1,13 +1,14 @@
-//! The requeue state of pod groups and pods without a serving owner, kept in the
-//! namespace's `tessera-requeue-state` ConfigMap: a group that timed out and whose pods
-//! were all deleted and recreated still waits out its backoff (deadline included), also
-//! across controller restarts (LIST passes and a fresh watch-fed cache), and stays
-//! deactivated past `backoffLimitCount`; entries are forgotten once the workload is
-//! Ready or its pods are gone past the TTL, and the ConfigMap is deleted with its last
-//! entry (never with an entry another writer set meanwhile); a failed write defers the eviction (also of
-//! a serving replica whose owner cannot be annotated); an admission decided without the
-//! state waits for it; a concurrent writer loses nothing; corrupt entries are reported
-//! and ignored.
+//! The requeue state of pod groups and pods without a serving owner, kept on their
+//! `Workload` record (`status.requeueState`), which has no owner while it holds one: a
+//! group that timed out and whose pods were all deleted and recreated (the API-server
+//! double's garbage collector deletes what only they own) still waits out its backoff
+//! (deadline included), also across controller restarts (LIST passes and a fresh
+//! watch-fed cache), and stays deactivated past `backoffLimitCount`; a state is
+//! forgotten once the workload is Ready (the record belongs to its pods again) or with
+//! the record once its pods are gone past the TTL (never a record another writer moved
+//! on meanwhile); a failed write defers the eviction (also of a serving replica whose
+//! owner cannot be annotated); an admission decided without the state waits for it; a
+//! concurrent writer loses nothing; unreadable states are reported and ignored.
 
 use super::{
     assert_rbac_allows_every_request, cfg, cluster, condition, create_pod, gated, pod,
@@ -15,7 +16,6 @@ use super::{
 };
 use crate::support::apiserver::ApiServer;
 use serde_json::{json, Value};
-use std::collections::BTreeSet;
 use std::sync::Arc;
 use tessera::controller::cache::Cache;
 use tessera::controller::reconciler::{self, Config, PassState};
@@ -23,8 +23,7 @@ use tessera::quota::WaitForPodsReady;
 use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
-const CMS: &str = "/api/v1/namespaces/team/configmaps";
-const STATE: &str = "tessera-requeue-state";
+const WORKLOADS: &str = "/apis/tessera.io/v1alpha1/namespaces/team/workloads";
 
 fn at(secs: u64) -> u64 {
     NOW + secs * 1_000
@@ -67,19 +66,14 @@ fn recreate_group(s: &ApiServer) {
     assert!(s.objects(PODS).iter().all(gated), "new pods, gated");
 }
 
-/// The state ConfigMap's entries (data key → JSON value).
+/// The records holding a requeue state: (record name, `status.requeueState`).
 fn entries(s: &ApiServer) -> Vec<(String, Value)> {
-    s.objects(CMS)
+    s.objects(WORKLOADS)
         .into_iter()
-        .filter(|c| c["metadata"]["name"] == STATE)
-        .flat_map(|c| {
-            c["data"]
-                .as_object()
-                .cloned()
-                .unwrap_or_default()
-                .into_iter()
-                .map(|(k, v)| (k, serde_json::from_str(v.as_str().unwrap()).unwrap()))
-                .collect::<Vec<_>>()
+        .filter(|r| r["status"]["requeueState"].is_object())
+        .map(|r| {
+            let name = r["metadata"]["name"].as_str().unwrap_or("").to_string();
+            (name, r["status"]["requeueState"].clone())
         })
         .collect()
 }
@@ -89,6 +83,33 @@ fn count(s: &ApiServer, entry: &str) -> Option<u64> {
         .into_iter()
         .find(|(k, _)| k == entry)
         .and_then(|(_, v)| v["count"].as_u64())
+}
+
+fn record(s: &ApiServer, name: &str) -> Option<Value> {
+    s.objects(WORKLOADS)
+        .into_iter()
+        .find(|r| r["metadata"]["name"] == name)
+}
+
+fn owners(s: &ApiServer, name: &str) -> Vec<String> {
+    let r = record(s, name).unwrap_or_default();
+    let refs = r["metadata"]["ownerReferences"].as_array().cloned();
+    refs.unwrap_or_default()
+        .iter()
+        .map(|o| o["name"].as_str().unwrap_or("").to_string())
+        .collect()
+}
+
+/// A record as another client (or an earlier controller) wrote it, with `state`.
+fn put_record(s: &ApiServer, name: &str, state: Value) {
+    let key = format!("team/{name}");
+    s.put_object(
+        WORKLOADS,
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Workload",
+               "metadata": {"name": name, "namespace": "team",
+                            "annotations": {"tessera.io/workload-key": key}},
+               "spec": {"queueName": "lq"}, "status": {"requeueState": state}}),
+    );
 }
 
 /// A fresh controller reading a watch-fed cache; the token stops its feeders.
@@ -121,7 +142,11 @@ async fn a_recreated_group_keeps_its_backoff_and_deactivation_across_restarts() 
     assert_eq!(key, "group-g");
     assert_eq!(
         entry,
-        json!({"workload": "team/group-g", "count": 1, "evictedAt": "2026-11-18T12:02:00Z"})
+        json!({"count": 1, "evictedAt": "2026-11-18T12:02:00Z", "requeueAt": "2026-11-18T12:02:10Z"})
+    );
+    assert!(
+        owners(&s, "group-g").is_empty(),
+        "outlives the evicted pods"
     );
 
     // All pods deleted and recreated; a restarted controller (fresh cache) holds them.
@@ -175,7 +200,7 @@ async fn a_recreated_group_keeps_its_backoff_and_deactivation_across_restarts() 
     reconciler::pass(&client, &c, at(130 + 3_600))
         .await
         .unwrap();
-    assert!(entries(&s).is_empty(), "{:?}", entries(&s));
+    assert!(record(&s, "group-g").is_none(), "deleted with its state");
     // A group created under the name again starts afresh.
     create_group(&s);
     reconciler::pass(&client, &c, at(130 + 3_601))
@@ -186,14 +211,16 @@ async fn a_recreated_group_keeps_its_backoff_and_deactivation_across_restarts() 
 }
 
 fn support_validate(s: &ApiServer) {
-    let mut written = s.objects(CMS);
-    written.extend(s.objects(PODS));
-    crate::support::schema::validate_all(&written, &["1.34.0"]);
+    crate::support::schema::validate_all(&s.objects(PODS), &["1.34.0"]);
+    crate::support::schema::validate_custom(
+        &s.objects(WORKLOADS),
+        "daemonset/controller/crds.yaml",
+    );
 }
 
-/// Ownerless pod `solo` times out (its entry written), is deleted and created again under
+/// Ownerless pod `solo` times out (its state written), is deleted and created again under
 /// its name, waits out its backoff, is admitted again and becomes Ready (not recorded
-/// yet: the next pass records it and forgets its entry).
+/// yet: the next pass records it and forgets its state).
 async fn solo_back_and_ready(s: &ApiServer, c: &Config) {
     let client = s.client();
     create_pod(s, "solo", 1, "low", json!({}), None);
@@ -213,7 +240,8 @@ async fn solo_back_and_ready(s: &ApiServer, c: &Config) {
 }
 
 /// A single pod without an owner: recreated under its name, it waits out the backoff;
-/// once Ready its entry is forgotten.
+/// once Ready its state is forgotten and its record belongs to the pod again (the
+/// garbage collector deletes it with the pod).
 #[tokio::test]
 async fn an_ownerless_pod_waits_out_its_backoff_and_is_forgotten_once_ready() {
     let s = cluster().await;
@@ -222,49 +250,50 @@ async fn an_ownerless_pod_waits_out_its_backoff_and_is_forgotten_once_ready() {
     solo_back_and_ready(&s, &c).await;
     reconciler::pass(&client, &c, at(80)).await.unwrap();
     assert!(entries(&s).is_empty(), "{:?}", entries(&s));
-    assert!(
-        s.objects(CMS).is_empty(),
-        "no empty ConfigMap left behind: {:?}",
-        s.objects(CMS)
-    );
+    assert_eq!(owners(&s, "pod-solo"), ["solo"]);
     assert!(pod(&s, "solo")["metadata"]["annotations"]["tessera.io/pods-ready-at"].is_string());
     support_validate(&s);
+    s.delete_object(PODS, "solo");
+    assert!(record(&s, "pod-solo").is_none(), "collected with its pod");
     assert_rbac_allows_every_request(&s);
 }
 
-/// Forgetting the last entry deletes the ConfigMap with the resourceVersion read as its
-/// precondition: another controller replica setting an entry between our read and our
-/// DELETE makes it 409, and the entry survives (merged again, written with a PUT).
+/// Deleting a record whose pods are gone past the TTL carries the resourceVersion read
+/// as its precondition: another controller replica moving the state on between our
+/// read and our DELETE makes it 409, and the record survives with its newer state.
 #[tokio::test]
-async fn the_last_entry_forgotten_deletes_the_configmap_but_not_a_racing_entry() {
+async fn a_state_past_its_ttl_is_deleted_but_not_one_moved_on_meanwhile() {
     let s = cluster().await;
     let client = s.client();
     let c = config(3);
-    solo_back_and_ready(&s, &c).await;
-    let other = json!({"workload": "team/pod-other", "count": 1,
-                       "evictedAt": "2026-11-18T12:01:30Z"})
-    .to_string();
-    s.before_next_write("DELETE", CMS, move |s: &ApiServer| {
-        let mut cm = s.objects(CMS).remove(0);
-        cm["data"]["pod-other"] = json!(other);
-        s.put_object(CMS, cm);
+    create_pod(&s, "solo", 1, "low", json!({}), None);
+    reconciler::pass(&client, &c, at(0)).await.unwrap();
+    reconciler::pass(&client, &c, at(60)).await.unwrap();
+    s.delete_object(PODS, "solo");
+    s.before_next_write("DELETE", WORKLOADS, move |s: &ApiServer| {
+        let mut r = record(s, "pod-solo").unwrap();
+        r["status"]["requeueState"] = json!({"count": 2, "evictedAt": "2026-11-18T13:01:00Z"});
+        s.put_object(WORKLOADS, r);
     });
-    reconciler::pass(&client, &c, at(80)).await.unwrap();
-    let keys: Vec<String> = entries(&s).into_iter().map(|(k, _)| k).collect();
-    assert_eq!(keys, ["pod-other"], "the racing entry kept, ours forgotten");
+    reconciler::pass(&client, &c, at(60 + 3_600)).await.unwrap();
+    assert_eq!(count(&s, "pod-solo"), Some(2), "the racing state kept");
     let deletes = s
         .requests()
         .iter()
-        .filter(|r| r.starts_with("DELETE ") && r.contains(CMS))
+        .filter(|r| r.starts_with("DELETE ") && r.contains(WORKLOADS))
         .count();
     assert_eq!(deletes, 1, "one DELETE, refused: {:?}", s.requests());
-    support_validate(&s);
+    // Its own TTL runs out in turn: deleted.
+    reconciler::pass(&client, &c, at(60 + 2 * 3_600))
+        .await
+        .unwrap();
+    assert!(record(&s, "pod-solo").is_none());
     assert_rbac_allows_every_request(&s);
 }
 
 /// The state write fails: no pod is evicted (so none can come back early) until it is
-/// written. Another controller replica writes the same ConfigMap between our read and
-/// our write (create, then update): both writers' entries survive.
+/// written. Another controller replica moves the state on between our read and our
+/// write: the later state survives, and a forget does not clear a state it did not read.
 #[tokio::test]
 async fn a_failed_or_racing_state_write_loses_nothing() {
     let s = cluster().await;
@@ -273,100 +302,90 @@ async fn a_failed_or_racing_state_write_loses_nothing() {
     create_group(&s);
     reconciler::pass(&client, &c, at(0)).await.unwrap();
 
-    s.fail_requests(&["POST", "PUT"], CMS);
+    s.fail_requests(&["POST", "PUT"], WORKLOADS);
     let plan = reconciler::pass(&client, &c, at(60)).await.unwrap();
     assert!(!plan.actions.is_empty());
     assert!(s.evictions().is_empty(), "{:?}", s.evictions());
     assert!(group_ungated(&s) && entries(&s).is_empty());
     s.stop_failing();
 
-    // The other replica creates the ConfigMap first: our POST gets AlreadyExists.
-    let other = |count: u32| {
-        json!({"workload": "team/group-other", "count": count,
-               "evictedAt": "2026-11-18T12:00:30Z"})
-        .to_string()
-    };
-    let first = other(3);
-    s.before_next_write("POST", CMS, move |s: &ApiServer| {
-        s.put_object(
-            CMS,
-            json!({"apiVersion": "v1", "kind": "ConfigMap",
-                   "metadata": {"name": STATE, "namespace": "team",
-                                "labels": {"tessera.io/requeue-state": "v1"}},
-                   "data": {"group-other": first}}),
-        )
+    // The other replica records a later timeout first: our status PUT gets 409, reads
+    // again, and leaves the later state as it is.
+    s.before_next_write("PUT", WORKLOADS, move |s: &ApiServer| {
+        let mut r = record(s, "group-g").unwrap();
+        r["status"]["requeueState"] = json!({"count": 3, "evictedAt": "2026-11-18T12:01:30Z"});
+        s.put_object(WORKLOADS, r);
     });
     reconciler::pass(&client, &c, at(61)).await.unwrap();
     assert_eq!(s.evictions().len(), 2, "evicted once the state is written");
-    assert_eq!(count(&s, "group-g"), Some(1));
-    assert_eq!(count(&s, "group-other"), Some(3));
+    assert_eq!(count(&s, "group-g"), Some(3), "never moved back");
+    let puts = s
+        .requests()
+        .iter()
+        .filter(|r| r.starts_with("PUT ") && r.contains(WORKLOADS))
+        .count();
+    assert!(puts >= 2, "a PUT retried after its 409: {puts}");
 
-    // Readmitted after the backoff and Ready: forgetting group-g races with the other
-    // replica moving group-other on; our PUT conflicts, is merged again, keeps it.
+    // Readmitted after the backoff and Ready: forgetting races with the other replica
+    // moving the state on again; the forget reads it again and leaves it.
     recreate_group(&s);
-    reconciler::pass(&client, &c, at(71)).await.unwrap();
+    reconciler::pass(&client, &c, at(61 + 80)).await.unwrap();
     assert!(group_ungated(&s));
     for name in ["g-0", "g-1"] {
         let mut p = pod(&s, name);
         p["status"] = json!({"phase": "Running", "conditions": [
-            {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-18T12:02:20Z"}]});
+            {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-18T12:03:20Z"}]});
         s.put_object(PODS, p);
     }
-    let second = other(4);
-    s.before_next_write("PUT", CMS, move |s: &ApiServer| {
-        let mut cm = s.objects(CMS).remove(0);
-        cm["data"]["group-other"] = json!(second);
-        s.put_object(CMS, cm);
+    s.before_next_write("PUT", WORKLOADS, move |s: &ApiServer| {
+        let mut r = record(s, "group-g").unwrap();
+        r["status"]["requeueState"] = json!({"count": 4, "evictedAt": "2026-11-18T12:03:30Z"});
+        s.put_object(WORKLOADS, r);
     });
-    reconciler::pass(&client, &c, at(80)).await.unwrap();
-    let keys: BTreeSet<String> = entries(&s).into_iter().map(|(k, _)| k).collect();
-    assert_eq!(keys, ["group-other".to_string()].into());
-    assert_eq!(count(&s, "group-other"), Some(4));
-    let conflicts = s
-        .requests()
-        .iter()
-        .filter(|r| r.starts_with("PUT ") && r.contains(CMS))
-        .count();
-    assert!(conflicts >= 2, "a PUT retried after its 409: {conflicts}");
+    reconciler::pass(&client, &c, at(61 + 90)).await.unwrap();
+    assert_eq!(
+        count(&s, "group-g"),
+        Some(4),
+        "a state it did not read is kept"
+    );
     support_validate(&s);
     assert_rbac_allows_every_request(&s);
 }
 
-/// Corrupt entries are reported as problems of the pass and ignored: the group they
+/// Unreadable states are reported as problems of the pass and ignored: the group they
 /// would name is admitted as if nothing were recorded, and nothing panics.
 #[tokio::test]
-async fn corrupt_entries_are_reported_and_ignored() {
+async fn unreadable_states_are_reported_and_ignored() {
     let s = cluster().await;
     let client = s.client();
     let c = config(1);
-    s.put_object(
-        CMS,
-        json!({"apiVersion": "v1", "kind": "ConfigMap",
-               "metadata": {"name": STATE, "namespace": "team",
-                            "labels": {"tessera.io/requeue-state": "v1"}},
-               "data": {"group-g": "{\"count\": ", "pod-x": "{\"workload\":\"team/pod-x\",\"count\":1,\"evictedAt\":\"soon\"}"}}),
+    put_record(
+        &s,
+        "group-g",
+        json!({"count": "one", "evictedAt": "2026-11-18T12:00:00Z"}),
     );
+    put_record(&s, "pod-x", json!({"count": 1, "evictedAt": "soon"}));
     create_group(&s);
     let plan = reconciler::pass(&client, &c, at(0)).await.unwrap();
     assert!(group_ungated(&s));
     let problems: Vec<&String> = plan
         .problems
         .iter()
-        .filter(|p| p.contains("tessera-requeue-state"))
+        .filter(|p| p.contains("status.requeueState"))
         .collect();
     assert_eq!(problems.len(), 2, "{:?}", plan.problems);
     assert!(problems
         .iter()
-        .any(|p| p.contains("entry \"pod-x\": field evictedAt")));
-    // Timed out: its entry is written over the corrupt one.
+        .any(|p| p.contains("Workload team/pod-x") && p.contains("evictedAt")));
+    // Timed out: its state is written over the unreadable one.
     reconciler::pass(&client, &c, at(60)).await.unwrap();
     assert_eq!(count(&s, "group-g"), Some(1));
     assert_rbac_allows_every_request(&s);
 }
 
-/// An admission decided from a view that missed the state (a cache whose ConfigMap
-/// lags behind its pods, e.g. a new leader's) is checked against the ConfigMap on the
-/// API server before it is written: deferred while the state holds the group back.
+/// An admission decided from a view that missed the state (a cache whose record lags
+/// behind its pods, e.g. a new leader's) is checked against the record on the API
+/// server before it is written: deferred while the state holds the group back.
 #[tokio::test]
 async fn an_admission_decided_without_the_state_waits_for_it() {
     use std::collections::BTreeMap;
@@ -376,14 +395,10 @@ async fn an_admission_decided_without_the_state_waits_for_it() {
     let client = s.client();
     let c = config(3);
     create_group(&s);
-    let entry = json!({"workload": "team/group-g", "count": 1,
-                       "evictedAt": "2026-11-18T12:01:00Z"});
-    s.put_object(
-        CMS,
-        json!({"apiVersion": "v1", "kind": "ConfigMap",
-               "metadata": {"name": STATE, "namespace": "team",
-                            "labels": {"tessera.io/requeue-state": "v1"}},
-               "data": {"group-g": entry.to_string()}}),
+    put_record(
+        &s,
+        "group-g",
+        json!({"count": 1, "evictedAt": "2026-11-18T12:01:00Z"}),
     );
     let pod = |name: &str| ObjRef {
         kind: ObjKind::Pod,

@@ -35,10 +35,6 @@ def pod(labels):
     return {"metadata": meta}
 
 
-def configmap(name):
-    return {"metadata": {"name": name, "namespace": "team"}}
-
-
 QUEUED = {"tessera.io/queue-name": "q"}
 # (what, request, allowed)
 CASES = [
@@ -46,19 +42,12 @@ CASES = [
     ("delete a gated pod of a group", request("DELETE", "pods", "team", old=pod(QUEUED)), True),
     ("delete a pod with Kueue's label", request("DELETE", "pods", "team", old=pod({"kueue.x-k8s.io/queue-name": "q"})), True),
     ("evict a pod", request("CREATE", "pods", "team", sub="eviction", obj={"metadata": {"name": "p"}}), True),
-    ("create the requeue state", request("CREATE", "configmaps", "team", obj=configmap("tessera-requeue-state")), True),
-    ("replace the requeue state", request("UPDATE", "configmaps", "team", obj=configmap("tessera-requeue-state"), old=configmap("tessera-requeue-state")), True),
-    ("delete the requeue state", request("DELETE", "configmaps", "team", old=configmap("tessera-requeue-state")), True),
     ("delete a pod without a queue label", request("DELETE", "pods", "team", old=pod({"app": "web"})), False),
     ("delete a pod without labels", request("DELETE", "pods", "team", old=pod(None)), False),
     ("update a pod without a queue label", request("UPDATE", "pods", "team", obj=pod({"app": "web"}), old=pod({"app": "web"})), False),
     ("delete a pod in kube-system", request("DELETE", "pods", "kube-system", old=pod(QUEUED)), False),
     ("evict a pod in kube-system", request("CREATE", "pods", "kube-system", sub="eviction", obj={"metadata": {"name": "p"}}), False),
     ("evict a pod in tessera-system", request("CREATE", "pods", "tessera-system", sub="eviction", obj={"metadata": {"name": "p"}}), False),
-    ("create another ConfigMap", request("CREATE", "configmaps", "team", obj=configmap("app-config")), False),
-    ("replace another ConfigMap", request("UPDATE", "configmaps", "team", obj=configmap("app-config"), old=configmap("app-config")), False),
-    ("delete another ConfigMap", request("DELETE", "configmaps", "team", old=configmap("app-config")), False),
-    ("the requeue state in kube-system", request("CREATE", "configmaps", "kube-system", obj=configmap("tessera-requeue-state")), False),
 ]
 
 

@@ -8,7 +8,9 @@
 //! taken from the body; 409 on a stale resourceVersion), both atomic (one racing a DELETE
 //! answers 404 and does not bring the object back; one racing another write, 409),
 //! DELETE (404 NotFound; atomically 409 Conflict when DeleteOptions'
-//! `preconditions.resourceVersion` is not the stored one); one global resourceVersion
+//! `preconditions.resourceVersion` is not the stored one), after which the garbage
+//! collector's rule applies (an object all of whose `ownerReferences` UIDs are gone is
+//! deleted too); one global resourceVersion
 //! bumped on every write; `metadata.uid` and `creationTimestamp` set on create. Like an API
 //! server whose feature gates are off, it can drop fields on write ([`ApiServer::drop_field`]),
 //! so a client sees the object stored without them.
@@ -363,6 +365,35 @@ impl ApiServer {
         self.delete_if(collection, name, None).is_ok()
     }
 
+    /// The garbage collector's rule: an object whose `ownerReferences` name only owners
+    /// that no longer exist (by UID) is deleted, and so on down the chain. An object
+    /// without owner references is never collected.
+    fn collect_garbage(&self) {
+        let orphan = {
+            let st = self.store.lock().unwrap();
+            let uids: std::collections::BTreeSet<&str> = st
+                .objects
+                .values()
+                .flat_map(|m| m.values())
+                .filter_map(|o| o["metadata"]["uid"].as_str())
+                .collect();
+            st.objects.iter().find_map(|(collection, m)| {
+                m.iter().find_map(|(name, o)| {
+                    let owners = o["metadata"]["ownerReferences"].as_array()?;
+                    let gone = !owners.is_empty()
+                        && owners
+                            .iter()
+                            .all(|r| !r["uid"].as_str().is_some_and(|u| uids.contains(u)));
+                    gone.then(|| (collection.clone(), name.clone()))
+                })
+            })
+        };
+        if let Some((collection, name)) = orphan {
+            // Deleting it collects the next one.
+            let _ = self.delete_if(&collection, &name, None);
+        }
+    }
+
     /// DELETE as the API server does it, atomically: 404 when absent, 409 when the
     /// precondition's resourceVersion is not the stored one.
     fn delete_if(
@@ -394,6 +425,7 @@ impl ApiServer {
                 st.history.push(change.clone());
                 drop(st);
                 let _ = self.changes.send(change);
+                self.collect_garbage();
                 Ok(())
             }
             None => Err(StatusCode::NOT_FOUND),
