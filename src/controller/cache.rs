@@ -259,6 +259,23 @@ impl Store {
         )
     }
 
+    /// `f` of the object with `key`, without copying it.
+    pub fn read_with<T>(&self, key: &Key, f: impl FnOnce(&Value) -> T) -> Option<T> {
+        self.read().objects.get(key).map(f)
+    }
+
+    /// The objects of namespace `ns`, in name order (a range of the store, not a scan).
+    pub fn in_namespace(&self, ns: &str) -> Vec<Value> {
+        let inner = self.read();
+        let from = (ns.to_string(), String::new());
+        inner
+            .objects
+            .range(from..)
+            .take_while(|((n, _), _)| n == ns)
+            .map(|(_, v)| v.clone())
+            .collect()
+    }
+
     /// Whether an object with `key` is cached.
     pub fn contains(&self, key: &Key) -> bool {
         self.read().objects.contains_key(key)

@@ -99,6 +99,7 @@ pub struct WorkloadPriorityClassFields {
     printcolumn = r#"{"name":"Queue","type":"string","jsonPath":".spec.queueName"}"#,
     printcolumn = r#"{"name":"Reserved in","type":"string","jsonPath":".status.admission.clusterQueue"}"#,
     printcolumn = r#"{"name":"Admitted","type":"string","jsonPath":".status.conditions[?(@.type==\"Admitted\")].status"}"#,
+    printcolumn = r#"{"name":"Finished","type":"string","jsonPath":".status.conditions[?(@.type==\"Finished\")].status"}"#,
     printcolumn = r#"{"name":"Position","type":"string","jsonPath":".status.positionInClusterQueue"}"#,
     printcolumn = r#"{"name":"Reason","type":"string","priority":1,"jsonPath":".status.conditions[?(@.type==\"QuotaReserved\")].reason"}"#,
     printcolumn = r#"{"name":"Age","type":"date","jsonPath":".metadata.creationTimestamp"}"#

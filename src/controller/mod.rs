@@ -47,6 +47,8 @@ mod decide_tests;
 pub(crate) mod error;
 pub mod evictions;
 pub mod extender;
+mod finish_watch;
+pub(crate) mod finished;
 pub(crate) mod holds;
 pub(crate) mod in_flight;
 pub(crate) mod incremental;

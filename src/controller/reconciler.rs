@@ -25,6 +25,7 @@ pub use super::config::Config;
 use super::decide::decide;
 use super::error::{Error, Result};
 use super::evictions::EvictionBackoff;
+use super::finish_watch::FinishWatch;
 use super::in_flight::at_most;
 use super::incremental::{decide_cached, IncStats, Incremental};
 use super::lease::Elector;
@@ -59,6 +60,8 @@ pub struct PassState {
     pub metrics: Option<Arc<ControllerMetrics>>,
     /// Workload record updates whose write failed: written before the next pass's.
     unwritten_records: Vec<Update>,
+    /// Finds the workloads that finished, for their records' `Finished` (cached passes).
+    finish: FinishWatch,
 }
 
 /// A cached pass that decided nothing to do: the cache's generation it read and the
@@ -92,6 +95,7 @@ impl PassState {
             settled: None,
             metrics: None,
             unwritten_records: Vec::new(),
+            finish: FinishWatch::new(),
         }
     }
 
@@ -613,7 +617,10 @@ pub async fn pass_with(
         cfg,
         cache: cache.as_deref(),
     };
-    let unwritten = std::mem::take(&mut state.unwritten_records);
+    let mut unwritten = std::mem::take(&mut state.unwritten_records);
+    if let Some(cache) = cache.as_deref() {
+        unwritten.extend(state.finish.updates(cache));
+    }
     let (queues_failed, unwritten) = write_status(&writes, &plan, unwritten, now).await;
     state.unwritten_records = unwritten;
     let failed = applied.failed + queues_failed + state.unwritten_records.len();

@@ -112,7 +112,9 @@ pub(super) fn done_pod_workload_key(pod: &Value) -> Option<String> {
     pod_key(pod)
 }
 
-fn pod_key(pod: &Value) -> Option<String> {
+/// The key of the workload `pod` belongs to by its own labels (a group's, or its own), `None` for
+/// a pod that names no queue or belongs to a Job.
+pub(super) fn pod_key(pod: &Value) -> Option<String> {
     if !names_queue(pod) || owned_by_job(pod) {
         return None;
     }
@@ -157,7 +159,8 @@ fn owned_by_job(pod: &Value) -> bool {
         })
 }
 
-fn pod_done(pod: &Value) -> bool {
+/// Whether `pod` ran to its end (`Succeeded` or `Failed`).
+pub(super) fn pod_done(pod: &Value) -> bool {
     matches!(
         pod["status"]["phase"].as_str(),
         Some("Succeeded" | "Failed")

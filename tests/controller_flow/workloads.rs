@@ -4,7 +4,8 @@
 //! Admitted, Evicted) and a pending workload's reason and place in its ClusterQueue, as
 //! the CRD declares them (no field the API server would prune); an unchanged record is
 //! never written again, also by a restarted controller reading them from its cache; a
-//! failed write is retried by the next pass.
+//! failed write is retried by the next pass; a finished workload's record says so
+//! (`Finished`).
 
 use super::cache::cached;
 use super::{assert_rbac_allows_every_request, cfg, cluster, create_pod, pod, NOW, PODS};
@@ -320,4 +321,116 @@ async fn a_controller_killed_at_any_write_leaves_nothing_a_new_one_admits_twice(
     // The same preemption victim is chosen whatever the crash point.
     assert_eq!(outcomes.len(), 1, "{outcomes:?}");
     assert!(kills > 10, "a busy pass makes more than 10 writes: {kills}");
+}
+
+/// A workload that ran to completion gets `Finished` on its record, once, as Kueue's
+/// workload controller sets it: a lone pod that succeeded, a Job `Complete`, and a pod
+/// group only when its last pod is done (`Failed` when one failed, naming it). Found by
+/// a cached pass among the pods and Jobs that changed.
+#[tokio::test]
+async fn a_finished_workload_is_marked_on_its_record_once() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    create_pod(&s, "solo", 1, "low", json!({}), None);
+    for name in ["g-0", "g-1"] {
+        create_pod(
+            &s,
+            name,
+            1,
+            "low",
+            json!({"tessera.io/pod-group-name": "g"}),
+            Some(2),
+        );
+    }
+    let job = json!({"apiVersion": "batch/v1", "kind": "Job",
+        "metadata": {"name": "train", "namespace": "team", "creationTimestamp": "2026-11-18T12:00:00Z",
+                     "labels": {"tessera.io/queue-name": "lq", "kueue.x-k8s.io/priority-class": "low"}},
+        "spec": {"parallelism": 1, "completions": 1,
+                 "template": {"metadata": {"labels": {"app": "train"}},
+                              "spec": {"restartPolicy": "Never", "containers": [{"name": "c", "image": "x",
+                                       "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}}});
+    s.put_object(super::JOBS, super::patched(job, ("batch", "Job")));
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    for name in ["pod-solo", "group-g", "job-train"] {
+        assert_eq!(cond(&record(&s, name), "Admitted").0, "True", "{name}");
+    }
+
+    let end = |name: &str, phase: &str| {
+        let mut p = pod(&s, name);
+        p["status"] = json!({"phase": phase, "message": format!("{name} {phase}")});
+        s.put_object(PODS, p);
+    };
+    end("solo", "Succeeded");
+    end("g-0", "Succeeded");
+    let mut j = super::job_named(&s, "train");
+    j["status"] = json!({"conditions": [{"type": "Complete", "status": "True"}], "succeeded": 1});
+    s.put_object(super::JOBS, j);
+    let seen = |what: &'static str, phase: &'static str, name: &'static str| {
+        let cache = cache.clone();
+        async move {
+            super::wait_for(what, || {
+                cache.pods[0]
+                    .get(&("team".into(), name.into()))
+                    .is_some_and(|p| p["status"]["phase"] == phase)
+            })
+            .await
+        }
+    };
+    seen("solo done in the cache", "Succeeded", "solo").await;
+    seen("g-0 done in the cache", "Succeeded", "g-0").await;
+    super::wait_for("the Job done in the cache", || {
+        cache.jobs[0]
+            .get(&("team".into(), "train".into()))
+            .is_some_and(|j| !j["status"]["conditions"].is_null())
+    })
+    .await;
+    reconciler::pass_with(&client, &c, &mut state, NOW + 1_000)
+        .await
+        .unwrap();
+    assert_eq!(
+        cond(&record(&s, "pod-solo"), "Finished"),
+        ("True".into(), "Succeeded".into())
+    );
+    assert_eq!(
+        cond(&record(&s, "job-train"), "Finished"),
+        ("True".into(), "Succeeded".into())
+    );
+    let group = record(&s, "group-g");
+    assert!(
+        !group["status"]["conditions"]
+            .to_string()
+            .contains("Finished"),
+        "one pod still runs: {group}"
+    );
+
+    end("g-1", "Failed");
+    seen("g-1 done in the cache", "Failed", "g-1").await;
+    reconciler::pass_with(&client, &c, &mut state, NOW + 2_000)
+        .await
+        .unwrap();
+    let group = record(&s, "group-g");
+    assert_eq!(cond(&group, "Finished"), ("True".into(), "Failed".into()));
+    let message = group["status"]["conditions"]
+        .as_array()
+        .and_then(|cs| cs.iter().find(|c| c["type"] == "Finished"))
+        .map(|c| c["message"].to_string())
+        .unwrap_or_default();
+    assert!(message.contains("pod g-1 failed: g-1 Failed"), "{message}");
+
+    // Written once: nothing changed, nothing written.
+    let writes = record_writes(&s);
+    reconciler::pass_with(&client, &c, &mut state, NOW + 3_000)
+        .await
+        .unwrap();
+    assert_eq!(record_writes(&s), writes);
+    crate::support::schema::validate_custom(
+        &s.objects(WORKLOADS),
+        "daemonset/controller/crds.yaml",
+    );
+    assert_rbac_allows_every_request(&s);
+    stop.cancel();
 }
