@@ -108,7 +108,7 @@ async fn write_one(
     while writes < 3 && !done(u, stored.as_ref(), now) {
         let result = match &stored {
             None => create(&api, client, u, cache).await,
-            Some(v) => update(&api, u, v, now).await,
+            Some(v) => update(&api, client, u, v, cache, now).await,
         };
         match result {
             Ok(Some(v)) => {
@@ -142,7 +142,20 @@ fn done(u: &Update, stored: Option<&Value>, now: Millis) -> bool {
         return true;
     }
     let status = status_of(v);
-    u.apply(&status, &rfc3339(now)) == status && spec_written(u, v)
+    let merged = u.apply(&status, &rfc3339(now));
+    merged == status && spec_written(u, v) && !needs_owners(u, v, &merged)
+}
+
+/// Whether stored record `v` has no owners while it should: it holds no requeue state
+/// (which alone keeps a record ownerless, `requeue_book`) and `u` names the workload's
+/// objects. A controller stopped between forgetting a state and giving the record its
+/// owners back leaves one so; this update gives them back, so the garbage collector
+/// deletes it with them.
+fn needs_owners(u: &Update, v: &Value, merged: &WorkloadStatus) -> bool {
+    let ownerless = v["metadata"]["ownerReferences"]
+        .as_array()
+        .is_none_or(|o| o.is_empty());
+    ownerless && !u.owners.is_empty() && merged.requeue_state.is_none()
 }
 
 pub(super) fn owned_by_key(v: &Value, key: &str) -> bool {
@@ -258,24 +271,37 @@ async fn create(
     Ok(serde_json::to_value(created).ok())
 }
 
-/// Replaces the spec when it changed, then the status when the merge changes it; `None`
-/// when nothing was written.
+/// Replaces the spec when it changed (with the owners when they are missing,
+/// [`needs_owners`]), then the status when the merge changes it; `None` when nothing was
+/// written.
 async fn update(
     api: &Api<DynamicObject>,
+    client: &kube::Client,
     u: &Update,
     stored: &Value,
+    cache: Option<&Cache>,
     now: Millis,
 ) -> std::result::Result<Option<Value>, kube::Error> {
-    if let Some(spec) = u.spec.as_ref().filter(|_| !spec_written(u, stored)) {
+    let status = status_of(stored);
+    let merged = u.apply(&status, &rfc3339(now));
+    let owners = match needs_owners(u, stored, &merged) {
+        true => owner_refs(client, u, cache).await,
+        false => Vec::new(),
+    };
+    let spec = u.spec.as_ref().filter(|_| !spec_written(u, stored));
+    if spec.is_some() || !owners.is_empty() {
         let mut v = stored.clone();
-        v["spec"] = json!(spec);
+        if let Some(spec) = spec {
+            v["spec"] = json!(spec);
+        }
+        if !owners.is_empty() {
+            v["metadata"]["ownerReferences"] = json!(owners);
+        }
         let replaced = api
             .replace(&u.name, &PostParams::default(), &to_dynamic(v)?)
             .await?;
         return Ok(serde_json::to_value(replaced).ok());
     }
-    let status = status_of(stored);
-    let merged = u.apply(&status, &rfc3339(now));
     if merged == status {
         return Ok(None);
     }

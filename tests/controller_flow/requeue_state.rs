@@ -448,3 +448,32 @@ async fn a_replica_is_not_evicted_before_its_owner_records_the_timeout() {
     );
     assert_rbac_allows_every_request(&s);
 }
+
+/// A record left without owners and without a state (a controller stopped between the
+/// two writes of a forget) gets its owners back with the workload's next record update,
+/// so the garbage collector still deletes it with its pod.
+#[tokio::test]
+async fn an_ownerless_record_without_a_state_gets_its_owners_back() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = config(3);
+    create_pod(&s, "solo", 1, "low", json!({}), None);
+    reconciler::pass(&client, &c, at(0)).await.unwrap();
+    assert_eq!(owners(&s, "pod-solo"), ["solo"]);
+    let mut r = record(&s, "pod-solo").unwrap();
+    r["metadata"]["ownerReferences"] = json!([]);
+    s.put_object(WORKLOADS, r);
+    let mut p = pod(&s, "solo");
+    p["status"] = json!({"phase": "Running", "conditions": [
+        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-18T12:01:10Z"}]});
+    s.put_object(PODS, p);
+    reconciler::pass(&client, &c, at(10)).await.unwrap();
+    assert_eq!(
+        owners(&s, "pod-solo"),
+        ["solo"],
+        "given back with PodsReady"
+    );
+    s.delete_object(PODS, "solo");
+    assert!(record(&s, "pod-solo").is_none(), "collected with its pod");
+    assert_rbac_allows_every_request(&s);
+}
