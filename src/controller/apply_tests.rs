@@ -92,6 +92,8 @@ impl Writes for Recorder {
         namespace: &str,
         _set: &[Entry],
         _forget: &BTreeMap<String, Forget>,
+        _records: &[Update],
+        _now: Millis,
     ) -> Result<requeue_state::Written> {
         self.answer(format!("requeue-state {namespace}"))
             .map(|_| requeue_state::Written::default())

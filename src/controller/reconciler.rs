@@ -419,7 +419,10 @@ pub(crate) async fn apply_with(
                 namespace,
                 set,
                 forget,
-            } => match w.write_requeue_state(namespace, set, forget).await {
+            } => match w
+                .write_requeue_state(namespace, set, forget, &plan.records, now)
+                .await
+            {
                 Ok(written) if written == requeue_state::Written::default() => {}
                 Ok(written) => {
                     tracing::info!(%namespace, set = set.len(), forget = forget.len(),

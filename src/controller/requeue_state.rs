@@ -24,8 +24,8 @@ use super::error::{Error, Result};
 use super::readiness::{hold, latest, Hold};
 pub(crate) use super::requeue_book::{kept_here, read, Entry, Forget};
 use super::requeue_book::{read_one, seen};
-use super::time::Millis;
-use super::workload_record::{record_name, RequeueState, KEY_ANNOTATION};
+use super::time::{rfc3339, Millis};
+use super::workload_record::{record_name, RequeueState, Update, KEY_ANNOTATION};
 use super::workload_writer::{
     get, observe, owned_by_key, owner_refs_of, resource, status_of, to_dynamic,
 };
@@ -46,23 +46,40 @@ pub struct Written {
     pub deleted: usize,
 }
 
+/// The pass's other record updates, written with a state set on the same record.
+#[derive(Clone, Copy)]
+pub struct With<'a> {
+    /// Every update of the pass (those of other workloads are not read).
+    pub records: &'a [Update],
+    pub now: Millis,
+}
+
 /// Writes `set` and `forget` (by record name) into namespace's records, retrying on
 /// conflicts; the first record that cannot be written ends the write with its error.
-/// `cfg` gives the `requeueAt` written. What is written goes into `cache` at once.
+/// `cfg` gives the `requeueAt` written; a state goes in one status write with the
+/// pass's updates of its record (`with`: an eviction's conditions), which the record
+/// writer then finds written. What is written goes into `cache` at once.
 pub async fn write(
     client: &kube::Client,
     namespace: &str,
     set: &[Entry],
     forget: &BTreeMap<String, Forget>,
     cfg: Option<&WaitForPodsReady>,
+    with: With<'_>,
     cache: Option<&Cache>,
 ) -> Result<Written> {
     let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &resource());
     let mut out = Written::default();
+    let now = rfc3339(with.now);
     for e in set {
         let name = record_name(&e.workload);
+        let updates: Vec<&Update> = with
+            .records
+            .iter()
+            .filter(|u| u.key == e.workload)
+            .collect();
         let wrote = with_retries(&api, namespace, &name, cache, |stored| {
-            set_step(namespace, &name, e, cfg, stored)
+            set_step(namespace, &name, e, cfg, (&updates, &now), stored)
         })
         .await?;
         out.stored += usize::from(wrote > 0);
@@ -173,13 +190,14 @@ fn cached(cache: Option<&Cache>, namespace: &str, name: &str) -> Option<Value> {
 }
 
 /// The next write that records `e` on `stored`: the record created (without owners),
-/// its owners taken off (it must outlive the pods the timeout evicts), then the state
-/// moved forward.
+/// its owners taken off (it must outlive the pods the timeout evicts), then its status
+/// with `updates` applied (at `now`, RFC 3339) and the state moved forward.
 fn set_step(
     namespace: &str,
     name: &str,
     e: &Entry,
     cfg: Option<&WaitForPodsReady>,
+    (updates, now): (&[&Update], &str),
     stored: Option<&Value>,
 ) -> std::result::Result<Step, String> {
     let Some(v) = stored else {
@@ -205,16 +223,21 @@ fn set_step(
         v["metadata"]["ownerReferences"] = json!([]);
         return Ok(Step::Replace(v));
     }
-    let mut status = status_of(v);
+    let stored_status = status_of(v);
+    let mut status = updates
+        .iter()
+        .fold(stored_status.clone(), |s, u| u.apply(&s, now));
     let current = status
         .requeue_state
         .as_ref()
         .and_then(RequeueState::requeue);
     let next = latest(current, Some(e.requeue));
-    if next == current {
+    if next != current {
+        status.requeue_state = next.map(|r| RequeueState::of(r, cfg));
+    }
+    if status == stored_status {
         return Ok(Step::Done);
     }
-    status.requeue_state = next.map(|r| RequeueState::of(r, cfg));
     let mut v = v.clone();
     v["status"] = json!(status);
     Ok(Step::ReplaceStatus(v))
@@ -231,7 +254,7 @@ pub(super) fn recorded(
 ) -> Option<Value> {
     let name = record_name(&e.workload);
     for _ in 0..3 {
-        match set_step(namespace, &name, e, cfg, stored.as_ref()) {
+        match set_step(namespace, &name, e, cfg, (&[], ""), stored.as_ref()) {
             Ok(Step::Create(v) | Step::Replace(v) | Step::ReplaceStatus(v)) => stored = Some(v),
             Ok(Step::Done) | Err(_) => break,
         }

@@ -90,12 +90,15 @@ pub trait Writes {
         r: &ObjRef,
         value: &str,
     ) -> impl Future<Output = Result<Written>> + Send;
-    /// Writes requeue states onto a namespace's records, and forgets them.
+    /// Writes requeue states onto a namespace's records, with the pass's other updates
+    /// of those records (`records`: one status write, not two), and forgets states.
     fn write_requeue_state(
         &self,
         namespace: &str,
         set: &[Entry],
         forget: &BTreeMap<String, Forget>,
+        records: &[Update],
+        now: Millis,
     ) -> impl Future<Output = Result<requeue_state::Written>> + Send;
     /// The requeue hold of `workload` as the API server has it now (newer than the pass
     /// may have read).
@@ -189,9 +192,12 @@ impl Writes for KubeWrites<'_> {
         namespace: &str,
         set: &[Entry],
         forget: &BTreeMap<String, Forget>,
+        records: &[Update],
+        now: Millis,
     ) -> Result<requeue_state::Written> {
         let cfg = self.cfg.pods_ready.as_ref();
-        requeue_state::write(self.client, namespace, set, forget, cfg, self.cache).await
+        let with = requeue_state::With { records, now };
+        requeue_state::write(self.client, namespace, set, forget, cfg, with, self.cache).await
     }
 
     async fn fresh_hold(

@@ -268,7 +268,20 @@ async fn a_state_past_its_ttl_is_deleted_but_not_one_moved_on_meanwhile() {
     let c = config(3);
     create_pod(&s, "solo", 1, "low", json!({}), None);
     reconciler::pass(&client, &c, at(0)).await.unwrap();
+    let status_puts = |s: &ApiServer| {
+        let path = format!("PUT {WORKLOADS}/pod-solo/status");
+        s.requests().iter().filter(|r| r.starts_with(&path)).count()
+    };
+    let before = status_puts(&s);
     reconciler::pass(&client, &c, at(60)).await.unwrap();
+    assert_eq!(
+        status_puts(&s) - before,
+        1,
+        "the state and the eviction's conditions in one status write: {:?}",
+        s.requests()
+    );
+    let evicted = record(&s, "pod-solo").unwrap();
+    assert!(evicted["status"]["conditions"].to_string().contains("PodsReadyTimeout"));
     s.delete_object(PODS, "solo");
     s.before_next_write("DELETE", WORKLOADS, move |s: &ApiServer| {
         let mut r = record(s, "pod-solo").unwrap();
