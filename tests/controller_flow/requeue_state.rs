@@ -281,7 +281,9 @@ async fn a_state_past_its_ttl_is_deleted_but_not_one_moved_on_meanwhile() {
         s.requests()
     );
     let evicted = record(&s, "pod-solo").unwrap();
-    assert!(evicted["status"]["conditions"].to_string().contains("PodsReadyTimeout"));
+    assert!(evicted["status"]["conditions"]
+        .to_string()
+        .contains("PodsReadyTimeout"));
     s.delete_object(PODS, "solo");
     s.before_next_write("DELETE", WORKLOADS, move |s: &ApiServer| {
         let mut r = record(s, "pod-solo").unwrap();
