@@ -78,7 +78,6 @@ use super::lease::Millis;
 use super::pods_ready::{self, state_kept_on_record};
 use super::record_updates;
 use super::requeue_book::{self, Book};
-use super::requeue_state;
 use super::serving::{
     desired_replicas, replica_set_of, replica_set_owners, Owner, ServingIndex, ServingKind,
 };
@@ -422,7 +421,13 @@ fn keep(
         touched_while_held: kept_recorded,
         held_heads: BTreeSet::new(),
         books: match cfg.pods_ready {
-            Some(_) => requeue_state::read(&cache.records.values()),
+            Some(_) => Book {
+                entries: cache
+                    .records
+                    .filter_map(requeue_book::read_one)
+                    .into_iter()
+                    .collect(),
+            },
             None => Book::default(),
         },
         done_pods: HashMap::new(),

@@ -22,7 +22,7 @@
 use super::cache::Cache;
 use super::error::{Error, Result};
 use super::readiness::{hold, latest, Hold};
-pub(crate) use super::requeue_book::{kept_here, read, Entry, Forget};
+pub(crate) use super::requeue_book::{kept_here, Entry, Forget};
 use super::requeue_book::{read_one, seen};
 use super::time::{rfc3339, Millis};
 use super::workload_record::{record_name, RequeueState, Update, KEY_ANNOTATION};

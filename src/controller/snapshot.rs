@@ -374,8 +374,11 @@ pub fn snapshot_cached(
         stateful_sets,
         claim_templates: in_namespaces(&cache.claim_templates, when(claims_used)),
         claims: in_namespaces(&cache.claims, when(claims_used)),
+        // Only the records holding a requeue state: the only ones a pass reads.
         records: match cfg.pods_ready {
-            Some(_) => cache.records.values(),
+            Some(_) => cache
+                .records
+                .values_where(|r| r["status"]["requeueState"].is_object()),
             None => Vec::new(),
         },
         pods,
