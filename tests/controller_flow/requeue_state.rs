@@ -233,9 +233,14 @@ async fn solo_back_and_ready(s: &ApiServer, c: &Config) {
     assert_eq!(condition(&pod(s, "solo")).0, "Backoff");
     reconciler::pass(&client, c, at(70)).await.unwrap();
     assert!(!gated(&pod(s, "solo")));
-    let mut p = pod(s, "solo");
+    mark_ready(s, "solo", "2026-11-18T12:02:20Z");
+}
+
+/// The kubelet reports pod `name` Running and Ready since `since`.
+fn mark_ready(s: &ApiServer, name: &str, since: &str) {
+    let mut p = pod(s, name);
     p["status"] = json!({"phase": "Running", "conditions": [
-        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-18T12:02:20Z"}]});
+        {"type": "Ready", "status": "True", "lastTransitionTime": since}]});
     s.put_object(PODS, p);
 }
 
@@ -347,10 +352,7 @@ async fn a_failed_or_racing_state_write_loses_nothing() {
     reconciler::pass(&client, &c, at(61 + 80)).await.unwrap();
     assert!(group_ungated(&s));
     for name in ["g-0", "g-1"] {
-        let mut p = pod(&s, name);
-        p["status"] = json!({"phase": "Running", "conditions": [
-            {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-18T12:03:20Z"}]});
-        s.put_object(PODS, p);
+        mark_ready(&s, name, "2026-11-18T12:03:20Z");
     }
     s.before_next_write("PUT", WORKLOADS, move |s: &ApiServer| {
         let mut r = record(s, "group-g").unwrap();
@@ -478,10 +480,7 @@ async fn an_ownerless_record_without_a_state_gets_its_owners_back() {
     let mut r = record(&s, "pod-solo").unwrap();
     r["metadata"]["ownerReferences"] = json!([]);
     s.put_object(WORKLOADS, r);
-    let mut p = pod(&s, "solo");
-    p["status"] = json!({"phase": "Running", "conditions": [
-        {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-18T12:01:10Z"}]});
-    s.put_object(PODS, p);
+    mark_ready(&s, "solo", "2026-11-18T12:01:10Z");
     reconciler::pass(&client, &c, at(10)).await.unwrap();
     assert_eq!(
         owners(&s, "pod-solo"),
