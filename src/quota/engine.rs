@@ -24,7 +24,7 @@ use super::keyset::KeySet;
 use super::model::{CqId, CqSpec, FrId, LqId, WlId, WorkloadInfo};
 use super::quantity::Time;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
 use std::sync::Arc;
 
 /// Queue order: higher priority first, then older timestamp, then workload key
@@ -334,6 +334,11 @@ pub struct Engine {
     /// Waiting workloads whose last report the controller had the engine forget
     /// ([`Engine::forget_reported`]): reported again on the next look at their line.
     pub(crate) forgotten: BTreeSet<WlId>,
+    /// Classes of identical parked workloads, as `(queue, shape)`, whose first member
+    /// was re-decided for a changed ClusterQueue spec: the rest follow it unless it is
+    /// told otherwise now ([`Engine::update_cluster_queue`]).
+    /// With what its members told before ([`super::wake::told`]).
+    pub(crate) spec_probes: Vec<(CqId, u64, (&'static str, String))>,
     /// Admitted workloads told ready by [`Engine::mark_pods_ready`]: their pods-ready
     /// timeout timer no longer counts (until they are admitted again).
     pub(crate) ready_marked: BTreeSet<WlId>,
@@ -383,6 +388,7 @@ impl Engine {
             held_heads: BTreeSet::new(),
             flush_epoch: 0,
             forgotten: BTreeSet::new(),
+            spec_probes: Vec::new(),
             over_quota: BTreeSet::new(),
             ready_marked: BTreeSet::new(),
             timers: BinaryHeap::new(),
@@ -457,6 +463,21 @@ impl Engine {
         Ok(())
     }
 
+    /// Forgets a WorkloadPriorityClass (workloads submitted later cannot name it).
+    pub fn remove_priority_class(&mut self, name: &str) {
+        self.priority_classes.remove(name);
+    }
+
+    /// Sets (`Some`) or forgets (`None`) a Namespace's labels without re-deciding
+    /// anything: for a namespace whose labels no queue of its workloads selects by
+    /// (the caller knows). [`Engine::apply_namespace`] re-decides everything.
+    pub fn note_namespace(&mut self, name: &str, labels: Option<BTreeMap<String, String>>) {
+        match labels {
+            Some(l) => self.namespaces.insert(name.to_string(), l),
+            None => self.namespaces.remove(name),
+        };
+    }
+
     /// Creates or replaces a Namespace's labels (for `namespaceSelector`).
     pub fn apply_namespace(&mut self, name: &str, labels: BTreeMap<String, String>, now: Time) {
         self.namespaces.insert(name.to_string(), labels);
@@ -490,8 +511,32 @@ impl Engine {
         Ok(())
     }
 
-    /// Creates or replaces a ClusterQueue. Admitted workloads keep their admission.
+    /// Creates or replaces a ClusterQueue. Admitted workloads keep their admission; the
+    /// parked workloads of its cohort queue again.
     pub fn apply_cluster_queue(&mut self, cq: &ClusterQueue, now: Time) -> Result<()> {
+        let (cohort, _) = self.replace_cluster_queue(cq, now)?;
+        self.wake_cohort_all(cohort, now);
+        Ok(())
+    }
+
+    /// [`Engine::apply_cluster_queue`] for a caller that reports what an engine built
+    /// with the new queue would ([`Positions::Ranged`](super::events::Positions)): in a
+    /// cohort where no queue preempts (before or after) and a parked workload's reason
+    /// follows from its request and its queue alone, only each queue's first
+    /// [`exact_places`](super::events::exact_places) parked workloads (their messages name
+    /// the quota free) and the first of each class of identical ones are re-decided; once
+    /// a schedule settles, a class whose first member would now be told otherwise is
+    /// re-decided whole. A quota raised under a long queue then costs its classes, not
+    /// its length. Elsewhere every parked workload of the cohort is re-decided.
+    pub fn update_cluster_queue(&mut self, cq: &ClusterQueue, now: Time) -> Result<()> {
+        let (cohort, preempted_before) = self.replace_cluster_queue(cq, now)?;
+        self.wake_cohort_spec(cohort, preempted_before, now);
+        Ok(())
+    }
+
+    /// Creates or replaces a ClusterQueue and re-homes the workloads waiting for it:
+    /// its cohort, and whether its old spec could preempt.
+    fn replace_cluster_queue(&mut self, cq: &ClusterQueue, now: Time) -> Result<(usize, bool)> {
         let (names, by_name) = (&mut self.fr_names, &mut self.fr_by_name);
         let spec = CqSpec::compile(cq, |f, r| intern_fr(names, by_name, f, r))?;
         let name = spec.name.clone();
@@ -512,12 +557,22 @@ impl Engine {
                 self.end_reservations_in(m, now);
             }
         }
+        // A queue without a cohort keeps its own (unnamed) one across changes.
+        let mut own_cohort = None;
+        let mut preempted_before = false;
         let id = match self.cq_by_name.get(&name) {
             Some(&id) => {
+                preempted_before = self.cqs[id].spec.can_preempt();
                 let old_cohort = self.cqs[id].cohort;
                 self.cohorts[old_cohort].members.retain(|&m| m != id);
                 self.recompute_cohort(old_cohort);
+                if self.cohorts[old_cohort].name.is_none() {
+                    own_cohort = Some(old_cohort);
+                }
                 self.cqs[id].spec = Arc::new(spec);
+                // A failure remembered under the old spec says nothing of the new one
+                // (the cohort's version alone may repeat).
+                self.cqs[id].fail_memo = None;
                 id
             }
             None => {
@@ -553,7 +608,10 @@ impl Engine {
                     co
                 }
             },
-            None => self.new_cohort(None),
+            None => match own_cohort {
+                Some(co) => co,
+                None => self.new_cohort(None),
+            },
         };
         self.cqs[id].cohort = cohort;
         self.cohorts[cohort].members.push(id);
@@ -565,8 +623,7 @@ impl Engine {
             }
         }
         self.rehome_orphans(now);
-        self.wake_cohort_all(cohort, now);
-        Ok(())
+        Ok((cohort, preempted_before))
     }
 
     fn new_cohort(&mut self, name: Option<String>) -> usize {
@@ -757,12 +814,17 @@ impl Engine {
     pub fn schedule(&mut self, now: Time) -> Result<()> {
         self.now = self.now.max(now);
         let mut cycles = 0u64;
-        while !self.ready.is_empty() {
-            cycles += 1;
-            if cycles > self.cfg.max_cycles {
-                return Err(Error::NoFixedPoint(cycles));
+        loop {
+            while !self.ready.is_empty() {
+                cycles += 1;
+                if cycles > self.cfg.max_cycles {
+                    return Err(Error::NoFixedPoint(cycles));
+                }
+                self.cycle(now);
             }
-            self.cycle(now);
+            if !self.settle_spec_probes(now) {
+                break;
+            }
         }
         self.flush_pending_events(now);
         Ok(())
@@ -909,11 +971,22 @@ impl Engine {
         }
     }
 
+    /// Queues the waiting workloads without a queue whose queue resolves now; the
+    /// others get the reason that holds now (a LocalQueue created whose ClusterQueue
+    /// does not exist yet), as a fresh submit would.
     fn rehome_orphans(&mut self, now: Time) {
         let orphans: Vec<WlId> = self.orphans.iter().copied().collect();
         for id in orphans {
-            if self.resolve_queue(id).is_ok() && self.wls[id].state == WlState::Pending {
-                self.enqueue(id, now);
+            if self.wls[id].state != WlState::Pending {
+                continue;
+            }
+            match self.resolve_queue(id) {
+                Ok(_) => self.enqueue(id, now),
+                Err(reason) if reason != self.wls[id].reason => {
+                    self.wls[id].reason = reason;
+                    self.dirty.push(id);
+                }
+                Err(_) => {}
             }
         }
     }
@@ -927,17 +1000,19 @@ impl Engine {
         }
         let mut seen = BTreeSet::new();
         // A queue with many workloads to report (a cohort re-decided) is ranked in one
-        // walk: counting each one's place alone would cost the queue's length each.
-        let mut per_cq: HashMap<CqId, usize> = HashMap::new();
+        // walk, as far as its last one: counting each one's place alone would cost up
+        // to the queue's length each.
+        let mut per_cq: HashMap<CqId, HashSet<WlId>> = HashMap::new();
         for &id in &dirty {
-            if let Some(cq) = self.wls[id].cq {
-                *per_cq.entry(cq).or_default() += 1;
+            let w = &self.wls[id];
+            if let Some(cq) = w.cq.filter(|_| w.state == WlState::Pending) {
+                per_cq.entry(cq).or_default().insert(id);
             }
         }
         let mut ranks: HashMap<WlId, usize> = HashMap::new();
-        for (cq, n) in per_cq {
-            if n > 16 {
-                ranks.extend(self.queue_ranks(cq));
+        for (cq, mut left) in per_cq {
+            if left.len() > 16 {
+                ranks.extend(self.ranks_of(cq, &mut left));
             }
         }
         for id in dirty {

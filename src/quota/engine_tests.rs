@@ -740,3 +740,82 @@ fn replica_usage_takes_the_first_flavor_the_replicas_may_use() {
     assert!(e.set_hold(0, "serve", &unknown, hold).is_err());
     assert!(e.set_hold(0, "nowhere", &levels, hold).is_err());
 }
+
+/// A quota raised from zero: the workloads that could never fit are evaluated again and
+/// the head is admitted, as an engine built with the new quota admits it — at the same
+/// instant, where a failure remembered for identical workloads (keyed by the cohort's
+/// version, which a queue without a cohort may repeat) must not answer for the new spec.
+/// The queue keeps its one unnamed cohort.
+#[test]
+fn a_quota_raised_from_zero_admits_what_exceeded_it() {
+    let mut e = engine(&[cluster_queue("d").quota("h100", GPU, 0).build()]);
+    submit(&mut e, 10, job("ml/one", "d", 1).created(1));
+    submit(&mut e, 10, job("ml/two", "d", 1).created(2));
+    assert!(!e.is_admitted("ml/one"));
+    let cohorts = e.cohorts.len();
+    e.apply_cluster_queue(&cluster_queue("d").quota("h100", GPU, 1).build(), 10)
+        .unwrap();
+    assert_eq!(e.cohorts.len(), cohorts);
+    e.schedule(10).unwrap();
+    e.check_invariants().unwrap();
+    assert!(e.is_admitted("ml/one"));
+    assert!(!e.is_admitted("ml/two"));
+}
+
+/// An engine with ranged positions (the controller's) over ClusterQueue `f` (`gpus`, no
+/// preemption) with `n` identical 1-GPU workloads submitted.
+fn ranged_queue(gpus: i64, n: u64) -> Engine {
+    let mut e = Engine::new(EngineConfig {
+        positions: super::events::Positions::Ranged,
+        ..EngineConfig::default()
+    });
+    e.apply_flavor(&flavor("h100"), 0).unwrap();
+    e.apply_cluster_queue(&cluster_queue("f").quota("h100", GPU, gpus).build(), 0)
+        .unwrap();
+    e.apply_local_queue(&local_queue("ml", "f", "f"), 0)
+        .unwrap();
+    for i in 0..n {
+        e.submit(10, job(&format!("ml/w{i:03}"), "f", 1).created(i))
+            .unwrap();
+    }
+    e.schedule(10).unwrap();
+    e
+}
+
+/// Every workload's reason code, in key order.
+fn reasons(e: &Engine, n: u64) -> Vec<Option<&'static str>> {
+    (0..n)
+        .map(|i| e.pending_reason(&format!("ml/w{i:03}")))
+        .collect()
+}
+
+/// A ClusterQueue updated in place ([`Engine::update_cluster_queue`]) under a long
+/// queue of identical workloads: a quota raised admits what fits and re-decides only
+/// the front and the first of the class, the others' reasons standing; a quota lowered
+/// below the request retells every one of them (`ExceedsMaxQuota`, as an engine built
+/// with that quota says), and raised again, every one waits for quota again.
+#[test]
+fn a_queue_updated_in_place_retells_only_what_it_moves() {
+    let n = 200;
+    let mut e = ranged_queue(2, n);
+    let before = e.stats.evaluations;
+    e.update_cluster_queue(&cluster_queue("f").quota("h100", GPU, 3).build(), 20)
+        .unwrap();
+    e.schedule(20).unwrap();
+    e.check_invariants().unwrap();
+    assert_eq!(reasons(&e, n), reasons(&ranged_queue(3, n), n));
+    let looked = e.stats.evaluations - before;
+    assert!(looked < 40, "{looked} evaluations for a raise by one");
+    for (gpus, want) in [(0, "ExceedsMaxQuota"), (3, "WaitingForQuota")] {
+        e.update_cluster_queue(&cluster_queue("f").quota("h100", GPU, gpus).build(), 30)
+            .unwrap();
+        e.schedule(30).unwrap();
+        let told = reasons(&e, n);
+        // The three admitted keep running (over a lowered quota, as Kueue keeps them).
+        assert_eq!(told[..3], [None; 3]);
+        assert!(
+            told[3..].iter().all(|r| *r == Some(want)),
+            "{gpus}: {told:?}"
+        );
+    }
+}

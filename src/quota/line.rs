@@ -254,6 +254,21 @@ impl Engine {
 
     /// The 1-based place of every workload queued or parked in `cq`, in one walk over
     /// both (each in queue order).
+    /// The 1-based places in `cq`'s line of the workloads in `left`, walking the line
+    /// only as far as the last of them (found ones are taken out of `left`).
+    pub(crate) fn ranks_of(&self, cq: CqId, left: &mut HashSet<WlId>) -> Vec<(WlId, usize)> {
+        let mut out = Vec::with_capacity(left.len());
+        for (i, id) in self.line(cq).enumerate() {
+            if left.is_empty() {
+                break;
+            }
+            if left.remove(&id) {
+                out.push((id, i + 1));
+            }
+        }
+        out
+    }
+
     pub(crate) fn queue_ranks(&self, cq: CqId) -> HashMap<WlId, usize> {
         self.line(cq)
             .enumerate()

@@ -414,27 +414,116 @@ impl Engine {
                 self.wake_queue_all(m);
                 continue;
             }
-            let keys: Vec<super::engine::OrderKey> =
-                self.cqs[m].parked.iter().take(front).cloned().collect();
-            for key in keys {
-                let shape = self.shape_in(key.3, m);
-                let q = &mut self.cqs[m];
-                q.parked.remove(&key);
-                // The class's wake-up may have been armed by this member: the class
-                // waits disarmed until a member parks again (this one, re-decided now).
-                if let Some(class) = q.classes.get_mut(&shape) {
-                    class.members.remove(&key);
-                    class.armed = false;
-                    if class.members.is_empty() {
-                        q.classes.remove(&shape);
-                    }
+            self.wake_front(m, front);
+            self.unblock(m);
+        }
+    }
+
+    /// Puts the first `front` parked workloads of queue `m` back in it.
+    fn wake_front(&mut self, m: CqId, front: usize) {
+        let keys: Vec<super::engine::OrderKey> =
+            self.cqs[m].parked.iter().take(front).cloned().collect();
+        for key in keys {
+            let shape = self.shape_in(key.3, m);
+            let q = &mut self.cqs[m];
+            q.parked.remove(&key);
+            // The class's wake-up may have been armed by this member: the class
+            // waits disarmed until a member parks again (this one, re-decided now).
+            if let Some(class) = q.classes.get_mut(&shape) {
+                class.members.remove(&key);
+                class.armed = false;
+                if class.members.is_empty() {
+                    q.classes.remove(&shape);
                 }
-                q.pending.insert(key.clone());
-                self.wls[key.3].gen += 1;
-                self.stats.wakes += 1;
+            }
+            q.pending.insert(key.clone());
+            self.wls[key.3].gen += 1;
+            self.stats.wakes += 1;
+        }
+    }
+}
+
+/// What a parked workload's reason tells at a place written as a range: what the
+/// members of a class behind the exact places show.
+pub(crate) fn told(r: &super::events::PendingReason) -> (&'static str, String) {
+    let far = Some(super::events::exact_places() + 1);
+    (
+        r.code(),
+        r.message_as(far, super::events::Positions::Ranged),
+    )
+}
+
+impl Engine {
+    /// After ClusterQueue specs of cohort `co` changed: see
+    /// [`Engine::update_cluster_queue`]. `preempted_before`: the changed queue could
+    /// preempt under its old spec (its classes were formed under other shapes).
+    pub(crate) fn wake_cohort_spec(&mut self, co: usize, preempted_before: bool, now: Time) {
+        let members = self.cohorts[co].members.clone();
+        if preempted_before
+            || self.cfg.positions != super::events::Positions::Ranged
+            || members.iter().any(|&m| self.cqs[m].spec.can_preempt())
+        {
+            self.wake_cohort_all(co, now);
+            return;
+        }
+        let front = super::events::exact_places();
+        for m in members {
+            if self.reasons_may_follow_books(m) {
+                self.wake_queue_all(m);
+                continue;
+            }
+            self.wake_front(m, front);
+            // Each class's first member is re-decided (the class disarmed: it arms
+            // again, under the new limits, when that member parks); the rest follow it.
+            let classes: Vec<(u64, super::engine::OrderKey)> = self.cqs[m]
+                .classes
+                .iter()
+                .filter_map(|(&shape, c)| Some((shape, c.members.first()?.clone())))
+                .collect();
+            for (shape, first) in classes {
+                let before = told(&self.wls[first.3].reason);
+                self.release_class_head(m, shape, first);
+                self.spec_probes.push((m, shape, before));
             }
             self.unblock(m);
         }
+    }
+
+    /// Once a schedule settles after [`Engine::wake_cohort_spec`]: a probed class whose
+    /// first parked member would now be told otherwise (another reason, or another
+    /// message at a place written as a range) is woken whole. Whether any was.
+    pub(crate) fn settle_spec_probes(&mut self, now: Time) -> bool {
+        let probes = std::mem::take(&mut self.spec_probes);
+        let mut woke = false;
+        for (m, shape, before) in probes {
+            let Some(first) = self.cqs[m]
+                .classes
+                .get(&shape)
+                .and_then(|c| c.members.first().cloned())
+            else {
+                continue;
+            };
+            let same = match self.evaluate(first.3, now) {
+                super::decide::Decision::Fail { reason, .. } => told(&reason) == before,
+                _ => false,
+            };
+            if same {
+                continue;
+            }
+            let Some(class) = self.cqs[m].classes.remove(&shape) else {
+                continue;
+            };
+            for key in class.members {
+                if self.cqs[m].parked.remove(&key) {
+                    self.wls[key.3].gen += 1;
+                    self.stats.wakes += 1;
+                    self.cqs[m].pending.insert(key);
+                }
+            }
+            self.unblock(m);
+            woke = true;
+        }
+        woke
     }
 
     /// Whether a parked workload of queue `m` (which cannot preempt) may hold a reason
