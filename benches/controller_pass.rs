@@ -42,7 +42,10 @@
 //! `held` (a pod arrives while an admitted pod has not become Ready: every queue is
 //! held); and `head`: the 4-GPU pod of the full queue is gone, so the pass admits the
 //! head of the queue of N and every waiting pod moves up (its writes are printed too:
-//! places past the first 10 are ranges, so a few reasons are rewritten, not N).
+//! places past the first 10 are ranges, so a few reasons are rewritten, not N); and
+//! `quota`: an operator raises ClusterQueue `full`'s quota from 4 to 6 GPUs, so the pass
+//! reads the changed queue object and admits the next two (before, any queue-object
+//! change decided from scratch).
 //! `BENCH_MODES=incr` (or
 //! `rebuild,incr`, `list`) runs only the modes named. `BENCH_API_DELAY_US=N` answers
 //! every request but a WATCH N µs late after the warm-up (a round trip to an API server
@@ -198,6 +201,21 @@ fn gated(s: &ApiServer, name: &str) -> bool {
     })
 }
 
+/// How many of the `wait-*` pods are no longer gated.
+fn admitted_waiting(s: &ApiServer) -> usize {
+    s.objects(PODS)
+        .iter()
+        .filter(|p| {
+            p["metadata"]["name"]
+                .as_str()
+                .is_some_and(|n| n.starts_with("wait-"))
+                && !p["spec"]["schedulingGates"]
+                    .as_array()
+                    .is_some_and(|g| g.iter().any(|x| x["name"] == GATE))
+        })
+        .count()
+}
+
 /// The calling thread's wait on a run queue (ready, not running) so far, its involuntary
 /// context switches and its minor page faults (`None` without `/proc/thread-self`). The
 /// wait is accounted each time the thread gets a CPU back, so it is exact across a pass.
@@ -242,6 +260,9 @@ struct Point {
     /// writes (pod status, Event, queue status) it made.
     head: Option<Duration>,
     head_writes: usize,
+    /// The pass reading ClusterQueue `full` with its quota raised by 2 GPUs: the next
+    /// two of the long queue admitted.
+    quota: Option<Duration>,
     /// Per case above (by its name), the incremental pass's decision alone
     /// (`IncStats::last_decide`), the rest of the case's time being its writes.
     decide: BTreeMap<&'static str, Duration>,
@@ -652,6 +673,32 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             !gated(&s, "wait-00000") || pending < 3,
             "the head of the full queue admitted"
         );
+        // An operator raises `full`'s quota from 4 to 6 GPUs: the pass reads the new
+        // ClusterQueue and admits the next two waiting pods.
+        let cqs = "/apis/tessera.io/v1alpha1/clusterqueues";
+        s.put_object(cqs, queue("full", 6));
+        wait_until("the new quota in the cache", || {
+            cache.queues[1]
+                .get(&(String::new(), "full".to_string()))
+                .is_some_and(|q| {
+                    q["spec"]["resourceGroups"][0]["flavors"][0]["resources"][0]["nominalQuota"]
+                        == 6
+                })
+        })
+        .await;
+        let admitted_before = admitted_waiting(&s);
+        let t = Instant::now();
+        pass_with(&client, &c, &mut state, now + 11).await.unwrap();
+        point.quota = Some(t.elapsed());
+        if let Some(st) = state.incremental_stats() {
+            point.decide.insert("quota", st.last_decide);
+        }
+        let admitted = admitted_waiting(&s);
+        assert_eq!(
+            admitted,
+            (admitted_before + 2).min(pending),
+            "the raised quota admits two more"
+        );
     }
     point.lists /= rounds as u64;
     if let Some(st) = state.incremental_stats() {
@@ -848,6 +895,7 @@ async fn main() {
             ("backoff end", pr_rebuild.map(|m| m.1), pr_incr.map(|m| m.1)),
             ("held", held_rebuild, held_incr),
             ("head", rebuild.as_ref().and_then(|r| r.head), incr.head),
+            ("quota", rebuild.as_ref().and_then(|r| r.quota), incr.quota),
         ] {
             cases.push((n, case, r, i, incr.decide.get(case).copied()));
         }

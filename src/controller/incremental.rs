@@ -8,9 +8,11 @@
 //! Engine::schedule(now) ─► Admit from events · Pending for the workloads whose reason may move
 //! ```
 //! [`decide`](super::decide::decide) over a fresh snapshot stays the reference: an incremental pass gives the
-//! same [`Plan`] (a property test drives both). Whatever the kept engine cannot follow
+//! same [`Plan`] (a property test drives both). Queue objects and namespaces that
+//! changed go to the kept engine as events (`incremental_queues.rs`, which lists the
+//! changes it cannot follow). Whatever the kept engine cannot follow
 //! exactly makes the pass decide from scratch instead, and start keeping again from
-//! there: queue objects, namespaces or configuration changed; a store re-LISTed; with
+//! there: configuration changed; a store re-LISTed; with
 //! `blockAdmission` a pass admitting (the admission holds every queue in the middle of
 //! its schedule, so what a fresh pass evaluated before it depends on the order) or a
 //! running workload's pods no longer Ready before being recorded; a running workload
@@ -81,12 +83,15 @@ use super::requeue_book::{self, Book};
 use super::serving::{
     desired_replicas, replica_set_of, replica_set_owners, Owner, ServingIndex, ServingKind,
 };
-use super::snapshot::{owned_by, serving_objects, snapshot_cached};
+use super::snapshot::{owned_by, queue_objects_cached, serving_objects, snapshot_cached};
 use super::workload_record::OwnerRef;
 use super::workloads::{done_pod_workload_key, job_workload_key, live_pod_workload_key};
 use crate::quota::{Engine, EventType, Restored, WaitForPodsReady};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+#[path = "incremental_queues.rs"]
+mod queues;
 
 /// How many passes went each way (for tests, logs and the benchmark).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -438,15 +443,7 @@ fn keep(
             .iter()
             .map(|f| (f.metadata.name.clone(), f.spec.node_labels.clone()))
             .collect(),
-        simple_cqs: snap
-            .cluster_queues
-            .iter()
-            .filter(|q| {
-                q.spec.cohort_name.is_none()
-                    && q.spec.resource_groups.iter().all(|g| g.flavors.len() == 1)
-            })
-            .map(|q| q.metadata.name.clone())
-            .collect(),
+        simple_cqs: queues::simple_cluster_queues(&snap.cluster_queues),
         base_problems,
         claim_templates: in_ns(&cache.claim_templates),
         claims: in_ns(&cache.claims),
@@ -801,19 +798,25 @@ impl Kept {
             .filter_map(|k| self.lives.get(k))
             .collect();
         running.sort_by(|a, b| (a.admitted_at, &a.key).cmp(&(b.admitted_at, &b.key)));
+        // One that no longer fits (over quota, or pending) is re-decided with its scope,
+        // which reports it as a fresh pass does.
+        let mut unfit = BTreeSet::new();
         for l in &running {
             let Some(info) = &l.info else { continue };
-            // One that no longer fits stays pending in both (compared below).
-            if scratch
-                .restore_admitted(now, info.clone(), l.admitted_at)
-                .is_err()
-            {
-                return Err("a running workload could not be restored");
+            match scratch.restore_admitted(now, info.clone(), l.admitted_at) {
+                Ok(Restored::Admitted) => {}
+                Ok(_) => {
+                    unfit.insert(l.key.as_str());
+                }
+                Err(_) => return Err("a running workload could not be restored"),
             }
         }
         Ok(running
             .iter()
-            .filter(|l| scratch.admission_of(&l.key) != self.engine.admission_of(&l.key))
+            .filter(|l| {
+                unfit.contains(l.key.as_str())
+                    || scratch.admission_of(&l.key) != self.engine.admission_of(&l.key)
+            })
             .map(|l| self.scopes.of(l))
             .collect())
     }
@@ -1075,15 +1078,33 @@ fn fast_pass(
     if seen.len() != kept.seen.len() {
         return Err("stores changed");
     }
-    // Queue objects and namespaces: only status writes may have changed.
+    // Queue objects and namespaces: a status write changes nothing; other changes go to
+    // the kept engine (`incremental_queues.rs`).
+    let mut queue_moved = Vec::new();
     for i in QUEUE_STORES {
         let keys =
             changed(&stores[i..=i], &kept.seen[i..=i]).ok_or("queue objects listed again")?;
         for k in keys {
             let now_fp = stores[i].get(&k).map(|v| fingerprint(&v));
-            if now_fp.as_ref() != kept.queue_fps.get(&(i, k)) {
-                return Err("queue objects or namespaces changed");
+            let k = (i, k);
+            if now_fp.as_ref() != kept.queue_fps.get(&k) {
+                queue_moved.push((k, now_fp));
             }
+        }
+    }
+    let queues_changed = !queue_moved.is_empty();
+    if queues_changed {
+        let mut problems = Vec::new();
+        let objects = queue_objects_cached(cache, &mut problems);
+        if !problems.is_empty() {
+            return Err("unusable queue objects");
+        }
+        kept.follow_queue_objects(objects, now)?;
+        for (k, fp) in queue_moved {
+            match fp {
+                Some(fp) => kept.queue_fps.insert(k, fp),
+                None => kept.queue_fps.remove(&k),
+            };
         }
     }
     let n_pods = cache.pods.len();
@@ -1200,7 +1221,8 @@ fn fast_pass(
     let serving = ServingIndex::new(&objs.0, &objs.1, &objs.2);
     // A hold recorded, changed or removed on an owner: a fresh pass sets the new holds
     // (rare: a scale-down, a hold's end).
-    if owners_changed && Holds::read(&kept.engine, &serving, now) != kept.holds {
+    if (owners_changed || queues_changed) && Holds::read(&kept.engine, &serving, now) != kept.holds
+    {
         return Err("holds changed");
     }
     // Owners whose object changed: their replicas are read again (a replica's requeue

@@ -314,26 +314,8 @@ pub fn snapshot_cached(
     now: Millis,
     problems: &mut Vec<String>,
 ) -> Snapshot {
-    let [rf, cq, lq, wpc] = &cache.queues;
-    let namespaces = cache
-        .namespaces
-        .values()
-        .into_iter()
-        .filter_map(|n| {
-            let name = n["metadata"]["name"].as_str()?.to_string();
-            let labels = n["metadata"]["labels"]
-                .as_object()
-                .map(|l| {
-                    l.iter()
-                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
-                        .collect()
-                })
-                .unwrap_or_default();
-            Some((name, labels))
-        })
-        .collect();
-    let local_queues = typed::<LocalQueue>(lq.values(), "LocalQueue", problems);
-    let queued_ns = queued_namespaces(&local_queues);
+    let queues = queue_objects_cached(cache, problems);
+    let queued_ns = queued_namespaces(&queues.local_queues);
     let union = |stores: &[super::cache::Store]| -> Vec<Value> {
         let mut seen = BTreeSet::new();
         let mut out = Vec::new();
@@ -360,15 +342,6 @@ pub fn snapshot_cached(
     let claims_used = any_claims(&pods, "/spec") || any_claims(&jobs, "/spec/template/spec");
     Snapshot {
         now,
-        flavors: typed::<ResourceFlavor>(rf.values(), "ResourceFlavor", problems),
-        cluster_queues: typed::<ClusterQueue>(cq.values(), "ClusterQueue", problems),
-        local_queues,
-        priority_classes: typed::<WorkloadPriorityClass>(
-            wpc.values(),
-            "WorkloadPriorityClass",
-            problems,
-        ),
-        namespaces,
         replica_sets,
         deployments,
         stateful_sets,
@@ -386,5 +359,43 @@ pub fn snapshot_cached(
         device_classes: cfg.device_classes.clone(),
         blocked: BTreeMap::new(),
         pods_ready: cfg.pods_ready.clone(),
+        ..queues
+    }
+}
+
+/// The queue objects (ResourceFlavors, ClusterQueues, LocalQueues,
+/// WorkloadPriorityClasses) and namespaces in the watch-fed stores, as a snapshot
+/// holding nothing else; objects that cannot be read are reported in `problems`.
+pub(super) fn queue_objects_cached(cache: &Cache, problems: &mut Vec<String>) -> Snapshot {
+    let [rf, cq, lq, wpc] = &cache.queues;
+    let namespaces = cache
+        .namespaces
+        .values()
+        .into_iter()
+        .filter_map(|n| {
+            let name = n["metadata"]["name"].as_str()?.to_string();
+            let labels = n["metadata"]["labels"]
+                .as_object()
+                .map(|l| {
+                    l.iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_str()?.to_string())))
+                        .collect()
+                })
+                .unwrap_or_default();
+            Some((name, labels))
+        })
+        .collect();
+    let local_queues = typed::<LocalQueue>(lq.values(), "LocalQueue", problems);
+    Snapshot {
+        flavors: typed::<ResourceFlavor>(rf.values(), "ResourceFlavor", problems),
+        cluster_queues: typed::<ClusterQueue>(cq.values(), "ClusterQueue", problems),
+        local_queues,
+        priority_classes: typed::<WorkloadPriorityClass>(
+            wpc.values(),
+            "WorkloadPriorityClass",
+            problems,
+        ),
+        namespaces,
+        ..Snapshot::default()
     }
 }

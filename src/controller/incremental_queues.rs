@@ -1,0 +1,311 @@
+//! Queue objects and namespaces changed since the last pass, followed on the kept
+//! engine: each change goes to the engine as the event it is (`update_cluster_queue`,
+//! `apply_local_queue`, ...), in the order a fresh pass builds its engine (namespaces,
+//! flavors, priority classes, ClusterQueues, LocalQueues), instead of deciding the pass
+//! from scratch.
+//!
+//! What the engine re-decides on each event is its own rule (a ClusterQueue changed:
+//! what the change can move in its cohort, `Engine::update_cluster_queue`; a LocalQueue
+//! or ClusterQueue created: the workloads waiting for it are queued there). What a fresh pass would build otherwise
+//! is caught after: running workloads are restored onto a fresh engine of the new queue
+//! objects and compared (`Kept::books_differ`), and the scopes where a restore differs
+//! or no longer fits are re-decided from their workloads.
+//!
+//! The changes it cannot follow exactly make the pass decide from scratch, each with its
+//! reason: a queue object deleted; a ClusterQueue moving between cohorts, or changing
+//! its `namespaceSelector`, `queueingStrategy` or `stopPolicy` (which workloads it holds,
+//! and in which order, would change under them); a LocalQueue pointing elsewhere, or
+//! the first one of a namespace (serving owners and DRA claims there were never read);
+//! the labels of a namespace with workloads, where some ClusterQueue selects namespaces
+//! by label; a priority class that workloads name; queue objects that cannot be read
+//! (their problems are reported by the fresh pass). All are rare next to quota edits
+//! and new queues, and the fresh pass is exact.
+
+use super::Kept;
+use crate::controller::decide::{Scopes, UNKNOWN_SCOPE};
+use crate::controller::model::Snapshot;
+use crate::controller::time::Millis;
+use crate::quota::api::{ClusterQueue, LabelSelector, StopPolicy};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+impl Kept {
+    /// Applies the queue objects and namespaces of `new` (read from the stores now) to
+    /// the kept engine and bookkeeping; the ClusterQueues changed go to `stale` so their
+    /// cohorts' reasons are re-decided in this pass.
+    pub(super) fn follow_queue_objects(
+        &mut self,
+        new: Snapshot,
+        now: Millis,
+    ) -> Result<(), &'static str> {
+        if !self.base_problems.is_empty() {
+            return Err("queue objects changed beside unusable ones");
+        }
+        self.follow_namespaces(&new)?;
+        follow_named(
+            &self.base.flavors,
+            &new.flavors,
+            |f| &f.metadata.name,
+            |old, f| match f {
+                None => Err("a ResourceFlavor deleted"),
+                Some(f) if old.is_some_and(|o| o == f) => Ok(()),
+                Some(f) => self
+                    .engine
+                    .apply_flavor(f, now)
+                    .map_err(|_| "a ResourceFlavor the engine refuses"),
+            },
+        )?;
+        self.follow_priority_classes(&new)?;
+        let mut changed_cqs = Vec::new();
+        follow_named(
+            &self.base.cluster_queues,
+            &new.cluster_queues,
+            |q| &q.metadata.name,
+            |old, q| {
+                let q = q.ok_or("a ClusterQueue deleted")?;
+                if old.is_some_and(|o| o == q) {
+                    return Ok(());
+                }
+                if let Some(o) = old {
+                    same_membership(o, q)?;
+                }
+                if q.spec.stop_policy != StopPolicy::None {
+                    return Err("a stopped ClusterQueue changed");
+                }
+                self.engine
+                    .update_cluster_queue(q, now)
+                    .map_err(|_| "a ClusterQueue the engine refuses")?;
+                changed_cqs.push(q.metadata.name.clone());
+                Ok(())
+            },
+        )?;
+        let lq_key = |q: &crate::quota::api::LocalQueue| {
+            (
+                q.metadata
+                    .namespace
+                    .clone()
+                    .unwrap_or_else(|| "default".into()),
+                q.metadata.name.clone(),
+            )
+        };
+        let old_lqs: HashMap<_, _> = self
+            .base
+            .local_queues
+            .iter()
+            .map(|q| (lq_key(q), q))
+            .collect();
+        let new_keys: BTreeSet<_> = new.local_queues.iter().map(lq_key).collect();
+        if old_lqs.keys().any(|k| !new_keys.contains(k)) {
+            return Err("a LocalQueue deleted");
+        }
+        for q in &new.local_queues {
+            let key = lq_key(q);
+            match old_lqs.get(&key) {
+                Some(o) if *o == q => {}
+                Some(o) if o.spec.cluster_queue != q.spec.cluster_queue => {
+                    return Err("a LocalQueue points to another ClusterQueue");
+                }
+                Some(_) => {}
+                None if !self.queued_ns.contains(&key.0) => {
+                    return Err("the first LocalQueue of a namespace");
+                }
+                None => {
+                    self.engine
+                        .apply_local_queue(q, now)
+                        .map_err(|_| "a LocalQueue the engine refuses")?;
+                    // Its waiting workloads queue there now: decided with the others
+                    // of the pass, as a fresh pass submits them.
+                    self.stale.insert(q.spec.cluster_queue.clone());
+                }
+            }
+        }
+        if !changed_cqs.is_empty() {
+            // A fresh restore may assign the running workloads otherwise, or find one no
+            // longer fits: checked before deciding (`books_differ`).
+            self.verify = true;
+        }
+        self.stale.extend(changed_cqs);
+        self.rescope(Scopes::new(&new));
+        self.simple_cqs = simple_cluster_queues(&new.cluster_queues);
+        self.flavor_labels = new
+            .flavors
+            .iter()
+            .map(|f| (f.metadata.name.clone(), f.spec.node_labels.clone()))
+            .collect();
+        self.base = Snapshot {
+            flavors: new.flavors,
+            cluster_queues: new.cluster_queues,
+            local_queues: new.local_queues,
+            priority_classes: new.priority_classes,
+            namespaces: new.namespaces,
+            ..std::mem::take(&mut self.base)
+        };
+        Ok(())
+    }
+
+    /// Namespaces created, relabelled or deleted: noted on the engine without
+    /// re-deciding anything, where no workload's queue could read the labels.
+    fn follow_namespaces(&mut self, new: &Snapshot) -> Result<(), &'static str> {
+        let old: BTreeMap<&String, &BTreeMap<String, String>> =
+            self.base.namespaces.iter().map(|(n, l)| (n, l)).collect();
+        let now: BTreeMap<&String, &BTreeMap<String, String>> =
+            new.namespaces.iter().map(|(n, l)| (n, l)).collect();
+        let moved: Vec<&String> = old
+            .keys()
+            .chain(now.keys())
+            .filter(|n| old.get(*n) != now.get(*n))
+            .copied()
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .collect();
+        if moved.is_empty() {
+            return Ok(());
+        }
+        // Labels matter only to a ClusterQueue whose selector reads them, and only for
+        // the workloads of that namespace.
+        let selective = new
+            .cluster_queues
+            .iter()
+            .chain(&self.base.cluster_queues)
+            .any(|q| q.spec.namespace_selector.as_ref().is_some_and(reads_labels));
+        if selective && moved.iter().any(|ns| self.has_workloads_in(ns)) {
+            return Err("the labels of a namespace with workloads");
+        }
+        for ns in moved {
+            self.engine
+                .note_namespace(ns, now.get(ns).map(|l| (*l).clone()));
+        }
+        Ok(())
+    }
+
+    /// Priority classes created, changed or deleted that no workload names by class.
+    fn follow_priority_classes(&mut self, new: &Snapshot) -> Result<(), &'static str> {
+        let old: BTreeMap<&String, i32> = self
+            .base
+            .priority_classes
+            .iter()
+            .map(|c| (&c.metadata.name, c.value))
+            .collect();
+        let now: BTreeMap<&String, i32> = new
+            .priority_classes
+            .iter()
+            .map(|c| (&c.metadata.name, c.value))
+            .collect();
+        let moved: BTreeSet<&String> = old
+            .keys()
+            .chain(now.keys())
+            .filter(|n| old.get(*n) != now.get(*n))
+            .copied()
+            .collect();
+        if moved.is_empty() {
+            return Ok(());
+        }
+        let named = self.lives.values().any(|l| {
+            l.info.as_ref().is_some_and(|i| {
+                i.priority.is_none() && i.priority_class.as_ref().is_some_and(|c| moved.contains(c))
+            })
+        });
+        if named {
+            return Err("a priority class that workloads name");
+        }
+        for c in &new.priority_classes {
+            if moved.contains(&c.metadata.name) {
+                self.engine
+                    .apply_priority_class(c)
+                    .map_err(|_| "a priority class the engine refuses")?;
+            }
+        }
+        for name in moved.iter().filter(|n| !now.contains_key(**n)) {
+            self.engine.remove_priority_class(name);
+        }
+        Ok(())
+    }
+
+    /// Whether a workload of namespace `ns` is kept.
+    fn has_workloads_in(&self, ns: &str) -> bool {
+        self.lives
+            .keys()
+            .any(|k| k.split_once('/').is_some_and(|(n, _)| n == ns))
+    }
+
+    /// Moves to `scopes`, under which every workload with a known scope keeps it (the
+    /// caller refused the changes that move one); those of no known scope before (their
+    /// LocalQueue or ClusterQueue missing) are indexed under the one they have now.
+    fn rescope(&mut self, scopes: Scopes) {
+        self.scopes = scopes;
+        let Some(unknown) = self.scope_keys.remove(UNKNOWN_SCOPE) else {
+            return;
+        };
+        let terminating = self.terminating.remove(UNKNOWN_SCOPE).unwrap_or_default();
+        for key in unknown {
+            let Some(l) = self.lives.get(&key) else {
+                continue;
+            };
+            let scope = self.scopes.of(l);
+            let sk = super::sort_key(l);
+            if terminating.contains(&sk) {
+                self.terminating
+                    .entry(scope.clone())
+                    .or_default()
+                    .insert(sk);
+            }
+            self.scope_keys.entry(scope).or_default().insert(key);
+        }
+    }
+}
+
+/// Walks the objects of one kind by name: `apply(old, new)` for every object of `new`
+/// (`old`: the one of the same name before, if any), then `apply(Some(old), None)` for
+/// every one gone.
+fn follow_named<'a, T>(
+    old: &'a [T],
+    new: &'a [T],
+    name: impl Fn(&T) -> &String,
+    mut apply: impl FnMut(Option<&'a T>, Option<&'a T>) -> Result<(), &'static str>,
+) -> Result<(), &'static str> {
+    let before: HashMap<&String, &T> = old.iter().map(|o| (name(o), o)).collect();
+    let after: BTreeSet<&String> = new.iter().map(&name).collect();
+    for o in new {
+        apply(before.get(name(o)).copied(), Some(o))?;
+    }
+    for o in old.iter().filter(|o| !after.contains(name(o))) {
+        apply(Some(o), None)?;
+    }
+    Ok(())
+}
+
+/// Whether ClusterQueue `new` holds the same workloads as `old`, in the same order:
+/// same cohort, namespace selector and queueing strategy.
+fn same_membership(old: &ClusterQueue, new: &ClusterQueue) -> Result<(), &'static str> {
+    let (o, n) = (&old.spec, &new.spec);
+    if o.cohort_name != n.cohort_name {
+        return Err("a ClusterQueue moved between cohorts");
+    }
+    if o.namespace_selector != n.namespace_selector {
+        return Err("a ClusterQueue's namespaceSelector changed");
+    }
+    if o.queueing_strategy != n.queueing_strategy {
+        return Err("a ClusterQueue's queueingStrategy changed");
+    }
+    if o.stop_policy != StopPolicy::None {
+        return Err("a stopped ClusterQueue changed");
+    }
+    Ok(())
+}
+
+/// Whether a namespace's labels can decide what `selector` matches.
+fn reads_labels(selector: &LabelSelector) -> bool {
+    !selector.match_labels.is_empty() || !selector.match_expressions.is_empty()
+}
+
+/// ClusterQueues without a cohort and with one flavor per resource group: their flavor
+/// assignments do not depend on the order of admissions.
+pub(super) fn simple_cluster_queues(queues: &[ClusterQueue]) -> BTreeSet<String> {
+    queues
+        .iter()
+        .filter(|q| {
+            q.spec.cohort_name.is_none()
+                && q.spec.resource_groups.iter().all(|g| g.flavors.len() == 1)
+        })
+        .map(|q| q.metadata.name.clone())
+        .collect()
+}
