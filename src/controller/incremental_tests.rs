@@ -242,7 +242,7 @@ impl World {
             // Priority classes: `high` (named by workloads) revalued, `low` (named by
             // none) created or deleted.
             _ => {
-                if self.rv % 2 == 0 {
+                if self.rv.is_multiple_of(2) {
                     let mut c = self.cluster_object(4, "high").unwrap_or_default();
                     c["value"] = json!(if c["value"] == 100 { 50 } else { 100 });
                     self.put(4, c);
