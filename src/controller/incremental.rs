@@ -438,11 +438,7 @@ fn keep(
         done_pods: HashMap::new(),
         finished: HashMap::new(),
         queue_fps,
-        flavor_labels: snap
-            .flavors
-            .iter()
-            .map(|f| (f.metadata.name.clone(), f.spec.node_labels.clone()))
-            .collect(),
+        flavor_labels: queues::flavor_labels(&snap.flavors),
         simple_cqs: queues::simple_cluster_queues(&snap.cluster_queues),
         base_problems,
         claim_templates: in_ns(&cache.claim_templates),

@@ -25,8 +25,9 @@ use super::Kept;
 use crate::controller::decide::{Scopes, UNKNOWN_SCOPE};
 use crate::controller::model::Snapshot;
 use crate::controller::time::Millis;
-use crate::quota::api::{ClusterQueue, LabelSelector, StopPolicy};
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use crate::quota::api::{ClusterQueue, LabelSelector, LocalQueue, ResourceFlavor, StopPolicy};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::hash::Hash;
 
 impl Kept {
     /// Applies the queue objects and namespaces of `new` (read from the stores now) to
@@ -44,10 +45,9 @@ impl Kept {
         follow_named(
             &self.base.flavors,
             &new.flavors,
-            |f| &f.metadata.name,
-            |old, f| match f {
+            |f: &ResourceFlavor| &f.metadata.name,
+            |_, f| match f {
                 None => Err("a ResourceFlavor deleted"),
-                Some(f) if old.is_some_and(|o| o == f) => Ok(()),
                 Some(f) => self
                     .engine
                     .apply_flavor(f, now)
@@ -59,12 +59,9 @@ impl Kept {
         follow_named(
             &self.base.cluster_queues,
             &new.cluster_queues,
-            |q| &q.metadata.name,
+            |q: &ClusterQueue| &q.metadata.name,
             |old, q| {
                 let q = q.ok_or("a ClusterQueue deleted")?;
-                if old.is_some_and(|o| o == q) {
-                    return Ok(());
-                }
                 if let Some(o) = old {
                     same_membership(o, q)?;
                 }
@@ -78,46 +75,32 @@ impl Kept {
                 Ok(())
             },
         )?;
-        let lq_key = |q: &crate::quota::api::LocalQueue| {
-            (
-                q.metadata
-                    .namespace
-                    .clone()
-                    .unwrap_or_else(|| "default".into()),
-                q.metadata.name.clone(),
-            )
-        };
-        let old_lqs: HashMap<_, _> = self
-            .base
-            .local_queues
-            .iter()
-            .map(|q| (lq_key(q), q))
-            .collect();
-        let new_keys: BTreeSet<_> = new.local_queues.iter().map(lq_key).collect();
-        if old_lqs.keys().any(|k| !new_keys.contains(k)) {
-            return Err("a LocalQueue deleted");
-        }
-        for q in &new.local_queues {
-            let key = lq_key(q);
-            match old_lqs.get(&key) {
-                Some(o) if *o == q => {}
-                Some(o) if o.spec.cluster_queue != q.spec.cluster_queue => {
-                    return Err("a LocalQueue points to another ClusterQueue");
+        follow_named(
+            &self.base.local_queues,
+            &new.local_queues,
+            lq_key,
+            |old, q| {
+                let q = q.ok_or("a LocalQueue deleted")?;
+                match old {
+                    Some(o) if o.spec.cluster_queue != q.spec.cluster_queue => {
+                        Err("a LocalQueue points to another ClusterQueue")
+                    }
+                    Some(_) => Ok(()),
+                    None if !self.queued_ns.contains(&lq_key(q).0) => {
+                        Err("the first LocalQueue of a namespace")
+                    }
+                    None => {
+                        self.engine
+                            .apply_local_queue(q, now)
+                            .map_err(|_| "a LocalQueue the engine refuses")?;
+                        // Its waiting workloads queue there now: decided with the
+                        // others of the pass, as a fresh pass submits them.
+                        self.stale.insert(q.spec.cluster_queue.clone());
+                        Ok(())
+                    }
                 }
-                Some(_) => {}
-                None if !self.queued_ns.contains(&key.0) => {
-                    return Err("the first LocalQueue of a namespace");
-                }
-                None => {
-                    self.engine
-                        .apply_local_queue(q, now)
-                        .map_err(|_| "a LocalQueue the engine refuses")?;
-                    // Its waiting workloads queue there now: decided with the others
-                    // of the pass, as a fresh pass submits them.
-                    self.stale.insert(q.spec.cluster_queue.clone());
-                }
-            }
-        }
+            },
+        )?;
         if !changed_cqs.is_empty() {
             // A fresh restore may assign the running workloads otherwise, or find one no
             // longer fits: checked before deciding (`books_differ`).
@@ -126,11 +109,7 @@ impl Kept {
         self.stale.extend(changed_cqs);
         self.rescope(Scopes::new(&new));
         self.simple_cqs = simple_cluster_queues(&new.cluster_queues);
-        self.flavor_labels = new
-            .flavors
-            .iter()
-            .map(|f| (f.metadata.name.clone(), f.spec.node_labels.clone()))
-            .collect();
+        self.flavor_labels = flavor_labels(&new.flavors);
         self.base = Snapshot {
             flavors: new.flavors,
             cluster_queues: new.cluster_queues,
@@ -254,23 +233,47 @@ impl Kept {
 }
 
 /// Walks the objects of one kind by name: `apply(old, new)` for every object of `new`
-/// (`old`: the one of the same name before, if any), then `apply(Some(old), None)` for
-/// every one gone.
-fn follow_named<'a, T>(
+/// that is new or differs from `old`, the one of the same name before; then
+/// `apply(Some(old), None)` for every one gone.
+fn follow_named<'a, T: PartialEq, K: Eq + Hash>(
     old: &'a [T],
     new: &'a [T],
-    name: impl Fn(&T) -> &String,
+    name: impl Fn(&'a T) -> K,
     mut apply: impl FnMut(Option<&'a T>, Option<&'a T>) -> Result<(), &'static str>,
 ) -> Result<(), &'static str> {
-    let before: HashMap<&String, &T> = old.iter().map(|o| (name(o), o)).collect();
-    let after: BTreeSet<&String> = new.iter().map(&name).collect();
+    let before: HashMap<K, &T> = old.iter().map(|o| (name(o), o)).collect();
+    let after: HashSet<K> = new.iter().map(&name).collect();
     for o in new {
-        apply(before.get(name(o)).copied(), Some(o))?;
+        let was = before.get(&name(o)).copied();
+        if was != Some(o) {
+            apply(was, Some(o))?;
+        }
     }
-    for o in old.iter().filter(|o| !after.contains(name(o))) {
+    for o in old.iter().filter(|o| !after.contains(&name(o))) {
         apply(Some(o), None)?;
     }
     Ok(())
+}
+
+/// The name a LocalQueue is known by: (namespace, name), no namespace read as `default`.
+fn lq_key(q: &LocalQueue) -> (String, String) {
+    (
+        q.metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        q.metadata.name.clone(),
+    )
+}
+
+/// Each flavor's node labels (what an admission's node selector carries).
+pub(super) fn flavor_labels(
+    flavors: &[ResourceFlavor],
+) -> BTreeMap<String, BTreeMap<String, String>> {
+    flavors
+        .iter()
+        .map(|f| (f.metadata.name.clone(), f.spec.node_labels.clone()))
+        .collect()
 }
 
 /// Whether ClusterQueue `new` holds the same workloads as `old`, in the same order:

@@ -335,9 +335,9 @@ pub struct Engine {
     /// ([`Engine::forget_reported`]): reported again on the next look at their line.
     pub(crate) forgotten: BTreeSet<WlId>,
     /// Classes of identical parked workloads, as `(queue, shape)`, whose first member
-    /// was re-decided for a changed ClusterQueue spec: the rest follow it unless it is
-    /// told otherwise now ([`Engine::update_cluster_queue`]).
-    /// With what its members told before ([`super::wake::told`]).
+    /// was re-decided for a changed ClusterQueue spec, with what its members told
+    /// before ([`super::wake::told`]): the rest follow it unless it is told otherwise
+    /// now ([`Engine::update_cluster_queue`]).
     pub(crate) spec_probes: Vec<(CqId, u64, (&'static str, String))>,
     /// Admitted workloads told ready by [`Engine::mark_pods_ready`]: their pods-ready
     /// timeout timer no longer counts (until they are admitted again).

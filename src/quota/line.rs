@@ -252,8 +252,6 @@ impl Engine {
         }
     }
 
-    /// The 1-based place of every workload queued or parked in `cq`, in one walk over
-    /// both (each in queue order).
     /// The 1-based places in `cq`'s line of the workloads in `left`, walking the line
     /// only as far as the last of them (found ones are taken out of `left`).
     pub(crate) fn ranks_of(&self, cq: CqId, left: &mut HashSet<WlId>) -> Vec<(WlId, usize)> {
@@ -269,6 +267,8 @@ impl Engine {
         out
     }
 
+    /// The 1-based place of every workload queued or parked in `cq`, in one walk over
+    /// both (each in queue order).
     pub(crate) fn queue_ranks(&self, cq: CqId) -> HashMap<WlId, usize> {
         self.line(cq)
             .enumerate()

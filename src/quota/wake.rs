@@ -311,14 +311,8 @@ impl Engine {
             }
             None => fallback,
         };
-        if q.parked.remove(&first) {
-            let id = first.3;
-            q.pending.insert(first);
-            self.wls[id].gen += 1;
-            self.stats.wakes += 1;
-            if q.spec.stop == StopPolicy::None {
-                self.ready.insert(cq);
-            }
+        if self.unpark(cq, first) && self.cqs[cq].spec.stop == StopPolicy::None {
+            self.ready.insert(cq);
         }
     }
 
@@ -426,7 +420,6 @@ impl Engine {
         for key in keys {
             let shape = self.shape_in(key.3, m);
             let q = &mut self.cqs[m];
-            q.parked.remove(&key);
             // The class's wake-up may have been armed by this member: the class
             // waits disarmed until a member parks again (this one, re-decided now).
             if let Some(class) = q.classes.get_mut(&shape) {
@@ -436,24 +429,22 @@ impl Engine {
                     q.classes.remove(&shape);
                 }
             }
-            q.pending.insert(key.clone());
-            self.wls[key.3].gen += 1;
-            self.stats.wakes += 1;
+            self.unpark(m, key);
         }
     }
-}
 
-/// What a parked workload's reason tells at a place written as a range: what the
-/// members of a class behind the exact places show.
-pub(crate) fn told(r: &super::events::PendingReason) -> (&'static str, String) {
-    let far = Some(super::events::exact_places() + 1);
-    (
-        r.code(),
-        r.message_as(far, super::events::Positions::Ranged),
-    )
-}
+    /// Moves parked `key` back to queue `m`'s pending set (a new generation, so its
+    /// wake-up entries go stale); whether it was parked.
+    fn unpark(&mut self, m: CqId, key: super::engine::OrderKey) -> bool {
+        if !self.cqs[m].parked.remove(&key) {
+            return false;
+        }
+        self.wls[key.3].gen += 1;
+        self.stats.wakes += 1;
+        self.cqs[m].pending.insert(key);
+        true
+    }
 
-impl Engine {
     /// After ClusterQueue specs of cohort `co` changed: see
     /// [`Engine::update_cluster_queue`]. `preempted_before`: the changed queue could
     /// preempt under its old spec (its classes were formed under other shapes).
@@ -514,11 +505,7 @@ impl Engine {
                 continue;
             };
             for key in class.members {
-                if self.cqs[m].parked.remove(&key) {
-                    self.wls[key.3].gen += 1;
-                    self.stats.wakes += 1;
-                    self.cqs[m].pending.insert(key);
-                }
+                self.unpark(m, key);
             }
             self.unblock(m);
             woke = true;
@@ -581,4 +568,14 @@ fn pop_reached(index: &mut WakeIndex, fr: FrId, reached: i64) -> Vec<(WlId, u64)
     let rest = map.split_off(&(reached + 1, 0));
     let hit = std::mem::replace(map, rest);
     hit.into_values().collect()
+}
+
+/// What a parked workload's reason tells at a place written as a range: what the
+/// members of a class behind the exact places show.
+pub(crate) fn told(r: &super::events::PendingReason) -> (&'static str, String) {
+    let far = Some(super::events::exact_places() + 1);
+    (
+        r.code(),
+        r.message_as(far, super::events::Positions::Ranged),
+    )
 }
