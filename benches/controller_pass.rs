@@ -45,7 +45,8 @@
 //! places past the first 10 are ranges, so a few reasons are rewritten, not N); and
 //! `quota`: an operator raises ClusterQueue `full`'s quota from 4 to 6 GPUs, so the pass
 //! reads the changed queue object and admits the next two (before, any queue-object
-//! change decided from scratch).
+//! change decided from scratch); and `claim`: a ResourceClaim no pod names is created
+//! in the queued namespace (before, any DRA claim change there decided from scratch).
 //! `BENCH_MODES=incr` (or
 //! `rebuild,incr`, `list`) runs only the modes named. `BENCH_API_DELAY_US=N` answers
 //! every request but a WATCH N µs late after the warm-up (a round trip to an API server
@@ -263,6 +264,9 @@ struct Point {
     /// The pass reading ClusterQueue `full` with its quota raised by 2 GPUs: the next
     /// two of the long queue admitted.
     quota: Option<Duration>,
+    /// The pass reading a ResourceClaim created in the queued namespace that no pod
+    /// names (as one generated from a template for a pod).
+    claim: Option<Duration>,
     /// Per case above (by its name), the incremental pass's decision alone
     /// (`IncStats::last_decide`), the rest of the case's time being its writes.
     decide: BTreeMap<&'static str, Duration>,
@@ -666,6 +670,9 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         pass_with(&client, &c, &mut state, now + 10).await.unwrap();
         point.head = Some(t.elapsed());
         point.head_writes = s.writes() - writes;
+        if std::env::var_os("BENCH_SHOW_WRITES").is_some() {
+            show_writes(&s, writes);
+        }
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("head", st.last_decide);
         }
@@ -698,6 +705,30 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             admitted,
             (admitted_before + 2).min(pending),
             "the raised quota admits two more"
+        );
+        // The pass that sees the admissions back, then a ResourceClaim appears in the
+        // queued namespace (generated for some pod from a template): nothing names it,
+        // nothing changes.
+        pass_with(&client, &c, &mut state, now + 12).await.unwrap();
+        let claims = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims";
+        s.put_object(
+            claims,
+            json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                   "metadata": {"name": "gen-1", "namespace": "team"},
+                   "spec": {"devices": {"requests": [{"name": "g",
+                       "exactly": {"deviceClassName": "gpu.tessera.io"}}]}}}),
+        );
+        let claim = ("team".to_string(), "gen-1".to_string());
+        wait_until("the claim in the cache", || cache.claims.contains(&claim)).await;
+        let t = Instant::now();
+        let plan = pass_with(&client, &c, &mut state, now + 12).await.unwrap();
+        point.claim = Some(t.elapsed());
+        if let Some(st) = state.incremental_stats() {
+            point.decide.insert("claim", st.last_decide);
+        }
+        assert!(
+            plan.actions.is_empty(),
+            "a claim no pod names changes nothing"
         );
     }
     point.lists /= rounds as u64;
@@ -896,6 +927,7 @@ async fn main() {
             ("held", held_rebuild, held_incr),
             ("head", rebuild.as_ref().and_then(|r| r.head), incr.head),
             ("quota", rebuild.as_ref().and_then(|r| r.quota), incr.quota),
+            ("claim", rebuild.as_ref().and_then(|r| r.claim), incr.claim),
         ] {
             cases.push((n, case, r, i, incr.decide.get(case).copied()));
         }
@@ -931,5 +963,26 @@ async fn main() {
     for (n, r, i) in head_writes {
         let show = |w: Option<usize>| w.map_or("-".into(), |w| w.to_string());
         println!("{n:>6} | rebuild {:>6} | incr {:>6}", show(r), show(i));
+    }
+}
+
+/// Prints the write requests after the first `from`, grouped by method and the path
+/// without the object's name (`BENCH_SHOW_WRITES`).
+fn show_writes(s: &ApiServer, from: usize) {
+    let mut groups: BTreeMap<String, usize> = BTreeMap::new();
+    let writes = s.requests().into_iter().filter(|r| !r.starts_with("GET "));
+    for r in writes.skip(from) {
+        let path = r.split('?').next().unwrap_or_default();
+        let shape: Vec<&str> = path
+            .split('/')
+            .map(|p| match p.rfind(|c: char| !c.is_ascii_digit()) {
+                Some(i) if i + 1 < p.len() && p.len() - i > 3 => "<n>",
+                _ => p,
+            })
+            .collect();
+        *groups.entry(shape.join("/")).or_default() += 1;
+    }
+    for (shape, n) in groups {
+        println!("  {n:>4} {shape}");
     }
 }

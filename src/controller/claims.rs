@@ -16,12 +16,52 @@ use std::collections::BTreeMap;
 /// Why a pod's claims cannot be counted: (reason, message) for its pending status.
 pub type ClaimError = (String, String);
 
-/// The claim objects of a snapshot and the class → resource mapping.
+/// Claim objects kept between passes, by (namespace, name).
+pub type ClaimObjects = BTreeMap<(String, String), Value>;
+
+/// What a pod's `spec.resourceClaims[]` entry names.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum ClaimSource {
+    /// `resourceClaimTemplateName`: counted by the template's `spec.spec`.
+    Template,
+    /// `resourceClaimName`: counted by the claim's `spec`.
+    Claim,
+}
+
+/// The object one `spec.resourceClaims[]` entry names; `None` for an entry naming
+/// neither (counted as nothing).
+pub fn named_by(entry: &Value) -> Option<(ClaimSource, &str)> {
+    if let Some(t) = entry["resourceClaimTemplateName"].as_str() {
+        Some((ClaimSource::Template, t))
+    } else {
+        entry["resourceClaimName"]
+            .as_str()
+            .map(|c| (ClaimSource::Claim, c))
+    }
+}
+
+/// The claim objects of a snapshot (or kept between passes) and the class → resource
+/// mapping.
 #[derive(Clone, Debug)]
 pub struct ClaimIndex<'a> {
-    templates: BTreeMap<(&'a str, &'a str), &'a Value>,
-    claims: BTreeMap<(&'a str, &'a str), &'a Value>,
+    templates: Objects<'a>,
+    claims: Objects<'a>,
     resources: &'a BTreeMap<String, String>,
+}
+
+#[derive(Clone, Debug)]
+enum Objects<'a> {
+    Listed(BTreeMap<(&'a str, &'a str), &'a Value>),
+    Kept(&'a ClaimObjects),
+}
+
+impl Objects<'_> {
+    fn get(&self, namespace: &str, name: &str) -> Option<&Value> {
+        match self {
+            Objects::Listed(m) => m.get(&(namespace, name)).copied(),
+            Objects::Kept(m) => m.get(&(namespace.to_string(), name.to_string())),
+        }
+    }
 }
 
 fn key(v: &Value) -> (&str, &str) {
@@ -39,8 +79,21 @@ impl<'a> ClaimIndex<'a> {
         resources: &'a BTreeMap<String, String>,
     ) -> Self {
         ClaimIndex {
-            templates: templates.iter().map(|t| (key(t), t)).collect(),
-            claims: claims.iter().map(|c| (key(c), c)).collect(),
+            templates: Objects::Listed(templates.iter().map(|t| (key(t), t)).collect()),
+            claims: Objects::Listed(claims.iter().map(|c| (key(c), c)).collect()),
+            resources,
+        }
+    }
+
+    /// Over objects kept between passes (no index to build).
+    pub fn kept(
+        templates: &'a ClaimObjects,
+        claims: &'a ClaimObjects,
+        resources: &'a BTreeMap<String, String>,
+    ) -> Self {
+        ClaimIndex {
+            templates: Objects::Kept(templates),
+            claims: Objects::Kept(claims),
             resources,
         }
     }
@@ -56,27 +109,29 @@ impl<'a> ClaimIndex<'a> {
             return Ok(out);
         };
         for (i, r) in refs.iter().enumerate() {
-            let (what, spec) = if let Some(t) = r["resourceClaimTemplateName"].as_str() {
-                let Some(obj) = self.templates.get(&(namespace, t)) else {
-                    return Err((
-                        "ResourceClaimTemplateNotFound".into(),
-                        format!("spec.resourceClaims[{i}]: ResourceClaimTemplate {namespace}/{t} does not exist"),
-                    ));
-                };
-                (
-                    format!("ResourceClaimTemplate {namespace}/{t}"),
-                    &obj["spec"]["spec"],
-                )
-            } else if let Some(c) = r["resourceClaimName"].as_str() {
-                let Some(obj) = self.claims.get(&(namespace, c)) else {
-                    return Err((
-                        "ResourceClaimNotFound".into(),
-                        format!("spec.resourceClaims[{i}]: ResourceClaim {namespace}/{c} does not exist"),
-                    ));
-                };
-                (format!("ResourceClaim {namespace}/{c}"), &obj["spec"])
-            } else {
-                continue;
+            let (what, spec) = match named_by(r) {
+                Some((ClaimSource::Template, t)) => {
+                    let Some(obj) = self.templates.get(namespace, t) else {
+                        return Err((
+                            "ResourceClaimTemplateNotFound".into(),
+                            format!("spec.resourceClaims[{i}]: ResourceClaimTemplate {namespace}/{t} does not exist"),
+                        ));
+                    };
+                    (
+                        format!("ResourceClaimTemplate {namespace}/{t}"),
+                        &obj["spec"]["spec"],
+                    )
+                }
+                Some((ClaimSource::Claim, c)) => {
+                    let Some(obj) = self.claims.get(namespace, c) else {
+                        return Err((
+                            "ResourceClaimNotFound".into(),
+                            format!("spec.resourceClaims[{i}]: ResourceClaim {namespace}/{c} does not exist"),
+                        ));
+                    };
+                    (format!("ResourceClaim {namespace}/{c}"), &obj["spec"])
+                }
+                None => continue,
             };
             let claimed = crate::quota::claims::claimed(spec)
                 .map_err(|why| ("InvalidResourceClaim".to_string(), format!("{what}: {why}")))?;

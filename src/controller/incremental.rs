@@ -10,7 +10,9 @@
 //! [`decide`](super::decide::decide) over a fresh snapshot stays the reference: an incremental pass gives the
 //! same [`Plan`] (a property test drives both). Queue objects and namespaces that
 //! changed go to the kept engine as events (`incremental_queues.rs`, which lists the
-//! changes it cannot follow). Whatever the kept engine cannot follow
+//! changes it cannot follow); so do DRA claims and templates (`incremental_claims.rs`:
+//! only a spec change matters, and it re-reads the workloads that name the object).
+//! Whatever the kept engine cannot follow
 //! exactly makes the pass decide from scratch instead, and start keeping again from
 //! there: configuration changed; a store re-LISTed; with
 //! `blockAdmission` a pass admitting (the admission holds every queue in the middle of
@@ -66,7 +68,7 @@
 //! decides from scratch: rare (a scale-down, a hold's end), and exact.
 
 use super::cache::{Cache, Changes, Key, Store};
-use super::claims::ClaimIndex;
+use super::claims::ClaimSource;
 use super::config::Config;
 use super::decide::{
     admit_action, blocked_reason, collect, decide_full, drop_admissions_of_evicted,
@@ -90,8 +92,11 @@ use crate::quota::{Engine, EventType, Restored, WaitForPodsReady};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
+#[path = "incremental_claims.rs"]
+mod kept_claims;
 #[path = "incremental_queues.rs"]
 mod queues;
+use kept_claims::ClaimUser;
 
 /// How many passes went each way (for tests, logs and the benchmark).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -206,8 +211,8 @@ struct Kept {
     simple_cqs: BTreeSet<String>,
     /// Problems of unusable queue objects (repeated every pass, as a fresh pass does).
     base_problems: Vec<String>,
-    claim_templates: Vec<Value>,
-    claims: Vec<Value>,
+    /// DRA claim objects of the queued namespaces and which pods and Jobs name them.
+    claims: kept_claims::KeptClaims,
     lives: HashMap<String, Live>,
     /// Keys of the running and terminating `lives` with requests (those a fresh pass
     /// restores), kept with `lives` by `put_live` and `take_live`.
@@ -441,8 +446,12 @@ fn keep(
         flavor_labels: queues::flavor_labels(&snap.flavors),
         simple_cqs: queues::simple_cluster_queues(&snap.cluster_queues),
         base_problems,
-        claim_templates: in_ns(&cache.claim_templates),
-        claims: in_ns(&cache.claims),
+        claims: kept_claims::KeptClaims::new(
+            in_ns(&cache.claim_templates),
+            in_ns(&cache.claims),
+            &snap.pods,
+            &snap.jobs,
+        ),
         lives: HashMap::new(),
         running: BTreeSet::new(),
         pod_wl,
@@ -556,6 +565,16 @@ fn first_of(stores: &[Store], key: &Key) -> Option<(usize, Value)> {
 }
 
 /// The keys changed in `stores` since `seen` (`None`: a LIST replaced one).
+/// The workload key of the Job at `k` (as `workloads.rs` keys Jobs).
+fn job_key(k: &Key) -> String {
+    let ns = if k.0.is_empty() {
+        "default"
+    } else {
+        k.0.as_str()
+    };
+    format!("{ns}/job-{}", k.1)
+}
+
 fn changed(stores: &[&Store], seen: &[u64]) -> Option<BTreeSet<Key>> {
     let mut out = BTreeSet::new();
     for (s, &g) in stores.iter().zip(seen) {
@@ -847,7 +866,7 @@ impl Kept {
             pods.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
             snap.pods = pods.into_iter().map(|(_, _, v)| v).collect();
         }
-        let claims = ClaimIndex::new(&self.claim_templates, &self.claims, &cfg.device_classes);
+        let claims = self.claims.index(&cfg.device_classes);
         let mut lives = collect(&snap, serving, &claims);
         if lives.len() > 1 || lives.iter().any(|l| l.key != wk) {
             return Err("a workload read under another key");
@@ -1108,16 +1127,20 @@ fn fast_pass(
     let pods_at = QUEUE_STORES.end;
     let jobs_at = pods_at + n_pods;
     let rest_at = jobs_at + n_jobs;
-    // DRA claims in queued namespaces: none may have changed.
+    // DRA claims and templates in queued namespaces: those whose spec changed re-read
+    // the workloads that name them (below).
     let claims_at = rest_at + 3;
     let states_at = stores.len() - 1;
-    let rest = changed(
-        &stores[claims_at..states_at],
-        &kept.seen[claims_at..states_at],
-    )
-    .ok_or("claims listed again")?;
-    if rest.iter().any(|(ns, _)| kept.queued_ns.contains(ns)) {
-        return Err("DRA claims changed");
+    let mut respecified = Vec::new();
+    for (at, source) in [
+        (claims_at, ClaimSource::Template),
+        (claims_at + 1, ClaimSource::Claim),
+    ] {
+        respecified.extend(
+            kept.claims
+                .follow(source, stores[at], kept.seen[at], &kept.queued_ns)
+                .ok_or("claims listed again")?,
+        );
     }
     // Serving owners (ReplicaSets, Deployments, StatefulSets) in queued namespaces.
     let mut owner_keys: [BTreeSet<Key>; 3] = Default::default();
@@ -1256,6 +1279,7 @@ fn fast_pass(
         }
     }
     for (k, pod) in pods_now {
+        kept.claims.note(ClaimUser::Pod(k.clone()), pod.as_ref());
         let new_wk = pod
             .as_ref()
             .and_then(|p| live_pod_workload_key(p, &serving));
@@ -1288,19 +1312,29 @@ fn fast_pass(
         }
     }
     for k in job_keys {
-        let ns = if k.0.is_empty() {
-            "default"
-        } else {
-            k.0.as_str()
-        };
-        let wk = format!("{ns}/job-{}", k.1);
+        let wk = job_key(&k);
         let job = first_of(&cache.jobs, &k).map(|(_, v)| v);
         if let Some(j) = &job {
             if job_workload_key(j).is_some_and(|w| w != wk) {
                 return Err("a Job's key");
             }
         }
+        kept.claims.note(ClaimUser::Job(k.clone()), job.as_ref());
         affected.insert(wk, Some(k));
+    }
+    // The workloads that name a claim object created, deleted or respecified.
+    let claim_users: Vec<ClaimUser> = kept.claims.users_of(&respecified).cloned().collect();
+    for user in claim_users {
+        match user {
+            ClaimUser::Pod(k) => {
+                if let Some(wk) = kept.pod_wl.get(&k) {
+                    affected.entry(wk.clone()).or_insert(None);
+                }
+            }
+            ClaimUser::Job(k) => {
+                affected.insert(job_key(&k), Some(k));
+            }
+        }
     }
     let mut touched: BTreeSet<String> = std::mem::take(&mut kept.stale);
     let mut candidates: BTreeSet<String> = kept.unsynced.clone();

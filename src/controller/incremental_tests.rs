@@ -333,6 +333,73 @@ impl World {
             "status": {}}));
     }
 
+    /// DRA claims, by `what`: a pod naming ResourceClaim `c0`/`c1`; a Job naming
+    /// ResourceClaimTemplate `t0`; a claim created or respecified (1-3 devices); a claim
+    /// deleted; a claim allocated (its status alone changes); the template created,
+    /// respecified or deleted.
+    fn claim(&mut self, what: u8, n: u8) {
+        let claim_name = format!("c{}", n % 2);
+        let devices = |n: u8| {
+            json!({"devices": {"requests": [{"name": "g",
+            "exactly": {"deviceClassName": CLAIM_CLASS, "count": 1 + n % 3}}]}})
+        };
+        let q = n % QUEUE_PICKS;
+        let minute = n % 3;
+        match what % 6 {
+            0 => {
+                self.serial += 1;
+                let name = format!("{}d{}", self.prefix, self.serial);
+                self.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": name, "namespace": "team", "labels": Self::labels(q, false),
+                                 "creationTimestamp": format!("2026-11-18T12:0{minute}:00Z")},
+                    "spec": {"schedulingGates": [{"name": ADMISSION_GATE}], "terminationGracePeriodSeconds": 30,
+                             "resourceClaims": [{"name": "g", "resourceClaimName": claim_name}],
+                             "containers": [{"name": "c", "image": "x"}]}}));
+            }
+            1 => {
+                self.serial += 1;
+                let name = format!("{}dj{}", self.prefix, self.serial);
+                self.put_job(json!({"apiVersion": "batch/v1", "kind": "Job",
+                    "metadata": {"name": name, "namespace": "team", "labels": Self::labels(q, false),
+                                 "creationTimestamp": format!("2026-11-18T12:0{minute}:00Z")},
+                    "spec": {"suspend": true, "parallelism": 1, "completions": 1,
+                             "template": {"spec": {"restartPolicy": "Never",
+                                 "resourceClaims": [{"name": "g", "resourceClaimTemplateName": "t0"}],
+                                 "containers": [{"name": "c", "image": "x"}]}}},
+                    "status": {}}));
+            }
+            2 => self.put_claim(
+                json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": claim_name, "namespace": "team"}, "spec": devices(n)}),
+            ),
+            3 => self.cache.claims.remove(&("team".into(), claim_name)),
+            4 => {
+                if let Some(mut c) = self.cache.claims.get(&("team".into(), claim_name)) {
+                    c["status"] = json!({"allocation": {"devices": {"results": [
+                        {"request": "g", "driver": "gpu.tessera.io", "pool": "n", "device": format!("gpu-{n}")}]}}});
+                    self.put_claim(c);
+                }
+            }
+            _ if n.is_multiple_of(4) => self
+                .cache
+                .claim_templates
+                .remove(&("team".into(), "t0".into())),
+            _ => {
+                self.rv += 1;
+                self.cache.claim_templates.upsert(json!({"apiVersion": "resource.k8s.io/v1",
+                    "kind": "ResourceClaimTemplate",
+                    "metadata": {"name": "t0", "namespace": "team", "resourceVersion": self.rv.to_string()},
+                    "spec": {"spec": devices(n)}}));
+            }
+        }
+    }
+
+    fn put_claim(&mut self, mut v: Value) {
+        self.rv += 1;
+        v["metadata"]["resourceVersion"] = json!(self.rv.to_string());
+        self.cache.claims.upsert(v);
+    }
+
     /// The `i`-th object (pods, then Jobs), modulo their number.
     fn pick(&self, i: usize) -> Option<(bool, Value)> {
         let pods = self.pods();
@@ -843,6 +910,9 @@ enum Op {
     Open(u8),
     /// A namespace, a flavor or a priority class changed ([`World::relabel`]).
     Relabel(u8),
+    /// DRA claims: a pod or Job naming one, a claim or template created, respecified,
+    /// allocated or deleted ([`World::claim`]).
+    Claim(u8, u8),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -865,6 +935,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..QUEUE_PICKS, 0u8..2, 0u8..6).prop_map(|(q, f, g)| Op::Quota(q, f, g)),
         1 => (0u8..2).prop_map(Op::Open),
         1 => (0u8..6).prop_map(Op::Relabel),
+        2 => (0u8..6, any::<u8>()).prop_map(|(what, n)| Op::Claim(what, n)),
     ]
 }
 
@@ -890,12 +961,20 @@ fn cfg_pods_ready(block_admission: bool) -> Config {
 /// The configurations the property test runs under: without `waitForPodsReady`, and
 /// with it without and with `blockAdmission`.
 fn any_cfg(mode: u8) -> Config {
-    match mode % 4 {
+    let c = match mode % 4 {
         0 | 1 => cfg(),
         2 => cfg_pods_ready(false),
         _ => cfg_pods_ready(true),
+    };
+    // DRA claims' devices ([`Op::Claim`]) charged as GPUs.
+    Config {
+        device_classes: [(CLAIM_CLASS.to_string(), "nvidia.com/gpu".to_string())].into(),
+        ..c
     }
 }
+
+/// The device class of the claims [`World::claim`] writes.
+const CLAIM_CLASS: &str = "gpu.tessera.io";
 
 /// Name prefixes: none, sorting before, sorting after the unprefixed names.
 const PREFIXES: [&str; 3] = ["", "a", "z"];
@@ -967,6 +1046,7 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
         Op::Quota(q, flavor, gpus) => w.set_quota(q, flavor, gpus),
         Op::Open(what) => w.open(what),
         Op::Relabel(what) => w.relabel(what),
+        Op::Claim(what, n) => w.claim(what, n),
     }
 }
 
@@ -2007,7 +2087,7 @@ fn block_admission_rewrites_only_the_queue_heads() {
     // More arrive while held: a new one records `Queued`, the others keep theirs.
     w.add_pods(0, 1, false, 2, 0);
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(named(&plan, "pending"), ["Queued"], "{plan:?}");
+    assert_eq!(named(&plan, "pending"), ["WaitingForQuota"], "{plan:?}");
     w.apply(&plan, None);
     assert!(pass(&mut w, &mut inc).actions.is_empty());
     // Ready: the hold ends; the two held heads and the one that arrived while held are
@@ -2526,4 +2606,60 @@ fn queue_object_changes_stay_incremental() {
     pass(&mut w, &mut inc);
     assert_eq!(inc.stats.full, 3, "{:?}", inc.stats);
     assert_eq!(inc.stats.last_fallback, Some("a LocalQueue deleted"));
+}
+
+#[test]
+fn claim_changes_stay_incremental() {
+    crate::quota::events::set_exact_places_for_tests(2);
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (any_cfg(0), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    // Queue `a` (4 GPUs) is full; a pod there names claim `c0`, which does not exist yet.
+    w.add_pods(0, 4, false, 0, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    w.claim(0, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        named(&plan, "pending"),
+        ["ResourceClaimNotFound"],
+        "{plan:?}"
+    );
+    w.apply(&plan, None);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    // `c0` created (1 device): the pod waits for quota instead.
+    w.claim(2, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending"), ["WaitingForQuota"], "{plan:?}");
+    w.apply(&plan, None);
+    // Allocated (status alone), `c1` created and a claim in a namespace without queues:
+    // nothing to do.
+    w.claim(4, 0);
+    w.claim(2, 1);
+    w.put_claim(json!({"metadata": {"name": "c0", "namespace": "elsewhere"}, "spec": {}}));
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    // A Job naming template `t0` (missing), then `t0` created in a queue with room.
+    w.claim(1, 3);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        named(&plan, "pending"),
+        ["ResourceClaimTemplateNotFound"],
+        "{plan:?}"
+    );
+    w.apply(&plan, None);
+    w.claim(5, 3);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
+    w.apply(&plan, None);
+    // `c0` deleted: its pod says so again.
+    w.claim(3, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        named(&plan, "pending"),
+        ["ResourceClaimNotFound"],
+        "{plan:?}"
+    );
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    assert_eq!(inc.stats.last_fallback, Some("nothing kept"));
 }
