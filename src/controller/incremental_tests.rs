@@ -2087,7 +2087,7 @@ fn block_admission_rewrites_only_the_queue_heads() {
     // More arrive while held: a new one records `Queued`, the others keep theirs.
     w.add_pods(0, 1, false, 2, 0);
     let plan = pass(&mut w, &mut inc);
-    assert_eq!(named(&plan, "pending"), ["WaitingForQuota"], "{plan:?}");
+    assert_eq!(named(&plan, "pending"), ["Queued"], "{plan:?}");
     w.apply(&plan, None);
     assert!(pass(&mut w, &mut inc).actions.is_empty());
     // Ready: the hold ends; the two held heads and the one that arrived while held are
