@@ -51,6 +51,8 @@
 //! `rebuild,incr`, `list`) runs only the modes named. `BENCH_API_DELAY_US=N` answers
 //! every request but a WATCH N µs late after the warm-up (a round trip to an API server
 //! across a network: the cost of a pass's writes in waiting, not in work).
+//! `BENCH_API_THREAD=1` runs the double on a thread of its own (as a real API server is
+//! another process); by default it shares the one-thread runtime of the pass.
 //!
 //! `cargo test --all-targets` runs it once with N = 50 and one round, as a smoke test.
 
@@ -108,7 +110,7 @@ fn gated_pod(name: &str, local_queue: &str, gpus: u64, created: &str) -> Value {
 }
 
 async fn cluster(pending: usize) -> ApiServer {
-    let s = ApiServer::empty().await;
+    let s = api_server().await;
     s.list_across_namespaces();
     s.put_object(
         "/api/v1/namespaces",
@@ -666,9 +668,11 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         })
         .await;
         let writes = s.writes();
+        perf_control("enable");
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 10).await.unwrap();
         point.head = Some(t.elapsed());
+        perf_control("disable");
         point.head_writes = s.writes() - writes;
         if std::env::var_os("BENCH_SHOW_WRITES").is_some() {
             show_writes(&s, writes);
@@ -738,6 +742,37 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
     }
     shutdown.cancel();
     point
+}
+
+/// The API-server double: on this runtime, or with `BENCH_API_THREAD=1` on a thread and
+/// runtime of its own (as a real API server is another process: its work is not the
+/// controller's, and the cache's watch feeders here still share the pass's thread).
+async fn api_server() -> ApiServer {
+    if std::env::var_os("BENCH_API_THREAD").is_none() {
+        return ApiServer::empty().await;
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    std::thread::spawn(move || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("a runtime for the double");
+        rt.block_on(async move {
+            let _ = tx.send(ApiServer::empty().await);
+            std::future::pending::<()>().await;
+        });
+    });
+    rx.await.expect("the double started")
+}
+
+/// `BENCH_PERF_CTL=FIFO`: `perf record -D -1 --control fifo:FIFO` records the `head`
+/// pass alone (the command written to the FIFO: `enable` / `disable`).
+fn perf_control(command: &str) {
+    if let Some(path) = std::env::var_os("BENCH_PERF_CTL") {
+        if let Err(e) = std::fs::write(&path, format!("{command}\n")) {
+            eprintln!("BENCH_PERF_CTL: {e}");
+        }
+    }
 }
 
 /// `BENCH_API_DELAY_US`: every request to the double but a WATCH answered that late

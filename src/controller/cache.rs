@@ -74,8 +74,10 @@ struct Inner {
     /// Objects this instance wrote whose watch echo has not come yet: the written
     /// resourceVersion and when it was written.
     awaiting_echo: HashMap<Key, (String, Instant)>,
-    /// The last [`RECENT_EVENTS`] watch events' keys and resourceVersions.
+    /// The last [`RECENT_EVENTS`] watch events' keys and resourceVersions, in order,
+    /// and the same by key (a write looks its echo up without a walk over them all).
     recent: VecDeque<(Key, String)>,
+    recent_by_key: HashMap<Key, Vec<String>>,
 }
 
 impl Inner {
@@ -95,9 +97,29 @@ impl Inner {
 
     fn remember(&mut self, k: &Key, rv: &str) {
         if self.recent.len() == RECENT_EVENTS {
-            self.recent.pop_front();
+            if let Some((old_k, old_rv)) = self.recent.pop_front() {
+                if let Some(rvs) = self.recent_by_key.get_mut(&old_k) {
+                    if let Some(i) = rvs.iter().position(|r| *r == old_rv) {
+                        rvs.remove(i);
+                    }
+                    if rvs.is_empty() {
+                        self.recent_by_key.remove(&old_k);
+                    }
+                }
+            }
         }
         self.recent.push_back((k.clone(), rv.to_string()));
+        self.recent_by_key
+            .entry(k.clone())
+            .or_default()
+            .push(rv.to_string());
+    }
+
+    /// Whether a recent watch event brought `k` at `rv`.
+    fn seen_recently(&self, k: &Key, rv: &str) -> bool {
+        self.recent_by_key
+            .get(k)
+            .is_some_and(|rvs| rvs.iter().any(|r| r == rv))
     }
 
     /// Whether the watch event (`k`, `rv`) is to be skipped because it comes before the
@@ -212,7 +234,7 @@ impl Store {
         let mut inner = self.write();
         let k = key_of(&v);
         let rv = rv_of(&v).to_string();
-        let echoed = !rv.is_empty() && inner.recent.iter().any(|(rk, r)| *rk == k && *r == rv);
+        let echoed = !rv.is_empty() && inner.seen_recently(&k, &rv);
         let same = inner.objects.get(&k).is_some_and(|old| rv_of(old) == rv);
         if echoed || same {
             // The watch already brought this version (and maybe later ones).
@@ -609,6 +631,30 @@ mod tests {
         assert_eq!(x_of(&s, "a"), 3, "the later change stays");
         s.upsert_at(obj("team", "a", "d", 4), t);
         assert_eq!(x_of(&s, "a"), 4, "and the watch is followed");
+    }
+
+    #[test]
+    fn an_echo_is_recognised_only_among_the_recent_events() {
+        let s = store();
+        let t = Instant::now();
+        s.upsert_at(obj("team", "a", "m", 2), t);
+        // RECENT_EVENTS later events of other objects: the echo is forgotten, so a write
+        // answered with that version is stored (it waits for an echo that passed).
+        for i in 0..RECENT_EVENTS {
+            s.upsert_at(obj("team", &format!("o{i}"), "r", 0), t);
+        }
+        s.upsert_at(obj("team", "a", "c", 3), t);
+        s.write_through_at(obj("team", "a", "m", 2), t);
+        assert_eq!(x_of(&s, "a"), 2, "a forgotten echo does not count");
+        // One still remembered does: the later change stays.
+        s.upsert_at(obj("team", "b", "m", 2), t);
+        s.upsert_at(obj("team", "b", "c", 3), t);
+        s.write_through_at(obj("team", "b", "m", 2), t);
+        assert_eq!(x_of(&s, "b"), 3);
+        let inner = s.read();
+        assert_eq!(inner.recent.len(), RECENT_EVENTS);
+        let indexed: usize = inner.recent_by_key.values().map(Vec::len).sum();
+        assert_eq!(indexed, RECENT_EVENTS, "the index forgets with the list");
     }
 
     #[test]
