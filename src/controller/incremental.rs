@@ -63,9 +63,11 @@
 //! object changed has its replicas read again (their requeue state lives on it).
 //!
 //! Holds on capacity a coupled scale-down freed (`holds.rs`) are set on the engine a
-//! fresh pass builds and kept with it; a pass where an owner changed reads them again,
-//! and one where they differ (a hold recorded, changed or unreadable) or one ended
-//! decides from scratch: rare (a scale-down, a hold's end), and exact.
+//! fresh pass builds and kept with it; a pass where an owner or a queue changed, or a
+//! hold ended, reads them again, and where a queue's hold differs it is replaced on the
+//! kept engine (`Engine::replace_hold`: what it can move in the cohort is re-decided, as
+//! after a quota change). Owners whose hold cannot be read changing make the pass
+//! decide from scratch.
 
 use super::cache::{Cache, Changes, Key, Store};
 use super::claims::ClaimSource;
@@ -565,6 +567,36 @@ fn first_of(stores: &[Store], key: &Key) -> Option<(usize, Value)> {
 }
 
 /// The keys changed in `stores` since `seen` (`None`: a LIST replaced one).
+impl Kept {
+    /// Replaces the kept engine's holds with `holds` (read now) where they differ; the
+    /// queues changed are re-decided in this pass.
+    fn follow_holds(&mut self, holds: Holds, now: Millis) -> Result<(), &'static str> {
+        if holds.problems != self.holds.problems {
+            return Err("unreadable holds changed");
+        }
+        let queues: BTreeSet<&String> = self
+            .holds
+            .queues
+            .keys()
+            .chain(holds.queues.keys())
+            .collect();
+        for cq in queues {
+            let new = holds.queues.get(cq);
+            if self.holds.queues.get(cq) == new {
+                continue;
+            }
+            self.engine
+                .replace_hold(now, cq, new.map(|(levels, hold)| (levels, *hold)))
+                .map_err(|_| "a hold the engine refuses")?;
+            self.stale.insert(cq.clone());
+        }
+        self.holds = holds;
+        // A fresh pass restores the running workloads under the new holds.
+        self.verify = true;
+        Ok(())
+    }
+}
+
 /// The workload key of the Job at `k` (as `workloads.rs` keys Jobs).
 fn job_key(k: &Key) -> String {
     let ns = if k.0.is_empty() {
@@ -807,6 +839,9 @@ impl Kept {
         let mut base = self.base.clone();
         base.now = now;
         let mut scratch = engine_with_queues(&base, &mut Vec::new());
+        // The holds first, as a fresh pass sets them: a hold can leave a running
+        // borrower over quota.
+        self.holds.set(&mut scratch, now, &mut Vec::new());
         let mut running: Vec<&Live> = self
             .running
             .iter()
@@ -1078,11 +1113,6 @@ fn fast_pass(
                 && !kept.engine.only_ready_timeouts_due(now),
             "an engine timer is due",
         ),
-        (
-            // The holds of the queues change: what a fresh pass sets from the owners.
-            kept.holds.next_end().is_some_and(|t| t <= now),
-            "a hold ended",
-        ),
     ];
     if let Some((_, why)) = checks.iter().find(|(bad, _)| *bad) {
         return Err(why);
@@ -1238,11 +1268,14 @@ fn fast_pass(
     }
     let objs = std::mem::take(&mut kept.serving_objs);
     let serving = ServingIndex::new(&objs.0, &objs.1, &objs.2);
-    // A hold recorded, changed or removed on an owner: a fresh pass sets the new holds
-    // (rare: a scale-down, a hold's end).
-    if (owners_changed || queues_changed) && Holds::read(&kept.engine, &serving, now) != kept.holds
-    {
-        return Err("holds changed");
+    // A hold recorded, changed or removed on an owner, or one ended: the holds a fresh
+    // pass would set now replace the kept ones, queue by queue.
+    let hold_ended = kept.holds.next_end().is_some_and(|t| t <= now);
+    if owners_changed || queues_changed || hold_ended {
+        let holds = Holds::read(&kept.engine, &serving, now);
+        if holds != kept.holds {
+            kept.follow_holds(holds, now)?;
+        }
     }
     // Owners whose object changed: their replicas are read again (a replica's requeue
     // state lives on its owner) and their counts reported again.

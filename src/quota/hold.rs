@@ -131,25 +131,8 @@ impl Engine {
         levels: &HeldLevels,
         hold: HoldFreed,
     ) -> Result<()> {
-        let &cq = self
-            .cq_by_name
-            .get(cluster_queue)
-            .ok_or_else(|| Error::UnknownQueue(format!("ClusterQueue {cluster_queue}")))?;
-        let mut frs = Vec::with_capacity(levels.len());
-        for ((flavor, resource), &level) in levels {
-            let fr = self
-                .fr_by_name
-                .get(&(flavor.clone(), resource.clone()))
-                .copied()
-                .filter(|fr| self.cqs[cq].spec.limits.contains_key(fr))
-                .ok_or_else(|| Error::Invalid {
-                    kind: "ClusterQueue",
-                    name: cluster_queue.to_string(),
-                    field: "spec.resourceGroups".into(),
-                    why: format!("no quota for {resource} in flavor {flavor} to hold"),
-                })?;
-            frs.push((fr, level));
-        }
+        let cq = self.cq_id(cluster_queue)?;
+        let frs = self.hold_levels(cq, levels)?;
         if hold.until <= now || frs.is_empty() {
             return Ok(());
         }
@@ -159,6 +142,64 @@ impl Engine {
         let co = self.cqs[cq].cohort;
         self.cohorts[co].version += 1;
         Ok(())
+    }
+
+    /// Replaces ClusterQueue `cluster_queue`'s hold with exactly `new` (`levels` as
+    /// [`Engine::set_hold`] takes them; `None`: no hold), as an engine given that hold
+    /// alone has it, and re-decides what the change can move in its cohort: the
+    /// workloads a hold kept something from, and the parked ones as after a quota change
+    /// ([`Engine::update_cluster_queue`]). Nothing changes on an error.
+    pub fn replace_hold(
+        &mut self,
+        now: Time,
+        cluster_queue: &str,
+        new: Option<(&HeldLevels, HoldFreed)>,
+    ) -> Result<()> {
+        let cq = self.cq_id(cluster_queue)?;
+        let frs = match new {
+            Some((levels, _)) => self.hold_levels(cq, levels)?,
+            None => Vec::new(),
+        };
+        self.cqs[cq].holds.clear();
+        self.hold_ends.retain(|&(_, c)| c != cq);
+        if let Some((_, hold)) = new.filter(|(_, h)| h.until > now) {
+            for (fr, level) in frs {
+                self.hold_at(cq, fr, level, now, hold);
+            }
+        }
+        let co = self.cqs[cq].cohort;
+        self.cohorts[co].version += 1;
+        self.wake_held_back(&[co].into());
+        self.wake_cohort_spec(co, false, now);
+        Ok(())
+    }
+
+    fn cq_id(&self, cluster_queue: &str) -> Result<CqId> {
+        self.cq_by_name
+            .get(cluster_queue)
+            .copied()
+            .ok_or_else(|| Error::UnknownQueue(format!("ClusterQueue {cluster_queue}")))
+    }
+
+    /// `levels` by the flavor-resource ids of queue `cq`; an error names one it has no
+    /// quota for.
+    fn hold_levels(&self, cq: CqId, levels: &HeldLevels) -> Result<Vec<(FrId, i64)>> {
+        let mut frs = Vec::with_capacity(levels.len());
+        for ((flavor, resource), &level) in levels {
+            let fr = self
+                .fr_by_name
+                .get(&(flavor.clone(), resource.clone()))
+                .copied()
+                .filter(|fr| self.cqs[cq].spec.limits.contains_key(fr))
+                .ok_or_else(|| Error::Invalid {
+                    kind: "ClusterQueue",
+                    name: self.cqs[cq].spec.name.clone(),
+                    field: "spec.resourceGroups".into(),
+                    why: format!("no quota for {resource} in flavor {flavor} to hold"),
+                })?;
+            frs.push((fr, level));
+        }
+        Ok(frs)
     }
 
     /// The ClusterQueue `replicas` pods shaped like `shape` (its namespace, LocalQueue
@@ -275,13 +316,18 @@ impl Engine {
                 ended.insert(co);
             }
         }
-        if ended.is_empty() {
+        self.wake_held_back(&ended);
+    }
+
+    /// Wakes the workloads a hold kept something from in `cohorts`.
+    fn wake_held_back(&mut self, cohorts: &std::collections::BTreeSet<usize>) {
+        if cohorts.is_empty() {
             return;
         }
         let held_back = std::mem::take(&mut self.held_back);
         for id in held_back {
             match self.wls[id].cq {
-                Some(cq) if ended.contains(&self.cqs[cq].cohort) => self.wake(id),
+                Some(cq) if cohorts.contains(&self.cqs[cq].cohort) => self.wake(id),
                 Some(_) => {
                     self.held_back.insert(id);
                 }
