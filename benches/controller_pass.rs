@@ -46,7 +46,10 @@
 //! `quota`: an operator raises ClusterQueue `full`'s quota from 4 to 6 GPUs, so the pass
 //! reads the changed queue object and admits the next two (before, any queue-object
 //! change decided from scratch); and `claim`: a ResourceClaim no pod names is created
-//! in the queued namespace (before, any DRA claim change there decided from scratch).
+//! in the queued namespace (before, any DRA claim change there decided from scratch);
+//! `hold` and `hold end`: the autoscaler records a hold on Deployment `web` (one
+//! replica's GPU in `free`, a coupled scale-down), then the hold ends (before, both
+//! decided from scratch).
 //! `BENCH_MODES=incr` (or
 //! `rebuild,incr`, `list`) runs only the modes named. `BENCH_API_DELAY_US=N` answers
 //! every request but a WATCH N µs late after the warm-up (a round trip to an API server
@@ -269,6 +272,10 @@ struct Point {
     /// The pass reading a ResourceClaim created in the queued namespace that no pod
     /// names (as one generated from a template for a pod).
     claim: Option<Duration>,
+    /// The passes reading a hold recorded on Deployment `web` (a coupled scale-down),
+    /// and the one after it ended.
+    hold: Option<Duration>,
+    hold_end: Option<Duration>,
     /// Per case above (by its name), the incremental pass's decision alone
     /// (`IncStats::last_decide`), the rest of the case's time being its writes.
     decide: BTreeMap<&'static str, Duration>,
@@ -734,6 +741,41 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             plan.actions.is_empty(),
             "a claim no pod names changes nothing"
         );
+        // The autoscaler records a hold on `web` (one replica's GPU in `free`, for a
+        // second); then the hold ends.
+        let until = tessera::controller::time::rfc3339(now + 1_000);
+        s.put_object(
+            "/apis/apps/v1/namespaces/team/deployments",
+            json!({"apiVersion": "apps/v1", "kind": "Deployment",
+                   "metadata": {"name": "web", "namespace": "team", "uid": "uid-web",
+                                "annotations": {"tessera.io/hold-freed":
+                                    format!(r#"{{"replicas":1,"until":"{until}","maxReworkSeconds":300}}"#)}},
+                   "spec": {"replicas": 2, "template": {
+                       "metadata": {"labels": {"tessera.io/queue-name": "lq-free"}},
+                       "spec": {"containers": [{"name": "c", "image": "x",
+                           "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}}}),
+        );
+        let web = ("team".to_string(), "web".to_string());
+        wait_until("the hold in the cache", || {
+            cache
+                .deployments
+                .get(&web)
+                .is_some_and(|d| d["metadata"]["annotations"]["tessera.io/hold-freed"].is_string())
+        })
+        .await;
+        for (at, case) in [(now + 13, "hold"), (now + 2_000, "hold end")] {
+            let t = Instant::now();
+            let plan = pass_with(&client, &c, &mut state, at).await.unwrap();
+            let took = Some(t.elapsed());
+            assert!(plan.problems.is_empty(), "{case}: {:?}", plan.problems);
+            match case {
+                "hold" => point.hold = took,
+                _ => point.hold_end = took,
+            }
+            if let Some(st) = state.incremental_stats() {
+                point.decide.insert(case, st.last_decide);
+            }
+        }
     }
     point.lists /= rounds as u64;
     if let Some(st) = state.incremental_stats() {
@@ -963,6 +1005,12 @@ async fn main() {
             ("head", rebuild.as_ref().and_then(|r| r.head), incr.head),
             ("quota", rebuild.as_ref().and_then(|r| r.quota), incr.quota),
             ("claim", rebuild.as_ref().and_then(|r| r.claim), incr.claim),
+            ("hold", rebuild.as_ref().and_then(|r| r.hold), incr.hold),
+            (
+                "hold end",
+                rebuild.as_ref().and_then(|r| r.hold_end),
+                incr.hold_end,
+            ),
         ] {
             cases.push((n, case, r, i, incr.decide.get(case).copied()));
         }
