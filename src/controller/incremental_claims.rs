@@ -10,6 +10,7 @@
 
 use super::super::cache::{Changes, Key, Store};
 use super::super::claims::{named_by, ClaimIndex, ClaimObjects, ClaimSource};
+use super::key_of;
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -30,16 +31,6 @@ pub(super) struct KeptClaims {
     /// Which pods and Jobs name each claim object, and what each names.
     users: BTreeMap<ClaimName, BTreeSet<ClaimUser>>,
     names: HashMap<ClaimUser, Vec<ClaimName>>,
-}
-
-fn key_of(v: &Value) -> Key {
-    (
-        v["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string(),
-        v["metadata"]["name"].as_str().unwrap_or("").to_string(),
-    )
 }
 
 /// The claim objects `spec` (a pod spec) names, in `namespace`.
@@ -131,8 +122,7 @@ impl KeptClaims {
         let mut respecified = Vec::new();
         for k in keys.into_iter().filter(|(ns, _)| queued.contains(ns)) {
             let now = store.get(&k);
-            let spec = |v: Option<&Value>| v.map(|v| v["spec"].clone());
-            if spec(now.as_ref()) != spec(kept.get(&k)) {
+            if now.as_ref().map(|v| &v["spec"]) != kept.get(&k).map(|v| &v["spec"]) {
                 respecified.push((k.0.clone(), source, k.1.clone()));
             }
             match now {
