@@ -10,7 +10,7 @@
 //! conditions as they were.
 
 use super::workload_record::{condition, record_name, Set, Update, KEY_ANNOTATION};
-use super::workloads::{pod_done, pod_key};
+use super::workloads::{job_key, pod_done, pod_key};
 use serde_json::Value;
 
 /// How a workload ended.
@@ -63,7 +63,7 @@ pub fn job_outcome(job: &Value) -> Option<(String, Outcome)> {
         return None;
     }
     let ns = meta["namespace"].as_str().filter(|n| !n.is_empty());
-    let key = format!("{}/job-{}", ns.unwrap_or("default"), meta["name"].as_str()?);
+    let key = job_key(ns.unwrap_or("default"), meta["name"].as_str()?);
     let conditions = job["status"]["conditions"].as_array()?;
     let holds = |t: &str| {
         conditions

@@ -89,7 +89,7 @@ use super::serving::{
 };
 use super::snapshot::{owned_by, queue_objects_cached, serving_objects, snapshot_cached};
 use super::workload_record::OwnerRef;
-use super::workloads::{done_pod_workload_key, job_workload_key, live_pod_workload_key};
+use super::workloads::{self, done_pod_workload_key, job_workload_key, live_pod_workload_key};
 use crate::quota::{Engine, EventType, Restored, WaitForPodsReady};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -597,14 +597,14 @@ impl Kept {
     }
 }
 
-/// The workload key of the Job at `k` (as `workloads.rs` keys Jobs).
-fn job_key(k: &Key) -> String {
+/// The workload key of the Job at `k` (a cluster-scoped key read as `default`).
+fn job_key_at(k: &Key) -> String {
     let ns = if k.0.is_empty() {
         "default"
     } else {
         k.0.as_str()
     };
-    format!("{ns}/job-{}", k.1)
+    workloads::job_key(ns, &k.1)
 }
 
 fn changed(stores: &[&Store], seen: &[u64]) -> Option<BTreeSet<Key>> {
@@ -1345,7 +1345,7 @@ fn fast_pass(
         }
     }
     for k in job_keys {
-        let wk = job_key(&k);
+        let wk = job_key_at(&k);
         let job = first_of(&cache.jobs, &k).map(|(_, v)| v);
         if let Some(j) = &job {
             if job_workload_key(j).is_some_and(|w| w != wk) {
@@ -1365,7 +1365,7 @@ fn fast_pass(
                 }
             }
             ClaimUser::Job(k) => {
-                affected.insert(job_key(&k), Some(k));
+                affected.insert(job_key_at(&k), Some(k));
             }
         }
     }

@@ -128,13 +128,18 @@ pub(super) fn pod_key(pod: &Value) -> Option<String> {
     })
 }
 
+/// The workload key of the Job `name` in `namespace`.
+pub(super) fn job_key(namespace: &str, name: &str) -> String {
+    format!("{namespace}/job-{name}")
+}
+
 /// The key of the workload Job `job` is (`None`: it is none of a queue's).
 pub(super) fn job_workload_key(job: &Value) -> Option<String> {
     if !names_queue(job) || job_done(job) {
         return None;
     }
     let r = obj_ref(ObjKind::Job, job);
-    Some(format!("{}/job-{}", r.namespace, r.name))
+    Some(job_key(&r.namespace, &r.name))
 }
 
 fn names_queue(v: &Value) -> bool {
@@ -436,7 +441,7 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
             continue;
         }
         let r = obj_ref(ObjKind::Job, job);
-        let key = format!("{}/job-{}", r.namespace, r.name);
+        let key = job_key(&r.namespace, &r.name);
         let suspended = job["spec"]["suspend"] == true;
         let active = job["status"]["active"].as_i64().unwrap_or(0);
         let state = match (suspended, active) {

@@ -217,10 +217,7 @@ impl Engine {
             .local_queues
             .get(&queue)
             .ok_or_else(|| Error::UnknownQueue(format!("LocalQueue {}/{}", queue.0, queue.1)))?;
-        let &cq = self
-            .cq_by_name
-            .get(cq_name)
-            .ok_or_else(|| Error::UnknownQueue(format!("ClusterQueue {cq_name}")))?;
+        let cq = self.cq_id(cq_name)?;
         let spec = &self.cqs[cq].spec;
         let mut usage = HeldLevels::new();
         for ps in &shape.pod_sets {
