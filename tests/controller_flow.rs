@@ -256,7 +256,7 @@ async fn admits_within_quota_then_preempts_through_the_eviction_api() {
     assert!(admitted["metadata"]["annotations"]["tessera.io/admitted-at"].is_string());
     let (reason, message) = condition(&pod(&s, "low-3"));
     assert_eq!(reason, "WaitingForQuota");
-    assert!(message.contains("position 1"), "{message}");
+    assert!(message.ends_with("0 available"), "{message}");
     let events = s.objects(EVENTS);
     assert!(events
         .iter()

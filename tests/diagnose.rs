@@ -126,18 +126,37 @@ fn verdict(d: &tessera::diagnose::Diagnosis) -> (Cause, String) {
 fn a_gated_pod_waits_for_quota_with_the_controllers_reason() {
     let mut p = pod("queued", gpus(1));
     p["spec"]["schedulingGates"] = json!([{"name": "tessera.io/admission"}]);
+    let message = "insufficient unused quota for pod set main: nvidia.com/gpu in flavor h100: 1 requested, 0 available";
     p["status"]["conditions"] = json!([{"type": "tessera.io/Admitted", "status": "False",
-        "reason": "WaitingForQuota", "message": "position 4 in cluster queue team-a: needs 1 nvidia.com/gpu, 16 of 16 in use, cohort full"}]);
-    let d = diagnose(&snapshot(vec![p]), "queued", None);
+        "reason": "WaitingForQuota", "message": message}]);
+    let mut s = snapshot(vec![p]);
+    let d = diagnose(&s, "queued", None);
     let (cause, summary) = verdict(&d);
     assert_eq!(cause, Cause::Quota);
-    assert_eq!(
-        summary,
-        "quota: WaitingForQuota: position 4 in cluster queue team-a: needs 1 nvidia.com/gpu, 16 of 16 in use, cohort full"
-    );
+    assert_eq!(summary, format!("quota: WaitingForQuota: {message}"));
     assert_eq!(d.findings[0].evidence, ["local queue lq"]);
     // Only the first cause is walked when it explains the pod.
     assert_eq!(d.findings.len(), 1);
+    // The place in the queue is on the pod's `Workload` record (another pod's record,
+    // or another namespace's, is not read for it).
+    let record = |ns: &str, owner: &str, name: &str, place: &str| {
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Workload",
+               "metadata": {"name": name, "namespace": ns,
+                            "ownerReferences": [{"kind": "Pod", "name": owner}]},
+               "status": {"positionInClusterQueue": place}})
+    };
+    s.workloads = vec![
+        record("other", "queued", "pod-queued", "1"),
+        record("team", "queued-2", "pod-queued-2", "5"),
+        record("team", "queued", "pod-queued", "4"),
+    ];
+    let (_, summary) = verdict(&diagnose(&s, "queued", None));
+    assert_eq!(
+        summary,
+        format!(
+            "quota: WaitingForQuota: {message} (position 4 in its ClusterQueue; Workload pod-queued)"
+        )
+    );
 }
 
 #[test]

@@ -241,7 +241,7 @@ pub(crate) async fn live_snapshot() -> Result<Snapshot> {
         .await
         .context("no cluster: give --snapshot DIR, or a kubeconfig / in-cluster account")?;
     let nodes: Api<Node> = Api::all(client.clone());
-    let pods: Api<Pod> = Api::all(client);
+    let pods: Api<Pod> = Api::all(client.clone());
     let nodes = nodes
         .list(&ListParams::default())
         .await
@@ -260,7 +260,26 @@ pub(crate) async fn live_snapshot() -> Result<Snapshot> {
         .iter()
         .map(serde_json::to_value)
         .collect::<Result<_, _>>()?;
-    Ok(Snapshot::new(nodes, pods, Timestamp::now()))
+    let mut snapshot = Snapshot::new(nodes, pods, Timestamp::now());
+    snapshot.workloads = workload_records(&client).await?;
+    Ok(snapshot)
+}
+
+/// The quota controller's `Workload` records (none where the kind is not installed, or
+/// the account may not list them: a diagnosis goes on without the places they hold).
+async fn workload_records(client: &kube::Client) -> Result<Vec<Value>> {
+    let gvk = kube::core::GroupVersionKind::gvk("tessera.io", "v1alpha1", "Workload");
+    let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, "workloads");
+    let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
+    match api.list(&ListParams::default()).await {
+        Ok(list) => Ok(list
+            .items
+            .iter()
+            .map(serde_json::to_value)
+            .collect::<Result<_, _>>()?),
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 403 => Ok(Vec::new()),
+        Err(e) => Err(e).context("listing Workload records"),
+    }
 }
 
 pub(crate) fn read_snapshot(dir: &std::path::Path) -> Result<Snapshot> {

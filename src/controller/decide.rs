@@ -22,6 +22,7 @@ use super::record_updates;
 use super::serving::{desired_replicas, recorded_replicas, Owner, ServingIndex};
 use super::time::{rfc3339, Millis};
 pub(super) use super::workloads::{collect, Live, State};
+use crate::quota::events::split_place;
 use crate::quota::{Engine, EventType, Restored};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -387,7 +388,8 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
             continue;
         };
         let message = replica_message(l, &plan.serving, message);
-        if l.recorded.as_ref() != Some(&(reason.clone(), message.clone())) {
+        let record_place = s.record_places.get(&l.key).map(String::as_str);
+        if !shows(l, record_place, &reason, &message) {
             plan.actions.push(Action::Pending {
                 workload: l.key.clone(),
                 objects: l.objects.clone(),
@@ -512,6 +514,19 @@ pub(super) fn subjects(
 /// Kueue, their last reason stays; each queue's head says `WaitingForPodsReady`.
 pub(super) fn keeps_recorded(engine: &Engine, reason: &str, l: &Live) -> bool {
     reason == "Queued" && l.recorded.is_some() && engine.admission_blocked()
+}
+
+/// Whether waiting workload `l` shows `reason` and `message` already: its pods (or its
+/// Job) carry the reason and the message's sentence, and its `Workload` record
+/// (`record_place`, `status.positionInClusterQueue`) the place the message names. A
+/// place that moved is thus one write, to the record alone.
+pub(super) fn shows(l: &Live, record_place: Option<&str>, reason: &str, message: &str) -> bool {
+    let (sentence, place) = split_place(message);
+    let carried = l
+        .recorded
+        .as_ref()
+        .is_some_and(|(r, m)| r == reason && m == sentence);
+    carried && record_place == place
 }
 
 /// The problem reported for running workload `key` restored as `r` (not within quota).

@@ -2,6 +2,7 @@
 
 use super::decide::{decide, Action, ObjKind, Snapshot};
 use crate::quota::api::WorkloadPriorityClass;
+use crate::quota::events::split_place;
 use crate::quota::fixtures::{cluster_queue, flavor, local_queue};
 use serde_json::{json, Value};
 
@@ -264,12 +265,33 @@ fn a_recorded_reason_is_not_written_again() {
     else {
         panic!("{:?}", first.actions)
     };
+    // The pod carries the reason and the sentence, the record the place.
+    let (sentence, place) = split_place(message);
+    let place = place.unwrap_or_else(|| panic!("no place in {message}"));
     let mut b = pod("b", 3);
     b["status"] = json!({"conditions": [{"type": "tessera.io/Admitted", "status": "False",
-                                         "reason": reason, "message": message}]});
+                                         "reason": reason, "message": sentence}]});
     let a = with(pod("a", 3), "/spec/schedulingGates", json!([]));
-    let again = decide(&snapshot(vec![a, b]));
+    let mut s = snapshot(vec![a, b]);
+    s.record_places
+        .insert("team/pod-b".to_string(), place.to_string());
+    let again = decide(&s);
     assert!(again.actions.is_empty(), "{:?}", again.actions);
+    // A place that moved (the record shows another) is written again, and so is a
+    // sentence that changed (the pod shows the full message, as before).
+    s.record_places
+        .insert("team/pod-b".to_string(), "2".to_string());
+    let moved = decide(&s);
+    assert!(
+        matches!(&moved.actions[..], [Action::Pending { message: m, .. }] if m == message),
+        "{:?}",
+        moved.actions
+    );
+    s.record_places
+        .insert("team/pod-b".to_string(), place.to_string());
+    s.pods[1]["status"]["conditions"][0]["message"] = json!(message);
+    let old_style = decide(&s);
+    assert_eq!(old_style.actions.len(), 1, "{:?}", old_style.actions);
 }
 
 #[test]

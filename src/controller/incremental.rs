@@ -75,7 +75,7 @@ use super::config::Config;
 use super::decide::{
     admit_action, blocked_reason, collect, decide_full, drop_admissions_of_evicted,
     engine_with_queues, evict_action, finish_admission, hold_reason, keeps_recorded,
-    replica_message, replicas_actions, subjects, terminating_message, unfit_problem, Action,
+    replica_message, replicas_actions, shows, subjects, terminating_message, unfit_problem, Action,
     BlockedFor, Built, Live, ObjRef, Plan, Scopes, Snapshot, State, UNKNOWN_SCOPE,
 };
 use super::evictions::Blocked;
@@ -87,7 +87,9 @@ use super::requeue_book::{self, Book};
 use super::serving::{
     desired_replicas, replica_set_of, replica_set_owners, Owner, ServingIndex, ServingKind,
 };
-use super::snapshot::{owned_by, queue_objects_cached, serving_objects, snapshot_cached};
+use super::snapshot::{
+    owned_by, queue_objects_cached, record_place, serving_objects, snapshot_cached,
+};
 use super::workload_record::OwnerRef;
 use super::workloads::{self, done_pod_workload_key, job_workload_key, live_pod_workload_key};
 use crate::quota::{Engine, EventType, Restored, WaitForPodsReady};
@@ -1723,7 +1725,7 @@ fn fast_pass(
             }
         }
         let message = replica_message(l, &kept.serving, message);
-        if l.recorded.as_ref() != Some(&(reason.clone(), message.clone())) {
+        if !shows(l, record_place(cache, key).as_deref(), &reason, &message) {
             unsynced.insert(key.to_string());
             plan.actions.push(Action::Pending {
                 workload: key.to_string(),

@@ -21,10 +21,12 @@ use super::requeue_book;
 use super::requeue_state;
 use super::serving::HOLD_FREED_ANNOTATION;
 use super::time::rfc3339;
-use super::workload_record::record_name;
+use super::workload_record::{record_name, KEY_ANNOTATION};
+use super::workload_writer::status_of;
 use super::{ADMISSION_GATE, ADMITTED_AT_ANNOTATION, CONDITION_TYPE};
 use super::{ADMITTED_COUNT_ANNOTATION, ORIGINAL_PARALLELISM_ANNOTATION};
 use super::{PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION};
+use crate::quota::events::split_place;
 use crate::quota::objects::POD_GROUP_MIN_COUNT;
 use crate::quota::WaitForPodsReady;
 use proptest::prelude::*;
@@ -669,8 +671,37 @@ impl World {
         }
     }
 
-    /// Applies `plan` as the reconciler does; the write of action `fail` is lost.
+    /// Writes `plan.records` as `workload_writer` does: a missing record created, the
+    /// status merged where it changes.
+    fn write_records(&mut self, plan: &Plan) {
+        let stamp = rfc3339(self.now);
+        let records = self.cache.fed_stores().len() - 1;
+        for u in &plan.records {
+            let key = (u.namespace.clone(), u.name.clone());
+            let stored = self.cache.records.get(&key);
+            let mut v = stored.clone().unwrap_or_else(|| {
+                json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Workload",
+                       "metadata": {"name": u.name, "namespace": u.namespace,
+                                    "annotations": {KEY_ANNOTATION: u.key}},
+                       "spec": u.spec.clone().unwrap_or_default()})
+            });
+            let status = status_of(&v);
+            let merged = u.apply(&status, &stamp);
+            if merged != status || stored.is_none() {
+                v["status"] = json!(merged);
+                self.put(records, v);
+            }
+        }
+    }
+
+    /// Applies `plan` as the reconciler does (its actions, then its records); the write
+    /// of action `fail` is lost.
     fn apply(&mut self, plan: &Plan, fail: Option<usize>) {
+        self.apply_actions(plan, fail);
+        self.write_records(plan);
+    }
+
+    fn apply_actions(&mut self, plan: &Plan, fail: Option<usize>) {
         let stamp = rfc3339(self.now);
         for (i, a) in plan.actions.iter().enumerate() {
             if fail == Some(i) {
@@ -769,6 +800,8 @@ impl World {
                     message,
                     ..
                 } => {
+                    // As `writes::record_pending`: the place goes to the record alone.
+                    let (message, _) = split_place(message);
                     for r in objects {
                         let Some(mut v) = self.object(r.kind, &r.name) else {
                             continue;

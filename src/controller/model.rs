@@ -43,6 +43,10 @@ pub struct Snapshot {
     /// pod groups and pods without a serving owner ([`super::requeue_state`]; read only
     /// with `waitForPodsReady`).
     pub records: Vec<Value>,
+    /// The place each waiting workload's `Workload` record shows
+    /// (`status.positionInClusterQueue`), by workload key: a workload's place is
+    /// written there alone (its pods carry the reason and the sentence).
+    pub record_places: BTreeMap<String, String>,
 }
 
 /// Kind of object a workload is made of.

@@ -9,6 +9,7 @@ use super::error::{Error, Result};
 use super::model::Snapshot;
 use super::resources::{crd_resource, dra_resource, QUEUE_KINDS};
 use super::time::Millis;
+use super::workload_record::{record_name, recorded_place};
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -238,6 +239,8 @@ pub async fn snapshot(
     let when = |needed: bool| if needed { &queued_ns } else { &none };
     let replica_owned = any_owned_by(&pods, "ReplicaSet");
     let claims_used = any_claims(&pods, "/spec") || any_claims(&jobs, "/spec/template/spec");
+    // Read also without `waitForPodsReady`: the records hold the waiting workloads' places.
+    let records = list_records(client).await?;
     Ok(Snapshot {
         now,
         flavors: typed::<ResourceFlavor>(
@@ -293,8 +296,9 @@ pub async fn snapshot(
             true,
         )
         .await?,
+        record_places: record_places(&records),
         records: match cfg.pods_ready {
-            Some(_) => list_records(client).await?,
+            Some(_) => records,
             None => Vec::new(),
         },
         pods,
@@ -303,6 +307,28 @@ pub async fn snapshot(
         blocked: BTreeMap::new(),
         pods_ready: cfg.pods_ready.clone(),
     })
+}
+
+/// The places the `Workload` records show, by workload key.
+fn record_places(records: &[Value]) -> BTreeMap<String, String> {
+    records
+        .iter()
+        .filter_map(recorded_place)
+        .map(|(key, place)| (key.to_string(), place.to_string()))
+        .collect()
+}
+
+/// The place workload `key`'s `Workload` record shows in the cache, if any.
+pub(super) fn record_place(cache: &Cache, key: &str) -> Option<String> {
+    let ns = key.split_once('/').map_or("", |(ns, _)| ns);
+    cache
+        .records
+        .read_with(&(ns.to_string(), record_name(key)), |v| {
+            recorded_place(v)
+                .filter(|(k, _)| *k == key)
+                .map(|(_, place)| place.to_string())
+        })
+        .flatten()
 }
 
 /// The same snapshot as [`snapshot`], read from the watch-fed stores (no request).
@@ -347,6 +373,11 @@ pub fn snapshot_cached(
         stateful_sets,
         claim_templates: in_namespaces(&cache.claim_templates, when(claims_used)),
         claims: in_namespaces(&cache.claims, when(claims_used)),
+        record_places: cache
+            .records
+            .filter_map(|v| recorded_place(v).map(|(k, p)| (k.to_string(), p.to_string())))
+            .into_iter()
+            .collect(),
         // Only the records holding a requeue state: the only ones a pass reads.
         records: match cfg.pods_ready {
             Some(_) => cache

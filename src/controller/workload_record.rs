@@ -24,10 +24,19 @@ use super::time::{millis, rfc3339};
 use crate::quota::{WaitForPodsReady, WorkloadInfo};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
 use std::collections::BTreeMap;
 
 /// The annotation holding the workload's key on its record (the name is derived from it).
 pub const KEY_ANNOTATION: &str = "tessera.io/workload-key";
+
+/// The workload key record `v` belongs to and the place in its ClusterQueue its status
+/// shows (`status.positionInClusterQueue`), when it shows one.
+pub fn recorded_place(v: &Value) -> Option<(&str, &str)> {
+    let key = v["metadata"]["annotations"][KEY_ANNOTATION].as_str()?;
+    let place = v["status"]["positionInClusterQueue"].as_str()?;
+    Some((key, place))
+}
 
 /// The longest record name written (a DNS subdomain may have 253 characters).
 const MAX_NAME: usize = 253;

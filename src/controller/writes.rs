@@ -33,6 +33,7 @@ use super::{
     ADMISSION_GATE, ADMITTED_AT_ANNOTATION, ADMITTED_COUNT_ANNOTATION, CONDITION_TYPE,
     ORIGINAL_PARALLELISM_ANNOTATION, PENDING_MESSAGE_ANNOTATION, PENDING_REASON_ANNOTATION,
 };
+use crate::quota::events::split_place;
 use crate::quota::WaitForPodsReady;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -583,6 +584,9 @@ async fn record_pending(
     message: &str,
     now: Millis,
 ) -> Result<Written> {
+    // The place the message names is written to the `Workload` record alone: a line
+    // that moves rewrites no pod.
+    let (message, _) = split_place(message);
     match r.kind {
         ObjKind::Pod => {
             update(client, r, cache, Part::Status, |v| {

@@ -184,7 +184,7 @@ pub fn diagnose_pod(
     if running {
         findings.push(app(&pod, &phase, usage, settings));
     } else {
-        findings.push(quota(&pod));
+        findings.push(quota(&pod, &snapshot.workloads));
         if !findings[0].explains {
             findings.extend(devices::capacity_and_placement(
                 snapshot, &pod, settings, now,
@@ -199,8 +199,9 @@ pub fn diagnose_pod(
     })
 }
 
-/// Step 1: the Tessera controller's admission gate and the reason it recorded.
-fn quota(pod: &Pod) -> Finding {
+/// Step 1: the Tessera controller's admission gate and the reason it recorded (on the
+/// pod; its place in the queue on its `Workload` record, one of `workloads`).
+fn quota(pod: &Pod, workloads: &[Value]) -> Finding {
     let gated = pod
         .spec
         .as_ref()
@@ -231,9 +232,14 @@ fn quota(pod: &Pod) -> Finding {
         Some(c) => Finding::explains(
             Cause::Quota,
             format!(
-                "quota: {}: {}",
+                "quota: {}: {}{}",
                 c.reason.as_deref().unwrap_or("Pending"),
-                c.message.as_deref().unwrap_or("(no message)")
+                c.message.as_deref().unwrap_or("(no message)"),
+                place_of(pod, workloads)
+                    .map(|(record, place)| format!(
+                        " (position {place} in its ClusterQueue; Workload {record})"
+                    ))
+                    .unwrap_or_default()
             ),
         ),
         None => Finding::explains(
@@ -254,6 +260,21 @@ fn quota(pod: &Pod) -> Finding {
             .into(),
     );
     f
+}
+
+/// The name of the `Workload` record owned by `pod` and the place in its ClusterQueue it
+/// shows, when it shows one.
+fn place_of<'a>(pod: &Pod, workloads: &'a [Value]) -> Option<(&'a str, &'a str)> {
+    let namespace = pod.metadata.namespace.as_deref()?;
+    let name = pod.metadata.name.as_deref()?;
+    workloads.iter().find_map(|w| {
+        let owned = w["metadata"]["namespace"] == namespace
+            && w["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|o| o["kind"] == "Pod" && o["name"] == name));
+        let place = w["status"]["positionInClusterQueue"].as_str()?;
+        owned.then_some((w["metadata"]["name"].as_str()?, place))
+    })
 }
 
 /// Step 4, for a pod that holds its node: are its GPUs busy?

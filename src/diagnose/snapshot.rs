@@ -20,6 +20,11 @@ pub struct Snapshot {
     pub taken_at: String,
     pub nodes: Vec<Value>,
     pub pods: Vec<Value>,
+    /// The quota controller's `Workload` records (`tessera.io/v1alpha1`): where a
+    /// waiting pod's place in its queue is written. Empty where the kind is not
+    /// installed, and in snapshots written before it was read.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub workloads: Vec<Value>,
 }
 
 /// A snapshot that cannot be used.
@@ -44,6 +49,7 @@ impl Snapshot {
             taken_at: at.to_string(),
             nodes,
             pods,
+            workloads: Vec::new(),
         }
     }
 

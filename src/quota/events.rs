@@ -147,9 +147,24 @@ impl PendingReason {
 /// The place a pending message names (`"4"`, or a range `"11-20"`), as [`PendingReason::message_as`]
 /// writes it; `None` when the message names none.
 pub fn place_in_message(message: &str) -> Option<&str> {
-    let rest = message.rsplit_once(" (position ")?.1;
-    let place = rest.strip_suffix(" in its ClusterQueue)")?;
-    (!place.is_empty() && place.chars().all(|c| c.is_ascii_digit() || c == '-')).then_some(place)
+    split_place(message).1
+}
+
+/// A pending message split into the sentence and the place it names (see
+/// [`place_in_message`]): `"queued (position 4 in its ClusterQueue)"` gives `("queued",
+/// Some("4"))`; a message naming no place is all sentence.
+pub fn split_place(message: &str) -> (&str, Option<&str>) {
+    let Some((sentence, rest)) = message.rsplit_once(" (position ") else {
+        return (message, None);
+    };
+    match rest.strip_suffix(" in its ClusterQueue)") {
+        Some(place)
+            if !place.is_empty() && place.chars().all(|c| c.is_ascii_digit() || c == '-') =>
+        {
+            (sentence, Some(place))
+        }
+        _ => (message, None),
+    }
 }
 
 /// How waiting workloads' places in their queue are written into their messages.
@@ -348,6 +363,39 @@ pub struct FinalState {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_splits_into_its_sentence_and_place() {
+        let quota = PendingReason::WaitingForQuota {
+            message: "2 requested, 0 available".into(),
+            brief: "2 requested".into(),
+        };
+        for (reason, place) in [
+            (PendingReason::Queued, 4),
+            (PendingReason::Queued, 37),
+            (quota.clone(), 1),
+            (quota, 12_345),
+        ] {
+            let message = reason.message_as(Some(place), Positions::Ranged);
+            let (sentence, named) = split_place(&message);
+            let named = named.unwrap_or_else(|| panic!("no place in {message}"));
+            assert!(!sentence.contains("position"), "{message}");
+            assert_eq!(
+                format!("{sentence} (position {named} in its ClusterQueue)"),
+                message
+            );
+            assert_eq!(Some(named), place_in_message(&message));
+        }
+        // Nothing that is not a place is cut off.
+        for message in [
+            "queued",
+            "odd (position x in its ClusterQueue)",
+            "cut (position 3 in its",
+            "(position  in its ClusterQueue)",
+        ] {
+            assert_eq!(split_place(message), (message, None));
+        }
+    }
 
     #[test]
     fn places_beyond_the_first_ten_are_ranges_of_a_1_2_5_series() {

@@ -198,9 +198,33 @@ fn status_writes(s: &ApiServer, from: usize) -> Vec<String> {
         .collect()
 }
 
-/// With 60 pods waiting in one queue, admitting its head writes the reasons (pod status)
-/// of the first 10 and of the two pods entering a lower place range, not of all 59, and
-/// no Event for a place that moved; past the first 10 a pod's message gives its place as a range and no free
+/// The `Workload` records whose status the requests since `from` wrote.
+fn record_status_writes(s: &ApiServer, from: usize) -> Vec<String> {
+    s.requests()[from..]
+        .iter()
+        .filter_map(|r| r.strip_prefix("PUT /apis/tessera.io/v1alpha1/namespaces/team/workloads/"))
+        .filter_map(|p| p.strip_suffix("/status?"))
+        .map(String::from)
+        .collect()
+}
+
+/// The place the `Workload` record of pod `name` shows.
+fn record_place(s: &ApiServer, name: &str) -> Option<String> {
+    s.objects("/apis/tessera.io/v1alpha1/namespaces/team/workloads")
+        .into_iter()
+        .find(|w| w["metadata"]["name"] == format!("pod-{name}"))
+        .and_then(|w| {
+            w["status"]["positionInClusterQueue"]
+                .as_str()
+                .map(String::from)
+        })
+}
+
+/// With 60 pods waiting in one queue, admitting its head writes the places of the first
+/// 10 and of the two pods entering a lower place range, not of all 59, to their
+/// `Workload` records alone; a pod's status is written only where its sentence changed
+/// (the 11th, now among the first 10, is told the free quota), and no Event for a place
+/// that moved. Past the first 10 a place is a range and the sentence gives no free
 /// quota, so it changes a few times while the pod waits, not at every admission.
 #[tokio::test]
 async fn an_admission_from_a_long_queue_writes_few_reasons() {
@@ -219,15 +243,16 @@ async fn an_admission_from_a_long_queue_writes_few_reasons() {
         .unwrap();
     assert_eq!(admits(&plan.actions), 2, "{:?}", plan.actions);
     let message = |name: &str| condition(&pod(&s, name)).1;
-    assert_eq!(
-        message("w-00"),
-        "insufficient unused quota for pod set main: nvidia.com/gpu in flavor h100: 2 requested, 0 available (position 1 in its ClusterQueue)"
-    );
-    assert_eq!(
-        message("w-10"),
-        "insufficient unused quota for pod set main: nvidia.com/gpu in flavor h100: 2 requested (position 11-20 in its ClusterQueue)"
-    );
-    assert!(message("w-59").ends_with("(position 51-100 in its ClusterQueue)"));
+    let full = "insufficient unused quota for pod set main: nvidia.com/gpu in flavor h100: 2 requested, 0 available";
+    let brief =
+        "insufficient unused quota for pod set main: nvidia.com/gpu in flavor h100: 2 requested";
+    assert_eq!(message("w-00"), full);
+    assert_eq!(message("w-10"), brief);
+    assert_eq!(message("w-59"), brief);
+    let place = |name: &str| record_place(&s, name);
+    assert_eq!(place("w-00").as_deref(), Some("1"));
+    assert_eq!(place("w-10").as_deref(), Some("11-20"));
+    assert_eq!(place("w-59").as_deref(), Some("51-100"));
 
     let from = s.requests().len();
     assert!(s.delete_object(PODS, "run-1"));
@@ -241,29 +266,35 @@ async fn an_admission_from_a_long_queue_writes_few_reasons() {
         .unwrap();
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     assert!(!gated(&pod(&s, "w-00")));
-    let mut want: Vec<String> = (1..=10).map(|i| format!("w-{i:02}")).collect();
-    want.extend(["w-20", "w-50"].map(String::from));
-    // Written at once (up to 16 in flight): compared as a set.
-    let mut written = status_writes(&s, from);
+    // Pods: only w-10's sentence changed (its place is exact now, with the free quota).
+    assert_eq!(status_writes(&s, from), ["w-10"]);
+    // Records: the admitted one and every place that moved (written at once, up to 16
+    // in flight: compared as a set).
+    let mut want: Vec<String> = (0..=10).map(|i| format!("pod-w-{i:02}")).collect();
+    want.extend(["pod-w-20", "pod-w-50"].map(String::from));
+    let mut written = record_status_writes(&s, from);
     written.sort();
     assert_eq!(written, want);
-    // One Event, for the admission: a place that moved rewrites the message, but the
-    // reason is the same and announces nothing.
+    // One Event, for the admission: a place that moved announces nothing.
     let events = s.requests()[from..]
         .iter()
         .filter(|r| r.starts_with("POST /apis/events.k8s.io/v1/namespaces/team/events"))
         .count();
     assert_eq!(events, 1);
-    // Each write starts from the cache's copy: no pod is read back first.
+    // Each write starts from the cache's copy: nothing is read back first.
     let reads: Vec<String> = s.requests()[from..]
         .iter()
-        .filter(|r| r.starts_with("GET /api/v1/namespaces/team/pods/"))
+        .filter(|r| {
+            r.starts_with("GET /api/v1/namespaces/team/pods/")
+                || r.starts_with("GET /apis/tessera.io/v1alpha1/namespaces/team/workloads")
+        })
         .cloned()
         .collect();
     assert!(reads.is_empty(), "{reads:?}");
-    assert!(message("w-10").ends_with("0 available (position 10 in its ClusterQueue)"));
-    assert!(message("w-20").ends_with("(position 11-20 in its ClusterQueue)"));
-    assert!(message("w-21").ends_with("(position 21-50 in its ClusterQueue)"));
+    assert_eq!(message("w-10"), full);
+    assert_eq!(place("w-10").as_deref(), Some("10"));
+    assert_eq!(place("w-20").as_deref(), Some("11-20"));
+    assert_eq!(place("w-21").as_deref(), Some("21-50"));
     stop.cancel();
     assert_rbac_allows_every_request(&s);
 }
