@@ -283,6 +283,17 @@ impl Engine {
         merge(q.pending.iter(), q.parked.iter(), |x, y| x <= y)
     }
 
+    /// Whether workload `id` waits in `cq`'s line (queued or parked).
+    pub(crate) fn in_line(&self, cq: CqId, id: WlId) -> bool {
+        let w = &self.wls[id];
+        if w.cq != Some(cq) || w.state != WlState::Pending {
+            return false;
+        }
+        let key = w.order_key(id);
+        let q = &self.cqs[cq];
+        q.pending.contains(&key) || q.parked.contains(&key)
+    }
+
     /// [`Engine::line`] from its last workload to its first.
     fn line_from_back(&self, cq: CqId) -> impl Iterator<Item = WlId> + '_ {
         let q = &self.cqs[cq];

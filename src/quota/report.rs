@@ -3,6 +3,7 @@
 use super::api::StopPolicy;
 use super::engine::{Engine, WlState};
 use super::events::{AdmittedEntry, FinalState, PendingEntry, Positions, QueueUsage, UsageEntry};
+use super::model::{CqId, WlId};
 use super::quantity::Quantity;
 use std::collections::{BTreeMap, HashMap};
 
@@ -130,11 +131,7 @@ impl Engine {
         let Some(&c) = self.cq_by_name.get(cq) else {
             return Vec::new();
         };
-        let wanted: std::collections::HashSet<usize> = only
-            .iter()
-            .filter_map(|k| self.wl_by_key.get(k.as_str()).copied())
-            .filter(|&id| self.wls[id].cq == Some(c))
-            .collect();
+        let wanted = self.wanted_in_line(c, only);
         let mut out = Vec::with_capacity(wanted.len());
         // One walk, up to the last of them.
         for (i, id) in self.line(c).enumerate() {
@@ -154,6 +151,19 @@ impl Engine {
             ));
         }
         out
+    }
+
+    /// The workloads named in `only` that wait in `cq`'s line. Only those: one that
+    /// does not (admitted, say) would make a walk looking for it go to the line's end.
+    pub(crate) fn wanted_in_line(
+        &self,
+        cq: CqId,
+        only: &std::collections::BTreeSet<String>,
+    ) -> std::collections::HashSet<WlId> {
+        only.iter()
+            .filter_map(|k| self.wl_by_key.get(k.as_str()).copied())
+            .filter(|&id| self.in_line(cq, id))
+            .collect()
     }
 
     /// The ClusterQueue `key` waits or runs in, when known.
