@@ -111,7 +111,15 @@ async fn write_one(
             Some(v) => update(&api, client, u, v, cache, now).await,
         };
         match result {
-            Ok(Some(v)) => {
+            // The merged status written: nothing is left to write (the answer goes to the
+            // cache as it is, not checked again).
+            Ok(Some((v, Step::Status))) => {
+                if let Some(c) = cache {
+                    c.records.write_through(v);
+                }
+                return Ok(());
+            }
+            Ok(Some((v, Step::Object))) => {
                 observe(cache, &v);
                 stored = Some(v);
                 writes += 1;
@@ -241,12 +249,19 @@ pub(super) fn to_dynamic(v: Value) -> std::result::Result<DynamicObject, kube::E
 }
 
 /// POSTs the record with its spec and owners (the status follows in [`update`]).
+/// Which write of a record was made: its object (created, or its spec or owners
+/// replaced; the status may be left to write) or its status (the last).
+enum Step {
+    Object,
+    Status,
+}
+
 async fn create(
     api: &Api<DynamicObject>,
     client: &kube::Client,
     u: &Update,
     cache: Option<&Cache>,
-) -> std::result::Result<Option<Value>, kube::Error> {
+) -> std::result::Result<Option<(Value, Step)>, kube::Error> {
     // A pod group's or lone pod's record holding a requeue state outlives its pods
     // (`requeue_book`): it gets its owners when the state is forgotten.
     let holds_state = matches!(&u.requeue_state, Some(Some(_)));
@@ -268,7 +283,9 @@ async fn create(
     let created = api
         .create(&PostParams::default(), &to_dynamic(obj)?)
         .await?;
-    Ok(serde_json::to_value(created).ok())
+    Ok(serde_json::to_value(created)
+        .ok()
+        .map(|v| (v, Step::Object)))
 }
 
 /// Replaces the spec when it changed (with the owners when they are missing,
@@ -281,7 +298,7 @@ async fn update(
     stored: &Value,
     cache: Option<&Cache>,
     now: Millis,
-) -> std::result::Result<Option<Value>, kube::Error> {
+) -> std::result::Result<Option<(Value, Step)>, kube::Error> {
     let status = status_of(stored);
     let merged = u.apply(&status, &rfc3339(now));
     let owners = match needs_owners(u, stored, &merged) {
@@ -300,7 +317,9 @@ async fn update(
         let replaced = api
             .replace(&u.name, &PostParams::default(), &to_dynamic(v)?)
             .await?;
-        return Ok(serde_json::to_value(replaced).ok());
+        return Ok(serde_json::to_value(replaced)
+            .ok()
+            .map(|v| (v, Step::Object)));
     }
     if merged == status {
         return Ok(None);
@@ -310,5 +329,7 @@ async fn update(
     let replaced = api
         .replace_status(&u.name, &PostParams::default(), &to_dynamic(v)?)
         .await?;
-    Ok(serde_json::to_value(replaced).ok())
+    Ok(serde_json::to_value(replaced)
+        .ok()
+        .map(|v| (v, Step::Status)))
 }
