@@ -311,11 +311,12 @@ pub async fn snapshot(
 
 /// The places the `Workload` records show, by workload key.
 fn record_places(records: &[Value]) -> BTreeMap<String, String> {
-    records
-        .iter()
-        .filter_map(recorded_place)
-        .map(|(key, place)| (key.to_string(), place.to_string()))
-        .collect()
+    records.iter().filter_map(place_entry).collect()
+}
+
+/// Record `v`'s workload key and the place it shows, owned.
+fn place_entry(v: &Value) -> Option<(String, String)> {
+    recorded_place(v).map(|(key, place)| (key.to_string(), place.to_string()))
 }
 
 /// The place workload `key`'s `Workload` record shows in the cache, if any.
@@ -373,11 +374,7 @@ pub fn snapshot_cached(
         stateful_sets,
         claim_templates: in_namespaces(&cache.claim_templates, when(claims_used)),
         claims: in_namespaces(&cache.claims, when(claims_used)),
-        record_places: cache
-            .records
-            .filter_map(|v| recorded_place(v).map(|(k, p)| (k.to_string(), p.to_string())))
-            .into_iter()
-            .collect(),
+        record_places: cache.records.filter_map(place_entry).into_iter().collect(),
         // Only the records holding a requeue state: the only ones a pass reads.
         records: match cfg.pods_ready {
             Some(_) => cache

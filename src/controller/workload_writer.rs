@@ -248,7 +248,6 @@ pub(super) fn to_dynamic(v: Value) -> std::result::Result<DynamicObject, kube::E
     serde_json::from_value(v).map_err(kube::Error::SerdeError)
 }
 
-/// POSTs the record with its spec and owners (the status follows in [`update`]).
 /// Which write of a record was made: its object (created, or its spec or owners
 /// replaced; the status may be left to write) or its status (the last).
 enum Step {
@@ -256,6 +255,7 @@ enum Step {
     Status,
 }
 
+/// POSTs the record with its spec and owners (the status follows in [`update`]).
 async fn create(
     api: &Api<DynamicObject>,
     client: &kube::Client,
