@@ -190,19 +190,23 @@ async fn compacted_watch_lists_again(s: ApiServer) {
 
 /// The pods whose status the requests since `from` wrote, in order.
 fn status_writes(s: &ApiServer, from: usize) -> Vec<String> {
-    s.requests()[from..]
-        .iter()
-        .filter_map(|r| r.strip_prefix("PUT /api/v1/namespaces/team/pods/"))
-        .filter_map(|p| p.strip_suffix("/status?"))
-        .map(String::from)
-        .collect()
+    status_writes_under(s, from, "/api/v1/namespaces/team/pods/")
 }
 
 /// The `Workload` records whose status the requests since `from` wrote.
 fn record_status_writes(s: &ApiServer, from: usize) -> Vec<String> {
+    status_writes_under(
+        s,
+        from,
+        "/apis/tessera.io/v1alpha1/namespaces/team/workloads/",
+    )
+}
+
+/// The names under `path` whose status the requests since `from` wrote, in order.
+fn status_writes_under(s: &ApiServer, from: usize, path: &str) -> Vec<String> {
     s.requests()[from..]
         .iter()
-        .filter_map(|r| r.strip_prefix("PUT /apis/tessera.io/v1alpha1/namespaces/team/workloads/"))
+        .filter_map(|r| r.strip_prefix("PUT ")?.strip_prefix(path))
         .filter_map(|p| p.strip_suffix("/status?"))
         .map(String::from)
         .collect()
