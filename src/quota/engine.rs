@@ -1005,7 +1005,7 @@ impl Engine {
         let mut per_cq: HashMap<CqId, HashSet<WlId>> = HashMap::new();
         for &id in &dirty {
             let w = &self.wls[id];
-            if let Some(cq) = w.cq.filter(|&cq| self.in_line(cq, id)) {
+            if let Some(cq) = w.cq.filter(|_| w.state == WlState::Pending) {
                 per_cq.entry(cq).or_default().insert(id);
             }
         }
