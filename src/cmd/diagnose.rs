@@ -11,6 +11,7 @@ use k8s_openapi::jiff::Timestamp;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
 
+use tessera::controller::crd::WorkloadResource;
 use tessera::diagnose::snapshot::SNAPSHOT_FILE;
 use tessera::diagnose::{self, Diagnosis, Settings, Snapshot, Usage};
 use tessera::prometheus::{PromClient, Sample};
@@ -268,8 +269,7 @@ pub(crate) async fn live_snapshot() -> Result<Snapshot> {
 /// The quota controller's `Workload` records (none where the kind is not installed, or
 /// the account may not list them: a diagnosis goes on without the places they hold).
 async fn workload_records(client: &kube::Client) -> Result<Vec<Value>> {
-    let gvk = kube::core::GroupVersionKind::gvk("tessera.io", "v1alpha1", "Workload");
-    let resource = kube::api::ApiResource::from_gvk_with_plural(&gvk, "workloads");
+    let resource = kube::api::ApiResource::erase::<WorkloadResource>(&());
     let api: Api<kube::api::DynamicObject> = Api::all_with(client.clone(), &resource);
     match api.list(&ListParams::default()).await {
         Ok(list) => Ok(list
