@@ -50,6 +50,10 @@
 //! `hold` and `hold end`: the autoscaler records a hold on Deployment `web` (one
 //! replica's GPU in `free`, a coupled scale-down), then the hold ends (before, both
 //! decided from scratch).
+//! A pass returns before the record writes it defers (the places that moved,
+//! `deferred_records`); every case is timed until it returns, and each pass's deferred
+//! writes land before the next pass starts, outside the time. `head+places` and
+//! `quota+places` time those two passes until their deferred writes landed too.
 //! `BENCH_MODES=incr` (or
 //! `rebuild,incr`, `list`) runs only the modes named. `BENCH_API_DELAY_US=N` answers
 //! every request but a WATCH N µs late after the warm-up (a round trip to an API server
@@ -77,6 +81,7 @@ use tokio::sync::Notify;
 use tokio_util::sync::CancellationToken;
 
 const PODS: &str = "/api/v1/namespaces/team/pods";
+const WORKLOADS: &str = "/apis/tessera.io/v1alpha1/namespaces/team/workloads";
 const GATE: &str = "tessera.io/admission";
 /// Pods are created at 12:00, passes run from 12:01.
 const NOW: u64 = 1_795_003_260_000;
@@ -263,12 +268,17 @@ struct Point {
     /// The pass admitting a Deployment's second replica.
     serving: Option<Duration>,
     /// The pass admitting the head of the full queue once `big` is gone, and the
-    /// writes (pod status, Event, queue status) it made.
+    /// writes (pod status, Event, queue status, records) it made: in the pass, and
+    /// deferred (the places that moved, written after the pass returned).
     head: Option<Duration>,
-    head_writes: usize,
+    head_writes: (usize, usize),
+    /// From the start of the `head` pass until its deferred record writes landed.
+    head_places: Option<Duration>,
     /// The pass reading ClusterQueue `full` with its quota raised by 2 GPUs: the next
     /// two of the long queue admitted.
     quota: Option<Duration>,
+    /// From the start of the `quota` pass until its deferred record writes landed.
+    quota_places: Option<Duration>,
     /// The pass reading a ResourceClaim created in the queued namespace that no pod
     /// names (as one generated from a template for a pod).
     claim: Option<Duration>,
@@ -292,6 +302,24 @@ async fn wait_until(what: &str, f: impl Fn() -> bool) {
         assert!(Instant::now() < deadline, "timed out waiting for {what}");
         tokio::time::sleep(Duration::from_micros(200)).await;
     }
+}
+
+/// Waits until the cache's watches have delivered every change made so far: the record
+/// writes a pass deferred echo back through the watch after their answers came, and a
+/// warm-up's tens of thousands of them would otherwise be read during the first timed
+/// passes. A marker `Workload` (no workload's: the controller ignores it) put now is
+/// the last change; once the cache holds it, the ones before it are in too.
+async fn caught_up(s: &ApiServer, cache: &Cache) {
+    static MARKERS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = MARKERS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("caught-up-{n}");
+    s.put_object(
+        WORKLOADS,
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Workload",
+               "metadata": {"name": name, "namespace": "team"}, "spec": {}}),
+    );
+    let key = ("team".to_string(), name);
+    wait_until("the watch caught up", || cache.records.contains(&key)).await;
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -344,6 +372,7 @@ async fn pods_ready_cluster(
     };
     let big = ("team".to_string(), "big".to_string());
     pass_with(&client, &c, &mut state, NOW).await.unwrap();
+    state.records_written().await;
     wait_until("big admitted in the cache", || {
         cache.pods[0]
             .get(&big)
@@ -351,6 +380,7 @@ async fn pods_ready_cluster(
     })
     .await;
     pass_with(&client, &c, &mut state, NOW + 1).await.unwrap();
+    state.records_written().await;
     wait_until("big's readiness in the cache", || {
         cache.pods[0]
             .get(&big)
@@ -358,6 +388,8 @@ async fn pods_ready_cluster(
     })
     .await;
     pass_with(&client, &c, &mut state, NOW + 2).await.unwrap();
+    state.records_written().await;
+    caught_up(&s, &cache).await;
     (s, client, c, cache, state, shutdown)
 }
 
@@ -378,6 +410,7 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     .await;
     let admitted = NOW + 10_000;
     pass_with(&client, &c, &mut state, admitted).await.unwrap();
+    state.records_written().await;
     assert!(!gated(&s, "slow"), "slow admitted");
     wait_until("slow admitted in the cache", || {
         cache.pods[0]
@@ -388,12 +421,14 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     pass_with(&client, &c, &mut state, admitted + 1)
         .await
         .unwrap();
+    state.records_written().await;
     let evicted_at = admitted + 61_000;
     let t = Instant::now();
     pass_with(&client, &c, &mut state, evicted_at)
         .await
         .unwrap();
     let timeout = t.elapsed();
+    state.records_written().await;
     assert_eq!(s.evictions().len(), 1, "slow evicted for its timeout");
     wait_until("slow terminating and its state in the cache", || {
         cache.pods[0]
@@ -408,6 +443,7 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     pass_with(&client, &c, &mut state, evicted_at + 1)
         .await
         .unwrap();
+    state.records_written().await;
     // Deleted, and created again under its name: it waits out its backoff.
     s.delete_object(PODS, "slow");
     s.put_object(
@@ -423,16 +459,19 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     pass_with(&client, &c, &mut state, evicted_at + 2)
         .await
         .unwrap();
+    state.records_written().await;
     assert!(gated(&s, "slow"), "slow waits out its backoff");
     tokio::time::sleep(Duration::from_millis(20)).await;
     pass_with(&client, &c, &mut state, evicted_at + 3)
         .await
         .unwrap();
+    state.records_written().await;
     let t = Instant::now();
     pass_with(&client, &c, &mut state, evicted_at + 10_000)
         .await
         .unwrap();
     let backoff_end = t.elapsed();
+    state.records_written().await;
     assert!(
         !gated(&s, "slow"),
         "slow admitted again once its backoff ended"
@@ -460,11 +499,14 @@ async fn measure_held(pending: usize, mode: Mode) -> (Duration, u64) {
     )
     .await;
     pass_with(&client, &c, &mut state, NOW + 3).await.unwrap();
+    state.records_written().await;
     wait_until("slow admitted in the cache", || admitted("slow")).await;
     // Held: `slow`'s pod is not Ready.
     pass_with(&client, &c, &mut state, NOW + 4).await.unwrap();
+    state.records_written().await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     pass_with(&client, &c, &mut state, NOW + 5).await.unwrap();
+    state.records_written().await;
     create_seen(
         &s,
         &cache,
@@ -474,6 +516,7 @@ async fn measure_held(pending: usize, mode: Mode) -> (Duration, u64) {
     let t = Instant::now();
     pass_with(&client, &c, &mut state, NOW + 6).await.unwrap();
     let held = t.elapsed();
+    state.records_written().await;
     assert!(gated(&s, "next"), "held: next waits");
     let full = state.incremental_stats().map_or(0, |st| st.full);
     shutdown.cancel();
@@ -500,6 +543,10 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
     // Warm-up: admits `big`, records the N pending reasons; the second pass writes nothing.
     for i in 0..2 {
         pass_with(&client, &c, &mut state, NOW + i).await.unwrap();
+        state.records_written().await;
+    }
+    if let Some(cache) = state.cache.clone() {
+        caught_up(&s, &cache).await;
     }
     assert!(!gated(&s, "big"), "the 4-GPU pod is admitted");
     if let Some(d) = api_delay() {
@@ -524,6 +571,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             .await
             .unwrap();
         point.pass.push(t.elapsed());
+        state.records_written().await;
         let (lists_after, _) = s.list_stats();
         point.lists += lists_after - lists;
         assert!(!gated(&s, &name), "{name} admitted: {:?}", plan.actions);
@@ -536,6 +584,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             .await
             .unwrap();
         point.idle.push(t.elapsed());
+        state.records_written().await;
         if let (Some(a), Some(b)) = (before, thread_times()) {
             point.idle_wait.push(b.0.saturating_sub(a.0));
             point.idle_switches.push(b.1.saturating_sub(a.1));
@@ -562,6 +611,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now).await.unwrap();
         point.resize = Some(t.elapsed());
+        state.records_written().await;
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("resize", st.last_decide);
         }
@@ -575,11 +625,15 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         .await;
         s.fail_requests(&["PUT"], &format!("{PODS}/retry"));
         pass_with(&client, &c, &mut state, now + 1).await.unwrap();
+        state.records_written().await;
         s.stop_failing();
         assert!(gated(&s, "retry"), "the failed write left it gated");
+        perf_control("retry", "enable");
         let t = Instant::now();
         let plan = pass_with(&client, &c, &mut state, now + 2).await.unwrap();
         point.retry = Some(t.elapsed());
+        perf_control("retry", "disable");
+        state.records_written().await;
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("retry", st.last_decide);
         }
@@ -603,6 +657,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
                     point.decide.insert("preempt", st.last_decide);
                 }
             }
+            state.records_written().await;
         }
         assert_eq!(s.evictions().len(), 1, "low evicted");
         let low = ("team".to_string(), "low".to_string());
@@ -613,6 +668,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         })
         .await;
         pass_with(&client, &c, &mut state, now + 4).await.unwrap();
+        state.records_written().await;
         // A pass while the victim terminates: a pod arrives in `free`.
         create_seen(
             &s,
@@ -623,6 +679,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 5).await.unwrap();
         point.terminating = Some(t.elapsed());
+        state.records_written().await;
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("terminating", st.last_decide);
         }
@@ -636,6 +693,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 6).await.unwrap();
         point.gone = Some(t.elapsed());
+        state.records_written().await;
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("gone", st.last_decide);
         }
@@ -664,6 +722,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
                     point.decide.insert("serving", st.last_decide);
                 }
             }
+            state.records_written().await;
             assert!(!gated(&s, &pod), "{pod} admitted");
         }
         // `big` finishes: the head of the long queue is admitted (`wait-00000`, resized
@@ -675,12 +734,15 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         })
         .await;
         let writes = s.writes();
-        perf_control("enable");
+        perf_control("head", "enable");
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 10).await.unwrap();
         point.head = Some(t.elapsed());
-        perf_control("disable");
-        point.head_writes = s.writes() - writes;
+        let in_pass = s.writes() - writes;
+        state.records_written().await;
+        point.head_places = Some(t.elapsed());
+        perf_control("head", "disable");
+        point.head_writes = (in_pass, s.writes() - writes - in_pass);
         if std::env::var_os("BENCH_SHOW_WRITES").is_some() {
             show_writes(&s, writes);
         }
@@ -705,9 +767,13 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         })
         .await;
         let admitted_before = admitted_waiting(&s);
+        perf_control("quota", "enable");
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 11).await.unwrap();
         point.quota = Some(t.elapsed());
+        perf_control("quota", "disable");
+        state.records_written().await;
+        point.quota_places = Some(t.elapsed());
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("quota", st.last_decide);
         }
@@ -721,6 +787,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         // queued namespace (generated for some pod from a template): nothing names it,
         // nothing changes.
         pass_with(&client, &c, &mut state, now + 12).await.unwrap();
+        state.records_written().await;
         let claims = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims";
         s.put_object(
             claims,
@@ -734,6 +801,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         let plan = pass_with(&client, &c, &mut state, now + 12).await.unwrap();
         point.claim = Some(t.elapsed());
+        state.records_written().await;
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("claim", st.last_decide);
         }
@@ -767,6 +835,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             let t = Instant::now();
             let plan = pass_with(&client, &c, &mut state, at).await.unwrap();
             let took = Some(t.elapsed());
+            state.records_written().await;
             assert!(plan.problems.is_empty(), "{case}: {:?}", plan.problems);
             match case {
                 "hold" => point.hold = took,
@@ -807,9 +876,14 @@ async fn api_server() -> ApiServer {
     rx.await.expect("the double started")
 }
 
-/// `BENCH_PERF_CTL=FIFO`: `perf record -D -1 --control fifo:FIFO` records the `head`
-/// pass alone (the command written to the FIFO: `enable` / `disable`).
-fn perf_control(command: &str) {
+/// `BENCH_PERF_CTL=FIFO`: `perf record -D -1 --control fifo:FIFO` records one case's
+/// pass alone (the command written to the FIFO: `enable` / `disable`): `head`, or the
+/// one `BENCH_PERF_CASE` names (`retry`, `quota`).
+fn perf_control(case: &str, command: &str) {
+    let wanted = std::env::var("BENCH_PERF_CASE").unwrap_or_else(|_| "head".into());
+    if wanted != case {
+        return;
+    }
     if let Some(path) = std::env::var_os("BENCH_PERF_CTL") {
         if let Err(e) = std::fs::write(&path, format!("{command}\n")) {
             eprintln!("BENCH_PERF_CTL: {e}");
@@ -1003,7 +1077,17 @@ async fn main() {
             ("backoff end", pr_rebuild.map(|m| m.1), pr_incr.map(|m| m.1)),
             ("held", held_rebuild, held_incr),
             ("head", rebuild.as_ref().and_then(|r| r.head), incr.head),
+            (
+                "head+places",
+                rebuild.as_ref().and_then(|r| r.head_places),
+                incr.head_places,
+            ),
             ("quota", rebuild.as_ref().and_then(|r| r.quota), incr.quota),
+            (
+                "quota+places",
+                rebuild.as_ref().and_then(|r| r.quota_places),
+                incr.quota_places,
+            ),
             ("claim", rebuild.as_ref().and_then(|r| r.claim), incr.claim),
             ("hold", rebuild.as_ref().and_then(|r| r.hold), incr.hold),
             (
@@ -1042,9 +1126,11 @@ async fn main() {
         );
     }
     println!();
-    println!("writes of the `head` pass (pod status, Events, admissions, queue status)");
+    println!(
+        "writes of the `head` pass (pod status, Events, admissions, queue status, records): in the pass + deferred"
+    );
     for (n, r, i) in head_writes {
-        let show = |w: Option<usize>| w.map_or("-".into(), |w| w.to_string());
+        let show = |w: Option<(usize, usize)>| w.map_or("-".into(), |(a, b)| format!("{a} + {b}"));
         println!("{n:>6} | rebuild {:>6} | incr {:>6}", show(r), show(i));
     }
 }

@@ -368,7 +368,11 @@ fn record(name: &str) -> Update {
 fn status(w: &Recorder, plan: &Plan, unwritten: Vec<Update>) -> (usize, Vec<Update>) {
     let runtime = tokio::runtime::Builder::new_current_thread().build();
     match runtime {
-        Ok(rt) => rt.block_on(write_status(w, plan, unwritten, NOW)),
+        Ok(rt) => {
+            let mut records = unwritten;
+            records.extend(plan.records.iter().cloned());
+            rt.block_on(write_status(w, plan, records, NOW))
+        }
         Err(e) => panic!("runtime: {e}"),
     }
 }

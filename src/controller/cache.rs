@@ -20,6 +20,7 @@
 //! watch missed it) stops being waited for after [`ECHO_WAIT`], and the object follows
 //! the watch again.
 
+use super::asked_places::AskedPlaces;
 use super::resources::{crd_resource, dra_resource, QUEUE_KINDS};
 use crate::quota::objects::QUEUE_LABELS;
 use futures::StreamExt;
@@ -365,6 +366,9 @@ pub struct Cache {
     /// [`Cache::stores`]: a record changing wakes no pass (a requeue state matters only
     /// with `waitForPodsReady`, whose passes are timed).
     pub records: Store,
+    /// The places asked of records in writes not yet answered: a pass reads a record's
+    /// place through them ([`super::deferred_records`]).
+    pub asked_places: AskedPlaces,
 }
 
 impl Default for Cache {
@@ -402,6 +406,7 @@ impl Cache {
             ),
             claims: Store::new(dra_resource("ResourceClaim", "resourceclaims"), None, true),
             records: Store::new(crd_resource("Workload", "workloads"), None, true),
+            asked_places: AskedPlaces::default(),
         }
     }
 

@@ -34,6 +34,7 @@
 
 #[cfg(test)]
 mod apply_tests;
+pub(crate) mod asked_places;
 pub mod autoscaler;
 pub mod cache;
 pub mod certs;
@@ -44,6 +45,7 @@ pub mod crd;
 pub mod decide;
 #[cfg(test)]
 mod decide_tests;
+pub(crate) mod deferred_records;
 pub(crate) mod error;
 pub mod evictions;
 pub mod extender;

@@ -23,6 +23,7 @@
 use super::cache::{Cache, Key};
 pub use super::config::Config;
 use super::decide::decide;
+use super::deferred_records::{self, DeferredRecords};
 use super::error::{Error, Result};
 use super::evictions::EvictionBackoff;
 use super::finish_watch::FinishWatch;
@@ -38,6 +39,7 @@ use super::workload_record::Update;
 use super::writes::{KubeWrites, Writes, Written};
 use k8s_openapi::jiff::Timestamp;
 
+use std::collections::BTreeSet;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -46,7 +48,6 @@ use tokio_util::sync::CancellationToken;
 /// What the controller remembers between passes: when to retry evictions that a
 /// PodDisruptionBudget refused, and (optionally) the watch-fed cache a pass reads
 /// instead of LISTing. Every decision is still made from the objects themselves.
-#[derive(Clone)]
 pub struct PassState {
     pub evictions: EvictionBackoff,
     /// Read by passes instead of LISTs when set (fed by [`Cache::spawn_feeders`]).
@@ -60,6 +61,8 @@ pub struct PassState {
     pub metrics: Option<Arc<ControllerMetrics>>,
     /// Workload record updates whose write failed: written before the next pass's.
     unwritten_records: Vec<Update>,
+    /// The record writes a cached pass does not wait for.
+    deferred: DeferredRecords,
     /// Finds the workloads that finished, for their records' `Finished` (cached passes).
     finish: FinishWatch,
 }
@@ -95,6 +98,7 @@ impl PassState {
             settled: None,
             metrics: None,
             unwritten_records: Vec::new(),
+            deferred: DeferredRecords::default(),
             finish: FinishWatch::new(),
         }
     }
@@ -140,6 +144,14 @@ impl PassState {
         PassState {
             cache: Some(cache),
             ..Self::new(cfg)
+        }
+    }
+
+    /// Waits until the record writes that passes deferred have landed (those that failed
+    /// are tried again with the next pass's).
+    pub async fn records_written(&mut self) {
+        if let Some(cache) = &self.cache {
+            self.deferred.join(cache).await;
         }
     }
 
@@ -513,13 +525,12 @@ async fn write_reason(
 }
 
 /// The pass's status writes, after its actions ([`apply_with`]): each ClusterQueue's
-/// counts, then the Workload records — the ones an earlier pass failed to write first, in
-/// their order, then this pass's. Returns how many queue writes failed and the records
-/// to write again next pass.
+/// counts, then `records` in their order. Returns how many queue writes failed and the
+/// records to write again next pass.
 pub(crate) async fn write_status(
     w: &impl Writes,
     plan: &Plan,
-    unwritten: Vec<Update>,
+    records: Vec<Update>,
     now: Millis,
 ) -> (usize, Vec<Update>) {
     let mut failed = 0;
@@ -529,8 +540,6 @@ pub(crate) async fn write_status(
             tracing::warn!(error = %e, queue = %name, "writing ClusterQueue status");
         }
     }
-    let mut records = unwritten;
-    records.extend(plan.records.iter().cloned());
     (failed, w.write_records(&records, now).await)
 }
 
@@ -620,13 +629,30 @@ pub async fn pass_with(
         cfg,
         cache: cache.as_deref(),
     };
-    let mut unwritten = std::mem::take(&mut state.unwritten_records);
+    // The records an earlier pass failed to write first, in their order, then this
+    // pass's; a cached pass defers the ones that only tell a place.
+    let mut records = std::mem::take(&mut state.unwritten_records);
     if let Some(cache) = cache.as_deref() {
-        unwritten.extend(state.finish.updates(cache));
+        records.extend(state.finish.updates(cache));
     }
-    let (queues_failed, unwritten) = write_status(&writes, &plan, unwritten, now).await;
+    records.extend(plan.records.iter().cloned());
+    let written: BTreeSet<String> = records.iter().map(|u| u.key.clone()).collect();
+    let (records, later) = match cache.as_deref() {
+        Some(c) => {
+            let (records, later) = deferred_records::split(records);
+            let now_keys = records.iter().map(|u| u.key.clone()).collect();
+            state.deferred.before_writing(c, &now_keys).await;
+            (records, later)
+        }
+        None => (records, Vec::new()),
+    };
+    let (queues_failed, unwritten) = write_status(&writes, &plan, records, now).await;
+    if let Some(c) = &cache {
+        state.deferred.start(client, c, later, written, now);
+    }
     state.unwritten_records = unwritten;
-    let failed = applied.failed + queues_failed + state.unwritten_records.len();
+    let failed =
+        applied.failed + queues_failed + state.unwritten_records.len() + state.deferred.failed();
     if failed > 0 {
         tracing::info!(failed, "some writes failed; the next pass retries");
     }
@@ -681,6 +707,7 @@ pub async fn run_measured(
         let now = clock.now();
         if !elector.tick(now).await {
             state.unsettle();
+            state.records_written().await;
             if let Some(m) = &state.metrics {
                 m.forget_books();
             }
@@ -701,6 +728,7 @@ pub async fn run_measured(
             _ = tokio::time::sleep(wait) => {}
         }
     }
+    state.records_written().await;
     // A clean shutdown hands the Lease over at once; a failure here only means the
     // standby waits out the term, as after a crash.
     if let Err(e) = elector.release(clock.now()).await {

@@ -319,8 +319,20 @@ fn place_entry(v: &Value) -> Option<(String, String)> {
     recorded_place(v).map(|(key, place)| (key.to_string(), place.to_string()))
 }
 
-/// The place workload `key`'s `Workload` record shows in the cache, if any.
+/// The places the cached `Workload` records show, by workload key, as they will be once
+/// the writes under way land.
+fn cached_places(cache: &Cache) -> BTreeMap<String, String> {
+    let mut places = cache.records.filter_map(place_entry).into_iter().collect();
+    cache.asked_places.overlay(&mut places);
+    places
+}
+
+/// The place workload `key`'s `Workload` record shows in the cache (or is asked to show
+/// by a write under way), if any.
 pub(super) fn record_place(cache: &Cache, key: &str) -> Option<String> {
+    if let Some(asked) = cache.asked_places.asked(key) {
+        return asked;
+    }
     let ns = key.split_once('/').map_or("", |(ns, _)| ns);
     cache
         .records
@@ -374,7 +386,7 @@ pub fn snapshot_cached(
         stateful_sets,
         claim_templates: in_namespaces(&cache.claim_templates, when(claims_used)),
         claims: in_namespaces(&cache.claims, when(claims_used)),
-        record_places: cache.records.filter_map(place_entry).into_iter().collect(),
+        record_places: cached_places(cache),
         // Only the records holding a requeue state: the only ones a pass reads.
         records: match cfg.pods_ready {
             Some(_) => cache

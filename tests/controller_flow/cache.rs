@@ -63,14 +63,22 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
         ["low-1", "low-2"].map(String::from).into()
     );
     assert_eq!(condition(&pod(&s, "low-3")).0, "WaitingForQuota");
-    // At once, before any watch event could land: the pass sees its own writes.
+    // At once, before any watch event could land and before low-3's place is written
+    // (a write the pass did not wait for): the pass sees its own writes.
     let writes = s.writes();
     let again = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
         .await
         .unwrap();
     assert!(again.actions.is_empty(), "{:?}", again.actions);
     assert_eq!(again.admitted, plan.admitted);
-    assert_eq!(s.writes(), writes, "nothing written twice");
+    state.records_written().await;
+    assert_eq!(record_place(&s, "low-3").as_deref(), Some("1"));
+    assert_eq!(
+        s.writes(),
+        writes + 2,
+        "nothing written twice: low-3's record created and its status written once"
+    );
+    let writes = s.writes();
     assert_eq!(s.list_stats().0, lists, "passes LIST nothing");
     // A fixed point: until an object changes, a pass would decide the same.
     assert!(
@@ -224,6 +232,90 @@ fn record_place(s: &ApiServer, name: &str) -> Option<String> {
         })
 }
 
+/// The places a pass hands to a task it does not wait for: while their writes fail, a
+/// pass reads the places asked (not the older ones the records hold) and asks nothing
+/// again; once the API server takes writes again, a later pass writes them, and the
+/// admission whose record failed with them.
+#[tokio::test]
+async fn a_place_whose_write_failed_is_written_by_a_later_pass() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    for name in ["run-1", "run-2", "w-00", "w-01", "w-02"] {
+        create_pod(&s, name, 2, "low", json!({}), None);
+    }
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    state.records_written().await;
+    let places = |s: &ApiServer| ["w-00", "w-01", "w-02"].map(|n| record_place(s, n));
+    assert_eq!(
+        places(&s),
+        [Some("1"), Some("2"), Some("3")].map(|p| p.map(String::from))
+    );
+
+    s.fail_requests(
+        &["PUT"],
+        "/apis/tessera.io/v1alpha1/namespaces/team/workloads",
+    );
+    assert!(s.delete_object(PODS, "run-1"));
+    let key = ("team".to_string(), "run-1".to_string());
+    wait_for("the deletion in the cache", || {
+        cache.pods.iter().all(|p| p.get(&key).is_none())
+    })
+    .await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    assert!(
+        !gated(&pod(&s, "w-00")),
+        "the admission does not wait for records"
+    );
+    state.records_written().await;
+    assert_eq!(
+        places(&s),
+        [Some("1"), Some("2"), Some("3")].map(|p| p.map(String::from))
+    );
+    let quiet = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
+        .await
+        .unwrap();
+    assert!(
+        quiet.actions.is_empty(),
+        "places asked are not asked again: {:?}",
+        quiet.actions
+    );
+
+    s.stop_failing();
+    reconciler::pass_with(&client, &c, &mut state, NOW + 3)
+        .await
+        .unwrap();
+    state.records_written().await;
+    assert_eq!(
+        places(&s),
+        [None, Some("1"), Some("2")].map(|p| p.map(String::from))
+    );
+    let admitted = s
+        .objects("/apis/tessera.io/v1alpha1/namespaces/team/workloads")
+        .into_iter()
+        .find(|w| w["metadata"]["name"] == "pod-w-00")
+        .and_then(|w| {
+            w["status"]["admission"]["clusterQueue"]
+                .as_str()
+                .map(String::from)
+        });
+    assert_eq!(admitted.as_deref(), Some("cq"));
+    assert!(cache.asked_places.is_empty(), "every ask answered");
+    let writes = s.writes();
+    reconciler::pass_with(&client, &c, &mut state, NOW + 4)
+        .await
+        .unwrap();
+    state.records_written().await;
+    assert_eq!(s.writes(), writes, "nothing left to write");
+    stop.cancel();
+}
+
 /// With 60 pods waiting in one queue, admitting its head writes the places of the first
 /// 10 and of the two pods entering a lower place range, not of all 59, to their
 /// `Workload` records alone; a pod's status is written only where its sentence changed
@@ -246,6 +338,7 @@ async fn an_admission_from_a_long_queue_writes_few_reasons() {
         .await
         .unwrap();
     assert_eq!(admits(&plan.actions), 2, "{:?}", plan.actions);
+    state.records_written().await;
     let message = |name: &str| condition(&pod(&s, name)).1;
     let full = "insufficient unused quota for pod set main: nvidia.com/gpu in flavor h100: 2 requested, 0 available";
     let brief =
@@ -272,8 +365,10 @@ async fn an_admission_from_a_long_queue_writes_few_reasons() {
     assert!(!gated(&pod(&s, "w-00")));
     // Pods: only w-10's sentence changed (its place is exact now, with the free quota).
     assert_eq!(status_writes(&s, from), ["w-10"]);
-    // Records: the admitted one and every place that moved (written at once, up to 16
-    // in flight: compared as a set).
+    // Records: the admitted one in the pass; every place that moved after it, by a
+    // task the pass does not wait for (up to 16 in flight: compared as a set).
+    assert_eq!(record_status_writes(&s, from), ["pod-w-00"]);
+    state.records_written().await;
     let mut want: Vec<String> = (0..=10).map(|i| format!("pod-w-{i:02}")).collect();
     want.extend(["pod-w-20", "pod-w-50"].map(String::from));
     let mut written = record_status_writes(&s, from);

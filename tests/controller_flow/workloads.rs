@@ -149,6 +149,7 @@ async fn a_restarted_controller_reads_the_records_and_writes_none_twice() {
     reconciler::pass_with(&client, &c, &mut state, NOW)
         .await
         .unwrap();
+    state.records_written().await;
     assert_eq!(s.objects(WORKLOADS).len(), 3);
     let writes = record_writes(&s);
     stop.cancel();
