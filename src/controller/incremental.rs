@@ -1562,7 +1562,19 @@ fn fast_pass(
         .collect();
     let mut evicted_scopes = BTreeSet::new();
     let mut blocked_for = BlockedFor::new();
+    // The reason and message each workload was last reported with by this pass's
+    // schedule: the engine reports every message that changed (a moved place included),
+    // so one reported last as waiting needs no walk of its line to find its place.
+    let mut reported: HashMap<&str, (&str, &str)> = HashMap::new();
     for ev in &events {
+        match (&ev.kind, &ev.reason, &ev.message) {
+            (EventType::Pending, Some(reason), Some(message)) => {
+                reported.insert(&ev.workload, (reason, message));
+            }
+            _ => {
+                reported.remove(ev.workload.as_str());
+            }
+        }
         match ev.kind {
             EventType::Preempted | EventType::Evicted => {
                 // As a fresh pass: a running victim is evicted unless its scope waits
@@ -1671,9 +1683,20 @@ fn fast_pass(
         kept.held_heads.extend(heads.iter().cloned());
         candidates.extend(heads);
     }
-    for cq in &crowded {
-        for (key, reason, message) in kept.engine.pending_entries_in(cq, &candidates) {
-            entries.insert(key, (reason, message));
+    reported.retain(|k, _| kept.engine.is_waiting(k));
+    for (key, (reason, message)) in &reported {
+        entries.insert(key.to_string(), (reason.to_string(), message.to_string()));
+    }
+    if !crowded.is_empty() {
+        let unreported: BTreeSet<String> = candidates
+            .iter()
+            .filter(|k| !reported.contains_key(k.as_str()))
+            .cloned()
+            .collect();
+        for cq in &crowded {
+            for (key, reason, message) in kept.engine.pending_entries_in(cq, &unreported) {
+                entries.insert(key, (reason, message));
+            }
         }
     }
     let mut ordered: Vec<(Millis, &str)> = candidates

@@ -1060,6 +1060,13 @@ impl Engine {
             .is_some_and(|&id| self.wls[id].state == WlState::Admitted)
     }
 
+    /// Whether `key` waits in its ClusterQueue's line now (queued or parked).
+    pub fn is_waiting(&self, key: &str) -> bool {
+        self.wl_by_key
+            .get(key)
+            .is_some_and(|&id| self.wls[id].state == WlState::Pending)
+    }
+
     /// Whether `key` was evicted and still holds its quota (its grace period runs).
     pub fn is_terminating(&self, key: &str) -> bool {
         self.wl_by_key
