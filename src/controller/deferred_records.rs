@@ -152,14 +152,17 @@ impl DeferredRecords {
 
 /// Writes `todo` in order; gives back the updates of the records whose write failed.
 async fn write(client: &kube::Client, cache: &Cache, todo: Vec<Asked>, now: Millis) -> Vec<Asked> {
-    let updates: Vec<Update> = todo.iter().map(|a| a.update.clone()).collect();
+    let (updates, tickets): (Vec<Update>, Vec<Ticket>) =
+        todo.into_iter().map(|a| (a.update, a.ticket)).unzip();
     let failed: BTreeSet<String> = workload_writer::write(client, &updates, Some(cache), now)
         .await
         .into_iter()
         .map(|u| u.key)
         .collect();
-    let (failed, landed): (Vec<Asked>, Vec<Asked>) = todo
+    let (failed, landed): (Vec<Asked>, Vec<Asked>) = updates
         .into_iter()
+        .zip(tickets)
+        .map(|(update, ticket)| Asked { update, ticket })
         .partition(|a| failed.contains(&a.update.key));
     for a in landed {
         cache.asked_places.answered(&a.update.key, a.ticket);
