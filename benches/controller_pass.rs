@@ -52,7 +52,8 @@
 //! decided from scratch).
 //! A pass returns before the record writes it defers (the places that moved,
 //! `deferred_records`); every case is timed until it returns, and each pass's deferred
-//! writes land before the next pass starts, outside the time. `head+places` and
+//! writes land, and the watch echoes of its writes are read, before the next pass
+//! starts, outside the time (in the controller the feeders run on other threads). `head+places` and
 //! `quota+places` time those two passes until their deferred writes landed too.
 //! `BENCH_MODES=incr` (or
 //! `rebuild,incr`, `list`) runs only the modes named. `BENCH_API_DELAY_US=N` answers
@@ -322,6 +323,16 @@ async fn caught_up(s: &ApiServer, cache: &Cache) {
     wait_until("the watch caught up", || cache.records.contains(&key)).await;
 }
 
+/// The last pass's deferred record writes landed and their watch echoes read, as a
+/// controller whose feeders run on other threads finds them: neither is timed in the
+/// next pass.
+async fn settle(s: &ApiServer, state: &mut PassState) {
+    state.records_written().await;
+    if let Some(cache) = state.cache.clone() {
+        caught_up(s, &cache).await;
+    }
+}
+
 #[derive(Clone, Copy, PartialEq)]
 enum Mode {
     List,
@@ -372,7 +383,7 @@ async fn pods_ready_cluster(
     };
     let big = ("team".to_string(), "big".to_string());
     pass_with(&client, &c, &mut state, NOW).await.unwrap();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     wait_until("big admitted in the cache", || {
         cache.pods[0]
             .get(&big)
@@ -380,7 +391,7 @@ async fn pods_ready_cluster(
     })
     .await;
     pass_with(&client, &c, &mut state, NOW + 1).await.unwrap();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     wait_until("big's readiness in the cache", || {
         cache.pods[0]
             .get(&big)
@@ -388,8 +399,7 @@ async fn pods_ready_cluster(
     })
     .await;
     pass_with(&client, &c, &mut state, NOW + 2).await.unwrap();
-    state.records_written().await;
-    caught_up(&s, &cache).await;
+    settle(&s, &mut state).await;
     (s, client, c, cache, state, shutdown)
 }
 
@@ -410,7 +420,7 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     .await;
     let admitted = NOW + 10_000;
     pass_with(&client, &c, &mut state, admitted).await.unwrap();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     assert!(!gated(&s, "slow"), "slow admitted");
     wait_until("slow admitted in the cache", || {
         cache.pods[0]
@@ -421,14 +431,14 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     pass_with(&client, &c, &mut state, admitted + 1)
         .await
         .unwrap();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     let evicted_at = admitted + 61_000;
     let t = Instant::now();
     pass_with(&client, &c, &mut state, evicted_at)
         .await
         .unwrap();
     let timeout = t.elapsed();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     assert_eq!(s.evictions().len(), 1, "slow evicted for its timeout");
     wait_until("slow terminating and its state in the cache", || {
         cache.pods[0]
@@ -443,7 +453,7 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     pass_with(&client, &c, &mut state, evicted_at + 1)
         .await
         .unwrap();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     // Deleted, and created again under its name: it waits out its backoff.
     s.delete_object(PODS, "slow");
     s.put_object(
@@ -459,19 +469,19 @@ async fn measure_pods_ready(pending: usize, mode: Mode) -> (Duration, Duration, 
     pass_with(&client, &c, &mut state, evicted_at + 2)
         .await
         .unwrap();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     assert!(gated(&s, "slow"), "slow waits out its backoff");
     tokio::time::sleep(Duration::from_millis(20)).await;
     pass_with(&client, &c, &mut state, evicted_at + 3)
         .await
         .unwrap();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     let t = Instant::now();
     pass_with(&client, &c, &mut state, evicted_at + 10_000)
         .await
         .unwrap();
     let backoff_end = t.elapsed();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     assert!(
         !gated(&s, "slow"),
         "slow admitted again once its backoff ended"
@@ -499,14 +509,14 @@ async fn measure_held(pending: usize, mode: Mode) -> (Duration, u64) {
     )
     .await;
     pass_with(&client, &c, &mut state, NOW + 3).await.unwrap();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     wait_until("slow admitted in the cache", || admitted("slow")).await;
     // Held: `slow`'s pod is not Ready.
     pass_with(&client, &c, &mut state, NOW + 4).await.unwrap();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     tokio::time::sleep(Duration::from_millis(20)).await;
     pass_with(&client, &c, &mut state, NOW + 5).await.unwrap();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     create_seen(
         &s,
         &cache,
@@ -516,7 +526,7 @@ async fn measure_held(pending: usize, mode: Mode) -> (Duration, u64) {
     let t = Instant::now();
     pass_with(&client, &c, &mut state, NOW + 6).await.unwrap();
     let held = t.elapsed();
-    state.records_written().await;
+    settle(&s, &mut state).await;
     assert!(gated(&s, "next"), "held: next waits");
     let full = state.incremental_stats().map_or(0, |st| st.full);
     shutdown.cancel();
@@ -543,10 +553,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
     // Warm-up: admits `big`, records the N pending reasons; the second pass writes nothing.
     for i in 0..2 {
         pass_with(&client, &c, &mut state, NOW + i).await.unwrap();
-        state.records_written().await;
-    }
-    if let Some(cache) = state.cache.clone() {
-        caught_up(&s, &cache).await;
+        settle(&s, &mut state).await;
     }
     assert!(!gated(&s, "big"), "the 4-GPU pod is admitted");
     if let Some(d) = api_delay() {
@@ -571,7 +578,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             .await
             .unwrap();
         point.pass.push(t.elapsed());
-        state.records_written().await;
+        settle(&s, &mut state).await;
         let (lists_after, _) = s.list_stats();
         point.lists += lists_after - lists;
         assert!(!gated(&s, &name), "{name} admitted: {:?}", plan.actions);
@@ -584,7 +591,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             .await
             .unwrap();
         point.idle.push(t.elapsed());
-        state.records_written().await;
+        settle(&s, &mut state).await;
         if let (Some(a), Some(b)) = (before, thread_times()) {
             point.idle_wait.push(b.0.saturating_sub(a.0));
             point.idle_switches.push(b.1.saturating_sub(a.1));
@@ -611,7 +618,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now).await.unwrap();
         point.resize = Some(t.elapsed());
-        state.records_written().await;
+        settle(&s, &mut state).await;
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("resize", st.last_decide);
         }
@@ -625,7 +632,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         .await;
         s.fail_requests(&["PUT"], &format!("{PODS}/retry"));
         pass_with(&client, &c, &mut state, now + 1).await.unwrap();
-        state.records_written().await;
+        settle(&s, &mut state).await;
         s.stop_failing();
         assert!(gated(&s, "retry"), "the failed write left it gated");
         perf_control("retry", "enable");
@@ -633,7 +640,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let plan = pass_with(&client, &c, &mut state, now + 2).await.unwrap();
         point.retry = Some(t.elapsed());
         perf_control("retry", "disable");
-        state.records_written().await;
+        settle(&s, &mut state).await;
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("retry", st.last_decide);
         }
@@ -657,7 +664,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
                     point.decide.insert("preempt", st.last_decide);
                 }
             }
-            state.records_written().await;
+            settle(&s, &mut state).await;
         }
         assert_eq!(s.evictions().len(), 1, "low evicted");
         let low = ("team".to_string(), "low".to_string());
@@ -668,7 +675,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         })
         .await;
         pass_with(&client, &c, &mut state, now + 4).await.unwrap();
-        state.records_written().await;
+        settle(&s, &mut state).await;
         // A pass while the victim terminates: a pod arrives in `free`.
         create_seen(
             &s,
@@ -679,7 +686,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 5).await.unwrap();
         point.terminating = Some(t.elapsed());
-        state.records_written().await;
+        settle(&s, &mut state).await;
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("terminating", st.last_decide);
         }
@@ -693,7 +700,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 6).await.unwrap();
         point.gone = Some(t.elapsed());
-        state.records_written().await;
+        settle(&s, &mut state).await;
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("gone", st.last_decide);
         }
@@ -722,7 +729,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
                     point.decide.insert("serving", st.last_decide);
                 }
             }
-            state.records_written().await;
+            settle(&s, &mut state).await;
             assert!(!gated(&s, &pod), "{pod} admitted");
         }
         // `big` finishes: the head of the long queue is admitted (`wait-00000`, resized
@@ -739,7 +746,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         pass_with(&client, &c, &mut state, now + 10).await.unwrap();
         point.head = Some(t.elapsed());
         let in_pass = s.writes() - writes;
-        state.records_written().await;
+        settle(&s, &mut state).await;
         point.head_places = Some(t.elapsed());
         perf_control("head", "disable");
         point.head_writes = (in_pass, s.writes() - writes - in_pass);
@@ -772,7 +779,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         pass_with(&client, &c, &mut state, now + 11).await.unwrap();
         point.quota = Some(t.elapsed());
         perf_control("quota", "disable");
-        state.records_written().await;
+        settle(&s, &mut state).await;
         point.quota_places = Some(t.elapsed());
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("quota", st.last_decide);
@@ -787,7 +794,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         // queued namespace (generated for some pod from a template): nothing names it,
         // nothing changes.
         pass_with(&client, &c, &mut state, now + 12).await.unwrap();
-        state.records_written().await;
+        settle(&s, &mut state).await;
         let claims = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims";
         s.put_object(
             claims,
@@ -801,7 +808,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         let plan = pass_with(&client, &c, &mut state, now + 12).await.unwrap();
         point.claim = Some(t.elapsed());
-        state.records_written().await;
+        settle(&s, &mut state).await;
         if let Some(st) = state.incremental_stats() {
             point.decide.insert("claim", st.last_decide);
         }
@@ -835,7 +842,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             let t = Instant::now();
             let plan = pass_with(&client, &c, &mut state, at).await.unwrap();
             let took = Some(t.elapsed());
-            state.records_written().await;
+            settle(&s, &mut state).await;
             assert!(plan.problems.is_empty(), "{case}: {:?}", plan.problems);
             match case {
                 "hold" => point.hold = took,
