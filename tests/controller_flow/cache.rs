@@ -36,6 +36,16 @@ pub(super) async fn cached(
     (state, cache, stop)
 }
 
+/// Another client deletes pod `name`; returns once the cache's watch has told it.
+async fn delete_seen(s: &ApiServer, cache: &Cache, name: &str) {
+    assert!(s.delete_object(PODS, name), "{name} deleted");
+    let key = ("team".to_string(), name.to_string());
+    wait_for("the deletion in the cache", || {
+        cache.pods.iter().all(|p| p.get(&key).is_none())
+    })
+    .await;
+}
+
 fn admits(actions: &[Action]) -> usize {
     actions
         .iter()
@@ -99,12 +109,7 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
 
     // Another client deletes an admitted pod: once the watch tells, its quota goes to
     // the waiting one.
-    assert!(s.delete_object(PODS, "low-1"));
-    let key = ("team".to_string(), "low-1".to_string());
-    wait_for("the deletion in the cache", || {
-        cache.pods.iter().all(|p| p.get(&key).is_none())
-    })
-    .await;
+    delete_seen(&s, &cache, "low-1").await;
     let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
         .await
         .unwrap();
@@ -259,12 +264,7 @@ async fn a_place_whose_write_failed_is_written_by_a_later_pass() {
         &["PUT"],
         "/apis/tessera.io/v1alpha1/namespaces/team/workloads",
     );
-    assert!(s.delete_object(PODS, "run-1"));
-    let key = ("team".to_string(), "run-1".to_string());
-    wait_for("the deletion in the cache", || {
-        cache.pods.iter().all(|p| p.get(&key).is_none())
-    })
-    .await;
+    delete_seen(&s, &cache, "run-1").await;
     let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
         .await
         .unwrap();
@@ -352,12 +352,7 @@ async fn an_admission_from_a_long_queue_writes_few_reasons() {
     assert_eq!(place("w-59").as_deref(), Some("51-100"));
 
     let from = s.requests().len();
-    assert!(s.delete_object(PODS, "run-1"));
-    let key = ("team".to_string(), "run-1".to_string());
-    wait_for("the deletion in the cache", || {
-        cache.pods.iter().all(|p| p.get(&key).is_none())
-    })
-    .await;
+    delete_seen(&s, &cache, "run-1").await;
     let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
         .await
         .unwrap();
