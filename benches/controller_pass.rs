@@ -573,11 +573,13 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             point.delivery.push(created.elapsed());
         }
         let (lists, _) = s.list_stats();
+        perf_control("admitting", "enable");
         let t = Instant::now();
         let plan = pass_with(&client, &c, &mut state, NOW + 10 + r as u64)
             .await
             .unwrap();
         point.pass.push(t.elapsed());
+        perf_control("admitting", "disable");
         settle(&s, &mut state).await;
         let (lists_after, _) = s.list_stats();
         point.lists += lists_after - lists;
@@ -885,7 +887,7 @@ async fn api_server() -> ApiServer {
 
 /// `BENCH_PERF_CTL=FIFO`: `perf record -D -1 --control fifo:FIFO` records one case's
 /// pass alone (the command written to the FIFO: `enable` / `disable`): `head`, or the
-/// one `BENCH_PERF_CASE` names (`retry`, `quota`).
+/// one `BENCH_PERF_CASE` names (`admitting`, its five rounds; `retry`, `quota`).
 fn perf_control(case: &str, command: &str) {
     let wanted = std::env::var("BENCH_PERF_CASE").unwrap_or_else(|_| "head".into());
     if wanted != case {
