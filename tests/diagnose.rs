@@ -363,6 +363,19 @@ async fn dump_lists_the_cluster_and_the_snapshot_diagnoses_offline() {
     let api = support::apiserver::ApiServer::start("gpu-a").await;
     api.list_across_namespaces();
     api.put_object("/api/v1/namespaces/team/pods", pod("five", gpus(5)));
+    // A pod waiting for quota and its `Workload` record, listed across namespaces.
+    let mut queued = pod("queued", gpus(1));
+    queued["spec"]["schedulingGates"] = json!([{"name": "tessera.io/admission"}]);
+    queued["status"]["conditions"] = json!([{"type": "tessera.io/Admitted", "status": "False",
+        "reason": "WaitingForQuota", "message": "insufficient unused quota"}]);
+    api.put_object("/api/v1/namespaces/team/pods", queued);
+    api.put_object(
+        "/apis/tessera.io/v1alpha1/namespaces/team/workloads",
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "Workload",
+               "metadata": {"name": "pod-queued", "namespace": "team",
+                            "ownerReferences": [{"kind": "Pod", "name": "queued"}]},
+               "spec": {}, "status": {"positionInClusterQueue": "11-20"}}),
+    );
     let tmp = tempfile::tempdir().unwrap();
     let kubeconfig = support::dra_agent::kubeconfig(tmp.path(), &api.url);
     let out_dir = tmp.path().join("dump");
@@ -377,13 +390,21 @@ async fn dump_lists_the_cluster_and_the_snapshot_diagnoses_offline() {
     .await
     .unwrap();
     assert_eq!(code, 0, "{err}");
-    assert!(stdout.contains("1 pods"), "{stdout}");
+    assert!(stdout.contains("2 pods"), "{stdout}");
     let snapshot =
         Snapshot::from_json(&std::fs::read(out_dir.join("snapshot.json")).unwrap()).unwrap();
     assert_eq!(snapshot.nodes.len(), 1);
     let d = diagnose(&snapshot, "five", None);
     // The double's node has no GPUs: 5 asked, none free.
     assert_eq!(verdict(&d).0, Cause::Memory);
+    // The records were listed with the pods: the waiting pod's place is in the dump.
+    assert_eq!(snapshot.workloads.len(), 1);
+    let (cause, summary) = verdict(&diagnose(&snapshot, "queued", None));
+    assert_eq!(cause, Cause::Quota);
+    assert_eq!(
+        summary,
+        "quota: WaitingForQuota: insufficient unused quota (position 11-20 in its ClusterQueue; Workload pod-queued)"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
