@@ -352,17 +352,7 @@ fn a_refused_eviction_backs_off_without_counting_as_a_failure_and_a_gone_pod_cou
 }
 
 fn record(name: &str) -> Update {
-    Update {
-        key: format!("team/{name}"),
-        namespace: "team".into(),
-        name: name.into(),
-        owners: Vec::new(),
-        spec: None,
-        admission: None,
-        conditions: Vec::new(),
-        requeue_state: None,
-        position: None,
-    }
+    Update::blank(&format!("team/{name}"), "team", name)
 }
 
 fn status(w: &Recorder, plan: &Plan, unwritten: Vec<Update>) -> (usize, Vec<Update>) {

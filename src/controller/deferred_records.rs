@@ -182,17 +182,7 @@ mod tests {
     use crate::controller::workload_record::{Admission, RequeueState};
 
     fn update(key: &str) -> Update {
-        Update {
-            key: key.to_string(),
-            namespace: "team".into(),
-            name: key.to_string(),
-            owners: Vec::new(),
-            spec: None,
-            admission: None,
-            conditions: Vec::new(),
-            requeue_state: None,
-            position: None,
-        }
+        Update::blank(key, "team", key)
     }
 
     fn pending(key: &str, place: Option<&str>) -> Update {

@@ -636,18 +636,20 @@ pub async fn pass_with(
         records.extend(state.finish.updates(cache));
     }
     records.extend(plan.records.iter().cloned());
-    let written: BTreeSet<String> = records.iter().map(|u| u.key.clone()).collect();
+    let keys = |records: &[Update]| -> BTreeSet<String> {
+        records.iter().map(|u| u.key.clone()).collect()
+    };
     let (records, later) = match cache.as_deref() {
         Some(c) => {
+            let written = keys(&records);
             let (records, later) = deferred_records::split(records);
-            let now_keys = records.iter().map(|u| u.key.clone()).collect();
-            state.deferred.before_writing(c, &now_keys).await;
-            (records, later)
+            state.deferred.before_writing(c, &keys(&records)).await;
+            (records, Some((later, written)))
         }
-        None => (records, Vec::new()),
+        None => (records, None),
     };
     let (queues_failed, unwritten) = write_status(&writes, &plan, records, now).await;
-    if let Some(c) = &cache {
+    if let (Some(c), Some((later, written))) = (&cache, later) {
         state.deferred.start(client, c, later, written, now);
     }
     state.unwritten_records = unwritten;

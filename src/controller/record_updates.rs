@@ -44,16 +44,11 @@ fn base<'a>(
     let spec = live(key)
         .and_then(|l| l.info.as_ref())
         .map(|info| spec_of(info, cx.engine.priority_of(info)));
+    let namespace = key.split_once('/').map_or("", |(ns, _)| ns);
     Update {
-        key: key.to_string(),
-        namespace: key.split_once('/').map_or("", |(ns, _)| ns).to_string(),
-        name: record_name(key),
         owners,
         spec,
-        admission: None,
-        conditions: Vec::new(),
-        requeue_state: None,
-        position: None,
+        ..Update::blank(key, namespace, &record_name(key))
     }
 }
 

@@ -200,6 +200,22 @@ pub struct Update {
 }
 
 impl Update {
+    /// An update of record `name` in `namespace` (workload `key`) that changes nothing
+    /// yet: no owners, no spec, every field left as stored.
+    pub fn blank(key: &str, namespace: &str, name: &str) -> Update {
+        Update {
+            key: key.to_string(),
+            namespace: namespace.to_string(),
+            name: name.to_string(),
+            owners: Vec::new(),
+            spec: None,
+            admission: None,
+            conditions: Vec::new(),
+            requeue_state: None,
+            position: None,
+        }
+    }
+
     /// The stored status with this update applied at `now` (RFC 3339).
     pub fn apply(&self, stored: &WorkloadStatus, now: &str) -> WorkloadStatus {
         let mut out = stored.clone();
