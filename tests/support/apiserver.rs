@@ -432,6 +432,20 @@ impl ApiServer {
         }
     }
 
+    /// Object `name` of `collection` as stored (a copy), without copying the others.
+    pub fn object(&self, collection: &str, name: &str) -> Option<Value> {
+        let st = self.store.lock().unwrap();
+        st.objects.get(collection)?.get(name).cloned()
+    }
+
+    /// How many objects of `collection` `f` holds for, read in place (no copies).
+    pub fn count(&self, collection: &str, f: impl Fn(&Value) -> bool) -> usize {
+        let st = self.store.lock().unwrap();
+        st.objects
+            .get(collection)
+            .map_or(0, |m| m.values().filter(|o| f(o)).count())
+    }
+
     pub fn objects(&self, collection: &str) -> Vec<Value> {
         let st = self.store.lock().unwrap();
         st.objects
