@@ -80,20 +80,14 @@ fn keep_replicas(api: ApiServer, name: &'static str, stop: CancellationToken) {
     });
 }
 
-fn object(api: &ApiServer, collection: &str, name: &str) -> Option<Value> {
-    api.objects(collection)
-        .into_iter()
-        .find(|o| o["metadata"]["name"] == name)
-}
-
 fn replicas(api: &ApiServer, name: &str) -> i64 {
-    object(api, DEPLOYMENTS, name).unwrap()["spec"]["replicas"]
+    api.object(DEPLOYMENTS, name).unwrap()["spec"]["replicas"]
         .as_i64()
         .unwrap()
 }
 
 fn condition(api: &ApiServer, scaler: &str, kind: &str) -> Option<(String, String)> {
-    let obj = object(api, SCALERS, scaler)?;
+    let obj = api.object(SCALERS, scaler)?;
     obj["status"]["conditions"]
         .as_array()?
         .iter()
@@ -181,7 +175,7 @@ async fn a_keda_scaled_object_renamed_scales_a_deployment_to_zero_and_back() {
         replicas(&api, "web") == 4
     })
     .await
-    .unwrap_or_else(|e| panic!("{e}: {:?} {:?}", object(&api, SCALERS, "web"), events(&api)));
+    .unwrap_or_else(|e| panic!("{e}: {:?} {:?}", api.object(SCALERS, "web"), events(&api)));
     until("Active", Duration::from_secs(5), || {
         condition(&api, "web", "Active").is_some_and(|c| c.0 == "True")
     })
@@ -233,7 +227,7 @@ async fn a_keda_scaled_object_renamed_scales_a_deployment_to_zero_and_back() {
     })
     .await
     .unwrap();
-    let annotations = object(&api, DEPLOYMENTS, "web").unwrap()["metadata"]["annotations"].clone();
+    let annotations = api.object(DEPLOYMENTS, "web").unwrap()["metadata"]["annotations"].clone();
     let at =
         tessera::controller::time::millis(annotations["tessera.io/scaled-up-at"].as_str().unwrap())
             .unwrap();
@@ -251,11 +245,12 @@ async fn a_keda_scaled_object_renamed_scales_a_deployment_to_zero_and_back() {
     );
     // The status follows the /scale write (same poll, next request).
     until("the status at 2 replicas", Duration::from_secs(10), || {
-        object(&api, SCALERS, "web").is_some_and(|s| s["status"]["desiredReplicas"] == 2)
+        api.object(SCALERS, "web")
+            .is_some_and(|s| s["status"]["desiredReplicas"] == 2)
     })
     .await
     .unwrap();
-    let status = object(&api, SCALERS, "web").unwrap()["status"].clone();
+    let status = api.object(SCALERS, "web").unwrap()["status"].clone();
     assert!(status["lastActiveTime"].is_string(), "{status}");
 
     let reasons: Vec<String> = events(&api).into_iter().map(|e| e.0).collect();
@@ -380,7 +375,7 @@ async fn a_custom_resource_with_an_irregular_plural_is_found_through_discovery()
     api.put_object(SCALERS, s);
     let stop = CancellationToken::new();
     let _registry = start_loop(&api, &stop);
-    let scaled = || object(&api, POLICIES, "llm").unwrap()["spec"]["replicas"].as_i64() == Some(3);
+    let scaled = || api.object(POLICIES, "llm").unwrap()["spec"]["replicas"].as_i64() == Some(3);
     until("the fallback replicas", Duration::from_secs(10), scaled)
         .await
         .unwrap();
@@ -422,7 +417,7 @@ async fn a_coupled_scale_down_records_its_hold_on_the_target() {
     .await
     .unwrap();
     let hold = |api: &ApiServer| -> Value {
-        let text = object(api, DEPLOYMENTS, "web").unwrap()["metadata"]["annotations"]
+        let text = api.object(DEPLOYMENTS, "web").unwrap()["metadata"]["annotations"]
             ["tessera.io/hold-freed"]
             .as_str()
             .unwrap_or("null")

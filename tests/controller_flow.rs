@@ -138,10 +138,7 @@ fn create_pod(
 }
 
 fn pod(s: &ApiServer, name: &str) -> Value {
-    s.objects(PODS)
-        .into_iter()
-        .find(|p| p["metadata"]["name"] == name)
-        .unwrap()
+    s.object(PODS, name).unwrap()
 }
 
 /// Every request of the test was allowed by the controller's RBAC.
@@ -187,10 +184,7 @@ fn request_attributes_are_read_as_the_authorizer_does() {
 }
 
 fn job_named(s: &ApiServer, name: &str) -> Value {
-    s.objects(JOBS)
-        .into_iter()
-        .find(|j| j["metadata"]["name"] == name)
-        .unwrap()
+    s.object(JOBS, name).unwrap()
 }
 
 fn gated(p: &Value) -> bool {

@@ -227,14 +227,15 @@ fn status_writes_under(s: &ApiServer, from: usize, path: &str) -> Vec<String> {
 
 /// The place the `Workload` record of pod `name` shows.
 fn record_place(s: &ApiServer, name: &str) -> Option<String> {
-    s.objects("/apis/tessera.io/v1alpha1/namespaces/team/workloads")
-        .into_iter()
-        .find(|w| w["metadata"]["name"] == format!("pod-{name}"))
-        .and_then(|w| {
-            w["status"]["positionInClusterQueue"]
-                .as_str()
-                .map(String::from)
-        })
+    s.object(
+        "/apis/tessera.io/v1alpha1/namespaces/team/workloads",
+        &format!("pod-{name}"),
+    )
+    .and_then(|w| {
+        w["status"]["positionInClusterQueue"]
+            .as_str()
+            .map(String::from)
+    })
 }
 
 /// The places a pass hands to a task it does not wait for: while their writes fail, a
@@ -297,9 +298,10 @@ async fn a_place_whose_write_failed_is_written_by_a_later_pass() {
         [None, Some("1"), Some("2")].map(|p| p.map(String::from))
     );
     let admitted = s
-        .objects("/apis/tessera.io/v1alpha1/namespaces/team/workloads")
-        .into_iter()
-        .find(|w| w["metadata"]["name"] == "pod-w-00")
+        .object(
+            "/apis/tessera.io/v1alpha1/namespaces/team/workloads",
+            "pod-w-00",
+        )
         .and_then(|w| {
             w["status"]["admission"]["clusterQueue"]
                 .as_str()

@@ -86,9 +86,7 @@ fn count(s: &ApiServer, entry: &str) -> Option<u64> {
 }
 
 fn record(s: &ApiServer, name: &str) -> Option<Value> {
-    s.objects(WORKLOADS)
-        .into_iter()
-        .find(|r| r["metadata"]["name"] == name)
+    s.object(WORKLOADS, name)
 }
 
 fn owners(s: &ApiServer, name: &str) -> Vec<String> {

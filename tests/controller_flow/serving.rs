@@ -140,9 +140,7 @@ fn training_job(name: &str, resources: Value) -> Value {
 use super::job_named as job;
 
 fn cq_status(s: &ApiServer, name: &str) -> Value {
-    s.objects(&format!("{G}/clusterqueues"))
-        .into_iter()
-        .find(|q| q["metadata"]["name"] == name)
+    s.object(&format!("{G}/clusterqueues"), name)
         .map(|q| q["status"].clone())
         .unwrap_or(Value::Null)
 }

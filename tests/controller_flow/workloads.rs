@@ -16,9 +16,7 @@ use tessera::controller::reconciler;
 const WORKLOADS: &str = "/apis/tessera.io/v1alpha1/namespaces/team/workloads";
 
 fn record(s: &ApiServer, name: &str) -> Value {
-    s.objects(WORKLOADS)
-        .into_iter()
-        .find(|w| w["metadata"]["name"] == name)
+    s.object(WORKLOADS, name)
         .unwrap_or_else(|| panic!("no Workload {name} in {:?}", s.objects(WORKLOADS)))
 }
 
