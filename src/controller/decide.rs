@@ -302,7 +302,19 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         plan.problems.push(format!("scheduling: {e}"));
     }
     let events = engine.take_events();
-    plan.next_timer = engine.next_timer();
+    // Admission held at the end of the schedule (`blockAdmission`, from its start or
+    // since an admission in it): every waiting workload is told what a pass held from
+    // its start tells it ([`Engine::held_entry`]), whatever was evaluated before the
+    // hold began, so the passes while held say the same.
+    let admission_held = engine.admission_blocked();
+    plan.next_timer = match admission_held {
+        true => held_timer(&engine),
+        false => engine.next_timer(),
+    };
+    let heads: BTreeSet<String> = match admission_held {
+        true => engine.queue_heads().into_iter().collect(),
+        false => BTreeSet::new(),
+    };
     let state = engine.final_state();
     let by_key: BTreeMap<&str, &Live> = lives.iter().map(|l| (l.key.as_str(), l)).collect();
     let flavor_labels: BTreeMap<&str, &BTreeMap<String, String>> = s
@@ -367,7 +379,17 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
             .or_else(|| held.get(&l.key).cloned())
         {
             (r, m)
-        } else if let Some((r, m)) = engine_pending.get(l.key.as_str()) {
+        } else if let Some(&(r, m)) = engine_pending.get(l.key.as_str()) {
+            let held_entry = (admission_held && (r != "Queued" || heads.contains(&l.key)))
+                .then(|| engine.held_entry(&l.key))
+                .flatten()
+                .filter(|(hr, hm)| (hr.as_str(), hm.as_str()) != (r, m));
+            let (r, m) = held_entry
+                .as_ref()
+                .map_or((r, m), |(r, m)| (r.as_str(), m.as_str()));
+            if held_entry.is_some() {
+                engine.forget_reported(&l.key);
+            }
             // What is written (or kept) is not the engine's message: a kept engine must
             // see its next report of this workload as a change.
             if keeps_recorded(&engine, r, l) {
@@ -378,7 +400,7 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
             if let Some((pod, delay, why)) = blocked_for.get(&l.key) {
                 engine.forget_reported(&l.key);
                 blocked_reason(pod, *delay, why)
-            } else if *r == "WaitingForPreemptedWorkloads" && !waiting_on(l).is_empty() {
+            } else if r == "WaitingForPreemptedWorkloads" && !waiting_on(l).is_empty() {
                 engine.forget_reported(&l.key);
                 (r.to_string(), terminating_message(&waiting_on(l)))
             } else {
@@ -505,6 +527,17 @@ pub(super) fn subjects(
         }
     }
     out
+}
+
+/// The next timer of a pass that ends with admission held (`blockAdmission`): what a
+/// pass held from its start leaves (it evaluates nothing, so it sets no wake-up): the
+/// pods-ready timeouts and the holds' ends. Wake-ups set before the hold began are
+/// the business of the pass that ends it. Costs the timers pending.
+pub(super) fn held_timer(engine: &Engine) -> Option<Millis> {
+    [engine.next_ready_timeout(), engine.next_hold_end()]
+        .into_iter()
+        .flatten()
+        .min()
 }
 
 /// Whether waiting workload `l`, left by the engine at `reason`, keeps the reason it has

@@ -15,10 +15,15 @@
 //! Whatever the kept engine cannot follow
 //! exactly makes the pass decide from scratch instead, and start keeping again from
 //! there: configuration changed; a store re-LISTed; with
-//! `blockAdmission` a pass admitting (the admission holds every queue in the middle of
-//! its schedule, so what a fresh pass evaluated before it depends on the order) or a
-//! running workload's pods no longer Ready before being recorded; a running workload
-//! that could not be restored (an error). The pods of a ReplicaSet added, removed or
+//! `blockAdmission` a pass admitting a workload that is not the front of its queue, or
+//! not in the schedule's first cycle (the admission holds every queue in the middle of
+//! the schedule, and a fresh pass would have evaluated every queue's next workloads
+//! before it), or a running workload's pods no longer Ready before being recorded; a
+//! running workload that could not be restored (an error). A pass admitting a queue's
+//! front in the first cycle is followed: a fresh pass admits the same workload (every
+//! other front it evaluated first could not fit, as the kept engine knows), and a pass
+//! that ends held tells every workload what a pass held from its start would (below),
+//! as a fresh pass does (`decide::held_timer`, `Engine::block_start`). The pods of a ReplicaSet added, removed or
 //! re-owned while they exist are read again (their workload keys follow their owner;
 //! a running one moved to a new key re-decides its scope). With
 //! `blockAdmission` the passes while an admitted workload's pods start are followed: the
@@ -74,7 +79,7 @@ use super::claims::ClaimSource;
 use super::config::Config;
 use super::decide::{
     admit_action, blocked_reason, collect, decide_full, drop_admissions_of_evicted,
-    engine_with_queues, evict_action, finish_admission, hold_reason, keeps_recorded,
+    engine_with_queues, evict_action, finish_admission, held_timer, hold_reason, keeps_recorded,
     replica_message, replicas_actions, shows, subjects, terminating_message, unfit_problem, Action,
     BlockedFor, Built, Live, ObjRef, Plan, Scopes, Snapshot, State, UNKNOWN_SCOPE,
 };
@@ -92,7 +97,7 @@ use super::snapshot::{
 };
 use super::workload_record::OwnerRef;
 use super::workloads::{self, done_pod_workload_key, job_workload_key, live_pod_workload_key};
-use crate::quota::{Engine, EventType, Restored, WaitForPodsReady};
+use crate::quota::{BlockStart, Engine, EventType, Restored, WaitForPodsReady};
 use serde_json::{json, Value};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
@@ -1492,6 +1497,7 @@ fn fast_pass(
     let mut refreshed: BTreeSet<String> = BTreeSet::new();
     let mut events = Vec::new();
     let mut round = 0;
+    let mut admitted_while_blocking = false;
     loop {
         let todo: Vec<String> = touched.difference(&refreshed).cloned().collect();
         if todo.is_empty() && round > 0 {
@@ -1533,17 +1539,40 @@ fn fast_pass(
                 return Err("a preemption after re-deciding parked workloads");
             }
             if ev.kind == EventType::Admitted {
-                if blocks_admission(cfg) {
-                    return Err("blockAdmission: an admission holds every queue");
-                }
                 if round > 1 {
                     return Err("an admission after re-deciding parked workloads");
+                }
+                // With `blockAdmission` the first admission holds every queue: a fresh
+                // pass admits the same workload only if it took it in its first cycle,
+                // from the front of its queue, as the kept engine did.
+                if blocks_admission(cfg) {
+                    let first_front = Some(BlockStart {
+                        cycle: 1,
+                        front: true,
+                    });
+                    if admitted_while_blocking || kept.engine.block_start() != first_front {
+                        return Err("blockAdmission: an admission not at a queue's front");
+                    }
+                    admitted_while_blocking = true;
                 }
                 touched.extend(ev.cluster_queue.clone());
                 kept.stale.extend(ev.cluster_queue.clone());
             }
             events.push(ev);
         }
+    }
+    // Held since an admission in this pass: what follows tells every workload what a
+    // pass held from its start would (as a fresh pass does, `decide::held_timer`), and
+    // the queues re-decided in it are re-decided again when the hold ends.
+    let held_after = held_pass || (blocks_admission(cfg) && kept.engine.admission_blocked());
+    if held_after && !held_pass {
+        if events
+            .iter()
+            .any(|e| matches!(e.kind, EventType::Preempted | EventType::Evicted))
+        {
+            return Err("blockAdmission: an admission beside a preemption");
+        }
+        kept.touched_while_held.extend(refreshed.iter().cloned());
     }
     // Lines moved (a workload ahead left or arrived): the workloads whose message
     // changed with their place, though not re-decided (one walk per queue).
@@ -1674,11 +1703,11 @@ fn fast_pass(
     }
     let crowded: Vec<String> = per_cq
         .into_iter()
-        .filter(|(_, n)| *n > 16 && !held_pass)
+        .filter(|(_, n)| *n > 16 && !held_after)
         .map(|(cq, _)| cq.to_string())
         .collect();
     // Held: each queue's first waiting workload says so (cost: the queues).
-    if held_pass {
+    if held_after {
         let heads = kept.engine.queue_heads();
         kept.held_heads.extend(heads.iter().cloned());
         candidates.extend(heads);
@@ -1714,7 +1743,7 @@ fn fast_pass(
             .clone()
             .or_else(|| kept.submit_errors.get(key).cloned());
         let from_engine = fixed.is_none();
-        let want = fixed.or_else(|| match held_pass {
+        let want = fixed.or_else(|| match held_after {
             true => kept.engine.held_entry(key),
             false => entries
                 .get(key)
@@ -1734,7 +1763,7 @@ fn fast_pass(
             }
             continue;
         }
-        if held_pass && from_engine {
+        if held_after && from_engine {
             kept.engine.forget_reported(key);
         }
         if let (true, Some((pod, delay, why))) = (from_engine, blocked_for.get(key)) {
@@ -1796,14 +1825,8 @@ fn fast_pass(
     // A fresh pass held from its start evaluates nothing: of the kept engine's timers
     // only the pods-ready timeouts and the holds' ends are its (wake-ups set by earlier
     // evaluations stay kept for the pass that ends the hold).
-    plan.next_timer = match held_pass {
-        true => [
-            kept.engine.next_ready_timeout(),
-            kept.engine.next_hold_end(),
-        ]
-        .into_iter()
-        .flatten()
-        .min(),
+    plan.next_timer = match held_after {
+        true => held_timer(&kept.engine),
         false => kept.engine.next_timer(),
     };
     plan.queues = kept.engine.queue_gauges();

@@ -300,6 +300,15 @@ impl Timer {
     }
 }
 
+/// `blockAdmission`: where a schedule started holding admission.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct BlockStart {
+    /// The schedule's cycle (from 1) of the admission that started the hold.
+    pub cycle: u64,
+    /// Whether the workload admitted was then the first waiting one of its queue.
+    pub front: bool,
+}
+
 /// The quota admission engine.
 pub struct Engine {
     pub(crate) cfg: EngineConfig,
@@ -329,6 +338,11 @@ pub struct Engine {
     pub(crate) held: BTreeSet<CqId>,
     /// `blockAdmission`: the held queues' heads told `WaitingForPodsReady`.
     held_heads: BTreeSet<WlId>,
+    /// `blockAdmission`: where the last [`Engine::schedule`] started holding admission,
+    /// if an admission in it did ([`BlockStart`]).
+    block_start: Option<BlockStart>,
+    /// Cycles run by the current (or last) [`Engine::schedule`].
+    schedule_cycles: u64,
     /// Flushes of pending events so far (see `Wl::checked`).
     pub(crate) flush_epoch: u64,
     /// Waiting workloads whose last report the controller had the engine forget
@@ -386,6 +400,8 @@ impl Engine {
             unready: BTreeSet::new(),
             held: BTreeSet::new(),
             held_heads: BTreeSet::new(),
+            block_start: None,
+            schedule_cycles: 0,
             flush_epoch: 0,
             forgotten: BTreeSet::new(),
             spec_probes: Vec::new(),
@@ -813,6 +829,8 @@ impl Engine {
     /// Runs scheduling cycles at `now` until nothing more can be admitted.
     pub fn schedule(&mut self, now: Time) -> Result<()> {
         self.now = self.now.max(now);
+        self.block_start = None;
+        self.schedule_cycles = 0;
         let mut cycles = 0u64;
         loop {
             while !self.ready.is_empty() {
@@ -833,6 +851,7 @@ impl Engine {
     /// One scheduling cycle: the head of every queue with work, best first.
     fn cycle(&mut self, now: Time) {
         self.stats.cycles += 1;
+        self.schedule_cycles += 1;
         if self.admission_blocked() {
             let ready = std::mem::take(&mut self.ready);
             for cq in ready {
@@ -889,8 +908,30 @@ impl Engine {
             } else {
                 decision
             };
+            let front = self.is_queue_front(&key);
             self.apply_decision(key, decision, now);
+            if self.admission_blocked() {
+                self.block_start = Some(BlockStart {
+                    cycle: self.schedule_cycles,
+                    front,
+                });
+            }
         }
+    }
+
+    /// Whether `key` is the first waiting workload of its ClusterQueue (queued or parked).
+    fn is_queue_front(&self, key: &OrderKey) -> bool {
+        let Some(cq) = self.wls[key.3].cq else {
+            return false;
+        };
+        let q = &self.cqs[cq];
+        q.pending.first() == Some(key) && q.parked.first().is_none_or(|p| key < p)
+    }
+
+    /// `blockAdmission`: where the last [`Engine::schedule`] started holding admission
+    /// (an admission in it whose pods are not ready yet); `None` when none did.
+    pub fn block_start(&self) -> Option<BlockStart> {
+        self.block_start
     }
 
     pub(crate) fn cohort_of_wl(&self, id: WlId) -> usize {

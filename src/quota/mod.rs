@@ -43,7 +43,7 @@ mod wake;
 #[cfg(test)]
 mod engine_tests;
 
-pub use engine::{Engine, EngineConfig, Requeue, Stats, WaitForPodsReady};
+pub use engine::{BlockStart, Engine, EngineConfig, Requeue, Stats, WaitForPodsReady};
 pub use error::{Error, Result};
 pub use events::{Event, EventType, FinalState};
 pub use hold::{HeldLevels, HoldFreed};
