@@ -25,7 +25,7 @@ use super::ownership::{self, Assignment, BlockedMove, Owner};
 use super::{split_record, usage, withdraw, Agent, Built, Error, Result, CDI_SPEC_STEM};
 use crate::cdi;
 use crate::cdi::migcaps::MigCaps;
-use crate::deviceplugin::preferred::Topology;
+use crate::deviceplugin::topology::Topology;
 use crate::dra::owned::{GpuSplit, OwnedDevices, SplitBefore};
 use crate::gpu::Inventory;
 use crate::partition::config::NodeConfig;

@@ -2129,7 +2129,10 @@ fn block_admission_rewrites_only_the_queue_heads() {
     assert_eq!(named(&plan, "pending"), ["WaitingForPodsReady"], "{plan:?}");
     assert_eq!(pending_workloads(&plan), [head.clone()], "{plan:?}");
     w.apply(&plan, None);
-    assert!(pass(&mut w, &mut inc).actions.is_empty(), "held: said already");
+    assert!(
+        pass(&mut w, &mut inc).actions.is_empty(),
+        "held: said already"
+    );
     // More arrive while held: a new one records `Queued`, the others keep theirs.
     w.add_pods(0, 1, false, 2, 0);
     let plan = pass(&mut w, &mut inc);

@@ -21,6 +21,7 @@ pub mod registration;
 pub mod server;
 pub mod snapshot;
 pub mod supervisor;
+pub mod topology;
 
 /// The device-plugin API version we speak.
 pub const API_VERSION: &str = "v1beta1";

@@ -14,35 +14,8 @@ use crate::partition::config::ReplicaStrategy;
 use crate::partition::layout::{Device, Share};
 
 use super::snapshot::Snapshot;
+use super::topology::Topology;
 use super::{Error, Result};
-
-/// NVLink link counts between GPUs (by UUID), symmetric.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Topology {
-    links: BTreeMap<(String, String), u32>,
-}
-
-impl Topology {
-    pub fn from_inventory(inv: &crate::gpu::Inventory) -> Self {
-        let mut links = BTreeMap::new();
-        for a in &inv.gpus {
-            for b in &inv.gpus {
-                let n = a.nvlinks_to(b).max(b.nvlinks_to(a)) as u32;
-                if a.uuid != b.uuid && n > 0 {
-                    links.insert((a.uuid.clone(), b.uuid.clone()), n);
-                }
-            }
-        }
-        Self { links }
-    }
-
-    pub fn links(&self, a: &str, b: &str) -> u32 {
-        self.links
-            .get(&(a.to_string(), b.to_string()))
-            .copied()
-            .unwrap_or(0)
-    }
-}
 
 /// Choose `size` devices from `available`, including all of `must_include`.
 pub fn preferred(

@@ -9,7 +9,7 @@ use crate::partition::config::AllocationPolicy;
 use crate::partition::layout::{Advertisement, Device, Resource};
 use crate::proto::deviceplugin as pb;
 
-use super::preferred::Topology;
+use super::topology::Topology;
 use super::{HEALTHY, UNHEALTHY};
 
 /// One consistent view of the node.
