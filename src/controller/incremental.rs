@@ -23,8 +23,8 @@
 //! front in the first cycle is followed: a fresh pass admits the same workload (every
 //! other front it evaluated first could not fit, as the kept engine knows), and a pass
 //! that ends held tells every workload what a pass held from its start would (below),
-//! as a fresh pass does (`decide::held_timer`, `Engine::block_start`). The pods of a ReplicaSet added, removed or
-//! re-owned while they exist are read again (their workload keys follow their owner;
+//! as a fresh pass does (`decide::held_timer`, `Engine::block_start`). The pods of a
+//! ReplicaSet added, removed or re-owned while they exist are read again (their workload keys follow their owner;
 //! a running one moved to a new key re-decides its scope). With
 //! `blockAdmission` the passes while an admitted workload's pods start are followed: the
 //! engine is told when they are Ready (`Engine::mark_pods_ready`), a held pass gives each
