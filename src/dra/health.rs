@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-use super::prepare::{parse_device_name, DeviceKind};
+pub use super::names::device_gpu;
 use super::publish;
 use crate::gpu::health::HealthPolicy;
 use crate::gpu::{GpuBackend, HealthEvent, Inventory};
@@ -221,14 +221,6 @@ pub struct DeviceRef {
     pub pool: String,
     pub device: String,
     pub gpu_uuid: String,
-}
-
-/// The GPU of a published device name (`gpu-<index>…`).
-pub fn device_gpu<'a>(device: &str, inventory: &'a Inventory) -> Option<&'a crate::gpu::GpuInfo> {
-    let index = match parse_device_name(device)? {
-        DeviceKind::Whole { gpu } | DeviceKind::Mig { gpu, .. } | DeviceKind::Vgpu { gpu } => gpu,
-    };
-    inventory.gpus.iter().find(|g| g.index == index)
 }
 
 /// Every device of `slices` with its GPU (devices of unknown GPUs are skipped).

@@ -30,8 +30,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use super::prepare::{parse_device_name, DeviceKind};
-use super::slices::{mig_name, vgpu_name, whole_name, DRIVER};
+use super::names::{mig_name, parse_device_name, vgpu_name, whole_name, DeviceKind, DRIVER};
 use crate::gpu::Inventory;
 use crate::partition::catalog;
 

@@ -24,7 +24,7 @@ use tracing::info;
 use crate::grpc::serve_unix_incoming;
 use crate::proto::{dra, dra_health};
 
-use super::kubelet::{Error, Result};
+use super::socket::{Error, Result};
 
 /// A claim as the kubelet names it.
 #[derive(Debug, Clone, PartialEq, Eq)]

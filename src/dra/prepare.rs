@@ -26,8 +26,9 @@ use crate::partition::catalog;
 use crate::shimfiles::{self, UnitLimits};
 
 use super::checkpoint::CreatedMig;
+use super::names::{label, DRIVER};
+pub use super::names::{parse_device_name, DeviceKind};
 use super::sharing::{self, ConfigError};
-use super::slices::{label, DRIVER};
 use crate::gpu::TimeSlice;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -66,45 +67,6 @@ pub enum PrepareError {
          and vGPU slices"
     )]
     TimeSliceOnMig { claim: String, device: String },
-}
-
-/// What a published device name stands for (see [`super::slices`]).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum DeviceKind {
-    Whole {
-        gpu: u32,
-    },
-    Mig {
-        gpu: u32,
-        profile_label: String,
-        start: u8,
-    },
-    Vgpu {
-        gpu: u32,
-    },
-}
-
-/// Parse `gpu-3`, `gpu-0-mig-1g-10gb-4`, `gpu-2-vgpu`.
-pub fn parse_device_name(name: &str) -> Option<DeviceKind> {
-    let rest = name.strip_prefix("gpu-")?;
-    let (index, tail) = match rest.split_once('-') {
-        Some((i, t)) => (i, Some(t)),
-        None => (rest, None),
-    };
-    let gpu: u32 = index.parse().ok()?;
-    match tail {
-        None => Some(DeviceKind::Whole { gpu }),
-        Some("vgpu") => Some(DeviceKind::Vgpu { gpu }),
-        Some(t) => {
-            let t = t.strip_prefix("mig-")?;
-            let (label, start) = t.rsplit_once('-')?;
-            Some(DeviceKind::Mig {
-                gpu,
-                profile_label: label.to_string(),
-                start: start.parse().ok()?,
-            })
-        }
-    }
 }
 
 /// A Kubernetes quantity in MiB (`16Gi`, `16384Mi`, `17179869184`, `16G`).

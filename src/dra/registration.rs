@@ -18,7 +18,7 @@ use crate::proto::pluginregistration as pb;
 use crate::proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use crate::retry::Backoff;
 
-use super::kubelet::{bind, DraPaths, Error, Result, DRIVER_NAME, PLUGIN_TYPE, SUPPORTED_VERSIONS};
+use super::socket::{bind, DraPaths, Error, Result, DRIVER_NAME, PLUGIN_TYPE, SUPPORTED_VERSIONS};
 
 /// How fast a rejected registration is offered again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

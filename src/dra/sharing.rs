@@ -26,7 +26,7 @@
 use k8s_openapi::api::resource::v1::DeviceAllocationConfiguration;
 use serde::Deserialize;
 
-use super::slices::DRIVER;
+use super::names::DRIVER;
 use crate::gpu::TimeSlice;
 
 /// The parameters' `apiVersion`.

@@ -31,13 +31,13 @@ use k8s_openapi::api::resource::v1::{
 use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
-use super::health::{device_gpu, TaintMode};
+use super::health::TaintMode;
+use super::names::device_gpu;
+pub use super::names::{label, mig_name, vgpu_name, whole_name, DRIVER};
 use crate::gpu::{GpuInfo, Inventory};
 use crate::partition::catalog;
 use crate::partition::layout::{GpuPlan, NodePlan};
 
-/// The DRA driver name.
-pub const DRIVER: &str = "gpu.tessera.io";
 /// Device limits per slice (API validation).
 pub const MAX_DEVICES: usize = 128;
 pub const MAX_DEVICES_WITH_COUNTERS: usize = 64;
@@ -79,35 +79,6 @@ impl SliceOptions {
 pub enum SliceError {
     #[error("GPU {index}: {reason}")]
     Gpu { index: u32, reason: String },
-}
-
-/// A DNS label from a profile name: `1g.10gb+me` → `1g-10gb-me` (as used in MIG device
-/// names, which [`super::prepare`] parses back).
-pub fn label(s: &str) -> String {
-    s.chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() {
-                c.to_ascii_lowercase()
-            } else {
-                '-'
-            }
-        })
-        .collect()
-}
-
-/// The device name of a whole GPU: `gpu-<index>`.
-pub fn whole_name(index: u32) -> String {
-    format!("gpu-{index}")
-}
-
-/// The device name of a GPU's vGPU capacity: `gpu-<index>-vgpu`.
-pub fn vgpu_name(index: u32) -> String {
-    format!("gpu-{index}-vgpu")
-}
-
-/// The device name of a MIG placement: `gpu-<index>-mig-<profile label>-<start>`.
-pub fn mig_name(index: u32, profile: &str, start: u8) -> String {
-    format!("gpu-{index}-mig-{}-{start}", label(profile))
 }
 
 fn q(v: impl ToString) -> Quantity {

@@ -16,7 +16,7 @@ use k8s_openapi::api::resource::v1::{AllocatedDeviceStatus, ResourceClaim};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{Condition, Time};
 use k8s_openapi::apimachinery::pkg::runtime::RawExtension;
 
-use super::slices::DRIVER;
+use super::names::DRIVER;
 
 /// The condition type the driver maintains.
 pub const READY: &str = "Ready";
