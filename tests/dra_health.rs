@@ -13,9 +13,10 @@ use support::apiserver::ApiServer;
 use tessera::dra::health::{
     devices_from_slices, HealthOptions, HealthService, TaintMode, NO_EXECUTE, TAINT_XID,
 };
+use tessera::dra::names::DRIVER;
 use tessera::dra::plugin::{self, NotImplementedPreparer};
 use tessera::dra::publish::{self, Publisher};
-use tessera::dra::slices::{apply_taints, build_slices, CounterLayout, SliceOptions, DRIVER};
+use tessera::dra::slices::{apply_taints, build_slices, CounterLayout, SliceOptions};
 use tessera::gpu::fake::FakeBackend;
 use tessera::gpu::health::HealthPolicy;
 use tessera::gpu::{GpuBackend, HealthEvent, Inventory};

@@ -8,8 +8,9 @@ mod support;
 use std::time::{Duration, Instant};
 
 use support::apiserver::ApiServer;
+use tessera::dra::names::DRIVER;
 use tessera::dra::publish::{Error, Publisher};
-use tessera::dra::slices::{build_slices, CounterLayout, SliceOptions, DRIVER};
+use tessera::dra::slices::{build_slices, CounterLayout, SliceOptions};
 use tessera::gpu::fake::FakeBackend;
 use tessera::gpu::GpuBackend;
 use tessera::partition::{config, layout};

@@ -14,9 +14,10 @@ use std::process::Command;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tessera::dra::kubelet::{self as dra, DraPaths};
+use tessera::dra::kubelet as dra;
 use tessera::dra::plugin::{self, NotImplementedPreparer, NOT_IMPLEMENTED};
 use tessera::dra::registration::RetryPolicy;
+use tessera::dra::socket::{self, DraPaths};
 use tessera::grpc::connect_unix_with_authority;
 use tessera::proto::dra::{v1, v1beta1};
 use tessera::proto::dra_health;
@@ -32,7 +33,7 @@ const TIMEOUT: Duration = Duration::from_secs(5);
 struct Driver {
     paths: DraPaths,
     cancel: CancellationToken,
-    task: tokio::task::JoinHandle<dra::Result<()>>,
+    task: tokio::task::JoinHandle<socket::Result<()>>,
     _dir: tempfile::TempDir,
 }
 

@@ -51,12 +51,14 @@ use tracing::{error, info, warn};
 use crate::deviceplugin::allocate::AllocateSettings;
 use crate::dra::checkpoint::Store;
 use crate::dra::health::{devices_from_slices, HealthOptions, HealthService, TaintMode};
-use crate::dra::kubelet::{self, DraPaths};
+use crate::dra::kubelet;
+use crate::dra::names::DRIVER;
 use crate::dra::node::NodePreparer;
 use crate::dra::owned::OwnedDevices;
 use crate::dra::publish::Publisher;
 use crate::dra::registration::RetryPolicy;
-use crate::dra::slices::{apply_taints, build_slices, CounterLayout, SliceOptions, DRIVER};
+use crate::dra::slices::{apply_taints, build_slices, CounterLayout, SliceOptions};
+use crate::dra::socket::{self, DraPaths};
 use crate::dra::status_queue::StatusWriter;
 use crate::gpu::health::HealthPolicy;
 use crate::gpu::{GpuBackend, Inventory};
@@ -65,7 +67,7 @@ use crate::partition::layout::NodePlan;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error(transparent)]
-    Kubelet(#[from] kubelet::Error),
+    Kubelet(#[from] socket::Error),
     #[error("DRA driver task failed: {0}")]
     Task(String),
 }
@@ -276,10 +278,10 @@ async fn serve_while_active(
     retry: RetryPolicy,
     mut active: watch::Receiver<bool>,
     cancel: CancellationToken,
-) -> Result<(), kubelet::Error> {
-    let flatten = |r: Result<Result<(), kubelet::Error>, tokio::task::JoinError>| match r {
+) -> Result<(), socket::Error> {
+    let flatten = |r: Result<Result<(), socket::Error>, tokio::task::JoinError>| match r {
         Ok(r) => r,
-        Err(e) => Err(kubelet::Error::Serve {
+        Err(e) => Err(socket::Error::Serve {
             socket: paths.plugin_socket.display().to_string(),
             source: std::io::Error::other(e.to_string()),
         }),

@@ -34,8 +34,7 @@ use tracing::warn;
 
 use super::ownership::Holders;
 use crate::dra::checkpoint::Store;
-use crate::dra::prepare::{parse_device_name, DeviceKind};
-use crate::dra::slices::DRIVER;
+use crate::dra::names::{parse_device_name, DeviceKind, DRIVER};
 use crate::gpu::Inventory;
 
 /// Where usage is read from (a trait so tests can hold GPUs without files).

@@ -50,8 +50,7 @@ use std::time::Duration;
 
 use k8s_openapi::api::resource::v1::ResourceSlice;
 
-use crate::dra::prepare::{parse_device_name, DeviceKind};
-use crate::dra::slices::DRIVER;
+use crate::dra::names::{parse_device_name, DeviceKind, DRIVER};
 use crate::gpu::Inventory;
 use crate::retry::Backoff;
 

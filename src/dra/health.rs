@@ -41,7 +41,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Request, Response, Status};
 use tracing::{info, warn};
 
-pub use super::names::device_gpu;
+use super::names::device_gpu;
 use super::publish;
 use crate::gpu::health::HealthPolicy;
 use crate::gpu::{GpuBackend, HealthEvent, Inventory};

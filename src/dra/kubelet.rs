@@ -16,9 +16,7 @@ use std::sync::Arc;
 
 use tokio_util::sync::CancellationToken;
 
-pub use super::socket::{
-    bind, DraPaths, Error, Result, DRIVER_NAME, PLUGIN_TYPE, SUPPORTED_VERSIONS,
-};
+use super::socket::{bind, DraPaths, Result};
 
 /// Serve the DRA socket, then offer registration, until `cancel` (or an error), with the
 /// placeholder health service.

@@ -1,5 +1,6 @@
 //! The DRA driver `gpu.tessera.io` (issue 5).
 //!
+//! - [`names`]: the driver's name and its device names (`gpu-3`, `gpu-0-mig-1g-10gb-4`), parsed back;
 //! - [`slices`]: the ResourceSlices for whole GPUs, partitionable MIG and vGPU capacity (pure);
 //! - [`publish`]: writing them and keeping them written (kube);
 //! - [`prepare`]: NodePrepareResources as a pure plan (devices, MIG instances, CDI spec);
@@ -11,7 +12,8 @@
 //! - [`envelope`]: the versioned, checksummed JSON envelope of the node's state files;
 //! - [`owned`]: the GPUs and devices the driver owns now; claims outside them are refused;
 //! - [`node`]: the real `ClaimPreparer` (MIG on demand, CDI spec per claim, checkpoint);
-//! - [`kubelet`]: socket paths, errors and [`kubelet::serve`]: both kubelet-facing servers;
+//! - [`socket`]: the plugin-watcher constants, socket paths, errors and binding a socket;
+//! - [`kubelet`]: [`kubelet::serve`]: both kubelet-facing servers, served together;
 //! - [`registration`]: plugin-watcher registration (`GetInfo`, re-offer on rejection);
 //! - [`plugin`]: `DRAPlugin` v1 + v1beta1 over one `ClaimPreparer`, health placeholders.
 

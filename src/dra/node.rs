@@ -65,11 +65,12 @@ use tracing::{debug, info, instrument, warn};
 use super::checkpoint::{
     self, Durability, Phase, PreparedClaim, Session, Store, Ticket, TimeSliceRecord,
 };
+use super::names::{parse_device_name, DeviceKind};
 use super::owned::{Admission, OwnedDevices};
 use super::plugin::{ClaimPreparer, ClaimRef, ClaimResults, PreparedDevice};
 use super::prepare::{
-    cdi_device_name, claim_dir_id, claim_spec_with, devices_here, parse_device_name, plan_claim,
-    with_mig_instance, ClaimPlan, DeviceKind, PlannedDevice,
+    cdi_device_name, claim_dir_id, claim_spec_with, devices_here, plan_claim, with_mig_instance,
+    ClaimPlan, PlannedDevice,
 };
 use super::status;
 use super::status_queue::{StatusOp, StatusWriter};

@@ -26,8 +26,7 @@ use crate::partition::catalog;
 use crate::shimfiles::{self, UnitLimits};
 
 use super::checkpoint::CreatedMig;
-use super::names::{label, DRIVER};
-pub use super::names::{parse_device_name, DeviceKind};
+use super::names::{label, parse_device_name, DeviceKind, DRIVER};
 use super::sharing::{self, ConfigError};
 use crate::gpu::TimeSlice;
 

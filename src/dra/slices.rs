@@ -33,7 +33,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::health::TaintMode;
 use super::names::device_gpu;
-pub use super::names::{label, mig_name, vgpu_name, whole_name, DRIVER};
+use super::names::{mig_name, vgpu_name, whole_name, DRIVER};
 use crate::gpu::{GpuInfo, Inventory};
 use crate::partition::catalog;
 use crate::partition::layout::{GpuPlan, NodePlan};
@@ -536,6 +536,7 @@ mod tests {
 
     #[test]
     fn names_are_dns_labels() {
+        use crate::dra::names::label;
         assert_eq!(label("1g.10gb+me"), "1g-10gb-me");
         assert_eq!(semver("12.8"), "12.8.0");
         assert_eq!(semver("570.124.06"), "570.124.6");

@@ -31,7 +31,8 @@ use super::usage::{
 use super::{hami, NodeMetrics};
 use crate::deviceplugin::snapshot::SharedSnapshot;
 use crate::dra::checkpoint::{self, Phase, PreparedClaim, Store};
-use crate::dra::prepare::{claim_dir_id, parse_device_name, DeviceKind};
+use crate::dra::names::{parse_device_name, DeviceKind};
+use crate::dra::prepare::claim_dir_id;
 use crate::gpu::{GpuBackend, GpuUsage, Inventory};
 use crate::proto::podresources as pr;
 use crate::shimfiles::{self, AllocDirs};
@@ -244,7 +245,7 @@ pub fn claim_holders_of(answer: &pr::ListPodResourcesResponse) -> Vec<ClaimHolde
                 let devices: Vec<String> = claim
                     .claim_resources
                     .iter()
-                    .filter(|r| r.driver_name == crate::dra::slices::DRIVER)
+                    .filter(|r| r.driver_name == crate::dra::names::DRIVER)
                     .map(|r| r.device_name.clone())
                     .collect();
                 if devices.is_empty() {

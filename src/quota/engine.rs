@@ -831,12 +831,11 @@ impl Engine {
         self.now = self.now.max(now);
         self.block_start = None;
         self.schedule_cycles = 0;
-        let mut cycles = 0u64;
         loop {
             while !self.ready.is_empty() {
-                cycles += 1;
-                if cycles > self.cfg.max_cycles {
-                    return Err(Error::NoFixedPoint(cycles));
+                // `cycle` counts itself in `schedule_cycles`.
+                if self.schedule_cycles >= self.cfg.max_cycles {
+                    return Err(Error::NoFixedPoint(self.schedule_cycles + 1));
                 }
                 self.cycle(now);
             }
