@@ -1593,7 +1593,7 @@ fn fast_pass(
     let mut blocked_for = BlockedFor::new();
     // The reason and message each workload was last reported with by this pass's
     // schedule: the engine reports every message that changed (a moved place included),
-    // so one reported last as waiting needs no walk of its line to find its place.
+    // so one reported last as waiting is told that message as it is.
     let mut reported: HashMap<&str, (&str, &str)> = HashMap::new();
     for ev in &events {
         match (&ev.kind, &ev.reason, &ev.message) {
@@ -1693,19 +1693,6 @@ fn fast_pass(
     }
     // Pending reasons: of the workloads that changed, that were not recorded yet, and
     // whose message the engine reported changed (re-decided, or moved in its line).
-    let mut entries: HashMap<String, (String, String)> = HashMap::new();
-    // A queue with many candidates is read in one walk (a position costs a walk).
-    let mut per_cq: BTreeMap<&str, usize> = BTreeMap::new();
-    for k in &candidates {
-        if let Some(cq) = kept.engine.cluster_queue_of(k) {
-            *per_cq.entry(cq).or_default() += 1;
-        }
-    }
-    let crowded: Vec<String> = per_cq
-        .into_iter()
-        .filter(|(_, n)| *n > 16 && !held_after)
-        .map(|(cq, _)| cq.to_string())
-        .collect();
     // Held: each queue's first waiting workload says so (cost: the queues).
     if held_after {
         let heads = kept.engine.queue_heads();
@@ -1713,21 +1700,6 @@ fn fast_pass(
         candidates.extend(heads);
     }
     reported.retain(|k, _| kept.engine.is_waiting(k));
-    for (key, (reason, message)) in &reported {
-        entries.insert(key.to_string(), (reason.to_string(), message.to_string()));
-    }
-    if !crowded.is_empty() {
-        let unreported: BTreeSet<String> = candidates
-            .iter()
-            .filter(|k| !reported.contains_key(k.as_str()))
-            .cloned()
-            .collect();
-        for cq in &crowded {
-            for (key, reason, message) in kept.engine.pending_entries_in(cq, &unreported) {
-                entries.insert(key, (reason, message));
-            }
-        }
-    }
     let mut ordered: Vec<(Millis, &str)> = candidates
         .iter()
         .filter_map(|k| kept.lives.get(k))
@@ -1745,9 +1717,9 @@ fn fast_pass(
         let from_engine = fixed.is_none();
         let want = fixed.or_else(|| match held_after {
             true => kept.engine.held_entry(key),
-            false => entries
+            false => reported
                 .get(key)
-                .cloned()
+                .map(|(reason, message)| (reason.to_string(), message.to_string()))
                 .or_else(|| kept.engine.pending_entry(key)),
         });
         let Some((mut reason, mut message)) = want else {

@@ -24,7 +24,7 @@ use super::keyset::KeySet;
 use super::model::{CqId, CqSpec, FrId, LqId, WlId, WorkloadInfo};
 use super::quantity::Time;
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, BinaryHeap, HashMap};
 use std::sync::Arc;
 
 /// Queue order: higher priority first, then older timestamp, then workload key
@@ -1039,22 +1039,6 @@ impl Engine {
             return;
         }
         let mut seen = BTreeSet::new();
-        // A queue with many workloads to report (a cohort re-decided) is ranked in one
-        // walk, as far as its last one: counting each one's place alone would cost up
-        // to the queue's length each.
-        let mut per_cq: HashMap<CqId, HashSet<WlId>> = HashMap::new();
-        for &id in &dirty {
-            let w = &self.wls[id];
-            if let Some(cq) = w.cq.filter(|_| w.state == WlState::Pending) {
-                per_cq.entry(cq).or_default().insert(id);
-            }
-        }
-        let mut ranks: HashMap<WlId, usize> = HashMap::new();
-        for (cq, mut left) in per_cq {
-            if left.len() > 16 {
-                ranks.extend(self.ranks_of(cq, &mut left));
-            }
-        }
         for id in dirty {
             if !seen.insert(id) {
                 continue;
@@ -1067,11 +1051,7 @@ impl Engine {
             if !pending {
                 continue;
             }
-            let position = match ranks.get(&id) {
-                Some(&r) if w.reason.has_position() && w.state == WlState::Pending => Some(r),
-                Some(_) => None,
-                None => self.position(id),
-            };
+            let position = self.position(id);
             self.report_pending(id, position, now);
         }
     }

@@ -819,38 +819,3 @@ fn a_queue_updated_in_place_retells_only_what_it_moves() {
         );
     }
 }
-
-/// Only workloads waiting in a queue's line are looked for in it: the walk that finds
-/// the places of a pass's workloads stops at the last of them, and an admitted one
-/// among them (never in the line) made it walk the whole line (at 50,000 waiting,
-/// more than half of an admitting pass's decision).
-#[test]
-fn only_waiting_workloads_are_looked_for_in_a_line() {
-    let mut e = ranged_queue(2, 30);
-    let cq = e.cq_by_name["f"];
-    let id = |e: &Engine, k: &str| e.wl_by_key[k];
-    // w000 and w001 run; the others wait, w002 at the front (queued or parked).
-    for (k, waits) in [("ml/w000", false), ("ml/w001", false), ("ml/w002", true)] {
-        assert_eq!(e.in_line(cq, id(&e, k)), waits, "{k}");
-    }
-    assert!((2..30).all(|i| e.in_line(cq, id(&e, &format!("ml/w{i:03}")))));
-    let only: std::collections::BTreeSet<String> =
-        ["ml/w000", "ml/w003", "ml/w005"].map(String::from).into();
-    let wanted = e.wanted_in_line(cq, &only);
-    assert!(
-        !wanted.contains(&id(&e, "ml/w000")),
-        "the admitted one is not looked for"
-    );
-    assert_eq!(wanted.len(), 2);
-    let entries = e.pending_entries_in("f", &only);
-    let keys: Vec<&str> = entries.iter().map(|(k, _, _)| k.as_str()).collect();
-    assert_eq!(keys, ["ml/w003", "ml/w005"]);
-    assert!(
-        entries[0].2.ends_with("(position 2 in its ClusterQueue)"),
-        "{entries:?}"
-    );
-    // Removed, a waiting workload leaves the line too.
-    let gone = id(&e, "ml/w004");
-    e.remove(20, "ml/w004").unwrap();
-    assert!(!e.in_line(cq, gone));
-}

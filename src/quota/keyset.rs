@@ -1,22 +1,41 @@
 //! A ClusterQueue's ordered set of waiting workloads (its `pending` or `parked` keys)
 //! that also counts its members per LocalQueue, so the controller's per-LocalQueue
 //! pending gauges are read in a walk over the LocalQueues, never over the workloads.
-//! Reads go through `Deref` to the `BTreeSet`; every change goes through the methods
-//! here, which keep the counts, and count the changes themselves (`line.rs` bounds how
-//! far any place in the queue moved by them).
+//! Reads go through `Deref` to an order-statistic set (`indexset`'s `BTreeSet`): a key's
+//! rank and the key at a rank are lookups, so a place in a long line costs no walk
+//! (`line.rs`). Every change goes through the methods here, which keep the counts, and
+//! count the changes themselves (`line.rs` bounds how far any place in the queue moved by
+//! them).
 
 use super::engine::OrderKey;
 use super::model::LqId;
-use std::collections::{BTreeSet, HashMap};
+use indexset::BTreeSet;
+use std::collections::HashMap;
 use std::ops::Deref;
 
+/// Keys per node of the set: an insert or removal moves at most this many keys within
+/// its node, and a new node rebuilds the set's rank index (one count per node). The
+/// crate's default (1,024) would make an insert into a long line move some 24 KiB on
+/// average, and allocate 48 KiB for every empty set.
+const NODE_KEYS: usize = 64;
+
 /// Ordered workload keys with a member count per LocalQueue (the key's last element).
-#[derive(Clone, Debug, Default)]
+#[derive(Clone, Debug)]
 pub(crate) struct KeySet {
     set: BTreeSet<OrderKey>,
     per_lq: HashMap<LqId, usize>,
     /// Keys inserted or removed so far (never reset).
     changes: u64,
+}
+
+impl Default for KeySet {
+    fn default() -> Self {
+        KeySet {
+            set: BTreeSet::with_maximum_node_size(NODE_KEYS),
+            per_lq: HashMap::new(),
+            changes: 0,
+        }
+    }
 }
 
 impl Deref for KeySet {
@@ -54,8 +73,14 @@ impl KeySet {
         gone
     }
 
-    /// Moves every key of `other` into this set.
+    /// Moves every key of `other` into this set (into an empty one, the whole set at
+    /// once).
     pub fn append(&mut self, other: KeySet) {
+        if self.set.is_empty() {
+            let changes = self.changes + other.set.len() as u64;
+            *self = KeySet { changes, ..other };
+            return;
+        }
         for key in other.set {
             self.insert(key);
         }
@@ -124,6 +149,13 @@ mod tests {
         assert_eq!(counts(&b), vec![(0, 2), (7, 1)]);
         assert_eq!(b.len(), 3);
         assert_eq!(b.first().map(|k| k.3), Some(1));
+        // Into an empty set, the whole set moves at once: the same keys and counts, and
+        // one change per key.
+        let mut c = KeySet::default();
+        c.append(b.take());
+        assert_eq!(counts(&c), vec![(0, 2), (7, 1)]);
+        assert_eq!((c.len(), c.changes()), (3, 3));
+        assert_eq!(c.iter().map(|k| k.3).collect::<Vec<_>>(), [1, 2, 4]);
     }
 
     #[test]

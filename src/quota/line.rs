@@ -202,39 +202,47 @@ impl Engine {
         line.first_report = None;
     }
 
-    /// The workloads at the 1-based places in `ranges` (in order) of `cq`'s line, in
-    /// place order: one walk from the front up to the last range in the line's first
-    /// half, one from the back down to the first range in its second half, looking only
-    /// at those places.
+    /// The workloads at the 1-based places in `ranges` (in order, not overlapping) of
+    /// `cq`'s line, in place order: each range found by its first place
+    /// ([`Engine::line_split`]) and walked from there, so the look costs the ranges, not
+    /// the way to them.
     fn places_in(&self, cq: CqId, ranges: &[(usize, usize)]) -> Vec<(usize, WlId)> {
         let q = &self.cqs[cq];
         let len = q.pending.len() + q.parked.len();
-        let (front, back) = ranges.split_at(ranges.partition_point(|r| r.0 <= len / 2));
         let mut out = Vec::new();
-        if let Some(&(_, last)) = front.last() {
-            let mut at = front.iter().peekable();
-            for (place, id) in (1..=last).zip(self.line(cq)) {
-                while at.peek().is_some_and(|r| r.1 < place) {
-                    at.next();
-                }
-                if at.peek().is_some_and(|r| r.0 <= place) {
-                    out.push((place, id));
-                }
+        for &(first, last) in ranges {
+            if first == 0 || first > len {
+                continue;
             }
+            let (queued, parked) = self.line_split(cq, first - 1);
+            let walk = merge(
+                q.pending.range_idx(queued..),
+                q.parked.range_idx(parked..),
+                |x, y| x <= y,
+            );
+            out.extend((first..=last.min(len)).zip(walk));
         }
-        if let Some(&(first, _)) = back.first() {
-            let mut at = back.iter().rev().peekable();
-            for (place, id) in (first..=len).rev().zip(self.line_from_back(cq)) {
-                while at.peek().is_some_and(|r| r.0 > place) {
-                    at.next();
-                }
-                if at.peek().is_some_and(|r| r.1 >= place) {
-                    out.push((place, id));
-                }
-            }
-        }
-        out.sort_unstable();
         out
+    }
+
+    /// How the first `k` places of `cq`'s line split between its two sets: `(i, k - i)`,
+    /// the line's first `k` workloads being the first `i` queued and the first `k - i`
+    /// parked (each set ordered as the line). A binary search on `i` with the sets'
+    /// select: `k` within the line's length.
+    fn line_split(&self, cq: CqId, k: usize) -> (usize, usize) {
+        let q = &self.cqs[cq];
+        let (a, b) = (&q.pending, &q.parked);
+        let (mut lo, mut hi) = (k.saturating_sub(b.len()), k.min(a.len()));
+        // For `i` in `lo..hi`, queued key `i` is among the first `k` exactly when it comes
+        // before parked key `k - i - 1` (both exist there); true up to the split.
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match (a.get_index(mid), b.get_index(k - mid - 1)) {
+                (Some(x), Some(y)) if x < y => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        (lo, k - lo)
     }
 
     /// Keys put into or taken out of `cq`'s queued and parked sets so far.
@@ -250,21 +258,6 @@ impl Engine {
             self.wls[id].reported = None;
             self.forgotten.insert(id);
         }
-    }
-
-    /// The 1-based places in `cq`'s line of the workloads in `left`, walking the line
-    /// only as far as the last of them (found ones are taken out of `left`).
-    pub(crate) fn ranks_of(&self, cq: CqId, left: &mut HashSet<WlId>) -> Vec<(WlId, usize)> {
-        let mut out = Vec::with_capacity(left.len());
-        for (i, id) in self.line(cq).enumerate() {
-            if left.is_empty() {
-                break;
-            }
-            if left.remove(&id) {
-                out.push((id, i + 1));
-            }
-        }
-        out
     }
 
     /// The 1-based place of every workload queued or parked in `cq`, in one walk over
@@ -283,23 +276,6 @@ impl Engine {
         merge(q.pending.iter(), q.parked.iter(), |x, y| x <= y)
     }
 
-    /// Whether workload `id` waits in `cq`'s line (queued or parked).
-    pub(crate) fn in_line(&self, cq: CqId, id: WlId) -> bool {
-        let w = &self.wls[id];
-        if w.cq != Some(cq) || w.state != WlState::Pending {
-            return false;
-        }
-        let key = w.order_key(id);
-        let q = &self.cqs[cq];
-        q.pending.contains(&key) || q.parked.contains(&key)
-    }
-
-    /// [`Engine::line`] from its last workload to its first.
-    fn line_from_back(&self, cq: CqId) -> impl Iterator<Item = WlId> + '_ {
-        let q = &self.cqs[cq];
-        merge(q.pending.iter().rev(), q.parked.iter().rev(), |x, y| x >= y)
-    }
-
     /// 1-based place among the pending workloads of its ClusterQueue, when the reason
     /// is about waiting in line.
     pub(crate) fn position(&self, id: WlId) -> Option<usize> {
@@ -310,11 +286,12 @@ impl Engine {
         Some(self.position_in(w.cq?, id))
     }
 
-    /// 1-based place of `id` among the waiting workloads (queued or parked) of `cq`.
+    /// 1-based place of `id` among the waiting workloads (queued or parked) of `cq`:
+    /// the keys before its own in both sets, counted by rank (no walk).
     pub(crate) fn position_in(&self, cq: CqId, id: WlId) -> usize {
         let q = &self.cqs[cq];
         let key = self.wls[id].order_key(id);
-        q.pending.range(..&key).count() + q.parked.range(..&key).count() + 1
+        q.pending.rank(&key) + q.parked.rank(&key) + 1
     }
 }
 
@@ -323,8 +300,10 @@ mod tests {
     use super::*;
     use crate::quota::events::set_exact_places_for_tests;
     use crate::quota::fixtures::{cluster_queue, flavor, local_queue};
+    use crate::quota::keyset::KeySet;
     use crate::quota::{EngineConfig, WorkloadInfo};
     use std::collections::BTreeMap;
+    use std::sync::Arc;
 
     const GPU: &str = "nvidia.com/gpu";
 
@@ -489,5 +468,73 @@ mod tests {
         // `first`, the 10 exact places and one at the end of each range up to 5,000
         // (20, 50, ..., 5,000: 8 of them).
         assert_eq!(moved.len(), 1 + 10 + 8, "{moved:?}");
+    }
+
+    /// The places found by rank and select are the places of a walk along the line,
+    /// however its workloads are spread between the queued and the parked set: every
+    /// split point, every range (empty, single, past the end), every key's rank.
+    #[test]
+    fn places_found_by_rank_are_the_walked_places() {
+        let mut seed: u64 = 0x9e37_79b9_7f4a_7c15;
+        let mut rand = |n: u64| {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed % n
+        };
+        for (n, parked_share) in [(0, 2), (1, 2), (7, 1), (300, 2), (300, 10), (1_000, 1)] {
+            let mut e = long_line(0);
+            let c = e.cq_by_name["q"];
+            let q = &mut e.cqs[c];
+            q.pending = KeySet::default();
+            q.parked = KeySet::default();
+            for i in 0..n {
+                let key: OrderKey = (rand(50) as i64, rand(5), Arc::from(format!("w{i}")), i, 0);
+                if rand(parked_share + 1) == 0 {
+                    q.pending.insert(key);
+                } else {
+                    q.parked.insert(key);
+                }
+            }
+            let walked: Vec<WlId> = e.line(c).collect();
+            assert_eq!(walked.len(), n);
+            for k in 0..=n {
+                let (queued, parked) = e.line_split(c, k);
+                let firsts: HashSet<WlId> = e.cqs[c]
+                    .pending
+                    .iter()
+                    .take(queued)
+                    .chain(e.cqs[c].parked.iter().take(parked))
+                    .map(|key| key.3)
+                    .collect();
+                assert_eq!(
+                    firsts,
+                    walked[..k].iter().copied().collect(),
+                    "n {n}, k {k}"
+                );
+            }
+            for (first, last) in [
+                (1, 1),
+                (1, 3),
+                (2, 9),
+                ((n / 2).max(1), n / 2 + 4),
+                (n, n + 5),
+                (n + 1, n + 9),
+            ] {
+                let want: Vec<(usize, WlId)> = (1..=n)
+                    .zip(walked.iter().copied())
+                    .filter(|(p, _)| (first..=last).contains(p))
+                    .collect();
+                assert_eq!(
+                    e.places_in(c, &[(first, last)]),
+                    want,
+                    "n {n}, {first}-{last}"
+                );
+            }
+            for key in e.cqs[c].pending.iter().chain(e.cqs[c].parked.iter()) {
+                let rank = e.cqs[c].pending.rank(key) + e.cqs[c].parked.rank(key);
+                assert_eq!(walked[rank], key.3, "n {n}");
+            }
+        }
     }
 }

@@ -3,7 +3,6 @@
 use super::api::StopPolicy;
 use super::engine::{Engine, WlState};
 use super::events::{AdmittedEntry, FinalState, PendingEntry, Positions, QueueUsage, UsageEntry};
-use super::model::{CqId, WlId};
 use super::quantity::Quantity;
 use std::collections::{BTreeMap, HashMap};
 
@@ -117,53 +116,6 @@ impl Engine {
             )),
             WlState::Admitted | WlState::Finished => None,
         }
-    }
-
-    /// The workloads named in `only` waiting in ClusterQueue `cq` (queued or parked), in
-    /// queue order, with their reason and message as [`Engine::pending_entry`] gives
-    /// them: one walk, so the positions of many in a long queue cost no more than the
-    /// queue's length, and only theirs are written out.
-    pub fn pending_entries_in(
-        &self,
-        cq: &str,
-        only: &std::collections::BTreeSet<String>,
-    ) -> Vec<(String, String, String)> {
-        let Some(&c) = self.cq_by_name.get(cq) else {
-            return Vec::new();
-        };
-        let wanted = self.wanted_in_line(c, only);
-        let mut out = Vec::with_capacity(wanted.len());
-        // One walk, up to the last of them.
-        for (i, id) in self.line(c).enumerate() {
-            if out.len() == wanted.len() {
-                break;
-            }
-            if !wanted.contains(&id) {
-                continue;
-            }
-            let w = &self.wls[id];
-            let position =
-                (w.reason.has_position() && w.state == WlState::Pending).then_some(i + 1);
-            out.push((
-                w.key.to_string(),
-                w.reason.code().to_string(),
-                w.reason.message_as(position, self.cfg.positions),
-            ));
-        }
-        out
-    }
-
-    /// The workloads named in `only` that wait in `cq`'s line. Only those: one that
-    /// does not (admitted, say) would make a walk looking for it go to the line's end.
-    pub(crate) fn wanted_in_line(
-        &self,
-        cq: CqId,
-        only: &std::collections::BTreeSet<String>,
-    ) -> std::collections::HashSet<WlId> {
-        only.iter()
-            .filter_map(|k| self.wl_by_key.get(k.as_str()).copied())
-            .filter(|&id| self.in_line(cq, id))
-            .collect()
     }
 
     /// The ClusterQueue `key` waits or runs in, when known.

@@ -368,13 +368,15 @@ impl Engine {
         q.wake.clear();
         q.wake_usage.clear();
         q.classes.clear();
-        let parked = q.parked.take();
-        self.stats.wakes += parked.len() as u64;
-        for key in parked.iter() {
-            self.wls[key.3].gen += 1;
+        // Most queues of a cohort have nothing parked: no set is taken (or made) for them.
+        if !q.parked.is_empty() {
+            let parked = q.parked.take();
+            self.stats.wakes += parked.len() as u64;
+            for key in parked.iter() {
+                self.wls[key.3].gen += 1;
+            }
+            self.cqs[m].pending.append(parked);
         }
-        let q = &mut self.cqs[m];
-        q.pending.append(parked);
         self.unblock(m);
     }
 
