@@ -785,10 +785,10 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         let t = Instant::now();
         pass_with(&client, &c, &mut state, now + 10).await.unwrap();
         point.head = Some(t.elapsed());
+        perf_control("head", "disable");
         let in_pass = s.writes() - writes;
         settle(&s, &mut state).await;
         point.head_places = Some(t.elapsed());
-        perf_control("head", "disable");
         point.head_writes = (in_pass, s.writes() - writes - in_pass);
         if std::env::var_os("BENCH_SHOW_WRITES").is_some() {
             show_writes(&s, writes);
