@@ -18,7 +18,8 @@ use crate::proto::pluginregistration as pb;
 use crate::proto::pluginregistration::registration_server::{Registration, RegistrationServer};
 use crate::retry::Backoff;
 
-use super::socket::{bind, DraPaths, Error, Result, DRIVER_NAME, PLUGIN_TYPE, SUPPORTED_VERSIONS};
+use super::names::DRIVER;
+use super::socket::{bind, DraPaths, Error, Result, PLUGIN_TYPE, SUPPORTED_VERSIONS};
 
 /// How fast a rejected registration is offered again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -47,7 +48,7 @@ impl RetryPolicy {
 pub fn plugin_info(paths: &DraPaths) -> pb::PluginInfo {
     pb::PluginInfo {
         r#type: PLUGIN_TYPE.to_string(),
-        name: DRIVER_NAME.to_string(),
+        name: DRIVER.to_string(),
         endpoint: paths.plugin_socket.display().to_string(),
         supported_versions: SUPPORTED_VERSIONS.iter().map(|v| v.to_string()).collect(),
     }
@@ -71,7 +72,7 @@ impl Registration for RegistrationService {
         &self,
         _request: Request<pb::InfoRequest>,
     ) -> std::result::Result<Response<pb::PluginInfo>, Status> {
-        info!(driver = DRIVER_NAME, "kubelet asked for plugin info");
+        info!(driver = DRIVER, "kubelet asked for plugin info");
         Ok(Response::new(self.info.clone()))
     }
 
@@ -81,10 +82,10 @@ impl Registration for RegistrationService {
     ) -> std::result::Result<Response<pb::RegistrationStatusResponse>, Status> {
         let status = request.into_inner();
         let outcome = if status.plugin_registered {
-            info!(driver = DRIVER_NAME, "kubelet registered the DRA plugin");
+            info!(driver = DRIVER, "kubelet registered the DRA plugin");
             Outcome::Registered
         } else {
-            warn!(driver = DRIVER_NAME, error = %status.error, "kubelet rejected the DRA plugin");
+            warn!(driver = DRIVER, error = %status.error, "kubelet rejected the DRA plugin");
             Outcome::Rejected(status.error)
         };
         // The receiver lives as long as the server; a send error means we are shutting down.

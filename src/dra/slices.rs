@@ -32,8 +32,7 @@ use k8s_openapi::apimachinery::pkg::api::resource::Quantity;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta;
 
 use super::health::TaintMode;
-use super::names::device_gpu;
-use super::names::{mig_name, vgpu_name, whole_name, DRIVER};
+use super::names::{device_gpu, mig_name, vgpu_name, whole_name, DRIVER};
 use crate::gpu::{GpuInfo, Inventory};
 use crate::partition::catalog;
 use crate::partition::layout::{GpuPlan, NodePlan};

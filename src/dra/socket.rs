@@ -2,10 +2,9 @@
 //! where the two sockets live, and binding one. A leaf: registration and the plugin
 //! service use it, and [`super::kubelet`] serves them together.
 
+use super::names::DRIVER;
 use std::path::{Path, PathBuf};
 
-/// The DRA driver name.
-pub const DRIVER_NAME: &str = super::names::DRIVER;
 /// `PluginInfo.type` for DRA drivers.
 pub const PLUGIN_TYPE: &str = "DRAPlugin";
 /// `PluginInfo.supported_versions`, most preferred first.
@@ -25,11 +24,8 @@ impl DraPaths {
         Self {
             registration_socket: kubelet_dir
                 .join("plugins_registry")
-                .join(format!("{DRIVER_NAME}-reg.sock")),
-            plugin_socket: kubelet_dir
-                .join("plugins")
-                .join(DRIVER_NAME)
-                .join("dra.sock"),
+                .join(format!("{DRIVER}-reg.sock")),
+            plugin_socket: kubelet_dir.join("plugins").join(DRIVER).join("dra.sock"),
         }
     }
 }
