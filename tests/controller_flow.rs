@@ -9,6 +9,8 @@
 
 mod support;
 
+#[path = "controller_flow/assumed.rs"]
+mod assumed;
 #[path = "controller_flow/cache.rs"]
 mod cache;
 #[path = "controller_flow/disruption.rs"]

@@ -22,6 +22,8 @@ const NOW: Millis = 1_795_003_260_000;
 #[derive(Default)]
 struct Recorder {
     calls: Mutex<Vec<String>>,
+    /// The admissions answered, with how many calls were made before each.
+    answered: Mutex<Vec<(String, usize)>>,
     fail: BTreeMap<String, u16>,
     hold: Option<Hold>,
 }
@@ -120,6 +122,13 @@ impl Writes for Recorder {
     }
     async fn event(&self, r: &ObjRef, reason: &str, _: &str, _: bool, _: Millis) {
         let _ = self.answer(format!("event {reason} {}", r.name));
+    }
+    fn admission_answered(&self, workload: &str) {
+        let calls = self.calls().len();
+        self.answered
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push((workload.to_string(), calls));
     }
 }
 
@@ -221,6 +230,48 @@ fn an_admission_writes_then_tells_and_deletes_extra_pods_only_after_every_ungate
     );
     assert_eq!(applied.failed, 1);
     assert_eq!(applied.done, vec![0], "it runs: one pod was ungated");
+}
+
+/// Passes that assume admissions stop assuming each one only once all of its writes
+/// were answered, whichever way they went (`deferred_records::Writing`).
+#[test]
+fn every_admission_is_answered_once_after_its_last_write() {
+    let answered = |w: &Recorder| w.answered.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let w = Recorder::failing(&[("admit b-0", 409)]);
+    run(
+        &w,
+        &Config::default(),
+        vec![
+            admit("team/group-a", &["a-0", "a-1"], &["a-2"]),
+            admit("team/group-b", &["b-0"], &[]),
+            admit("team/pod-c", &["c"], &[]),
+        ],
+    );
+    let calls = w.calls();
+    let after = |call: &str| calls.iter().position(|c| c == call).map(|i| i + 1);
+    assert_eq!(
+        answered(&w),
+        [
+            (
+                "team/group-a".to_string(),
+                after("event NotAdmitted a-2").unwrap_or(0)
+            ),
+            ("team/group-b".to_string(), after("admit b-0").unwrap_or(0)),
+            ("team/pod-c".to_string(), calls.len()),
+        ],
+        "{calls:?}"
+    );
+    // Held back by newer requeue state: answered without a write.
+    let w = Recorder {
+        hold: Some(Hold::Deactivated),
+        ..Recorder::default()
+    };
+    run(
+        &w,
+        &pods_ready_cfg(),
+        vec![admit("team/pod-d", &["d"], &[])],
+    );
+    assert_eq!(answered(&w), [("team/pod-d".to_string(), 1)]);
 }
 
 #[test]

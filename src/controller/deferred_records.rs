@@ -1,18 +1,28 @@
-//! Record writes that do not hold a pass up: the updates that only tell a waiting
-//! workload its reason and place ([`deferrable`]). An admission from the head of a long
+//! Writes that do not hold a pass up. First the record updates that only tell a waiting
+//! workload its reason and place ([`deferrable`]): an admission from the head of a long
 //! queue moves the places of dozens of waiting workloads, one record write each; the
 //! pass writes its admissions, evictions and pod statuses, hands those place writes to a
-//! task and returns, as Kueue's scheduler hands its admission writes to a goroutine.
+//! task and returns. Then, when passes assume admissions
+//! (`PassState::assuming_admissions`, what `tessera controller` runs), the whole of a
+//! plan that only admits and tells reasons ([`Plan`]): its ungates, Events, reasons,
+//! queue status and records go to the task too, as Kueue's scheduler assumes a workload
+//! in its cache and writes its admission from a goroutine; until each admission's writes
+//! are answered it is in [`Writing`], which the passes after it read.
 //!
 //! ```text
-//! pass ─► records ─┬─ deferrable ─► ask the place (cache.asked_places) ─► task: write ─► answered
-//!                  └─ the rest ──► written in the pass (after the task, when it writes the same records)
+//! pass ─► plan ─┬─ only admits and reasons (assumed) ─► Writing ◄── answered ──┐
+//!               │                                                              │
+//!               │      task (after the one before it): the plan's writes ──────┘ ─► the places
+//!               └─ the rest ─► written in the pass (after the tasks that write plans)
+//!        records ─┬─ deferrable ─► ask the place (cache.asked_places) ─► task
+//!                 └─ the rest ──► written in the pass, or by the plan's task
 //! ```
 //! Order per record holds: each task first waits for the one before it, and a pass that
 //! writes a record a running task also writes waits for that task first. A pass reads a
 //! record's place through the asks not yet answered ([`super::asked_places`]). A write
 //! that failed is tried again with the next pass's, unless that pass wrote the record
-//! itself (its update replaces the failed one).
+//! itself (its update replaces the failed one); a plan's record updates that failed are
+//! written first by the next pass, and a failure wakes the controller's loop.
 
 use super::asked_places::Ticket;
 use super::cache::Cache;
@@ -20,7 +30,10 @@ use super::time::Millis;
 use super::workload_record::Update;
 use super::workload_writer;
 use std::collections::BTreeSet;
-use std::sync::Arc;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex, MutexGuard};
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
 /// Whether `u` only tells a waiting workload its reason and place (a `Pending` action's
@@ -50,25 +63,111 @@ struct Asked {
     ticket: Ticket,
 }
 
+/// The admissions written behind their passes, by workload key: passes assume them
+/// (the kept engine holds them admitted while their objects still show them waiting).
+/// A key leaves once its objects' writes are answered, landed or failed.
+#[derive(Debug, Default)]
+pub struct Writing(Mutex<BTreeSet<String>>);
+
+impl Writing {
+    fn lock(&self) -> MutexGuard<'_, BTreeSet<String>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The admissions under way now.
+    pub fn now(&self) -> BTreeSet<String> {
+        self.lock().clone()
+    }
+
+    /// Workload `key`'s admission is answered.
+    pub fn answered(&self, key: &str) {
+        self.lock().remove(key);
+    }
+}
+
+/// What a plan's writes left to the passes after them: how many writes failed, and the
+/// record updates to write again.
+#[derive(Debug, Default)]
+pub struct Unwritten {
+    pub failed: usize,
+    pub records: Vec<Update>,
+}
+
+/// A plan's writes, handed to the task ([`DeferredRecords::start`]): given the record
+/// updates that earlier tasks left unwritten, to write before its own.
+pub type PlanWrites =
+    Box<dyn FnOnce(Vec<Update>) -> Pin<Box<dyn Future<Output = Unwritten> + Send>> + Send>;
+
+/// A plan's writes and what they touch: the records they write and the workloads whose
+/// admissions they write.
+pub struct Plan {
+    pub writes: PlanWrites,
+    pub records: BTreeSet<String>,
+    pub admitting: BTreeSet<String>,
+}
+
+/// What a task left: the place updates that failed, and what its plans' writes left.
+#[derive(Debug, Default)]
+struct Done {
+    places: Vec<Asked>,
+    plan: Unwritten,
+}
+
 /// A task writing deferred updates, and the records it writes.
 #[derive(Debug)]
 struct Running {
     keys: BTreeSet<String>,
-    handle: JoinHandle<Vec<Asked>>,
+    /// The admissions it writes (it, or a task it waits for).
+    admitting: BTreeSet<String>,
+    /// Whether it writes a plan's actions (or waits for a task that does).
+    plans: bool,
+    handle: JoinHandle<Done>,
 }
 
-/// The deferred record writes of a controller's passes.
+/// The writes the controller's passes do not wait for: records' places, and the whole
+/// of a plan that only admits and tells reasons when passes assume admissions.
 #[derive(Debug, Default)]
 pub struct DeferredRecords {
     running: Option<Running>,
     /// Updates whose write failed, to try again with the next pass's.
     failed: Vec<Asked>,
+    /// What finished tasks' plans and the passes' own writes left unwritten.
+    unwritten: Unwritten,
+    writing: Arc<Writing>,
+    /// Woken when a task's write failed (the next pass tries it again).
+    wake: Option<Arc<Notify>>,
 }
 
 impl DeferredRecords {
     /// How many deferred updates failed and wait for the next pass.
     pub fn failed(&self) -> usize {
         self.failed.len()
+    }
+
+    /// Wakes `notify` when a task's write fails (no cache change would).
+    pub fn wake_on_failure(&mut self, notify: Arc<Notify>) {
+        self.wake = Some(notify);
+    }
+
+    /// The admissions passes assume now ([`Writing`]).
+    pub fn writing(&self) -> &Arc<Writing> {
+        &self.writing
+    }
+
+    /// Whether a task under way writes a plan's actions.
+    pub fn writes_plans(&self) -> bool {
+        self.running.as_ref().is_some_and(|r| r.plans)
+    }
+
+    /// Takes what was left unwritten so far (to write with the next pass's writes).
+    pub fn take_unwritten(&mut self) -> Unwritten {
+        std::mem::take(&mut self.unwritten)
+    }
+
+    /// Keeps what a pass's own writes left unwritten.
+    pub fn keep_unwritten(&mut self, failed: usize, records: Vec<Update>) {
+        self.unwritten.failed += failed;
+        self.unwritten.records.extend(records);
     }
 
     /// Before a pass writes records `keys` itself: waits for the task under way when it
@@ -92,25 +191,34 @@ impl DeferredRecords {
             return;
         };
         match r.handle.await {
-            Ok(failed) => self.failed.extend(failed),
+            Ok(done) => {
+                self.failed.extend(done.places);
+                self.keep_unwritten(done.plan.failed, done.plan.records);
+            }
             Err(e) => {
                 // The task panicked or was cancelled: its asks are answered by nothing,
-                // so the next pass reads the records' own places again.
-                tracing::warn!(error = %e, "deferred Workload record writes lost");
+                // so the next pass reads the records' own places again, and its
+                // admissions are no longer assumed.
+                tracing::warn!(error = %e, "deferred writes lost");
                 for key in &r.keys {
                     cache.asked_places.forget(key);
+                }
+                for key in &r.admitting {
+                    self.writing.answered(key);
                 }
             }
         }
     }
 
-    /// Starts writing `later` (this pass's deferrable updates) and the failed ones of
-    /// earlier passes whose records this pass did not write (`written`: every record
-    /// this pass has an update for), after the task under way.
+    /// Starts writing `plan` (when given), then `later` (this pass's deferrable
+    /// updates) and the failed ones of earlier passes whose records this pass did not
+    /// write (`written`: every record this pass has an update for), after the task under
+    /// way.
     pub fn start(
         &mut self,
         client: &kube::Client,
         cache: &Arc<Cache>,
+        plan: Option<Plan>,
         later: Vec<Update>,
         written: BTreeSet<String>,
         now: Millis,
@@ -127,26 +235,57 @@ impl DeferredRecords {
                 update,
             }
         }));
-        if todo.is_empty() {
+        if todo.is_empty() && plan.is_none() {
             return;
         }
         let before = self.running.take();
         let mut keys: BTreeSet<String> = todo.iter().map(|a| a.update.key.clone()).collect();
+        let mut admitting = BTreeSet::new();
+        let mut writes = None;
+        if let Some(p) = plan {
+            keys.extend(p.records);
+            self.writing.lock().extend(p.admitting.iter().cloned());
+            admitting = p.admitting;
+            writes = Some(p.writes);
+        }
+        let mut plans = writes.is_some();
         if let Some(b) = &before {
             keys.extend(b.keys.iter().cloned());
+            admitting.extend(b.admitting.iter().cloned());
+            plans |= b.plans;
         }
         let (client, cache) = (client.clone(), Arc::clone(cache));
+        let wake = self.wake.clone();
         let handle = tokio::spawn(async move {
+            let mut done = Done::default();
             if let Some(b) = before {
-                let failed = b.handle.await.unwrap_or_default();
-                let retried = failed
+                let earlier = b.handle.await.unwrap_or_default();
+                let retried = earlier
+                    .places
                     .into_iter()
                     .filter(|a| !written.contains(&a.update.key));
                 todo.splice(0..0, retried);
+                done.plan = earlier.plan;
             }
-            write(&client, &cache, todo, now).await
+            if let Some(w) = writes {
+                // What earlier tasks left unwritten goes first, in its order.
+                let left = w(std::mem::take(&mut done.plan.records)).await;
+                done.plan.failed += left.failed;
+                done.plan.records = left.records;
+            }
+            done.places = write(&client, &cache, todo, now).await;
+            let failed = !done.places.is_empty() || done.plan.failed > 0;
+            if let (true, Some(wake)) = (failed || !done.plan.records.is_empty(), wake) {
+                wake.notify_one();
+            }
+            done
         });
-        self.running = Some(Running { keys, handle });
+        self.running = Some(Running {
+            keys,
+            admitting,
+            plans,
+            handle,
+        });
     }
 }
 

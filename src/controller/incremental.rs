@@ -131,6 +131,9 @@ pub struct IncStats {
 pub struct Incremental {
     kept: Option<Kept>,
     pub stats: IncStats,
+    /// Why [`Incremental::decide_assuming`] last dropped the kept engine (the next
+    /// pass from scratch reports it).
+    dropped: Option<&'static str>,
 }
 
 /// The same plan as [`decide`](super::decide::decide) over the cache's snapshot (with
@@ -299,6 +302,59 @@ impl Incremental {
         plan
     }
 
+    /// Decides one pass like [`Incremental::decide`] while the admissions of workloads
+    /// `writing` are assumed: the engine holds them admitted though their objects do
+    /// not show it yet (their writes are under way, as Kueue assumes a workload in its
+    /// cache before the API server has it). Only the kept engine can decide so: `None`
+    /// when this pass needs one from scratch, which reads the objects as they are and
+    /// must wait for those writes; the kept engine is dropped then.
+    pub fn decide_assuming(
+        &mut self,
+        cache: &Cache,
+        cfg: &Config,
+        now: Millis,
+        blocked: &BTreeMap<ObjRef, Blocked>,
+        writing: &BTreeSet<String>,
+    ) -> Option<Plan> {
+        if writing.is_empty() {
+            return Some(self.decide(cache, cfg, now, blocked));
+        }
+        let started = std::time::Instant::now();
+        let Some(kept) = self.kept.take() else {
+            self.dropped = Some("nothing kept");
+            return None;
+        };
+        let plan = self.go_on(kept, cache, cfg, now, blocked, writing);
+        self.stats.last_decide = started.elapsed();
+        plan
+    }
+
+    /// The kept engine's pass, counted; `None` (the reason kept) when it cannot decide.
+    fn go_on(
+        &mut self,
+        kept: Kept,
+        cache: &Cache,
+        cfg: &Config,
+        now: Millis,
+        blocked: &BTreeMap<ObjRef, Blocked>,
+        writing: &BTreeSet<String>,
+    ) -> Option<Plan> {
+        match fast_pass(kept, cache, cfg, now, blocked, writing) {
+            Ok((plan, mut kept)) => {
+                self.stats.requeued += std::mem::take(&mut kept.requeues);
+                self.stats.scopes_redecided += std::mem::take(&mut kept.redecided);
+                self.kept = Some(kept);
+                self.stats.incremental += 1;
+                Some(plan)
+            }
+            Err(why) => {
+                tracing::debug!(why, "deciding from scratch");
+                self.dropped = Some(why);
+                None
+            }
+        }
+    }
+
     fn decide_inner(
         &mut self,
         cache: &Cache,
@@ -306,22 +362,13 @@ impl Incremental {
         now: Millis,
         blocked: &BTreeMap<ObjRef, Blocked>,
     ) -> Plan {
-        match self.kept.take() {
-            Some(kept) => match fast_pass(kept, cache, cfg, now, blocked) {
-                Ok((plan, mut kept)) => {
-                    self.stats.requeued += std::mem::take(&mut kept.requeues);
-                    self.stats.scopes_redecided += std::mem::take(&mut kept.redecided);
-                    self.kept = Some(kept);
-                    self.stats.incremental += 1;
-                    return plan;
-                }
-                Err(why) => {
-                    tracing::debug!(why, "deciding from scratch");
-                    self.stats.last_fallback = Some(why);
-                }
-            },
-            None => self.stats.last_fallback = Some("nothing kept"),
+        if let Some(kept) = self.kept.take() {
+            let writing = BTreeSet::new();
+            if let Some(plan) = self.go_on(kept, cache, cfg, now, blocked, &writing) {
+                return plan;
+            }
         }
+        self.stats.last_fallback = Some(self.dropped.take().unwrap_or("nothing kept"));
         self.stats.full += 1;
         let seen: Vec<u64> = cache.fed_stores().iter().map(|s| s.generation()).collect();
         let (plan, built, snap, base) = full_pass(cache, cfg, now, blocked);
@@ -767,19 +814,23 @@ impl Kept {
     /// Re-decides preemption scope `scope` from its workloads as read now, as a fresh
     /// pass builds it: every workload of the scope leaves the engine, the running and
     /// terminating ones are restored in admission order, the waiting ones submitted.
-    /// Cost: the scope's workloads. Returns their keys.
+    /// Cost: the scope's workloads. Returns their keys. Not while an admission in the
+    /// scope is written (`writing`): its objects as read now predate it.
     fn rebuild_scope(
         &mut self,
         scope: &str,
         now: Millis,
         touched: &mut BTreeSet<String>,
+        writing: &BTreeSet<String>,
     ) -> Result<Vec<String>, &'static str> {
         if scope == UNKNOWN_SCOPE {
             return Err("a workload of an unknown queue terminates or changed");
         }
-        let mut order: Vec<(Millis, String)> = self
-            .scope_keys
-            .get(scope)
+        let keys = self.scope_keys.get(scope);
+        if keys.is_some_and(|keys| writing.iter().any(|k| keys.contains(k))) {
+            return Err("a scope re-decided while an admission in it is written");
+        }
+        let mut order: Vec<(Millis, String)> = keys
             .into_iter()
             .flatten()
             .filter_map(|k| self.lives.get(k).map(sort_key))
@@ -1105,6 +1156,7 @@ fn fast_pass(
     cfg: &Config,
     now: Millis,
     blocked: &BTreeMap<ObjRef, Blocked>,
+    writing: &BTreeSet<String>,
 ) -> Result<(Plan, Kept), &'static str> {
     let checks = [
         (now < kept.now, "time went back"),
@@ -1405,6 +1457,11 @@ fn fast_pass(
     }
     for (wk, job) in &affected {
         let new = kept.reread(cache, wk, job.as_ref(), cfg, &serving)?;
+        // An admission being written shows once its write landed (the workload runs);
+        // objects read before that may predate it.
+        if writing.contains(wk) && new.as_ref().is_none_or(|n| n.state == State::Waiting) {
+            return Err("an object changed while its admission is written");
+        }
         let old = kept.take_live(wk);
         if let Some(o) = &old {
             kept.timed_out.remove(&sort_key(o));
@@ -1448,8 +1505,14 @@ fn fast_pass(
         candidates.insert(wk.clone());
     }
     // Admitted here earlier, yet the objects still wait (the write failed): a fresh
-    // pass queues it with the others, so it queues again here.
-    for wk in std::mem::take(&mut kept.admitted_waiting) {
+    // pass queues it with the others, so it queues again here. One whose write is
+    // under way stays admitted.
+    let (still_writing, failed): (BTreeSet<String>, BTreeSet<String>) =
+        std::mem::take(&mut kept.admitted_waiting)
+            .into_iter()
+            .partition(|wk| writing.contains(wk));
+    kept.admitted_waiting = still_writing;
+    for wk in failed {
         kept.queue_again(&wk, &held, |kept, l| {
             kept.requeue(&wk, l, now, &mut touched)
         })?;
@@ -1477,7 +1540,7 @@ fn fast_pass(
     }
     let mut rebuilt: Vec<String> = Vec::new();
     for scope in &held {
-        rebuilt.extend(kept.rebuild_scope(scope, now, &mut touched)?);
+        rebuilt.extend(kept.rebuild_scope(scope, now, &mut touched, writing)?);
     }
     if kept.engine.next_timer().is_some_and(|t| t <= now) {
         return Err("an engine timer is due");
@@ -1528,7 +1591,7 @@ fn fast_pass(
             new_events.retain(|e| e.kind == EventType::Pending);
             events.append(&mut new_events);
             for scope in redo {
-                rebuilt.extend(kept.rebuild_scope(&scope, now, &mut touched)?);
+                rebuilt.extend(kept.rebuild_scope(&scope, now, &mut touched, writing)?);
                 held.insert(scope);
             }
             continue;

@@ -59,10 +59,12 @@ pub struct PassState {
     settled: Option<Settled>,
     /// Updated after every pass when set (served on `/metrics`).
     pub metrics: Option<Arc<ControllerMetrics>>,
-    /// Workload record updates whose write failed: written before the next pass's.
-    unwritten_records: Vec<Update>,
-    /// The record writes a cached pass does not wait for.
+    /// The writes a cached pass does not wait for (record places; with `assume`, the
+    /// whole of a plan that only admits and tells reasons), and what writes left
+    /// unwritten for the next pass.
     deferred: DeferredRecords,
+    /// Passes hand an admitting plan's writes to a task and go on assuming them.
+    assume: bool,
     /// Finds the workloads that finished, for their records' `Finished` (cached passes).
     finish: FinishWatch,
 }
@@ -83,7 +85,8 @@ impl std::fmt::Debug for PassState {
             .field("incremental", &self.incremental.is_some())
             .field("settled", &self.settled)
             .field("metrics", &self.metrics.is_some())
-            .field("unwritten_records", &self.unwritten_records.len())
+            .field("deferred", &self.deferred)
+            .field("assume", &self.assume)
             .finish()
     }
 }
@@ -97,8 +100,8 @@ impl PassState {
             incremental: None,
             settled: None,
             metrics: None,
-            unwritten_records: Vec::new(),
             deferred: DeferredRecords::default(),
+            assume: false,
             finish: FinishWatch::new(),
         }
     }
@@ -147,7 +150,20 @@ impl PassState {
         }
     }
 
-    /// Waits until the record writes that passes deferred have landed (those that failed
+    /// A cached incremental pass whose plan only admits and tells waiting workloads
+    /// their reasons hands its writes to a task and returns; the passes after it assume
+    /// those admissions until their writes are answered (as Kueue's scheduler assumes a
+    /// workload in its cache and writes its admission from a goroutine). A pass that
+    /// must decide from scratch, or evicts, waits for them first. With
+    /// `waitForPodsReady` the task reads an admission's requeue state back before it
+    /// ungates, as a pass does. `wake` is notified when such a write fails (the next pass tries it again).
+    pub fn assuming_admissions(mut self, wake: Arc<Notify>) -> Self {
+        self.assume = true;
+        self.deferred.wake_on_failure(wake);
+        self
+    }
+
+    /// Waits until the writes that passes deferred have landed (those that failed
     /// are tried again with the next pass's).
     pub async fn records_written(&mut self) {
         if let Some(cache) = &self.cache {
@@ -247,7 +263,12 @@ pub async fn apply_counted(
     cache: Option<&Cache>,
     now: Millis,
 ) -> Applied {
-    let writes = KubeWrites { client, cfg, cache };
+    let writes = KubeWrites {
+        client,
+        cfg,
+        cache,
+        writing: None,
+    };
     apply_with(&writes, cfg, plan, evictions, cache, now).await
 }
 
@@ -291,11 +312,13 @@ pub(crate) async fn apply_with(
                         Ok(Some(hold)) => {
                             failed += 1;
                             tracing::warn!(%workload, ?hold, "requeue state newer than the pass read; admission deferred");
+                            w.admission_answered(workload);
                             continue;
                         }
                         Err(e) => {
                             failed += 1;
                             tracing::warn!(error = %e, %workload, "reading requeue state; admission deferred");
+                            w.admission_answered(workload);
                             continue;
                         }
                     }
@@ -331,6 +354,7 @@ pub(crate) async fn apply_with(
                 // Only once the admitted pods are ungated: a group left with fewer pods
                 // than its total and none ungated would never run.
                 if !all_admitted {
+                    w.admission_answered(workload);
                     continue;
                 }
                 for r in excess {
@@ -350,6 +374,7 @@ pub(crate) async fn apply_with(
                         }
                     }
                 }
+                w.admission_answered(workload);
             }
             Action::Evict {
                 workload,
@@ -571,11 +596,20 @@ pub async fn pass_with(
             let blocked = state.evictions.blocked().clone();
             let started = std::time::Instant::now();
             let plan = match &state.incremental {
-                Some(inc) => {
+                Some(inc) if state.assume => {
+                    let writing = state.deferred.writing().now();
                     // Held only while deciding (no await): a pass is not interleaved.
-                    let mut inc = inc.lock().unwrap_or_else(|e| e.into_inner());
-                    inc.decide(cache, cfg, now, &blocked)
+                    let kept = lock(inc).decide_assuming(cache, cfg, now, &blocked, &writing);
+                    match kept {
+                        Some(plan) => plan,
+                        None => {
+                            // From scratch: the objects as written.
+                            state.deferred.join(cache).await;
+                            lock(inc).decide(cache, cfg, now, &blocked)
+                        }
+                    }
                 }
+                Some(inc) => lock(inc).decide(cache, cfg, now, &blocked),
                 None => decide_cached(cache, cfg, now, &blocked),
             };
             took = started.elapsed();
@@ -612,6 +646,14 @@ pub async fn pass_with(
     }
     plan.problems = problems;
     let cache = state.cache.clone();
+    if let Some(c) = cache.as_ref().filter(|_| assumable(state, &plan)) {
+        write_behind(client, cfg, state, c, &plan, took, now);
+        return Ok(plan);
+    }
+    if let Some(c) = cache.as_deref().filter(|_| state.deferred.writes_plans()) {
+        // This plan's writes follow those of the plans under way.
+        state.deferred.join(c).await;
+    }
     let applied = apply_counted(
         client,
         cfg,
@@ -628,33 +670,21 @@ pub async fn pass_with(
         client,
         cfg,
         cache: cache.as_deref(),
+        writing: None,
     };
-    // The records an earlier pass failed to write first, in their order, then this
-    // pass's; a cached pass defers the ones that only tell a place.
-    let mut records = std::mem::take(&mut state.unwritten_records);
-    if let Some(cache) = cache.as_deref() {
-        records.extend(state.finish.updates(cache));
+    let earlier = state.deferred.take_unwritten();
+    let (records, later) = pass_records(state, cache.as_deref(), &plan, earlier.records);
+    if let Some(c) = cache.as_deref() {
+        state.deferred.before_writing(c, &keys(&records)).await;
     }
-    records.extend(plan.records.iter().cloned());
-    let keys = |records: &[Update]| -> BTreeSet<String> {
-        records.iter().map(|u| u.key.clone()).collect()
-    };
-    let (records, later) = match cache.as_deref() {
-        Some(c) => {
-            let written = keys(&records);
-            let (records, later) = deferred_records::split(records);
-            state.deferred.before_writing(c, &keys(&records)).await;
-            (records, Some((later, written)))
-        }
-        None => (records, None),
-    };
     let (queues_failed, unwritten) = write_status(&writes, &plan, records, now).await;
     if let (Some(c), Some((later, written))) = (&cache, later) {
-        state.deferred.start(client, c, later, written, now);
+        state.deferred.start(client, c, None, later, written, now);
     }
-    state.unwritten_records = unwritten;
+    // Failures of writes passes deferred count too (a settled pass would not retry).
     let failed =
-        applied.failed + queues_failed + state.unwritten_records.len() + state.deferred.failed();
+        applied.failed + queues_failed + unwritten.len() + state.deferred.failed() + earlier.failed;
+    state.deferred.keep_unwritten(0, unwritten);
     if failed > 0 {
         tracing::info!(failed, "some writes failed; the next pass retries");
     }
@@ -668,6 +698,125 @@ pub async fn pass_with(
         }
     }
     Ok(plan)
+}
+
+fn lock(inc: &Mutex<Incremental>) -> std::sync::MutexGuard<'_, Incremental> {
+    inc.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn keys(records: &[Update]) -> BTreeSet<String> {
+    records.iter().map(|u| u.key.clone()).collect()
+}
+
+/// A cached pass's deferrable record updates, and every record it has an update for.
+type Later = (Vec<Update>, BTreeSet<String>);
+
+/// The records a pass writes: `records` (what earlier passes left unwritten) first, in
+/// their order, then the finished workloads', then the plan's. A cached pass defers the ones that
+/// only tell a place: those come back second, with every record the pass has an update
+/// for.
+fn pass_records(
+    state: &mut PassState,
+    cache: Option<&Cache>,
+    plan: &Plan,
+    mut records: Vec<Update>,
+) -> (Vec<Update>, Option<Later>) {
+    if let Some(cache) = cache {
+        records.extend(state.finish.updates(cache));
+    }
+    records.extend(plan.records.iter().cloned());
+    match cache {
+        Some(_) => {
+            let written = keys(&records);
+            let (records, later) = deferred_records::split(records);
+            (records, Some((later, written)))
+        }
+        None => (records, None),
+    }
+}
+
+/// Whether this cached pass's writes can go behind it ([`PassState::assuming_admissions`]):
+/// its plan admits or tells reasons, nothing else.
+fn assumable(state: &PassState, plan: &Plan) -> bool {
+    state.assume
+        && state.incremental.is_some()
+        && !plan.actions.is_empty()
+        && plan
+            .actions
+            .iter()
+            .all(|a| matches!(a, Action::Admit { .. } | Action::Pending { .. }))
+}
+
+/// Hands the plan's writes (its actions, the queues' status, its records) to the task
+/// after the ones under way; the passes after this one assume its admissions.
+fn write_behind(
+    client: &kube::Client,
+    cfg: &Config,
+    state: &mut PassState,
+    cache: &Arc<Cache>,
+    plan: &Plan,
+    took: Duration,
+    now: Millis,
+) {
+    state.settled = None;
+    let earlier = state.deferred.take_unwritten().records;
+    let (records, later) = pass_records(state, Some(cache), plan, earlier);
+    let (later, written) = later.unwrap_or_default();
+    let admitting: BTreeSet<String> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Admit { workload, .. } => Some(workload.clone()),
+            _ => None,
+        })
+        .collect();
+    // What the writes and the metrics read of the plan (not its admitted set, which
+    // grows with the cluster, nor its records, written below).
+    let ours = Plan {
+        actions: plan.actions.clone(),
+        queue_counts: plan.queue_counts.clone(),
+        subjects: plan.subjects.clone(),
+        queues: plan.queues.clone(),
+        local_queues: plan.local_queues.clone(),
+        ..Plan::default()
+    };
+    let metrics = state.metrics.clone();
+    let (client2, cfg2, cache2) = (client.clone(), cfg.clone(), Arc::clone(cache));
+    let writing = Arc::clone(state.deferred.writing());
+    let record_keys = keys(&records);
+    let writes: deferred_records::PlanWrites = Box::new(move |earlier: Vec<Update>| {
+        Box::pin(async move {
+            let w = KubeWrites {
+                client: &client2,
+                cfg: &cfg2,
+                cache: Some(&cache2),
+                writing: Some(&writing),
+            };
+            // An assumed plan evicts nothing: its backoff book stays empty.
+            let mut evictions =
+                EvictionBackoff::new(cfg2.eviction_backoff_base, cfg2.eviction_backoff_max);
+            let applied = apply_with(&w, &cfg2, &ours, &mut evictions, Some(&cache2), now).await;
+            if let Some(m) = metrics {
+                m.record_pass(&ours, &applied.done, now, took);
+            }
+            let mut all = earlier;
+            all.extend(records);
+            let (queues_failed, records) = write_status(&w, &ours, all, now).await;
+            let failed = applied.failed + queues_failed + records.len();
+            if failed > 0 {
+                tracing::info!(failed, "some writes failed; the next pass retries");
+            }
+            deferred_records::Unwritten { failed, records }
+        })
+    });
+    let behind = deferred_records::Plan {
+        writes,
+        records: record_keys,
+        admitting,
+    };
+    state
+        .deferred
+        .start(client, cache, Some(behind), later, written, now);
 }
 
 /// Runs the controller until `shutdown`: watches, leader election, passes.
@@ -700,7 +849,7 @@ pub async fn run_measured(
     );
     let renew = Duration::from_millis((cfg.lease_duration / 3).max(200));
     let wait = renew.min(cfg.resync);
-    let mut state = PassState::with_cache(&cfg, cache);
+    let mut state = PassState::with_cache(&cfg, cache).assuming_admissions(notify.clone());
     state.metrics = metrics;
     // A settled pass is still redone once per resync interval, as a safety net.
     let mut last_pass: Option<Millis> = None;

@@ -17,6 +17,7 @@
 
 use super::cache::Cache;
 use super::config::Config;
+use super::deferred_records::Writing;
 use super::error::{Error, Result};
 use super::model::{ObjKind, ObjRef};
 use super::pods_ready::{
@@ -124,6 +125,9 @@ pub trait Writes {
         admitted: usize,
         pending: usize,
     ) -> impl Future<Output = Result<()>> + Send;
+    /// The writes of workload `workload`'s admission are answered (landed or failed):
+    /// passes no longer assume it ([`super::deferred_records::Writing`]).
+    fn admission_answered(&self, _workload: &str) {}
     /// Records an Event about `r` (a failure is logged, never fails the pass).
     fn event(
         &self,
@@ -141,6 +145,8 @@ pub struct KubeWrites<'a> {
     pub client: &'a kube::Client,
     pub cfg: &'a Config,
     pub cache: Option<&'a Cache>,
+    /// The admissions passes assume while they are written (none when passes wait).
+    pub writing: Option<&'a Writing>,
 }
 
 impl Writes for KubeWrites<'_> {
@@ -216,6 +222,12 @@ impl Writes for KubeWrites<'_> {
 
     async fn write_queue_status(&self, name: &str, admitted: usize, pending: usize) -> Result<()> {
         queue_status(self.client, self.cache, name, admitted, pending).await
+    }
+
+    fn admission_answered(&self, workload: &str) {
+        if let Some(w) = self.writing {
+            w.answered(workload);
+        }
     }
 
     async fn event(&self, r: &ObjRef, reason: &str, note: &str, warning: bool, now: Millis) {

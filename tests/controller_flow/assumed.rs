@@ -1,0 +1,296 @@
+//! Passes that assume their admissions (`PassState::assuming_admissions`, what `tessera
+//! controller` runs): a pass whose plan only admits and tells reasons returns before its
+//! writes land; the passes after it hold those workloads admitted until the writes are
+//! answered — no second admission, no quota handed out twice — and one whose write
+//! failed is admitted again; a pass that must decide from scratch, sees an object of an
+//! admission under way change, or evicts, waits for the writes under way first; with
+//! `blockAdmission` the passes after an assumed admission hold every queue.
+
+use super::cache::cached;
+use super::{cfg, cluster, condition, create_pod, pod, ungated_pods, NOW, PODS};
+use crate::support::apiserver::ApiServer;
+use serde_json::json;
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use tessera::controller::cache::Cache;
+use tessera::controller::decide::Action;
+use tessera::controller::reconciler::{self, Config, PassState};
+use tessera::quota::WaitForPodsReady;
+use tokio::sync::Notify;
+
+/// How late the double answers while admissions are in flight: far longer than a pass.
+const SLOW: Duration = Duration::from_millis(400);
+
+fn admitted(actions: &[Action]) -> BTreeSet<String> {
+    actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Admit { workload, .. } => Some(workload.clone()),
+            _ => None,
+        })
+        .collect()
+}
+
+fn names(names: &[&str]) -> BTreeSet<String> {
+    names.iter().map(|n| n.to_string()).collect()
+}
+
+/// Three 2-GPU pods (`low-1` … `low-3`) wait in the 4-GPU ClusterQueue; passes assume.
+async fn three_waiting() -> (ApiServer, PassState, Arc<Cache>, Arc<Notify>) {
+    waiting_with(&cfg("a"), &["low-1", "low-2", "low-3"]).await
+}
+
+/// 2-GPU pods `names` wait in the 4-GPU ClusterQueue; passes configured `c` assume.
+async fn waiting_with(
+    c: &Config,
+    names: &[&str],
+) -> (ApiServer, PassState, Arc<Cache>, Arc<Notify>) {
+    let s = cluster().await;
+    for name in names {
+        create_pod(&s, name, 2, "low", json!({}), None);
+    }
+    let (state, cache, _stop) = cached(&s, c).await;
+    let wake = Arc::new(Notify::new());
+    (s, state.assuming_admissions(wake.clone()), cache, wake)
+}
+
+#[tokio::test]
+async fn a_pass_returns_before_its_admissions_land_and_the_next_admits_nothing_twice() {
+    let (s, mut state, cache, _wake) = three_waiting().await;
+    let (client, c) = (s.client(), cfg("a"));
+    s.delay_requests(SLOW);
+
+    let started = Instant::now();
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert!(
+        started.elapsed() < SLOW,
+        "the pass returned before its writes: {:?}",
+        started.elapsed()
+    );
+    let first = admitted(&plan.actions);
+    assert_eq!(first.len(), 2, "{:?}", plan.actions);
+    assert!(ungated_pods(&s).is_empty(), "nothing written yet");
+
+    // A pod arrives while those writes are under way: the quota is held by the two
+    // assumed admissions, so it waits (its reason is written behind this pass too).
+    create_pod(&s, "late", 2, "low", json!({}), None);
+    let key = ("team".to_string(), "late".to_string());
+    super::wait_for("the new pod in the cache", || {
+        cache.pods[0].get(&key).is_some()
+    })
+    .await;
+    let started = Instant::now();
+    let next = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert!(started.elapsed() < SLOW, "it does not wait either");
+    assert!(
+        next.actions
+            .iter()
+            .all(|a| matches!(a, Action::Pending { .. })),
+        "nothing admitted twice, nothing evicted: {:?}",
+        next.actions
+    );
+    assert!(ungated_pods(&s).is_empty(), "still nothing written");
+
+    state.records_written().await;
+    assert_eq!(ungated_pods(&s), names(&["low-1", "low-2"]));
+    assert_eq!(condition(&pod(&s, "low-3")).0, "WaitingForQuota");
+    let quiet = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
+        .await
+        .unwrap();
+    assert!(
+        admitted(&quiet.actions).is_empty(),
+        "the landed admissions are read back as running: {:?}",
+        quiet.actions
+    );
+    state.records_written().await;
+    assert_eq!(ungated_pods(&s), names(&["low-1", "low-2"]));
+    let record = s
+        .object(
+            "/apis/tessera.io/v1alpha1/namespaces/team/workloads",
+            "pod-low-1",
+        )
+        .expect("low-1's record");
+    assert_eq!(record["status"]["admission"]["clusterQueue"], "cq");
+}
+
+#[tokio::test]
+async fn an_assumed_admission_whose_write_failed_is_admitted_again() {
+    let (s, mut state, _cache, wake) = three_waiting().await;
+    let (client, c) = (s.client(), cfg("a"));
+    s.fail_requests(&["PUT"], PODS);
+
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    let first = admitted(&plan.actions);
+    assert_eq!(first.len(), 2, "{:?}", plan.actions);
+    state.records_written().await;
+    assert!(ungated_pods(&s).is_empty(), "every ungate refused");
+    tokio::time::timeout(Duration::from_secs(5), wake.notified())
+        .await
+        .expect("a failed write wakes the controller's loop");
+
+    s.stop_failing();
+    let again = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        admitted(&again.actions),
+        first,
+        "the same two admitted again, not the third"
+    );
+    state.records_written().await;
+    assert_eq!(ungated_pods(&s), names(&["low-1", "low-2"]));
+}
+
+#[tokio::test]
+async fn a_pass_from_scratch_waits_for_the_admissions_under_way() {
+    let (s, mut state, _cache, _wake) = three_waiting().await;
+    let (client, c) = (s.client(), cfg("a"));
+    s.delay_requests(SLOW);
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(admitted(&plan.actions).len(), 2, "{:?}", plan.actions);
+
+    // Time going back makes the kept engine give up: the pass from scratch reads the
+    // objects only once the admissions landed, so it admits nothing again.
+    let started = Instant::now();
+    let scratch = reconciler::pass_with(&client, &c, &mut state, NOW - 1)
+        .await
+        .unwrap();
+    assert!(started.elapsed() >= SLOW / 2, "it waited for the writes");
+    assert!(
+        admitted(&scratch.actions).is_empty(),
+        "{:?}",
+        scratch.actions
+    );
+    assert_eq!(ungated_pods(&s), names(&["low-1", "low-2"]));
+    assert_eq!(state.incremental_stats().map(|s| s.full), Some(2));
+}
+
+#[tokio::test]
+async fn an_eviction_is_written_after_the_admissions_under_way() {
+    let (s, mut state, cache, _wake) = three_waiting().await;
+    let (client, c) = (s.client(), cfg("a"));
+    s.delay_requests(SLOW);
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(admitted(&plan.actions).len(), 2, "{:?}", plan.actions);
+
+    // A high-priority pod arrives while they are written: it preempts one of the two
+    // assumed admissions, and the eviction follows their writes.
+    create_pod(&s, "urgent", 2, "high", json!({}), None);
+    let key = ("team".to_string(), "urgent".to_string());
+    super::wait_for("the new pod in the cache", || {
+        cache.pods[0].get(&key).is_some()
+    })
+    .await;
+    let preempt = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert!(
+        preempt
+            .actions
+            .iter()
+            .any(|a| matches!(a, Action::Evict { .. })),
+        "{:?}",
+        preempt.actions
+    );
+    assert!(
+        admitted(&preempt.actions).is_empty(),
+        "{:?}",
+        preempt.actions
+    );
+    let evicted = s.evictions();
+    assert_eq!(evicted.len(), 1, "written before the pass returned");
+    let victim = evicted[0]["metadata"]["name"].as_str().unwrap_or_default();
+    assert!(
+        ["low-1", "low-2"].contains(&victim),
+        "one of the assumed admissions: {victim}"
+    );
+    assert_eq!(
+        ungated_pods(&s),
+        names(&["low-1", "low-2"]),
+        "ungated before the eviction"
+    );
+}
+
+#[tokio::test]
+async fn another_clients_change_to_an_admission_under_way_waits_for_it() {
+    let (s, mut state, cache, _wake) = three_waiting().await;
+    let (client, c) = (s.client(), cfg("a"));
+    s.delay_requests(SLOW);
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(admitted(&plan.actions).len(), 2, "{:?}", plan.actions);
+
+    // low-1 is relabelled, still gated: read now it would look like a waiting workload.
+    let mut low = pod(&s, "low-1");
+    low["metadata"]["labels"]["team"] = json!("vision");
+    s.put_object(PODS, low);
+    let key = ("team".to_string(), "low-1".to_string());
+    super::wait_for("the relabelled pod in the cache", || {
+        cache.pods[0]
+            .get(&key)
+            .is_some_and(|p| p["metadata"]["labels"]["team"] == "vision")
+    })
+    .await;
+    let next = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert!(
+        admitted(&next.actions).is_empty(),
+        "decided from the objects as written: {:?}",
+        next.actions
+    );
+    state.records_written().await;
+    assert_eq!(ungated_pods(&s), names(&["low-1", "low-2"]));
+    assert_eq!(state.incremental_stats().map(|s| s.full), Some(2));
+}
+
+#[tokio::test]
+async fn with_block_admission_an_assumed_admission_holds_every_queue() {
+    let c = Config {
+        pods_ready: Some(WaitForPodsReady {
+            timeout: 60_000,
+            backoff_base: 10_000,
+            backoff_max: 100_000,
+            block_admission: true,
+            ..WaitForPodsReady::default()
+        }),
+        ..cfg("a")
+    };
+    let (s, mut state, _cache, _wake) = waiting_with(&c, &["low-1", "low-2"]).await;
+    let client = s.client();
+    s.delay_requests(SLOW);
+    let started = Instant::now();
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert!(started.elapsed() < SLOW, "{:?}", started.elapsed());
+    assert_eq!(
+        admitted(&plan.actions),
+        names(&["team/pod-low-1"]),
+        "{:?}",
+        plan.actions
+    );
+    let next = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert!(
+        admitted(&next.actions).is_empty(),
+        "held while low-1's pods start: {:?}",
+        next.actions
+    );
+    state.records_written().await;
+    assert_eq!(ungated_pods(&s), names(&["low-1"]));
+    assert_eq!(condition(&pod(&s, "low-2")).0, "WaitingForPodsReady");
+}
