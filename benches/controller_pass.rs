@@ -52,8 +52,11 @@
 //! `hold` and `hold end`: the autoscaler records a hold on Deployment `web` (one
 //! replica's GPU in `free`, a coupled scale-down), then the hold ends (before, both
 //! decided from scratch).
-//! A pass returns before the record writes it defers (the places that moved,
-//! `deferred_records`); every case is timed until it returns, and each pass's deferred
+//! The cached passes assume their admissions, as `tessera controller` runs them
+//! (`PassState::assuming_admissions`): a pass whose plan only admits and tells reasons
+//! returns before any of its writes, which a task makes behind it (`admitting+written`
+//! times the admitting pass until they landed); the others return before the record
+//! writes they defer (the places that moved, `deferred_records`). Every case is timed until it returns, and each pass's deferred
 //! writes land, and the watch echoes of its writes are read, before the next pass
 //! starts, outside the time (in the controller the feeders run on other threads). `head+places` and
 //! `quota+places` time those two passes until their deferred writes landed too.
@@ -61,6 +64,7 @@
 //! `rebuild,incr`, `list`) runs only the modes named. `BENCH_API_DELAY_US=N` answers
 //! every request but a WATCH N µs late after the warm-up (a round trip to an API server
 //! across a network: the cost of a pass's writes in waiting, not in work).
+//! `BENCH_SHOW_WRITES=1` prints the write requests of the `head` and `block end` passes.
 //! `BENCH_API_THREAD=1` runs the double on a thread of its own (as a real API server is
 //! another process); by default it shares the one-thread runtime of the pass.
 //!
@@ -277,6 +281,8 @@ struct Point {
     head_writes: (usize, usize),
     /// From the start of the `head` pass until its deferred record writes landed.
     head_places: Option<Duration>,
+    /// From the start of each admitting pass until its deferred writes landed.
+    written: Vec<Duration>,
     /// The pass reading ClusterQueue `full` with its quota raised by 2 GPUs: the next
     /// two of the long queue admitted.
     quota: Option<Duration>,
@@ -381,7 +387,7 @@ async fn pods_ready_cluster(
     let mut state = if mode == Mode::Rebuild {
         PassState::with_cache_rebuilding(&c, cache.clone())
     } else {
-        PassState::with_cache(&c, cache.clone())
+        PassState::with_cache(&c, cache.clone()).assuming_admissions(Arc::new(Notify::new()))
     };
     let big = ("team".to_string(), "big".to_string());
     pass_with(&client, &c, &mut state, NOW).await.unwrap();
@@ -556,10 +562,17 @@ async fn measure_held(pending: usize, mode: Mode) -> Held {
             .is_some_and(|p| p["status"]["phase"] == "Running")
     })
     .await;
+    let writes = s.writes();
     let t = Instant::now();
     pass_with(&client, &c, &mut state, NOW + 7).await.unwrap();
     let end = t.elapsed();
+    let in_pass = s.writes() - writes;
     settle(&s, &mut state).await;
+    if std::env::var_os("BENCH_SHOW_WRITES").is_some() {
+        let after = s.writes() - writes - in_pass;
+        println!("writes of the `block end` pass: {in_pass} in the pass + {after} deferred");
+        show_writes(&s, writes);
+    }
     assert!(!gated(&s, "next"), "the hold ended: next admitted");
     let full = state.incremental_stats().map_or(0, |st| st.full);
     shutdown.cancel();
@@ -585,7 +598,7 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         if mode == Mode::Rebuild {
             PassState::with_cache_rebuilding(&c, cache)
         } else {
-            PassState::with_cache(&c, cache)
+            PassState::with_cache(&c, cache).assuming_admissions(Arc::new(Notify::new()))
         }
     };
     // Warm-up: admits `big`, records the N pending reasons; the second pass writes nothing.
@@ -618,6 +631,8 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             .unwrap();
         point.pass.push(t.elapsed());
         perf_control("admitting", "disable");
+        state.records_written().await;
+        point.written.push(t.elapsed());
         settle(&s, &mut state).await;
         let (lists_after, _) = s.list_stats();
         point.lists += lists_after - lists;
@@ -1096,7 +1111,13 @@ async fn main() {
                 "only the first incremental pass decides from scratch (the cases below included)"
             );
         }
+        let written = |p: &Point| (!p.written.is_empty()).then(|| p50(&p.written));
         for (case, r, i) in [
+            (
+                "admitting+written",
+                rebuild.as_ref().and_then(written),
+                written(&incr),
+            ),
             (
                 "resize",
                 rebuild.as_ref().and_then(|r| r.resize),
@@ -1167,7 +1188,7 @@ async fn main() {
     println!();
     println!("passes that decided from scratch before (one pass each)");
     println!(
-        "{:>6} | {:>11} | {:>12} | {:>10} | {:>12} | {:>12}",
+        "{:>6} | {:>17} | {:>12} | {:>10} | {:>12} | {:>12}",
         "N", "case", "rebuild", "incr", "rebuild/incr", "incr decide"
     );
     for (n, case, r, i, d) in cases {
@@ -1176,7 +1197,7 @@ async fn main() {
             _ => "-".into(),
         };
         println!(
-            "{:>6} | {:>11} | {:>12} | {:>10} | {:>12} | {:>12}",
+            "{:>6} | {:>17} | {:>12} | {:>10} | {:>12} | {:>12}",
             n,
             case,
             r.map_or("-".into(), ms),
