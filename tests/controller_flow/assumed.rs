@@ -14,7 +14,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera::controller::cache::Cache;
-use tessera::controller::decide::Action;
+use tessera::controller::decide::{Action, Plan};
 use tessera::controller::reconciler::{self, Config, PassState};
 use tessera::quota::WaitForPodsReady;
 use tokio::sync::Notify;
@@ -30,6 +30,22 @@ fn admitted(actions: &[Action]) -> BTreeSet<String> {
             _ => None,
         })
         .collect()
+}
+
+/// Waits until the cache's copy of pod `name` satisfies `f`.
+async fn cached_as(cache: &Cache, name: &str, f: impl Fn(&serde_json::Value) -> bool) {
+    let key = ("team".to_string(), name.to_string());
+    super::wait_for(&format!("{name} in the cache"), || {
+        cache.pods[0].get(&key).is_some_and(|p| f(&p))
+    })
+    .await;
+}
+
+/// One pass at `now`; its plan.
+async fn pass(s: &ApiServer, c: &Config, state: &mut PassState, now: u64) -> Plan {
+    reconciler::pass_with(&s.client(), c, state, now)
+        .await
+        .unwrap()
 }
 
 fn names(names: &[&str]) -> BTreeSet<String> {
@@ -58,13 +74,11 @@ async fn waiting_with(
 #[tokio::test]
 async fn a_pass_returns_before_its_admissions_land_and_the_next_admits_nothing_twice() {
     let (s, mut state, cache, _wake) = three_waiting().await;
-    let (client, c) = (s.client(), cfg("a"));
+    let c = cfg("a");
     s.delay_requests(SLOW);
 
     let started = Instant::now();
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass(&s, &c, &mut state, NOW).await;
     assert!(
         started.elapsed() < SLOW,
         "the pass returned before its writes: {:?}",
@@ -77,15 +91,9 @@ async fn a_pass_returns_before_its_admissions_land_and_the_next_admits_nothing_t
     // A pod arrives while those writes are under way: the quota is held by the two
     // assumed admissions, so it waits (its reason is written behind this pass too).
     create_pod(&s, "late", 2, "low", json!({}), None);
-    let key = ("team".to_string(), "late".to_string());
-    super::wait_for("the new pod in the cache", || {
-        cache.pods[0].get(&key).is_some()
-    })
-    .await;
+    cached_as(&cache, "late", |_| true).await;
     let started = Instant::now();
-    let next = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let next = pass(&s, &c, &mut state, NOW + 1).await;
     assert!(started.elapsed() < SLOW, "it does not wait either");
     assert!(
         next.actions
@@ -99,9 +107,7 @@ async fn a_pass_returns_before_its_admissions_land_and_the_next_admits_nothing_t
     state.records_written().await;
     assert_eq!(ungated_pods(&s), names(&["low-1", "low-2"]));
     assert_eq!(condition(&pod(&s, "low-3")).0, "WaitingForQuota");
-    let quiet = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
-        .await
-        .unwrap();
+    let quiet = pass(&s, &c, &mut state, NOW + 2).await;
     assert!(
         admitted(&quiet.actions).is_empty(),
         "the landed admissions are read back as running: {:?}",
@@ -121,12 +127,10 @@ async fn a_pass_returns_before_its_admissions_land_and_the_next_admits_nothing_t
 #[tokio::test]
 async fn an_assumed_admission_whose_write_failed_is_admitted_again() {
     let (s, mut state, _cache, wake) = three_waiting().await;
-    let (client, c) = (s.client(), cfg("a"));
+    let c = cfg("a");
     s.fail_requests(&["PUT"], PODS);
 
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass(&s, &c, &mut state, NOW).await;
     let first = admitted(&plan.actions);
     assert_eq!(first.len(), 2, "{:?}", plan.actions);
     state.records_written().await;
@@ -136,9 +140,7 @@ async fn an_assumed_admission_whose_write_failed_is_admitted_again() {
         .expect("a failed write wakes the controller's loop");
 
     s.stop_failing();
-    let again = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let again = pass(&s, &c, &mut state, NOW + 1).await;
     assert_eq!(
         admitted(&again.actions),
         first,
@@ -151,19 +153,15 @@ async fn an_assumed_admission_whose_write_failed_is_admitted_again() {
 #[tokio::test]
 async fn a_pass_from_scratch_waits_for_the_admissions_under_way() {
     let (s, mut state, _cache, _wake) = three_waiting().await;
-    let (client, c) = (s.client(), cfg("a"));
+    let c = cfg("a");
     s.delay_requests(SLOW);
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass(&s, &c, &mut state, NOW).await;
     assert_eq!(admitted(&plan.actions).len(), 2, "{:?}", plan.actions);
 
     // Time going back makes the kept engine give up: the pass from scratch reads the
     // objects only once the admissions landed, so it admits nothing again.
     let started = Instant::now();
-    let scratch = reconciler::pass_with(&client, &c, &mut state, NOW - 1)
-        .await
-        .unwrap();
+    let scratch = pass(&s, &c, &mut state, NOW - 1).await;
     assert!(started.elapsed() >= SLOW / 2, "it waited for the writes");
     assert!(
         admitted(&scratch.actions).is_empty(),
@@ -177,24 +175,16 @@ async fn a_pass_from_scratch_waits_for_the_admissions_under_way() {
 #[tokio::test]
 async fn an_eviction_is_written_after_the_admissions_under_way() {
     let (s, mut state, cache, _wake) = three_waiting().await;
-    let (client, c) = (s.client(), cfg("a"));
+    let c = cfg("a");
     s.delay_requests(SLOW);
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass(&s, &c, &mut state, NOW).await;
     assert_eq!(admitted(&plan.actions).len(), 2, "{:?}", plan.actions);
 
     // A high-priority pod arrives while they are written: it preempts one of the two
     // assumed admissions, and the eviction follows their writes.
     create_pod(&s, "urgent", 2, "high", json!({}), None);
-    let key = ("team".to_string(), "urgent".to_string());
-    super::wait_for("the new pod in the cache", || {
-        cache.pods[0].get(&key).is_some()
-    })
-    .await;
-    let preempt = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    cached_as(&cache, "urgent", |_| true).await;
+    let preempt = pass(&s, &c, &mut state, NOW + 1).await;
     assert!(
         preempt
             .actions
@@ -225,27 +215,20 @@ async fn an_eviction_is_written_after_the_admissions_under_way() {
 #[tokio::test]
 async fn another_clients_change_to_an_admission_under_way_waits_for_it() {
     let (s, mut state, cache, _wake) = three_waiting().await;
-    let (client, c) = (s.client(), cfg("a"));
+    let c = cfg("a");
     s.delay_requests(SLOW);
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass(&s, &c, &mut state, NOW).await;
     assert_eq!(admitted(&plan.actions).len(), 2, "{:?}", plan.actions);
 
     // low-1 is relabelled, still gated: read now it would look like a waiting workload.
     let mut low = pod(&s, "low-1");
     low["metadata"]["labels"]["team"] = json!("vision");
     s.put_object(PODS, low);
-    let key = ("team".to_string(), "low-1".to_string());
-    super::wait_for("the relabelled pod in the cache", || {
-        cache.pods[0]
-            .get(&key)
-            .is_some_and(|p| p["metadata"]["labels"]["team"] == "vision")
+    cached_as(&cache, "low-1", |p| {
+        p["metadata"]["labels"]["team"] == "vision"
     })
     .await;
-    let next = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let next = pass(&s, &c, &mut state, NOW + 1).await;
     assert!(
         admitted(&next.actions).is_empty(),
         "decided from the objects as written: {:?}",
@@ -269,12 +252,9 @@ async fn with_block_admission_an_assumed_admission_holds_every_queue() {
         ..cfg("a")
     };
     let (s, mut state, _cache, _wake) = waiting_with(&c, &["low-1", "low-2"]).await;
-    let client = s.client();
     s.delay_requests(SLOW);
     let started = Instant::now();
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass(&s, &c, &mut state, NOW).await;
     assert!(started.elapsed() < SLOW, "{:?}", started.elapsed());
     assert_eq!(
         admitted(&plan.actions),
@@ -282,9 +262,7 @@ async fn with_block_admission_an_assumed_admission_holds_every_queue() {
         "{:?}",
         plan.actions
     );
-    let next = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let next = pass(&s, &c, &mut state, NOW + 1).await;
     assert!(
         admitted(&next.actions).is_empty(),
         "held while low-1's pods start: {:?}",
