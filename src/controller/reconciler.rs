@@ -758,7 +758,6 @@ fn write_behind(
     took: Duration,
     now: Millis,
 ) {
-    state.settled = None;
     let earlier = state.deferred.take_unwritten().records;
     let (records, later) = pass_records(state, Some(cache), plan, earlier);
     let (later, written) = later.unwrap_or_default();
