@@ -563,9 +563,11 @@ async fn measure_held(pending: usize, mode: Mode) -> Held {
     })
     .await;
     let writes = s.writes();
+    perf_control("block end", "enable");
     let t = Instant::now();
     pass_with(&client, &c, &mut state, NOW + 7).await.unwrap();
     let end = t.elapsed();
+    perf_control("block end", "disable");
     let in_pass = s.writes() - writes;
     settle(&s, &mut state).await;
     if std::env::var_os("BENCH_SHOW_WRITES").is_some() {
@@ -940,7 +942,7 @@ async fn api_server() -> ApiServer {
 
 /// `BENCH_PERF_CTL=FIFO`: `perf record -D -1 --control fifo:FIFO` records one case's
 /// pass alone (the command written to the FIFO: `enable` / `disable`): `head`, or the
-/// one `BENCH_PERF_CASE` names (`admitting`, its five rounds; `retry`, `quota`).
+/// one `BENCH_PERF_CASE` names (`admitting`, its five rounds; `retry`, `quota`, `block end`).
 fn perf_control(case: &str, command: &str) {
     let wanted = std::env::var("BENCH_PERF_CASE").unwrap_or_else(|_| "head".into());
     if wanted != case {
