@@ -783,6 +783,12 @@ fn write_behind(
     let (client2, cfg2, cache2) = (client.clone(), cfg.clone(), Arc::clone(cache));
     let writing = Arc::clone(state.deferred.writing());
     let record_keys = keys(&records);
+    // Those records' places are asked again by this plan's own updates, as a pass that
+    // writes them itself forgets their earlier asks (`before_writing`): an earlier ask
+    // left behind, once its failed write is dropped for this one, is answered by nothing.
+    for key in &record_keys {
+        cache.asked_places.forget(key);
+    }
     let writes: deferred_records::PlanWrites = Box::new(move |earlier: Vec<Update>| {
         Box::pin(async move {
             let w = KubeWrites {
