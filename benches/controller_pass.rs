@@ -53,8 +53,9 @@
 //! replica's GPU in `free`, a coupled scale-down), then the hold ends (before, both
 //! decided from scratch).
 //! The cached passes assume their admissions, as `tessera controller` runs them
-//! (`PassState::assuming_admissions`): a pass whose plan only admits and tells reasons
-//! returns before any of its writes, which a task makes behind it (`admitting+written`
+//! (`PassState::assuming_admissions`): a pass whose plan only admits, records readiness
+//! (`block end`) and tells reasons returns before any of its writes, which a task makes
+//! behind it (`admitting+written`
 //! times the admitting pass until they landed); the others return before the record
 //! writes they defer (the places that moved, `deferred_records`). Every case is timed until it returns, and each pass's deferred
 //! writes land, and the watch echoes of its writes are read, before the next pass

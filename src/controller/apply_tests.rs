@@ -22,7 +22,7 @@ const NOW: Millis = 1_795_003_260_000;
 #[derive(Default)]
 struct Recorder {
     calls: Mutex<Vec<String>>,
-    /// The admissions answered, with how many calls were made before each.
+    /// The assumed writes answered, by workload, with how many calls were made before each.
     answered: Mutex<Vec<(String, usize)>>,
     fail: BTreeMap<String, u16>,
     hold: Option<Hold>,
@@ -123,7 +123,7 @@ impl Writes for Recorder {
     async fn event(&self, r: &ObjRef, reason: &str, _: &str, _: bool, _: Millis) {
         let _ = self.answer(format!("event {reason} {}", r.name));
     }
-    fn admission_answered(&self, workload: &str) {
+    fn writes_answered(&self, workload: &str) {
         let calls = self.calls().len();
         self.answered
             .lock()
@@ -232,10 +232,11 @@ fn an_admission_writes_then_tells_and_deletes_extra_pods_only_after_every_ungate
     assert_eq!(applied.done, vec![0], "it runs: one pod was ungated");
 }
 
-/// Passes that assume admissions stop assuming each one only once all of its writes
-/// were answered, whichever way they went (`deferred_records::Writing`).
+/// Passes that assume admissions (and readiness records) stop assuming each one only
+/// once all of its writes were answered, whichever way they went
+/// (`deferred_records::Writing`).
 #[test]
-fn every_admission_is_answered_once_after_its_last_write() {
+fn every_assumed_write_is_answered_once_after_its_last_write() {
     let answered = |w: &Recorder| w.answered.lock().unwrap_or_else(|e| e.into_inner()).clone();
     let w = Recorder::failing(&[("admit b-0", 409)]);
     run(
@@ -272,6 +273,21 @@ fn every_admission_is_answered_once_after_its_last_write() {
         vec![admit("team/pod-d", &["d"], &[])],
     );
     assert_eq!(answered(&w), [("team/pod-d".to_string(), 1)]);
+    // A readiness record: answered after its write, landed or refused.
+    for code in [None, Some(409)] {
+        let fail: Vec<(&str, u16)> = code.map(|c| ("ready e", c)).into_iter().collect();
+        let w = Recorder::failing(&fail);
+        let ready = Action::PodsReady {
+            workload: "team/pod-e".into(),
+            object: pod("e"),
+            queued_at: NOW - 5_000,
+            admitted_at: NOW - 2_000,
+        };
+        let (applied, _) = run(&w, &pods_ready_cfg(), vec![ready]);
+        assert_eq!(w.calls(), ["ready e"]);
+        assert_eq!(answered(&w), [("team/pod-e".to_string(), 1)]);
+        assert_eq!(applied.failed, usize::from(code.is_some()));
+    }
 }
 
 #[test]

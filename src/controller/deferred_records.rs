@@ -4,13 +4,14 @@
 //! pass writes its admissions, evictions and pod statuses, hands those place writes to a
 //! task and returns. Then, when passes assume admissions
 //! (`PassState::assuming_admissions`, what `tessera controller` runs), the whole of a
-//! plan that only admits and tells reasons ([`Plan`]): its ungates, Events, reasons,
-//! queue status and records go to the task too, as Kueue's scheduler assumes a workload
-//! in its cache and writes its admission from a goroutine; until each admission's writes
-//! are answered it is in [`Writing`], which the passes after it read.
+//! plan that only admits, records readiness and tells reasons ([`Plan`]): its ungates,
+//! readiness records, Events, reasons, queue status and records go to the task too, as
+//! Kueue's scheduler assumes a workload in its cache and writes its admission from a
+//! goroutine; until each admission's (or readiness record's) writes are answered the
+//! workload is in [`Writing`], which the passes after it read.
 //!
 //! ```text
-//! pass ─► plan ─┬─ only admits and reasons (assumed) ─► Writing ◄── answered ──┐
+//! pass ─► plan ─┬─ admits, readiness, reasons (assumed) ─► Writing ◄─ answered ─┐
 //!               │                                                              │
 //!               │      task (after the one before it): the plan's writes ──────┘ ─► the places
 //!               └─ the rest ─► written in the pass (after the tasks that write plans)
@@ -63,9 +64,10 @@ struct Asked {
     ticket: Ticket,
 }
 
-/// The admissions written behind their passes, by workload key: passes assume them
-/// (the kept engine holds them admitted while their objects still show them waiting).
-/// A key leaves once its objects' writes are answered, landed or failed.
+/// The workloads whose admission or readiness record is written behind its pass, by
+/// key: passes assume those writes (the kept engine holds them admitted while their
+/// objects still show them waiting, and recorded Ready while their objects do not say
+/// so yet). A key leaves once its objects' writes are answered, landed or failed.
 #[derive(Debug, Default)]
 pub struct Writing(Mutex<BTreeSet<String>>);
 
@@ -74,12 +76,12 @@ impl Writing {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The admissions under way now.
+    /// The workloads whose writes are under way now.
     pub fn now(&self) -> BTreeSet<String> {
         self.lock().clone()
     }
 
-    /// Workload `key`'s admission is answered.
+    /// Workload `key`'s writes are answered.
     pub fn answered(&self, key: &str) {
         self.lock().remove(key);
     }
@@ -99,11 +101,11 @@ pub type PlanWrites =
     Box<dyn FnOnce(Vec<Update>) -> Pin<Box<dyn Future<Output = Unwritten> + Send>> + Send>;
 
 /// A plan's writes and what they touch: the records they write and the workloads whose
-/// admissions they write.
+/// admissions or readiness records they write (assumed until answered).
 pub struct Plan {
     pub writes: PlanWrites,
     pub records: BTreeSet<String>,
-    pub admitting: BTreeSet<String>,
+    pub assumed: BTreeSet<String>,
 }
 
 /// What a task left: the place updates that failed, and what its plans' writes left.
@@ -117,15 +119,15 @@ struct Done {
 #[derive(Debug)]
 struct Running {
     keys: BTreeSet<String>,
-    /// The admissions it writes (it, or a task it waits for).
-    admitting: BTreeSet<String>,
+    /// The workloads whose assumed writes it writes (it, or a task it waits for).
+    assumed: BTreeSet<String>,
     /// Whether it writes a plan's actions (or waits for a task that does).
     plans: bool,
     handle: JoinHandle<Done>,
 }
 
 /// The writes the controller's passes do not wait for: records' places, and the whole
-/// of a plan that only admits and tells reasons when passes assume admissions.
+/// of a plan that only admits, records readiness and tells reasons when passes assume them.
 #[derive(Debug, Default)]
 pub struct DeferredRecords {
     running: Option<Running>,
@@ -149,7 +151,7 @@ impl DeferredRecords {
         self.wake = Some(notify);
     }
 
-    /// The admissions passes assume now ([`Writing`]).
+    /// The writes passes assume now ([`Writing`]).
     pub fn writing(&self) -> &Arc<Writing> {
         &self.writing
     }
@@ -203,7 +205,7 @@ impl DeferredRecords {
                 for key in &r.keys {
                     cache.asked_places.forget(key);
                 }
-                for key in &r.admitting {
+                for key in &r.assumed {
                     self.writing.answered(key);
                 }
             }
@@ -240,18 +242,18 @@ impl DeferredRecords {
         }
         let before = self.running.take();
         let mut keys: BTreeSet<String> = todo.iter().map(|a| a.update.key.clone()).collect();
-        let mut admitting = BTreeSet::new();
+        let mut assumed = BTreeSet::new();
         let mut writes = None;
         if let Some(p) = plan {
             keys.extend(p.records);
-            self.writing.lock().extend(p.admitting.iter().cloned());
-            admitting = p.admitting;
+            self.writing.lock().extend(p.assumed.iter().cloned());
+            assumed = p.assumed;
             writes = Some(p.writes);
         }
         let mut plans = writes.is_some();
         if let Some(b) = &before {
             keys.extend(b.keys.iter().cloned());
-            admitting.extend(b.admitting.iter().cloned());
+            assumed.extend(b.assumed.iter().cloned());
             plans |= b.plans;
         }
         let (client, cache) = (client.clone(), Arc::clone(cache));
@@ -282,7 +284,7 @@ impl DeferredRecords {
         });
         self.running = Some(Running {
             keys,
-            admitting,
+            assumed,
             plans,
             handle,
         });

@@ -302,10 +302,10 @@ impl Incremental {
         plan
     }
 
-    /// Decides one pass like [`Incremental::decide`] while the admissions of workloads
-    /// `writing` are assumed: the engine holds them admitted though their objects do
-    /// not show it yet (their writes are under way, as Kueue assumes a workload in its
-    /// cache before the API server has it). Only the kept engine can decide so: `None`
+    /// Decides one pass like [`Incremental::decide`] while the admissions and readiness
+    /// records of workloads `writing` are assumed: the engine holds them admitted (and
+    /// recorded Ready) though their objects do not show it yet (their writes are under
+    /// way, as Kueue assumes a workload in its cache before the API server has it). Only the kept engine can decide so: `None`
     /// when this pass needs one from scratch, which reads the objects as they are and
     /// must wait for those writes; the kept engine is dropped then.
     pub fn decide_assuming(
@@ -814,8 +814,9 @@ impl Kept {
     /// Re-decides preemption scope `scope` from its workloads as read now, as a fresh
     /// pass builds it: every workload of the scope leaves the engine, the running and
     /// terminating ones are restored in admission order, the waiting ones submitted.
-    /// Cost: the scope's workloads. Returns their keys. Not while an admission in the
-    /// scope is written (`writing`): its objects as read now predate it.
+    /// Cost: the scope's workloads. Returns their keys. Not while an admission or a
+    /// readiness record in the scope is written (`writing`): its objects as read now
+    /// predate it.
     fn rebuild_scope(
         &mut self,
         scope: &str,
@@ -828,7 +829,9 @@ impl Kept {
         }
         let keys = self.scope_keys.get(scope);
         if keys.is_some_and(|keys| writing.iter().any(|k| keys.contains(k))) {
-            return Err("a scope re-decided while an admission in it is written");
+            return Err(
+                "a scope re-decided while an admission or readiness record in it is written",
+            );
         }
         let mut order: Vec<(Millis, String)> = keys
             .into_iter()
@@ -1458,9 +1461,10 @@ fn fast_pass(
     for (wk, job) in &affected {
         let new = kept.reread(cache, wk, job.as_ref(), cfg, &serving)?;
         // An admission being written shows once its write landed (the workload runs);
-        // objects read before that may predate it.
+        // objects read before that may predate it. A workload whose readiness record is
+        // written runs: only its objects gone stop the pass.
         if writing.contains(wk) && new.as_ref().is_none_or(|n| n.state == State::Waiting) {
-            return Err("an object changed while its admission is written");
+            return Err("an object changed while its admission or readiness record is written");
         }
         let old = kept.take_live(wk);
         if let Some(o) = &old {
@@ -1531,7 +1535,7 @@ fn fast_pass(
     }
     // Pods-ready timeouts due: the workloads terminate (as a fresh pass reads them) and
     // their scopes are re-decided.
-    held.extend(kept.time_out(now)?);
+    held.extend(kept.time_out(now, writing)?);
     // Books a fresh restore would assign otherwise (flavors, borrowing): their scopes are
     // re-decided, which restores them as a fresh pass does.
     if kept.verify {
@@ -1644,7 +1648,7 @@ fn fast_pass(
     }
     events.extend(kept.engine.take_events());
     let mut plan = Plan {
-        actions: kept.pods_ready_actions(now)?,
+        actions: kept.pods_ready_actions(now, writing)?,
         ..Plan::default()
     };
     let flavor_labels: BTreeMap<&str, &BTreeMap<String, String>> = kept
@@ -1902,15 +1906,20 @@ impl Kept {
     /// With `waitForPodsReady`, the actions a fresh pass opens with: the requeue state
     /// writes (entries of this pass's timeouts, entries no longer needed), then
     /// `PodsReady` for running workloads Ready now but not recorded and the evictions of
-    /// the timed-out ones, in admission order. Cost: those workloads and the entries.
-    fn pods_ready_actions(&self, now: Millis) -> Result<Vec<Action>, &'static str> {
+    /// the timed-out ones, in admission order. A readiness record being written
+    /// (`writing`) is assumed written. Cost: those workloads and the entries.
+    fn pods_ready_actions(
+        &self,
+        now: Millis,
+        writing: &BTreeSet<String>,
+    ) -> Result<Vec<Action>, &'static str> {
         let Some(cfg) = &self.pods_ready else {
             return Ok(Vec::new());
         };
         let mut set = BTreeMap::new();
         let mut out = Vec::new();
-        let mut due: Vec<&(Millis, String)> =
-            self.unrecorded.iter().chain(&self.timed_out).collect();
+        let unrecorded = self.unrecorded.iter().filter(|sk| !writing.contains(&sk.1));
+        let mut due: Vec<&(Millis, String)> = unrecorded.chain(&self.timed_out).collect();
         due.sort();
         for (_, key) in due {
             let l = self.lives.get(key).ok_or("bookkeeping")?;
@@ -1949,13 +1958,18 @@ impl Kept {
     /// Takes the running workloads whose pods-ready timeout is due at `now` as a fresh
     /// pass does: they terminate (holding their quota until their objects are gone) and
     /// are evicted each pass until their objects change. Returns their scopes, to be
-    /// re-decided. Cost: the running workloads not recorded Ready.
-    fn time_out(&mut self, now: Millis) -> Result<BTreeSet<String>, &'static str> {
+    /// re-decided; a workload whose readiness record is being written (`writing`) is
+    /// not timed out. Cost: the running workloads not recorded Ready.
+    fn time_out(
+        &mut self,
+        now: Millis,
+        writing: &BTreeSet<String>,
+    ) -> Result<BTreeSet<String>, &'static str> {
         let Some(cfg) = &self.pods_ready else {
             return Ok(BTreeSet::new());
         };
         let mut due = Vec::new();
-        for sk in &self.unrecorded {
+        for sk in self.unrecorded.iter().filter(|sk| !writing.contains(&sk.1)) {
             let l = self.lives.get(&sk.1).ok_or("bookkeeping")?;
             if !l.ready && !l.objects.is_empty() && pods_ready::timed_out(cfg, l.admitted_at, now) {
                 due.push(sk.clone());

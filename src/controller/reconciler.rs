@@ -60,7 +60,7 @@ pub struct PassState {
     /// Updated after every pass when set (served on `/metrics`).
     pub metrics: Option<Arc<ControllerMetrics>>,
     /// The writes a cached pass does not wait for (record places; with `assume`, the
-    /// whole of a plan that only admits and tells reasons), and what writes left
+    /// whole of a plan that only admits, records readiness and tells reasons), and what writes left
     /// unwritten for the next pass.
     deferred: DeferredRecords,
     /// Passes hand an admitting plan's writes to a task and go on assuming them.
@@ -150,13 +150,15 @@ impl PassState {
         }
     }
 
-    /// A cached incremental pass whose plan only admits and tells waiting workloads
-    /// their reasons hands its writes to a task and returns; the passes after it assume
-    /// those admissions until their writes are answered (as Kueue's scheduler assumes a
+    /// A cached incremental pass whose plan only admits, records that admitted
+    /// workloads' pods are Ready and tells waiting workloads their reasons hands its
+    /// writes to a task and returns; the passes after it assume those admissions and
+    /// readiness records until their writes are answered (as Kueue's scheduler assumes a
     /// workload in its cache and writes its admission from a goroutine). A pass that
     /// must decide from scratch, or evicts, waits for them first. With
     /// `waitForPodsReady` the task reads an admission's requeue state back before it
-    /// ungates, as a pass does. `wake` is notified when such a write fails (the next pass tries it again).
+    /// ungates, as a pass does. `wake` is notified when such a write fails (the next
+    /// pass tries it again).
     pub fn assuming_admissions(mut self, wake: Arc<Notify>) -> Self {
         self.assume = true;
         self.deferred.wake_on_failure(wake);
@@ -312,13 +314,13 @@ pub(crate) async fn apply_with(
                         Ok(Some(hold)) => {
                             failed += 1;
                             tracing::warn!(%workload, ?hold, "requeue state newer than the pass read; admission deferred");
-                            w.admission_answered(workload);
+                            w.writes_answered(workload);
                             continue;
                         }
                         Err(e) => {
                             failed += 1;
                             tracing::warn!(error = %e, %workload, "reading requeue state; admission deferred");
-                            w.admission_answered(workload);
+                            w.writes_answered(workload);
                             continue;
                         }
                     }
@@ -354,7 +356,7 @@ pub(crate) async fn apply_with(
                 // Only once the admitted pods are ungated: a group left with fewer pods
                 // than its total and none ungated would never run.
                 if !all_admitted {
-                    w.admission_answered(workload);
+                    w.writes_answered(workload);
                     continue;
                 }
                 for r in excess {
@@ -374,7 +376,7 @@ pub(crate) async fn apply_with(
                         }
                     }
                 }
-                w.admission_answered(workload);
+                w.writes_answered(workload);
             }
             Action::Evict {
                 workload,
@@ -484,6 +486,7 @@ pub(crate) async fn apply_with(
                         tracing::warn!(error = %e, %workload, "recording pods ready");
                     }
                 }
+                w.writes_answered(workload);
             }
             Action::Replicas { owner, value } => {
                 let result = w.annotate_replicas(owner, value).await;
@@ -736,19 +739,22 @@ fn pass_records(
 }
 
 /// Whether this cached pass's writes can go behind it ([`PassState::assuming_admissions`]):
-/// its plan admits or tells reasons, nothing else.
+/// its plan admits, records readiness or tells reasons, nothing else.
 fn assumable(state: &PassState, plan: &Plan) -> bool {
     state.assume
         && state.incremental.is_some()
         && !plan.actions.is_empty()
-        && plan
-            .actions
-            .iter()
-            .all(|a| matches!(a, Action::Admit { .. } | Action::Pending { .. }))
+        && plan.actions.iter().all(|a| {
+            matches!(
+                a,
+                Action::Admit { .. } | Action::PodsReady { .. } | Action::Pending { .. }
+            )
+        })
 }
 
 /// Hands the plan's writes (its actions, the queues' status, its records) to the task
-/// after the ones under way; the passes after this one assume its admissions.
+/// after the ones under way; the passes after this one assume its admissions and
+/// readiness records.
 fn write_behind(
     client: &kube::Client,
     cfg: &Config,
@@ -761,11 +767,13 @@ fn write_behind(
     let earlier = state.deferred.take_unwritten().records;
     let (records, later) = pass_records(state, Some(cache), plan, earlier);
     let (later, written) = later.unwrap_or_default();
-    let admitting: BTreeSet<String> = plan
+    let assumed: BTreeSet<String> = plan
         .actions
         .iter()
         .filter_map(|a| match a {
-            Action::Admit { workload, .. } => Some(workload.clone()),
+            Action::Admit { workload, .. } | Action::PodsReady { workload, .. } => {
+                Some(workload.clone())
+            }
             _ => None,
         })
         .collect();
@@ -817,7 +825,7 @@ fn write_behind(
     let behind = deferred_records::Plan {
         writes,
         records: record_keys,
-        admitting,
+        assumed,
     };
     state
         .deferred

@@ -125,9 +125,10 @@ pub trait Writes {
         admitted: usize,
         pending: usize,
     ) -> impl Future<Output = Result<()>> + Send;
-    /// The writes of workload `workload`'s admission are answered (landed or failed):
-    /// passes no longer assume it ([`super::deferred_records::Writing`]).
-    fn admission_answered(&self, _workload: &str) {}
+    /// The writes of workload `workload`'s admission or readiness record are answered
+    /// (landed or failed): passes no longer assume them
+    /// ([`super::deferred_records::Writing`]).
+    fn writes_answered(&self, _workload: &str) {}
     /// Records an Event about `r` (a failure is logged, never fails the pass).
     fn event(
         &self,
@@ -224,7 +225,7 @@ impl Writes for KubeWrites<'_> {
         queue_status(self.client, self.cache, name, admitted, pending).await
     }
 
-    fn admission_answered(&self, workload: &str) {
+    fn writes_answered(&self, workload: &str) {
         if let Some(w) = self.writing {
             w.answered(workload);
         }

@@ -1,12 +1,14 @@
 //! Passes that assume their admissions (`PassState::assuming_admissions`, what `tessera
-//! controller` runs): a pass whose plan only admits and tells reasons returns before its
+//! controller` runs): a pass whose plan only admits (or records readiness) and tells reasons returns before its
 //! writes land; the passes after it hold those workloads admitted until the writes are
 //! answered — no second admission, no quota handed out twice — and one whose write
 //! failed is admitted again; a pass that must decide from scratch, sees an object of an
 //! admission under way change, or evicts, waits for the writes under way first; with
-//! `blockAdmission` the passes after an assumed admission hold every queue.
+//! `blockAdmission` the passes after an assumed admission hold every queue. A readiness
+//! record (`waitForPodsReady`) goes behind its pass the same way, and is written once.
 
 use super::cache::cached;
+use super::pods_ready::make_ready;
 use super::{cfg, cluster, condition, create_pod, pod, ungated_pods, NOW, PODS};
 use crate::support::apiserver::ApiServer;
 use serde_json::json;
@@ -16,6 +18,7 @@ use std::time::{Duration, Instant};
 use tessera::controller::cache::Cache;
 use tessera::controller::decide::{Action, Plan};
 use tessera::controller::reconciler::{self, Config, PassState};
+use tessera::controller::time::rfc3339;
 use tessera::quota::WaitForPodsReady;
 use tokio::sync::Notify;
 
@@ -239,9 +242,9 @@ async fn another_clients_change_to_an_admission_under_way_waits_for_it() {
     assert_eq!(state.incremental_stats().map(|s| s.full), Some(2));
 }
 
-#[tokio::test]
-async fn with_block_admission_an_assumed_admission_holds_every_queue() {
-    let c = Config {
+/// [`cfg`] with `waitForPodsReady` and `blockAdmission`.
+fn block_cfg() -> Config {
+    Config {
         pods_ready: Some(WaitForPodsReady {
             timeout: 60_000,
             backoff_base: 10_000,
@@ -250,7 +253,12 @@ async fn with_block_admission_an_assumed_admission_holds_every_queue() {
             ..WaitForPodsReady::default()
         }),
         ..cfg("a")
-    };
+    }
+}
+
+#[tokio::test]
+async fn with_block_admission_an_assumed_admission_holds_every_queue() {
+    let c = block_cfg();
     let (s, mut state, _cache, _wake) = waiting_with(&c, &["low-1", "low-2"]).await;
     s.delay_requests(SLOW);
     let started = Instant::now();
@@ -271,4 +279,57 @@ async fn with_block_admission_an_assumed_admission_holds_every_queue() {
     state.records_written().await;
     assert_eq!(ungated_pods(&s), names(&["low-1"]));
     assert_eq!(condition(&pod(&s, "low-2")).0, "WaitingForPodsReady");
+}
+
+/// The pass that ends a `blockAdmission` hold records the Ready workload's readiness and
+/// admits the next one, all behind it; the pass after it, while those writes are under
+/// way, neither records the readiness again nor admits anything.
+#[tokio::test]
+async fn a_readiness_record_written_behind_its_pass_is_written_once() {
+    let c = block_cfg();
+    let (s, mut state, cache, _wake) = waiting_with(&c, &["low-1", "low-2"]).await;
+    let plan = pass(&s, &c, &mut state, NOW).await;
+    assert_eq!(admitted(&plan.actions), names(&["team/pod-low-1"]));
+    state.records_written().await;
+    make_ready(&s, "low-1");
+    cached_as(&cache, "low-1", |p| p["status"]["phase"] == "Running").await;
+
+    s.delay_requests(SLOW);
+    let started = Instant::now();
+    let end = pass(&s, &c, &mut state, NOW + 1).await;
+    assert!(started.elapsed() < SLOW, "{:?}", started.elapsed());
+    let recorded = |plan: &Plan| -> Vec<String> {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::PodsReady { workload, .. } => Some(workload.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(recorded(&end), ["team/pod-low-1"], "{:?}", end.actions);
+    assert_eq!(admitted(&end.actions), names(&["team/pod-low-2"]));
+    let ready_at = |s: &ApiServer| {
+        pod(s, "low-1")["metadata"]["annotations"]["tessera.io/pods-ready-at"].clone()
+    };
+    assert!(ready_at(&s).is_null(), "not written yet");
+
+    let next = pass(&s, &c, &mut state, NOW + 2).await;
+    assert!(recorded(&next).is_empty(), "{:?}", next.actions);
+    assert!(admitted(&next.actions).is_empty(), "{:?}", next.actions);
+    state.records_written().await;
+    assert_eq!(ungated_pods(&s), names(&["low-1", "low-2"]));
+    assert_eq!(
+        ready_at(&s),
+        json!(rfc3339(NOW + 1)),
+        "written once, by its pass"
+    );
+    s.delay_requests(Duration::ZERO);
+    let after = pass(&s, &c, &mut state, NOW + 3).await;
+    assert!(
+        recorded(&after).is_empty(),
+        "read back: {:?}",
+        after.actions
+    );
+    assert_eq!(state.incremental_stats().map(|s| s.full), Some(1));
 }

@@ -110,7 +110,7 @@ async fn pods_not_ready_in_time_are_evicted_and_jobs_requeued_with_backoff() {
 }
 
 /// Marks a pod's containers Ready (as the kubelet reports it).
-fn make_ready(s: &ApiServer, name: &str) {
+pub(super) fn make_ready(s: &ApiServer, name: &str) {
     let mut p = pod(s, name);
     p["status"] = json!({"phase": "Running", "conditions": [
         {"type": "Ready", "status": "True", "lastTransitionTime": "2026-11-18T12:01:00Z"}]});
