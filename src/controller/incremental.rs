@@ -1200,13 +1200,15 @@ fn fast_pass(
         }
     }
     let queues_changed = !queue_moved.is_empty();
+    // Scopes whose ClusterQueues changed membership: re-decided from their workloads.
+    let mut regrouped = BTreeSet::new();
     if queues_changed {
         let mut problems = Vec::new();
         let objects = queue_objects_cached(cache, &mut problems);
         if !problems.is_empty() {
             return Err("unusable queue objects");
         }
-        kept.follow_queue_objects(objects, now)?;
+        regrouped = kept.follow_queue_objects(objects, now)?;
         for (k, fp) in queue_moved {
             match fp {
                 Some(fp) => kept.queue_fps.insert(k, fp),
@@ -1436,6 +1438,7 @@ fn fast_pass(
     // Scopes re-decided from their workloads in this pass (see `Kept::rebuild_scope`):
     // evictions last pass, workloads terminating, a change the engine cannot follow.
     let mut held: BTreeSet<String> = std::mem::take(&mut kept.evicted_scopes);
+    held.append(&mut regrouped);
     held.extend(kept.terminating.keys().cloned());
     held.extend(kept.unfit.keys().cloned());
     // An engine timer due (a minimum runtime running out): its workload's scope is

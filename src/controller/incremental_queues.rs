@@ -11,11 +11,15 @@
 //! objects and compared (`Kept::books_differ`), and the scopes where a restore differs
 //! or no longer fits are re-decided from their workloads.
 //!
+//! A ClusterQueue moving between cohorts, or changing its `namespaceSelector` or
+//! `queueingStrategy` (which workloads it holds, in which order, sharing quota with
+//! whom), and a LocalQueue pointing to another ClusterQueue (its workloads move)
+//! re-decide the preemption scopes concerned, before and after, from their workloads as
+//! a fresh pass builds them (`Kept::rebuild_scope`): the other scopes are untouched.
+//!
 //! The changes it cannot follow exactly make the pass decide from scratch, each with its
-//! reason: a queue object deleted; a ClusterQueue moving between cohorts, or changing
-//! its `namespaceSelector`, `queueingStrategy` or `stopPolicy` (which workloads it holds,
-//! and in which order, would change under them); a LocalQueue pointing elsewhere, or
-//! the first one of a namespace (serving owners and DRA claims there were never read);
+//! reason: a queue object deleted; a ClusterQueue stopped or changed while stopped
+//! (`stopPolicy`); the first LocalQueue of a namespace (serving owners and DRA claims there were never read);
 //! the labels of a namespace with workloads, where some ClusterQueue selects namespaces
 //! by label; a priority class that workloads name; queue objects that cannot be read
 //! (their problems are reported by the fresh pass). All are rare next to quota edits
@@ -32,12 +36,15 @@ use std::hash::Hash;
 impl Kept {
     /// Applies the queue objects and namespaces of `new` (read from the stores now) to
     /// the kept engine and bookkeeping; the ClusterQueues changed go to `stale` so their
-    /// cohorts' reasons are re-decided in this pass.
+    /// cohorts' reasons are re-decided in this pass. Returns the preemption scopes to
+    /// re-decide from their workloads: those a ClusterQueue left or joined, or whose
+    /// ClusterQueue now selects other namespaces or orders its queue otherwise, and
+    /// those of both ClusterQueues of a LocalQueue pointing to another.
     pub(super) fn follow_queue_objects(
         &mut self,
         new: Snapshot,
         now: Millis,
-    ) -> Result<(), &'static str> {
+    ) -> Result<BTreeSet<String>, &'static str> {
         if !self.base_problems.is_empty() {
             return Err("queue objects changed beside unusable ones");
         }
@@ -56,6 +63,9 @@ impl Kept {
         )?;
         self.follow_priority_classes(&new)?;
         let mut changed_cqs = Vec::new();
+        // ClusterQueues whose workloads, their order or the queues they share quota
+        // with change under them.
+        let mut regrouped = Vec::new();
         follow_named(
             &self.base.cluster_queues,
             &new.cluster_queues,
@@ -63,7 +73,12 @@ impl Kept {
             |old, q| {
                 let q = q.ok_or("a ClusterQueue deleted")?;
                 if let Some(o) = old {
-                    same_membership(o, q)?;
+                    if o.spec.stop_policy != StopPolicy::None {
+                        return Err("a stopped ClusterQueue changed");
+                    }
+                    if !same_membership(o, q) {
+                        regrouped.push(q.metadata.name.clone());
+                    }
                 }
                 if q.spec.stop_policy != StopPolicy::None {
                     return Err("a stopped ClusterQueue changed");
@@ -83,7 +98,13 @@ impl Kept {
                 let q = q.ok_or("a LocalQueue deleted")?;
                 match old {
                     Some(o) if o.spec.cluster_queue != q.spec.cluster_queue => {
-                        Err("a LocalQueue points to another ClusterQueue")
+                        // Its workloads move: both queues' scopes are re-decided.
+                        self.engine
+                            .apply_local_queue(q, now)
+                            .map_err(|_| "a LocalQueue the engine refuses")?;
+                        regrouped.push(o.spec.cluster_queue.clone());
+                        regrouped.push(q.spec.cluster_queue.clone());
+                        Ok(())
                     }
                     Some(_) => Ok(()),
                     None if !self.queued_ns.contains(&lq_key(q).0) => {
@@ -107,7 +128,17 @@ impl Kept {
             self.verify = true;
         }
         self.stale.extend(changed_cqs);
-        self.rescope(Scopes::new(&new));
+        let scopes = Scopes::new(&new);
+        let mut redecide: BTreeSet<String> = regrouped
+            .iter()
+            .map(|cq| self.scopes.of_cluster_queue(cq))
+            .collect();
+        redecide.extend(regrouped.iter().map(|cq| scopes.of_cluster_queue(cq)));
+        // The workloads that change scope leave the engine first: booked in their old
+        // queue, they would take its quota while the scopes are re-decided one by one.
+        for key in self.rescope(scopes, &redecide) {
+            self.drop_from_engine(&key, now)?;
+        }
         self.simple_cqs = simple_cluster_queues(&new.cluster_queues);
         self.flavor_labels = flavor_labels(&new.flavors);
         self.base = Snapshot {
@@ -118,7 +149,7 @@ impl Kept {
             namespaces: new.namespaces,
             ..std::mem::take(&mut self.base)
         };
-        Ok(())
+        Ok(redecide)
     }
 
     /// Namespaces created, relabelled or deleted: noted on the engine without
@@ -206,29 +237,49 @@ impl Kept {
             .any(|k| k.split_once('/').is_some_and(|(n, _)| n == ns))
     }
 
-    /// Moves to `scopes`, under which every workload with a known scope keeps it (the
-    /// caller refused the changes that move one); those of no known scope before (their
-    /// LocalQueue or ClusterQueue missing) are indexed under the one they have now.
-    fn rescope(&mut self, scopes: Scopes) {
+    /// Moves to `scopes`. The workloads of no known scope before (their LocalQueue or
+    /// ClusterQueue missing) and those of scopes `moved` (a ClusterQueue left or joined
+    /// them) are indexed under the scope they have now; every other workload keeps its
+    /// scope (the caller refused the changes that would move one). Returns the keys of
+    /// the workloads that left a known scope for another. Cost: those scopes'
+    /// workloads.
+    fn rescope(&mut self, scopes: Scopes, moved: &BTreeSet<String>) -> Vec<String> {
         self.scopes = scopes;
-        let Some(unknown) = self.scope_keys.remove(UNKNOWN_SCOPE) else {
-            return;
-        };
-        let terminating = self.terminating.remove(UNKNOWN_SCOPE).unwrap_or_default();
-        for key in unknown {
-            let Some(l) = self.lives.get(&key) else {
+        let old = std::iter::once(UNKNOWN_SCOPE).chain(moved.iter().map(String::as_str));
+        let mut leaving = Vec::new();
+        for scope in old {
+            let Some(keys) = self.scope_keys.get(scope) else {
                 continue;
             };
-            let scope = self.scopes.of(l);
-            let sk = super::sort_key(l);
-            if terminating.contains(&sk) {
-                self.terminating
-                    .entry(scope.clone())
-                    .or_default()
-                    .insert(sk);
+            for key in keys {
+                if let Some(l) = self.lives.get(key) {
+                    let now = self.scopes.of(l);
+                    if now != scope {
+                        leaving.push((scope.to_string(), now, key.clone(), super::sort_key(l)));
+                    }
+                }
             }
-            self.scope_keys.entry(scope).or_default().insert(key);
         }
+        let mut keys = Vec::with_capacity(leaving.len());
+        for (from, to, key, sk) in leaving {
+            if let Some(keys) = self.scope_keys.get_mut(&from) {
+                keys.remove(&key);
+            }
+            if self
+                .terminating
+                .get_mut(&from)
+                .is_some_and(|t| t.remove(&sk))
+            {
+                self.terminating.entry(to.clone()).or_default().insert(sk);
+            }
+            self.scope_keys.entry(to).or_default().insert(key.clone());
+            if from != UNKNOWN_SCOPE {
+                keys.push(key);
+            }
+        }
+        self.scope_keys.retain(|_, keys| !keys.is_empty());
+        self.terminating.retain(|_, t| !t.is_empty());
+        keys
     }
 }
 
@@ -276,23 +327,14 @@ pub(super) fn flavor_labels(
         .collect()
 }
 
-/// Whether ClusterQueue `new` holds the same workloads as `old`, in the same order:
-/// same cohort, namespace selector and queueing strategy.
-fn same_membership(old: &ClusterQueue, new: &ClusterQueue) -> Result<(), &'static str> {
+/// Whether ClusterQueue `new` holds the same workloads as `old`, in the same order,
+/// sharing quota with the same queues: same cohort, namespace selector and queueing
+/// strategy.
+fn same_membership(old: &ClusterQueue, new: &ClusterQueue) -> bool {
     let (o, n) = (&old.spec, &new.spec);
-    if o.cohort_name != n.cohort_name {
-        return Err("a ClusterQueue moved between cohorts");
-    }
-    if o.namespace_selector != n.namespace_selector {
-        return Err("a ClusterQueue's namespaceSelector changed");
-    }
-    if o.queueing_strategy != n.queueing_strategy {
-        return Err("a ClusterQueue's queueingStrategy changed");
-    }
-    if o.stop_policy != StopPolicy::None {
-        return Err("a stopped ClusterQueue changed");
-    }
-    Ok(())
+    o.cohort_name == n.cohort_name
+        && o.namespace_selector == n.namespace_selector
+        && o.queueing_strategy == n.queueing_strategy
 }
 
 /// Whether a namespace's labels can decide what `selector` matches.

@@ -195,6 +195,56 @@ impl World {
         }
     }
 
+    /// Changes which workloads a ClusterQueue holds, in which order, or with whom it
+    /// shares quota ([`Op::Regroup`]): `a` joins or leaves cohort `co`; `b` moves between
+    /// `co` and `np`; `d` (1,000 GPUs) joins or leaves `np`; `e` toggles StrictFIFO;
+    /// `i` selects namespaces labelled `tier: x`, or all again; LocalQueue `lq-h` points
+    /// to `a`, or to `h` again.
+    fn regroup(&mut self, what: u8) {
+        if what % 6 == 5 {
+            let key = ("team".to_string(), "lq-h".to_string());
+            if let Some(mut lq) = self.cache.fed_stores()[3].get(&key) {
+                let to = if lq["spec"]["clusterQueue"] == "h" {
+                    "a"
+                } else {
+                    "h"
+                };
+                lq["spec"]["clusterQueue"] = json!(to);
+                self.put(3, lq);
+            }
+            return;
+        }
+        let (name, field, one, other) = match what % 6 {
+            0 => ("a", "cohortName", json!("co"), Value::Null),
+            1 => ("b", "cohortName", json!("np"), json!("co")),
+            2 => ("d", "cohortName", json!("np"), Value::Null),
+            3 => (
+                "e",
+                "queueingStrategy",
+                json!("BestEffortFIFO"),
+                json!("StrictFIFO"),
+            ),
+            _ => (
+                "i",
+                "namespaceSelector",
+                json!({"matchLabels": {"tier": "x"}}),
+                json!({}),
+            ),
+        };
+        let Some(mut cq) = self.cluster_object(2, name) else {
+            return;
+        };
+        let was = cq["spec"].get(field).cloned().unwrap_or(Value::Null);
+        let next = if was == one { other } else { one };
+        match (next.is_null(), cq["spec"].as_object_mut()) {
+            (true, Some(spec)) => {
+                spec.remove(field);
+            }
+            _ => cq["spec"][field] = next,
+        }
+        self.put(2, cq);
+    }
+
     /// Changes what a namespace, flavor or priority class says ([`Op::Relabel`]).
     fn relabel(&mut self, what: u8) {
         match what % 6 {
@@ -943,6 +993,9 @@ enum Op {
     Open(u8),
     /// A namespace, a flavor or a priority class changed ([`World::relabel`]).
     Relabel(u8),
+    /// A ClusterQueue's cohort, queueing strategy or namespace selector changed
+    /// ([`World::regroup`]).
+    Regroup(u8),
     /// DRA claims: a pod or Job naming one, a claim or template created, respecified,
     /// allocated or deleted ([`World::claim`]).
     Claim(u8, u8),
@@ -968,6 +1021,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..QUEUE_PICKS, 0u8..2, 0u8..6).prop_map(|(q, f, g)| Op::Quota(q, f, g)),
         1 => (0u8..2).prop_map(Op::Open),
         1 => (0u8..6).prop_map(Op::Relabel),
+        1 => (0u8..6).prop_map(Op::Regroup),
         2 => (0u8..6, any::<u8>()).prop_map(|(what, n)| Op::Claim(what, n)),
     ]
 }
@@ -1079,6 +1133,7 @@ fn step(w: &mut World, op: &Op, last: &Plan) {
         Op::Quota(q, flavor, gpus) => w.set_quota(q, flavor, gpus),
         Op::Open(what) => w.open(what),
         Op::Relabel(what) => w.relabel(what),
+        Op::Regroup(what) => w.regroup(what),
         Op::Claim(what, n) => w.claim(what, n),
     }
 }
@@ -1106,10 +1161,13 @@ proptest! {
             if let Op::Resize(j, _) = *op {
                 resized_running |= w.pick(j).is_some_and(|(_, v)| running(&v));
             }
-            // A quota lowered under running workloads leaves them running over it.
+            // A quota lowered under running workloads leaves them running over it; so
+            // does a ClusterQueue leaving a cohort (its quota goes with it), or running
+            // workloads moving to another queue with their LocalQueue.
             if let Op::Quota(q, f, gpus) = *op {
                 resized_running |= w.nominal(q, f).is_some_and(|n| u64::from(gpus) < n);
             }
+            resized_running |= matches!(op, Op::Regroup(_));
             step(&mut w, op, &last);
             let blocked = w.blocked.clone();
             let got = inc.decide(&w.cache, &c, w.now, &blocked);
@@ -2599,9 +2657,10 @@ fn each_pod_of_a_group_gets_its_own_pod_sets_flavor() {
 /// makes room for; a LocalQueue and then its ClusterQueue created (in a cohort) take the
 /// workloads that waited for them; a namespace created, relabelled and deleted, a
 /// flavor's node labels changed and a priority class no workload names created and
-/// deleted re-decide nothing. No pass decides from scratch but the first. A change the
-/// kept engine cannot follow exactly (a ClusterQueue moving between cohorts, a
-/// LocalQueue deleted) decides from scratch, saying why.
+/// deleted re-decide nothing. A ClusterQueue moving between cohorts, or ordering its
+/// queue otherwise, re-decides the scopes it left and joined. No pass decides from
+/// scratch but the first. A change the kept engine cannot follow exactly (a LocalQueue
+/// deleted) decides from scratch, saying why.
 #[test]
 fn queue_object_changes_stay_incremental() {
     crate::quota::events::set_exact_places_for_tests(2);
@@ -2650,19 +2709,26 @@ fn queue_object_changes_stay_incremental() {
     }
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     assert_eq!(inc.stats.scopes_redecided, 0, "{:?}", inc.stats);
-    // Cohorts move: from scratch.
-    let mut b = w.cluster_object(2, "b").unwrap();
-    b["spec"]["cohortName"] = json!("np");
-    w.put(2, b);
-    pass(&mut w, &mut inc);
-    assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
-    assert_eq!(
-        inc.stats.last_fallback,
-        Some("a ClusterQueue moved between cohorts")
-    );
+    // `b` moves from cohort `co` to `np`, `a` joins `co` (two of its heads admitted,
+    // borrowing), `e` gives up StrictFIFO, `lq-h` points to `a`: the scopes they left
+    // and joined are re-decided, nothing from scratch. (The pass of `e` re-decides
+    // `co` too: it sees `a`'s admissions run, which a fresh restore orders otherwise.)
+    for (what, scopes) in [(1, 2), (0, 2), (3, 1 + 1), (5, 2)] {
+        let before = inc.stats.scopes_redecided;
+        w.regroup(what);
+        let plan = pass(&mut w, &mut inc);
+        w.apply(&plan, None);
+        assert_eq!(
+            inc.stats.scopes_redecided - before,
+            scopes,
+            "{what}: {plan:?}"
+        );
+    }
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    // A LocalQueue deleted: from scratch.
     w.cache.fed_stores()[3].remove(&("team".into(), "lq-j".into()));
     pass(&mut w, &mut inc);
-    assert_eq!(inc.stats.full, 3, "{:?}", inc.stats);
+    assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
     assert_eq!(inc.stats.last_fallback, Some("a LocalQueue deleted"));
 }
 
