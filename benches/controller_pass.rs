@@ -51,7 +51,10 @@
 //! in the queued namespace (before, any DRA claim change there decided from scratch);
 //! `hold` and `hold end`: the autoscaler records a hold on Deployment `web` (one
 //! replica's GPU in `free`, a coupled scale-down), then the hold ends (before, both
-//! decided from scratch).
+//! decided from scratch); `cohort`: an operator moves ClusterQueues `small` and `free`
+//! into cohort `pool` (their scopes are re-decided), and `cohort full`: then `full`,
+//! the queue of N, too (its N waiting workloads re-decided; both decided from scratch
+//! before).
 //! The cached passes assume their admissions, as `tessera controller` runs them
 //! (`PassState::assuming_admissions`): a pass whose plan only admits, records readiness
 //! (`block end`) and tells reasons returns before any of its writes, which a task makes
@@ -296,6 +299,10 @@ struct Point {
     /// and the one after it ended.
     hold: Option<Duration>,
     hold_end: Option<Duration>,
+    /// The pass reading ClusterQueues `small` and `free` moved into cohort `pool`, and
+    /// the one reading `full` (the N waiting) moved there too.
+    cohort: Option<Duration>,
+    cohort_full: Option<Duration>,
     /// Per case above (by its name), the incremental pass's decision alone
     /// (`IncStats::last_decide`), the rest of the case's time being its writes.
     decide: BTreeMap<&'static str, Duration>,
@@ -910,6 +917,39 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
                 point.decide.insert(case, st.last_decide);
             }
         }
+        // An operator groups `small` and `free` into cohort `pool` (they lend to each
+        // other now), then moves `full` there too.
+        let small = ("small", preempting_queue("small", 2));
+        let free = ("free", queue("free", 1000));
+        let full = ("full", queue("full", 6));
+        for (case, moved) in [("cohort", vec![small, free]), ("cohort full", vec![full])] {
+            for (_, mut q) in moved.clone() {
+                q["spec"]["cohortName"] = json!("pool");
+                s.put_object(cqs, q);
+            }
+            wait_until("the cohort in the cache", || {
+                moved.iter().all(|(name, _)| {
+                    cache.queues[1]
+                        .get(&(String::new(), name.to_string()))
+                        .is_some_and(|q| q["spec"]["cohortName"] == "pool")
+                })
+            })
+            .await;
+            let t = Instant::now();
+            let plan = pass_with(&client, &c, &mut state, now + 3_000)
+                .await
+                .unwrap();
+            let took = Some(t.elapsed());
+            settle(&s, &mut state).await;
+            assert!(plan.problems.is_empty(), "{case}: {:?}", plan.problems);
+            match case {
+                "cohort" => point.cohort = took,
+                _ => point.cohort_full = took,
+            }
+            if let Some(st) = state.incremental_stats() {
+                point.decide.insert(case, st.last_decide);
+            }
+        }
     }
     point.lists /= rounds as u64;
     if let Some(st) = state.incremental_stats() {
@@ -1178,6 +1218,16 @@ async fn main() {
                 "hold end",
                 rebuild.as_ref().and_then(|r| r.hold_end),
                 incr.hold_end,
+            ),
+            (
+                "cohort",
+                rebuild.as_ref().and_then(|r| r.cohort),
+                incr.cohort,
+            ),
+            (
+                "cohort full",
+                rebuild.as_ref().and_then(|r| r.cohort_full),
+                incr.cohort_full,
             ),
         ] {
             cases.push((n, case, r, i, incr.decide.get(case).copied()));
