@@ -904,17 +904,11 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
         })
         .await;
         for (at, case) in [(now + 13, "hold"), (now + 2_000, "hold end")] {
-            let t = Instant::now();
-            let plan = pass_with(&client, &c, &mut state, at).await.unwrap();
-            let took = Some(t.elapsed());
-            settle(&s, &mut state).await;
-            assert!(plan.problems.is_empty(), "{case}: {:?}", plan.problems);
+            let took =
+                Some(timed_pass(&s, &client, &c, &mut state, at, case, &mut point.decide).await);
             match case {
                 "hold" => point.hold = took,
                 _ => point.hold_end = took,
-            }
-            if let Some(st) = state.incremental_stats() {
-                point.decide.insert(case, st.last_decide);
             }
         }
         // An operator groups `small` and `free` into cohort `pool` (they lend to each
@@ -935,19 +929,12 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
                 })
             })
             .await;
-            let t = Instant::now();
-            let plan = pass_with(&client, &c, &mut state, now + 3_000)
-                .await
-                .unwrap();
-            let took = Some(t.elapsed());
-            settle(&s, &mut state).await;
-            assert!(plan.problems.is_empty(), "{case}: {:?}", plan.problems);
+            let at = now + 3_000;
+            let took =
+                Some(timed_pass(&s, &client, &c, &mut state, at, case, &mut point.decide).await);
             match case {
                 "cohort" => point.cohort = took,
                 _ => point.cohort_full = took,
-            }
-            if let Some(st) = state.incremental_stats() {
-                point.decide.insert(case, st.last_decide);
             }
         }
     }
@@ -958,6 +945,28 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
     }
     shutdown.cancel();
     point
+}
+
+/// One pass of `case` at `at`, timed until it returns (its deferred writes land after,
+/// untimed); it reports no unusable object. Its decision alone goes to `decide`.
+async fn timed_pass(
+    s: &ApiServer,
+    client: &kube::Client,
+    c: &Config,
+    state: &mut PassState,
+    at: u64,
+    case: &'static str,
+    decide: &mut BTreeMap<&'static str, Duration>,
+) -> Duration {
+    let t = Instant::now();
+    let plan = pass_with(client, c, state, at).await.unwrap();
+    let took = t.elapsed();
+    settle(s, state).await;
+    assert!(plan.problems.is_empty(), "{case}: {:?}", plan.problems);
+    if let Some(st) = state.incremental_stats() {
+        decide.insert(case, st.last_decide);
+    }
+    took
 }
 
 /// The API-server double: on this runtime, or with `BENCH_API_THREAD=1` on a thread and

@@ -305,9 +305,10 @@ impl Incremental {
     /// Decides one pass like [`Incremental::decide`] while the admissions and readiness
     /// records of workloads `writing` are assumed: the engine holds them admitted (and
     /// recorded Ready) though their objects do not show it yet (their writes are under
-    /// way, as Kueue assumes a workload in its cache before the API server has it). Only the kept engine can decide so: `None`
-    /// when this pass needs one from scratch, which reads the objects as they are and
-    /// must wait for those writes; the kept engine is dropped then.
+    /// way, as Kueue assumes a workload in its cache before the API server has it).
+    /// Only the kept engine can decide so: `None` when this pass needs one from
+    /// scratch, which reads the objects as they are and must wait for those writes; the
+    /// kept engine is dropped then.
     pub fn decide_assuming(
         &mut self,
         cache: &Cache,

@@ -19,11 +19,11 @@
 //!
 //! The changes it cannot follow exactly make the pass decide from scratch, each with its
 //! reason: a queue object deleted; a ClusterQueue stopped or changed while stopped
-//! (`stopPolicy`); the first LocalQueue of a namespace (serving owners and DRA claims there were never read);
-//! the labels of a namespace with workloads, where some ClusterQueue selects namespaces
-//! by label; a priority class that workloads name; queue objects that cannot be read
-//! (their problems are reported by the fresh pass). All are rare next to quota edits
-//! and new queues, and the fresh pass is exact.
+//! (`stopPolicy`); the first LocalQueue of a namespace (serving owners and DRA claims
+//! there were never read); the labels of a namespace with workloads, where some
+//! ClusterQueue selects namespaces by label; a priority class that workloads name;
+//! queue objects that cannot be read (their problems are reported by the fresh pass).
+//! All are rare next to quota edits and new queues, and the fresh pass is exact.
 
 use super::Kept;
 use crate::controller::decide::{Scopes, UNKNOWN_SCOPE};
@@ -253,9 +253,9 @@ impl Kept {
             };
             for key in keys {
                 if let Some(l) = self.lives.get(key) {
-                    let now = self.scopes.of(l);
-                    if now != scope {
-                        leaving.push((scope.to_string(), now, key.clone(), super::sort_key(l)));
+                    let to = self.scopes.of(l);
+                    if to != scope {
+                        leaving.push((scope.to_string(), to, key.clone(), super::sort_key(l)));
                     }
                 }
             }

@@ -1,8 +1,8 @@
 //! Passes that assume their admissions (`PassState::assuming_admissions`, what `tessera
-//! controller` runs): a pass whose plan only admits (or records readiness) and tells reasons returns before its
-//! writes land; the passes after it hold those workloads admitted until the writes are
-//! answered — no second admission, no quota handed out twice — and one whose write
-//! failed is admitted again; a pass that must decide from scratch, sees an object of an
+//! controller` runs): a pass whose plan only admits (or records readiness) and tells
+//! reasons returns before its writes land; the passes after it hold those workloads
+//! admitted until the writes are answered — no second admission, no quota handed out
+//! twice — and one whose write failed is admitted again; a pass that must decide from scratch, sees an object of an
 //! admission under way change, or evicts, waits for the writes under way first; with
 //! `blockAdmission` the passes after an assumed admission hold every queue. A readiness
 //! record (`waitForPodsReady`) goes behind its pass the same way, and is written once.
