@@ -11,15 +11,17 @@
 //! objects and compared (`Kept::books_differ`), and the scopes where a restore differs
 //! or no longer fits are re-decided from their workloads.
 //!
-//! A ClusterQueue moving between cohorts, or changing its `namespaceSelector` or
+//! A ClusterQueue moving between cohorts, changing its `namespaceSelector` or
 //! `queueingStrategy` (which workloads it holds, in which order, sharing quota with
-//! whom), and a LocalQueue pointing to another ClusterQueue (its workloads move)
-//! re-decide the preemption scopes concerned, before and after, from their workloads as
-//! a fresh pass builds them (`Kept::rebuild_scope`): the other scopes are untouched.
+//! whom) or held and released (`stopPolicy: Hold`), and a LocalQueue pointing to
+//! another ClusterQueue (its workloads move) re-decide the preemption scopes concerned,
+//! before and after, from their workloads as a fresh pass builds them
+//! (`Kept::rebuild_scope`): the other scopes are untouched.
 //!
 //! The changes it cannot follow exactly make the pass decide from scratch, each with its
-//! reason: a queue object deleted; a ClusterQueue stopped or changed while stopped
-//! (`stopPolicy`); the first LocalQueue of a namespace (serving owners and DRA claims
+//! reason: a queue object deleted; a ClusterQueue draining or drained
+//! (`stopPolicy: HoldAndDrain`: the engine evicts as the queue changes) or created
+//! stopped; the first LocalQueue of a namespace (serving owners and DRA claims
 //! there were never read); the labels of a namespace with workloads, where some
 //! ClusterQueue selects namespaces by label; a priority class that workloads name;
 //! queue objects that cannot be read (their problems are reported by the fresh pass).
@@ -38,7 +40,8 @@ impl Kept {
     /// the kept engine and bookkeeping; the ClusterQueues changed go to `stale` so their
     /// cohorts' reasons are re-decided in this pass. Returns the preemption scopes to
     /// re-decide from their workloads: those a ClusterQueue left or joined, or whose
-    /// ClusterQueue now selects other namespaces or orders its queue otherwise, and
+    /// ClusterQueue now selects other namespaces, orders its queue otherwise, or was
+    /// held or released, and
     /// those of both ClusterQueues of a LocalQueue pointing to another.
     pub(super) fn follow_queue_objects(
         &mut self,
@@ -72,16 +75,23 @@ impl Kept {
             |q: &ClusterQueue| &q.metadata.name,
             |old, q| {
                 let q = q.ok_or("a ClusterQueue deleted")?;
-                if let Some(o) = old {
-                    if o.spec.stop_policy != StopPolicy::None {
-                        return Err("a stopped ClusterQueue changed");
+                let draining = |q: &ClusterQueue| q.spec.stop_policy == StopPolicy::HoldAndDrain;
+                match old {
+                    Some(o) if draining(o) || draining(q) => {
+                        return Err("a draining ClusterQueue changed");
                     }
-                    if !same_membership(o, q) {
+                    // Other workloads, another order or cohort, or held or released:
+                    // its scopes are re-decided (its waiting workloads told anew).
+                    Some(o)
+                        if !same_membership(o, q) || o.spec.stop_policy != q.spec.stop_policy =>
+                    {
                         regrouped.push(q.metadata.name.clone());
                     }
-                }
-                if q.spec.stop_policy != StopPolicy::None {
-                    return Err("a stopped ClusterQueue changed");
+                    Some(_) => {}
+                    None if q.spec.stop_policy != StopPolicy::None => {
+                        return Err("a stopped ClusterQueue created");
+                    }
+                    None => {}
                 }
                 self.engine
                     .update_cluster_queue(q, now)

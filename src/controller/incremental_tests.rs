@@ -199,9 +199,17 @@ impl World {
     /// shares quota ([`Op::Regroup`]): `a` joins or leaves cohort `co`; `b` moves between
     /// `co` and `np`; `d` (1,000 GPUs) joins or leaves `np`; `e` toggles StrictFIFO;
     /// `i` selects namespaces labelled `tier: x`, or all again; LocalQueue `lq-h` points
-    /// to `a`, or to `h` again.
+    /// to `a`, or to `h` again; `j` is held (`stopPolicy: Hold`), or released.
     fn regroup(&mut self, what: u8) {
-        if what % 6 == 5 {
+        if what % 7 == 6 {
+            if let Some(mut cq) = self.cluster_object(2, "j") {
+                let held = cq["spec"]["stopPolicy"] == "Hold";
+                cq["spec"]["stopPolicy"] = json!(if held { "None" } else { "Hold" });
+                self.put(2, cq);
+            }
+            return;
+        }
+        if what % 7 == 5 {
             let key = ("team".to_string(), "lq-h".to_string());
             if let Some(mut lq) = self.cache.fed_stores()[3].get(&key) {
                 let to = if lq["spec"]["clusterQueue"] == "h" {
@@ -993,8 +1001,8 @@ enum Op {
     Open(u8),
     /// A namespace, a flavor or a priority class changed ([`World::relabel`]).
     Relabel(u8),
-    /// A ClusterQueue's cohort, queueing strategy or namespace selector changed
-    /// ([`World::regroup`]).
+    /// A ClusterQueue's cohort, queueing strategy, namespace selector or stop policy
+    /// changed, or a LocalQueue pointed elsewhere ([`World::regroup`]).
     Regroup(u8),
     /// DRA claims: a pod or Job naming one, a claim or template created, respecified,
     /// allocated or deleted ([`World::claim`]).
@@ -1021,7 +1029,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..QUEUE_PICKS, 0u8..2, 0u8..6).prop_map(|(q, f, g)| Op::Quota(q, f, g)),
         1 => (0u8..2).prop_map(Op::Open),
         1 => (0u8..6).prop_map(Op::Relabel),
-        1 => (0u8..6).prop_map(Op::Regroup),
+        1 => (0u8..7).prop_map(Op::Regroup),
         2 => (0u8..6, any::<u8>()).prop_map(|(what, n)| Op::Claim(what, n)),
     ]
 }
@@ -2657,9 +2665,9 @@ fn each_pod_of_a_group_gets_its_own_pod_sets_flavor() {
 /// makes room for; a LocalQueue and then its ClusterQueue created (in a cohort) take the
 /// workloads that waited for them; a namespace created, relabelled and deleted, a
 /// flavor's node labels changed and a priority class no workload names created and
-/// deleted re-decide nothing. A ClusterQueue moving between cohorts, or ordering its
-/// queue otherwise, re-decides the scopes it left and joined. No pass decides from
-/// scratch but the first. A change the kept engine cannot follow exactly (a LocalQueue
+/// deleted re-decide nothing. A ClusterQueue moving between cohorts, ordering its
+/// queue otherwise, held or released, re-decides the scopes it left and joined. No
+/// pass decides from scratch but the first. A change the kept engine cannot follow exactly (a LocalQueue
 /// deleted) decides from scratch, saying why.
 #[test]
 fn queue_object_changes_stay_incremental() {
@@ -2724,6 +2732,18 @@ fn queue_object_changes_stay_incremental() {
             "{what}: {plan:?}"
         );
     }
+    // `j` held (`stopPolicy: Hold`): a pod arriving there waits, told why; released, it
+    // is admitted.
+    w.regroup(6);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    w.add_pods(9, 1, false, 0, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending"), ["ClusterQueueStopped"], "{plan:?}");
+    w.apply(&plan, None);
+    w.regroup(6);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     // A LocalQueue deleted: from scratch.
     w.cache.fed_stores()[3].remove(&("team".into(), "lq-j".into()));
