@@ -3,7 +3,8 @@
 //! events arrive), a restart with a fresh cache keeps the admitted set and writes
 //! nothing, a pod deleted by another client frees its quota through the watch, and a
 //! pass with nothing to do is recognised as settled until an object changes; a watch
-//! ended by a compaction (410 Gone) LISTs again and misses nothing.
+//! ended by a compaction (410 Gone) LISTs again and misses nothing; a ClusterQueue
+//! joining a cohort or held is followed without a pass from scratch.
 
 use super::{
     assert_rbac_allows_every_request, cfg, cluster, condition, create_pod, gated, pod,
@@ -497,4 +498,100 @@ async fn waiting_reasons_are_written_a_bounded_number_at_a_time() {
         "{most} requests at once"
     );
     stop.cancel();
+}
+
+/// An operator edits ClusterQueues under cached passes: `cq` joins cohort `pool`, where
+/// `lender` has 4 GPUs nobody uses, so the pod that waited for quota is admitted,
+/// borrowing; then `cq` is held (`stopPolicy: Hold`): a pod arriving waits, told why;
+/// released, it waits for quota, and is admitted once a running pod ends. The kept
+/// engine follows each edit: nothing but the first pass decides from scratch.
+#[tokio::test]
+async fn a_queue_joining_a_cohort_or_held_is_followed_without_a_pass_from_scratch() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    let cqs = "/apis/tessera.io/v1alpha1/clusterqueues";
+    let queue = |name: &str, spec: serde_json::Value| {
+        let mut q = json!({"apiVersion": "tessera.io/v1alpha1", "kind": "ClusterQueue",
+            "metadata": {"name": name},
+            "spec": {"namespaceSelector": {},
+                     "resourceGroups": [{"coveredResources": ["nvidia.com/gpu"],
+                         "flavors": [{"name": "h100", "resources": [{"name": "nvidia.com/gpu", "nominalQuota": 4}]}]}]}});
+        for (k, v) in spec.as_object().into_iter().flatten() {
+            q["spec"][k] = v.clone();
+        }
+        q
+    };
+    s.put_object(cqs, queue("lender", json!({"cohortName": "pool"})));
+    create_pod(&s, "first", 4, "low", json!({}), None);
+    create_pod(&s, "second", 4, "low", json!({}), None);
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    state.records_written().await;
+    assert_eq!(condition(&pod(&s, "second")).0, "WaitingForQuota");
+
+    // Edits to `cq` seen through the watch before each pass.
+    let edit = |spec: serde_json::Value| {
+        let q = queue("cq", spec);
+        let want = q["spec"].clone();
+        s.put_object(cqs, q);
+        let cache = cache.clone();
+        async move {
+            let key = (String::new(), "cq".to_string());
+            wait_for("the edit in the cache", || {
+                cache.queues[1].get(&key).is_some_and(|q| q["spec"] == want)
+            })
+            .await;
+        }
+    };
+    edit(json!({"cohortName": "pool"})).await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert_eq!(
+        admits(&plan.actions),
+        1,
+        "borrowing from lender: {:?}",
+        plan.actions
+    );
+    state.records_written().await;
+    assert!(!gated(&pod(&s, "second")));
+
+    edit(json!({"cohortName": "pool", "stopPolicy": "Hold"})).await;
+    reconciler::pass_with(&client, &c, &mut state, NOW + 2)
+        .await
+        .unwrap();
+    create_pod(&s, "third", 1, "low", json!({}), None);
+    wait_for("third in the cache", || {
+        cache.pods[0]
+            .get(&("team".to_string(), "third".to_string()))
+            .is_some()
+    })
+    .await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 0, "held: {:?}", plan.actions);
+    state.records_written().await;
+    assert_eq!(condition(&pod(&s, "third")).0, "ClusterQueueStopped");
+
+    // Released: the cohort is full, so it waits for quota now; `first` ending frees it.
+    edit(json!({"cohortName": "pool"})).await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 4)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 0, "{:?}", plan.actions);
+    state.records_written().await;
+    assert_eq!(condition(&pod(&s, "third")).0, "WaitingForQuota");
+    delete_seen(&s, &cache, "first").await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 5)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    assert_eq!(state.incremental_stats().map(|s| s.full), Some(1));
+    stop.cancel();
+    assert_rbac_allows_every_request(&s);
 }
