@@ -958,9 +958,11 @@ async fn timed_pass(
     case: &'static str,
     decide: &mut BTreeMap<&'static str, Duration>,
 ) -> Duration {
+    perf_control(case, "enable");
     let t = Instant::now();
     let plan = pass_with(client, c, state, at).await.unwrap();
     let took = t.elapsed();
+    perf_control(case, "disable");
     settle(s, state).await;
     assert!(plan.problems.is_empty(), "{case}: {:?}", plan.problems);
     if let Some(st) = state.incremental_stats() {
@@ -992,7 +994,8 @@ async fn api_server() -> ApiServer {
 
 /// `BENCH_PERF_CTL=FIFO`: `perf record -D -1 --control fifo:FIFO` records one case's
 /// pass alone (the command written to the FIFO: `enable` / `disable`): `head`, or the
-/// one `BENCH_PERF_CASE` names (`admitting`, its five rounds; `retry`, `quota`, `block end`).
+/// one `BENCH_PERF_CASE` names (`admitting`, its five rounds; `retry`, `quota`, `block end`,
+/// `hold`, `hold end`, `cohort`, `cohort full`).
 fn perf_control(case: &str, command: &str) {
     let wanted = std::env::var("BENCH_PERF_CASE").unwrap_or_else(|_| "head".into());
     if wanted != case {
