@@ -127,7 +127,8 @@ struct Running {
 }
 
 /// The writes the controller's passes do not wait for: records' places, and the whole
-/// of a plan that only admits, records readiness and tells reasons when passes assume them.
+/// of a plan that only admits, records readiness and tells reasons when passes assume
+/// them.
 #[derive(Debug, Default)]
 pub struct DeferredRecords {
     running: Option<Running>,

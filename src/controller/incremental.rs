@@ -1922,8 +1922,8 @@ impl Kept {
         };
         let mut set = BTreeMap::new();
         let mut out = Vec::new();
-        let unrecorded = self.unrecorded.iter().filter(|sk| !writing.contains(&sk.1));
-        let mut due: Vec<&(Millis, String)> = unrecorded.chain(&self.timed_out).collect();
+        let mut due: Vec<&(Millis, String)> =
+            self.not_recorded(writing).chain(&self.timed_out).collect();
         due.sort();
         for (_, key) in due {
             let l = self.lives.get(key).ok_or("bookkeeping")?;
@@ -1959,6 +1959,15 @@ impl Kept {
         Ok(actions)
     }
 
+    /// The running workloads not recorded Ready, but those whose readiness record is
+    /// being written (`writing`: assumed written).
+    fn not_recorded<'a>(
+        &'a self,
+        writing: &'a BTreeSet<String>,
+    ) -> impl Iterator<Item = &'a (Millis, String)> {
+        self.unrecorded.iter().filter(|sk| !writing.contains(&sk.1))
+    }
+
     /// Takes the running workloads whose pods-ready timeout is due at `now` as a fresh
     /// pass does: they terminate (holding their quota until their objects are gone) and
     /// are evicted each pass until their objects change. Returns their scopes, to be
@@ -1973,7 +1982,7 @@ impl Kept {
             return Ok(BTreeSet::new());
         };
         let mut due = Vec::new();
-        for sk in self.unrecorded.iter().filter(|sk| !writing.contains(&sk.1)) {
+        for sk in self.not_recorded(writing) {
             let l = self.lives.get(&sk.1).ok_or("bookkeeping")?;
             if !l.ready && !l.objects.is_empty() && pods_ready::timed_out(cfg, l.admitted_at, now) {
                 due.push(sk.clone());

@@ -60,8 +60,8 @@ pub struct PassState {
     /// Updated after every pass when set (served on `/metrics`).
     pub metrics: Option<Arc<ControllerMetrics>>,
     /// The writes a cached pass does not wait for (record places; with `assume`, the
-    /// whole of a plan that only admits, records readiness and tells reasons), and what writes left
-    /// unwritten for the next pass.
+    /// whole of a plan that only admits, records readiness and tells reasons), and what
+    /// writes left unwritten for the next pass.
     deferred: DeferredRecords,
     /// Passes hand an admitting plan's writes to a task and go on assuming them.
     assume: bool,
