@@ -288,6 +288,30 @@ fn every_assumed_write_is_answered_once_after_its_last_write() {
         assert_eq!(answered(&w), [("team/pod-e".to_string(), 1)]);
         assert_eq!(applied.failed, usize::from(code.is_some()));
     }
+    // A pods-ready eviction: answered after its last write, when it went, when its pods
+    // failed, and without one when its requeue state could not be written first.
+    let state = |wk: &str| Action::RequeueState {
+        namespace: "team".into(),
+        set: vec![Entry {
+            workload: wk.into(),
+            requeue: Requeue {
+                count: 1,
+                evicted_at: NOW,
+            },
+        }],
+        forget: BTreeMap::new(),
+    };
+    for (fail, calls) in [
+        (None, 4),
+        (Some(("evict f", 500)), 3),
+        (Some(("requeue-state team", 500)), 1),
+    ] {
+        let w = Recorder::failing(&fail.into_iter().collect::<Vec<_>>());
+        let evict = timeout("team/pod-f", vec![pod("f")]);
+        run(&w, &pods_ready_cfg(), vec![state("team/pod-f"), evict]);
+        assert_eq!(w.calls().len(), calls, "{:?}", w.calls());
+        assert_eq!(answered(&w), [("team/pod-f".to_string(), calls)]);
+    }
 }
 
 #[test]

@@ -4,16 +4,17 @@
 //! pass writes its admissions, evictions and pod statuses, hands those place writes to a
 //! task and returns. Then, when passes assume admissions
 //! (`PassState::assuming_admissions`, what `tessera controller` runs), the whole of a
-//! plan that only admits, records readiness and tells reasons ([`Plan`]): its ungates,
-//! readiness records, Events, reasons, queue status and records go to the task too, as
-//! Kueue's scheduler assumes a workload in its cache and writes its admission from a
-//! goroutine; until each admission's (or readiness record's) writes are answered the
-//! workload is in [`Writing`], which the passes after it read.
+//! plan that only admits, records readiness, evicts for a pods-ready timeout and tells
+//! reasons ([`Plan`]): its ungates, readiness records, evictions with their requeue
+//! state, Events, reasons, queue status and records go to the task too, as Kueue's
+//! scheduler assumes a workload in its cache and writes its admission from a
+//! goroutine; until each admission's (readiness record's, eviction's) writes are
+//! answered the workload is in [`Writing`], which the passes after it read.
 //!
 //! ```text
-//! pass ─► plan ─┬─ admits, readiness, reasons (assumed) ─► Writing ◄─ answered ─┐
-//!               │                                                              │
-//!               │      task (after the one before it): the plan's writes ──────┘ ─► the places
+//! pass ─► plan ─┬─ admits, readiness, timeouts, reasons (assumed) ─► Writing ◄─ answered ─┐
+//!               │                                                                        │
+//!               │      task (after the one before it): the plan's writes ────────────────┘ ─► the places
 //!               └─ the rest ─► written in the pass (after the tasks that write plans)
 //!        records ─┬─ deferrable ─► ask the place (cache.asked_places) ─► task
 //!                 └─ the rest ──► written in the pass, or by the plan's task
@@ -27,6 +28,7 @@
 
 use super::asked_places::Ticket;
 use super::cache::Cache;
+use super::incremental::Assumed;
 use super::time::Millis;
 use super::workload_record::Update;
 use super::workload_writer;
@@ -64,26 +66,35 @@ struct Asked {
     ticket: Ticket,
 }
 
-/// The workloads whose admission or readiness record is written behind its pass, by
-/// key: passes assume those writes (the kept engine holds them admitted while their
-/// objects still show them waiting, and recorded Ready while their objects do not say
-/// so yet). A key leaves once its objects' writes are answered, landed or failed.
+/// The workloads whose admission, readiness record or pods-ready eviction is written
+/// behind its pass, by key: passes assume those writes ([`Assumed`]: the kept engine
+/// holds them admitted while their objects still show them waiting, recorded Ready
+/// while their objects do not say so yet, and does not evict them again). A key leaves
+/// once its objects' writes are answered, landed or failed.
 #[derive(Debug, Default)]
-pub struct Writing(Mutex<BTreeSet<String>>);
+pub struct Writing(Mutex<Assumed>);
 
 impl Writing {
-    fn lock(&self) -> MutexGuard<'_, BTreeSet<String>> {
+    fn lock(&self) -> MutexGuard<'_, Assumed> {
         self.0.lock().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// The workloads whose writes are under way now.
-    pub fn now(&self) -> BTreeSet<String> {
+    /// The writes under way now.
+    pub fn now(&self) -> Assumed {
         self.lock().clone()
     }
 
     /// Workload `key`'s writes are answered.
     pub fn answered(&self, key: &str) {
-        self.lock().remove(key);
+        let mut w = self.lock();
+        w.recorded.remove(key);
+        w.evicting.remove(key);
+    }
+
+    fn start(&self, plan: &Assumed) {
+        let mut w = self.lock();
+        w.recorded.extend(plan.recorded.iter().cloned());
+        w.evicting.extend(plan.evicting.iter().cloned());
     }
 }
 
@@ -101,11 +112,11 @@ pub type PlanWrites =
     Box<dyn FnOnce(Vec<Update>) -> Pin<Box<dyn Future<Output = Unwritten> + Send>> + Send>;
 
 /// A plan's writes and what they touch: the records they write and the workloads whose
-/// admissions or readiness records they write (assumed until answered).
+/// admissions, readiness records or evictions they write (assumed until answered).
 pub struct Plan {
     pub writes: PlanWrites,
     pub records: BTreeSet<String>,
-    pub assumed: BTreeSet<String>,
+    pub assumed: Assumed,
 }
 
 /// What a task left: the place updates that failed, and what its plans' writes left.
@@ -247,8 +258,9 @@ impl DeferredRecords {
         let mut writes = None;
         if let Some(p) = plan {
             keys.extend(p.records);
-            self.writing.lock().extend(p.assumed.iter().cloned());
-            assumed = p.assumed;
+            self.writing.start(&p.assumed);
+            assumed.extend(p.assumed.recorded);
+            assumed.extend(p.assumed.evicting);
             writes = Some(p.writes);
         }
         let mut plans = writes.is_some();

@@ -302,10 +302,10 @@ impl Incremental {
         plan
     }
 
-    /// Decides one pass like [`Incremental::decide`] while the admissions and readiness
-    /// records of workloads `writing` are assumed: the engine holds them admitted (and
-    /// recorded Ready) though their objects do not show it yet (their writes are under
-    /// way, as Kueue assumes a workload in its cache before the API server has it).
+    /// Decides one pass like [`Incremental::decide`] while the writes of `assumed` are
+    /// under way: the engine holds its admissions admitted (and its readiness records
+    /// recorded) though their objects do not show it yet, as Kueue assumes a workload
+    /// in its cache before the API server has it, and asks none of its evictions again.
     /// Only the kept engine can decide so: `None` when this pass needs one from
     /// scratch, which reads the objects as they are and must wait for those writes; the
     /// kept engine is dropped then.
@@ -315,9 +315,9 @@ impl Incremental {
         cfg: &Config,
         now: Millis,
         blocked: &BTreeMap<ObjRef, Blocked>,
-        writing: &BTreeSet<String>,
+        assumed: &Assumed,
     ) -> Option<Plan> {
-        if writing.is_empty() {
+        if assumed.is_empty() {
             return Some(self.decide(cache, cfg, now, blocked));
         }
         let started = std::time::Instant::now();
@@ -325,7 +325,7 @@ impl Incremental {
             self.dropped = Some("nothing kept");
             return None;
         };
-        let plan = self.go_on(kept, cache, cfg, now, blocked, writing);
+        let plan = self.go_on(kept, cache, cfg, now, blocked, assumed);
         self.stats.last_decide = started.elapsed();
         plan
     }
@@ -338,9 +338,9 @@ impl Incremental {
         cfg: &Config,
         now: Millis,
         blocked: &BTreeMap<ObjRef, Blocked>,
-        writing: &BTreeSet<String>,
+        assumed: &Assumed,
     ) -> Option<Plan> {
-        match fast_pass(kept, cache, cfg, now, blocked, writing) {
+        match fast_pass(kept, cache, cfg, now, blocked, assumed) {
             Ok((plan, mut kept)) => {
                 self.stats.requeued += std::mem::take(&mut kept.requeues);
                 self.stats.scopes_redecided += std::mem::take(&mut kept.redecided);
@@ -364,8 +364,8 @@ impl Incremental {
         blocked: &BTreeMap<ObjRef, Blocked>,
     ) -> Plan {
         if let Some(kept) = self.kept.take() {
-            let writing = BTreeSet::new();
-            if let Some(plan) = self.go_on(kept, cache, cfg, now, blocked, &writing) {
+            let none = Assumed::default();
+            if let Some(plan) = self.go_on(kept, cache, cfg, now, blocked, &none) {
                 return plan;
             }
         }
@@ -1160,8 +1160,9 @@ fn fast_pass(
     cfg: &Config,
     now: Millis,
     blocked: &BTreeMap<ObjRef, Blocked>,
-    writing: &BTreeSet<String>,
+    assumed: &Assumed,
 ) -> Result<(Plan, Kept), &'static str> {
+    let writing = &assumed.recorded;
     let checks = [
         (now < kept.now, "time went back"),
         (
@@ -1652,7 +1653,7 @@ fn fast_pass(
     }
     events.extend(kept.engine.take_events());
     let mut plan = Plan {
-        actions: kept.pods_ready_actions(now, writing)?,
+        actions: kept.pods_ready_actions(now, assumed)?,
         ..Plan::default()
     };
     let flavor_labels: BTreeMap<&str, &BTreeMap<String, String>> = kept
@@ -1900,6 +1901,25 @@ const REDECIDE_SCOPE: [&str; 2] = [
     "a workload runs that was not admitted here",
 ];
 
+/// The writes a pass assumes landed while they are under way behind the pass that
+/// decided them (`deferred_records`), by workload key.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Assumed {
+    /// Admissions and readiness records: the kept engine holds these workloads admitted
+    /// (recorded Ready) while their objects do not show it yet.
+    pub recorded: BTreeSet<String>,
+    /// Evictions for a pods-ready timeout (with their requeue state): the workloads
+    /// stay timed out, terminating, and their eviction is not asked again.
+    pub evicting: BTreeSet<String>,
+}
+
+impl Assumed {
+    /// Whether no write is under way.
+    pub fn is_empty(&self) -> bool {
+        self.recorded.is_empty() && self.evicting.is_empty()
+    }
+}
+
 /// Whether `cfg` has `waitForPodsReady` with `blockAdmission` (the engine holds queues
 /// while an admitted workload's pods are not Ready).
 fn blocks_admission(cfg: &Config) -> bool {
@@ -1910,25 +1930,30 @@ impl Kept {
     /// With `waitForPodsReady`, the actions a fresh pass opens with: the requeue state
     /// writes (entries of this pass's timeouts, entries no longer needed), then
     /// `PodsReady` for running workloads Ready now but not recorded and the evictions of
-    /// the timed-out ones, in admission order. A readiness record being written
-    /// (`writing`) is assumed written. Cost: those workloads and the entries.
+    /// the timed-out ones, in admission order. A readiness record being written is
+    /// assumed written, and an eviction being written (with its requeue state) is not
+    /// asked again (`assumed`). Cost: those workloads and the entries.
     fn pods_ready_actions(
         &self,
         now: Millis,
-        writing: &BTreeSet<String>,
+        assumed: &Assumed,
     ) -> Result<Vec<Action>, &'static str> {
         let Some(cfg) = &self.pods_ready else {
             return Ok(Vec::new());
         };
         let mut set = BTreeMap::new();
         let mut out = Vec::new();
-        let mut due: Vec<&(Millis, String)> =
-            self.not_recorded(writing).chain(&self.timed_out).collect();
+        let mut due: Vec<&(Millis, String)> = self
+            .not_recorded(&assumed.recorded)
+            .chain(&self.timed_out)
+            .collect();
         due.sort();
         for (_, key) in due {
             let l = self.lives.get(key).ok_or("bookkeeping")?;
             if l.state == State::Terminating {
-                out.push(pods_ready::timeout_eviction(l, now, &mut set));
+                if !assumed.evicting.contains(key) {
+                    out.push(pods_ready::timeout_eviction(l, now, &mut set));
+                }
                 continue;
             }
             let Some(first) = l.objects.first() else {

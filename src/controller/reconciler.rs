@@ -28,7 +28,7 @@ use super::error::{Error, Result};
 use super::evictions::EvictionBackoff;
 use super::finish_watch::FinishWatch;
 use super::in_flight::at_most;
-use super::incremental::{decide_cached, IncStats, Incremental};
+use super::incremental::{decide_cached, Assumed, IncStats, Incremental};
 use super::lease::Elector;
 use super::metrics::ControllerMetrics;
 use super::model::{Action, ObjKind, ObjRef, Plan};
@@ -388,6 +388,7 @@ pub(crate) async fn apply_with(
                 if requeue.is_some() && unrecorded.contains(workload) {
                     failed += 1;
                     tracing::warn!(%workload, "requeue state not recorded; eviction deferred to the next pass");
+                    w.writes_answered(workload);
                     continue;
                 }
                 tracing::info!(%workload, %reason, %by, "evicting");
@@ -453,6 +454,7 @@ pub(crate) async fn apply_with(
                 if evicted == objects.len() {
                     done.push(index);
                 }
+                w.writes_answered(workload);
             }
             Action::RequeueState {
                 namespace,
@@ -600,9 +602,9 @@ pub async fn pass_with(
             let started = std::time::Instant::now();
             let plan = match &state.incremental {
                 Some(inc) if state.assume => {
-                    let writing = state.deferred.writing().now();
+                    let assumed = state.deferred.writing().now();
                     // Held only while deciding (no await): a pass is not interleaved.
-                    let kept = lock(inc).decide_assuming(cache, cfg, now, &blocked, &writing);
+                    let kept = lock(inc).decide_assuming(cache, cfg, now, &blocked, &assumed);
                     match kept {
                         Some(plan) => plan,
                         None => {
@@ -739,7 +741,9 @@ fn pass_records(
 }
 
 /// Whether this cached pass's writes can go behind it ([`PassState::assuming_admissions`]):
-/// its plan admits, records readiness or tells reasons, nothing else.
+/// its plan admits, records readiness, evicts for a pods-ready timeout (writing the
+/// requeue state) or tells reasons, nothing else. A preemption is written in its pass:
+/// a refused eviction's backoff holds the next pass's preemptions back.
 fn assumable(state: &PassState, plan: &Plan) -> bool {
     state.assume
         && state.incremental.is_some()
@@ -747,9 +751,33 @@ fn assumable(state: &PassState, plan: &Plan) -> bool {
         && plan.actions.iter().all(|a| {
             matches!(
                 a,
-                Action::Admit { .. } | Action::PodsReady { .. } | Action::Pending { .. }
+                Action::Admit { .. }
+                    | Action::PodsReady { .. }
+                    | Action::Pending { .. }
+                    | Action::RequeueState { .. }
+                    | Action::Evict {
+                        requeue: Some(_),
+                        ..
+                    }
             )
         })
+}
+
+/// The writes of `plan` the passes after it assume while they are under way.
+fn assumed_writes(plan: &Plan) -> Assumed {
+    let mut assumed = Assumed::default();
+    for a in &plan.actions {
+        match a {
+            Action::Admit { workload, .. } | Action::PodsReady { workload, .. } => {
+                assumed.recorded.insert(workload.clone());
+            }
+            Action::Evict { workload, .. } => {
+                assumed.evicting.insert(workload.clone());
+            }
+            _ => {}
+        }
+    }
+    assumed
 }
 
 /// Hands the plan's writes (its actions, the queues' status, its records) to the task
@@ -767,16 +795,7 @@ fn write_behind(
     let earlier = state.deferred.take_unwritten().records;
     let (records, later) = pass_records(state, Some(cache), plan, earlier);
     let (later, written) = later.unwrap_or_default();
-    let assumed: BTreeSet<String> = plan
-        .actions
-        .iter()
-        .filter_map(|a| match a {
-            Action::Admit { workload, .. } | Action::PodsReady { workload, .. } => {
-                Some(workload.clone())
-            }
-            _ => None,
-        })
-        .collect();
+    let assumed = assumed_writes(plan);
     // What the writes and the metrics read of the plan (not its admitted set, which
     // grows with the cluster, nor its records, written below).
     let ours = Plan {
@@ -805,7 +824,8 @@ fn write_behind(
                 cache: Some(&cache2),
                 writing: Some(&writing),
             };
-            // An assumed plan evicts nothing: its backoff book stays empty.
+            // An assumed plan evicts only for pods-ready timeouts, which no backoff holds
+            // back (a refused one is asked again by the next pass): its book is its own.
             let mut evictions =
                 EvictionBackoff::new(cfg2.eviction_backoff_base, cfg2.eviction_backoff_max);
             let applied = apply_with(&w, &cfg2, &ours, &mut evictions, Some(&cache2), now).await;

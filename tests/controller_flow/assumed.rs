@@ -5,7 +5,8 @@
 //! twice — and one whose write failed is admitted again; a pass that must decide from scratch, sees an object of an
 //! admission under way change, or evicts, waits for the writes under way first; with
 //! `blockAdmission` the passes after an assumed admission hold every queue. A readiness
-//! record (`waitForPodsReady`) goes behind its pass the same way, and is written once.
+//! record (`waitForPodsReady`) and a pods-ready timeout's eviction go behind their pass
+//! the same way, and are written once.
 
 use super::cache::cached;
 use super::pods_ready::make_ready;
@@ -331,5 +332,58 @@ async fn a_readiness_record_written_behind_its_pass_is_written_once() {
         "read back: {:?}",
         after.actions
     );
+    assert_eq!(state.incremental_stats().map(|s| s.full), Some(1));
+}
+
+/// A pods-ready timeout goes behind its pass too: the pass returns before the eviction
+/// and its requeue state are written, and the pass after it, while they are, does not
+/// evict again. The pod is evicted once, with its requeue recorded first, and nothing
+/// is decided from scratch.
+#[tokio::test]
+async fn a_pods_ready_eviction_written_behind_its_pass_is_written_once() {
+    let c = Config {
+        pods_ready: Some(WaitForPodsReady {
+            timeout: 60_000,
+            backoff_base: 10_000,
+            backoff_max: 100_000,
+            ..WaitForPodsReady::default()
+        }),
+        ..cfg("a")
+    };
+    let (s, mut state, cache, _wake) = waiting_with(&c, &["low-1"]).await;
+    let plan = pass(&s, &c, &mut state, NOW).await;
+    assert_eq!(admitted(&plan.actions), names(&["team/pod-low-1"]));
+    state.records_written().await;
+    cached_as(&cache, "low-1", |p| !super::gated(p)).await;
+
+    s.delay_requests(SLOW);
+    let started = Instant::now();
+    let timeout = pass(&s, &c, &mut state, NOW + 60_001).await;
+    assert!(started.elapsed() < SLOW, "{:?}", started.elapsed());
+    let evicted = |plan: &Plan| -> Vec<String> {
+        plan.actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Evict { workload, .. } => Some(workload.clone()),
+                _ => None,
+            })
+            .collect()
+    };
+    assert_eq!(
+        evicted(&timeout),
+        ["team/pod-low-1"],
+        "{:?}",
+        timeout.actions
+    );
+    assert!(s.evictions().is_empty(), "not written yet");
+
+    let next = pass(&s, &c, &mut state, NOW + 60_002).await;
+    assert!(evicted(&next).is_empty(), "{:?}", next.actions);
+    state.records_written().await;
+    let evictions = s.evictions();
+    assert_eq!(evictions.len(), 1, "evicted once: {evictions:?}");
+    assert_eq!(evictions[0]["metadata"]["name"], "low-1");
+    let requeue = &pod(&s, "low-1")["metadata"]["annotations"]["tessera.io/requeue-count"];
+    assert_eq!(requeue, "1", "recorded before it went");
     assert_eq!(state.incremental_stats().map(|s| s.full), Some(1));
 }
