@@ -299,6 +299,16 @@ impl Store {
             .collect()
     }
 
+    /// Whether any object of namespace `ns` is cached (a range of the store, not a scan).
+    pub fn any_in_namespace(&self, ns: &str) -> bool {
+        let from = (ns.to_string(), String::new());
+        self.read()
+            .objects
+            .range(from..)
+            .next()
+            .is_some_and(|((n, _), _)| n == ns)
+    }
+
     /// Whether an object with `key` is cached.
     pub fn contains(&self, key: &Key) -> bool {
         self.read().objects.contains_key(key)

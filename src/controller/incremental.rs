@@ -1210,7 +1210,7 @@ fn fast_pass(
         if !problems.is_empty() {
             return Err("unusable queue objects");
         }
-        regrouped = kept.follow_queue_objects(objects, now)?;
+        regrouped = kept.follow_queue_objects(objects, cache, now)?;
         for (k, fp) in queue_moved {
             match fp {
                 Some(fp) => kept.queue_fps.insert(k, fp),

@@ -21,13 +21,14 @@
 //! The changes it cannot follow exactly make the pass decide from scratch, each with its
 //! reason: a queue object deleted; a ClusterQueue draining or drained
 //! (`stopPolicy: HoldAndDrain`: the engine evicts as the queue changes) or created
-//! stopped; the first LocalQueue of a namespace (serving owners and DRA claims
-//! there were never read); the labels of a namespace with workloads, where some
+//! stopped; the first LocalQueue of a namespace with serving owners or DRA claims
+//! (those were never read there; a namespace without any is followed); the labels of a namespace with workloads, where some
 //! ClusterQueue selects namespaces by label; a priority class that workloads name;
 //! queue objects that cannot be read (their problems are reported by the fresh pass).
 //! All are rare next to quota edits and new queues, and the fresh pass is exact.
 
 use super::Kept;
+use crate::controller::cache::Cache;
 use crate::controller::decide::{Scopes, UNKNOWN_SCOPE};
 use crate::controller::model::Snapshot;
 use crate::controller::time::Millis;
@@ -46,6 +47,7 @@ impl Kept {
     pub(super) fn follow_queue_objects(
         &mut self,
         new: Snapshot,
+        cache: &Cache,
         now: Millis,
     ) -> Result<BTreeSet<String>, &'static str> {
         if !self.base_problems.is_empty() {
@@ -117,10 +119,17 @@ impl Kept {
                         Ok(())
                     }
                     Some(_) => Ok(()),
-                    None if !self.queued_ns.contains(&lq_key(q).0) => {
-                        Err("the first LocalQueue of a namespace")
-                    }
                     None => {
+                        let ns = lq_key(q).0;
+                        // Serving owners and DRA claims are read only in namespaces
+                        // with a LocalQueue: a namespace's first is followed where it
+                        // has none of them, so there is nothing unread.
+                        if !self.queued_ns.contains(&ns) {
+                            if !without_owners_or_claims(cache, &ns) {
+                                return Err("the first LocalQueue of a namespace with serving owners or DRA claims");
+                            }
+                            self.queued_ns.insert(ns);
+                        }
                         self.engine
                             .apply_local_queue(q, now)
                             .map_err(|_| "a LocalQueue the engine refuses")?;
@@ -317,6 +326,21 @@ fn follow_named<'a, T: PartialEq, K: Eq + Hash>(
 }
 
 /// The name a LocalQueue is known by: (namespace, name), no namespace read as `default`.
+/// Whether namespace `ns` has no serving owner (ReplicaSet, Deployment, StatefulSet)
+/// and no DRA claim or claim template cached. Read after the pass took its stores'
+/// generations: an object cached later is a change of the next pass.
+fn without_owners_or_claims(cache: &Cache, ns: &str) -> bool {
+    [
+        &cache.replica_sets,
+        &cache.deployments,
+        &cache.stateful_sets,
+        &cache.claims,
+        &cache.claim_templates,
+    ]
+    .iter()
+    .all(|s| !s.any_in_namespace(ns))
+}
+
 fn lq_key(q: &LocalQueue) -> (String, String) {
     (
         q.metadata

@@ -181,9 +181,28 @@ impl World {
     }
 
     /// Creates [`LATE_QUEUE`]'s LocalQueue (`0`) or its ClusterQueue in cohort `co`
-    /// (else), once.
+    /// (`1`), once; creates or deletes LocalQueue `lq-a` of namespace [`SIDE`], its first
+    /// (`2`); or creates a 1-GPU pod there, queued to it (else).
     fn open(&mut self, what: u8) {
-        if what == 0 {
+        if what == 2 {
+            let key = (SIDE.to_string(), "lq-a".to_string());
+            if self.cache.fed_stores()[3].contains(&key) {
+                self.cache.fed_stores()[3].remove(&key);
+                self.rv += 1;
+            } else {
+                self.put(3, json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
+                    "metadata": {"name": "lq-a", "namespace": SIDE}, "spec": {"clusterQueue": "a"}}));
+            }
+        } else if what > 2 {
+            self.serial += 1;
+            let name = format!("s{}", self.serial);
+            self.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": name, "namespace": SIDE, "labels": {"tessera.io/queue-name": "lq-a"},
+                             "creationTimestamp": format!("2026-11-18T12:0{}:00Z", self.serial % 3)},
+                "spec": {"schedulingGates": [{"name": ADMISSION_GATE}], "terminationGracePeriodSeconds": 30,
+                         "containers": [{"name": "c", "image": "x",
+                                         "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}));
+        } else if what == 0 {
             let lq = format!("lq-{LATE_QUEUE}");
             if self.cache.fed_stores()[3].contains(&("team".into(), lq.clone())) {
                 return;
@@ -997,7 +1016,8 @@ enum Op {
     /// A ClusterQueue's nominal quota of one flavor set (lowered under running
     /// workloads too): `q`, the flavor, GPUs.
     Quota(u8, u8, u8),
-    /// [`LATE_QUEUE`]'s LocalQueue or ClusterQueue created ([`World::open`]).
+    /// [`LATE_QUEUE`]'s LocalQueue or ClusterQueue created, or the first LocalQueue of
+    /// namespace [`SIDE`] created or deleted, or a pod queued to it ([`World::open`]).
     Open(u8),
     /// A namespace, a flavor or a priority class changed ([`World::relabel`]).
     Relabel(u8),
@@ -1027,7 +1047,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (1u64..120).prop_map(Op::Advance),
         5 => proptest::option::weighted(0.2, 0usize..4).prop_map(Op::Apply),
         2 => (0..QUEUE_PICKS, 0u8..2, 0u8..6).prop_map(|(q, f, g)| Op::Quota(q, f, g)),
-        1 => (0u8..2).prop_map(Op::Open),
+        1 => (0u8..4).prop_map(Op::Open),
         1 => (0u8..6).prop_map(Op::Relabel),
         1 => (0u8..7).prop_map(Op::Regroup),
         2 => (0u8..6, any::<u8>()).prop_map(|(what, n)| Op::Claim(what, n)),
@@ -1067,6 +1087,9 @@ fn any_cfg(mode: u8) -> Config {
         ..c
     }
 }
+
+/// A namespace without a LocalQueue until [`Op::Open`] creates one.
+const SIDE: &str = "side";
 
 /// The device class of the claims [`World::claim`] writes.
 const CLAIM_CLASS: &str = "gpu.tessera.io";
@@ -2744,12 +2767,44 @@ fn queue_object_changes_stay_incremental() {
     w.regroup(6);
     let plan = pass(&mut w, &mut inc);
     assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
+    w.apply(&plan, None);
+    // A pod queued in namespace `side`, which has no LocalQueue, waits for one; the
+    // namespace's first (to `a`, full) is followed: the pod queues there, first in line
+    // (the oldest), and the places behind it move.
+    w.open(3);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending"), ["LocalQueueNotFound"], "{plan:?}");
+    w.apply(&plan, None);
+    w.open(2);
+    let plan = pass(&mut w, &mut inc);
+    let side = plan.actions.iter().find_map(|a| match a {
+        Action::Pending {
+            workload, message, ..
+        } if workload.starts_with("side/") => Some(message.as_str()),
+        _ => None,
+    });
+    assert!(
+        side.is_some_and(|m| m.contains("position 1 in its ClusterQueue")),
+        "{plan:?}"
+    );
+    w.apply(&plan, None);
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     // A LocalQueue deleted: from scratch.
-    w.cache.fed_stores()[3].remove(&("team".into(), "lq-j".into()));
+    w.open(2);
     pass(&mut w, &mut inc);
     assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
     assert_eq!(inc.stats.last_fallback, Some("a LocalQueue deleted"));
+    // The first LocalQueue of a namespace with a Deployment, which was never read: from
+    // scratch.
+    w.put_owner(ObjKind::Deployment, json!({"apiVersion": "apps/v1", "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": SIDE, "uid": "side-web"}, "spec": {"replicas": 0}}));
+    w.open(2);
+    pass(&mut w, &mut inc);
+    assert_eq!(inc.stats.full, 3, "{:?}", inc.stats);
+    assert_eq!(
+        inc.stats.last_fallback,
+        Some("the first LocalQueue of a namespace with serving owners or DRA claims")
+    );
 }
 
 #[test]

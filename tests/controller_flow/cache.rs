@@ -4,10 +4,11 @@
 //! nothing, a pod deleted by another client frees its quota through the watch, and a
 //! pass with nothing to do is recognised as settled until an object changes; a watch
 //! ended by a compaction (410 Gone) LISTs again and misses nothing; a ClusterQueue
-//! joining a cohort or held is followed without a pass from scratch.
+//! joining a cohort or held, and a new team's first LocalQueue, are followed without a
+//! pass from scratch.
 
 use super::{
-    assert_rbac_allows_every_request, cfg, cluster, condition, create_pod, gated, pod,
+    assert_rbac_allows_every_request, cfg, cluster, condition, create_pod, gated, patched, pod,
     ungated_pods, wait_for, NOW, PODS,
 };
 use crate::support::apiserver::ApiServer;
@@ -592,6 +593,64 @@ async fn a_queue_joining_a_cohort_or_held_is_followed_without_a_pass_from_scratc
         .unwrap();
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     assert_eq!(state.incremental_stats().map(|s| s.full), Some(1));
+    stop.cancel();
+    assert_rbac_allows_every_request(&s);
+}
+
+/// A new team: its namespace has no LocalQueue yet, so its pod waits
+/// `LocalQueueNotFound`; the namespace's first LocalQueue (it has no serving owner and
+/// no DRA claim to read) is followed on the kept engine, and the pod is admitted with
+/// nothing decided from scratch after the first pass.
+#[tokio::test]
+async fn a_new_teams_first_local_queue_is_followed_without_a_pass_from_scratch() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    let pods = "/api/v1/namespaces/vision/pods";
+    s.put_object(
+        "/api/v1/namespaces",
+        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "vision", "labels": {}}}),
+    );
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+
+    let new = json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "detector", "namespace": "vision",
+                     "labels": {"tessera.io/queue-name": "lq", "tessera.io/priority-class": "low"},
+                     "creationTimestamp": "2026-11-18T12:00:00Z"},
+        "spec": {"containers": [{"name": "train", "image": "trainer",
+                                 "resources": {"limits": {"nvidia.com/gpu": 2}}}]}});
+    s.put_object(pods, patched(new, ("", "Pod")));
+    let key = ("vision".to_string(), "detector".to_string());
+    wait_for("the pod in the cache", || cache.pods[0].get(&key).is_some()).await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 0, "{:?}", plan.actions);
+    state.records_written().await;
+    let detector = || s.object(pods, "detector").unwrap();
+    assert_eq!(condition(&detector()).0, "LocalQueueNotFound");
+
+    s.put_object(
+        "/apis/tessera.io/v1alpha1/namespaces/vision/localqueues",
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
+               "metadata": {"name": "lq", "namespace": "vision"}, "spec": {"clusterQueue": "cq"}}),
+    );
+    let lq = ("vision".to_string(), "lq".to_string());
+    wait_for("the LocalQueue in the cache", || {
+        cache.queues[2].get(&lq).is_some()
+    })
+    .await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    state.records_written().await;
+    assert!(!gated(&detector()));
+    let stats = state.incremental_stats();
+    assert_eq!(stats.as_ref().map(|s| s.full), Some(1), "{stats:?}");
     stop.cancel();
     assert_rbac_allows_every_request(&s);
 }
