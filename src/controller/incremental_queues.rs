@@ -14,23 +14,28 @@
 //! A ClusterQueue moving between cohorts, changing its `namespaceSelector` or
 //! `queueingStrategy` (which workloads it holds, in which order, sharing quota with
 //! whom) or held and released (`stopPolicy: Hold`), and a LocalQueue pointing to
-//! another ClusterQueue (its workloads move) re-decide the preemption scopes concerned,
-//! before and after, from their workloads as a fresh pass builds them
-//! (`Kept::rebuild_scope`): the other scopes are untouched.
+//! another ClusterQueue (its workloads move) or deleted (its waiting workloads wait
+//! `LocalQueueNotFound`) re-decide the preemption scopes concerned, before and after,
+//! from their workloads as a fresh pass builds them (`Kept::rebuild_scope`): the other
+//! scopes are untouched. A namespace's first LocalQueue, or its last one deleted, is
+//! followed where the namespace has no serving owner and no DRA claim: a pass reads
+//! those only in namespaces with a LocalQueue.
 //!
 //! The changes it cannot follow exactly make the pass decide from scratch, each with its
-//! reason: a queue object deleted; a ClusterQueue draining or drained
-//! (`stopPolicy: HoldAndDrain`: the engine evicts as the queue changes) or created
-//! stopped; the first LocalQueue of a namespace with serving owners or DRA claims
-//! (those were never read there; a namespace without any is followed); the labels of a namespace with workloads, where some
-//! ClusterQueue selects namespaces by label; a priority class that workloads name;
-//! queue objects that cannot be read (their problems are reported by the fresh pass).
-//! All are rare next to quota edits and new queues, and the fresh pass is exact.
+//! reason: a ResourceFlavor or ClusterQueue deleted; a LocalQueue deleted under a
+//! running workload; a ClusterQueue draining or drained (`stopPolicy: HoldAndDrain`:
+//! the engine evicts as the queue changes) or created stopped; a namespace's first or
+//! last LocalQueue where it has serving owners or DRA claims; the labels of a namespace
+//! with workloads, where some ClusterQueue selects namespaces by label; a priority class
+//! that workloads name; queue objects that cannot be read (their problems are reported
+//! by the fresh pass). All are rare next to quota edits and new queues, and the fresh
+//! pass is exact.
 
-use super::Kept;
+use super::{Kept, State};
 use crate::controller::cache::Cache;
 use crate::controller::decide::{Scopes, UNKNOWN_SCOPE};
 use crate::controller::model::Snapshot;
+use crate::controller::snapshot::queued_namespaces;
 use crate::controller::time::Millis;
 use crate::quota::api::{ClusterQueue, LabelSelector, LocalQueue, ResourceFlavor, StopPolicy};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -42,8 +47,8 @@ impl Kept {
     /// cohorts' reasons are re-decided in this pass. Returns the preemption scopes to
     /// re-decide from their workloads: those a ClusterQueue left or joined, or whose
     /// ClusterQueue now selects other namespaces, orders its queue otherwise, or was
-    /// held or released, and
-    /// those of both ClusterQueues of a LocalQueue pointing to another.
+    /// held or released, those of both ClusterQueues of a LocalQueue pointing to
+    /// another, and that of a deleted LocalQueue's ClusterQueue.
     pub(super) fn follow_queue_objects(
         &mut self,
         new: Snapshot,
@@ -107,7 +112,15 @@ impl Kept {
             &new.local_queues,
             lq_key,
             |old, q| {
-                let q = q.ok_or("a LocalQueue deleted")?;
+                let Some(q) = q else {
+                    // Its waiting workloads leave their queue for none (below) and the
+                    // queue's scope is re-decided without them.
+                    let o = old.ok_or("bookkeeping")?;
+                    let (ns, name) = lq_key(o);
+                    self.engine.remove_local_queue(&ns, &name);
+                    regrouped.push(o.spec.cluster_queue.clone());
+                    return Ok(());
+                };
                 match old {
                     Some(o) if o.spec.cluster_queue != q.spec.cluster_queue => {
                         // Its workloads move: both queues' scopes are re-decided.
@@ -120,16 +133,6 @@ impl Kept {
                     }
                     Some(_) => Ok(()),
                     None => {
-                        let ns = lq_key(q).0;
-                        // Serving owners and DRA claims are read only in namespaces
-                        // with a LocalQueue: a namespace's first is followed where it
-                        // has none of them, so there is nothing unread.
-                        if !self.queued_ns.contains(&ns) {
-                            if !without_owners_or_claims(cache, &ns) {
-                                return Err("the first LocalQueue of a namespace with serving owners or DRA claims");
-                            }
-                            self.queued_ns.insert(ns);
-                        }
                         self.engine
                             .apply_local_queue(q, now)
                             .map_err(|_| "a LocalQueue the engine refuses")?;
@@ -147,6 +150,7 @@ impl Kept {
             self.verify = true;
         }
         self.stale.extend(changed_cqs);
+        self.follow_queued_namespaces(&new, cache)?;
         let scopes = Scopes::new(&new);
         let mut redecide: BTreeSet<String> = regrouped
             .iter()
@@ -155,8 +159,19 @@ impl Kept {
         redecide.extend(regrouped.iter().map(|cq| scopes.of_cluster_queue(cq)));
         // The workloads that change scope leave the engine first: booked in their old
         // queue, they would take its quota while the scopes are re-decided one by one.
+        // Those left without a queue (their LocalQueue deleted) are submitted again
+        // there, as a fresh pass submits them: waiting `LocalQueueNotFound`.
         for key in self.rescope(scopes, &redecide) {
             self.drop_from_engine(&key, now)?;
+            let l = self.lives.remove(&key).ok_or("bookkeeping")?;
+            let queueless = self.scopes.of(&l) == UNKNOWN_SCOPE;
+            let done = match (queueless, l.state) {
+                (false, _) => Ok(()),
+                (true, State::Waiting) => self.submit(&key, &l, now, &mut BTreeSet::new()),
+                (true, _) => Err("a LocalQueue deleted under a running workload"),
+            };
+            self.lives.insert(key, l);
+            done?;
         }
         self.simple_cqs = simple_cluster_queues(&new.cluster_queues);
         self.flavor_labels = flavor_labels(&new.flavors);
@@ -169,6 +184,31 @@ impl Kept {
             ..std::mem::take(&mut self.base)
         };
         Ok(redecide)
+    }
+
+    /// The namespaces with a LocalQueue (whose serving owners and DRA claims a pass
+    /// reads) after `new`: one that gained its first (or lost its last) is followed
+    /// only where it has no serving owner and no DRA claim to start (or stop) reading.
+    fn follow_queued_namespaces(
+        &mut self,
+        new: &Snapshot,
+        cache: &Cache,
+    ) -> Result<(), &'static str> {
+        let now = queued_namespaces(&new.local_queues);
+        if now == self.queued_ns {
+            return Ok(());
+        }
+        if self
+            .queued_ns
+            .symmetric_difference(&now)
+            .any(|ns| !without_owners_or_claims(cache, ns))
+        {
+            return Err(
+                "a namespace's first or last LocalQueue, with serving owners or DRA claims",
+            );
+        }
+        self.queued_ns = now;
+        Ok(())
     }
 
     /// Namespaces created, relabelled or deleted: noted on the engine without

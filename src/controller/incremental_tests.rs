@@ -2789,21 +2789,32 @@ fn queue_object_changes_stay_incremental() {
     );
     w.apply(&plan, None);
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
-    // A LocalQueue deleted: from scratch.
+    // Deleted again: the pod waits for one, and `a`'s line moves up behind it.
+    let before = inc.stats.scopes_redecided;
     w.open(2);
-    pass(&mut w, &mut inc);
-    assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
-    assert_eq!(inc.stats.last_fallback, Some("a LocalQueue deleted"));
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending")[0], "LocalQueueNotFound", "{plan:?}");
+    w.apply(&plan, None);
+    assert_eq!(inc.stats.scopes_redecided - before, 1, "{:?}", inc.stats);
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     // The first LocalQueue of a namespace with a Deployment, which was never read: from
     // scratch.
     w.put_owner(ObjKind::Deployment, json!({"apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "web", "namespace": SIDE, "uid": "side-web"}, "spec": {"replicas": 0}}));
     w.open(2);
     pass(&mut w, &mut inc);
+    assert_eq!(inc.stats.full, 2, "{:?}", inc.stats);
+    assert_eq!(
+        inc.stats.last_fallback,
+        Some("a namespace's first or last LocalQueue, with serving owners or DRA claims")
+    );
+    // A LocalQueue deleted under a running workload: from scratch.
+    w.cache.fed_stores()[3].remove(&("team".into(), "lq-j".into()));
+    pass(&mut w, &mut inc);
     assert_eq!(inc.stats.full, 3, "{:?}", inc.stats);
     assert_eq!(
         inc.stats.last_fallback,
-        Some("the first LocalQueue of a namespace with serving owners or DRA claims")
+        Some("a LocalQueue deleted under a running workload")
     );
 }
 

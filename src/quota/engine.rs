@@ -527,6 +527,14 @@ impl Engine {
         Ok(())
     }
 
+    /// Deletes LocalQueue `name` of `namespace`: the workloads submitted to it from now on
+    /// wait `LocalQueueNotFound`. Those already queued or admitted through it stay
+    /// where they are; a caller removes and submits them again to move them out.
+    pub fn remove_local_queue(&mut self, namespace: &str, name: &str) {
+        self.local_queues
+            .remove(&(namespace.to_string(), name.to_string()));
+    }
+
     /// Creates or replaces a ClusterQueue. Admitted workloads keep their admission; the
     /// parked workloads of its cohort queue again.
     pub fn apply_cluster_queue(&mut self, cq: &ClusterQueue, now: Time) -> Result<()> {
