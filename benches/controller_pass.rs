@@ -54,7 +54,10 @@
 //! decided from scratch); `cohort`: an operator moves ClusterQueues `small` and `free`
 //! into cohort `pool` (their scopes are re-decided), and `cohort full`: then `full`,
 //! the queue of N, too (its N waiting workloads re-decided; both decided from scratch
-//! before).
+//! before); `new team`: namespace `vision`, whose pod waits for a LocalQueue
+//! (`LocalQueueNotFound`), gets its first, to its own 1-GPU ClusterQueue (the 2-GPU pod
+//! waits there, `ExceedsMaxQuota`), and `team gone`: that LocalQueue deleted, its pod
+//! waiting for one again (both decided from scratch before).
 //! The cached passes assume their admissions, as `tessera controller` runs them
 //! (`PassState::assuming_admissions`): a pass whose plan only admits, records readiness
 //! (`block end`) and tells reasons returns before any of its writes, which a task makes
@@ -303,6 +306,9 @@ struct Point {
     /// the one reading `full` (the N waiting) moved there too.
     cohort: Option<Duration>,
     cohort_full: Option<Duration>,
+    /// The passes reading namespace `vision`'s first LocalQueue created, then deleted.
+    new_team: Option<Duration>,
+    team_gone: Option<Duration>,
     /// Per case above (by its name), the incremental pass's decision alone
     /// (`IncStats::last_decide`), the rest of the case's time being its writes.
     decide: BTreeMap<&'static str, Duration>,
@@ -937,6 +943,78 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
                 _ => point.cohort_full = took,
             }
         }
+        // A new team: ClusterQueue `vision` (1 GPU) and a 2-GPU pod in namespace
+        // `vision`, which has no LocalQueue yet; then its LocalQueue (the pod, more than
+        // the queue holds, stays waiting there), then deleted.
+        s.put_object(
+            "/apis/tessera.io/v1alpha1/clusterqueues",
+            queue("vision", 1),
+        );
+        let mut detector = gated_pod("detector", "lq-vision", 2, "2026-11-18T12:30:00Z");
+        detector["metadata"]["namespace"] = json!("vision");
+        s.put_object("/api/v1/namespaces/vision/pods", detector);
+        let key = ("vision".to_string(), "detector".to_string());
+        wait_until("detector in the cache", || {
+            cache.pods[0].get(&key).is_some()
+        })
+        .await;
+        pass_with(&client, &c, &mut state, now + 4_000)
+            .await
+            .unwrap();
+        settle(&s, &mut state).await;
+        let lqs = "/apis/tessera.io/v1alpha1/namespaces/vision/localqueues";
+        let lq = ("vision".to_string(), "lq-vision".to_string());
+        s.put_object(
+            lqs,
+            json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
+                   "metadata": {"name": "lq-vision", "namespace": "vision"},
+                   "spec": {"clusterQueue": "vision"}}),
+        );
+        wait_until("the LocalQueue in the cache", || {
+            cache.queues[2].contains(&lq)
+        })
+        .await;
+        point.new_team = Some(
+            timed_pass(
+                &s,
+                &client,
+                &c,
+                &mut state,
+                now + 4_001,
+                "new team",
+                &mut point.decide,
+            )
+            .await,
+        );
+        let reason = || {
+            let pod = s.object("/api/v1/namespaces/vision/pods", "detector");
+            pod.and_then(|p| {
+                let conditions = p["status"]["conditions"].as_array()?.clone();
+                conditions
+                    .iter()
+                    .find(|c| c["type"] == "tessera.io/Admitted")
+                    .and_then(|c| c["reason"].as_str().map(String::from))
+            })
+        };
+        assert_eq!(reason().as_deref(), Some("ExceedsMaxQuota"), "new team");
+        assert!(s.delete_object(lqs, "lq-vision"), "lq-vision deleted");
+        wait_until("the deletion in the cache", || {
+            !cache.queues[2].contains(&lq)
+        })
+        .await;
+        point.team_gone = Some(
+            timed_pass(
+                &s,
+                &client,
+                &c,
+                &mut state,
+                now + 4_002,
+                "team gone",
+                &mut point.decide,
+            )
+            .await,
+        );
+        assert_eq!(reason().as_deref(), Some("LocalQueueNotFound"), "team gone");
     }
     point.lists /= rounds as u64;
     if let Some(st) = state.incremental_stats() {
@@ -995,7 +1073,7 @@ async fn api_server() -> ApiServer {
 /// `BENCH_PERF_CTL=FIFO`: `perf record -D -1 --control fifo:FIFO` records one case's
 /// pass alone (the command written to the FIFO: `enable` / `disable`): `head`, or the
 /// one `BENCH_PERF_CASE` names (`admitting`, its five rounds; `retry`, `quota`, `block end`,
-/// `hold`, `hold end`, `cohort`, `cohort full`).
+/// `hold`, `hold end`, `cohort`, `cohort full`, `new team`, `team gone`).
 fn perf_control(case: &str, command: &str) {
     let wanted = std::env::var("BENCH_PERF_CASE").unwrap_or_else(|_| "head".into());
     if wanted != case {
@@ -1240,6 +1318,16 @@ async fn main() {
                 "cohort full",
                 rebuild.as_ref().and_then(|r| r.cohort_full),
                 incr.cohort_full,
+            ),
+            (
+                "new team",
+                rebuild.as_ref().and_then(|r| r.new_team),
+                incr.new_team,
+            ),
+            (
+                "team gone",
+                rebuild.as_ref().and_then(|r| r.team_gone),
+                incr.team_gone,
             ),
         ] {
             cases.push((n, case, r, i, incr.decide.get(case).copied()));
