@@ -724,13 +724,16 @@ impl Scopes {
     }
 
     pub(super) fn of(&self, l: &Live) -> String {
-        let Some(info) = &l.info else {
-            return UNKNOWN_SCOPE.into();
-        };
+        match self.cluster_queue_of(l) {
+            Some(cq) => self.of_cluster_queue(cq),
+            None => UNKNOWN_SCOPE.into(),
+        }
+    }
+
+    /// The ClusterQueue of `l`'s LocalQueue, when it has both.
+    pub(super) fn cluster_queue_of(&self, l: &Live) -> Option<&String> {
+        let info = l.info.as_ref()?;
         let lq = (info.namespace.clone(), info.queue_name.clone());
-        let Some(cq) = self.local_queues.get(&lq) else {
-            return UNKNOWN_SCOPE.into();
-        };
-        self.of_cluster_queue(cq)
+        self.local_queues.get(&lq)
     }
 }

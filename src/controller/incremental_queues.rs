@@ -27,8 +27,9 @@
 //! the engine evicts as the queue changes) or created stopped; a namespace's first or
 //! last LocalQueue where it has serving owners or DRA claims; the labels of a namespace
 //! with workloads, where some ClusterQueue selects namespaces by label; a priority class
-//! that workloads name; queue objects that cannot be read (their problems are reported
-//! by the fresh pass). All are rare next to quota edits and new queues, and the fresh
+//! that a workload without a queue names; queue objects that cannot be read (their
+//! problems are reported by the fresh pass). A priority class that queued workloads
+//! name re-decides their scopes (their priorities are read again). All are rare next to quota edits and new queues, and the fresh
 //! pass is exact.
 
 use super::{Kept, State};
@@ -71,11 +72,10 @@ impl Kept {
                     .map_err(|_| "a ResourceFlavor the engine refuses"),
             },
         )?;
-        self.follow_priority_classes(&new)?;
-        let mut changed_cqs = Vec::new();
         // ClusterQueues whose workloads, their order or the queues they share quota
         // with change under them.
-        let mut regrouped = Vec::new();
+        let mut regrouped = self.follow_priority_classes(&new)?;
+        let mut changed_cqs = Vec::new();
         follow_named(
             &self.base.cluster_queues,
             &new.cluster_queues,
@@ -246,8 +246,11 @@ impl Kept {
         Ok(())
     }
 
-    /// Priority classes created, changed or deleted that no workload names by class.
-    fn follow_priority_classes(&mut self, new: &Snapshot) -> Result<(), &'static str> {
+    /// Priority classes created, changed or deleted. Returns the ClusterQueues of the
+    /// workloads naming one by class (their priorities change: their scopes are
+    /// re-decided, which reads them again); one without a queue cannot be followed.
+    /// Cost: the workloads.
+    fn follow_priority_classes(&mut self, new: &Snapshot) -> Result<Vec<String>, &'static str> {
         let old: BTreeMap<&String, i32> = self
             .base
             .priority_classes
@@ -266,16 +269,19 @@ impl Kept {
             .copied()
             .collect();
         if moved.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        let named = self.lives.values().any(|l| {
-            l.info.as_ref().is_some_and(|i| {
+        let mut queues = BTreeSet::new();
+        for l in self.lives.values() {
+            let named = l.info.as_ref().is_some_and(|i| {
                 i.priority.is_none() && i.priority_class.as_ref().is_some_and(|c| moved.contains(c))
-            })
-        });
-        if named {
-            return Err("a priority class that workloads name");
+            });
+            if named {
+                let cq = self.scopes.cluster_queue_of(l);
+                queues.insert(cq.ok_or("a priority class that a workload without a queue names")?);
+            }
         }
+        let queues: Vec<String> = queues.into_iter().cloned().collect();
         for c in &new.priority_classes {
             if moved.contains(&c.metadata.name) {
                 self.engine
@@ -286,7 +292,7 @@ impl Kept {
         for name in moved.iter().filter(|n| !now.contains_key(**n)) {
             self.engine.remove_priority_class(name);
         }
-        Ok(())
+        Ok(queues)
     }
 
     /// Whether a workload of namespace `ns` is kept.

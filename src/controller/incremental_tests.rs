@@ -318,12 +318,13 @@ impl World {
                     self.put(1, f);
                 }
             }
-            // Priority classes: `high` (named by workloads) revalued, `low` (named by
-            // none) created or deleted.
+            // Priority classes: `high` (named by workloads) revalued below the
+            // workloads that name none and back, `low` (named by none) created or
+            // deleted.
             _ => {
                 if self.rv.is_multiple_of(2) {
                     let mut c = self.cluster_object(4, "high").unwrap_or_default();
-                    c["value"] = json!(if c["value"] == 100 { 50 } else { 100 });
+                    c["value"] = json!(if c["value"] == 100 { -5 } else { 100 });
                     self.put(4, c);
                 } else if self.cluster_object(4, "low").is_some() {
                     self.cache.fed_stores()[4].remove(&(String::new(), "low".into()));
@@ -2788,6 +2789,44 @@ fn queue_object_changes_stay_incremental() {
         "{plan:?}"
     );
     w.apply(&plan, None);
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    // Class `high` revalued below the pods that name none: the high pod waiting in `f`
+    // (3 GPUs, full, no preemption) drops behind the other (its scope re-decided,
+    // nothing from scratch).
+    let class = |value: i32| {
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "WorkloadPriorityClass",
+               "metadata": {"name": "high"}, "value": value})
+    };
+    w.put(4, class(100));
+    w.add_pods(5, 3, false, 0, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    w.add_pods(5, 1, false, 0, 0);
+    w.add_pods(5, 1, true, 2, 0);
+    let plan = pass(&mut w, &mut inc);
+    w.apply(&plan, None);
+    let high = format!("p{}", w.serial);
+    let place = |plan: &Plan| {
+        plan.actions.iter().find_map(|a| match a {
+            Action::Pending {
+                objects, message, ..
+            } if objects.iter().any(|o| o.name == high) => Some(message.clone()),
+            _ => None,
+        })
+    };
+    assert!(
+        place(&plan).is_some_and(|m| m.contains("(position 1 in its ClusterQueue)")),
+        "{plan:?}"
+    );
+    let before = inc.stats.scopes_redecided;
+    w.put(4, class(-5));
+    let plan = pass(&mut w, &mut inc);
+    assert!(
+        place(&plan).is_some_and(|m| m.contains("(position 2 in its ClusterQueue)")),
+        "{plan:?}"
+    );
+    w.apply(&plan, None);
+    assert_eq!(inc.stats.scopes_redecided - before, 1, "{:?}", inc.stats);
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     // Deleted again: the pod waits for one, and `a`'s line moves up behind it.
     let before = inc.stats.scopes_redecided;
