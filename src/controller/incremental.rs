@@ -992,6 +992,11 @@ impl Kept {
                 }
                 self.submit_errors.remove(wk);
                 self.backoffs.retain(|(_, k)| k != wk);
+                // Out of the engine's books as read, yet still admitted (a running
+                // workload whose DRA claim went away reads without requests).
+                if self.engine.is_admitted(wk) || self.admitted.contains(wk) {
+                    self.drop_from_engine(wk, now)?;
+                }
                 let Some(n) = new else { return Ok(()) };
                 if n.state != State::Waiting {
                     return Err("a workload runs that was not admitted here");

@@ -25,11 +25,11 @@
 //! reason: a ResourceFlavor or ClusterQueue deleted; a LocalQueue deleted under a
 //! running workload; a ClusterQueue draining or drained (`stopPolicy: HoldAndDrain`:
 //! the engine evicts as the queue changes) or created stopped; a namespace's first or
-//! last LocalQueue where it has serving owners or DRA claims; the labels of a namespace
-//! with workloads, where some ClusterQueue selects namespaces by label; a priority class
-//! that a workload without a queue names; queue objects that cannot be read (their
-//! problems are reported by the fresh pass). A priority class that queued workloads
-//! name re-decides their scopes (their priorities are read again). All are rare next to quota edits and new queues, and the fresh
+//! last LocalQueue where it has serving owners or DRA claims; a priority class that a
+//! workload without a queue names; queue objects that cannot be read (their problems
+//! are reported by the fresh pass). A priority class that queued workloads name, and a
+//! namespace's labels where some ClusterQueue selects namespaces by label, re-decide the
+//! scopes of the workloads concerned (their priorities, their queues read again). All are rare next to quota edits and new queues, and the fresh
 //! pass is exact.
 
 use super::{Kept, State};
@@ -59,7 +59,9 @@ impl Kept {
         if !self.base_problems.is_empty() {
             return Err("queue objects changed beside unusable ones");
         }
-        self.follow_namespaces(&new)?;
+        // ClusterQueues whose workloads, their order or the queues they share quota
+        // with change under them.
+        let mut regrouped = self.follow_namespaces(&new)?;
         follow_named(
             &self.base.flavors,
             &new.flavors,
@@ -72,9 +74,7 @@ impl Kept {
                     .map_err(|_| "a ResourceFlavor the engine refuses"),
             },
         )?;
-        // ClusterQueues whose workloads, their order or the queues they share quota
-        // with change under them.
-        let mut regrouped = self.follow_priority_classes(&new)?;
+        regrouped.extend(self.follow_priority_classes(&new)?);
         let mut changed_cqs = Vec::new();
         follow_named(
             &self.base.cluster_queues,
@@ -211,39 +211,58 @@ impl Kept {
         Ok(())
     }
 
-    /// Namespaces created, relabelled or deleted: noted on the engine without
-    /// re-deciding anything, where no workload's queue could read the labels.
-    fn follow_namespaces(&mut self, new: &Snapshot) -> Result<(), &'static str> {
+    /// Namespaces created, relabelled or deleted: noted on the engine. Returns the
+    /// ClusterQueues selecting namespaces by label that hold workloads of those
+    /// namespaces (they may admit them or not now: their scopes are re-decided); a
+    /// workload without a ClusterQueue resolves its queue with the labels of the moment
+    /// it gets one. Cost: the workloads, where some ClusterQueue reads labels.
+    fn follow_namespaces(&mut self, new: &Snapshot) -> Result<Vec<String>, &'static str> {
         let old: BTreeMap<&String, &BTreeMap<String, String>> =
             self.base.namespaces.iter().map(|(n, l)| (n, l)).collect();
         let now: BTreeMap<&String, &BTreeMap<String, String>> =
             new.namespaces.iter().map(|(n, l)| (n, l)).collect();
-        let moved: Vec<&String> = old
+        let moved: BTreeSet<&String> = old
             .keys()
             .chain(now.keys())
             .filter(|n| old.get(*n) != now.get(*n))
             .copied()
-            .collect::<BTreeSet<_>>()
-            .into_iter()
             .collect();
         if moved.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        // Labels matter only to a ClusterQueue whose selector reads them, and only for
-        // the workloads of that namespace.
-        let selective = new
-            .cluster_queues
-            .iter()
-            .chain(&self.base.cluster_queues)
-            .any(|q| q.spec.namespace_selector.as_ref().is_some_and(reads_labels));
-        if selective && moved.iter().any(|ns| self.has_workloads_in(ns)) {
-            return Err("the labels of a namespace with workloads");
-        }
-        for ns in moved {
+        for ns in &moved {
             self.engine
                 .note_namespace(ns, now.get(ns).map(|l| (*l).clone()));
         }
-        Ok(())
+        // Labels matter only to a ClusterQueue whose selector reads them (before or
+        // after), and only for the workloads of that namespace.
+        let selective: BTreeSet<&String> = new
+            .cluster_queues
+            .iter()
+            .chain(&self.base.cluster_queues)
+            .filter(|q| q.spec.namespace_selector.as_ref().is_some_and(reads_labels))
+            .map(|q| &q.metadata.name)
+            .collect();
+        if selective.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut queues = BTreeSet::new();
+        for (key, l) in &self.lives {
+            let in_moved = key
+                .split_once('/')
+                .is_some_and(|(ns, _)| moved.iter().any(|m| m.as_str() == ns));
+            match self.scopes.cluster_queue_of(l) {
+                Some(cq)
+                    if in_moved
+                        && selective.contains(cq)
+                        && self.scopes.of_cluster_queue(cq) != UNKNOWN_SCOPE =>
+                {
+                    queues.insert(cq.clone());
+                }
+                _ => {}
+            }
+        }
+        Ok(queues.into_iter().collect())
     }
 
     /// Priority classes created, changed or deleted. Returns the ClusterQueues of the
@@ -293,13 +312,6 @@ impl Kept {
             self.engine.remove_priority_class(name);
         }
         Ok(queues)
-    }
-
-    /// Whether a workload of namespace `ns` is kept.
-    fn has_workloads_in(&self, ns: &str) -> bool {
-        self.lives
-            .keys()
-            .any(|k| k.split_once('/').is_some_and(|(n, _)| n == ns))
     }
 
     /// Moves to `scopes`. The workloads of no known scope before (their LocalQueue or

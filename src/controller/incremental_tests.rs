@@ -180,6 +180,16 @@ impl World {
         }
     }
 
+    /// Whether namespace [`SIDE`] has its LocalQueue and a running pod.
+    fn side_queue_runs(&self) -> bool {
+        let key = (SIDE.to_string(), "lq-a".to_string());
+        self.cache.fed_stores()[3].contains(&key)
+            && self
+                .pods()
+                .iter()
+                .any(|p| p["metadata"]["namespace"] == SIDE && running(p))
+    }
+
     /// Creates [`LATE_QUEUE`]'s LocalQueue (`0`) or its ClusterQueue in cohort `co`
     /// (`1`), once; creates or deletes LocalQueue `lq-a` of namespace [`SIDE`], its first
     /// (`2`); or creates a 1-GPU pod there, queued to it (else).
@@ -733,8 +743,8 @@ impl World {
         }
     }
 
-    fn object(&self, kind: ObjKind, name: &str) -> Option<Value> {
-        let key = ("team".to_string(), name.to_string());
+    fn object(&self, kind: ObjKind, namespace: &str, name: &str) -> Option<Value> {
+        let key = (namespace.to_string(), name.to_string());
         match kind {
             ObjKind::Pod => self.cache.pods[0].get(&key),
             ObjKind::Job => self.cache.jobs[0].get(&key),
@@ -795,7 +805,7 @@ impl World {
                     ..
                 } => {
                     for r in objects {
-                        let Some(mut v) = self.object(r.kind, &r.name) else {
+                        let Some(mut v) = self.object(r.kind, &r.namespace, &r.name) else {
                             continue;
                         };
                         v["metadata"]["annotations"][ADMITTED_AT_ANNOTATION] = json!(stamp);
@@ -824,14 +834,14 @@ impl World {
                     }
                     // All ungated (a lost write loses the whole action here): the rest goes.
                     for r in excess {
-                        self.cache.pods[0].remove(&("team".to_string(), r.name.clone()));
+                        self.cache.pods[0].remove(&(r.namespace.clone(), r.name.clone()));
                     }
                 }
                 Action::Evict {
                     objects, requeue, ..
                 } => {
                     for (r, _) in objects {
-                        let Some(mut v) = self.object(r.kind, &r.name) else {
+                        let Some(mut v) = self.object(r.kind, &r.namespace, &r.name) else {
                             continue;
                         };
                         if let Some(n) = requeue {
@@ -881,7 +891,7 @@ impl World {
                     // As `writes::record_pending`: the place goes to the record alone.
                     let (message, _) = split_place(message);
                     for r in objects {
-                        let Some(mut v) = self.object(r.kind, &r.name) else {
+                        let Some(mut v) = self.object(r.kind, &r.namespace, &r.name) else {
                             continue;
                         };
                         if r.kind == ObjKind::Pod {
@@ -896,7 +906,7 @@ impl World {
                     }
                 }
                 Action::PodsReady { object, .. } => {
-                    if let Some(mut v) = self.object(object.kind, &object.name) {
+                    if let Some(mut v) = self.object(object.kind, &object.namespace, &object.name) {
                         v["metadata"]["annotations"][PODS_READY_AT_ANNOTATION] = json!(stamp);
                         self.write(object.kind, v);
                     }
@@ -1200,6 +1210,10 @@ proptest! {
                 resized_running |= w.nominal(q, f).is_some_and(|n| u64::from(gpus) < n);
             }
             resized_running |= matches!(op, Op::Regroup(_));
+            // A LocalQueue deleted under running workloads: they no longer count against
+            // their ClusterQueue (known gap: Kueue keeps counting them, their admission
+            // being on the Workload; the pass does not read admissions back yet).
+            resized_running |= matches!(op, Op::Open(2)) && w.side_queue_runs();
             step(&mut w, op, &last);
             let blocked = w.blocked.clone();
             let got = inc.decide(&w.cache, &c, w.now, &blocked);
@@ -1328,9 +1342,10 @@ fn invariants(w: &World, plan: &Plan, quota: bool) -> Result<(), String> {
                 if evicted.contains(workload.as_str()) {
                     return Err(format!("{workload} admitted and evicted in one pass"));
                 }
-                let all_running = objects
-                    .iter()
-                    .all(|r| w.object(r.kind, &r.name).is_some_and(|v| running(&v)));
+                let all_running = objects.iter().all(|r| {
+                    w.object(r.kind, &r.namespace, &r.name)
+                        .is_some_and(|v| running(&v))
+                });
                 if all_running {
                     return Err(format!("{workload} admitted again: all its objects run"));
                 }
@@ -2619,7 +2634,9 @@ fn a_hold_on_a_serving_owner_lends_only_to_cheap_borrowers_until_it_ends() {
     // priority: pods alike wait behind the first as one class, `quota/hold.rs`).
     w.add_pods(2, 3, true, 1, 0);
     let cheap = format!("team/pod-p{}", w.serial);
-    let mut pod = w.object(ObjKind::Pod, &cheap["team/pod-".len()..]).unwrap();
+    let mut pod = w
+        .object(ObjKind::Pod, "team", &cheap["team/pod-".len()..])
+        .unwrap();
     pod["metadata"]["annotations"]["tessera.io/checkpoint-interval"] = json!("1m");
     w.put_pod(pod);
     let plan = pass(&mut w, &mut inc);
@@ -2630,7 +2647,9 @@ fn a_hold_on_a_serving_owner_lends_only_to_cheap_borrowers_until_it_ends() {
     );
     w.apply(&plan, None);
     pass(&mut w, &mut inc);
-    let mut done = w.object(ObjKind::Pod, &cheap["team/pod-".len()..]).unwrap();
+    let mut done = w
+        .object(ObjKind::Pod, "team", &cheap["team/pod-".len()..])
+        .unwrap();
     done["status"]["phase"] = json!("Succeeded");
     w.put_pod(done);
     w.now += 60_000;
@@ -2828,6 +2847,30 @@ fn queue_object_changes_stay_incremental() {
     w.apply(&plan, None);
     assert_eq!(inc.stats.scopes_redecided - before, 1, "{:?}", inc.stats);
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
+    // `f` selects namespaces labelled `tier: x`, which `team` is (relabelled above);
+    // `team` loses the label: its pods waiting in `f` are told `NamespaceNotAllowed`
+    // (`f`'s scope re-decided, nothing from scratch), and get it back.
+    w.relabel(3);
+    let plan = pass(&mut w, &mut inc);
+    assert!(plan.actions.is_empty(), "{plan:?}");
+    let before = inc.stats.scopes_redecided;
+    w.relabel(0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        named(&plan, "pending"),
+        ["NamespaceNotAllowed"; 2],
+        "{plan:?}"
+    );
+    w.apply(&plan, None);
+    w.relabel(0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending"), ["WaitingForQuota"; 2], "{plan:?}");
+    w.apply(&plan, None);
+    // `f` selecting all namespaces again re-decides its scope too.
+    w.relabel(3);
+    assert!(pass(&mut w, &mut inc).actions.is_empty());
+    assert_eq!(inc.stats.scopes_redecided - before, 3, "{:?}", inc.stats);
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     // Deleted again: the pod waits for one, and `a`'s line moves up behind it.
     let before = inc.stats.scopes_redecided;
     w.open(2);
@@ -2911,4 +2954,30 @@ fn claim_changes_stay_incremental() {
     );
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     assert_eq!(inc.stats.last_fallback, Some("nothing kept"));
+}
+
+/// A running workload whose DRA claim is deleted reads without requests (it stays
+/// admitted, as a fresh pass restores it); deleted itself afterwards, it leaves the
+/// kept engine's admitted set too (found by the property test: it stayed admitted).
+#[test]
+fn a_running_workload_whose_claim_went_away_leaves_when_deleted() {
+    crate::quota::events::set_exact_places_for_tests(2);
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (any_cfg(0), BTreeMap::new());
+    // Claim `c0` (3 devices), and a pod naming it in `f` (3 GPUs): admitted.
+    w.claim(2, 44);
+    w.claim(0, 60);
+    let plan = checked_pass(&w, &mut inc, &c, &blocked);
+    assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
+    w.apply(&plan, None);
+    checked_pass(&w, &mut inc, &c, &blocked);
+    // The claim deleted: still admitted. Then the pod deleted.
+    w.claim(3, 104);
+    let plan = checked_pass(&w, &mut inc, &c, &blocked);
+    assert_eq!(plan.admitted.len(), 1, "{plan:?}");
+    w.remove(0);
+    let plan = checked_pass(&w, &mut inc, &c, &blocked);
+    assert!(plan.admitted.is_empty(), "{plan:?}");
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }
