@@ -27,10 +27,10 @@
 //! the engine evicts as the queue changes) or created stopped; a namespace's first or
 //! last LocalQueue where it has serving owners or DRA claims; a priority class that a
 //! workload without a queue names; queue objects that cannot be read (their problems
-//! are reported by the fresh pass). A priority class that queued workloads name, and a
-//! namespace's labels where some ClusterQueue selects namespaces by label, re-decide the
-//! scopes of the workloads concerned (their priorities, their queues read again). All are rare next to quota edits and new queues, and the fresh
-//! pass is exact.
+//! are reported by the fresh pass). All are rare next to quota edits and new queues,
+//! and the fresh pass is exact. A priority class that queued workloads name, and a
+//! namespace's labels where some ClusterQueue selects namespaces by label, re-decide
+//! the scopes of the workloads concerned (their priorities, their queues read again).
 
 use super::{Kept, State};
 use crate::controller::cache::Cache;
@@ -159,8 +159,8 @@ impl Kept {
         redecide.extend(regrouped.iter().map(|cq| scopes.of_cluster_queue(cq)));
         // The workloads that change scope leave the engine first: booked in their old
         // queue, they would take its quota while the scopes are re-decided one by one.
-        // Those left without a queue (their LocalQueue deleted) are submitted again
-        // there, as a fresh pass submits them: waiting `LocalQueueNotFound`.
+        // Those left without a queue (their LocalQueue deleted) are submitted again, as
+        // a fresh pass submits them: waiting `LocalQueueNotFound`.
         for key in self.rescope(scopes, &redecide) {
             self.drop_from_engine(&key, now)?;
             let l = self.lives.remove(&key).ok_or("bookkeeping")?;
