@@ -36,6 +36,26 @@ fn admitted(actions: &[Action]) -> BTreeSet<String> {
         .collect()
 }
 
+/// The workloads whose readiness `plan` records, in its order.
+fn recorded(plan: &Plan) -> Vec<String> {
+    workloads_of(plan, |a| match a {
+        Action::PodsReady { workload, .. } => Some(workload),
+        _ => None,
+    })
+}
+
+/// The workloads `plan` evicts, in its order.
+fn evicted(plan: &Plan) -> Vec<String> {
+    workloads_of(plan, |a| match a {
+        Action::Evict { workload, .. } => Some(workload),
+        _ => None,
+    })
+}
+
+fn workloads_of(plan: &Plan, pick: impl Fn(&Action) -> Option<&String>) -> Vec<String> {
+    plan.actions.iter().filter_map(pick).cloned().collect()
+}
+
 /// Waits until the cache's copy of pod `name` satisfies `f`.
 async fn cached_as(cache: &Cache, name: &str, f: impl Fn(&serde_json::Value) -> bool) {
     let key = ("team".to_string(), name.to_string());
@@ -299,15 +319,6 @@ async fn a_readiness_record_written_behind_its_pass_is_written_once() {
     let started = Instant::now();
     let end = pass(&s, &c, &mut state, NOW + 1).await;
     assert!(started.elapsed() < SLOW, "{:?}", started.elapsed());
-    let recorded = |plan: &Plan| -> Vec<String> {
-        plan.actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::PodsReady { workload, .. } => Some(workload.clone()),
-                _ => None,
-            })
-            .collect()
-    };
     assert_eq!(recorded(&end), ["team/pod-low-1"], "{:?}", end.actions);
     assert_eq!(admitted(&end.actions), names(&["team/pod-low-2"]));
     let ready_at = |s: &ApiServer| {
@@ -360,15 +371,6 @@ async fn a_pods_ready_eviction_written_behind_its_pass_is_written_once() {
     let started = Instant::now();
     let timeout = pass(&s, &c, &mut state, NOW + 60_001).await;
     assert!(started.elapsed() < SLOW, "{:?}", started.elapsed());
-    let evicted = |plan: &Plan| -> Vec<String> {
-        plan.actions
-            .iter()
-            .filter_map(|a| match a {
-                Action::Evict { workload, .. } => Some(workload.clone()),
-                _ => None,
-            })
-            .collect()
-    };
     assert_eq!(
         evicted(&timeout),
         ["team/pod-low-1"],
