@@ -6,8 +6,8 @@
 //!
 //! What the engine re-decides on each event is its own rule (a ClusterQueue changed:
 //! what the change can move in its cohort, `Engine::update_cluster_queue`; a LocalQueue
-//! or ClusterQueue created: the workloads waiting for it are queued there). What a fresh pass would build otherwise
-//! is caught after: running workloads are restored onto a fresh engine of the new queue
+//! or ClusterQueue created, held with `stopPolicy: Hold` or not: the workloads waiting
+//! for it are queued there). What a fresh pass would build otherwise is caught after: running workloads are restored onto a fresh engine of the new queue
 //! objects and compared (`Kept::books_differ`), and the scopes where a restore differs
 //! or no longer fits are re-decided from their workloads.
 //!
@@ -24,7 +24,7 @@
 //! The changes it cannot follow exactly make the pass decide from scratch, each with its
 //! reason: a ResourceFlavor or ClusterQueue deleted; a LocalQueue deleted under a
 //! running workload; a ClusterQueue draining or drained (`stopPolicy: HoldAndDrain`:
-//! the engine evicts as the queue changes) or created stopped; a namespace's first or
+//! the engine evicts as the queue changes) or created so; a namespace's first or
 //! last LocalQueue where it has serving owners or DRA claims; a priority class that a
 //! workload without a queue names; queue objects that cannot be read (their problems
 //! are reported by the fresh pass). All are rare next to quota edits and new queues,
@@ -94,11 +94,10 @@ impl Kept {
                     {
                         regrouped.push(q.metadata.name.clone());
                     }
-                    Some(_) => {}
-                    None if q.spec.stop_policy != StopPolicy::None => {
-                        return Err("a stopped ClusterQueue created");
-                    }
-                    None => {}
+                    None if draining(q) => return Err("a draining ClusterQueue created"),
+                    // Unchanged membership; or created, held or not: the workloads
+                    // waiting for it queue there (told it is stopped when it is).
+                    Some(_) | None => {}
                 }
                 self.engine
                     .update_cluster_queue(q, now)

@@ -192,7 +192,8 @@ impl World {
 
     /// Creates [`LATE_QUEUE`]'s LocalQueue (`0`) or its ClusterQueue in cohort `co`
     /// (`1`), once; creates or deletes LocalQueue `lq-a` of namespace [`SIDE`], its first
-    /// (`2`); or creates a 1-GPU pod there, queued to it (else).
+    /// (`2`); creates a 1-GPU pod there, queued to it (`3`); or holds or releases
+    /// [`LATE_QUEUE`]'s ClusterQueue, creating it held (`4`).
     fn open(&mut self, what: u8) {
         if what == 2 {
             let key = (SIDE.to_string(), "lq-a".to_string());
@@ -203,6 +204,13 @@ impl World {
                 self.put(3, json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
                     "metadata": {"name": "lq-a", "namespace": SIDE}, "spec": {"clusterQueue": "a"}}));
             }
+        } else if what == 4 {
+            let mut cq = self
+                .cluster_object(2, LATE_QUEUE)
+                .unwrap_or_else(|| queue(LATE_QUEUE, Some("co"), &[("h100", 2)]));
+            let held = cq["spec"]["stopPolicy"] == "Hold";
+            cq["spec"]["stopPolicy"] = json!(if held { "None" } else { "Hold" });
+            self.put(2, cq);
         } else if what > 2 {
             self.serial += 1;
             let name = format!("s{}", self.serial);
@@ -1027,8 +1035,9 @@ enum Op {
     /// A ClusterQueue's nominal quota of one flavor set (lowered under running
     /// workloads too): `q`, the flavor, GPUs.
     Quota(u8, u8, u8),
-    /// [`LATE_QUEUE`]'s LocalQueue or ClusterQueue created, or the first LocalQueue of
-    /// namespace [`SIDE`] created or deleted, or a pod queued to it ([`World::open`]).
+    /// [`LATE_QUEUE`]'s LocalQueue or ClusterQueue created (or held), or the first
+    /// LocalQueue of namespace [`SIDE`] created or deleted, or a pod queued to it
+    /// ([`World::open`]).
     Open(u8),
     /// A namespace, a flavor or a priority class changed ([`World::relabel`]).
     Relabel(u8),
@@ -1058,7 +1067,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (1u64..120).prop_map(Op::Advance),
         5 => proptest::option::weighted(0.2, 0usize..4).prop_map(Op::Apply),
         2 => (0..QUEUE_PICKS, 0u8..2, 0u8..6).prop_map(|(q, f, g)| Op::Quota(q, f, g)),
-        1 => (0u8..4).prop_map(Op::Open),
+        1 => (0u8..5).prop_map(Op::Open),
         1 => (0u8..6).prop_map(Op::Relabel),
         1 => (0u8..7).prop_map(Op::Regroup),
         2 => (0u8..6, any::<u8>()).prop_map(|(what, n)| Op::Claim(what, n)),
@@ -2747,7 +2756,17 @@ fn queue_object_changes_stay_incremental() {
         "{plan:?}"
     );
     w.apply(&plan, None);
-    w.open(1);
+    // Created held (`stopPolicy: Hold`): its waiting workloads are told so; released
+    // (its scope re-decided), they are admitted.
+    w.open(4);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(
+        named(&plan, "pending"),
+        ["ClusterQueueStopped"; 2],
+        "{plan:?}"
+    );
+    w.apply(&plan, None);
+    w.open(4);
     let plan = pass(&mut w, &mut inc);
     assert_eq!(named(&plan, "admit").len(), 2, "{plan:?}");
     w.apply(&plan, None);
@@ -2759,7 +2778,7 @@ fn queue_object_changes_stay_incremental() {
         assert!(plan.actions.is_empty(), "relabel {what}: {plan:?}");
     }
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
-    assert_eq!(inc.stats.scopes_redecided, 0, "{:?}", inc.stats);
+    assert_eq!(inc.stats.scopes_redecided, 1, "{:?}", inc.stats);
     // `b` moves from cohort `co` to `np`, `a` joins `co` (two of its heads admitted,
     // borrowing), `e` gives up StrictFIFO, `lq-h` points to `a`: the scopes they left
     // and joined are re-decided, nothing from scratch. (The pass of `e` re-decides
