@@ -2728,6 +2728,12 @@ fn queue_object_changes_stay_incremental() {
     let mut inc = Incremental::new();
     let (c, blocked) = (cfg(), BTreeMap::new());
     let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    // One pass whose waiting workloads are told `reasons` (in the plan's order), applied.
+    let told = |w: &mut World, inc: &mut Incremental, reasons: &[&str]| {
+        let plan = checked_pass(w, inc, &c, &blocked);
+        assert_eq!(named(&plan, "pending"), reasons, "{plan:?}");
+        w.apply(&plan, None);
+    };
     // Queue `a` (4 GPUs): one 4-GPU pod runs, six 1-GPU pods wait; two wait for `k`.
     w.add_pods(0, 4, false, 0, 0);
     let plan = pass(&mut w, &mut inc);
@@ -2749,23 +2755,11 @@ fn queue_object_changes_stay_incremental() {
     assert!(pass(&mut w, &mut inc).actions.is_empty());
     // `k`'s LocalQueue, then its ClusterQueue in cohort `co`.
     w.open(0);
-    let plan = pass(&mut w, &mut inc);
-    assert_eq!(
-        named(&plan, "pending"),
-        ["ClusterQueueNotFound"; 2],
-        "{plan:?}"
-    );
-    w.apply(&plan, None);
+    told(&mut w, &mut inc, &["ClusterQueueNotFound"; 2]);
     // Created held (`stopPolicy: Hold`): its waiting workloads are told so; released
     // (its scope re-decided), they are admitted.
     w.open(4);
-    let plan = pass(&mut w, &mut inc);
-    assert_eq!(
-        named(&plan, "pending"),
-        ["ClusterQueueStopped"; 2],
-        "{plan:?}"
-    );
-    w.apply(&plan, None);
+    told(&mut w, &mut inc, &["ClusterQueueStopped"; 2]);
     w.open(4);
     let plan = pass(&mut w, &mut inc);
     assert_eq!(named(&plan, "admit").len(), 2, "{plan:?}");
@@ -2800,9 +2794,7 @@ fn queue_object_changes_stay_incremental() {
     let plan = pass(&mut w, &mut inc);
     w.apply(&plan, None);
     w.add_pods(9, 1, false, 0, 0);
-    let plan = pass(&mut w, &mut inc);
-    assert_eq!(named(&plan, "pending"), ["ClusterQueueStopped"], "{plan:?}");
-    w.apply(&plan, None);
+    told(&mut w, &mut inc, &["ClusterQueueStopped"]);
     w.regroup(6);
     let plan = pass(&mut w, &mut inc);
     assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
@@ -2811,9 +2803,7 @@ fn queue_object_changes_stay_incremental() {
     // namespace's first (to `a`, full) is followed: the pod queues there, first in line
     // (the oldest), and the places behind it move.
     w.open(3);
-    let plan = pass(&mut w, &mut inc);
-    assert_eq!(named(&plan, "pending"), ["LocalQueueNotFound"], "{plan:?}");
-    w.apply(&plan, None);
+    told(&mut w, &mut inc, &["LocalQueueNotFound"]);
     w.open(2);
     let plan = pass(&mut w, &mut inc);
     let side = plan.actions.iter().find_map(|a| match a {
@@ -2874,17 +2864,9 @@ fn queue_object_changes_stay_incremental() {
     assert!(plan.actions.is_empty(), "{plan:?}");
     let before = inc.stats.scopes_redecided;
     w.relabel(0);
-    let plan = pass(&mut w, &mut inc);
-    assert_eq!(
-        named(&plan, "pending"),
-        ["NamespaceNotAllowed"; 2],
-        "{plan:?}"
-    );
-    w.apply(&plan, None);
+    told(&mut w, &mut inc, &["NamespaceNotAllowed"; 2]);
     w.relabel(0);
-    let plan = pass(&mut w, &mut inc);
-    assert_eq!(named(&plan, "pending"), ["WaitingForQuota"; 2], "{plan:?}");
-    w.apply(&plan, None);
+    told(&mut w, &mut inc, &["WaitingForQuota"; 2]);
     // `f` selecting all namespaces again re-decides its scope too.
     w.relabel(3);
     assert!(pass(&mut w, &mut inc).actions.is_empty());
