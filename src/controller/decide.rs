@@ -250,7 +250,8 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         pods_ready::engine_readiness(s.pods_ready.as_ref(), l, &mut info);
         match l.state {
             State::Running | State::Terminating => {
-                match engine.restore_admitted(now, info, l.admitted_at) {
+                match engine.restore_admitted_by(now, info, l.admitted_at, l.admitted_by.as_deref())
+                {
                     Ok(Restored::Admitted) => {}
                     Ok(r) => {
                         let problem = unfit_problem(&l.key, r);
@@ -730,10 +731,15 @@ impl Scopes {
         }
     }
 
-    /// The ClusterQueue of `l`'s LocalQueue, when it has both.
-    pub(super) fn cluster_queue_of(&self, l: &Live) -> Option<&String> {
+    /// The ClusterQueue of `l`'s LocalQueue, when it has both; for an admitted
+    /// workload whose LocalQueue is gone, the one that admitted it (where the engine
+    /// keeps it booked, [`crate::quota::Engine::restore_admitted_by`]).
+    pub(super) fn cluster_queue_of<'a>(&'a self, l: &'a Live) -> Option<&'a String> {
         let info = l.info.as_ref()?;
         let lq = (info.namespace.clone(), info.queue_name.clone());
-        self.local_queues.get(&lq)
+        match self.local_queues.get(&lq) {
+            None if l.state != State::Waiting => l.admitted_by.as_ref(),
+            cq => cq,
+        }
     }
 }

@@ -93,7 +93,8 @@ use super::serving::{
     desired_replicas, replica_set_of, replica_set_owners, Owner, ServingIndex, ServingKind,
 };
 use super::snapshot::{
-    owned_by, queue_objects_cached, record_place, serving_objects, snapshot_cached,
+    owned_by, queue_objects_cached, record_admission, record_place, serving_objects,
+    snapshot_cached,
 };
 use super::workload_record::OwnerRef;
 use super::workloads::{self, done_pod_workload_key, job_workload_key, live_pod_workload_key};
@@ -863,7 +864,11 @@ impl Kept {
             }
             pods_ready::engine_readiness(self.pods_ready.as_ref(), l, &mut info);
             let admitted_at = l.admitted_at;
-            match self.engine.restore_admitted(now, info, admitted_at) {
+            let admitted_by = l.admitted_by.as_deref();
+            match self
+                .engine
+                .restore_admitted_by(now, info, admitted_at, admitted_by)
+            {
                 Ok(Restored::Admitted) => {}
                 // As a fresh restore: over quota (or pending), reported, re-decided
                 // each pass.
@@ -915,7 +920,8 @@ impl Kept {
         let mut unfit = BTreeSet::new();
         for l in &running {
             let Some(info) = &l.info else { continue };
-            match scratch.restore_admitted(now, info.clone(), l.admitted_at) {
+            let admitted_by = l.admitted_by.as_deref();
+            match scratch.restore_admitted_by(now, info.clone(), l.admitted_at, admitted_by) {
                 Ok(Restored::Admitted) => {}
                 Ok(_) => {
                     unfit.insert(l.key.as_str());
@@ -969,6 +975,9 @@ impl Kept {
             return Err("a workload read under another key");
         }
         let mut live = lives.pop();
+        if let Some(l) = live.as_mut().filter(|l| l.state != State::Waiting) {
+            l.admitted_by = record_admission(cache, &l.key);
+        }
         if let Some(l) = live.as_mut().filter(|l| state_kept_on_record(l)) {
             l.requeue = pods_ready::latest(l.requeue, self.book_requeue(&l.key));
         }

@@ -23,7 +23,8 @@
 //!
 //! The changes it cannot follow exactly make the pass decide from scratch, each with its
 //! reason: a ResourceFlavor or ClusterQueue deleted; a LocalQueue deleted under a
-//! running workload; a ClusterQueue draining or drained (`stopPolicy: HoldAndDrain`:
+//! running workload whose `Workload` record names no admission yet (one that does
+//! stays booked in that ClusterQueue); a ClusterQueue draining or drained (`stopPolicy: HoldAndDrain`:
 //! the engine evicts as the queue changes) or created so; a namespace's first or
 //! last LocalQueue where it has serving owners or DRA claims; a priority class that a
 //! workload without a queue names; queue objects that cannot be read (their problems
@@ -36,7 +37,7 @@ use super::{Kept, State};
 use crate::controller::cache::Cache;
 use crate::controller::decide::{Scopes, UNKNOWN_SCOPE};
 use crate::controller::model::Snapshot;
-use crate::controller::snapshot::queued_namespaces;
+use crate::controller::snapshot::{queued_namespaces, record_admission};
 use crate::controller::time::Millis;
 use crate::quota::api::{ClusterQueue, LabelSelector, LocalQueue, ResourceFlavor, StopPolicy};
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
@@ -76,6 +77,7 @@ impl Kept {
         )?;
         regrouped.extend(self.follow_priority_classes(&new)?);
         let mut changed_cqs = Vec::new();
+        let mut deleted_lqs = BTreeSet::new();
         follow_named(
             &self.base.cluster_queues,
             &new.cluster_queues,
@@ -118,6 +120,7 @@ impl Kept {
                     let (ns, name) = lq_key(o);
                     self.engine.remove_local_queue(&ns, &name);
                     regrouped.push(o.spec.cluster_queue.clone());
+                    deleted_lqs.insert((ns, name));
                     return Ok(());
                 };
                 match old {
@@ -150,6 +153,7 @@ impl Kept {
         }
         self.stale.extend(changed_cqs);
         self.follow_queued_namespaces(&new, cache)?;
+        self.read_admissions_under(&deleted_lqs, cache);
         let scopes = Scopes::new(&new);
         let mut redecide: BTreeSet<String> = regrouped
             .iter()
@@ -159,7 +163,9 @@ impl Kept {
         // The workloads that change scope leave the engine first: booked in their old
         // queue, they would take its quota while the scopes are re-decided one by one.
         // Those left without a queue (their LocalQueue deleted) are submitted again, as
-        // a fresh pass submits them: waiting `LocalQueueNotFound`.
+        // a fresh pass submits them: waiting `LocalQueueNotFound`. A running one stays
+        // booked in the ClusterQueue its record says admitted it (its scope, unless
+        // the LocalQueue had moved it since).
         for key in self.rescope(scopes, &redecide) {
             self.drop_from_engine(&key, now)?;
             let l = self.lives.remove(&key).ok_or("bookkeeping")?;
@@ -167,7 +173,9 @@ impl Kept {
             let done = match (queueless, l.state) {
                 (false, _) => Ok(()),
                 (true, State::Waiting) => self.submit(&key, &l, now, &mut BTreeSet::new()),
-                (true, _) => Err("a LocalQueue deleted under a running workload"),
+                (true, _) => {
+                    Err("a LocalQueue deleted under a running workload not recorded admitted")
+                }
             };
             self.lives.insert(key, l);
             done?;
@@ -183,6 +191,27 @@ impl Kept {
             ..std::mem::take(&mut self.base)
         };
         Ok(redecide)
+    }
+
+    /// Reads again, from their `Workload` records in the cache, which ClusterQueue
+    /// admitted the running workloads of LocalQueues `deleted` (a fresh pass reads it
+    /// there; a record is written after its pass). Cost: the running workloads.
+    fn read_admissions_under(&mut self, deleted: &BTreeSet<(String, String)>, cache: &Cache) {
+        if deleted.is_empty() {
+            return;
+        }
+        for key in &self.running {
+            let Some(l) = self.lives.get_mut(key) else {
+                continue;
+            };
+            let under = l
+                .info
+                .as_ref()
+                .is_some_and(|i| deleted.contains(&(i.namespace.clone(), i.queue_name.clone())));
+            if under {
+                l.admitted_by = record_admission(cache, key);
+            }
+        }
     }
 
     /// The namespaces with a LocalQueue (whose serving owners and DRA claims a pass

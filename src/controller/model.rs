@@ -47,6 +47,9 @@ pub struct Snapshot {
     /// (`status.positionInClusterQueue`), by workload key: a workload's place is
     /// written there alone (its pods carry the reason and the sentence).
     pub record_places: BTreeMap<String, String>,
+    /// The ClusterQueue each admitted workload's `Workload` record names
+    /// (`status.admission.clusterQueue`), by workload key.
+    pub admitted_by: BTreeMap<String, String>,
 }
 
 /// Kind of object a workload is made of.

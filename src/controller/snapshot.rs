@@ -9,7 +9,7 @@ use super::error::{Error, Result};
 use super::model::Snapshot;
 use super::resources::{crd_resource, dra_resource, QUEUE_KINDS};
 use super::time::Millis;
-use super::workload_record::{record_name, recorded_place};
+use super::workload_record::{record_name, recorded_admission, recorded_place};
 use crate::quota::api::{ClusterQueue, LocalQueue, ResourceFlavor, WorkloadPriorityClass};
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet, StatefulSet};
 use k8s_openapi::api::batch::v1::Job;
@@ -297,6 +297,7 @@ pub async fn snapshot(
         )
         .await?,
         record_places: record_places(&records),
+        admitted_by: records.iter().filter_map(admission_entry).collect(),
         records: match cfg.pods_ready {
             Some(_) => records,
             None => Vec::new(),
@@ -317,6 +318,24 @@ fn record_places(records: &[Value]) -> BTreeMap<String, String> {
 /// Record `v`'s workload key and the place it shows, owned.
 fn place_entry(v: &Value) -> Option<(String, String)> {
     recorded_place(v).map(|(key, place)| (key.to_string(), place.to_string()))
+}
+
+/// Record `v`'s workload key and the ClusterQueue its admission names, owned.
+fn admission_entry(v: &Value) -> Option<(String, String)> {
+    recorded_admission(v).map(|(key, cq)| (key.to_string(), cq.to_string()))
+}
+
+/// The ClusterQueue workload `key`'s `Workload` record in the cache says admitted it.
+pub(super) fn record_admission(cache: &Cache, key: &str) -> Option<String> {
+    let ns = key.split_once('/').map_or("", |(ns, _)| ns);
+    cache
+        .records
+        .read_with(&(ns.to_string(), record_name(key)), |v| {
+            recorded_admission(v)
+                .filter(|(k, _)| *k == key)
+                .map(|(_, cq)| cq.to_string())
+        })
+        .flatten()
 }
 
 /// The places the cached `Workload` records show, by workload key, as they will be once
@@ -387,6 +406,11 @@ pub fn snapshot_cached(
         claim_templates: in_namespaces(&cache.claim_templates, when(claims_used)),
         claims: in_namespaces(&cache.claims, when(claims_used)),
         record_places: cached_places(cache),
+        admitted_by: cache
+            .records
+            .filter_map(admission_entry)
+            .into_iter()
+            .collect(),
         // Only the records holding a requeue state: the only ones a pass reads.
         records: match cfg.pods_ready {
             Some(_) => cache

@@ -38,6 +38,14 @@ pub fn recorded_place(v: &Value) -> Option<(&str, &str)> {
     Some((key, place))
 }
 
+/// The workload key record `v` belongs to and the ClusterQueue its admission names
+/// (`status.admission.clusterQueue`), when it is admitted.
+pub fn recorded_admission(v: &Value) -> Option<(&str, &str)> {
+    let key = v["metadata"]["annotations"][KEY_ANNOTATION].as_str()?;
+    let cq = v["status"]["admission"]["clusterQueue"].as_str()?;
+    Some((key, cq))
+}
+
 /// The longest record name written (a DNS subdomain may have 253 characters).
 const MAX_NAME: usize = 253;
 

@@ -58,6 +58,10 @@ pub(super) struct Live {
     /// A pod group of several pod sets: each pod's pod set (by pod name), so each pod
     /// gets its own pod set's flavors on admission. Empty for one pod set.
     pub(super) pod_sets: BTreeMap<String, String>,
+    /// A running or terminating workload: the ClusterQueue its `Workload` record says
+    /// admitted it (`status.admission.clusterQueue`), where it stays booked when its
+    /// LocalQueue is gone.
+    pub(super) admitted_by: Option<String>,
 }
 
 fn str_at<'a>(v: &'a Value, ptr: &str) -> Option<&'a str> {
@@ -477,7 +481,11 @@ pub(super) fn collect(s: &Snapshot, serving: &ServingIndex, claims: &ClaimIndex)
             ready_recorded: readiness::ready_recorded(job),
             requeue: readiness::requeue_state(job),
             pod_sets: BTreeMap::new(),
+            admitted_by: None,
         });
+    }
+    for l in out.iter_mut().filter(|l| l.state != State::Waiting) {
+        l.admitted_by = s.admitted_by.get(&l.key).cloned();
     }
     out
 }
@@ -531,5 +539,6 @@ fn live_of_pods(
             .map(|p| readiness::requeue_state(p))
             .fold(None, readiness::latest),
         pod_sets: BTreeMap::new(),
+        admitted_by: None,
     }
 }

@@ -4,6 +4,7 @@
 use super::assign::Mode;
 use super::engine::Engine;
 use super::error::Result;
+use super::events::PendingReason;
 use super::model::WorkloadInfo;
 use super::quantity::Time;
 
@@ -36,12 +37,32 @@ impl Engine {
         info: WorkloadInfo,
         admitted_at: Time,
     ) -> Result<Restored> {
+        self.restore_admitted_by(now, info, admitted_at, None)
+    }
+
+    /// [`Engine::restore_admitted`] for a workload that ClusterQueue `admitted_by`
+    /// admitted (as its Workload record says): when its LocalQueue is gone it is
+    /// restored there, as Kueue's cache books an admitted Workload by
+    /// `status.admission.clusterQueue`, so deleting a LocalQueue never frees the quota
+    /// its running workloads use. Its LocalQueue, when it has one, decides; one whose
+    /// ClusterQueue no longer selects its namespace keeps it there too (the selector
+    /// gates admission, not what runs).
+    pub fn restore_admitted_by(
+        &mut self,
+        now: Time,
+        info: WorkloadInfo,
+        admitted_at: Time,
+        admitted_by: Option<&str>,
+    ) -> Result<Restored> {
         let key = info.key();
         self.submit(now, info)?;
         let Some(&id) = self.wl_by_key.get(&key) else {
             return Ok(Restored::Pending);
         };
-        let Some(cq) = self.wls[id].cq else {
+        let Some(cq) = self.wls[id]
+            .cq
+            .or_else(|| self.admitted_queue(id, admitted_by))
+        else {
             return Ok(Restored::Pending);
         };
         let counts: Vec<u32> = self.wls[id].info.pod_sets.iter().map(|p| p.count).collect();
@@ -61,6 +82,22 @@ impl Engine {
             self.over_quota.insert(id);
         }
         Ok(restored)
+    }
+
+    /// The ClusterQueue that keeps running workload `id`, submitted without one: the
+    /// one that admitted it (`admitted_by`) when its LocalQueue is gone, its
+    /// LocalQueue's when that no longer selects its namespace. Taken out of the
+    /// queueless, it is restored there.
+    fn admitted_queue(&mut self, id: usize, admitted_by: Option<&str>) -> Option<usize> {
+        let name = match &self.wls[id].reason {
+            PendingReason::LocalQueueNotFound => admitted_by?,
+            PendingReason::NamespaceNotAllowed(cq) => cq.as_str(),
+            _ => return None,
+        };
+        let cq = *self.cq_by_name.get(name)?;
+        self.orphans.remove(&id);
+        self.wls[id].cq = Some(cq);
+        Some(cq)
     }
 }
 
@@ -134,6 +171,67 @@ mod tests {
         e.remove(7, "ns/b").unwrap();
         e.schedule(7).unwrap();
         assert!(e.is_admitted("ns/new"));
+        e.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_workload_whose_local_queue_is_gone_stays_booked_where_it_was_admitted() {
+        let mut e = engine(4);
+        e.remove_local_queue("ns", "lq");
+        // Without its record's ClusterQueue it cannot be placed: pending, no quota held.
+        assert_eq!(
+            e.restore_admitted(5, wl("lost", 2, 0), 0).unwrap(),
+            Restored::Pending
+        );
+        assert_eq!(e.usage_total(), 0);
+        // A ClusterQueue that does not exist places nothing either.
+        assert_eq!(
+            e.restore_admitted_by(5, wl("odd", 2, 0), 0, Some("gone"))
+                .unwrap(),
+            Restored::Pending
+        );
+        for name in ["a", "b"] {
+            assert_eq!(
+                e.restore_admitted_by(5, wl(name, 2, 0), 0, Some("cq"))
+                    .unwrap(),
+                Restored::Admitted
+            );
+        }
+        assert_eq!(e.usage_total(), 4000);
+        e.check_invariants().unwrap();
+        // The quota stays taken: a newcomer through a new LocalQueue waits for it.
+        e.apply_local_queue(&local_queue("ns", "lq2", "cq"), 5)
+            .unwrap();
+        e.submit(
+            5,
+            WorkloadInfo::new("ns/new", "lq2").pod_set("main", 1, &[("nvidia.com/gpu", 1)]),
+        )
+        .unwrap();
+        e.schedule(5).unwrap();
+        assert!(!e.is_admitted("ns/new"), "4 of 4 in use");
+        e.remove(6, "ns/a").unwrap();
+        e.schedule(6).unwrap();
+        assert!(e.is_admitted("ns/new"));
+        e.check_invariants().unwrap();
+    }
+
+    #[test]
+    fn a_workload_whose_namespace_its_queue_no_longer_selects_keeps_its_quota() {
+        let mut e = engine(4);
+        let mut closed = cluster_queue("cq")
+            .quota("h100", "nvidia.com/gpu", 4)
+            .build();
+        closed.spec.namespace_selector = None;
+        e.apply_cluster_queue(&closed, 0).unwrap();
+        assert_eq!(
+            e.restore_admitted(5, wl("a", 3, 0), 0).unwrap(),
+            Restored::Admitted
+        );
+        assert_eq!(e.usage_total(), 3000);
+        // A newcomer is not admitted there (the selector gates admission).
+        e.submit(5, wl("new", 1, 0)).unwrap();
+        e.schedule(5).unwrap();
+        assert!(!e.is_admitted("ns/new"));
         e.check_invariants().unwrap();
     }
 

@@ -5,7 +5,7 @@
 //! pass with nothing to do is recognised as settled until an object changes; a watch
 //! ended by a compaction (410 Gone) LISTs again and misses nothing; a ClusterQueue
 //! joining a cohort or held, and a new team's first LocalQueue, are followed without a
-//! pass from scratch.
+//! pass from scratch; a LocalQueue deleted under a running pod leaves its quota taken.
 
 use super::{
     assert_rbac_allows_every_request, cfg, cluster, condition, create_pod, gated, patched, pod,
@@ -651,6 +651,107 @@ async fn a_new_teams_first_local_queue_is_followed_without_a_pass_from_scratch()
     assert!(!gated(&detector()));
     let stats = state.incremental_stats();
     assert_eq!(stats.as_ref().map(|s| s.full), Some(1), "{stats:?}");
+    stop.cancel();
+    assert_rbac_allows_every_request(&s);
+}
+
+/// A LocalQueue deleted under a running pod: the pod stays booked in the ClusterQueue
+/// its `Workload` record says admitted it (as Kueue books an admitted Workload), so a
+/// newcomer through another LocalQueue waits for the quota it holds, on the kept
+/// engine (nothing decided from scratch) and after a restart (a fresh pass reads the
+/// record). The pod ending frees it.
+#[tokio::test]
+async fn a_local_queue_deleted_under_a_running_pod_leaves_its_quota_taken() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    let lqs = "/apis/tessera.io/v1alpha1/namespaces/team/localqueues";
+    create_pod(&s, "first", 4, "low", json!({}), None);
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    state.records_written().await;
+    assert!(!gated(&pod(&s, "first")));
+    // Later, once the cache shows it running and its record admitted.
+    let first = ("team".to_string(), "first".to_string());
+    let record = ("team".to_string(), "pod-first".to_string());
+    wait_for("first running and recorded in the cache", || {
+        cache.pods[0].get(&first).is_some_and(|p| !gated(&p))
+            && cache
+                .records
+                .get(&record)
+                .is_some_and(|r| r["status"]["admission"]["clusterQueue"] == "cq")
+    })
+    .await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    assert!(plan.actions.is_empty(), "{:?}", plan.actions);
+
+    s.put_object(
+        lqs,
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
+               "metadata": {"name": "lq2", "namespace": "team"}, "spec": {"clusterQueue": "cq"}}),
+    );
+    assert!(s.delete_object(lqs, "lq"), "lq deleted");
+    create_pod(
+        &s,
+        "second",
+        4,
+        "low",
+        json!({"tessera.io/queue-name": "lq2"}),
+        None,
+    );
+    let seen = |k: (&str, &str)| {
+        let key = ("team".to_string(), k.1.to_string());
+        match k.0 {
+            "lq" => cache.queues[2].get(&key).is_none(),
+            "lq2" => cache.queues[2].get(&key).is_some(),
+            _ => cache.pods[0].get(&key).is_some(),
+        }
+    };
+    wait_for("the queues and the pod in the cache", || {
+        seen(("lq", "lq")) && seen(("lq2", "lq2")) && seen(("pod", "second"))
+    })
+    .await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
+        .await
+        .unwrap();
+    assert_eq!(
+        admits(&plan.actions),
+        0,
+        "first holds 4 of 4: {:?}",
+        plan.actions
+    );
+    assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+    state.records_written().await;
+    assert_eq!(condition(&pod(&s, "second")).0, "WaitingForQuota");
+    let stats = state.incremental_stats();
+    assert_eq!(stats.as_ref().map(|s| s.full), Some(1), "{stats:?}");
+    stop.cancel();
+
+    // A restarted controller reads the admission back from the record.
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
+        .await
+        .unwrap();
+    assert_eq!(
+        admits(&plan.actions),
+        0,
+        "after a restart: {:?}",
+        plan.actions
+    );
+    assert!(plan.problems.is_empty(), "{:?}", plan.problems);
+    state.records_written().await;
+    delete_seen(&s, &cache, "first").await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 4)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    state.records_written().await;
+    assert!(!gated(&pod(&s, "second")));
     stop.cancel();
     assert_rbac_allows_every_request(&s);
 }
