@@ -27,7 +27,8 @@
 //! stays booked in that ClusterQueue); a ClusterQueue draining or drained (`stopPolicy: HoldAndDrain`:
 //! the engine evicts as the queue changes) or created so; a namespace's first or
 //! last LocalQueue where it has serving owners or DRA claims; a priority class that a
-//! workload without a queue names; queue objects that cannot be read (their problems
+//! running workload without a queue names (one waiting for a LocalQueue is submitted
+//! again with its new priority); queue objects that cannot be read (their problems
 //! are reported by the fresh pass). All are rare next to quota edits and new queues,
 //! and the fresh pass is exact. A priority class that queued workloads name, and a
 //! namespace's labels where some ClusterQueue selects namespaces by label, re-decide
@@ -75,7 +76,7 @@ impl Kept {
                     .map_err(|_| "a ResourceFlavor the engine refuses"),
             },
         )?;
-        regrouped.extend(self.follow_priority_classes(&new)?);
+        regrouped.extend(self.follow_priority_classes(&new, now)?);
         let mut changed_cqs = Vec::new();
         let mut deleted_lqs = BTreeSet::new();
         follow_named(
@@ -295,9 +296,15 @@ impl Kept {
 
     /// Priority classes created, changed or deleted. Returns the ClusterQueues of the
     /// workloads naming one by class (their priorities change: their scopes are
-    /// re-decided, which reads them again); one without a queue cannot be followed.
-    /// Cost: the workloads.
-    fn follow_priority_classes(&mut self, new: &Snapshot) -> Result<Vec<String>, &'static str> {
+    /// re-decided, which reads them again); those waiting for a queue are submitted
+    /// again, with their new priority (or told the class is gone), as a fresh pass
+    /// submits them. One running without a queue cannot be followed. Cost: the
+    /// workloads.
+    fn follow_priority_classes(
+        &mut self,
+        new: &Snapshot,
+        at: Millis,
+    ) -> Result<Vec<String>, &'static str> {
         let old: BTreeMap<&String, i32> = self
             .base
             .priority_classes
@@ -319,13 +326,22 @@ impl Kept {
             return Ok(Vec::new());
         }
         let mut queues = BTreeSet::new();
-        for l in self.lives.values() {
+        let mut queueless = Vec::new();
+        for (key, l) in &self.lives {
             let named = l.info.as_ref().is_some_and(|i| {
                 i.priority.is_none() && i.priority_class.as_ref().is_some_and(|c| moved.contains(c))
             });
-            if named {
-                let cq = self.scopes.cluster_queue_of(l);
-                queues.insert(cq.ok_or("a priority class that a workload without a queue names")?);
+            if !named {
+                continue;
+            }
+            match self.scopes.cluster_queue_of(l) {
+                Some(cq) => {
+                    queues.insert(cq);
+                }
+                None if l.state == State::Waiting => queueless.push(key.clone()),
+                None => {
+                    return Err("a priority class that a running workload without a queue names")
+                }
             }
         }
         let queues: Vec<String> = queues.into_iter().cloned().collect();
@@ -338,6 +354,13 @@ impl Kept {
         }
         for name in moved.iter().filter(|n| !now.contains_key(**n)) {
             self.engine.remove_priority_class(name);
+        }
+        for key in queueless {
+            self.drop_from_engine(&key, at)?;
+            let l = self.lives.remove(&key).ok_or("bookkeeping")?;
+            let done = self.submit(&key, &l, at, &mut BTreeSet::new());
+            self.lives.insert(key, l);
+            done?;
         }
         Ok(queues)
     }

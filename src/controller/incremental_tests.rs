@@ -204,8 +204,14 @@ impl World {
         } else if what > 2 {
             self.serial += 1;
             let name = format!("s{}", self.serial);
+            // Every other one names class `high` (revalued while it may wait for a
+            // LocalQueue).
+            let mut labels = json!({"tessera.io/queue-name": "lq-a"});
+            if self.serial.is_multiple_of(2) {
+                labels["tessera.io/priority-class"] = json!("high");
+            }
             self.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": name, "namespace": SIDE, "labels": {"tessera.io/queue-name": "lq-a"},
+                "metadata": {"name": name, "namespace": SIDE, "labels": labels,
                              "creationTimestamp": format!("2026-11-18T12:0{}:00Z", self.serial % 3)},
                 "spec": {"schedulingGates": [{"name": ADMISSION_GATE}], "terminationGracePeriodSeconds": 30,
                          "containers": [{"name": "c", "image": "x",
@@ -2907,6 +2913,51 @@ fn queue_object_changes_stay_incremental() {
         inc.stats.last_fallback,
         Some("a LocalQueue deleted under a running workload not recorded admitted")
     );
+}
+
+/// A pod waiting for a LocalQueue (namespace [`SIDE`] has none) names class `high`,
+/// revalued from -5 to 100: it is submitted again with its new priority, so when the
+/// LocalQueue appears it preempts the lower-priority pod running in `a`, as a fresh
+/// pass decides; nothing is decided from scratch after the first pass.
+#[test]
+fn a_class_revalued_under_a_workload_waiting_for_a_queue_is_followed() {
+    crate::quota::events::set_exact_places_for_tests(2);
+    let mut w = World::new();
+    let mut inc = Incremental::new();
+    let (c, blocked) = (cfg(), BTreeMap::new());
+    let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
+    let class = |value: i32| {
+        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "WorkloadPriorityClass",
+               "metadata": {"name": "high"}, "value": value})
+    };
+    w.put(4, class(-5));
+    w.add_pods(0, 4, false, 0, 0);
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
+    w.apply(&plan, None);
+    let running = format!("team/pod-p{}", w.serial);
+    w.put_pod(json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "waiter", "namespace": SIDE,
+                     "labels": {"tessera.io/queue-name": "lq-a", "tessera.io/priority-class": "high"},
+                     "creationTimestamp": "2026-11-18T12:05:00Z"},
+        "spec": {"schedulingGates": [{"name": ADMISSION_GATE}],
+                 "containers": [{"name": "c", "image": "x",
+                                 "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}));
+    let plan = pass(&mut w, &mut inc);
+    assert_eq!(named(&plan, "pending"), ["LocalQueueNotFound"], "{plan:?}");
+    w.apply(&plan, None);
+    w.put(4, class(100));
+    let plan = pass(&mut w, &mut inc);
+    assert!(plan.actions.is_empty(), "{plan:?}");
+    w.apply(&plan, None);
+    w.open(2);
+    let plan = pass(&mut w, &mut inc);
+    assert!(
+        plan.actions.iter().any(|a| matches!(a,
+            Action::Evict { workload, by, .. } if *workload == running && by == "side/pod-waiter")),
+        "{plan:?}"
+    );
+    assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
 }
 
 #[test]
