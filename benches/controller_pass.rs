@@ -56,8 +56,10 @@
 //! the queue of N, too (its N waiting workloads re-decided; both decided from scratch
 //! before); `new team`: namespace `vision`, whose pod waits for a LocalQueue
 //! (`LocalQueueNotFound`), gets its first, to its own 1-GPU ClusterQueue (the 2-GPU pod
-//! waits there, `ExceedsMaxQuota`), and `team gone`: that LocalQueue deleted, its pod
-//! waiting for one again (both decided from scratch before).
+//! waits there, `ExceedsMaxQuota`), and `team gone`: that LocalQueue deleted under a
+//! 1-GPU pod admitted there meanwhile (it stays booked in `vision`, where its record
+//! says it was admitted), the 2-GPU pod waiting for one again (both decided from
+//! scratch before; `team gone` had no running pod until 12-08).
 //! The cached passes assume their admissions, as `tessera controller` runs them
 //! (`PassState::assuming_admissions`): a pass whose plan only admits, records readiness
 //! (`block end`) and tells reasons returns before any of its writes, which a task makes
@@ -997,6 +999,27 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
             })
         };
         assert_eq!(reason().as_deref(), Some("ExceedsMaxQuota"), "new team");
+        // A 1-GPU pod admitted there, running (its record admitted) when the
+        // LocalQueue goes: it stays booked in `vision`.
+        let mut tracker = gated_pod("tracker", "lq-vision", 1, "2026-11-18T12:31:00Z");
+        tracker["metadata"]["namespace"] = json!("vision");
+        s.put_object("/api/v1/namespaces/vision/pods", tracker);
+        let key = ("vision".to_string(), "tracker".to_string());
+        wait_until("tracker in the cache", || cache.pods[0].get(&key).is_some()).await;
+        for at in [now + 4_002, now + 4_003] {
+            pass_with(&client, &c, &mut state, at).await.unwrap();
+            settle(&s, &mut state).await;
+        }
+        let running = |p: Option<Value>| {
+            p.is_some_and(|p| {
+                !p["spec"]["schedulingGates"]
+                    .as_array()
+                    .is_some_and(|g| g.iter().any(|x| x["name"] == GATE))
+            })
+        };
+        assert!(running(
+            s.object("/api/v1/namespaces/vision/pods", "tracker")
+        ));
         assert!(s.delete_object(lqs, "lq-vision"), "lq-vision deleted");
         wait_until("the deletion in the cache", || {
             !cache.queues[2].contains(&lq)
@@ -1008,13 +1031,16 @@ async fn measure(pending: usize, mode: Mode, rounds: usize) -> Point {
                 &client,
                 &c,
                 &mut state,
-                now + 4_002,
+                now + 4_004,
                 "team gone",
                 &mut point.decide,
             )
             .await,
         );
         assert_eq!(reason().as_deref(), Some("LocalQueueNotFound"), "team gone");
+        assert!(running(
+            s.object("/api/v1/namespaces/vision/pods", "tracker")
+        ));
     }
     point.lists /= rounds as u64;
     if let Some(st) = state.incremental_stats() {
