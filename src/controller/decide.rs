@@ -268,6 +268,8 @@ pub(super) fn decide_full(s: &Snapshot) -> (Plan, Built) {
         }
     }
     engine.take_events();
+    // What runs in a draining ClusterQueue is evicted (`stopPolicy: HoldAndDrain`).
+    engine.drain_stopped(now);
     let mut submit_errors: BTreeMap<String, (String, String)> = BTreeMap::new();
     let mut held: BTreeMap<String, (String, String)> = BTreeMap::new();
     for l in lives.iter().filter(|l| l.state == State::Waiting) {

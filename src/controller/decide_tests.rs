@@ -574,3 +574,52 @@ fn a_scaled_up_replica_preempts_only_after_its_scalers_window() {
     s.stateful_sets[0]["metadata"]["annotations"] = json!({});
     assert!(evicts(&s));
 }
+
+/// `stopPolicy: HoldAndDrain`: the ClusterQueue's running workloads are evicted (reason
+/// `ClusterQueueStopped`, as Kueue's), and nothing waiting is admitted; a pass while
+/// they terminate evicts nothing again. With `Hold` they keep running.
+#[test]
+fn a_draining_cluster_queue_evicts_what_runs_in_it() {
+    use crate::quota::api::StopPolicy;
+    let running = |p: Value| with(p, "/spec/schedulingGates", json!([]));
+    let stopped = |pods: Vec<Value>, stop: StopPolicy| {
+        let mut s = snapshot(pods);
+        s.cluster_queues[0].spec.stop_policy = stop;
+        decide(&s)
+    };
+    let evicts = |actions: &[Action]| -> Vec<(String, String)> {
+        actions
+            .iter()
+            .filter_map(|a| match a {
+                Action::Evict {
+                    workload, reason, ..
+                } => Some((workload.clone(), reason.clone())),
+                _ => None,
+            })
+            .collect()
+    };
+    let pods = vec![running(pod("a", 2)), pod("b", 1)];
+    let plan = stopped(pods.clone(), StopPolicy::HoldAndDrain);
+    assert_eq!(
+        evicts(&plan.actions),
+        [("team/pod-a".to_string(), "ClusterQueueStopped".to_string())],
+        "{:?}",
+        plan.actions
+    );
+    assert!(admitted(&plan.actions).is_empty(), "{:?}", plan.actions);
+    assert_eq!(
+        pending_reason(&plan.actions, "team/pod-b").as_deref(),
+        Some("ClusterQueueStopped")
+    );
+    // Terminating: not evicted again.
+    let terminating = with(
+        running(pod("a", 2)),
+        "/metadata/deletionTimestamp",
+        json!("2026-11-18T12:00:30Z"),
+    );
+    let plan = stopped(vec![terminating, pod("b", 1)], StopPolicy::HoldAndDrain);
+    assert!(evicts(&plan.actions).is_empty(), "{:?}", plan.actions);
+    // Held only: it keeps running.
+    let plan = stopped(pods, StopPolicy::Hold);
+    assert!(evicts(&plan.actions).is_empty(), "{:?}", plan.actions);
+}

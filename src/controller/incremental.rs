@@ -1232,6 +1232,9 @@ fn fast_pass(
             };
         }
     }
+    if kept.draining_busy() {
+        return Err("a draining ClusterQueue with workloads in it");
+    }
     let n_pods = cache.pods.len();
     let n_jobs = cache.jobs.len();
     let pods_at = QUEUE_STORES.end;

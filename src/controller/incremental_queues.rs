@@ -44,6 +44,11 @@ use crate::quota::api::{ClusterQueue, LabelSelector, LocalQueue, ResourceFlavor,
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::hash::Hash;
 
+/// Whether ClusterQueue `q` drains (`stopPolicy: HoldAndDrain`).
+fn draining(q: &ClusterQueue) -> bool {
+    q.spec.stop_policy == StopPolicy::HoldAndDrain
+}
+
 impl Kept {
     /// Applies the queue objects and namespaces of `new` (read from the stores now) to
     /// the kept engine and bookkeeping; the ClusterQueues changed go to `stale` so their
@@ -85,21 +90,23 @@ impl Kept {
             |q: &ClusterQueue| &q.metadata.name,
             |old, q| {
                 let q = q.ok_or("a ClusterQueue deleted")?;
-                let draining = |q: &ClusterQueue| q.spec.stop_policy == StopPolicy::HoldAndDrain;
+                // Draining with workloads in it: they are evicted, as a fresh pass
+                // restoring them into the queue evicts them (`Engine::drain_stopped`).
+                if draining(q) && self.engine.uses_quota(&q.metadata.name) {
+                    return Err("a ClusterQueue draining with workloads in it");
+                }
                 match old {
-                    Some(o) if draining(o) || draining(q) => {
-                        return Err("a draining ClusterQueue changed");
-                    }
-                    // Other workloads, another order or cohort, or held or released:
-                    // its scopes are re-decided (its waiting workloads told anew).
+                    // Other workloads, another order or cohort, or held, drained or
+                    // released: its scopes are re-decided (its waiting workloads told
+                    // anew).
                     Some(o)
                         if !same_membership(o, q) || o.spec.stop_policy != q.spec.stop_policy =>
                     {
                         regrouped.push(q.metadata.name.clone());
                     }
-                    None if draining(q) => return Err("a draining ClusterQueue created"),
-                    // Unchanged membership; or created, held or not: the workloads
-                    // waiting for it queue there (told it is stopped when it is).
+                    // Unchanged membership; or created, held, draining or not: the
+                    // workloads waiting for it queue there (told it is stopped when it
+                    // is).
                     Some(_) | None => {}
                 }
                 self.engine
@@ -192,6 +199,33 @@ impl Kept {
             ..std::mem::take(&mut self.base)
         };
         Ok(redecide)
+    }
+
+    /// Whether a draining ClusterQueue still holds workloads (running, terminating, or
+    /// booked there by the engine): a fresh pass restores and evicts them
+    /// ([`crate::quota::Engine::drain_stopped`]), so such a pass decides from scratch.
+    /// Cost: the ClusterQueues, and the running workloads while one drains.
+    pub(super) fn draining_busy(&self) -> bool {
+        let queues: BTreeSet<&String> = self
+            .base
+            .cluster_queues
+            .iter()
+            .filter(|q| draining(q))
+            .map(|q| &q.metadata.name)
+            .collect();
+        if queues.is_empty() {
+            return false;
+        }
+        queues.iter().any(|q| self.engine.uses_quota(q))
+            || self
+                .running
+                .iter()
+                .filter_map(|k| self.lives.get(k))
+                .any(|l| {
+                    self.scopes
+                        .cluster_queue_of(l)
+                        .is_some_and(|q| queues.contains(q))
+                })
     }
 
     /// Reads again, from their `Workload` records in the cache, which ClusterQueue

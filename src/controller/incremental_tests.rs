@@ -232,8 +232,18 @@ impl World {
     /// shares quota ([`Op::Regroup`]): `a` joins or leaves cohort `co`; `b` moves between
     /// `co` and `np`; `d` (1,000 GPUs) joins or leaves `np`; `e` toggles StrictFIFO;
     /// `i` selects namespaces labelled `tier: x`, or all again; LocalQueue `lq-h` points
-    /// to `a`, or to `h` again; `j` is held (`stopPolicy: Hold`), or released.
+    /// to `a`, or to `h` again; `j` is held (`stopPolicy: Hold`), or released; `j` drains
+    /// (`HoldAndDrain`), or stops draining (`7`).
     fn regroup(&mut self, what: u8) {
+        if what == 7 {
+            // `j` drains (`HoldAndDrain`: what runs there is evicted), or stops draining.
+            if let Some(mut cq) = self.cluster_object(2, "j") {
+                let draining = cq["spec"]["stopPolicy"] == "HoldAndDrain";
+                cq["spec"]["stopPolicy"] = json!(if draining { "None" } else { "HoldAndDrain" });
+                self.put(2, cq);
+            }
+            return;
+        }
         if what % 7 == 6 {
             if let Some(mut cq) = self.cluster_object(2, "j") {
                 let held = cq["spec"]["stopPolicy"] == "Hold";
@@ -1065,7 +1075,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (0..QUEUE_PICKS, 0u8..2, 0u8..6).prop_map(|(q, f, g)| Op::Quota(q, f, g)),
         1 => (0u8..5).prop_map(Op::Open),
         1 => (0u8..6).prop_map(Op::Relabel),
-        1 => (0u8..7).prop_map(Op::Regroup),
+        1 => (0u8..8).prop_map(Op::Regroup),
         2 => (0u8..6, any::<u8>()).prop_map(|(what, n)| Op::Claim(what, n)),
     ]
 }

@@ -640,14 +640,30 @@ impl Engine {
         self.cqs[id].cohort = cohort;
         self.cohorts[cohort].members.push(id);
         self.recompute_cohort(cohort);
-        if self.cqs[id].spec.stop == StopPolicy::HoldAndDrain {
-            let admitted: Vec<WlId> = self.cqs[id].admitted.iter().copied().collect();
-            for w in admitted {
-                self.evict(w, now, EvictCause::Drained);
-            }
-        }
+        self.drain(id, now);
         self.rehome_orphans(now);
         Ok((cohort, preempted_before))
+    }
+
+    /// Evicts what ClusterQueue `id` admitted when it drains (`stopPolicy:
+    /// HoldAndDrain`), reason `ClusterQueueStopped`.
+    fn drain(&mut self, id: CqId, now: Time) {
+        if self.cqs[id].spec.stop != StopPolicy::HoldAndDrain {
+            return;
+        }
+        let admitted: Vec<WlId> = self.cqs[id].admitted.iter().copied().collect();
+        for w in admitted {
+            self.evict(w, now, EvictCause::Drained);
+        }
+    }
+
+    /// Evicts what the draining ClusterQueues admitted (`stopPolicy: HoldAndDrain`): for
+    /// a caller that restored running workloads into them ([`Engine::restore_admitted`]
+    /// books them as they run), as a queue changed to drain evicts them at once.
+    pub fn drain_stopped(&mut self, now: Time) {
+        for id in 0..self.cqs.len() {
+            self.drain(id, now);
+        }
     }
 
     fn new_cohort(&mut self, name: Option<String>) -> usize {

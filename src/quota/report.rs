@@ -126,6 +126,13 @@ impl Engine {
         Some(self.cqs[cq].spec.name.as_str())
     }
 
+    /// Whether ClusterQueue `cq` holds quota (for workloads admitted or terminating).
+    pub fn uses_quota(&self, cq: &str) -> bool {
+        self.cq_by_name
+            .get(cq)
+            .is_some_and(|&id| self.cqs[id].usage.values().any(|&v| v != 0))
+    }
+
     /// The LocalQueue `(namespace, name)` workload `key` was submitted to.
     pub fn local_queue_of(&self, key: &str) -> Option<(&str, &str)> {
         let &id = self.wl_by_key.get(key)?;

@@ -5,7 +5,8 @@
 //! pass with nothing to do is recognised as settled until an object changes; a watch
 //! ended by a compaction (410 Gone) LISTs again and misses nothing; a ClusterQueue
 //! joining a cohort or held, and a new team's first LocalQueue, are followed without a
-//! pass from scratch; a LocalQueue deleted under a running pod leaves its quota taken.
+//! pass from scratch; a LocalQueue deleted under a running pod leaves its quota taken;
+//! a ClusterQueue set to drain evicts the pods running in it.
 
 use super::{
     assert_rbac_allows_every_request, cfg, cluster, condition, create_pod, gated, patched, pod,
@@ -750,6 +751,96 @@ async fn a_local_queue_deleted_under_a_running_pod_leaves_its_quota_taken() {
         .await
         .unwrap();
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    state.records_written().await;
+    assert!(!gated(&pod(&s, "second")));
+    stop.cancel();
+    assert_rbac_allows_every_request(&s);
+}
+
+/// `stopPolicy: HoldAndDrain` on the ClusterQueue a pod runs in: the pod is evicted
+/// through the Eviction API (reason `ClusterQueueStopped`, as Kueue's) and a newcomer
+/// waits, told the queue is stopped; released, the newcomer is admitted once the
+/// evicted pod is gone.
+#[tokio::test]
+async fn a_draining_cluster_queue_evicts_its_running_pods() {
+    let s = cluster().await;
+    let client = s.client();
+    let c = cfg("a");
+    let cqs = "/apis/tessera.io/v1alpha1/clusterqueues";
+    create_pod(&s, "first", 4, "low", json!({}), None);
+    let (mut state, cache, stop) = cached(&s, &c).await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
+    state.records_written().await;
+
+    let stopped = |policy: &str| {
+        let mut q = s.object(cqs, "cq").unwrap();
+        q["spec"]["stopPolicy"] = json!(policy);
+        s.put_object(cqs, q);
+        let cache = cache.clone();
+        let policy = policy.to_string();
+        async move {
+            let key = (String::new(), "cq".to_string());
+            wait_for("the stop policy in the cache", || {
+                cache.queues[1]
+                    .get(&key)
+                    .is_some_and(|q| q["spec"]["stopPolicy"] == policy.as_str())
+            })
+            .await;
+        }
+    };
+    stopped("HoldAndDrain").await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
+        .await
+        .unwrap();
+    let evicted: Vec<(&str, &str)> = plan
+        .actions
+        .iter()
+        .filter_map(|a| match a {
+            Action::Evict {
+                workload, reason, ..
+            } => Some((workload.as_str(), reason.as_str())),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        evicted,
+        [("team/pod-first", "ClusterQueueStopped")],
+        "{:?}",
+        plan.actions
+    );
+    state.records_written().await;
+    let names: Vec<String> = s
+        .evictions()
+        .iter()
+        .filter_map(|e| e["metadata"]["name"].as_str().map(String::from))
+        .collect();
+    assert_eq!(names, ["first"]);
+
+    create_pod(&s, "second", 1, "low", json!({}), None);
+    wait_for("second in the cache", || {
+        cache.pods[0]
+            .get(&("team".to_string(), "second".to_string()))
+            .is_some()
+    })
+    .await;
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 0, "draining: {:?}", plan.actions);
+    state.records_written().await;
+    assert_eq!(condition(&pod(&s, "second")).0, "ClusterQueueStopped");
+
+    stopped("None").await;
+    if s.object(PODS, "first").is_some() {
+        delete_seen(&s, &cache, "first").await;
+    }
+    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
+        .await
+        .unwrap();
+    assert_eq!(admits(&plan.actions), 1, "released: {:?}", plan.actions);
     state.records_written().await;
     assert!(!gated(&pod(&s, "second")));
     stop.cancel();
