@@ -24,8 +24,9 @@
 //! The changes it cannot follow exactly make the pass decide from scratch, each with its
 //! reason: a ResourceFlavor or ClusterQueue deleted; a LocalQueue deleted under a
 //! running workload whose `Workload` record names no admission yet (one that does
-//! stays booked in that ClusterQueue); a ClusterQueue draining or drained (`stopPolicy: HoldAndDrain`:
-//! the engine evicts as the queue changes) or created so; a namespace's first or
+//! stays booked in that ClusterQueue); a ClusterQueue draining (`stopPolicy:
+//! HoldAndDrain`) while workloads run or terminate in it (a fresh pass evicts them;
+//! [`Kept::draining_busy`]); a namespace's first or
 //! last LocalQueue where it has serving owners or DRA claims; a priority class that a
 //! running workload without a queue names (one waiting for a LocalQueue is submitted
 //! again with its new priority); queue objects that cannot be read (their problems
