@@ -181,18 +181,23 @@ impl World {
     }
 
     /// Creates [`LATE_QUEUE`]'s LocalQueue (`0`) or its ClusterQueue in cohort `co`
-    /// (`1`), once; creates or deletes LocalQueue `lq-a` of namespace [`SIDE`], its first
-    /// (`2`); creates a 1-GPU pod there, queued to it (`3`); or holds or releases
-    /// [`LATE_QUEUE`]'s ClusterQueue, creating it held (`4`).
+    /// (`1`), once; creates or deletes LocalQueues `lq-a` and `lq-d` of namespace
+    /// [`SIDE`], its first (`2`); creates a 1-GPU pod there, queued to `lq-a` (`3`) or
+    /// `lq-d` (`5`); or holds or releases [`LATE_QUEUE`]'s ClusterQueue, creating it held
+    /// (`4`).
     fn open(&mut self, what: u8) {
         if what == 2 {
-            let key = (SIDE.to_string(), "lq-a".to_string());
-            if self.cache.fed_stores()[3].contains(&key) {
-                self.cache.fed_stores()[3].remove(&key);
-                self.rv += 1;
-            } else {
-                self.put(3, json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
-                    "metadata": {"name": "lq-a", "namespace": SIDE}, "spec": {"clusterQueue": "a"}}));
+            // Its two LocalQueues: to `a` (often full) and to `d` (1,000 GPUs, where
+            // its pods run), created and deleted together.
+            for q in ["a", "d"] {
+                let key = (SIDE.to_string(), format!("lq-{q}"));
+                if self.cache.fed_stores()[3].contains(&key) {
+                    self.cache.fed_stores()[3].remove(&key);
+                    self.rv += 1;
+                } else {
+                    self.put(3, json!({"apiVersion": "tessera.io/v1alpha1", "kind": "LocalQueue",
+                        "metadata": {"name": key.1, "namespace": SIDE}, "spec": {"clusterQueue": q}}));
+                }
             }
         } else if what == 4 {
             let mut cq = self
@@ -205,8 +210,9 @@ impl World {
             self.serial += 1;
             let name = format!("s{}", self.serial);
             // Every other one names class `high` (revalued while it may wait for a
-            // LocalQueue).
-            let mut labels = json!({"tessera.io/queue-name": "lq-a"});
+            // LocalQueue); `5` queues it to `lq-d`, where it runs.
+            let lq = if what == 5 { "lq-d" } else { "lq-a" };
+            let mut labels = json!({"tessera.io/queue-name": lq});
             if self.serial.is_multiple_of(2) {
                 labels["tessera.io/priority-class"] = json!("high");
             }
@@ -1073,7 +1079,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (1u64..120).prop_map(Op::Advance),
         5 => proptest::option::weighted(0.2, 0usize..4).prop_map(Op::Apply),
         2 => (0..QUEUE_PICKS, 0u8..2, 0u8..6).prop_map(|(q, f, g)| Op::Quota(q, f, g)),
-        1 => (0u8..5).prop_map(Op::Open),
+        1 => (0u8..6).prop_map(Op::Open),
         1 => (0u8..6).prop_map(Op::Relabel),
         1 => (0u8..8).prop_map(Op::Regroup),
         2 => (0u8..6, any::<u8>()).prop_map(|(what, n)| Op::Claim(what, n)),
@@ -2806,7 +2812,7 @@ fn queue_object_changes_stay_incremental() {
     assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
     w.apply(&plan, None);
     // A pod queued in namespace `side`, which has no LocalQueue, waits for one; the
-    // namespace's first (to `a`, full) is followed: the pod queues there, first in line
+    // namespace's first (to `a`, full; `lq-d` with it) is followed: the pod queues there, first in line
     // (the oldest), and the places behind it move.
     w.open(3);
     told(&mut w, &mut inc, &["LocalQueueNotFound"]);
@@ -2878,13 +2884,14 @@ fn queue_object_changes_stay_incremental() {
     assert!(pass(&mut w, &mut inc).actions.is_empty());
     assert_eq!(inc.stats.scopes_redecided - before, 3, "{:?}", inc.stats);
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
-    // Deleted again: the pod waits for one, and `a`'s line moves up behind it.
+    // Deleted again (with `lq-d`): the pod waits for one, and `a`'s line moves up
+    // behind it (the scopes of `a` and `d` re-decided).
     let before = inc.stats.scopes_redecided;
     w.open(2);
     let plan = pass(&mut w, &mut inc);
     assert_eq!(named(&plan, "pending")[0], "LocalQueueNotFound", "{plan:?}");
     w.apply(&plan, None);
-    assert_eq!(inc.stats.scopes_redecided - before, 1, "{:?}", inc.stats);
+    assert_eq!(inc.stats.scopes_redecided - before, 2, "{:?}", inc.stats);
     assert_eq!(inc.stats.full, 1, "{:?}", inc.stats);
     // The first LocalQueue of a namespace with a Deployment, which was never read: from
     // scratch.
