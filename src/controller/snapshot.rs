@@ -325,17 +325,27 @@ fn admission_entry(v: &Value) -> Option<(String, String)> {
     recorded_admission(v).map(|(key, cq)| (key.to_string(), cq.to_string()))
 }
 
-/// The ClusterQueue workload `key`'s `Workload` record in the cache says admitted it.
-pub(super) fn record_admission(cache: &Cache, key: &str) -> Option<String> {
+/// The field `read` finds (with the workload key it names) on workload `key`'s
+/// `Workload` record in the cache.
+fn cached_record_field(
+    cache: &Cache,
+    key: &str,
+    read: fn(&Value) -> Option<(&str, &str)>,
+) -> Option<String> {
     let ns = key.split_once('/').map_or("", |(ns, _)| ns);
     cache
         .records
         .read_with(&(ns.to_string(), record_name(key)), |v| {
-            recorded_admission(v)
+            read(v)
                 .filter(|(k, _)| *k == key)
-                .map(|(_, cq)| cq.to_string())
+                .map(|(_, field)| field.to_string())
         })
         .flatten()
+}
+
+/// The ClusterQueue workload `key`'s `Workload` record in the cache says admitted it.
+pub(super) fn record_admission(cache: &Cache, key: &str) -> Option<String> {
+    cached_record_field(cache, key, recorded_admission)
 }
 
 /// The places the cached `Workload` records show, by workload key, as they will be once
@@ -352,15 +362,7 @@ pub(super) fn record_place(cache: &Cache, key: &str) -> Option<String> {
     if let Some(asked) = cache.asked_places.asked(key) {
         return asked;
     }
-    let ns = key.split_once('/').map_or("", |(ns, _)| ns);
-    cache
-        .records
-        .read_with(&(ns.to_string(), record_name(key)), |v| {
-            recorded_place(v)
-                .filter(|(k, _)| *k == key)
-                .map(|(_, place)| place.to_string())
-        })
-        .flatten()
+    cached_record_field(cache, key, recorded_place)
 }
 
 /// The same snapshot as [`snapshot`], read from the watch-fed stores (no request).
