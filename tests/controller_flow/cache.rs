@@ -16,7 +16,7 @@ use crate::support::apiserver::ApiServer;
 use serde_json::json;
 use std::sync::Arc;
 use tessera::controller::cache::Cache;
-use tessera::controller::decide::Action;
+use tessera::controller::decide::{Action, Plan};
 use tessera::controller::reconciler::{self, Config, PassState};
 use tessera::controller::Error;
 use tokio::sync::Notify;
@@ -37,6 +37,11 @@ pub(super) async fn cached(
     cache.spawn_feeders(&s.client(), Arc::new(Notify::new()), &stop);
     wait_for("the caches' first LISTs", || cache.synced()).await;
     (state, cache, stop)
+}
+
+/// One pass at `at`, which must not fail.
+async fn pass_at(client: &kube::Client, c: &Config, state: &mut PassState, at: u64) -> Plan {
+    reconciler::pass_with(client, c, state, at).await.unwrap()
 }
 
 /// Another client deletes pod `name`; returns once the cache's watch has told it.
@@ -67,9 +72,7 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
     let (mut state, _cache, stop) = cached(&s, &c).await;
     let lists = s.list_stats().0;
 
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW).await;
     assert!(plan.problems.is_empty(), "{:?}", plan.problems);
     assert_eq!(
         ungated_pods(&s),
@@ -79,9 +82,7 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
     // At once, before any watch event could land and before low-3's place is written
     // (a write the pass did not wait for): the pass sees its own writes.
     let writes = s.writes();
-    let again = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let again = pass_at(&client, &c, &mut state, NOW + 1).await;
     assert!(again.actions.is_empty(), "{:?}", again.actions);
     assert_eq!(again.admitted, plan.admitted);
     state.records_written().await;
@@ -103,9 +104,7 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
     stop.cancel();
     let c = cfg("b");
     let (mut state, cache, stop) = cached(&s, &c).await;
-    let restarted = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
-        .await
-        .unwrap();
+    let restarted = pass_at(&client, &c, &mut state, NOW + 2).await;
     assert_eq!(admits(&restarted.actions), 0, "{:?}", restarted.actions);
     assert_eq!(restarted.admitted, plan.admitted);
     assert_eq!(s.writes(), writes);
@@ -113,14 +112,10 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
     // Another client deletes an admitted pod: once the watch tells, its quota goes to
     // the waiting one.
     delete_seen(&s, &cache, "low-1").await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 3).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     assert!(!gated(&pod(&s, "low-3")));
-    let quiet = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
-        .await
-        .unwrap();
+    let quiet = pass_at(&client, &c, &mut state, NOW + 3).await;
     assert!(quiet.actions.is_empty(), "{:?}", quiet.actions);
     assert!(state.settled(NOW + 3));
     // A pod created after the LISTs arrives through the watch.
@@ -131,9 +126,7 @@ async fn cached_passes_list_nothing_read_their_writes_and_survive_a_restart() {
     })
     .await;
     assert!(!state.settled(NOW + 4), "a new pod unsettles");
-    reconciler::pass_with(&client, &c, &mut state, NOW + 4)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 4).await;
     assert_eq!(condition(&pod(&s, "late")).0, "WaitingForQuota");
     assert_eq!(s.list_stats().0, lists + cache.fed_stores().len() as u64);
     stop.cancel();
@@ -195,9 +188,7 @@ async fn compacted_watch_lists_again(s: ApiServer) {
         cache.pods[0].get(&gone).is_none() && cache.pods[0].get(&new).is_some()
     })
     .await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     assert!(!gated(&pod(&s, "p-2")));
     stop.cancel();
@@ -254,9 +245,7 @@ async fn a_place_whose_write_failed_is_written_by_a_later_pass() {
         create_pod(&s, name, 2, "low", json!({}), None);
     }
     let (mut state, cache, stop) = cached(&s, &c).await;
-    reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW).await;
     state.records_written().await;
     let places = |s: &ApiServer| ["w-00", "w-01", "w-02"].map(|n| record_place(s, n));
     assert_eq!(
@@ -269,9 +258,7 @@ async fn a_place_whose_write_failed_is_written_by_a_later_pass() {
         "/apis/tessera.io/v1alpha1/namespaces/team/workloads",
     );
     delete_seen(&s, &cache, "run-1").await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 1).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     assert!(
         !gated(&pod(&s, "w-00")),
@@ -282,9 +269,7 @@ async fn a_place_whose_write_failed_is_written_by_a_later_pass() {
         places(&s),
         [Some("1"), Some("2"), Some("3")].map(|p| p.map(String::from))
     );
-    let quiet = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
-        .await
-        .unwrap();
+    let quiet = pass_at(&client, &c, &mut state, NOW + 2).await;
     assert!(
         quiet.actions.is_empty(),
         "places asked are not asked again: {:?}",
@@ -292,9 +277,7 @@ async fn a_place_whose_write_failed_is_written_by_a_later_pass() {
     );
 
     s.stop_failing();
-    reconciler::pass_with(&client, &c, &mut state, NOW + 3)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 3).await;
     state.records_written().await;
     assert_eq!(
         places(&s),
@@ -313,9 +296,7 @@ async fn a_place_whose_write_failed_is_written_by_a_later_pass() {
     assert_eq!(admitted.as_deref(), Some("cq"));
     assert!(cache.asked_places.is_empty(), "every ask answered");
     let writes = s.writes();
-    reconciler::pass_with(&client, &c, &mut state, NOW + 4)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 4).await;
     state.records_written().await;
     assert_eq!(s.writes(), writes, "nothing left to write");
     stop.cancel();
@@ -339,9 +320,7 @@ async fn an_admission_from_a_long_queue_writes_few_reasons() {
         create_pod(&s, &format!("w-{i:02}"), 2, "low", json!({}), None);
     }
     let (mut state, cache, stop) = cached(&s, &c).await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW).await;
     assert_eq!(admits(&plan.actions), 2, "{:?}", plan.actions);
     state.records_written().await;
     let message = |name: &str| condition(&pod(&s, name)).1;
@@ -358,9 +337,7 @@ async fn an_admission_from_a_long_queue_writes_few_reasons() {
 
     let from = s.requests().len();
     delete_seen(&s, &cache, "run-1").await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 1).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     assert!(!gated(&pod(&s, "w-00")));
     // Pods: only w-10's sentence changed (its place is exact now, with the free quota).
@@ -418,9 +395,7 @@ async fn a_write_from_a_stale_cached_copy_reads_again_once() {
     };
     s.before_next_write("PUT", PODS, label("first", "once"));
     let from = s.requests().len();
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     let p = pod(&s, "first");
     assert!(!gated(&p), "admitted after one conflict");
@@ -445,9 +420,7 @@ async fn a_write_from_a_stale_cached_copy_reads_again_once() {
     .await;
     s.before_next_write("PUT", PODS, label("second", "a"));
     s.before_next_write("PUT", PODS, label("second", "b"));
-    reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 1).await;
     assert!(
         gated(&pod(&s, "second")),
         "two conflicts: not admitted in this pass"
@@ -459,9 +432,7 @@ async fn a_write_from_a_stale_cached_copy_reads_again_once() {
         })
     })
     .await;
-    reconciler::pass_with(&client, &c, &mut state, NOW + 2)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 2).await;
     assert!(!gated(&pod(&s, "second")), "the next pass admits it");
     stop.cancel();
 }
@@ -485,9 +456,7 @@ async fn waiting_reasons_are_written_a_bounded_number_at_a_time() {
     s.delay_requests(std::time::Duration::from_millis(20));
     s.take_max_in_flight();
     let from = s.requests().len();
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW).await;
     assert_eq!(admits(&plan.actions), 2, "{:?}", plan.actions);
     assert_eq!(
         status_writes(&s, from).len(),
@@ -528,9 +497,7 @@ async fn a_queue_joining_a_cohort_or_held_is_followed_without_a_pass_from_scratc
     create_pod(&s, "first", 4, "low", json!({}), None);
     create_pod(&s, "second", 4, "low", json!({}), None);
     let (mut state, cache, stop) = cached(&s, &c).await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     state.records_written().await;
     assert_eq!(condition(&pod(&s, "second")).0, "WaitingForQuota");
@@ -550,9 +517,7 @@ async fn a_queue_joining_a_cohort_or_held_is_followed_without_a_pass_from_scratc
         }
     };
     edit(json!({"cohortName": "pool"})).await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 1).await;
     assert_eq!(
         admits(&plan.actions),
         1,
@@ -563,9 +528,7 @@ async fn a_queue_joining_a_cohort_or_held_is_followed_without_a_pass_from_scratc
     assert!(!gated(&pod(&s, "second")));
 
     edit(json!({"cohortName": "pool", "stopPolicy": "Hold"})).await;
-    reconciler::pass_with(&client, &c, &mut state, NOW + 2)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 2).await;
     create_pod(&s, "third", 1, "low", json!({}), None);
     wait_for("third in the cache", || {
         cache.pods[0]
@@ -573,25 +536,19 @@ async fn a_queue_joining_a_cohort_or_held_is_followed_without_a_pass_from_scratc
             .is_some()
     })
     .await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 3).await;
     assert_eq!(admits(&plan.actions), 0, "held: {:?}", plan.actions);
     state.records_written().await;
     assert_eq!(condition(&pod(&s, "third")).0, "ClusterQueueStopped");
 
     // Released: the cohort is full, so it waits for quota now; `first` ending frees it.
     edit(json!({"cohortName": "pool"})).await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 4)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 4).await;
     assert_eq!(admits(&plan.actions), 0, "{:?}", plan.actions);
     state.records_written().await;
     assert_eq!(condition(&pod(&s, "third")).0, "WaitingForQuota");
     delete_seen(&s, &cache, "first").await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 5)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 5).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     assert_eq!(state.incremental_stats().map(|s| s.full), Some(1));
     stop.cancel();
@@ -613,9 +570,7 @@ async fn a_new_teams_first_local_queue_is_followed_without_a_pass_from_scratch()
         json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "vision", "labels": {}}}),
     );
     let (mut state, cache, stop) = cached(&s, &c).await;
-    reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW).await;
 
     let new = json!({"apiVersion": "v1", "kind": "Pod",
         "metadata": {"name": "detector", "namespace": "vision",
@@ -626,9 +581,7 @@ async fn a_new_teams_first_local_queue_is_followed_without_a_pass_from_scratch()
     s.put_object(pods, patched(new, ("", "Pod")));
     let key = ("vision".to_string(), "detector".to_string());
     wait_for("the pod in the cache", || cache.pods[0].get(&key).is_some()).await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 1).await;
     assert_eq!(admits(&plan.actions), 0, "{:?}", plan.actions);
     state.records_written().await;
     let detector = || s.object(pods, "detector").unwrap();
@@ -644,9 +597,7 @@ async fn a_new_teams_first_local_queue_is_followed_without_a_pass_from_scratch()
         cache.queues[2].get(&lq).is_some()
     })
     .await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 2).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     state.records_written().await;
     assert!(!gated(&detector()));
@@ -669,9 +620,7 @@ async fn a_local_queue_deleted_under_a_running_pod_leaves_its_quota_taken() {
     let lqs = "/apis/tessera.io/v1alpha1/namespaces/team/localqueues";
     create_pod(&s, "first", 4, "low", json!({}), None);
     let (mut state, cache, stop) = cached(&s, &c).await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     state.records_written().await;
     assert!(!gated(&pod(&s, "first")));
@@ -686,9 +635,7 @@ async fn a_local_queue_deleted_under_a_running_pod_leaves_its_quota_taken() {
                 .is_some_and(|r| r["status"]["admission"]["clusterQueue"] == "cq")
     })
     .await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 1).await;
     assert!(plan.actions.is_empty(), "{:?}", plan.actions);
 
     s.put_object(
@@ -717,9 +664,7 @@ async fn a_local_queue_deleted_under_a_running_pod_leaves_its_quota_taken() {
         seen(("lq", "lq")) && seen(("lq2", "lq2")) && seen(("pod", "second"))
     })
     .await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 2).await;
     assert_eq!(
         admits(&plan.actions),
         0,
@@ -735,9 +680,7 @@ async fn a_local_queue_deleted_under_a_running_pod_leaves_its_quota_taken() {
 
     // A restarted controller reads the admission back from the record.
     let (mut state, cache, stop) = cached(&s, &c).await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 3).await;
     assert_eq!(
         admits(&plan.actions),
         0,
@@ -747,9 +690,7 @@ async fn a_local_queue_deleted_under_a_running_pod_leaves_its_quota_taken() {
     assert!(plan.problems.is_empty(), "{:?}", plan.problems);
     state.records_written().await;
     delete_seen(&s, &cache, "first").await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 4)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 4).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     state.records_written().await;
     assert!(!gated(&pod(&s, "second")));
@@ -769,9 +710,7 @@ async fn a_draining_cluster_queue_evicts_its_running_pods() {
     let cqs = "/apis/tessera.io/v1alpha1/clusterqueues";
     create_pod(&s, "first", 4, "low", json!({}), None);
     let (mut state, cache, stop) = cached(&s, &c).await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW).await;
     assert_eq!(admits(&plan.actions), 1, "{:?}", plan.actions);
     state.records_written().await;
 
@@ -792,9 +731,7 @@ async fn a_draining_cluster_queue_evicts_its_running_pods() {
         }
     };
     stopped("HoldAndDrain").await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 1).await;
     let evicted: Vec<(&str, &str)> = plan
         .actions
         .iter()
@@ -826,9 +763,7 @@ async fn a_draining_cluster_queue_evicts_its_running_pods() {
             .is_some()
     })
     .await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 2)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 2).await;
     assert_eq!(admits(&plan.actions), 0, "draining: {:?}", plan.actions);
     state.records_written().await;
     assert_eq!(condition(&pod(&s, "second")).0, "ClusterQueueStopped");
@@ -837,9 +772,7 @@ async fn a_draining_cluster_queue_evicts_its_running_pods() {
     if s.object(PODS, "first").is_some() {
         delete_seen(&s, &cache, "first").await;
     }
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 3)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 3).await;
     assert_eq!(admits(&plan.actions), 1, "released: {:?}", plan.actions);
     state.records_written().await;
     assert!(!gated(&pod(&s, "second")));
