@@ -47,6 +47,16 @@ const GATE: &str = "tessera.io/admission";
 /// The scenario's clock: pods are created at 12:00, passes run at 12:01.
 const NOW: u64 = 1_795_003_260_000;
 
+/// One pass at `at`, which must not fail.
+async fn pass_at(
+    client: &kube::Client,
+    c: &Config,
+    state: &mut reconciler::PassState,
+    at: u64,
+) -> tessera::controller::decide::Plan {
+    reconciler::pass_with(client, c, state, at).await.unwrap()
+}
+
 fn cfg(identity: &str) -> Config {
     Config {
         lease_namespace: "tessera-system".into(),

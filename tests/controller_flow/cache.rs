@@ -9,14 +9,14 @@
 //! a ClusterQueue set to drain evicts the pods running in it.
 
 use super::{
-    assert_rbac_allows_every_request, cfg, cluster, condition, create_pod, gated, patched, pod,
-    ungated_pods, wait_for, NOW, PODS,
+    assert_rbac_allows_every_request, cfg, cluster, condition, create_pod, gated, pass_at, patched,
+    pod, ungated_pods, wait_for, NOW, PODS,
 };
 use crate::support::apiserver::ApiServer;
 use serde_json::json;
 use std::sync::Arc;
 use tessera::controller::cache::Cache;
-use tessera::controller::decide::{Action, Plan};
+use tessera::controller::decide::Action;
 use tessera::controller::reconciler::{self, Config, PassState};
 use tessera::controller::Error;
 use tokio::sync::Notify;
@@ -37,11 +37,6 @@ pub(super) async fn cached(
     cache.spawn_feeders(&s.client(), Arc::new(Notify::new()), &stop);
     wait_for("the caches' first LISTs", || cache.synced()).await;
     (state, cache, stop)
-}
-
-/// One pass at `at`, which must not fail.
-async fn pass_at(client: &kube::Client, c: &Config, state: &mut PassState, at: u64) -> Plan {
-    reconciler::pass_with(client, c, state, at).await.unwrap()
 }
 
 /// Another client deletes pod `name`; returns once the cache's watch has told it.

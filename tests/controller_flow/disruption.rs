@@ -26,9 +26,7 @@ async fn a_blocked_eviction_is_retried_with_backoff_and_named_in_the_reason() {
         create_pod(&s, name, 2, "low", json!({}), None);
         s.block_evictions(name, true);
     }
-    reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW).await;
     assert_eq!(ungated_pods(&s).len(), 2);
 
     create_pod(&s, "high-1", 2, "high", json!({}), None);

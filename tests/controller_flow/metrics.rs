@@ -6,13 +6,13 @@
 
 use super::support::http::{get_text, sample};
 use super::support::prometheus::{Exporter, Prometheus};
-use super::{cfg, cluster, create_pod, pod, NOW, PODS};
+use super::{cfg, cluster, create_pod, pass_at, pod, NOW, PODS};
 use serde_json::json;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tessera::controller::metrics::ControllerMetrics;
-use tessera::controller::reconciler::{self, PassState};
+use tessera::controller::reconciler::PassState;
 use tessera::controller::webhook_server::{serve_probes_with, Health};
 use tessera::prometheus::{PromClient, Sample};
 use tokio_util::sync::CancellationToken;
@@ -52,9 +52,7 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
 
     // 12:00:50: the ungates fail (500): nothing admitted, nothing counted.
     s.fail_requests(&["PUT"], PODS);
-    reconciler::pass_with(&client, &c, &mut state, NOW - 10_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW - 10_000).await;
     s.stop_failing();
     let (_, page) = scrape(addr).await;
     assert_eq!(
@@ -72,9 +70,7 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
 
     // 12:01: two of three admitted, a minute after their creation; the third tried and
     // parked.
-    reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW).await;
     let (kind, page) = scrape(addr).await;
     assert!(kind.starts_with("application/openmetrics-text"), "{kind}");
     assert!(page.ends_with("# EOF\n"), "{page}");
@@ -218,9 +214,7 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
     );
 
     // The same again: nothing is counted twice.
-    reconciler::pass_with(&client, &c, &mut state, NOW + 1_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 1_000).await;
     let (_, page) = scrape(addr).await;
     assert_eq!(
         v(&page, &format!("tessera_admitted_workloads_total{{{CQ}}}")),
@@ -236,9 +230,7 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
 
     // A high-priority pod preempts one low pod (45 s grace: it still holds its GPUs).
     create_pod(&s, "high-1", 2, "high", json!({}), None);
-    reconciler::pass_with(&client, &c, &mut state, NOW + 2_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 2_000).await;
     let victim = s.evictions()[0]["metadata"]["name"]
         .as_str()
         .unwrap()
@@ -276,17 +268,13 @@ async fn admissions_and_a_preemption_are_counted_once_and_served_on_metrics() {
         4.0
     );
     // Still terminating: the next pass neither evicts nor counts again.
-    reconciler::pass_with(&client, &c, &mut state, NOW + 3_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 3_000).await;
     let (_, page) = scrape(addr).await;
     assert_eq!((v(&page, &evicted), v(&page, preempted)), (1.0, 1.0));
 
     // The victim is gone: the preemptor is admitted, 64 s after its creation.
     assert!(s.delete_object(PODS, &victim));
-    reconciler::pass_with(&client, &c, &mut state, NOW + 4_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 4_000).await;
     assert!(pod(&s, "high-1")["spec"]["schedulingGates"]
         .as_array()
         .is_none_or(|g| g.is_empty()));

@@ -155,17 +155,13 @@ async fn a_cached_pass_reads_the_deletions_of_a_partial_admission() {
         group_pod(&s, &format!("g-{i}"), 6, 2);
     }
     let (mut state, _cache, stop) = super::cache::cached(&s, &c).await;
-    reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW).await;
     assert_eq!(
         names(&s),
         ["g-0", "g-1", "g-2", "g-3"].map(String::from).into()
     );
     let writes = s.writes();
-    let again = reconciler::pass_with(&client, &c, &mut state, NOW + 1)
-        .await
-        .unwrap();
+    let again = pass_at(&client, &c, &mut state, NOW + 1).await;
     assert!(again.actions.is_empty(), "{:?}", again.actions);
     assert_eq!(s.writes(), writes);
     assert_eq!(state.incremental_stats().map(|st| st.full), Some(1));

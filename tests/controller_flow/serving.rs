@@ -246,9 +246,7 @@ async fn a_scale_down_hold_lends_only_to_cheap_training_across_a_restart() {
     let c = cfg("a");
     scale(&s, 4);
     let (mut state, cache, stop) = super::cache::cached(&s, &c).await;
-    reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW).await;
     assert_eq!(web_pods(&s), (4, 0));
 
     // Scaled down from 4 to 1, holding for ten minutes what the 4 used.
@@ -275,9 +273,7 @@ async fn a_scale_down_hold_lends_only_to_cheap_training_across_a_restart() {
                 .is_string()
     };
     super::wait_for("the scale-down and the Jobs in the cache", || seen(&cache)).await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1_000)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 1_000).await;
     assert!(plan.problems.is_empty(), "{:?}", plan.problems);
     assert_eq!(
         job(&s, "train-short")["spec"]["suspend"],
@@ -299,17 +295,13 @@ async fn a_scale_down_hold_lends_only_to_cheap_training_across_a_restart() {
     stop.cancel();
     let c = cfg("b");
     let (mut state, _cache, stop) = super::cache::cached(&s, &c).await;
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 2_000)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 2_000).await;
     assert!(plan.problems.is_empty(), "{:?}", plan.problems);
     assert_eq!(job(&s, "train-long")["spec"]["suspend"], true, "still held");
     assert_eq!(job(&s, "train-short")["spec"]["suspend"], false);
 
     // The hold ends: the long Job borrows the GPUs.
-    reconciler::pass_with(&client, &c, &mut state, NOW + 600_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 600_000).await;
     assert_eq!(
         job(&s, "train-long")["spec"]["suspend"],
         false,

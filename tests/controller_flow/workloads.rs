@@ -8,7 +8,7 @@
 //! (`Finished`).
 
 use super::cache::cached;
-use super::{assert_rbac_allows_every_request, cfg, cluster, create_pod, pod, NOW, PODS};
+use super::{assert_rbac_allows_every_request, cfg, cluster, create_pod, pass_at, pod, NOW, PODS};
 use crate::support::apiserver::ApiServer;
 use serde_json::{json, Value};
 use tessera::controller::reconciler;
@@ -144,9 +144,7 @@ async fn a_restarted_controller_reads_the_records_and_writes_none_twice() {
         create_pod(&s, name, 2, "low", json!({}), None);
     }
     let (mut state, cache, stop) = cached(&s, &c).await;
-    reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW).await;
     state.records_written().await;
     assert_eq!(s.objects(WORKLOADS).len(), 3);
     let writes = record_writes(&s);
@@ -159,9 +157,7 @@ async fn a_restarted_controller_reads_the_records_and_writes_none_twice() {
     let (mut state, cache, stop) = cached(&s, &c).await;
     super::wait_for("the records' first LIST", || cache.records.synced()).await;
     assert_eq!(cache.records.len(), 3);
-    reconciler::pass_with(&client, &c, &mut state, NOW + 1_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 1_000).await;
     assert_eq!(record_writes(&s), writes, "{:?}", s.requests());
     assert!(s.delete_object(PODS, "low-1"));
     super::wait_for("the deletion in the cache", || {
@@ -171,9 +167,7 @@ async fn a_restarted_controller_reads_the_records_and_writes_none_twice() {
             .all(|p| p.get(&("team".into(), "low-1".into())).is_none())
     })
     .await;
-    reconciler::pass_with(&client, &c, &mut state, NOW + 2_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 2_000).await;
     let third = record(&s, "pod-low-3");
     assert_eq!(cond(&third, "Admitted").0, "True");
     let names: Vec<String> = s
@@ -197,9 +191,7 @@ async fn a_record_that_could_not_be_written_is_written_by_the_next_pass() {
     create_pod(&s, "low-1", 2, "low", json!({}), None);
     s.fail_requests(&["POST"], WORKLOADS);
     let mut state = reconciler::PassState::new(&c);
-    reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW).await;
     assert!(s.objects(WORKLOADS).is_empty());
     assert_eq!(
         super::ungated_pods(&s).len(),
@@ -208,9 +200,7 @@ async fn a_record_that_could_not_be_written_is_written_by_the_next_pass() {
     );
     s.stop_failing();
     // Nothing else changed: the next pass has no action, and still writes the record.
-    let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 1_000)
-        .await
-        .unwrap();
+    let plan = pass_at(&client, &c, &mut state, NOW + 1_000).await;
     assert!(plan.actions.is_empty(), "{:?}", plan.actions);
     assert_eq!(cond(&record(&s, "pod-low-1"), "Admitted").0, "True");
 }
@@ -278,9 +268,7 @@ async fn a_controller_killed_at_any_write_leaves_nothing_a_new_one_admits_twice(
         let mut state = reconciler::PassState::new(&c);
         for round in 0..4u64 {
             let running_before = super::ungated_pods(&s);
-            let plan = reconciler::pass_with(&client, &c, &mut state, NOW + 2_000 + round * 1_000)
-                .await
-                .unwrap();
+            let plan = pass_at(&client, &c, &mut state, NOW + 2_000 + round * 1_000).await;
             assert!(
                 held_gpus(&s) <= 4,
                 "k={k} round {round}: {} GPUs held",
@@ -351,9 +339,7 @@ async fn a_finished_workload_is_marked_on_its_record_once() {
                                        "resources": {"limits": {"nvidia.com/gpu": 1}}}]}}}});
     s.put_object(super::JOBS, super::patched(job, ("batch", "Job")));
     let (mut state, cache, stop) = cached(&s, &c).await;
-    reconciler::pass_with(&client, &c, &mut state, NOW)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW).await;
     for name in ["pod-solo", "group-g", "job-train"] {
         assert_eq!(cond(&record(&s, name), "Admitted").0, "True", "{name}");
     }
@@ -387,9 +373,7 @@ async fn a_finished_workload_is_marked_on_its_record_once() {
             .is_some_and(|j| !j["status"]["conditions"].is_null())
     })
     .await;
-    reconciler::pass_with(&client, &c, &mut state, NOW + 1_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 1_000).await;
     assert_eq!(
         cond(&record(&s, "pod-solo"), "Finished"),
         ("True".into(), "Succeeded".into())
@@ -408,9 +392,7 @@ async fn a_finished_workload_is_marked_on_its_record_once() {
 
     end("g-1", "Failed");
     seen("g-1 done in the cache", "Failed", "g-1").await;
-    reconciler::pass_with(&client, &c, &mut state, NOW + 2_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 2_000).await;
     let group = record(&s, "group-g");
     assert_eq!(cond(&group, "Finished"), ("True".into(), "Failed".into()));
     let message = group["status"]["conditions"]
@@ -422,9 +404,7 @@ async fn a_finished_workload_is_marked_on_its_record_once() {
 
     // Written once: nothing changed, nothing written.
     let writes = record_writes(&s);
-    reconciler::pass_with(&client, &c, &mut state, NOW + 3_000)
-        .await
-        .unwrap();
+    pass_at(&client, &c, &mut state, NOW + 3_000).await;
     assert_eq!(record_writes(&s), writes);
     crate::support::schema::validate_custom(
         &s.objects(WORKLOADS),
