@@ -2731,8 +2731,17 @@ fn each_pod_of_a_group_gets_its_own_pod_sets_flavor() {
 /// flavor's node labels changed and a priority class no workload names created and
 /// deleted re-decide nothing. A ClusterQueue moving between cohorts, ordering its
 /// queue otherwise, held or released, re-decides the scopes it left and joined. No
-/// pass decides from scratch but the first. A change the kept engine cannot follow exactly (a LocalQueue
-/// deleted) decides from scratch, saying why.
+/// pass decides from scratch but the first, nor does a LocalQueue deleted under a
+/// running pod whose record names its admission. A change the kept engine cannot follow
+/// exactly (a namespace with a Deployment getting its first LocalQueue, a LocalQueue
+/// deleted under running pods whose records name no admission) decides from scratch,
+/// saying why.
+/// Priority class `high` at `value`.
+fn high_class(value: i32) -> Value {
+    json!({"apiVersion": "tessera.io/v1alpha1", "kind": "WorkloadPriorityClass",
+           "metadata": {"name": "high"}, "value": value})
+}
+
 #[test]
 fn queue_object_changes_stay_incremental() {
     crate::quota::events::set_exact_places_for_tests(2);
@@ -2833,11 +2842,7 @@ fn queue_object_changes_stay_incremental() {
     // Class `high` revalued below the pods that name none: the high pod waiting in `f`
     // (3 GPUs, full, no preemption) drops behind the other (its scope re-decided,
     // nothing from scratch).
-    let class = |value: i32| {
-        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "WorkloadPriorityClass",
-               "metadata": {"name": "high"}, "value": value})
-    };
-    w.put(4, class(100));
+    w.put(4, high_class(100));
     w.add_pods(5, 3, false, 0, 0);
     let plan = pass(&mut w, &mut inc);
     w.apply(&plan, None);
@@ -2859,7 +2864,7 @@ fn queue_object_changes_stay_incremental() {
         "{plan:?}"
     );
     let before = inc.stats.scopes_redecided;
-    w.put(4, class(-5));
+    w.put(4, high_class(-5));
     let plan = pass(&mut w, &mut inc);
     assert!(
         place(&plan).is_some_and(|m| m.contains("(position 2 in its ClusterQueue)")),
@@ -2943,11 +2948,7 @@ fn a_class_revalued_under_a_workload_waiting_for_a_queue_is_followed() {
     let mut inc = Incremental::new();
     let (c, blocked) = (cfg(), BTreeMap::new());
     let pass = |w: &mut World, inc: &mut Incremental| checked_pass(w, inc, &c, &blocked);
-    let class = |value: i32| {
-        json!({"apiVersion": "tessera.io/v1alpha1", "kind": "WorkloadPriorityClass",
-               "metadata": {"name": "high"}, "value": value})
-    };
-    w.put(4, class(-5));
+    w.put(4, high_class(-5));
     w.add_pods(0, 4, false, 0, 0);
     let plan = pass(&mut w, &mut inc);
     assert_eq!(named(&plan, "admit").len(), 1, "{plan:?}");
@@ -2963,7 +2964,7 @@ fn a_class_revalued_under_a_workload_waiting_for_a_queue_is_followed() {
     let plan = pass(&mut w, &mut inc);
     assert_eq!(named(&plan, "pending"), ["LocalQueueNotFound"], "{plan:?}");
     w.apply(&plan, None);
-    w.put(4, class(100));
+    w.put(4, high_class(100));
     let plan = pass(&mut w, &mut inc);
     assert!(plan.actions.is_empty(), "{plan:?}");
     w.apply(&plan, None);
